@@ -1,0 +1,27 @@
+# Thin wrapper: every target installs what is missing, configures and builds first.
+.PHONY: all demo test test-asan test-valgrind format format-check clean
+
+all:
+	scripts/setup.sh
+
+demo:
+	scripts/setup.sh
+	./build/examples/linear_regression
+
+test:
+	scripts/setup.sh --asan
+	meson test -C build --print-errorlogs
+	meson test -C build-asan --print-errorlogs --no-suite tools
+
+test-valgrind:
+	scripts/setup.sh
+	meson test -C build --setup=valgrind --print-errorlogs --no-suite tools
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,189 @@
+/* Contexts: creation and teardown, the handle registry, sticky errors, metrics access. */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+
+/* Registry of live contexts so a handle (which carries only an id) finds its context, even
+ * in loom_tensor_retain/release which take no context. Ids are handed out round-robin, so
+ * an id is reused only after LOOM_FE_MAX_CONTEXTS creations. */
+static _Atomic(loom_context *) registry[LOOM_FE_MAX_CONTEXTS];
+static atomic_int next_id;
+
+static int32_t registry_claim(loom_context *ctx) {
+    for (int tries = 0; tries < LOOM_FE_MAX_CONTEXTS; tries++) {
+        int id = atomic_fetch_add(&next_id, 1) & (LOOM_FE_MAX_CONTEXTS - 1);
+        loom_context *expected = NULL;
+        if (atomic_compare_exchange_strong(&registry[id], &expected, ctx))
+            return id;
+    }
+    return -1;
+}
+
+loom_context *loom_fe_handle_context(const loom_tensor *h) {
+    uint64_t v = (uint64_t)(uintptr_t)h;
+    return atomic_load(&registry[v >> (64 - LOOM_FE_CTX_BITS)]);
+}
+
+LOOM_API void loom_context_options_init(loom_context_options *opts) {
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof *opts);
+    opts->allocator = loom_allocator_system();
+    opts->device = "npu:0";
+    const char *eager = getenv("LOOM_EAGER");
+    opts->eager = eager && *eager && strcmp(eager, "0") != 0;
+    const char *dump = getenv("LOOM_DUMP");
+    opts->dump_dir = dump && *dump ? dump : NULL;
+}
+
+LOOM_API loom_status loom_context_create(const loom_context_options *opts,
+                                         loom_context **out_ctx) {
+    if (!out_ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    *out_ctx = NULL;
+    loom_context_options defaults;
+    if (!opts) {
+        loom_context_options_init(&defaults);
+        opts = &defaults;
+    }
+    if (!opts->allocator.fn)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    loom_context *ctx = loom_ir_alloc(&opts->allocator, sizeof *ctx);
+    if (!ctx)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    memset(ctx, 0, sizeof *ctx);
+    ctx->alloc = opts->allocator;
+    ctx->free_head = -1;
+    ctx->eager = opts->eager;
+    loom_rt_metrics_init(&ctx->metrics);
+    loom_ir_graph_init(&ctx->trace, &ctx->alloc);
+    loom_ir_graph_init(&ctx->cut, &ctx->alloc);
+    loom_rt_cache_init(&ctx->cache, &ctx->alloc, 64, &ctx->metrics);
+    ctx->id = -1;
+
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    loom_status st = loom_rt_device_create(opts->device, &ctx->alloc, &ctx->metrics,
+                                           &ctx->device, &d);
+    if (st == LOOM_OK && opts->dump_dir) {
+        size_t n = strlen(opts->dump_dir);
+        ctx->dump_dir = loom_ir_alloc(&ctx->alloc, n + 1);
+        if (ctx->dump_dir)
+            memcpy(ctx->dump_dir, opts->dump_dir, n + 1);
+        else
+            st = LOOM_STATUS_OUT_OF_MEMORY;
+    }
+    if (st == LOOM_OK && (ctx->id = registry_claim(ctx)) < 0)
+        st = LOOM_STATUS_OUT_OF_MEMORY; /* 4096 live contexts */
+    if (st != LOOM_OK) {
+        loom_context_destroy(ctx);
+        return st;
+    }
+    *out_ctx = ctx;
+    return LOOM_OK;
+}
+
+LOOM_API void loom_context_destroy(loom_context *ctx) {
+    if (!ctx)
+        return;
+    if (ctx->id >= 0)
+        atomic_store(&registry[ctx->id], NULL);
+    for (int32_t i = 0; i < ctx->n_tensors; i++)
+        if (ctx->tensors[i].alive)
+            loom_rt_buffer_release(ctx->tensors[i].buf);
+    for (int32_t k = 0; k < ctx->n_trace_inputs; k++)
+        loom_rt_buffer_release(ctx->trace_inputs[k]);
+    const loom_allocator *a = &ctx->alloc;
+    loom_ir_free(a, ctx->tensors, (size_t)ctx->cap_tensors * sizeof *ctx->tensors);
+    loom_ir_free(a, ctx->trace_inputs, (size_t)ctx->cap_trace_inputs * sizeof *ctx->trace_inputs);
+    loom_ir_free(a, ctx->trace_input_nodes,
+                 (size_t)ctx->cap_trace_input_nodes * sizeof *ctx->trace_input_nodes);
+    loom_ir_free(a, ctx->step_tensors, (size_t)ctx->cap_step_tensors * sizeof *ctx->step_tensors);
+    loom_ir_free(a, ctx->cut_map, (size_t)ctx->cap_cut_map * sizeof *ctx->cut_map);
+    loom_ir_free(a, ctx->roots, (size_t)ctx->cap_roots * sizeof *ctx->roots);
+    loom_ir_free(a, ctx->root_tensors, (size_t)ctx->cap_root_tensors * sizeof *ctx->root_tensors);
+    if (ctx->dump_dir)
+        loom_ir_free(a, ctx->dump_dir, strlen(ctx->dump_dir) + 1);
+    loom_rt_cache_deinit(&ctx->cache);
+    loom_ir_graph_deinit(&ctx->trace);
+    loom_ir_graph_deinit(&ctx->cut);
+    loom_rt_device_destroy(ctx->device);
+    loom_allocator alloc = ctx->alloc;
+    loom_ir_free(&alloc, ctx, sizeof *ctx);
+}
+
+loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file, int line,
+                          const char *op, const char *fmt, ...) {
+    if (ctx->err != LOOM_OK)
+        return code;
+    ctx->err = code;
+    size_t n = 0;
+    if (file) {
+        const char *base = strrchr(file, '/');
+        n = (size_t)snprintf(ctx->err_msg, sizeof ctx->err_msg, "%s:%d: ", base ? base + 1 : file,
+                             line);
+    }
+    if (op && n < sizeof ctx->err_msg)
+        n += (size_t)snprintf(ctx->err_msg + n, sizeof ctx->err_msg - n, "%s: ", op);
+    if (n < sizeof ctx->err_msg) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ctx->err_msg + n, sizeof ctx->err_msg - n, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+LOOM_API loom_status loom_context_error(const loom_context *ctx) {
+    return ctx ? ctx->err : LOOM_STATUS_INVALID_ARGUMENT;
+}
+
+LOOM_API const char *loom_context_error_message(const loom_context *ctx) {
+    if (!ctx)
+        return "context is NULL";
+    return ctx->err == LOOM_OK ? "" : ctx->err_msg;
+}
+
+LOOM_API void loom_context_clear_error(loom_context *ctx) {
+    if (ctx) {
+        ctx->err = LOOM_OK;
+        ctx->err_msg[0] = '\0';
+    }
+}
+
+LOOM_API int64_t loom_context_step(const loom_context *ctx) { return ctx ? ctx->step : -1; }
+
+LOOM_API loom_status loom_context_sync(loom_context *ctx) {
+    /* Steps run synchronously on the reference interpreter for now: nothing to wait for. */
+    return ctx ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT;
+}
+
+LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name) {
+    if (!ctx || !name)
+        return -1;
+    loom_rt_metric m = loom_rt_metric_from_name(name);
+    return m == LOOM_RT_METRIC_COUNT_ ? -1 : ctx->metrics.count[m];
+}
+
+LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_format format,
+                                         void (*write)(const char *chunk, size_t len, void *ud),
+                                         void *ud) {
+    if (!ctx || !write || (unsigned)format >= LOOM_REPORT_FORMAT_COUNT_)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    return loom_rt_metrics_report(&ctx->metrics, format, write, ud);
+}
+
+LOOM_API loom_status loom_device_memory(const loom_context *ctx, size_t *out_current,
+                                        size_t *out_peak) {
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (out_current)
+        *out_current = ctx->device->mem_current;
+    if (out_peak)
+        *out_peak = ctx->device->mem_peak;
+    return LOOM_OK;
+}

@@ -1,0 +1,105 @@
+/* Frontend internals: contexts, tensor slots and handles, the trace of the current step. */
+#ifndef LOOM_FRONTEND_FRONTEND_H
+#define LOOM_FRONTEND_FRONTEND_H
+
+#include <limits.h>
+
+#include "ir/ir.h"
+#include "runtime/runtime.h"
+
+/* A tensor handle is not a pointer: it packs the owning context's registry id, the slot
+ * index and the slot's generation, so a handle used after its tensor died is detected
+ * (the generation no longer matches) instead of touching freed memory. */
+#define LOOM_FE_CTX_BITS 12
+#define LOOM_FE_GEN_BITS 24
+#define LOOM_FE_SLOT_BITS 28
+#define LOOM_FE_MAX_CONTEXTS (1 << LOOM_FE_CTX_BITS)
+_Static_assert(LOOM_FE_CTX_BITS + LOOM_FE_GEN_BITS + LOOM_FE_SLOT_BITS == 64, "handle layout");
+_Static_assert(sizeof(void *) == 8, "Loom's tensor handles need 64-bit pointers");
+
+typedef struct loom_fe_tensor {
+    uint32_t gen;      /* bumped when the slot is freed */
+    bool alive;
+    bool step_owned;   /* an op result of the current step: dies at mark_step unless refs > 0 */
+    int32_t refs;      /* references held by the user */
+    loom_dtype dtype;
+    int32_t rank;
+    int64_t shape[LOOM_MAX_RANK];
+    loom_rt_buffer *buf;  /* the computed value, or NULL while pending */
+    int32_t node;         /* its node in the trace when node_step == the context's step */
+    int64_t node_step;
+    int32_t input_node;   /* the INPUT node reading buf in the trace, when input_step == step */
+    int64_t input_step;
+    loom_ir_loc loc;      /* the user call that created it (file is a static string) */
+    int32_t next_free;
+} loom_fe_tensor;
+
+struct loom_context {
+    int32_t id; /* registry slot, part of every handle */
+    loom_allocator alloc;
+    loom_rt_metrics metrics;
+    loom_rt_device *device;
+    loom_rt_cache cache;
+    bool eager;
+    char *dump_dir; /* NULL: no dumps */
+
+    /* the current step */
+    int64_t step;
+    loom_ir_graph trace;    /* every op recorded since the last mark_step */
+    loom_ir_graph cut;      /* the graph cut from the trace for execution */
+    int32_t *cut_map;       /* trace node -> cut node */
+    int32_t cap_cut_map;
+    loom_rt_buffer **trace_inputs; /* per trace INPUT index: the buffer it reads (retained) */
+    int32_t *trace_input_nodes;    /* per trace INPUT index: its node id */
+    int32_t n_trace_inputs, cap_trace_inputs, cap_trace_input_nodes;
+    int32_t *step_tensors; /* slots of this step's op results */
+    int32_t n_step_tensors, cap_step_tensors;
+
+    /* tensor slots */
+    loom_fe_tensor *tensors;
+    int32_t n_tensors, cap_tensors;
+    int32_t free_head; /* -1: none */
+    int32_t n_live_tensors;
+
+    /* scratch for cutting graphs */
+    int32_t *roots, *root_tensors;
+    int32_t cap_roots, cap_root_tensors;
+
+    /* the first error since the last clear */
+    loom_status err;
+    char err_msg[1024];
+};
+
+/* ---- context.c ---- */
+/* Records an error unless one is recorded: "file:line: op: message". Returns code. */
+loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file, int line,
+                          const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* The context a handle belongs to, or NULL when none is alive under its id. */
+loom_context *loom_fe_handle_context(const loom_tensor *h);
+
+/* ---- tensor.c ---- */
+/* The slot behind a handle of ctx, or NULL after recording STALE_HANDLE/INVALID_ARGUMENT
+ * (naming op and the caller's location). */
+loom_fe_tensor *loom_fe_tensor_get(loom_context *ctx, const loom_tensor *h, const char *file,
+                                   int line, const char *op);
+/* A new slot (refs 0, not step-owned); -1 on out-of-memory. */
+int32_t loom_fe_tensor_new(loom_context *ctx);
+void loom_fe_tensor_free(loom_context *ctx, int32_t slot);
+loom_tensor *loom_fe_handle(const loom_context *ctx, int32_t slot);
+/* The trace node holding t's value in the current step, adding an INPUT node for a computed
+ * tensor; -1 after recording an error. */
+int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, int line,
+                            const char *op);
+/* Makes a step-owned op result for trace node `node`; NULL after recording an error. */
+loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
+                            const char *op);
+
+/* ---- step.c ---- */
+/* Computes the given tensors (slots) now: cuts their graph from the trace, looks it up in
+ * the cache (building on a miss), runs it and stores the results in the tensors. */
+loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots);
+/* Ends the current step: frees dead op results, releases the trace's inputs. */
+void loom_fe_end_step(loom_context *ctx);
+
+#endif

@@ -1,0 +1,182 @@
+/* Steps: cut the pending graph from the trace, find or build its executable, run it, and
+ * end the step (op results that were not retained die here). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "frontend.h"
+
+/* LOOM_DUMP: the graph as text and DOT, named by step and hash. Failures to write are
+ * reported on stderr once per graph and never fail the step. */
+static void dump_graph(loom_context *ctx, const loom_ir_graph *g, uint64_t hash) {
+    if (mkdir(ctx->dump_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "loom: LOOM_DUMP: cannot create %s: %s\n", ctx->dump_dir, strerror(errno));
+        return;
+    }
+    static const char *const ext[2] = {"loom", "dot"};
+    for (int k = 0; k < 2; k++) {
+        loom_ir_sbuf sb;
+        loom_ir_sbuf_init(&sb, &ctx->alloc);
+        if (k == 0) {
+            loom_ir_sbuf_printf(&sb, "// step %" PRId64 ", hash %016" PRIx64 "\n", ctx->step, hash);
+            loom_ir_graph_print(g, loom_ir_sbuf_write, &sb);
+        } else {
+            loom_ir_graph_dot(g, loom_ir_sbuf_write, &sb);
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/step%06" PRId64 "-%016" PRIx64 ".%s", ctx->dump_dir,
+                 ctx->step, hash, ext[k]);
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        if (sb.oom)
+            fprintf(stderr, "loom: LOOM_DUMP: out of memory printing %s\n", path);
+        else if (loom_ir_write_file_atomic(path, sb.data ? sb.data : "", sb.len, &d) != LOOM_OK)
+            fprintf(stderr, "loom: LOOM_DUMP: %s\n", d.msg);
+        loom_ir_sbuf_deinit(&sb);
+    }
+}
+
+static loom_status lookup_or_build(loom_context *ctx, loom_rt_executable **out_exe) {
+    uint64_t hash = loom_ir_graph_hash(&ctx->cut);
+    loom_rt_executable *exe = loom_rt_cache_find(&ctx->cache, &ctx->cut, hash);
+    if (exe) {
+        loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_HIT, 1);
+        *out_exe = exe;
+        return LOOM_OK;
+    }
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_MISS, 1);
+    int64_t t0 = loom_rt_now_ns();
+    if (ctx->dump_dir)
+        dump_graph(ctx, &ctx->cut, hash);
+    loom_status st = loom_rt_interp_executable_create(&ctx->cut, hash, &ctx->alloc, &exe);
+    if (st == LOOM_OK)
+        st = loom_rt_cache_insert(&ctx->cache, exe);
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_COMPILE_TIME, loom_rt_now_ns() - t0);
+    if (st != LOOM_OK)
+        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory building the step");
+    *out_exe = exe;
+    return LOOM_OK;
+}
+
+/* Runs exe: inputs are the trace buffers the cut graph reads; outputs get new buffers that
+ * then hold the tensors' values. */
+static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n,
+                           const int32_t *slots) {
+    const loom_ir_graph *g = &ctx->cut;
+    loom_rt_buffer *in_small[16], *out_small[16];
+    loom_rt_buffer **ins = in_small, **outs = out_small;
+    size_t in_bytes = (size_t)g->n_graph_inputs * sizeof *ins, out_bytes = (size_t)n * sizeof *outs;
+    loom_status st = LOOM_OK;
+    if (g->n_graph_inputs > 16 && !(ins = loom_ir_alloc(&ctx->alloc, in_bytes)))
+        st = LOOM_STATUS_OUT_OF_MEMORY;
+    if (n > 16 && !(outs = loom_ir_alloc(&ctx->alloc, out_bytes)))
+        st = LOOM_STATUS_OUT_OF_MEMORY;
+    int32_t n_outs = 0;
+    if (st == LOOM_OK) {
+        /* The cut renumbered the trace's inputs densely in node order. */
+        for (int32_t k = 0; k < ctx->n_trace_inputs; k++) {
+            int32_t mapped = ctx->cut_map[ctx->trace_input_nodes[k]];
+            if (mapped >= 0)
+                ins[g->nodes[mapped].attrs.index] = ctx->trace_inputs[k];
+        }
+        for (; n_outs < n && st == LOOM_OK; n_outs++) {
+            const loom_ir_node *r = &g->nodes[g->outputs[n_outs].node];
+            size_t bytes = (size_t)loom_ir_numel(r->rank, r->shape) * loom_dtype_size(r->dtype);
+            st = loom_rt_buffer_alloc(ctx->device, bytes, &outs[n_outs]);
+            if (st != LOOM_OK)
+                break;
+        }
+    }
+    if (st != LOOM_OK) {
+        loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory for the step's outputs");
+    } else {
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        int64_t t0 = loom_rt_now_ns();
+        st = exe->vt->run(exe, ins, outs, &d);
+        loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_EXECUTE_TIME, loom_rt_now_ns() - t0);
+        if (st != LOOM_OK)
+            loom_fe_error(ctx, st, NULL, 0, "mark_step", "executing step %" PRId64 ": %s",
+                          ctx->step, d.msg);
+    }
+    for (int32_t k = 0; k < n_outs; k++) {
+        loom_fe_tensor *t = &ctx->tensors[slots[k]];
+        if (st == LOOM_OK) {
+            loom_rt_buffer_release(t->buf);
+            t->buf = outs[k];
+            t->node = -1;
+            t->node_step = -1;
+        } else {
+            loom_rt_buffer_release(outs[k]);
+        }
+    }
+    if (ins != in_small)
+        loom_ir_free(&ctx->alloc, ins, in_bytes);
+    if (outs != out_small)
+        loom_ir_free(&ctx->alloc, outs, out_bytes);
+    return st;
+}
+
+loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots) {
+    int64_t t0 = loom_rt_now_ns();
+    if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->roots, &ctx->cap_roots, n, sizeof *ctx->roots) ||
+        !loom_ir_grow(&ctx->alloc, (void **)&ctx->cut_map, &ctx->cap_cut_map, ctx->trace.n_nodes,
+                      sizeof *ctx->cut_map))
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
+    for (int32_t k = 0; k < n; k++)
+        ctx->roots[k] = ctx->tensors[slots[k]].node;
+    loom_status st = loom_ir_graph_extract(&ctx->cut, &ctx->trace, n, ctx->roots, NULL, false,
+                                           ctx->cut_map);
+    if (st != LOOM_OK)
+        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory cutting the graph");
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_GRAPH_NODES, ctx->cut.n_nodes);
+    loom_rt_executable *exe = NULL;
+    st = lookup_or_build(ctx, &exe);
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_TRACE_TIME, loom_rt_now_ns() - t0);
+    if (st != LOOM_OK)
+        return st;
+    return execute(ctx, exe, n, slots);
+}
+
+void loom_fe_end_step(loom_context *ctx) {
+    for (int32_t k = 0; k < ctx->n_step_tensors; k++) {
+        int32_t slot = ctx->step_tensors[k];
+        loom_fe_tensor *t = &ctx->tensors[slot];
+        t->step_owned = false;
+        if (t->refs == 0)
+            loom_fe_tensor_free(ctx, slot);
+    }
+    for (int32_t k = 0; k < ctx->n_trace_inputs; k++)
+        loom_rt_buffer_release(ctx->trace_inputs[k]);
+    ctx->n_step_tensors = 0;
+    ctx->n_trace_inputs = 0;
+    loom_ir_graph_reset(&ctx->trace);
+    ctx->step++;
+}
+
+LOOM_API loom_status loom_mark_step(loom_context *ctx) {
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_STEPS, 1);
+    /* The step's roots: retained op results still pending. Only this step's results can be
+     * pending (earlier steps computed theirs), so scanning them suffices. */
+    int32_t n = 0;
+    loom_status st = LOOM_OK;
+    if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->root_tensors, &ctx->cap_root_tensors,
+                      ctx->n_step_tensors, sizeof *ctx->root_tensors)) {
+        st = loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
+    } else {
+        for (int32_t k = 0; k < ctx->n_step_tensors; k++) {
+            const loom_fe_tensor *t = &ctx->tensors[ctx->step_tensors[k]];
+            if (t->refs > 0 && !t->buf && t->node_step == ctx->step)
+                ctx->root_tensors[n++] = ctx->step_tensors[k];
+        }
+        if (n > 0)
+            st = loom_fe_compute(ctx, n, ctx->root_tensors);
+    }
+    loom_fe_end_step(ctx);
+    /* The first error of the step wins over the execution status: it is the cause. */
+    return ctx->err != LOOM_OK ? ctx->err : st;
+}

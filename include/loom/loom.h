@@ -1,0 +1,320 @@
+/* Loom: a compiler-style lazy-tensor runtime.
+ *
+ * Tutorial
+ * --------
+ *   loom_context *ctx = NULL;
+ *   if (loom_context_create(NULL, &ctx) != LOOM_OK) return 1;      // device "npu:0"
+ *   float xs[6] = {1, 2, 3, 4, 5, 6};
+ *   loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, xs);
+ *   loom_tensor *y = loom_relu(ctx, loom_add(ctx, x, x));           // recorded, not computed
+ *   loom_tensor_retain(y);                                          // keep y past the step
+ *   if (loom_mark_step(ctx) != LOOM_OK)                             // compile (cached) + run
+ *       fprintf(stderr, "%s\n", loom_context_error_message(ctx));
+ *   float out[6];
+ *   loom_tensor_read(ctx, y, out, sizeof out);                      // waits for the value
+ *   loom_tensor_release(y);
+ *   loom_context_destroy(ctx);
+ *
+ * Ownership
+ *   - `*_create` gives the caller an object to `*_destroy`. Destroy/release accept NULL.
+ *   - Op results (`loom_add`, ...) are step-scoped: they belong to the current step and die
+ *     at the next `loom_mark_step` unless `loom_tensor_retain`ed, so nested expressions
+ *     leak nothing. Tensors made by `loom_tensor_from_host` / `loom_tensor_zeros` are
+ *     long-lived: the caller owns one reference and releases it.
+ *   - Using a handle after it died is reported as LOOM_STATUS_STALE_HANDLE, never undefined
+ *     behaviour (handles are checked, generation-counted indices, not raw pointers).
+ *
+ * Errors
+ *   - Fallible functions return a loom_status (LOOM_OK == 0).
+ *   - Op builders return NULL on failure and record the error in the context. A NULL
+ *     operand makes an op return NULL without overwriting the first error, so a whole
+ *     expression is checked once. The context keeps the first error (code and a message
+ *     naming the user's file:line, the op, the shapes and dtypes) until
+ *     `loom_context_clear_error`; the context stays usable meanwhile.
+ *   - Loom never aborts or exits on bad input.
+ *
+ * Thread-safety
+ *   A context and its tensors are used by one thread at a time. Distinct contexts are
+ *   independent and may be used from different threads concurrently.
+ */
+#ifndef LOOM_LOOM_H
+#define LOOM_LOOM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(LOOM_BUILDING) && defined(__GNUC__)
+#define LOOM_API __attribute__((visibility("default")))
+#else
+#define LOOM_API
+#endif
+
+/* Maximum tensor rank. */
+#define LOOM_MAX_RANK 8
+
+/* ---- status ---------------------------------------------------------------------------- */
+
+typedef enum loom_status {
+#define LOOM_STATUS(e, v, d) LOOM_STATUS_##e = v,
+#include "loom/status.def"
+#undef LOOM_STATUS
+    LOOM_STATUS_COUNT_
+} loom_status;
+#define LOOM_OK LOOM_STATUS_OK
+
+/* The status's name ("INVALID_ARGUMENT"); never NULL, "UNKNOWN" for values out of range. */
+LOOM_API const char *loom_status_name(loom_status s);
+/* One sentence on what the status means and what to do next; never NULL. */
+LOOM_API const char *loom_status_description(loom_status s);
+
+/* ---- dtypes ---------------------------------------------------------------------------- */
+
+typedef enum loom_dtype {
+#define LOOM_DTYPE(e, n, sz, f, i) LOOM_DTYPE_##e,
+#include "loom/dtypes.def"
+#undef LOOM_DTYPE
+    LOOM_DTYPE_COUNT_
+} loom_dtype;
+
+/* Short name ("f32", "bf16"); "?" when out of range. */
+LOOM_API const char *loom_dtype_name(loom_dtype dt);
+/* Bytes per element; 0 when out of range. */
+LOOM_API size_t loom_dtype_size(loom_dtype dt);
+
+/* ---- allocator ------------------------------------------------------------------------- */
+
+/* One-function allocator (as Lua's lua_Alloc): `fn(ud, ptr, old_size, new_size)`.
+ * new_size == 0 frees ptr and returns NULL; otherwise behaves as realloc (ptr may be NULL
+ * with old_size 0) and returns NULL on failure, leaving ptr untouched. Loom always passes
+ * the exact old size. Every host allocation of a context, its graphs and its device memory
+ * pool goes through it. */
+typedef struct loom_allocator {
+    void *(*fn)(void *ud, void *ptr, size_t old_size, size_t new_size);
+    void *ud;
+} loom_allocator;
+
+/* The process allocator (malloc/realloc/free). */
+LOOM_API loom_allocator loom_allocator_system(void);
+
+/* ---- context --------------------------------------------------------------------------- */
+
+typedef struct loom_context loom_context;
+typedef struct loom_tensor loom_tensor;
+
+typedef struct loom_context_options {
+    loom_allocator allocator; /* default: loom_allocator_system() */
+    const char *device;       /* "npu:0" (default) */
+    bool eager;               /* run every step on the reference interpreter (LOOM_EAGER=1) */
+    const char *dump_dir;     /* write every graph cut by mark_step here (LOOM_DUMP) */
+} loom_context_options;
+
+/* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP). */
+LOOM_API void loom_context_options_init(loom_context_options *opts);
+
+/* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the
+ * caller. Errors: INVALID_ARGUMENT (out_ctx NULL, unknown device), OUT_OF_MEMORY. */
+LOOM_API loom_status loom_context_create(const loom_context_options *opts,
+                                         loom_context **out_ctx);
+/* Destroys the context, its tensors (live handles become stale) and its device memory.
+ * Accepts NULL. */
+LOOM_API void loom_context_destroy(loom_context *ctx);
+
+/* The first error recorded since the last clear (LOOM_OK if none). NULL ctx: INVALID_ARGUMENT. */
+LOOM_API loom_status loom_context_error(const loom_context *ctx);
+/* Its message ("file.c:12: matmul: inner dimensions differ: f32[2,3] x f32[4,5]"), "" if
+ * none. Borrowed: valid until the next clear or the context's destruction. */
+LOOM_API const char *loom_context_error_message(const loom_context *ctx);
+/* Forgets the recorded error. Accepts NULL. */
+LOOM_API void loom_context_clear_error(loom_context *ctx);
+
+/* Number of the current step (0 before the first loom_mark_step). */
+LOOM_API int64_t loom_context_step(const loom_context *ctx);
+
+/* Computes every live tensor with pending IR as one graph: the graph is hashed and looked
+ * up in the executable cache, built on a miss, and run on the device. Then the step's
+ * results that were not retained die. Returns the first error recorded during the step
+ * if there was one (the valid part of the step still ran), else the status of executing
+ * it. Errors: INVALID_ARGUMENT (NULL), OUT_OF_MEMORY, DEVICE_ERROR. */
+LOOM_API loom_status loom_mark_step(loom_context *ctx);
+
+/* Waits until every step launched so far has finished. */
+LOOM_API loom_status loom_context_sync(loom_context *ctx);
+
+/* ---- tensors --------------------------------------------------------------------------- */
+
+/* A long-lived device tensor holding a copy of `data` (rank*shape elements of dtype, packed
+ * row-major; f16/bf16 as 16-bit patterns, bool as one byte 0/1). The caller owns one
+ * reference. Returns NULL and records INVALID_ARGUMENT (bad dtype/rank/extent, NULL data)
+ * or OUT_OF_MEMORY. Counted as TransferToDevice. */
+LOOM_API loom_tensor *loom_tensor_from_host_at(loom_context *ctx, loom_dtype dtype,
+                                               int32_t rank, const int64_t *shape,
+                                               const void *data, const char *file, int line);
+#define loom_tensor_from_host(...) loom_tensor_from_host_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Copies the tensor's value into dst (size bytes, exactly the tensor's byte size),
+ * computing it first if it is pending (only what it needs). Errors: INVALID_ARGUMENT
+ * (NULL, size mismatch), STALE_HANDLE, OUT_OF_MEMORY, DEVICE_ERROR. */
+LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *t, void *dst,
+                                      size_t size);
+
+/* Adds a reference: a step-scoped tensor then survives mark_step. NULL is ignored. A stale
+ * handle is ignored and recorded as STALE_HANDLE in its context when that still exists. */
+LOOM_API void loom_tensor_retain(loom_tensor *t);
+/* Drops a reference; the tensor dies when no reference and no step holds it. NULL is
+ * ignored; a stale handle is recorded as STALE_HANDLE. */
+LOOM_API void loom_tensor_release(loom_tensor *t);
+
+/* Shape queries. They return LOOM_STATUS_STALE_HANDLE / INVALID_ARGUMENT on bad handles. */
+LOOM_API loom_status loom_tensor_dtype(const loom_tensor *t, loom_dtype *out_dtype);
+LOOM_API loom_status loom_tensor_rank(const loom_tensor *t, int32_t *out_rank);
+/* Writes rank extents into out_shape (room for LOOM_MAX_RANK). */
+LOOM_API loom_status loom_tensor_shape(const loom_tensor *t, int64_t *out_shape);
+LOOM_API loom_status loom_tensor_numel(const loom_tensor *t, int64_t *out_numel);
+
+/* ---- ops ------------------------------------------------------------------------------- *
+ * Every op builder validates its operands, records one or more IR nodes (computing
+ * nothing) and returns a step-scoped tensor, or NULL with the error recorded in ctx.
+ * The `_at` forms take the caller's source location; each macro `loom_x(ctx, ...)` forwards
+ * its arguments to `loom_x_at` and appends __FILE__/__LINE__, which then appear in IR dumps
+ * and error messages (the macros are variadic so that compound literals such as
+ * `(int64_t[]){2, 3}` pass through as one argument).
+ * Binary elementwise ops broadcast numpy-style and require equal dtypes.             */
+
+/* A tensor of `shape` filled with `value` (a constant in the graph: it is hashed, so
+ * values that change per step belong in loom_tensor_from_host). */
+LOOM_API loom_tensor *loom_full_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
+                                   const int64_t *shape, double value, const char *file,
+                                   int line);
+#define loom_full(...) loom_full_at(__VA_ARGS__, __FILE__, __LINE__)
+/* A rank-0 constant. */
+#define loom_scalar(ctx, dt, v) loom_full_at((ctx), (dt), 0, NULL, (v), __FILE__, __LINE__)
+
+#define LOOM_UNARY_OPS(X)                                                                     \
+    X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) X(gelu) X(isfinite)
+#define LOOM_BINARY_OPS(X)                                                                    \
+    X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)                                  \
+    X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
+
+#define LOOM_DECLARE_UNARY_(name)                                                             \
+    LOOM_API loom_tensor *loom_##name##_at(loom_context *ctx, loom_tensor *a,                 \
+                                           const char *file, int line);
+#define LOOM_DECLARE_BINARY_(name)                                                            \
+    LOOM_API loom_tensor *loom_##name##_at(loom_context *ctx, loom_tensor *a, loom_tensor *b, \
+                                           const char *file, int line);
+LOOM_UNARY_OPS(LOOM_DECLARE_UNARY_)
+LOOM_BINARY_OPS(LOOM_DECLARE_BINARY_)
+#undef LOOM_DECLARE_UNARY_
+#undef LOOM_DECLARE_BINARY_
+
+/* Elementwise unary: neg, abs, relu accept any numeric dtype; exp, log, sqrt, rsqrt, tanh,
+ * sigmoid, gelu (tanh approximation-free, erf form) need a float dtype; isfinite gives bool. */
+#define loom_neg(...) loom_neg_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_abs(...) loom_abs_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_exp(...) loom_exp_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_log(...) loom_log_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_sqrt(...) loom_sqrt_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_rsqrt(...) loom_rsqrt_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_tanh(...) loom_tanh_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_sigmoid(...) loom_sigmoid_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_relu(...) loom_relu_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_gelu(...) loom_gelu_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_isfinite(...) loom_isfinite_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Elementwise binary arithmetic (numeric; pow needs float) and comparisons (bool result). */
+#define loom_add(...) loom_add_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_sub(...) loom_sub_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_mul(...) loom_mul_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_div(...) loom_div_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_pow(...) loom_pow_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_maximum(...) loom_maximum_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_minimum(...) loom_minimum_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_eq(...) loom_eq_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_ne(...) loom_ne_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_lt(...) loom_lt_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_le(...) loom_le_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_gt(...) loom_gt_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_ge(...) loom_ge_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* cond ? a : b elementwise; cond is bool; a and b have equal dtypes; all three broadcast. */
+LOOM_API loom_tensor *loom_select_at(loom_context *ctx, loom_tensor *cond, loom_tensor *a,
+                                     loom_tensor *b, const char *file, int line);
+#define loom_select(...) loom_select_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Converts to dtype (float->int truncates toward zero; ->bool is != 0; ->f16/bf16 rounds
+ * to nearest even). */
+LOOM_API loom_tensor *loom_cast_at(loom_context *ctx, loom_tensor *a, loom_dtype dtype,
+                                   const char *file, int line);
+#define loom_cast(...) loom_cast_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Broadcasts a to `shape` by numpy rules (a's dims align right; each is 1 or equal). */
+LOOM_API loom_tensor *loom_broadcast_at(loom_context *ctx, loom_tensor *a, int32_t rank,
+                                        const int64_t *shape, const char *file, int line);
+#define loom_broadcast(...) loom_broadcast_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Reshapes to `shape` (same element count; at most one extent may be -1, inferred). */
+LOOM_API loom_tensor *loom_reshape_at(loom_context *ctx, loom_tensor *a, int32_t rank,
+                                      const int64_t *shape, const char *file, int line);
+#define loom_reshape(...) loom_reshape_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Permutes axes: result dim i is a's dim perm[i]. perm has a's rank entries. */
+LOOM_API loom_tensor *loom_permute_at(loom_context *ctx, loom_tensor *a, const int32_t *perm,
+                                      const char *file, int line);
+#define loom_permute(...) loom_permute_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Swaps the last two axes (rank >= 2). */
+LOOM_API loom_tensor *loom_transpose_at(loom_context *ctx, loom_tensor *a, const char *file,
+                                        int line);
+#define loom_transpose(...) loom_transpose_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Reductions over n_axes axes (negative counts from the end; n_axes == 0 means all axes).
+ * keepdim keeps reduced axes as extent 1. mean needs a float dtype. */
+LOOM_API loom_tensor *loom_sum_at(loom_context *ctx, loom_tensor *a, int32_t n_axes,
+                                  const int32_t *axes, bool keepdim, const char *file, int line);
+LOOM_API loom_tensor *loom_mean_at(loom_context *ctx, loom_tensor *a, int32_t n_axes,
+                                   const int32_t *axes, bool keepdim, const char *file, int line);
+LOOM_API loom_tensor *loom_max_at(loom_context *ctx, loom_tensor *a, int32_t n_axes,
+                                  const int32_t *axes, bool keepdim, const char *file, int line);
+#define loom_sum(...) loom_sum_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_mean(...) loom_mean_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_max(...) loom_max_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Matrix product: a [..., M, K] x b [..., K, N] -> [..., M, N]. Rank-1 operands are
+ * treated as [1, K] / [K, 1] and the added axis removed, as numpy does. Batch dims
+ * broadcast. Equal dtypes. */
+LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_tensor *b,
+                                     const char *file, int line);
+#define loom_matmul(...) loom_matmul_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* ---- metrics --------------------------------------------------------------------------- *
+ * Counters and timers in the spirit of PyTorch/XLA's metrics report: TraceTime,
+ * CompileTime, ExecuteTime (timers, ns), CacheHit, CacheMiss, TransferToDeviceBytes,
+ * TransferFromDeviceBytes, GraphNodes, ... (see loom_metrics_report for the full list). */
+
+/* The current value of a counter, or a timer's sample count; -1 if no metric has that name. */
+LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name);
+
+typedef enum loom_report_format {
+    LOOM_REPORT_FORMAT_TEXT,
+    LOOM_REPORT_FORMAT_JSON,
+    LOOM_REPORT_FORMAT_COUNT_
+} loom_report_format;
+
+/* Writes the metrics report through `write` in chunks (as MLIR's print callbacks do).
+ * Errors: INVALID_ARGUMENT. */
+LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_format format,
+                                         void (*write)(const char *chunk, size_t len, void *ud),
+                                         void *ud);
+
+/* Device memory of the context's device: bytes in use now and the peak since creation. */
+LOOM_API loom_status loom_device_memory(const loom_context *ctx, size_t *out_current,
+                                        size_t *out_peak);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LOOM_LOOM_H */

@@ -1,0 +1,87 @@
+/* Structural hashing and equality of graphs: what the executable cache keys on. Locations
+ * are left out on purpose, so the same model traced from another line still hits. */
+#include <string.h>
+
+#include "ir.h"
+
+/* 64-bit FNV-1a over canonical little fields, finished with a murmur-style mix. */
+typedef struct hasher {
+    uint64_t h;
+} hasher;
+
+static inline void mix(hasher *s, uint64_t v) {
+    s->h ^= v;
+    s->h *= 0x100000001b3ull;
+    s->h ^= s->h >> 29;
+}
+
+static void hash_node(hasher *s, const loom_ir_node *n) {
+    mix(s, (uint64_t)n->op | (uint64_t)n->dtype << 16 | (uint64_t)(uint32_t)n->rank << 24 |
+               (uint64_t)(uint32_t)n->n_inputs << 32);
+    for (int32_t i = 0; i < n->rank; i++)
+        mix(s, (uint64_t)n->shape[i]);
+    for (int32_t i = 0; i < n->n_inputs; i++)
+        mix(s, (uint64_t)(uint32_t)n->inputs[i]);
+    switch (loom_ir_op_table[n->op].attrs) {
+    case LOOM_IR_ATTRS_NONE: break;
+    case LOOM_IR_ATTRS_INDEX: mix(s, (uint64_t)n->attrs.index); break;
+    case LOOM_IR_ATTRS_VALUE: {
+        uint64_t bits; /* by bits, as equality compares: -0.0 and 0.0 are different graphs */
+        memcpy(&bits, &n->attrs.value, sizeof bits);
+        mix(s, bits);
+        break;
+    }
+    case LOOM_IR_ATTRS_PERM:
+        for (int32_t i = 0; i < n->rank; i++)
+            mix(s, (uint64_t)(uint32_t)n->attrs.perm[i]);
+        break;
+    case LOOM_IR_ATTRS_AXES: mix(s, (uint64_t)n->attrs.axes | (uint64_t)n->attrs.keepdim << 32); break;
+    case LOOM_IR_ATTRS_COUNT_: break;
+    }
+}
+
+uint64_t loom_ir_graph_hash(const loom_ir_graph *g) {
+    hasher s = {0xcbf29ce484222325ull};
+    mix(&s, (uint64_t)(uint32_t)g->n_nodes | (uint64_t)(uint32_t)g->n_outputs << 32);
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        hash_node(&s, &g->nodes[i]);
+    for (int32_t o = 0; o < g->n_outputs; o++)
+        mix(&s, (uint64_t)(uint32_t)g->outputs[o].node | (uint64_t)(uint32_t)g->outputs[o].alias << 32);
+    uint64_t h = s.h;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+static bool attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
+    switch (loom_ir_op_table[a->op].attrs) {
+    case LOOM_IR_ATTRS_NONE: return true;
+    case LOOM_IR_ATTRS_INDEX: return a->attrs.index == b->attrs.index;
+    case LOOM_IR_ATTRS_VALUE: return memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
+    case LOOM_IR_ATTRS_PERM:
+        return memcmp(a->attrs.perm, b->attrs.perm, (size_t)a->rank * sizeof(int32_t)) == 0;
+    case LOOM_IR_ATTRS_AXES: return a->attrs.axes == b->attrs.axes && a->attrs.keepdim == b->attrs.keepdim;
+    case LOOM_IR_ATTRS_COUNT_: break;
+    }
+    return false;
+}
+
+bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b) {
+    if (a->n_nodes != b->n_nodes || a->n_outputs != b->n_outputs)
+        return false;
+    for (int32_t i = 0; i < a->n_nodes; i++) {
+        const loom_ir_node *x = &a->nodes[i], *y = &b->nodes[i];
+        if (x->op != y->op || x->dtype != y->dtype || x->rank != y->rank ||
+            x->n_inputs != y->n_inputs)
+            return false;
+        if (memcmp(x->shape, y->shape, (size_t)x->rank * sizeof x->shape[0]) != 0)
+            return false;
+        if (x->n_inputs && memcmp(x->inputs, y->inputs, (size_t)x->n_inputs * sizeof(int32_t)) != 0)
+            return false;
+        if (!attrs_equal(x, y))
+            return false;
+    }
+    return memcmp(a->outputs, b->outputs, (size_t)a->n_outputs * sizeof *a->outputs) == 0 ||
+           a->n_outputs == 0;
+}

@@ -1,0 +1,214 @@
+/* Shape and dtype inference: the one place that knows each op kind's typing rules. The
+ * frontend calls it to validate user calls; the verifier calls it to re-check graphs. */
+#include "ir.h"
+
+#define TYPE(buf, node) loom_ir_format_type(buf, sizeof buf, (node)->dtype, (node)->rank, (node)->shape)
+
+static bool same_shape(const loom_ir_node *a, const loom_ir_node *b) {
+    if (a->rank != b->rank)
+        return false;
+    for (int32_t i = 0; i < a->rank; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
+
+static void copy_type(const loom_ir_node *src, loom_dtype *dt, int32_t *rank, int64_t *shape) {
+    *dt = src->dtype;
+    *rank = src->rank;
+    for (int32_t i = 0; i < src->rank; i++)
+        shape[i] = src->shape[i];
+}
+
+static loom_status check_shape(const loom_ir_node_desc *desc, loom_ir_diag *d) {
+    if (desc->rank < 0 || desc->rank > LOOM_MAX_RANK)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                "rank %d is out of range (0..%d)", (int)desc->rank, LOOM_MAX_RANK);
+    if (desc->rank > 0 && !desc->shape)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "shape is NULL for rank %d",
+                                (int)desc->rank);
+    int64_t numel = 1;
+    for (int32_t i = 0; i < desc->rank; i++) {
+        if (desc->shape[i] < 0)
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "extent %lld of axis %d is negative",
+                                    (long long)desc->shape[i], (int)i);
+        if (desc->shape[i] > 0 && numel > INT64_MAX / 16 / desc->shape[i])
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "shape has too many elements");
+        numel *= desc->shape[i];
+    }
+    return LOOM_OK;
+}
+
+static void set_desc_type(const loom_ir_node_desc *desc, loom_dtype dt, int32_t *rank,
+                          int64_t *shape, loom_dtype *out_dt) {
+    *out_dt = dt;
+    *rank = desc->rank;
+    for (int32_t i = 0; i < desc->rank; i++)
+        shape[i] = desc->shape[i];
+}
+
+loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
+                          loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
+                          loom_ir_diag *d) {
+    const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
+    if ((unsigned)desc->op >= LOOM_IR_OP_COUNT_)
+        return loom_ir_diag_set(d, BAD, "unknown op %d", (int)desc->op);
+    const loom_ir_op_info *info = &loom_ir_op_table[desc->op];
+    if (info->arity >= 0 && desc->n_inputs != info->arity)
+        return loom_ir_diag_set(d, BAD, "expects %d operand%s, got %d", (int)info->arity,
+                                info->arity == 1 ? "" : "s", (int)desc->n_inputs);
+    if (desc->n_inputs > 0 && !desc->inputs)
+        return loom_ir_diag_set(d, BAD, "operand list is NULL");
+    const loom_ir_node *in[3] = {NULL, NULL, NULL};
+    for (int32_t k = 0; k < desc->n_inputs; k++) {
+        int32_t id = desc->inputs[k];
+        if (id < 0 || id >= g->n_nodes)
+            return loom_ir_diag_set(d, BAD, "operand %d refers to %%%d, which does not exist",
+                                    (int)k, (int)id);
+        if (k < 3)
+            in[k] = &g->nodes[id];
+    }
+    /* operand dtype class (select's condition is checked below) */
+    for (int32_t k = info->kind == LOOM_IR_KIND_SELECT ? 1 : 0; k < desc->n_inputs && k < 3; k++) {
+        if (!loom_ir_dtype_in_class(in[k]->dtype, info->dtypes)) {
+            char t[LOOM_IR_TYPE_STR_MAX];
+            return loom_ir_diag_set(d, BAD, "operand %d has dtype %s; %s needs %s", (int)k,
+                                    TYPE(t, in[k]), info->name,
+                                    info->dtypes == LOOM_IR_DT_FLOAT ? "a float dtype"
+                                                                     : "a numeric dtype");
+        }
+    }
+    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX], tc[LOOM_IR_TYPE_STR_MAX];
+    loom_status st;
+    switch (info->kind) {
+    case LOOM_IR_KIND_SOURCE:
+        if (!loom_ir_dtype_valid(desc->dtype))
+            return loom_ir_diag_set(d, BAD, "dtype %d is not a valid dtype", (int)desc->dtype);
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        if (info->attrs == LOOM_IR_ATTRS_INDEX && (desc->attrs.index < 0 || desc->attrs.index > INT32_MAX))
+            return loom_ir_diag_set(d, BAD, "input index %lld is out of range",
+                                    (long long)desc->attrs.index);
+        set_desc_type(desc, desc->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
+    case LOOM_IR_KIND_UNARY:
+        copy_type(in[0], out_dtype, out_rank, out_shape);
+        return LOOM_OK;
+    case LOOM_IR_KIND_PREDICATE:
+        copy_type(in[0], out_dtype, out_rank, out_shape);
+        *out_dtype = LOOM_DTYPE_BOOL;
+        return LOOM_OK;
+    case LOOM_IR_KIND_BINARY:
+    case LOOM_IR_KIND_COMPARE:
+        if (in[0]->dtype != in[1]->dtype)
+            return loom_ir_diag_set(d, BAD, "dtypes differ: %s vs %s", TYPE(ta, in[0]),
+                                    TYPE(tb, in[1]));
+        if (!same_shape(in[0], in[1]))
+            return loom_ir_diag_set(d, BAD, "shapes differ: %s vs %s", TYPE(ta, in[0]),
+                                    TYPE(tb, in[1]));
+        copy_type(in[0], out_dtype, out_rank, out_shape);
+        if (info->kind == LOOM_IR_KIND_COMPARE)
+            *out_dtype = LOOM_DTYPE_BOOL;
+        return LOOM_OK;
+    case LOOM_IR_KIND_SELECT:
+        if (in[0]->dtype != LOOM_DTYPE_BOOL)
+            return loom_ir_diag_set(d, BAD, "condition must be bool, got %s", TYPE(ta, in[0]));
+        if (in[1]->dtype != in[2]->dtype)
+            return loom_ir_diag_set(d, BAD, "dtypes differ: %s vs %s", TYPE(tb, in[1]),
+                                    TYPE(tc, in[2]));
+        if (!same_shape(in[0], in[1]) || !same_shape(in[1], in[2]))
+            return loom_ir_diag_set(d, BAD, "shapes differ: %s, %s, %s", TYPE(ta, in[0]),
+                                    TYPE(tb, in[1]), TYPE(tc, in[2]));
+        copy_type(in[1], out_dtype, out_rank, out_shape);
+        return LOOM_OK;
+    case LOOM_IR_KIND_CAST:
+        if (!loom_ir_dtype_valid(desc->dtype))
+            return loom_ir_diag_set(d, BAD, "target dtype %d is not a valid dtype", (int)desc->dtype);
+        copy_type(in[0], out_dtype, out_rank, out_shape);
+        *out_dtype = desc->dtype;
+        return LOOM_OK;
+    case LOOM_IR_KIND_BROADCAST: {
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        if (desc->rank < in[0]->rank)
+            goto bad_broadcast;
+        int32_t off = desc->rank - in[0]->rank;
+        for (int32_t i = 0; i < in[0]->rank; i++)
+            if (in[0]->shape[i] != 1 && in[0]->shape[i] != desc->shape[off + i])
+                goto bad_broadcast;
+        set_desc_type(desc, in[0]->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
+    bad_broadcast:
+        return loom_ir_diag_set(d, BAD, "cannot broadcast %s to %s", TYPE(ta, in[0]),
+                                loom_ir_format_type(tb, sizeof tb, in[0]->dtype, desc->rank,
+                                                    desc->shape));
+    }
+    case LOOM_IR_KIND_RESHAPE:
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        if (loom_ir_numel(desc->rank, desc->shape) != loom_ir_numel(in[0]->rank, in[0]->shape))
+            return loom_ir_diag_set(d, BAD, "cannot reshape %s to %s: element counts differ",
+                                    TYPE(ta, in[0]),
+                                    loom_ir_format_type(tb, sizeof tb, in[0]->dtype,
+                                                        desc->rank, desc->shape));
+        set_desc_type(desc, in[0]->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
+    case LOOM_IR_KIND_TRANSPOSE: {
+        uint32_t seen = 0;
+        for (int32_t i = 0; i < in[0]->rank; i++) {
+            int32_t p = desc->attrs.perm[i];
+            if (p < 0 || p >= in[0]->rank || (seen & (1u << p)))
+                return loom_ir_diag_set(d, BAD, "perm is not a permutation of the %d axes of %s",
+                                        (int)in[0]->rank, TYPE(ta, in[0]));
+            seen |= 1u << p;
+        }
+        *out_dtype = in[0]->dtype;
+        *out_rank = in[0]->rank;
+        for (int32_t i = 0; i < in[0]->rank; i++)
+            out_shape[i] = in[0]->shape[desc->attrs.perm[i]];
+        return LOOM_OK;
+    }
+    case LOOM_IR_KIND_REDUCTION: {
+        uint32_t axes = desc->attrs.axes;
+        if (axes >> in[0]->rank)
+            return loom_ir_diag_set(d, BAD, "reduction axes 0x%x are out of range for %s",
+                                    (unsigned)axes, TYPE(ta, in[0]));
+        *out_dtype = in[0]->dtype;
+        int32_t r = 0;
+        for (int32_t i = 0; i < in[0]->rank; i++) {
+            if (axes & (1u << i)) {
+                if (desc->attrs.keepdim)
+                    out_shape[r++] = 1;
+            } else {
+                out_shape[r++] = in[0]->shape[i];
+            }
+        }
+        *out_rank = r;
+        return LOOM_OK;
+    }
+    case LOOM_IR_KIND_CONTRACTION: {
+        const loom_ir_node *a = in[0], *b = in[1];
+        if (a->dtype != b->dtype)
+            return loom_ir_diag_set(d, BAD, "dtypes differ: %s x %s", TYPE(ta, a), TYPE(tb, b));
+        if (a->rank < 2 || a->rank != b->rank)
+            return loom_ir_diag_set(d, BAD, "operands need equal ranks >= 2: %s x %s",
+                                    TYPE(ta, a), TYPE(tb, b));
+        int32_t r = a->rank;
+        for (int32_t i = 0; i < r - 2; i++)
+            if (a->shape[i] != b->shape[i])
+                return loom_ir_diag_set(d, BAD, "batch dimensions differ: %s x %s", TYPE(ta, a),
+                                        TYPE(tb, b));
+        if (a->shape[r - 1] != b->shape[r - 2])
+            return loom_ir_diag_set(d, BAD, "inner dimensions differ: %s x %s", TYPE(ta, a),
+                                    TYPE(tb, b));
+        copy_type(a, out_dtype, out_rank, out_shape);
+        out_shape[r - 1] = b->shape[r - 1];
+        return LOOM_OK;
+    }
+    case LOOM_IR_KIND_COUNT_:
+        break;
+    }
+    return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "op %s has no inference rule", info->name);
+}

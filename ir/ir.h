@@ -1,0 +1,312 @@
+/* Loom IR: graphs of typed nodes in topological order, their op table, inference,
+ * verification, text format, hashing and DOT export. The lowest layer: includes nothing
+ * of Loom's but the public tables. */
+#ifndef LOOM_IR_IR_H
+#define LOOM_IR_IR_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom/loom.h"
+
+/* ---- op table -------------------------------------------------------------------------- */
+
+typedef enum loom_ir_kind {
+    LOOM_IR_KIND_SOURCE,      /* no operands: input, constant */
+    LOOM_IR_KIND_UNARY,       /* elementwise, same dtype */
+    LOOM_IR_KIND_PREDICATE,   /* elementwise, bool result */
+    LOOM_IR_KIND_BINARY,      /* elementwise, equal shapes and dtypes */
+    LOOM_IR_KIND_COMPARE,     /* elementwise, bool result */
+    LOOM_IR_KIND_SELECT,      /* elementwise (bool, T, T) -> T */
+    LOOM_IR_KIND_CAST,        /* elementwise, node dtype is the target */
+    LOOM_IR_KIND_BROADCAST,   /* movement, node shape is the target */
+    LOOM_IR_KIND_RESHAPE,     /* movement, node shape is the target */
+    LOOM_IR_KIND_TRANSPOSE,   /* movement by attrs.perm */
+    LOOM_IR_KIND_REDUCTION,   /* over attrs.axes */
+    LOOM_IR_KIND_CONTRACTION, /* matmul */
+    LOOM_IR_KIND_COUNT_
+} loom_ir_kind;
+
+typedef enum loom_ir_dtclass {
+    LOOM_IR_DT_ANY,   /* every dtype */
+    LOOM_IR_DT_NUM,   /* every dtype but bool */
+    LOOM_IR_DT_FLOAT, /* f32, f16, bf16, f64 */
+    LOOM_IR_DT_COUNT_
+} loom_ir_dtclass;
+
+typedef enum loom_ir_autocast {
+    LOOM_IR_AC_NONE,
+    LOOM_IR_AC_LOWER,   /* runs in the autocast dtype (matmul, conv, linear) */
+    LOOM_IR_AC_FP32,    /* runs in f32 (softmax, norms, losses, reductions, exp/log/pow) */
+    LOOM_IR_AC_PROMOTE, /* operands promoted to the widest float among them */
+    LOOM_IR_AC_COUNT_
+} loom_ir_autocast;
+
+enum {
+    LOOM_IR_OPF_COMMUTATIVE = 1u << 0,
+    LOOM_IR_OPF_SIDE_EFFECT = 1u << 1,
+};
+
+typedef enum loom_ir_attrs_kind {
+    LOOM_IR_ATTRS_NONE,
+    LOOM_IR_ATTRS_INDEX, /* attrs.index: which graph input */
+    LOOM_IR_ATTRS_VALUE, /* attrs.value: the fill value */
+    LOOM_IR_ATTRS_PERM,  /* attrs.perm[rank] */
+    LOOM_IR_ATTRS_AXES,  /* attrs.axes bitmask over the operand's axes, attrs.keepdim */
+    LOOM_IR_ATTRS_COUNT_
+} loom_ir_attrs_kind;
+
+typedef enum loom_ir_op {
+#define LOOM_OP(e, n, ar, k, dt, ac, fl, at) LOOM_IR_OP_##e,
+#include "ops.def"
+#undef LOOM_OP
+    LOOM_IR_OP_COUNT_
+} loom_ir_op;
+
+typedef struct loom_ir_op_info {
+    const char *name;
+    int32_t arity; /* -1: variadic */
+    loom_ir_kind kind;
+    loom_ir_dtclass dtypes;
+    loom_ir_autocast autocast;
+    uint32_t flags;
+    loom_ir_attrs_kind attrs;
+} loom_ir_op_info;
+
+extern const loom_ir_op_info loom_ir_op_table[LOOM_IR_OP_COUNT_];
+
+/* The op's name ("add"), "?" out of range. Lookup by name: LOOM_IR_OP_COUNT_ if none. */
+const char *loom_ir_op_name(loom_ir_op op);
+loom_ir_op loom_ir_op_from_name(const char *name, size_t len);
+bool loom_ir_op_is_elementwise(loom_ir_op op);
+
+/* ---- dtypes ---------------------------------------------------------------------------- */
+
+bool loom_ir_dtype_valid(loom_dtype dt);
+bool loom_ir_dtype_is_float(loom_dtype dt);
+bool loom_ir_dtype_is_int(loom_dtype dt);
+bool loom_ir_dtype_in_class(loom_dtype dt, loom_ir_dtclass c);
+/* Lookup by name ("f32"): LOOM_DTYPE_COUNT_ if none. */
+loom_dtype loom_ir_dtype_from_name(const char *name, size_t len);
+
+/* 16-bit float conversions (round to nearest even; NaN stays NaN). */
+uint16_t loom_ir_f32_to_bf16(float f);
+float loom_ir_bf16_to_f32(uint16_t h);
+uint16_t loom_ir_f32_to_f16(float f);
+float loom_ir_f16_to_f32(uint16_t h);
+
+/* Element i of a buffer of dtype dt, as a double, and the reverse (with the dtype's
+ * rounding / truncation toward zero / != 0 for bool). Integer paths: *_i64. */
+double loom_ir_load_f64(const void *buf, loom_dtype dt, int64_t i);
+void loom_ir_store_f64(void *buf, loom_dtype dt, int64_t i, double v);
+int64_t loom_ir_load_i64(const void *buf, loom_dtype dt, int64_t i);
+void loom_ir_store_i64(void *buf, loom_dtype dt, int64_t i, int64_t v);
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+void *loom_ir_alloc(const loom_allocator *a, size_t size);
+void *loom_ir_realloc(const loom_allocator *a, void *p, size_t old_size, size_t new_size);
+void loom_ir_free(const loom_allocator *a, void *p, size_t size);
+/* Grows *array (of elem_size items, capacity *cap) to hold at least `need` items.
+ * false on out-of-memory (the array is unchanged). */
+bool loom_ir_grow(const loom_allocator *a, void **array, int32_t *cap, int32_t need,
+                  size_t elem_size);
+
+/* Bump allocator in chunks from a loom_allocator; reset keeps the first chunk. */
+typedef struct loom_ir_arena_chunk loom_ir_arena_chunk;
+typedef struct loom_ir_arena {
+    loom_allocator alloc;
+    loom_ir_arena_chunk *head;
+    size_t used; /* in head */
+} loom_ir_arena;
+
+void loom_ir_arena_init(loom_ir_arena *ar, const loom_allocator *a);
+void loom_ir_arena_deinit(loom_ir_arena *ar);
+void loom_ir_arena_reset(loom_ir_arena *ar);
+/* 16-byte aligned; NULL on out-of-memory. */
+void *loom_ir_arena_alloc(loom_ir_arena *ar, size_t size);
+char *loom_ir_arena_strndup(loom_ir_arena *ar, const char *s, size_t len);
+
+/* Growable string (for printing into memory). */
+typedef struct loom_ir_sbuf {
+    const loom_allocator *alloc;
+    char *data; /* NUL-terminated when len > 0 */
+    size_t len, cap;
+    bool oom; /* an append failed: contents are truncated */
+} loom_ir_sbuf;
+
+void loom_ir_sbuf_init(loom_ir_sbuf *sb, const loom_allocator *a);
+void loom_ir_sbuf_deinit(loom_ir_sbuf *sb);
+void loom_ir_sbuf_append(loom_ir_sbuf *sb, const char *s, size_t len);
+void loom_ir_sbuf_printf(loom_ir_sbuf *sb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* A loom_ir_write_fn that appends to the loom_ir_sbuf passed as ud. */
+void loom_ir_sbuf_write(const char *chunk, size_t len, void *ud);
+
+/* ---- diagnostics ----------------------------------------------------------------------- */
+
+typedef struct loom_ir_diag {
+    loom_status code;   /* LOOM_OK while empty */
+    int32_t line, col;  /* 1-based source position for parse errors, 0 otherwise */
+    int32_t node;       /* the offending node for verify errors, -1 otherwise */
+    char msg[512];
+} loom_ir_diag;
+
+void loom_ir_diag_init(loom_ir_diag *d);
+/* Records an error unless one is already recorded (the first error wins). Returns code. */
+loom_status loom_ir_diag_set(loom_ir_diag *d, loom_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+loom_status loom_ir_diag_vset(loom_ir_diag *d, loom_status code, const char *fmt, va_list ap);
+
+/* "f32[64,784]" (scalars: "f32[]") into buf; returns buf. */
+char *loom_ir_format_type(char *buf, size_t size, loom_dtype dt, int32_t rank,
+                          const int64_t *shape);
+#define LOOM_IR_TYPE_STR_MAX 160
+
+/* ---- graphs ---------------------------------------------------------------------------- */
+
+typedef struct loom_ir_loc {
+    const char *file; /* NULL: unknown; otherwise owned by the graph's arena */
+    int32_t line;
+} loom_ir_loc;
+
+typedef struct loom_ir_attrs {
+    int64_t index;                /* INDEX */
+    double value;                 /* VALUE */
+    int32_t perm[LOOM_MAX_RANK];  /* PERM */
+    uint32_t axes;                /* AXES: bit i set = axis i of the operand is reduced */
+    bool keepdim;                 /* AXES */
+} loom_ir_attrs;
+
+typedef struct loom_ir_node {
+    loom_ir_op op;
+    loom_dtype dtype;
+    int32_t rank;
+    int32_t n_inputs;
+    int64_t shape[LOOM_MAX_RANK];
+    int32_t *inputs; /* ids of earlier nodes; arena-owned */
+    loom_ir_attrs attrs;
+    loom_ir_loc loc;
+} loom_ir_node;
+
+typedef struct loom_ir_output {
+    int32_t node;  /* node id */
+    int32_t alias; /* graph input index whose buffer this output is written into, or -1 */
+} loom_ir_output;
+
+/* A graph: nodes in topological order (operands precede users), the outputs, and which
+ * graph input each output is written back into (buffer donation, -1 for none).
+ * Not thread-safe; owns everything it points to. */
+typedef struct loom_ir_graph {
+    loom_allocator alloc;
+    loom_ir_node *nodes;
+    int32_t n_nodes, cap_nodes;
+    loom_ir_output *outputs;
+    int32_t n_outputs, cap_outputs;
+    int32_t n_graph_inputs; /* INPUT nodes; their indices are 0..n-1, each once */
+    loom_ir_arena arena;
+    const char *last_file; /* interning cache: last file string seen and its arena copy */
+    const char *last_file_copy;
+} loom_ir_graph;
+
+void loom_ir_graph_init(loom_ir_graph *g, const loom_allocator *a);
+void loom_ir_graph_deinit(loom_ir_graph *g);
+/* Empties the graph, keeping its capacity. */
+void loom_ir_graph_reset(loom_ir_graph *g);
+
+/* What a new node needs besides its operands: the result type for ops whose type is not
+ * derived from operands (input/constant: dtype and shape; cast: dtype; broadcast/reshape:
+ * shape) and the attributes. */
+typedef struct loom_ir_node_desc {
+    loom_ir_op op;
+    int32_t n_inputs;
+    const int32_t *inputs;
+    loom_dtype dtype;
+    int32_t rank;
+    const int64_t *shape;
+    loom_ir_attrs attrs;
+    loom_ir_loc loc;
+} loom_ir_node_desc;
+
+/* Infers the result dtype and shape of `desc` over the nodes of g, checking operand
+ * count, dtypes and shapes. Errors (INVALID_ARGUMENT) go to d with a message such as
+ * "inner dimensions differ: f32[64,784] x f32[512,784]" (no location prefix). */
+loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
+                          loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
+                          loom_ir_diag *d);
+
+/* Infers, then appends a node. *out_id gets its id. The loc's file is interned into the
+ * graph's arena. Errors: INVALID_ARGUMENT (inference), OUT_OF_MEMORY. */
+loom_status loom_ir_graph_add(loom_ir_graph *g, const loom_ir_node_desc *desc,
+                              int32_t *out_id, loom_ir_diag *d);
+
+/* Appends an output (alias: graph input index or -1). */
+loom_status loom_ir_graph_add_output(loom_ir_graph *g, int32_t node, int32_t alias);
+
+/* Replaces dst by the part of src that the given roots depend on, in src's order; the
+ * roots become dst's outputs, each aliasing aliases[r] (a src graph input index, or -1;
+ * aliases may be NULL). With keep_inputs every INPUT node is kept with its index (the
+ * graph's signature stays); without, only live INPUT nodes and the aliased ones are kept
+ * and renumbered densely in node order (aliases are translated). If map is not NULL it gets
+ * src->n_nodes entries: the dst id of each src node, or -1 when not copied. */
+loom_status loom_ir_graph_extract(loom_ir_graph *dst, const loom_ir_graph *src,
+                                  int32_t n_roots, const int32_t *roots,
+                                  const int32_t *aliases, bool keep_inputs, int32_t *map);
+/* dst = a copy of src. */
+loom_status loom_ir_graph_copy(loom_ir_graph *dst, const loom_ir_graph *src);
+
+/* Checks every invariant: topological order, operand counts, each node's type against
+ * inference, attributes, inputs numbered 0..n-1 once each, outputs and aliases in range
+ * (an alias names an input of the output's dtype and shape, at most once).
+ * Errors: VERIFY_FAILED with d->node set. */
+loom_status loom_ir_graph_verify(const loom_ir_graph *g, loom_ir_diag *d);
+
+/* Structural hash: ops, attributes, dtypes, shapes, edges, outputs and aliases; not
+ * locations. Equal graphs hash equal. */
+uint64_t loom_ir_graph_hash(const loom_ir_graph *g);
+/* Structural equality (the same things the hash covers). */
+bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b);
+
+/* Chunked output callback. */
+typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);
+
+/* Text format (MLIR-like), one node a line:
+ *   // comments run to the end of the line
+ *   loom.graph {
+ *     %0 = input {index = 0} : f32[2,3] loc("x.c":4)
+ *     %1 = constant {value = 0.5} : f32[]
+ *     %2 = broadcast %1 : f32[2,3]
+ *     %3 = add %0, %2 : f32[2,3] loc("x.c":5)
+ *     %4 = transpose %3 {perm = [1, 0]} : f32[3,2]
+ *     %5 = reduce_sum %3 {axes = [1], keepdim = false} : f32[2] loc("x.c":7)
+ *     return %3 {alias = 0}, %5
+ *   }
+ * Every node states its result type; for cast, broadcast, reshape, input and constant that
+ * type is the op's target. Constants print with %.17g (inf, -inf, nan spelled so). A
+ * location is loc("file":line) (quotes and backslashes escaped) or absent when unknown.
+ * The parser accepts any %name defined before use and numbers nodes densely in order.
+ * parse(print(g)) gives a graph equal to g with the same locations. */
+loom_status loom_ir_graph_print(const loom_ir_graph *g, loom_ir_write_fn write, void *ud);
+/* Parses text (len bytes, need not be NUL-terminated) into g (which is reset first) and
+ * verifies it. Errors: PARSE_ERROR with d->line/col and a message, VERIFY_FAILED,
+ * OUT_OF_MEMORY. On error g is left empty. */
+loom_status loom_ir_graph_parse(loom_ir_graph *g, const char *text, size_t len,
+                                loom_ir_diag *d);
+/* Graphviz DOT: one box per node (op, type, location), edges operand -> user. */
+loom_status loom_ir_graph_dot(const loom_ir_graph *g, loom_ir_write_fn write, void *ud);
+
+/* Number of elements of a shape (1 for rank 0). */
+int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
+
+/* Writes a file atomically (temp file in the same folder, fsync, rename).
+ * Errors: IO_ERROR with a message in d. */
+loom_status loom_ir_write_file_atomic(const char *path, const void *data, size_t len,
+                                      loom_ir_diag *d);
+/* Reads a whole file ("-" is stdin) into *out_data (allocated with a; *out_len bytes plus a
+ * NUL). Errors: IO_ERROR, OUT_OF_MEMORY. */
+loom_status loom_ir_read_file(const char *path, const loom_allocator *a, char **out_data,
+                              size_t *out_len, loom_ir_diag *d);
+
+#endif /* LOOM_IR_IR_H */

@@ -1,0 +1,145 @@
+/* Devices: the vtable dispatch and the built-in NPU target, whose memory pool lives in host
+ * memory (from the context's allocator) and counts current and peak bytes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+
+/* ---- the NPU target ---------------------------------------------------------------------- */
+
+static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_buffer **out) {
+    loom_rt_buffer *b = loom_ir_alloc(&dev->alloc, sizeof *b);
+    if (!b)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    /* Round to 64 bytes: kernels may read whole cache lines; never zero-sized. */
+    size_t bytes = (size + 63) & ~(size_t)63;
+    if (bytes == 0)
+        bytes = 64;
+    b->data = loom_ir_alloc(&dev->alloc, bytes);
+    if (!b->data) {
+        loom_ir_free(&dev->alloc, b, sizeof *b);
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    }
+    b->device = dev;
+    b->size = size;
+    b->refs = 1;
+    dev->mem_current += bytes;
+    if (dev->mem_current > dev->mem_peak)
+        dev->mem_peak = dev->mem_current;
+    *out = b;
+    return LOOM_OK;
+}
+
+static void npu_buffer_free(loom_rt_device *dev, loom_rt_buffer *b) {
+    size_t bytes = (b->size + 63) & ~(size_t)63;
+    if (bytes == 0)
+        bytes = 64;
+    dev->mem_current -= bytes;
+    loom_ir_free(&dev->alloc, b->data, bytes);
+    loom_ir_free(&dev->alloc, b, sizeof *b);
+}
+
+static loom_status npu_write(loom_rt_device *dev, loom_rt_buffer *b, size_t off, const void *src,
+                             size_t size) {
+    (void)dev;
+    if (off > b->size || size > b->size - off)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (size)
+        memcpy((char *)b->data + off, src, size);
+    return LOOM_OK;
+}
+
+static loom_status npu_read(loom_rt_device *dev, const loom_rt_buffer *b, size_t off, void *dst,
+                            size_t size) {
+    (void)dev;
+    if (off > b->size || size > b->size - off)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (size)
+        memcpy(dst, (const char *)b->data + off, size);
+    return LOOM_OK;
+}
+
+static void npu_destroy(loom_rt_device *dev) { loom_ir_free(&dev->alloc, dev, sizeof *dev); }
+
+static const loom_rt_device_vtable npu_vtable = {
+    .buffer_alloc = npu_buffer_alloc,
+    .buffer_free = npu_buffer_free,
+    .write = npu_write,
+    .read = npu_read,
+    .destroy = npu_destroy,
+};
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
+
+loom_status loom_rt_device_create(const char *name, const loom_allocator *a,
+                                  loom_rt_metrics *metrics, loom_rt_device **out_dev,
+                                  loom_ir_diag *d) {
+    if (!name)
+        name = "npu:0";
+    long index = 0;
+    if (strcmp(name, "npu") != 0) {
+        char *end = NULL;
+        if (strncmp(name, "npu:", 4) != 0 || name[4] < '0' || name[4] > '9')
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "unknown device '%s' (expected \"npu\" or \"npu:N\")", name);
+        index = strtol(name + 4, &end, 10);
+        if (*end != '\0' || index > 1023)
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "bad device index in '%s' (expected npu:0..npu:1023)", name);
+    }
+    loom_rt_device *dev = loom_ir_alloc(a, sizeof *dev);
+    if (!dev)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory creating %s", name);
+    memset(dev, 0, sizeof *dev);
+    dev->vt = &npu_vtable;
+    dev->alloc = *a;
+    dev->metrics = metrics;
+    dev->index = (int32_t)index;
+    snprintf(dev->name, sizeof dev->name, "npu:%ld", index);
+    *out_dev = dev;
+    return LOOM_OK;
+}
+
+void loom_rt_device_destroy(loom_rt_device *dev) {
+    if (dev)
+        dev->vt->destroy(dev);
+}
+
+loom_status loom_rt_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_buffer **out_buf) {
+    return dev->vt->buffer_alloc(dev, size, out_buf);
+}
+
+void loom_rt_buffer_retain(loom_rt_buffer *buf) {
+    if (buf)
+        buf->refs++;
+}
+
+void loom_rt_buffer_release(loom_rt_buffer *buf) {
+    if (buf && --buf->refs == 0)
+        buf->device->vt->buffer_free(buf->device, buf);
+}
+
+loom_status loom_rt_buffer_write(loom_rt_buffer *buf, const void *src, size_t size) {
+    loom_rt_device *dev = buf->device;
+    int64_t t0 = loom_rt_now_ns();
+    loom_status st = dev->vt->write(dev, buf, 0, src, size);
+    if (st == LOOM_OK && dev->metrics) {
+        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_TO_DEVICE, (int64_t)size);
+        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_TO_DEVICE_TIME,
+                            loom_rt_now_ns() - t0);
+    }
+    return st;
+}
+
+loom_status loom_rt_buffer_read(const loom_rt_buffer *buf, void *dst, size_t size) {
+    loom_rt_device *dev = buf->device;
+    int64_t t0 = loom_rt_now_ns();
+    loom_status st = dev->vt->read(dev, buf, 0, dst, size);
+    if (st == LOOM_OK && dev->metrics) {
+        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_FROM_DEVICE, (int64_t)size);
+        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_FROM_DEVICE_TIME,
+                            loom_rt_now_ns() - t0);
+    }
+    return st;
+}

@@ -1,0 +1,138 @@
+/* Loom runtime: devices and their memory pools, executables and the executable cache,
+ * the reference interpreter, and metrics. Uses ir/ for graph metadata only. */
+#ifndef LOOM_RUNTIME_RUNTIME_H
+#define LOOM_RUNTIME_RUNTIME_H
+
+#include "ir/ir.h"
+
+/* ---- metrics ----------------------------------------------------------------------------- */
+
+typedef enum loom_rt_metric {
+#define LOOM_METRIC(e, name, kind, unit) LOOM_RT_METRIC_##e,
+#include "metrics.def"
+#undef LOOM_METRIC
+    LOOM_RT_METRIC_COUNT_
+} loom_rt_metric;
+
+typedef struct loom_rt_metrics {
+    int64_t count[LOOM_RT_METRIC_COUNT_]; /* counters: the sum; timers: number of samples */
+    int64_t total[LOOM_RT_METRIC_COUNT_]; /* timers: sum of samples */
+    int64_t min[LOOM_RT_METRIC_COUNT_], max[LOOM_RT_METRIC_COUNT_], last[LOOM_RT_METRIC_COUNT_];
+} loom_rt_metrics;
+
+void loom_rt_metrics_init(loom_rt_metrics *m);
+/* Counter: adds v. Timer: records one sample v. */
+void loom_rt_metrics_add(loom_rt_metrics *m, loom_rt_metric which, int64_t v);
+/* Metric by its report name ("CacheHit"); LOOM_RT_METRIC_COUNT_ if none. */
+loom_rt_metric loom_rt_metric_from_name(const char *name);
+loom_status loom_rt_metrics_report(const loom_rt_metrics *m, loom_report_format format,
+                                   loom_ir_write_fn write, void *ud);
+/* Monotonic clock in nanoseconds. */
+int64_t loom_rt_now_ns(void);
+
+/* ---- devices ----------------------------------------------------------------------------- */
+
+typedef struct loom_rt_device loom_rt_device;
+
+/* A block of device memory. Refcounted: tensors sharing a value share the buffer. */
+typedef struct loom_rt_buffer {
+    loom_rt_device *device;
+    void *data; /* host-addressable for the built-in NPU target */
+    size_t size;
+    int32_t refs;
+} loom_rt_buffer;
+
+typedef struct loom_rt_device_vtable {
+    loom_status (*buffer_alloc)(loom_rt_device *dev, size_t size, loom_rt_buffer **out_buf);
+    void (*buffer_free)(loom_rt_device *dev, loom_rt_buffer *buf);
+    /* host -> device and device -> host copies of `size` bytes at `offset` */
+    loom_status (*write)(loom_rt_device *dev, loom_rt_buffer *buf, size_t offset,
+                         const void *src, size_t size);
+    loom_status (*read)(loom_rt_device *dev, const loom_rt_buffer *buf, size_t offset,
+                        void *dst, size_t size);
+    void (*destroy)(loom_rt_device *dev);
+} loom_rt_device_vtable;
+
+struct loom_rt_device {
+    const loom_rt_device_vtable *vt;
+    loom_allocator alloc;
+    loom_rt_metrics *metrics; /* borrowed: transfers are counted here */
+    char name[32];            /* "npu:0" */
+    int32_t index;
+    size_t mem_current, mem_peak;
+};
+
+/* Creates the device named `name` ("npu" or "npu:N"). Errors: INVALID_ARGUMENT (unknown
+ * name; message in d), OUT_OF_MEMORY. */
+loom_status loom_rt_device_create(const char *name, const loom_allocator *a,
+                                  loom_rt_metrics *metrics, loom_rt_device **out_dev,
+                                  loom_ir_diag *d);
+void loom_rt_device_destroy(loom_rt_device *dev);
+/* A new buffer with refs == 1. */
+loom_status loom_rt_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_buffer **out_buf);
+void loom_rt_buffer_retain(loom_rt_buffer *buf);
+/* Frees the buffer when the last reference goes. Accepts NULL. */
+void loom_rt_buffer_release(loom_rt_buffer *buf);
+loom_status loom_rt_buffer_write(loom_rt_buffer *buf, const void *src, size_t size);
+loom_status loom_rt_buffer_read(const loom_rt_buffer *buf, void *dst, size_t size);
+
+/* ---- executables ------------------------------------------------------------------------- */
+
+typedef struct loom_rt_executable loom_rt_executable;
+
+typedef struct loom_rt_executable_vtable {
+    /* inputs[i]: graph input i; outputs[o]: output o, allocated by the caller with the
+     * output's byte size (it may be the same buffer as its aliased input). */
+    loom_status (*run)(loom_rt_executable *exe, loom_rt_buffer *const *inputs,
+                       loom_rt_buffer *const *outputs, loom_ir_diag *d);
+    void (*destroy)(loom_rt_executable *exe);
+} loom_rt_executable_vtable;
+
+struct loom_rt_executable {
+    const loom_rt_executable_vtable *vt;
+    loom_allocator alloc;
+    loom_ir_graph graph; /* owned copy: what the cache compares against */
+    uint64_t hash;
+};
+
+void loom_rt_executable_destroy(loom_rt_executable *exe);
+
+/* Reference interpreter over plain C loops: f64 accumulation for reductions and matmul,
+ * f16/bf16 computed via f32. inputs[i] points at graph input i's data, outputs[o] at
+ * output o's (which may alias an input: all results are computed before any output is
+ * written). Temporaries come from a. Errors: OUT_OF_MEMORY, UNSUPPORTED. */
+loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
+                               const void *const *inputs, void *const *outputs,
+                               loom_ir_diag *d);
+
+/* An executable that runs g on the reference interpreter (g is copied). */
+loom_status loom_rt_interp_executable_create(const loom_ir_graph *g, uint64_t hash,
+                                             const loom_allocator *a,
+                                             loom_rt_executable **out_exe);
+
+/* ---- executable cache -------------------------------------------------------------------- */
+
+/* Bounded LRU of executables keyed by structural hash, confirmed by structural equality. */
+typedef struct loom_rt_cache_entry {
+    loom_rt_executable *exe;
+    uint64_t last_use;
+} loom_rt_cache_entry;
+
+typedef struct loom_rt_cache {
+    loom_allocator alloc;
+    loom_rt_cache_entry *entries;
+    int32_t n, cap, max_entries;
+    uint64_t clock;
+    loom_rt_metrics *metrics;
+} loom_rt_cache;
+
+void loom_rt_cache_init(loom_rt_cache *c, const loom_allocator *a, int32_t max_entries,
+                        loom_rt_metrics *metrics);
+void loom_rt_cache_deinit(loom_rt_cache *c);
+/* The executable for a graph equal to g, or NULL. Borrowed. */
+loom_rt_executable *loom_rt_cache_find(loom_rt_cache *c, const loom_ir_graph *g, uint64_t hash);
+/* Takes ownership of exe (also on failure, when it is destroyed); evicts the least
+ * recently used entry when full. */
+loom_status loom_rt_cache_insert(loom_rt_cache *c, loom_rt_executable *exe);
+
+#endif /* LOOM_RUNTIME_RUNTIME_H */
