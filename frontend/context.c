@@ -169,6 +169,15 @@ LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name) {
     return m == LOOM_RT_METRIC_COUNT_ ? -1 : ctx->metrics.count[m];
 }
 
+LOOM_API int64_t loom_metric_total(const loom_context *ctx, const char *name) {
+    if (!ctx || !name)
+        return -1;
+    loom_rt_metric m = loom_rt_metric_from_name(name);
+    if (m == LOOM_RT_METRIC_COUNT_)
+        return -1;
+    return loom_rt_metric_is_timer(m) ? ctx->metrics.total[m] : ctx->metrics.count[m];
+}
+
 LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_format format,
                                          void (*write)(const char *chunk, size_t len, void *ud),
                                          void *ud) {

@@ -36,6 +36,8 @@ void loom_rt_metrics_add(loom_rt_metrics *m, loom_rt_metric which, int64_t v) {
     m->last[which] = v;
 }
 
+bool loom_rt_metric_is_timer(loom_rt_metric which) { return metric_info[which].kind == KIND_TIMER; }
+
 loom_rt_metric loom_rt_metric_from_name(const char *name) {
     for (int i = 0; i < LOOM_RT_METRIC_COUNT_; i++)
         if (strcmp(metric_info[i].name, name) == 0)

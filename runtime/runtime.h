@@ -23,6 +23,8 @@ typedef struct loom_rt_metrics {
 void loom_rt_metrics_init(loom_rt_metrics *m);
 /* Counter: adds v. Timer: records one sample v. */
 void loom_rt_metrics_add(loom_rt_metrics *m, loom_rt_metric which, int64_t v);
+/* Whether the metric is a timer (samples) rather than a counter. */
+bool loom_rt_metric_is_timer(loom_rt_metric which);
 /* Metric by its report name ("CacheHit"); LOOM_RT_METRIC_COUNT_ if none. */
 loom_rt_metric loom_rt_metric_from_name(const char *name);
 loom_status loom_rt_metrics_report(const loom_rt_metrics *m, loom_report_format format,

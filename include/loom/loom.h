@@ -297,6 +297,9 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
 
 /* The current value of a counter, or a timer's sample count; -1 if no metric has that name. */
 LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name);
+/* A timer's sum of samples (ns for times, nodes for GraphNodes), or a counter's value; -1 if
+ * no metric has that name. */
+LOOM_API int64_t loom_metric_total(const loom_context *ctx, const char *name);
 
 typedef enum loom_report_format {
     LOOM_REPORT_FORMAT_TEXT,

@@ -1,0 +1,78 @@
+/* Fault injection: fail the N-th allocation of a small program, for every N until the
+ * program no longer allocates that many times. Each failure must surface as
+ * OUT_OF_MEMORY, leak nothing, and leave the context usable. */
+#include <string.h>
+
+#include "test_util.h"
+
+/* x[2,3] . w[3,2] -> relu(. + 0.5) -> sum: expected 1.5 + 0 + ... computed below. */
+static loom_status program(loom_context *ctx, float *out_sum) {
+    const float xs[6] = {1, 2, 3, -4, -5, -6}, ws[6] = {1, 0, 0, 1, 1, 1};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, xs);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){3, 2}, ws);
+    loom_tensor *y = loom_relu(ctx, loom_add(ctx, loom_matmul(ctx, x, w),
+                                             loom_scalar(ctx, LOOM_DTYPE_F32, 0.5)));
+    loom_tensor *s = loom_sum(ctx, y, 0, NULL, false);
+    loom_tensor_retain(s);
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK)
+        st = loom_tensor_read(ctx, s, out_sum, sizeof *out_sum);
+    loom_tensor_release(s);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    return st != LOOM_OK ? st : loom_context_error(ctx);
+}
+
+static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(void **state) {
+    (void)state;
+    /* x.w = [[4, 5], [-11, -11]] -> +0.5 -> relu -> [[4.5, 5.5], [0, 0]] -> 10 */
+    const float want = 10.0f;
+    int64_t n;
+    int failures = 0;
+    for (n = 1; n < 10000; n++) {
+        test_alloc ta = {.fail_at = n};
+        loom_context_options opts;
+        loom_context_options_init(&opts);
+        opts.dump_dir = NULL;
+        opts.allocator = test_alloc_make(&ta);
+        loom_context *ctx = NULL;
+        loom_status st = loom_context_create(&opts, &ctx);
+        if (st != LOOM_OK) {
+            assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
+            assert_null(ctx);
+            assert_int_equal(ta.live_bytes, 0);
+            failures++;
+            continue;
+        }
+        float sum = 0;
+        st = program(ctx, &sum);
+        if (ta.n_failed == 0) { /* the program no longer reaches allocation n: done */
+            assert_int_equal(st, LOOM_OK);
+            assert_true(sum == want);
+            loom_context_destroy(ctx);
+            assert_int_equal(ta.live_bytes, 0);
+            break;
+        }
+        failures++;
+        assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
+        assert_non_null(strstr(loom_context_error_message(ctx), "out of memory"));
+        /* the context stays usable: the same program now succeeds */
+        ta.fail_at = 0;
+        loom_context_clear_error(ctx);
+        sum = 0;
+        assert_int_equal(program(ctx, &sum), LOOM_OK);
+        assert_true(sum == want);
+        loom_context_destroy(ctx);
+        assert_int_equal(ta.live_bytes, 0);
+        assert_int_equal(ta.live_blocks, 0);
+    }
+    assert_true(n < 10000);
+    assert_true(failures >= 20); /* the sweep really covered the program's allocations */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,317 @@
+/* Frontend: lazy recording, mark_step, reads, retain/release, broadcasting builders. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+static loom_context *new_ctx(void) {
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(NULL, &ctx), LOOM_OK);
+    return ctx;
+}
+
+static loom_tensor *f32(loom_context *ctx, int32_t rank, const int64_t *shape, const float *v) {
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, rank, shape, v);
+    assert_non_null(t);
+    return t;
+}
+
+static void read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
+    assert_int_equal(loom_tensor_read(ctx, t, out, n * sizeof *out), LOOM_OK);
+}
+
+static void test_ops_are_recorded_not_computed_until_mark_step(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *x = f32(ctx, 1, (int64_t[]){3}, (float[]){1, -2, 3});
+    loom_tensor *y = loom_relu(ctx, loom_add(ctx, x, x));
+    assert_non_null(y);
+    assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 0);
+    assert_int_equal(loom_metric_value(ctx, "TracedOps"), 2);
+    loom_tensor_retain(y);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    float out[3];
+    read_f32(ctx, y, out, 3);
+    assert_true(out[0] == 2.0f && out[1] == 0.0f && out[2] == 6.0f);
+    /* reading a computed tensor runs nothing more */
+    assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1);
+    assert_int_equal(loom_metric_value(ctx, "ForcedReads"), 0);
+    loom_tensor_release(y);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
+static void test_read_of_a_pending_tensor_forces_only_what_it_needs(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *x = f32(ctx, 1, (int64_t[]){2}, (float[]){4, 9});
+    loom_tensor *s = loom_sqrt(ctx, x);
+    loom_tensor *unrelated = loom_exp(ctx, loom_mul(ctx, x, x));
+    assert_non_null(unrelated);
+    float out[2];
+    read_f32(ctx, s, out, 2);
+    assert_true(out[0] == 2.0f && out[1] == 3.0f);
+    assert_int_equal(loom_metric_value(ctx, "ForcedReads"), 1);
+    /* one graph was cut, holding only the input and the sqrt */
+    assert_int_equal(loom_metric_value(ctx, "GraphNodes"), 1);
+    assert_int_equal(loom_metric_total(ctx, "GraphNodes"), 2);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK); /* nothing retained: nothing to run */
+    assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
+static void test_binary_ops_broadcast_numpy_style(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *m = f32(ctx, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    loom_tensor *row = f32(ctx, 1, (int64_t[]){3}, (float[]){10, 20, 30});
+    loom_tensor *col = f32(ctx, 2, (int64_t[]){2, 1}, (float[]){100, 200});
+    loom_tensor *r = loom_add(ctx, loom_add(ctx, m, row), col);
+    loom_tensor *half = loom_mul(ctx, m, loom_scalar(ctx, LOOM_DTYPE_F32, 0.5));
+    loom_tensor_retain(r);
+    loom_tensor_retain(half);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    float out[6];
+    read_f32(ctx, r, out, 6);
+    const float want[6] = {111, 122, 133, 214, 225, 236};
+    for (int i = 0; i < 6; i++)
+        assert_true(out[i] == want[i]);
+    read_f32(ctx, half, out, 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(out[i] == 0.5f * (float)(i + 1));
+    int64_t shape[LOOM_MAX_RANK];
+    int32_t rank;
+    assert_int_equal(loom_tensor_rank(r, &rank), LOOM_OK);
+    assert_int_equal(loom_tensor_shape(r, shape), LOOM_OK);
+    assert_int_equal(rank, 2);
+    assert_true(shape[0] == 2 && shape[1] == 3);
+    loom_tensor_release(r);
+    loom_tensor_release(half);
+    loom_tensor_release(m);
+    loom_tensor_release(row);
+    loom_tensor_release(col);
+    loom_context_destroy(ctx);
+}
+
+static void test_matmul_transpose_reshape_and_reductions(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *a = f32(ctx, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    loom_tensor *p = loom_matmul(ctx, a, loom_transpose(ctx, a));        /* [2,2] */
+    loom_tensor *v = loom_matmul(ctx, a, f32(ctx, 1, (int64_t[]){3}, (float[]){1, 0, -1}));
+    loom_tensor *flat = loom_reshape(ctx, a, 1, (int64_t[]){-1});
+    loom_tensor *rows = loom_sum(ctx, a, 1, (int32_t[]){-1}, true);      /* [2,1] */
+    loom_tensor *mx = loom_max(ctx, a, 1, (int32_t[]){0}, false);        /* [3] */
+    loom_tensor *mean = loom_mean(ctx, a, 0, NULL, false);               /* [] */
+    loom_tensor *all[] = {p, v, flat, rows, mx, mean};
+    for (int i = 0; i < 6; i++)
+        loom_tensor_retain(all[i]);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    float o[6];
+    read_f32(ctx, p, o, 4);
+    assert_true(o[0] == 14 && o[1] == 32 && o[2] == 32 && o[3] == 77);
+    read_f32(ctx, v, o, 2);
+    assert_true(o[0] == -2 && o[1] == -2);
+    read_f32(ctx, flat, o, 6);
+    assert_true(o[5] == 6);
+    read_f32(ctx, rows, o, 2);
+    assert_true(o[0] == 6 && o[1] == 15);
+    read_f32(ctx, mx, o, 3);
+    assert_true(o[0] == 4 && o[1] == 5 && o[2] == 6);
+    read_f32(ctx, mean, o, 1);
+    assert_true(o[0] == 3.5f);
+    int32_t rank;
+    assert_int_equal(loom_tensor_rank(v, &rank), LOOM_OK);
+    assert_int_equal(rank, 1);
+    for (int i = 0; i < 6; i++)
+        loom_tensor_release(all[i]);
+    loom_tensor_release(a);
+    loom_context_destroy(ctx);
+}
+
+static void test_compare_select_cast_and_16_bit_types(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *x = f32(ctx, 1, (int64_t[]){4}, (float[]){-1.5f, 0, 2.25f, 1e30f});
+    loom_tensor *pos = loom_gt(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 0));
+    loom_tensor *sel = loom_select(ctx, pos, x, loom_scalar(ctx, LOOM_DTYPE_F32, -7));
+    loom_tensor *as_i32 = loom_cast(ctx, x, LOOM_DTYPE_I32);
+    loom_tensor *as_bf16 = loom_cast(ctx, x, LOOM_DTYPE_BF16);
+    loom_tensor *as_f16 = loom_cast(ctx, x, LOOM_DTYPE_F16);
+    loom_tensor *fin = loom_isfinite(ctx, as_f16);
+    loom_tensor *all[] = {pos, sel, as_i32, as_bf16, as_f16, fin};
+    for (int i = 0; i < 6; i++)
+        loom_tensor_retain(all[i]);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    uint8_t b[4];
+    assert_int_equal(loom_tensor_read(ctx, pos, b, 4), LOOM_OK);
+    assert_true(b[0] == 0 && b[1] == 0 && b[2] == 1 && b[3] == 1);
+    float f[4];
+    read_f32(ctx, sel, f, 4);
+    assert_true(f[0] == -7 && f[1] == -7 && f[2] == 2.25f && f[3] == 1e30f);
+    int32_t i[4];
+    assert_int_equal(loom_tensor_read(ctx, as_i32, i, sizeof i), LOOM_OK);
+    assert_true(i[0] == -1 && i[1] == 0 && i[2] == 2 && i[3] == INT32_MAX);
+    uint16_t h[4];
+    assert_int_equal(loom_tensor_read(ctx, as_bf16, h, sizeof h), LOOM_OK);
+    assert_int_equal(h[0], 0xbfc0); /* -1.5 */
+    assert_int_equal(h[2], 0x4010); /* 2.25 */
+    assert_int_equal(loom_tensor_read(ctx, as_f16, h, sizeof h), LOOM_OK);
+    assert_int_equal(h[0], 0xbe00);
+    assert_int_equal(h[3], 0x7c00); /* 1e30 overflows f16 to inf */
+    assert_int_equal(loom_tensor_read(ctx, fin, b, 4), LOOM_OK);
+    assert_true(b[0] == 1 && b[2] == 1 && b[3] == 0);
+    for (int k = 0; k < 6; k++)
+        loom_tensor_release(all[k]);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
+static void test_retained_result_survives_and_unretained_dies(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *x = f32(ctx, 1, (int64_t[]){1}, (float[]){3});
+    loom_tensor *kept = loom_neg(ctx, x);
+    loom_tensor *dropped = loom_abs(ctx, x);
+    loom_tensor_retain(kept);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    float v;
+    read_f32(ctx, kept, &v, 1);
+    assert_true(v == -3);
+    /* a step later, the kept tensor feeds new ops as a graph input */
+    loom_tensor *again = loom_add(ctx, kept, x);
+    loom_tensor_retain(again);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    read_f32(ctx, again, &v, 1);
+    assert_true(v == 0);
+    assert_int_equal(loom_tensor_read(ctx, dropped, &v, sizeof v), LOOM_STATUS_STALE_HANDLE);
+    loom_context_clear_error(ctx);
+    loom_tensor_release(kept);
+    loom_tensor_release(again);
+    loom_tensor_release(x);
+    /* all device memory is back */
+    size_t cur, peak;
+    assert_int_equal(loom_device_memory(ctx, &cur, &peak), LOOM_OK);
+    assert_int_equal(cur, 0);
+    assert_true(peak >= 3 * 64);
+    loom_context_destroy(ctx);
+}
+
+static void test_dump_dir_gets_a_loom_and_a_dot_file_per_compiled_graph(void **state) {
+    (void)state;
+    char dir[] = "/tmp/loom-dump-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    loom_context_options opts;
+    loom_context_options_init(&opts);
+    opts.dump_dir = dir;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
+    loom_tensor *x = f32(ctx, 1, (int64_t[]){2}, (float[]){1, 2});
+    for (int step = 0; step < 3; step++) { /* the same graph thrice: compiled once */
+        loom_tensor *y = loom_exp(ctx, x);
+        loom_tensor_retain(y);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        loom_tensor_release(y);
+    }
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+    DIR *dp = opendir(dir);
+    assert_non_null(dp);
+    int n_loom = 0, n_dot = 0;
+    char loom_path[512] = "";
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && strcmp(e->d_name + len - 5, ".loom") == 0) {
+            n_loom++;
+            snprintf(loom_path, sizeof loom_path, "%s/%s", dir, e->d_name);
+        } else if (len > 4 && strcmp(e->d_name + len - 4, ".dot") == 0) {
+            n_dot++;
+        }
+    }
+    closedir(dp);
+    assert_int_equal(n_loom, 1);
+    assert_int_equal(n_dot, 1);
+    FILE *f = fopen(loom_path, "r");
+    assert_non_null(f);
+    char text[2048];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    /* the step's graph: its input and the exp, located at the user's call */
+    assert_non_null(strstr(text, "%0 = input {index = 0} : f32[2]"));
+    assert_non_null(strstr(text, "%1 = exp %0 : f32[2] loc(\""));
+    assert_non_null(strstr(text, "test_frontend.c\":"));
+    assert_non_null(strstr(text, "return %1"));
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+typedef struct text_buf {
+    char data[16384];
+    size_t len;
+} text_buf;
+
+static void append_chunk(const char *chunk, size_t len, void *ud) {
+    text_buf *tb = ud;
+    assert_true(tb->len + len < sizeof tb->data);
+    memcpy(tb->data + tb->len, chunk, len);
+    tb->len += len;
+    tb->data[tb->len] = '\0';
+}
+
+static void test_metrics_report_as_text_and_json(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx();
+    loom_tensor *x = f32(ctx, 1, (int64_t[]){1}, (float[]){1});
+    for (int i = 0; i < 3; i++) {
+        loom_tensor *y = loom_add(ctx, x, x);
+        loom_tensor_retain(y);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        loom_tensor_release(y);
+    }
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    assert_int_equal(loom_metric_value(ctx, "CacheHit"), 2);
+    assert_int_equal(loom_metric_value(ctx, "MarkStep"), 3);
+    assert_int_equal(loom_metric_value(ctx, "TransferToDeviceBytes"), 4);
+    assert_int_equal(loom_metric_value(ctx, "NoSuchMetric"), -1);
+    static text_buf tb;
+    tb.len = 0;
+    assert_int_equal(loom_metrics_report(ctx, LOOM_REPORT_FORMAT_TEXT, append_chunk, &tb), LOOM_OK);
+    assert_non_null(strstr(tb.data, "Counter: CacheHit\n  Value: 2\n"));
+    assert_non_null(strstr(tb.data, "Metric: ExecuteTime\n  TotalSamples: 3\n"));
+    tb.len = 0;
+    assert_int_equal(loom_metrics_report(ctx, LOOM_REPORT_FORMAT_JSON, append_chunk, &tb), LOOM_OK);
+    assert_int_equal(tb.data[0], '{');
+    assert_non_null(strstr(tb.data, "\"CacheMiss\":1,"));
+    assert_non_null(strstr(tb.data, "\"ExecuteTime\":{\"count\":3,"));
+    assert_int_equal(loom_metrics_report(ctx, LOOM_REPORT_FORMAT_COUNT_, append_chunk, &tb),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_metrics_report(ctx, LOOM_REPORT_FORMAT_TEXT, NULL, &tb),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ops_are_recorded_not_computed_until_mark_step),
+        cmocka_unit_test(test_read_of_a_pending_tensor_forces_only_what_it_needs),
+        cmocka_unit_test(test_binary_ops_broadcast_numpy_style),
+        cmocka_unit_test(test_matmul_transpose_reshape_and_reductions),
+        cmocka_unit_test(test_compare_select_cast_and_16_bit_types),
+        cmocka_unit_test(test_retained_result_survives_and_unretained_dies),
+        cmocka_unit_test(test_dump_dir_gets_a_loom_and_a_dot_file_per_compiled_graph),
+        cmocka_unit_test(test_metrics_report_as_text_and_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

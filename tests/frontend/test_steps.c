@@ -1,0 +1,118 @@
+/* Steady state: identical steps compile once and then hit the cache, with flat memory. */
+#include <string.h>
+
+#include "test_util.h"
+
+/* One training-like step: y = relu(x w + b); loss = mean(y^2); w -= 0.01 * x^T y. */
+static loom_tensor *step(loom_context *ctx, loom_tensor *x, loom_tensor *w, loom_tensor *b,
+                         loom_tensor **out_loss) {
+    loom_tensor *y = loom_relu(ctx, loom_add(ctx, loom_matmul(ctx, x, w), b));
+    *out_loss = loom_mean(ctx, loom_mul(ctx, y, y), 0, NULL, false);
+    loom_tensor *g = loom_matmul(ctx, loom_transpose(ctx, x), y);
+    return loom_sub(ctx, w, loom_mul(ctx, g, loom_scalar(ctx, LOOM_DTYPE_F32, 0.01)));
+}
+
+static void test_1000_identical_steps_compile_once_with_flat_memory(void **state) {
+    (void)state;
+    test_alloc ta = {0};
+    loom_context_options opts;
+    loom_context_options_init(&opts);
+    opts.dump_dir = NULL;
+    opts.allocator = test_alloc_make(&ta);
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
+    float xs[8 * 16], ws[16 * 4], bs[4] = {0.1f, -0.1f, 0.2f, 0};
+    for (int i = 0; i < 8 * 16; i++)
+        xs[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
+    for (int i = 0; i < 16 * 4; i++)
+        ws[i] = (float)((i * 13) % 7) / 7.0f - 0.5f;
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){8, 16}, xs);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){16, 4}, ws);
+    loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){4}, bs);
+    int64_t host_after_warmup = 0, host_peak_after_warmup = 0;
+    size_t dev_after_warmup = 0, dev_peak_after_warmup = 0;
+    float first_loss = 0, loss_value = 0;
+    for (int i = 0; i < 1000; i++) {
+        loom_tensor *loss;
+        loom_tensor *w_next = step(ctx, x, w, b, &loss);
+        loom_tensor_retain(w_next);
+        loom_tensor_retain(loss);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        assert_int_equal(loom_tensor_read(ctx, loss, &loss_value, sizeof loss_value), LOOM_OK);
+        if (i == 0)
+            first_loss = loss_value;
+        loom_tensor_release(loss);
+        loom_tensor_release(w);
+        w = w_next;
+        if (i == 9) {
+            host_after_warmup = ta.live_bytes;
+            host_peak_after_warmup = ta.peak_bytes;
+            assert_int_equal(loom_device_memory(ctx, &dev_after_warmup, &dev_peak_after_warmup),
+                             LOOM_OK);
+        }
+    }
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    assert_int_equal(loom_metric_value(ctx, "CacheHit"), 999);
+    assert_int_equal(loom_metric_value(ctx, "MarkStep"), 1000);
+    assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1000);
+    assert_int_equal(loom_metric_value(ctx, "CompileTime"), 1);
+    /* memory is flat: host and device bytes after 1000 steps equal those after 10 */
+    assert_int_equal(ta.live_bytes, host_after_warmup);
+    assert_int_equal(ta.peak_bytes, host_peak_after_warmup);
+    size_t dev_now, dev_peak;
+    assert_int_equal(loom_device_memory(ctx, &dev_now, &dev_peak), LOOM_OK);
+    assert_int_equal(dev_now, dev_after_warmup);
+    assert_int_equal(dev_peak, dev_peak_after_warmup);
+    /* and the steps did real work: gradient descent on mean(y^2) drives it down */
+    assert_true(loss_value < first_loss);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_tensor_release(b);
+    loom_context_destroy(ctx);
+    assert_int_equal(ta.live_bytes, 0);
+}
+
+static void test_a_new_shape_misses_and_other_source_lines_hit(void **state) {
+    (void)state;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(NULL, &ctx), LOOM_OK);
+    float v[6] = {1, 2, 3, 4, 5, 6};
+    loom_tensor *a = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){6}, v);
+    loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, v);
+    loom_tensor *r1 = loom_exp(ctx, a);
+    loom_tensor_retain(r1);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    loom_tensor *r2 = loom_exp(ctx, a); /* same graph from another line: locations not hashed */
+    loom_tensor_retain(r2);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    assert_int_equal(loom_metric_value(ctx, "CacheHit"), 1);
+    loom_tensor *r3 = loom_exp(ctx, b); /* new shape: a new graph */
+    loom_tensor_retain(r3);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 2);
+    loom_tensor *r4 = loom_add(ctx, loom_exp(ctx, a), loom_scalar(ctx, LOOM_DTYPE_F32, 1.0));
+    loom_tensor_retain(r4);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    loom_tensor *r5 = loom_add(ctx, loom_exp(ctx, a), loom_scalar(ctx, LOOM_DTYPE_F32, 2.0));
+    loom_tensor_retain(r5);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 4); /* a constant is part of the graph */
+    float o1[6], o2[6];
+    assert_int_equal(loom_tensor_read(ctx, r1, o1, sizeof o1), LOOM_OK);
+    assert_int_equal(loom_tensor_read(ctx, r3, o2, sizeof o2), LOOM_OK);
+    assert_memory_equal(o1, o2, sizeof o1);
+    assert_true(o1[0] == 2.71828182845904523536f);
+    loom_tensor *all[] = {a, b, r1, r2, r3, r4, r5};
+    for (int i = 0; i < 7; i++)
+        loom_tensor_release(all[i]);
+    loom_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_1000_identical_steps_compile_once_with_flat_memory),
+        cmocka_unit_test(test_a_new_shape_misses_and_other_source_lines_hit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
