@@ -158,7 +158,8 @@ void loom_ir_diag_init(loom_ir_diag *d);
 /* Records an error unless one is already recorded (the first error wins). Returns code. */
 loom_status loom_ir_diag_set(loom_ir_diag *d, loom_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-loom_status loom_ir_diag_vset(loom_ir_diag *d, loom_status code, const char *fmt, va_list ap);
+loom_status loom_ir_diag_vset(loom_ir_diag *d, loom_status code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* "f32[64,784]" (scalars: "f32[]") into buf; returns buf. */
 char *loom_ir_format_type(char *buf, size_t size, loom_dtype dt, int32_t rank,

@@ -100,14 +100,17 @@ struct loom_rt_executable {
 void loom_rt_executable_destroy(loom_rt_executable *exe);
 
 /* Reference interpreter over plain C loops: f64 accumulation for reductions and matmul,
- * f16/bf16 computed via f32. inputs[i] points at graph input i's data, outputs[o] at
- * output o's (which may alias an input: all results are computed before any output is
- * written). Temporaries come from a. Errors: OUT_OF_MEMORY, UNSUPPORTED. */
+ * f16/bf16 computed via f32. It verifies g first (it is the oracle: correctness over
+ * speed). inputs[i] points at graph input i's data, outputs[o] at output o's (which may
+ * alias an input: all results are computed before any output is written). Temporaries
+ * come from a. Errors: INVALID_ARGUMENT (NULL graph/allocator/buffer), VERIFY_FAILED,
+ * OUT_OF_MEMORY, INTERNAL. */
 loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
                                const void *const *inputs, void *const *outputs,
                                loom_ir_diag *d);
 
-/* An executable that runs g on the reference interpreter (g is copied). */
+/* An executable that runs g on the reference interpreter (g is copied). Errors:
+ * INVALID_ARGUMENT, OUT_OF_MEMORY. Destroy with loom_rt_executable_destroy. */
 loom_status loom_rt_interp_executable_create(const loom_ir_graph *g, uint64_t hash,
                                              const loom_allocator *a,
                                              loom_rt_executable **out_exe);

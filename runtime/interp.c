@@ -1,0 +1,685 @@
+/* The reference interpreter: runs an IR graph node by node with plain C loops. It is the
+ * oracle that every compiled kernel is tested against, so clarity beats speed here. */
+#include <math.h>
+#include <string.h>
+
+#include "runtime.h"
+
+/* ---- per-op scalar functions --------------------------------------------------------------
+ * Floats are computed in double (16-bit floats therefore via their exact f32 values) and
+ * rounded to the node's dtype by loom_ir_store_f64. Integers are computed in int64 with
+ * wrap-around: the arithmetic is done on uint64_t and converted back with wrap(), so no
+ * path has signed-overflow UB; i32 results wrap when stored. */
+
+typedef double (*unary_f64_fn)(double);
+typedef int64_t (*unary_i64_fn)(int64_t);
+typedef double (*binary_f64_fn)(double, double);
+typedef int64_t (*binary_i64_fn)(int64_t, int64_t);
+typedef bool (*compare_f64_fn)(double, double);
+typedef bool (*compare_i64_fn)(int64_t, int64_t);
+
+/* uint64 -> int64 modulo 2^64, without relying on implementation-defined conversion. */
+static int64_t wrap(uint64_t u) {
+    return u <= (uint64_t)INT64_MAX ? (int64_t)u : -(int64_t)(~u) - 1;
+}
+
+static double neg_f(double x) {
+    return -x;
+}
+static int64_t neg_i(int64_t x) {
+    return wrap(0u - (uint64_t)x);
+}
+static double abs_f(double x) {
+    return fabs(x);
+}
+/* abs(INT_MIN) wraps to INT_MIN, as in torch */
+static int64_t abs_i(int64_t x) {
+    return x < 0 ? neg_i(x) : x;
+}
+static double exp_f(double x) {
+    return exp(x);
+}
+static double log_f(double x) {
+    return log(x);
+}
+static double sqrt_f(double x) {
+    return sqrt(x);
+}
+static double rsqrt_f(double x) {
+    return 1.0 / sqrt(x);
+}
+static double tanh_f(double x) {
+    return tanh(x);
+}
+static double sigmoid_f(double x) {
+    return 1.0 / (1.0 + exp(-x));
+}
+static double relu_f(double x) {
+    return isnan(x) ? x : x > 0.0 ? x : 0.0;
+}
+static int64_t relu_i(int64_t x) {
+    return x > 0 ? x : 0;
+}
+static double gelu_f(double x) {
+    return 0.5 * x * (1.0 + erf(x / M_SQRT2));
+}
+
+static double add_f(double a, double b) {
+    return a + b;
+}
+static int64_t add_i(int64_t a, int64_t b) {
+    return wrap((uint64_t)a + (uint64_t)b);
+}
+static double sub_f(double a, double b) {
+    return a - b;
+}
+static int64_t sub_i(int64_t a, int64_t b) {
+    return wrap((uint64_t)a - (uint64_t)b);
+}
+static double mul_f(double a, double b) {
+    return a * b;
+}
+static int64_t mul_i(int64_t a, int64_t b) {
+    return wrap((uint64_t)a * (uint64_t)b);
+}
+static double div_f(double a, double b) {
+    return a / b;
+}
+/* Truncates toward zero. x / 0 is 0 and INT_MIN / -1 wraps to INT_MIN: no SIGFPE, ever
+ * (i32's INT32_MIN / -1 is 2^31 in int64, which wraps to INT32_MIN when stored). */
+static int64_t div_i(int64_t a, int64_t b) {
+    if (b == 0)
+        return 0;
+    if (b == -1)
+        return neg_i(a);
+    return a / b;
+}
+static double pow_f(double a, double b) {
+    return pow(a, b);
+}
+/* NaN-propagating, as torch.maximum/minimum; +0 is greater than -0. */
+static double maximum_f(double a, double b) {
+    if (isnan(a) || isnan(b))
+        return isnan(a) ? a : b;
+    if (a != b)
+        return a > b ? a : b;
+    return signbit(a) ? b : a;
+}
+static int64_t maximum_i(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+static double minimum_f(double a, double b) {
+    if (isnan(a) || isnan(b))
+        return isnan(a) ? a : b;
+    if (a != b)
+        return a < b ? a : b;
+    return signbit(a) ? a : b;
+}
+static int64_t minimum_i(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+/* C semantics: every comparison with NaN is false except !=. */
+static bool eq_f(double a, double b) {
+    return a == b;
+}
+static bool eq_i(int64_t a, int64_t b) {
+    return a == b;
+}
+static bool ne_f(double a, double b) {
+    return a != b;
+}
+static bool ne_i(int64_t a, int64_t b) {
+    return a != b;
+}
+static bool lt_f(double a, double b) {
+    return a < b;
+}
+static bool lt_i(int64_t a, int64_t b) {
+    return a < b;
+}
+static bool le_f(double a, double b) {
+    return a <= b;
+}
+static bool le_i(int64_t a, int64_t b) {
+    return a <= b;
+}
+static bool gt_f(double a, double b) {
+    return a > b;
+}
+static bool gt_i(int64_t a, int64_t b) {
+    return a > b;
+}
+static bool ge_f(double a, double b) {
+    return a >= b;
+}
+static bool ge_i(int64_t a, int64_t b) {
+    return a >= b;
+}
+
+/* ---- index helpers ------------------------------------------------------------------------ */
+
+static void row_major_strides(int32_t rank, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int32_t i = rank - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i];
+    }
+}
+
+/* Advances a row-major multi-index over `ext` by one (the last axis fastest). */
+static void next_index(int32_t rank, const int64_t *ext, int64_t *idx) {
+    for (int32_t i = rank - 1; i >= 0; i--) {
+        if (++idx[i] < ext[i])
+            return;
+        idx[i] = 0;
+    }
+}
+
+/* ---- kernels ------------------------------------------------------------------------------
+ * `n` is the node, `x[k]` its operand nodes, `src[k]` their values, `dst` its buffer. */
+
+static loom_status internal_error(const loom_ir_node *n, loom_ir_diag *d) {
+    char t[LOOM_IR_TYPE_STR_MAX];
+    return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "interp: %s has no kernel for %s",
+                            loom_ir_op_name(n->op),
+                            loom_ir_format_type(t, sizeof t, n->dtype, n->rank, n->shape));
+}
+
+static loom_status run_unary(const loom_ir_node *n, const void *src, void *dst, unary_f64_fn f,
+                             unary_i64_fn fi, loom_ir_diag *d) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    if (loom_ir_dtype_is_float(n->dtype) && f) {
+        for (int64_t i = 0; i < count; i++)
+            loom_ir_store_f64(dst, n->dtype, i, f(loom_ir_load_f64(src, n->dtype, i)));
+        return LOOM_OK;
+    }
+    if (loom_ir_dtype_is_int(n->dtype) && fi) {
+        for (int64_t i = 0; i < count; i++)
+            loom_ir_store_i64(dst, n->dtype, i, fi(loom_ir_load_i64(src, n->dtype, i)));
+        return LOOM_OK;
+    }
+    return internal_error(n, d);
+}
+
+static loom_status run_binary(const loom_ir_node *n, const void *a, const void *b, void *dst,
+                              binary_f64_fn f, binary_i64_fn fi, loom_ir_diag *d) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    loom_dtype dt = n->dtype;
+    if (loom_ir_dtype_is_float(dt) && f) {
+        for (int64_t i = 0; i < count; i++)
+            loom_ir_store_f64(dst, dt, i,
+                              f(loom_ir_load_f64(a, dt, i), loom_ir_load_f64(b, dt, i)));
+        return LOOM_OK;
+    }
+    if (loom_ir_dtype_is_int(dt) && fi) {
+        for (int64_t i = 0; i < count; i++)
+            loom_ir_store_i64(dst, dt, i,
+                              fi(loom_ir_load_i64(a, dt, i), loom_ir_load_i64(b, dt, i)));
+        return LOOM_OK;
+    }
+    return internal_error(n, d);
+}
+
+/* Operands of dtype `dt` (bool compares as 0/1 on the integer path), bool result. */
+static loom_status run_compare(const loom_ir_node *n, loom_dtype dt, const void *a, const void *b,
+                               void *dst, compare_f64_fn f, compare_i64_fn fi) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    uint8_t *out = dst;
+    bool is_float = loom_ir_dtype_is_float(dt);
+    for (int64_t i = 0; i < count; i++)
+        out[i] = is_float ? f(loom_ir_load_f64(a, dt, i), loom_ir_load_f64(b, dt, i))
+                          : fi(loom_ir_load_i64(a, dt, i), loom_ir_load_i64(b, dt, i));
+    return LOOM_OK;
+}
+
+static void run_isfinite(const loom_ir_node *n, loom_dtype dt, const void *src, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    uint8_t *out = dst;
+    for (int64_t i = 0; i < count; i++)
+        out[i] = isfinite(loom_ir_load_f64(src, dt, i)) != 0;
+}
+
+static void run_select(const loom_ir_node *n, const void *cond, const void *a, const void *b,
+                       void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    size_t es = loom_dtype_size(n->dtype);
+    const uint8_t *c = cond;
+    for (int64_t i = 0; i < count; i++)
+        memcpy((char *)dst + (size_t)i * es, (const char *)(c[i] ? a : b) + (size_t)i * es, es);
+}
+
+/* Floats go through double (float -> int truncates toward zero and saturates, NaN -> 0;
+ * -> bool is != 0), integers and bool through int64 (narrowing wraps). */
+static void run_cast(const loom_ir_node *n, loom_dtype from, const void *src, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    if (loom_ir_dtype_is_float(from)) {
+        for (int64_t i = 0; i < count; i++)
+            loom_ir_store_f64(dst, n->dtype, i, loom_ir_load_f64(src, from, i));
+    } else {
+        for (int64_t i = 0; i < count; i++)
+            loom_ir_store_i64(dst, n->dtype, i, loom_ir_load_i64(src, from, i));
+    }
+}
+
+static void run_constant(const loom_ir_node *n, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    for (int64_t i = 0; i < count; i++)
+        loom_ir_store_f64(dst, n->dtype, i, n->attrs.value);
+}
+
+/* numpy broadcast: the operand's axes align with the result's last axes; an operand
+ * extent of 1 repeats along that axis. */
+static void run_broadcast(const loom_ir_node *n, const loom_ir_node *x, const void *src,
+                          void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    size_t es = loom_dtype_size(n->dtype);
+    int64_t xstride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    row_major_strides(x->rank, x->shape, xstride);
+    int32_t off = n->rank - x->rank;
+    for (int64_t e = 0; e < count; e++) {
+        int64_t s = 0;
+        for (int32_t i = 0; i < x->rank; i++)
+            if (x->shape[i] != 1)
+                s += idx[off + i] * xstride[i];
+        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
+        next_index(n->rank, n->shape, idx);
+    }
+}
+
+/* Result axis i is operand axis perm[i]. */
+static void run_transpose(const loom_ir_node *n, const loom_ir_node *x, const void *src,
+                          void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    size_t es = loom_dtype_size(n->dtype);
+    int64_t xstride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    row_major_strides(x->rank, x->shape, xstride);
+    for (int64_t e = 0; e < count; e++) {
+        int64_t s = 0;
+        for (int32_t i = 0; i < n->rank; i++)
+            s += idx[i] * xstride[n->attrs.perm[i]];
+        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
+        next_index(n->rank, n->shape, idx);
+    }
+}
+
+/* Reductions: for each result element (the kept axes in row-major order; keepdim only
+ * inserts extents of 1, which does not change that order), walk the reduced axes.
+ * Floats accumulate in double, integers in int64 (wrapping). */
+static loom_status run_reduce(const loom_ir_node *n, const loom_ir_node *x, const void *src,
+                              void *dst, loom_ir_diag *d) {
+    loom_dtype dt = x->dtype;
+    int64_t xstride[LOOM_MAX_RANK];
+    row_major_strides(x->rank, x->shape, xstride);
+    int64_t kext[LOOM_MAX_RANK], kstride[LOOM_MAX_RANK], rext[LOOM_MAX_RANK],
+        rstride[LOOM_MAX_RANK];
+    int32_t nk = 0, nr = 0;
+    for (int32_t i = 0; i < x->rank; i++) {
+        if (n->attrs.axes & (1u << i)) {
+            rext[nr] = x->shape[i];
+            rstride[nr++] = xstride[i];
+        } else {
+            kext[nk] = x->shape[i];
+            kstride[nk++] = xstride[i];
+        }
+    }
+    int64_t n_out = loom_ir_numel(nk, kext), n_red = loom_ir_numel(nr, rext);
+    bool is_float = loom_ir_dtype_is_float(dt);
+    if (!is_float && !loom_ir_dtype_is_int(dt))
+        return internal_error(n, d);
+    if (n->op == LOOM_IR_OP_REDUCE_MEAN && !is_float)
+        return internal_error(n, d);
+    /* the smallest value of the dtype: the identity of max (INT32_MIN for i32, since
+     * storing INT64_MIN into an i32 would wrap to 0) */
+    int64_t imin = dt == LOOM_DTYPE_I32 ? INT32_MIN : INT64_MIN;
+    int64_t kidx[LOOM_MAX_RANK] = {0};
+    for (int64_t o = 0; o < n_out; o++) {
+        int64_t base = 0;
+        for (int32_t j = 0; j < nk; j++)
+            base += kidx[j] * kstride[j];
+        int64_t ridx[LOOM_MAX_RANK] = {0};
+        double facc = n->op == LOOM_IR_OP_REDUCE_MAX ? -INFINITY : 0.0;
+        int64_t iacc = n->op == LOOM_IR_OP_REDUCE_MAX ? imin : 0;
+        for (int64_t r = 0; r < n_red; r++) {
+            int64_t s = base;
+            for (int32_t j = 0; j < nr; j++)
+                s += ridx[j] * rstride[j];
+            if (is_float) {
+                double v = loom_ir_load_f64(src, dt, s);
+                if (n->op != LOOM_IR_OP_REDUCE_MAX)
+                    facc += v;
+                else if (isnan(v) || v > facc) /* NaN sticks: nothing compares above it */
+                    facc = isnan(facc) ? facc : v;
+            } else {
+                int64_t v = loom_ir_load_i64(src, dt, s);
+                if (n->op != LOOM_IR_OP_REDUCE_MAX)
+                    iacc = add_i(iacc, v);
+                else if (v > iacc)
+                    iacc = v;
+            }
+            next_index(nr, rext, ridx);
+        }
+        if (is_float) {
+            if (n->op == LOOM_IR_OP_REDUCE_MEAN)
+                facc = n_red > 0 ? facc / (double)n_red : NAN;
+            loom_ir_store_f64(dst, n->dtype, o, facc);
+        } else {
+            loom_ir_store_i64(dst, n->dtype, o, iacc);
+        }
+        next_index(nk, kext, kidx);
+    }
+    return LOOM_OK;
+}
+
+/* [..., M, K] x [..., K, N] -> [..., M, N], batch dims equal; double / int64 accumulation. */
+static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, const void *a,
+                              const void *b, void *dst, loom_ir_diag *d) {
+    loom_dtype dt = x->dtype;
+    int32_t r = x->rank;
+    int64_t batch = loom_ir_numel(r - 2, x->shape);
+    int64_t M = x->shape[r - 2], K = x->shape[r - 1], N = n->shape[r - 1];
+    bool is_float = loom_ir_dtype_is_float(dt);
+    if (!is_float && !loom_ir_dtype_is_int(dt))
+        return internal_error(n, d);
+    for (int64_t p = 0; p < batch; p++) {
+        for (int64_t i = 0; i < M; i++) {
+            for (int64_t j = 0; j < N; j++) {
+                double facc = 0.0;
+                int64_t iacc = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    int64_t ia = (p * M + i) * K + k, ib = (p * K + k) * N + j;
+                    if (is_float)
+                        facc += loom_ir_load_f64(a, dt, ia) * loom_ir_load_f64(b, dt, ib);
+                    else
+                        iacc = add_i(
+                            iacc, mul_i(loom_ir_load_i64(a, dt, ia), loom_ir_load_i64(b, dt, ib)));
+                }
+                int64_t io = (p * M + i) * N + j;
+                if (is_float)
+                    loom_ir_store_f64(dst, dt, io, facc);
+                else
+                    loom_ir_store_i64(dst, dt, io, iacc);
+            }
+        }
+    }
+    return LOOM_OK;
+}
+
+/* ---- the interpreter loop ----------------------------------------------------------------- */
+
+typedef struct slot {
+    void *data;       /* the node's value: a temporary, or the caller's input */
+    size_t bytes;     /* the temporary's size (0 when not owned) */
+    int32_t last_use; /* the last node that reads it; INT32_MAX for outputs; -1 if dead */
+    bool owned;       /* allocated here (not the caller's input) */
+} slot;
+
+static size_t node_bytes(const loom_ir_node *n) {
+    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
+}
+
+static void release_slot(const loom_allocator *a, slot *s) {
+    if (s->owned)
+        loom_ir_free(a, s->data, s->bytes);
+    s->data = NULL;
+    s->bytes = 0;
+    s->owned = false;
+}
+
+/* Computes node i into slots[i].data (already allocated). */
+static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots, loom_ir_diag *d) {
+    const loom_ir_node *n = &g->nodes[i];
+    const loom_ir_node *x[3] = {NULL, NULL, NULL};
+    const void *src[3] = {NULL, NULL, NULL};
+    for (int32_t k = 0; k < n->n_inputs && k < 3; k++) {
+        x[k] = &g->nodes[n->inputs[k]];
+        src[k] = slots[n->inputs[k]].data;
+    }
+    void *dst = slots[i].data;
+    switch (n->op) {
+    case LOOM_IR_OP_INPUT: return LOOM_OK; /* read in place, never copied */
+    case LOOM_IR_OP_CONSTANT: run_constant(n, dst); return LOOM_OK;
+    case LOOM_IR_OP_NEG: return run_unary(n, src[0], dst, neg_f, neg_i, d);
+    case LOOM_IR_OP_ABS: return run_unary(n, src[0], dst, abs_f, abs_i, d);
+    case LOOM_IR_OP_EXP: return run_unary(n, src[0], dst, exp_f, NULL, d);
+    case LOOM_IR_OP_LOG: return run_unary(n, src[0], dst, log_f, NULL, d);
+    case LOOM_IR_OP_SQRT: return run_unary(n, src[0], dst, sqrt_f, NULL, d);
+    case LOOM_IR_OP_RSQRT: return run_unary(n, src[0], dst, rsqrt_f, NULL, d);
+    case LOOM_IR_OP_TANH: return run_unary(n, src[0], dst, tanh_f, NULL, d);
+    case LOOM_IR_OP_SIGMOID: return run_unary(n, src[0], dst, sigmoid_f, NULL, d);
+    case LOOM_IR_OP_RELU: return run_unary(n, src[0], dst, relu_f, relu_i, d);
+    case LOOM_IR_OP_GELU: return run_unary(n, src[0], dst, gelu_f, NULL, d);
+    case LOOM_IR_OP_ISFINITE: run_isfinite(n, x[0]->dtype, src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_ADD: return run_binary(n, src[0], src[1], dst, add_f, add_i, d);
+    case LOOM_IR_OP_SUB: return run_binary(n, src[0], src[1], dst, sub_f, sub_i, d);
+    case LOOM_IR_OP_MUL: return run_binary(n, src[0], src[1], dst, mul_f, mul_i, d);
+    case LOOM_IR_OP_DIV: return run_binary(n, src[0], src[1], dst, div_f, div_i, d);
+    case LOOM_IR_OP_POW: return run_binary(n, src[0], src[1], dst, pow_f, NULL, d);
+    case LOOM_IR_OP_MAXIMUM: return run_binary(n, src[0], src[1], dst, maximum_f, maximum_i, d);
+    case LOOM_IR_OP_MINIMUM: return run_binary(n, src[0], src[1], dst, minimum_f, minimum_i, d);
+    case LOOM_IR_OP_EQ: return run_compare(n, x[0]->dtype, src[0], src[1], dst, eq_f, eq_i);
+    case LOOM_IR_OP_NE: return run_compare(n, x[0]->dtype, src[0], src[1], dst, ne_f, ne_i);
+    case LOOM_IR_OP_LT: return run_compare(n, x[0]->dtype, src[0], src[1], dst, lt_f, lt_i);
+    case LOOM_IR_OP_LE: return run_compare(n, x[0]->dtype, src[0], src[1], dst, le_f, le_i);
+    case LOOM_IR_OP_GT: return run_compare(n, x[0]->dtype, src[0], src[1], dst, gt_f, gt_i);
+    case LOOM_IR_OP_GE: return run_compare(n, x[0]->dtype, src[0], src[1], dst, ge_f, ge_i);
+    case LOOM_IR_OP_SELECT: run_select(n, src[0], src[1], src[2], dst); return LOOM_OK;
+    case LOOM_IR_OP_CAST: run_cast(n, x[0]->dtype, src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_BROADCAST: run_broadcast(n, x[0], src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_RESHAPE: /* row-major data is unchanged by a reshape */
+        if (slots[i].bytes)
+            memcpy(dst, src[0], slots[i].bytes);
+        return LOOM_OK;
+    case LOOM_IR_OP_TRANSPOSE: run_transpose(n, x[0], src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_REDUCE_SUM:
+    case LOOM_IR_OP_REDUCE_MEAN:
+    case LOOM_IR_OP_REDUCE_MAX: return run_reduce(n, x[0], src[0], dst, d);
+    case LOOM_IR_OP_MATMUL: return run_matmul(n, x[0], src[0], src[1], dst, d);
+    case LOOM_IR_OP_COUNT_: break;
+    }
+    return internal_error(n, d);
+}
+
+static bool ranges_overlap(const void *p, size_t np, const void *q, size_t nq) {
+    uintptr_t a = (uintptr_t)p, b = (uintptr_t)q;
+    return np > 0 && nq > 0 && a < b + nq && b < a + np;
+}
+
+/* Checks the caller's pointers: every input and output with data needs a buffer. */
+static loom_status check_buffers(const loom_ir_graph *g, const void *const *inputs,
+                                 void *const *outputs, loom_ir_diag *d) {
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op == LOOM_IR_OP_INPUT && node_bytes(n) > 0 && (!inputs || !inputs[n->attrs.index]))
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "interp: graph input %lld (%%%d) has no buffer",
+                                    (long long)n->attrs.index, (int)i);
+    }
+    for (int32_t o = 0; o < g->n_outputs; o++)
+        if (node_bytes(&g->nodes[g->outputs[o].node]) > 0 && (!outputs || !outputs[o]))
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "interp: output %d (%%%d) has no buffer", (int)o,
+                                    (int)g->outputs[o].node);
+    return LOOM_OK;
+}
+
+static loom_status oom(loom_ir_diag *d, const loom_ir_graph *g, int32_t i, size_t bytes) {
+    char t[LOOM_IR_TYPE_STR_MAX];
+    const loom_ir_node *n = &g->nodes[i];
+    return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                            "interp: out of memory allocating %zu bytes for %%%d = %s : %s", bytes,
+                            (int)i, loom_ir_op_name(n->op),
+                            loom_ir_format_type(t, sizeof t, n->dtype, n->rank, n->shape));
+}
+
+loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
+                               const void *const *inputs, void *const *outputs, loom_ir_diag *d) {
+    if (!g || !a || !a->fn)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "interp: %s is NULL",
+                                !g ? "the graph" : "the allocator");
+    /* The kernels trust shapes, dtypes and operand ids: verify them first. */
+    loom_status st = loom_ir_graph_verify(g, d);
+    if (st != LOOM_OK)
+        return st;
+    if ((st = check_buffers(g, inputs, outputs, d)) != LOOM_OK)
+        return st;
+    if (g->n_nodes == 0)
+        return LOOM_OK;
+
+    size_t slots_bytes = (size_t)g->n_nodes * sizeof(slot);
+    slot *slots = loom_ir_alloc(a, slots_bytes);
+    if (!slots)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                                "interp: out of memory allocating state for %d nodes",
+                                (int)g->n_nodes);
+    memset(slots, 0, slots_bytes);
+    /* Liveness: outputs live to the end; walking backwards, a node's last use is its
+     * latest live user. Nodes no output depends on keep last_use -1 and are not run. */
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        slots[i].last_use = -1;
+    for (int32_t o = 0; o < g->n_outputs; o++)
+        slots[g->outputs[o].node].last_use = INT32_MAX;
+    for (int32_t i = g->n_nodes - 1; i >= 0; i--) {
+        if (slots[i].last_use < 0)
+            continue;
+        const loom_ir_node *n = &g->nodes[i];
+        for (int32_t k = 0; k < n->n_inputs; k++)
+            if (slots[n->inputs[k]].last_use < i)
+                slots[n->inputs[k]].last_use = i;
+    }
+
+    for (int32_t i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (slots[i].last_use < 0)
+            continue;
+        if (n->op == LOOM_IR_OP_INPUT) {
+            /* const only in spirit: the interpreter never writes through it */
+            slots[i].data = (void *)(uintptr_t)(inputs ? inputs[n->attrs.index] : NULL);
+            continue;
+        }
+        size_t bytes = node_bytes(n);
+        if (bytes > 0) {
+            slots[i].data = loom_ir_alloc(a, bytes);
+            if (!slots[i].data) {
+                st = oom(d, g, i, bytes);
+                break;
+            }
+            slots[i].bytes = bytes;
+            slots[i].owned = true;
+        }
+        st = run_node(g, i, slots, d);
+        /* Free operands whose last reader was this node (an operand may repeat: the first
+         * release clears the slot, the second is a no-op). */
+        for (int32_t k = 0; k < n->n_inputs; k++)
+            if (slots[n->inputs[k]].last_use == i)
+                release_slot(a, &slots[n->inputs[k]]);
+    }
+
+    /* An output that is a graph input still points at the caller's buffer, which another
+     * output may be written into (swaps, donation): copy such values aside first. */
+    for (int32_t o = 0; o < g->n_outputs && st == LOOM_OK; o++) {
+        slot *s = &slots[g->outputs[o].node];
+        size_t bytes = node_bytes(&g->nodes[g->outputs[o].node]);
+        if (s->owned || bytes == 0)
+            continue;
+        bool clobbered = false;
+        for (int32_t p = 0; p < g->n_outputs; p++)
+            if (p != o && ranges_overlap(s->data, bytes, outputs[p],
+                                         node_bytes(&g->nodes[g->outputs[p].node])))
+                clobbered = true;
+        if (!clobbered)
+            continue;
+        void *copy = loom_ir_alloc(a, bytes);
+        if (!copy) {
+            st = oom(d, g, g->outputs[o].node, bytes);
+            break;
+        }
+        memcpy(copy, s->data, bytes);
+        *s = (slot){.data = copy, .bytes = bytes, .last_use = s->last_use, .owned = true};
+    }
+    for (int32_t o = 0; o < g->n_outputs && st == LOOM_OK; o++) {
+        const slot *s = &slots[g->outputs[o].node];
+        size_t bytes = node_bytes(&g->nodes[g->outputs[o].node]);
+        if (bytes > 0 && outputs[o] != s->data)
+            memmove(outputs[o], s->data, bytes);
+    }
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        release_slot(a, &slots[i]);
+    loom_ir_free(a, slots, slots_bytes);
+    return st;
+}
+
+/* ---- executable ----------------------------------------------------------------------------- */
+
+static loom_status interp_exe_run(loom_rt_executable *exe, loom_rt_buffer *const *inputs,
+                                  loom_rt_buffer *const *outputs, loom_ir_diag *d) {
+    const loom_ir_graph *g = &exe->graph;
+    int32_t n_in = g->n_graph_inputs, n_out = g->n_outputs;
+    size_t bytes = (size_t)(n_in + n_out) * sizeof(void *);
+    void **ptrs = loom_ir_alloc(&exe->alloc, bytes);
+    if (!ptrs && bytes > 0)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                                "interp: out of memory preparing %d buffers", (int)(n_in + n_out));
+    if (ptrs)
+        memset(ptrs, 0, bytes);
+    loom_status st = LOOM_OK;
+    for (int32_t i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op != LOOM_IR_OP_INPUT || n->attrs.index >= n_in)
+            continue; /* an index out of range fails verification in loom_rt_interp_run */
+        const loom_rt_buffer *buf = inputs ? inputs[n->attrs.index] : NULL;
+        if (buf && buf->size < node_bytes(n))
+            st = loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                  "interp: input %lld holds %zu bytes, needs %zu",
+                                  (long long)n->attrs.index, buf->size, node_bytes(n));
+        else
+            ptrs[n->attrs.index] = buf ? buf->data : NULL;
+    }
+    for (int32_t o = 0; o < n_out && st == LOOM_OK; o++) {
+        const loom_rt_buffer *buf = outputs ? outputs[o] : NULL;
+        size_t need = node_bytes(&g->nodes[g->outputs[o].node]);
+        if (buf && buf->size < need)
+            st = loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                  "interp: output %d holds %zu bytes, needs %zu", (int)o, buf->size,
+                                  need);
+        else
+            ptrs[n_in + o] = buf ? buf->data : NULL;
+    }
+    if (st == LOOM_OK)
+        st = loom_rt_interp_run(g, &exe->alloc, (const void *const *)ptrs, ptrs + n_in, d);
+    loom_ir_free(&exe->alloc, ptrs, bytes);
+    return st;
+}
+
+static void interp_exe_destroy(loom_rt_executable *exe) {
+    if (!exe)
+        return;
+    loom_allocator a = exe->alloc;
+    loom_ir_graph_deinit(&exe->graph);
+    loom_ir_free(&a, exe, sizeof *exe);
+}
+
+static const loom_rt_executable_vtable interp_exe_vtable = {
+    .run = interp_exe_run,
+    .destroy = interp_exe_destroy,
+};
+
+loom_status loom_rt_interp_executable_create(const loom_ir_graph *g, uint64_t hash,
+                                             const loom_allocator *a,
+                                             loom_rt_executable **out_exe) {
+    if (!g || !a || !out_exe)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    *out_exe = NULL;
+    loom_rt_executable *exe = loom_ir_alloc(a, sizeof *exe);
+    if (!exe)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    *exe = (loom_rt_executable){.vt = &interp_exe_vtable, .alloc = *a, .hash = hash};
+    loom_ir_graph_init(&exe->graph, a);
+    loom_status st = loom_ir_graph_copy(&exe->graph, g);
+    if (st != LOOM_OK) {
+        interp_exe_destroy(exe);
+        return st;
+    }
+    *out_exe = exe;
+    return LOOM_OK;
+}
