@@ -82,6 +82,6 @@ bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b) {
         if (!attrs_equal(x, y))
             return false;
     }
-    return memcmp(a->outputs, b->outputs, (size_t)a->n_outputs * sizeof *a->outputs) == 0 ||
-           a->n_outputs == 0;
+    return a->n_outputs == 0 ||
+           memcmp(a->outputs, b->outputs, (size_t)a->n_outputs * sizeof *a->outputs) == 0;
 }

@@ -88,7 +88,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
             return loom_ir_diag_set(d, BAD, "dtype %d is not a valid dtype", (int)desc->dtype);
         if ((st = check_shape(desc, d)) != LOOM_OK)
             return st;
-        if (info->attrs == LOOM_IR_ATTRS_INDEX && (desc->attrs.index < 0 || desc->attrs.index > INT32_MAX))
+        if (info->attrs == LOOM_IR_ATTRS_INDEX && (desc->attrs.index < 0 || desc->attrs.index >= INT32_MAX))
             return loom_ir_diag_set(d, BAD, "input index %lld is out of range",
                                     (long long)desc->attrs.index);
         set_desc_type(desc, desc->dtype, out_rank, out_shape, out_dtype);
@@ -205,6 +205,9 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
                                     TYPE(tb, b));
         copy_type(a, out_dtype, out_rank, out_shape);
         out_shape[r - 1] = b->shape[r - 1];
+        loom_ir_node_desc res = {.rank = r, .shape = out_shape};
+        if ((st = check_shape(&res, d)) != LOOM_OK)
+            return st;
         return LOOM_OK;
     }
     case LOOM_IR_KIND_COUNT_:

@@ -19,6 +19,11 @@ loom_status loom_ir_graph_verify(const loom_ir_graph *g, loom_ir_diag *d) {
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
     uint8_t seen_small[256];
     uint8_t *seen = seen_small;
+    /* Each input index 0..n-1 needs its own node: a larger claimed count is wrong, and
+     * must be rejected before it sizes the table below. */
+    if (g->n_graph_inputs > g->n_nodes && (size_t)g->n_graph_inputs > sizeof seen_small)
+        return fail(d, -1, "graph claims %d inputs but has only %d nodes", (int)g->n_graph_inputs,
+                    (int)g->n_nodes);
     size_t seen_bytes = (size_t)g->n_graph_inputs;
     if (seen_bytes > sizeof seen_small) {
         seen = loom_ir_alloc(&g->alloc, seen_bytes);

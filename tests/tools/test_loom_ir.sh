@@ -1,0 +1,120 @@
+#!/bin/sh
+# Tests of the loom-ir CLI over the sample graphs in tests/data, as TAP.
+# Usage: test_loom_ir.sh /path/to/loom-ir /path/to/tests/data
+set -u
+
+if [ $# -ne 2 ]; then
+    echo "usage: $0 /path/to/loom-ir /path/to/tests/data" >&2
+    exit 2
+fi
+LOOM_IR=$1
+DATA=$2
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-ir-test.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT INT TERM
+
+n=0
+failed=0
+# check DESCRIPTION COMMAND...: runs the command; passes when it exits 0.
+check() {
+    desc=$1
+    shift
+    n=$((n + 1))
+    if "$@" >"$TMP/check.log" 2>&1; then
+        echo "ok $n - $desc"
+    else
+        echo "not ok $n - $desc"
+        sed 's/^/# /' "$TMP/check.log"
+        failed=$((failed + 1))
+    fi
+}
+
+# Helpers, each a small predicate for check.
+same_file() { cmp "$1" "$2"; }
+differ() { ! cmp -s "$1" "$2"; }
+first_line_is() { [ "$(head -n 1 "$1")" = "$2" ]; }
+count_is() { [ "$(grep -c -- "$2" "$1")" -eq "$3" ]; } # count_is FILE REGEX N
+has_line() { grep -qxF -- "$2" "$1" || { echo "no line '$2' in $1:"; cat "$1"; return 1; }; }
+exit_is() { # exit_is CODE COMMAND...
+    want=$1
+    shift
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    got=$?
+    [ "$got" -eq "$want" ] || { echo "exit status $got, want $want"; cat "$TMP/err"; return 1; }
+}
+
+# ---- print round trips -----------------------------------------------------------------
+for f in "$DATA"/*.loom; do
+    name=$(basename "$f")
+    case $name in bad_*) continue ;; esac
+    "$LOOM_IR" print "$f" >"$TMP/$name.p1" 2>"$TMP/$name.err"
+    check "print $name exits 0" [ $? -eq 0 ]
+    "$LOOM_IR" print - <"$TMP/$name.p1" >"$TMP/$name.p2" 2>&1
+    check "print $name | print - reproduces it byte for byte" \
+        same_file "$TMP/$name.p1" "$TMP/$name.p2"
+    "$LOOM_IR" hash "$f" >"$TMP/$name.h1"
+    "$LOOM_IR" hash - <"$TMP/$name.p1" >"$TMP/$name.h2"
+    check "hash of $name equals the hash of its printed form" \
+        same_file "$TMP/$name.h1" "$TMP/$name.h2"
+    check "hash of $name is 16 hex digits" grep -qx '[0-9a-f]\{16\}' "$TMP/$name.h1"
+done
+check "canonical.loom prints as itself" same_file "$TMP/canonical.loom.p1" "$DATA/canonical.loom"
+check "canonical.loom is the printed form of sgd_step.loom" \
+    same_file "$TMP/sgd_step.loom.p1" "$DATA/canonical.loom"
+check "mlp.loom and canonical.loom hash differently" \
+    differ "$TMP/mlp.loom.h1" "$TMP/canonical.loom.h1"
+
+# ---- verify ------------------------------------------------------------------------------
+check "verify accepts mlp.loom" exit_is 0 "$LOOM_IR" verify "$DATA/mlp.loom"
+check "verify reports the node count" \
+    has_line "$TMP/out" "$DATA/mlp.loom: ok: 13 nodes, 5 inputs, 2 outputs"
+check "verify rejects an undefined value with exit 1" \
+    exit_is 1 "$LOOM_IR" verify "$DATA/bad_undefined.loom"
+check "the parse error names file:line:col" \
+    has_line "$TMP/err" "$DATA/bad_undefined.loom:3:16: error: undefined value '%2'"
+check "verify reads stdin as <stdin>" exit_is 1 "$LOOM_IR" verify - <"$DATA/bad_undefined.loom"
+check "stdin errors name <stdin>:line:col" \
+    has_line "$TMP/err" "<stdin>:3:16: error: undefined value '%2'"
+check "verify rejects a bad alias with exit 1" exit_is 1 "$LOOM_IR" verify "$DATA/bad_alias.loom"
+check "verifier errors name the file and node" has_line "$TMP/err" \
+    "$DATA/bad_alias.loom: error: %1: output of type f32[3] cannot be written into f32[2,3]"
+check "a missing file exits 1" exit_is 1 "$LOOM_IR" print "$TMP/does-not-exist.loom"
+check "a missing file is reported as FILE: error:" \
+    has_line "$TMP/err" "$TMP/does-not-exist.loom: error: cannot open: No such file or directory"
+check "print rejects bad input with exit 1" exit_is 1 "$LOOM_IR" print "$DATA/bad_undefined.loom"
+check "print writes nothing on stdout for bad input" [ ! -s "$TMP/out" ]
+
+# ---- stats (numbers worked out by hand for mlp.loom) -------------------------------------
+check "stats exits 0" exit_is 0 "$LOOM_IR" stats "$DATA/mlp.loom"
+check "stats prints the node count" has_line "$TMP/out" "nodes: 13"
+check "stats counts matmuls" has_line "$TMP/out" "  matmul       2"
+check "stats counts inputs" has_line "$TMP/out" "  input        5"
+check "stats lists input 1 with its type and size" \
+    has_line "$TMP/out" "  input 1: %1 f32[8,16] (512 bytes)"
+check "stats lists output 1 with its type and size" \
+    has_line "$TMP/out" "  output 1: %8 f32[4,16] (256 bytes)"
+check "stats sums input bytes" has_line "$TMP/out" "input bytes: 864"
+check "stats sums output bytes" has_line "$TMP/out" "output bytes: 260"
+# matmuls 2*4*16*8 + 2*4*2*16, add/relu 64 each, sub/mul 8 each, reduce_mean 8
+check "stats estimates FLOPs" has_line "$TMP/out" "flops: 1432"
+check "stats shows aliases" exit_is 0 "$LOOM_IR" stats "$DATA/canonical.loom"
+check "stats names the input an output is written into" \
+    has_line "$TMP/out" "  output 0: %8 f32[3,4] (48 bytes), written into input 0"
+
+# ---- dot ---------------------------------------------------------------------------------
+check "dot exits 0" exit_is 0 "$LOOM_IR" dot "$DATA/mlp.loom"
+check "dot output starts with digraph" first_line_is "$TMP/out" "digraph loom {"
+check "dot draws the add's operands" has_line "$TMP/out" '  n5 -> n7 [label="0"];'
+check "dot draws outputs" has_line "$TMP/out" '  n12 -> out0;'
+check "dot has one box per node" count_is "$TMP/out" '^  n[0-9]* \[label=' 13
+
+# ---- usage -------------------------------------------------------------------------------
+check "--help exits 0" exit_is 0 "$LOOM_IR" --help
+check "--help prints usage on stdout" grep -q '^usage: loom-ir' "$TMP/out"
+check "no arguments exit 2" exit_is 2 "$LOOM_IR"
+check "no arguments print usage" grep -q '^usage: loom-ir' "$TMP/out"
+check "an unknown command exits 2" exit_is 2 "$LOOM_IR" frobnicate "$DATA/mlp.loom"
+check "an unknown command is named" grep -q "unknown command 'frobnicate'" "$TMP/err"
+check "a missing FILE exits 2" exit_is 2 "$LOOM_IR" print
+
+echo "1..$n"
+[ "$failed" -eq 0 ]
