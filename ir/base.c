@@ -204,6 +204,40 @@ void loom_ir_sbuf_write(const char *chunk, size_t len, void *ud) {
     loom_ir_sbuf_append(ud, chunk, len);
 }
 
+/* ---- chunked writer ---------------------------------------------------------------------- */
+
+void loom_ir_writer_flush(loom_ir_writer *w) {
+    if (w->len > 0)
+        w->write(w->buf, w->len, w->ud);
+    w->len = 0;
+}
+
+void loom_ir_writer_put(loom_ir_writer *w, const char *s, size_t len) {
+    while (len > 0) {
+        if (w->len == sizeof w->buf)
+            loom_ir_writer_flush(w);
+        size_t n = sizeof w->buf - w->len;
+        if (n > len)
+            n = len;
+        memcpy(w->buf + w->len, s, n);
+        w->len += n;
+        s += n;
+        len -= n;
+    }
+}
+
+void loom_ir_writer_puts(loom_ir_writer *w, const char *s) { loom_ir_writer_put(w, s, strlen(s)); }
+
+void loom_ir_writer_printf(loom_ir_writer *w, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        loom_ir_writer_put(w, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
 /* ---- diagnostics ------------------------------------------------------------------------- */
 
 void loom_ir_diag_init(loom_ir_diag *d) {

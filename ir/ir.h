@@ -145,6 +145,22 @@ void loom_ir_sbuf_printf(loom_ir_sbuf *sb, const char *fmt, ...)
 /* A loom_ir_write_fn that appends to the loom_ir_sbuf passed as ud. */
 void loom_ir_sbuf_write(const char *chunk, size_t len, void *ud);
 
+/* A chunked writer over a loom_ir_write_fn: output is staged in a fixed buffer and handed
+ * to the callback in large pieces, allocating nothing (printers use it). */
+typedef struct loom_ir_writer {
+    void (*write)(const char *chunk, size_t len, void *ud);
+    void *ud;
+    size_t len;
+    char buf[4096];
+} loom_ir_writer;
+
+void loom_ir_writer_put(loom_ir_writer *w, const char *s, size_t len);
+void loom_ir_writer_puts(loom_ir_writer *w, const char *s);
+/* For short formatted pieces (a few numbers): output past 255 bytes is cut. */
+void loom_ir_writer_printf(loom_ir_writer *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void loom_ir_writer_flush(loom_ir_writer *w);
+
 /* ---- diagnostics ----------------------------------------------------------------------- */
 
 typedef struct loom_ir_diag {
