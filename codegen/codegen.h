@@ -4,6 +4,8 @@
 #define LOOM_CODEGEN_CODEGEN_H
 
 #include "ir/ir.h"
+#include "ir/plan.h"
+#include "runtime/kernel.h"
 
 /* Creates an MLIR context with every dialect registered, builds a one-function module
  * (func.func @loom_smoke(f32, f32) -> f32 computing arith.addf) through the op builders,
@@ -13,5 +15,39 @@ loom_status loom_cg_mlir_smoke(loom_ir_sbuf *out_text, loom_ir_diag *d);
 
 /* The LLVM version the codegen layer was built against ("19.1.x"). */
 const char *loom_cg_llvm_version(void);
+
+/* ---- compiling plans --------------------------------------------------------------------- */
+
+/* JIT'd code for one plan: owns the LLVM ORC JIT holding its kernels. */
+typedef struct loom_cg_code loom_cg_code;
+
+typedef struct loom_cg_options {
+    int32_t compile_threads; /* modules compiled in parallel; <= 0: loom_rt_default_threads() */
+    const char *dump_dir;    /* when set: MLIR before/after lowering, LLVM IR and assembly */
+    const char *dump_prefix; /* dump file name prefix, e.g. "step000003-0123456789abcdef" */
+} loom_cg_options;
+
+/* Compiles every kernel of plan (for graph g) for the host CPU (features detected at run
+ * time) into one JIT. out_kernels gets plan->n_kernels entries (function, extent, grain);
+ * *out_code owns the code they point into. Errors: UNSUPPORTED (an op or dtype codegen
+ * cannot lower yet: the message names it), INTERNAL (MLIR/LLVM failed), OUT_OF_MEMORY. */
+loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
+                            const loom_cg_options *opts, loom_cg_code **out_code,
+                            loom_rt_kernel *out_kernels, loom_ir_diag *d);
+/* Accepts NULL. Usable as loom_rt_program_create's release_code (cast through void *). */
+void loom_cg_code_destroy(loom_cg_code *code);
+void loom_cg_code_release(void *code);
+
+/* The code as one self-describing blob (object file plus kernel table) for the disk cache,
+ * appended to out; and the reverse. load checks the blob's structure and that it has
+ * n_kernels kernels. Errors: CORRUPT_DATA, INTERNAL, OUT_OF_MEMORY. */
+loom_status loom_cg_code_serialize(const loom_cg_code *code, loom_ir_sbuf *out, loom_ir_diag *d);
+loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
+                              loom_cg_code **out_code, loom_rt_kernel *out_kernels,
+                              loom_ir_diag *d);
+
+/* What compiled code depends on besides the graph, for cache keys: LLVM version, host CPU
+ * name and feature string, codegen's own format version. Stable for a process. */
+const char *loom_cg_target_key(void);
 
 #endif

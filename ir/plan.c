@@ -1,0 +1,2 @@
+/* Execution plans: storage (being written). */
+#include "plan.h"

@@ -1,0 +1,100 @@
+/* Execution plans: a graph partitioned into kernels (what fusion produces) and its values
+ * placed in buffers (what memory planning produces). Passes write plans, codegen compiles
+ * their kernels, the runtime runs them. Lives in ir/ because every layer above reads it.
+ *
+ * Rules a valid plan obeys (loom_ir_plan_verify checks them):
+ *  - Every node that is not an INPUT, a CONSTANT or a RESHAPE belongs to exactly one kernel
+ *    (node_kernel[i] >= 0). CONSTANTs belong to no kernel: each kernel that uses one lists
+ *    it in its nodes and recomputes it (a fill is free). A RESHAPE belongs to no kernel
+ *    either: its value is its operand's bytes, so it shares its operand's placement; a
+ *    kernel that reads it lists the RESHAPE node itself as the arg (with its shape).
+ *    (The fold pass turns a reshape of a constant into a constant.)
+ *  - A kernel's `nodes` are in graph order and include its root and any constants it uses.
+ *    Its `args` are the values it reads from buffers: INPUT nodes, results of earlier
+ *    kernels, or RESHAPEs of those. Its `results` are the nodes it computes whose values
+ *    are used outside it (by later kernels, or as graph outputs). Kernels are in an order
+ *    where every arg is available before its reader runs.
+ *  - Every materialized value (kernel results, INPUT nodes; RESHAPEs through their
+ *    operand) has a placement. A graph output whose node a kernel computes is placed in
+ *    that OUTPUT buffer, unless the output aliases a graph input (donation) or the node is
+ *    already placed for another output: then it lives in the arena or its first output and
+ *    a copy moves it after all kernels have run (`copies`). Outputs that are INPUT nodes or
+ *    RESHAPEs of other placed values are also copies. A graph output that is a CONSTANT
+ *    gets a kernel of its own (ELEMENTWISE with the constant as root).
+ *  - ARENA placements of values whose lifetimes overlap never overlap in bytes.
+ */
+#ifndef LOOM_IR_PLAN_H
+#define LOOM_IR_PLAN_H
+
+#include "ir.h"
+
+typedef enum loom_ir_kernel_kind {
+    /* one loop nest over the root's shape: elementwise ops, broadcasts, transposes and
+     * constants, fused; the root is the last node (the one whose value is written) */
+    LOOM_IR_KERNEL_ELEMENTWISE,
+    /* a reduction (root) with its elementwise prologue (the chain feeding it, evaluated
+     * inside the reduction loop) and elementwise epilogue (ops on the reduced value) */
+    LOOM_IR_KERNEL_REDUCTION,
+    /* a matmul (root) with an elementwise epilogue (bias, activation, cast) */
+    LOOM_IR_KERNEL_MATMUL,
+    LOOM_IR_KERNEL_COUNT_
+} loom_ir_kernel_kind;
+
+typedef struct loom_ir_kernel {
+    loom_ir_kernel_kind kind;
+    int32_t root;      /* the reduction / matmul node; for ELEMENTWISE the last node */
+    int32_t n_nodes;   /* nodes computed inside the kernel, in graph order */
+    int32_t *nodes;
+    int32_t n_args;    /* nodes whose values the kernel reads from buffers */
+    int32_t *args;
+    int32_t n_results; /* nodes whose values the kernel writes to buffers */
+    int32_t *results;
+} loom_ir_kernel;
+
+typedef enum loom_ir_buffer_kind {
+    LOOM_IR_BUFFER_INPUT,  /* graph input `index` (the caller's buffer) */
+    LOOM_IR_BUFFER_OUTPUT, /* graph output `index` (the caller's buffer) */
+    LOOM_IR_BUFFER_ARENA,  /* `offset` bytes into the step's scratch arena */
+    LOOM_IR_BUFFER_COUNT_
+} loom_ir_buffer_kind;
+
+typedef struct loom_ir_placement {
+    loom_ir_buffer_kind kind;
+    int32_t index;  /* INPUT / OUTPUT */
+    size_t offset;  /* ARENA: 64-byte aligned */
+    size_t bytes;   /* the value's size */
+} loom_ir_placement;
+
+/* After all kernels: copy node's value into graph output `output`. */
+typedef struct loom_ir_copy {
+    int32_t node;
+    int32_t output;
+} loom_ir_copy;
+
+typedef struct loom_ir_plan {
+    loom_allocator alloc;
+    loom_ir_arena arena;      /* kernels' node/arg/result arrays */
+    loom_ir_kernel *kernels;  /* in execution order */
+    int32_t n_kernels, cap_kernels;
+    int32_t n_nodes;          /* of the graph the plan is for */
+    int32_t *node_kernel;     /* per node: its kernel, or -1 */
+    loom_ir_placement *placement; /* per node, meaningful where has_placement */
+    bool *has_placement;
+    loom_ir_copy *copies;
+    int32_t n_copies, cap_copies;
+    size_t arena_bytes;       /* scratch arena size */
+    size_t peak_bytes;        /* planned peak: arena + outputs that do not alias inputs */
+} loom_ir_plan;
+
+void loom_ir_plan_init(loom_ir_plan *p, const loom_allocator *a);
+void loom_ir_plan_deinit(loom_ir_plan *p);
+/* Empties p and sizes its per-node arrays for g (every node_kernel -1, no placements). */
+loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
+/* Checks the rules above. Errors: VERIFY_FAILED with a message naming kernel and node. */
+loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d);
+/* Human-readable summary for dumps: one block per kernel (kind, root, nodes with their
+ * source locations, args, results), placements, copies, arena and peak bytes. */
+loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
+                               loom_ir_write_fn write, void *ud);
+
+#endif

@@ -1,0 +1,51 @@
+/* The kernel ABI between codegen and the runtime, the thread pool kernels run on, and the
+ * program executable that runs a plan's compiled kernels. */
+#ifndef LOOM_RUNTIME_KERNEL_H
+#define LOOM_RUNTIME_KERNEL_H
+
+#include "ir/plan.h"
+#include "runtime.h"
+
+/* A compiled kernel computes iterations [lo, hi) of its outer parallel loop. bufs holds the
+ * base pointers of the kernel's args (in loom_ir_kernel.args order) followed by its
+ * results (in .results order); each is the value's row-major contiguous data. Kernels are
+ * reentrant: disjoint ranges may run concurrently on different threads. */
+typedef void (*loom_rt_kernel_fn)(void *const *bufs, int64_t lo, int64_t hi);
+
+typedef struct loom_rt_kernel {
+    loom_rt_kernel_fn fn;
+    int64_t extent; /* iterations of the outer loop (>= 1) */
+    int64_t grain;  /* fewest iterations worth a task of their own (>= 1) */
+} loom_rt_kernel;
+
+/* ---- thread pool -------------------------------------------------------------------------- */
+
+typedef struct loom_rt_pool loom_rt_pool;
+
+/* n_threads >= 1 (the caller's thread counts as one: n_threads - 1 workers are started).
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY, DEVICE_ERROR (thread creation failed). */
+loom_status loom_rt_pool_create(int32_t n_threads, const loom_allocator *a, loom_rt_pool **out);
+void loom_rt_pool_destroy(loom_rt_pool *pool);
+int32_t loom_rt_pool_threads(const loom_rt_pool *pool);
+/* Runs fn(ud, lo, hi) over [0, extent) split into at most n_threads contiguous chunks of at
+ * least grain iterations, the caller's thread taking one; returns when all are done.
+ * Not reentrant: one parallel_for at a time per pool. */
+void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
+                               void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud);
+/* The default thread count: LOOM_NUM_THREADS if set and valid, else the online cores. */
+int32_t loom_rt_default_threads(void);
+
+/* ---- program executables ------------------------------------------------------------------ */
+
+/* An executable running plan's kernels in order with a scratch arena of
+ * plan->arena_bytes, then the plan's copies. Takes copies of g and plan. kernels has
+ * plan->n_kernels entries. code_owner (may be NULL) keeps the kernels' code alive and is
+ * released with release_code(code_owner) when the executable is destroyed (also when
+ * creation fails). pool is borrowed and must outlive the executable.
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+loom_status loom_rt_program_create(const loom_ir_graph *g, uint64_t hash, const loom_ir_plan *plan,
+                                   const loom_rt_kernel *kernels, void *code_owner,
+                                   void (*release_code)(void *code_owner), loom_rt_pool *pool,
+                                   const loom_allocator *a, loom_rt_executable **out_exe);
+
+#endif
