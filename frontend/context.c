@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "frontend.h"
+#include "runtime/kernel.h"
+#include "runtime/stream.h"
 
 /* Registry of live contexts so a handle (which carries only an id) finds its context, even
  * in loom_tensor_retain/release which take no context. Ids are handed out round-robin, so
@@ -38,6 +40,8 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     opts->eager = eager && *eager && strcmp(eager, "0") != 0;
     const char *dump = getenv("LOOM_DUMP");
     opts->dump_dir = dump && *dump ? dump : NULL;
+    const char *sync = getenv("LOOM_SYNC");
+    opts->sync = sync && *sync && strcmp(sync, "0") != 0;
 }
 
 LOOM_API loom_status loom_context_create(const loom_context_options *opts,
@@ -59,6 +63,7 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->alloc = opts->allocator;
     ctx->free_head = -1;
     ctx->eager = opts->eager;
+    ctx->sync = opts->sync;
     loom_rt_metrics_init(&ctx->metrics);
     loom_ir_graph_init(&ctx->trace, &ctx->alloc);
     loom_ir_graph_init(&ctx->cut, &ctx->alloc);
@@ -77,6 +82,12 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
         else
             st = LOOM_STATUS_OUT_OF_MEMORY;
     }
+    if (st == LOOM_OK) {
+        int32_t threads = opts->num_threads > 0 ? opts->num_threads : loom_rt_default_threads();
+        st = loom_rt_pool_create(threads, &ctx->alloc, &ctx->pool);
+    }
+    if (st == LOOM_OK)
+        st = loom_rt_stream_create(&ctx->alloc, &ctx->stream);
     if (st == LOOM_OK && (ctx->id = registry_claim(ctx)) < 0)
         st = LOOM_STATUS_OUT_OF_MEMORY; /* 4096 live contexts */
     if (st != LOOM_OK) {
@@ -92,6 +103,10 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
         return;
     if (ctx->id >= 0)
         atomic_store(&registry[ctx->id], NULL);
+    if (ctx->stream)
+        loom_fe_finish_inflight(ctx);
+    loom_rt_stream_destroy(ctx->stream);
+    loom_rt_pool_destroy(ctx->pool);
     for (int32_t i = 0; i < ctx->n_tensors; i++)
         if (ctx->tensors[i].alive)
             loom_rt_buffer_release(ctx->tensors[i].buf);
@@ -104,6 +119,9 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
                  (size_t)ctx->cap_trace_input_nodes * sizeof *ctx->trace_input_nodes);
     loom_ir_free(a, ctx->step_tensors, (size_t)ctx->cap_step_tensors * sizeof *ctx->step_tensors);
     loom_ir_free(a, ctx->cut_map, (size_t)ctx->cap_cut_map * sizeof *ctx->cut_map);
+    loom_ir_free(a, ctx->inflight.bufs, (size_t)ctx->inflight.cap_bufs * sizeof *ctx->inflight.bufs);
+    loom_ir_free(a, ctx->inflight.slots, (size_t)ctx->inflight.cap_slots * sizeof *ctx->inflight.slots);
+    loom_ir_free(a, ctx->inflight.gens, (size_t)ctx->inflight.cap_gens * sizeof *ctx->inflight.gens);
     loom_ir_free(a, ctx->roots, (size_t)ctx->cap_roots * sizeof *ctx->roots);
     loom_ir_free(a, ctx->root_tensors, (size_t)ctx->cap_root_tensors * sizeof *ctx->root_tensors);
     if (ctx->dump_dir)
@@ -158,8 +176,7 @@ LOOM_API void loom_context_clear_error(loom_context *ctx) {
 LOOM_API int64_t loom_context_step(const loom_context *ctx) { return ctx ? ctx->step : -1; }
 
 LOOM_API loom_status loom_context_sync(loom_context *ctx) {
-    /* Steps run synchronously on the reference interpreter for now: nothing to wait for. */
-    return ctx ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT;
+    return ctx ? loom_fe_finish_inflight(ctx) : LOOM_STATUS_INVALID_ARGUMENT;
 }
 
 LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name) {

@@ -34,13 +34,31 @@ typedef struct loom_fe_tensor {
     int32_t next_free;
 } loom_fe_tensor;
 
+/* The step submitted to the stream and not yet finished: at most one, so the host traces
+ * step N+1 while step N runs. Its storage is reused from step to step. */
+typedef struct loom_fe_inflight {
+    bool active;
+    int64_t step;
+    loom_rt_executable *exe;
+    loom_rt_buffer **bufs; /* n_in inputs then n_out outputs, each retained by the job */
+    int32_t n_in, n_out, cap_bufs;
+    int32_t *slots;        /* per output: the tensor it belongs to, and that slot's generation */
+    uint32_t *gens;
+    int32_t cap_slots, cap_gens;
+    int64_t exec_ns;       /* written by the stream's thread, read after the wait */
+} loom_fe_inflight;
+
 struct loom_context {
     int32_t id; /* registry slot, part of every handle */
     loom_allocator alloc;
     loom_rt_metrics metrics;
     loom_rt_device *device;
     loom_rt_cache cache;
+    struct loom_rt_pool *pool;     /* the device's share of cores, kernels run on it */
+    struct loom_rt_stream *stream; /* steps execute here, asynchronously */
+    loom_fe_inflight inflight;     /* the step running on the stream, if any */
     bool eager;
+    bool sync;      /* wait for every step in mark_step (LOOM_SYNC=1) */
     char *dump_dir; /* NULL: no dumps */
 
     /* the current step */
@@ -95,11 +113,33 @@ int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, i
 loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
                             const char *op);
 
+/* ---- compile.c ---- */
+typedef struct loom_fe_jit_options {
+    int32_t compile_threads;
+    bool verify_passes;      /* verifier after every pass (tests, LOOM_VERIFY=1) */
+    bool quiet_cache_errors; /* do not warn when the disk cache cannot be written */
+    const char *cache_dir;   /* NULL: no disk cache */
+    const char *dump_dir;    /* NULL: no dumps */
+    const char *dump_prefix; /* "stepNNNNNN-<hash>" */
+} loom_fe_jit_options;
+
+struct loom_rt_pool;
+/* Builds the JIT executable for a cut graph: passes and the plan, then compiled code from
+ * the disk cache or codegen (stored back), then a program on pool. Errors: UNSUPPORTED
+ * (codegen cannot lower the graph: the caller falls back to the interpreter), INTERNAL,
+ * OUT_OF_MEMORY, with the message in d. */
+loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loom_fe_jit_options *o,
+                              struct loom_rt_pool *pool, const loom_allocator *a,
+                              loom_rt_metrics *m, loom_rt_executable **out_exe, loom_ir_diag *d);
+
 /* ---- step.c ---- */
 /* Computes the given tensors (slots) now: cuts their graph from the trace, looks it up in
  * the cache (building on a miss), runs it and stores the results in the tensors. */
 loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots);
 /* Ends the current step: frees dead op results, releases the trace's inputs. */
 void loom_fe_end_step(loom_context *ctx);
+/* Waits for the step in flight, releases what it held and, if it failed, records its error
+ * and takes the values it was to produce from their tensors. */
+loom_status loom_fe_finish_inflight(loom_context *ctx);
 
 #endif

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include "frontend.h"
+#include "runtime/kernel.h"
+#include "runtime/stream.h"
 
 /* LOOM_DUMP: the graph as text and DOT, named by step and hash. Failures to write are
  * reported on stderr once per graph and never fail the step. */
@@ -60,66 +62,118 @@ static loom_status lookup_or_build(loom_context *ctx, loom_rt_executable **out_e
     return LOOM_OK;
 }
 
-/* Runs exe: inputs are the trace buffers the cut graph reads; outputs get new buffers that
- * then hold the tensors' values. */
-static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n,
-                           const int32_t *slots) {
-    const loom_ir_graph *g = &ctx->cut;
-    loom_rt_buffer *in_small[16], *out_small[16];
-    loom_rt_buffer **ins = in_small, **outs = out_small;
-    size_t in_bytes = (size_t)g->n_graph_inputs * sizeof *ins, out_bytes = (size_t)n * sizeof *outs;
-    loom_status st = LOOM_OK;
-    if (g->n_graph_inputs > 16 && !(ins = loom_ir_alloc(&ctx->alloc, in_bytes)))
-        st = LOOM_STATUS_OUT_OF_MEMORY;
-    if (n > 16 && !(outs = loom_ir_alloc(&ctx->alloc, out_bytes)))
-        st = LOOM_STATUS_OUT_OF_MEMORY;
-    int32_t n_outs = 0;
-    if (st == LOOM_OK) {
-        /* The cut renumbered the trace's inputs densely in node order. */
-        for (int32_t k = 0; k < ctx->n_trace_inputs; k++) {
-            int32_t mapped = ctx->cut_map[ctx->trace_input_nodes[k]];
-            if (mapped >= 0)
-                ins[g->nodes[mapped].attrs.index] = ctx->trace_inputs[k];
-        }
-        for (; n_outs < n && st == LOOM_OK; n_outs++) {
-            const loom_ir_node *r = &g->nodes[g->outputs[n_outs].node];
-            size_t bytes = (size_t)loom_ir_numel(r->rank, r->shape) * loom_dtype_size(r->dtype);
-            st = loom_rt_buffer_alloc(ctx->device, bytes, &outs[n_outs]);
-            if (st != LOOM_OK)
-                break;
-        }
-    }
-    if (st != LOOM_OK) {
-        loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory for the step's outputs");
-    } else {
-        loom_ir_diag d;
-        loom_ir_diag_init(&d);
-        int64_t t0 = loom_rt_now_ns();
-        st = exe->vt->run(exe, ins, outs, &d);
-        loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_EXECUTE_TIME, loom_rt_now_ns() - t0);
-        if (st != LOOM_OK)
-            loom_fe_error(ctx, st, NULL, 0, "mark_step", "executing step %" PRId64 ": %s",
-                          ctx->step, d.msg);
-    }
-    for (int32_t k = 0; k < n_outs; k++) {
-        loom_fe_tensor *t = &ctx->tensors[slots[k]];
-        if (st == LOOM_OK) {
-            loom_rt_buffer_release(t->buf);
-            t->buf = outs[k];
-            t->node = -1;
-            t->node_step = -1;
-        } else {
-            loom_rt_buffer_release(outs[k]);
-        }
-    }
-    if (ins != in_small)
-        loom_ir_free(&ctx->alloc, ins, in_bytes);
-    if (outs != out_small)
-        loom_ir_free(&ctx->alloc, outs, out_bytes);
+static loom_status run_job(void *job, loom_ir_diag *d) {
+    loom_fe_inflight *f = job;
+    int64_t t0 = loom_rt_now_ns();
+    loom_status st = f->exe->vt->run(f->exe, f->bufs, f->bufs + f->n_in, d);
+    f->exec_ns = loom_rt_now_ns() - t0;
     return st;
 }
 
+/* The job's storage belongs to the context and is recycled on the user's thread by
+ * loom_fe_finish_inflight: nothing to free on the stream's thread. */
+static void release_job(void *job) { (void)job; }
+
+/* Ends the in-flight job once it has run (status st, message in d): counts its time,
+ * records a failure, takes the values it failed to produce from their tensors, and drops
+ * the job's buffer references. On the host thread. */
+static loom_status complete_job(loom_context *ctx, loom_status st, const loom_ir_diag *d) {
+    loom_fe_inflight *f = &ctx->inflight;
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_EXECUTE_TIME, f->exec_ns);
+    if (st != LOOM_OK) {
+        loom_fe_error(ctx, st, NULL, 0, "mark_step", "executing step %" PRId64 ": %s", f->step,
+                      d->msg);
+        for (int32_t k = 0; k < f->n_out; k++) {
+            loom_fe_tensor *t = &ctx->tensors[f->slots[k]];
+            if (t->alive && t->gen == f->gens[k] && t->buf == f->bufs[f->n_in + k]) {
+                loom_rt_buffer_release(t->buf);
+                t->buf = NULL;
+            }
+        }
+    }
+    for (int32_t k = 0; k < f->n_in + f->n_out; k++)
+        loom_rt_buffer_release(f->bufs[k]);
+    f->active = false;
+    return st;
+}
+
+loom_status loom_fe_finish_inflight(loom_context *ctx) {
+    if (!ctx->inflight.active)
+        return LOOM_OK;
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    loom_status st = loom_rt_stream_wait(ctx->stream, &d);
+    return complete_job(ctx, st, &d);
+}
+
+/* Submits exe on the stream: inputs are the trace buffers the cut graph reads; outputs
+ * get new buffers that the tensors hold at once (a read waits for the step). */
+static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n,
+                           const int32_t *slots) {
+    const loom_ir_graph *g = &ctx->cut;
+    loom_fe_inflight *f = &ctx->inflight;
+    int32_t n_in = g->n_graph_inputs;
+    if (!loom_ir_grow(&ctx->alloc, (void **)&f->bufs, &f->cap_bufs, n_in + n, sizeof *f->bufs) ||
+        !loom_ir_grow(&ctx->alloc, (void **)&f->slots, &f->cap_slots, n, sizeof *f->slots) ||
+        !loom_ir_grow(&ctx->alloc, (void **)&f->gens, &f->cap_gens, n, sizeof *f->gens))
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
+    /* The cut renumbered the trace's inputs densely in node order. */
+    for (int32_t k = 0; k < ctx->n_trace_inputs; k++) {
+        int32_t mapped = ctx->cut_map[ctx->trace_input_nodes[k]];
+        if (mapped >= 0)
+            f->bufs[g->nodes[mapped].attrs.index] = ctx->trace_inputs[k];
+    }
+    loom_status st = LOOM_OK;
+    int32_t n_outs = 0;
+    for (; n_outs < n; n_outs++) {
+        const loom_ir_node *r = &g->nodes[g->outputs[n_outs].node];
+        size_t bytes = (size_t)loom_ir_numel(r->rank, r->shape) * loom_dtype_size(r->dtype);
+        if ((st = loom_rt_buffer_alloc(ctx->device, bytes, &f->bufs[n_in + n_outs])) != LOOM_OK)
+            break;
+    }
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (st == LOOM_OK)
+        st = loom_rt_program_prepare(exe, ctx->device, &d);
+    if (st != LOOM_OK) {
+        for (int32_t k = 0; k < n_outs; k++)
+            loom_rt_buffer_release(f->bufs[n_in + k]);
+        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "%s",
+                             d.code != LOOM_OK ? d.msg : "out of memory for the step's outputs");
+    }
+    for (int32_t k = 0; k < n_in; k++)
+        loom_rt_buffer_retain(f->bufs[k]);
+    for (int32_t k = 0; k < n; k++) {
+        loom_fe_tensor *t = &ctx->tensors[slots[k]];
+        loom_rt_buffer_release(t->buf);
+        t->buf = f->bufs[n_in + k];
+        loom_rt_buffer_retain(t->buf); /* one reference for the tensor, one for the job */
+        t->node = -1;
+        t->node_step = -1;
+        f->slots[k] = slots[k];
+        f->gens[k] = t->gen;
+    }
+    f->exe = exe;
+    f->n_in = n_in;
+    f->n_out = n;
+    f->step = ctx->step;
+    f->active = true;
+    if (exe->host_thread_only) { /* runs here and now: it allocates from our allocator */
+        loom_ir_diag_init(&d);
+        return complete_job(ctx, run_job(f, &d), &d);
+    }
+    st = loom_rt_stream_submit(ctx->stream, run_job, f, release_job);
+    if (st != LOOM_OK) { /* not queued: nothing ran, nothing will */
+        loom_ir_diag_set(&d, st, "the device stream refused the step");
+        return complete_job(ctx, st, &d);
+    }
+    return ctx->sync ? loom_fe_finish_inflight(ctx) : LOOM_OK;
+}
+
 loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots) {
+    /* One step in flight: the previous one finishes first (and its executable cannot be
+     * evicted by this step's compile while it runs). */
+    loom_fe_finish_inflight(ctx);
     int64_t t0 = loom_rt_now_ns();
     if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->roots, &ctx->cap_roots, n, sizeof *ctx->roots) ||
         !loom_ir_grow(&ctx->alloc, (void **)&ctx->cut_map, &ctx->cap_cut_map, ctx->trace.n_nodes,

@@ -217,6 +217,8 @@ LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *h, void *d
                              "%s: destination holds %zu bytes, the tensor %s has %zu",
                              dst ? "size mismatch" : "dst is NULL", size,
                              loom_ir_format_type(ty, sizeof ty, t->dtype, t->rank, t->shape), bytes);
+    /* Its value may still be being computed, or be overwritten by the step in flight. */
+    loom_fe_finish_inflight(ctx);
     if (!t->buf) {
         if (t->node_step != ctx->step)
             return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, t->loc.file, t->loc.line, op,

@@ -673,7 +673,8 @@ loom_status loom_rt_interp_executable_create(const loom_ir_graph *g, uint64_t ha
     loom_rt_executable *exe = loom_ir_alloc(a, sizeof *exe);
     if (!exe)
         return LOOM_STATUS_OUT_OF_MEMORY;
-    *exe = (loom_rt_executable){.vt = &interp_exe_vtable, .alloc = *a, .hash = hash};
+    *exe = (loom_rt_executable){.vt = &interp_exe_vtable, .alloc = *a, .hash = hash,
+                                .host_thread_only = true};
     loom_ir_graph_init(&exe->graph, a);
     loom_status st = loom_ir_graph_copy(&exe->graph, g);
     if (st != LOOM_OK) {

@@ -48,4 +48,14 @@ loom_status loom_rt_program_create(const loom_ir_graph *g, uint64_t hash, const 
                                    void (*release_code)(void *code_owner), loom_rt_pool *pool,
                                    const loom_allocator *a, loom_rt_executable **out_exe);
 
+/* Allocates a program executable's scratch arena on dev now, on the calling thread. A run
+ * otherwise allocates it on its first use, on whichever thread runs it, and device pools
+ * (and the context's allocator) are not thread-safe: call this before handing the
+ * executable to a stream. The arena is kept until destroy, or until a run whose outputs
+ * live on another device replaces it. Runs of one executable are sequential: they share
+ * the arena (an overlapping run fails with INTERNAL). Executables of other kinds: no-op.
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY, INTERNAL (the executable is running). */
+loom_status loom_rt_program_prepare(loom_rt_executable *exe, loom_rt_device *dev,
+                                    loom_ir_diag *d);
+
 #endif

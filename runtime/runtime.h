@@ -95,6 +95,9 @@ struct loom_rt_executable {
     loom_allocator alloc;
     loom_ir_graph graph; /* owned copy: what the cache compares against */
     uint64_t hash;
+    /* run() allocates from the context's allocator, which is not thread-safe: run it on
+     * the host thread, never on a stream (the interpreter; compiled programs do not). */
+    bool host_thread_only;
 };
 
 void loom_rt_executable_destroy(loom_rt_executable *exe);

@@ -113,9 +113,13 @@ typedef struct loom_context_options {
     const char *device;       /* "npu:0" (default) */
     bool eager;               /* run every step on the reference interpreter (LOOM_EAGER=1) */
     const char *dump_dir;     /* write every graph cut by mark_step here (LOOM_DUMP) */
+    int32_t num_threads;      /* the device's threads; 0: LOOM_NUM_THREADS, else all cores */
+    bool sync;                /* mark_step waits for the step to finish (LOOM_SYNC=1) */
 } loom_context_options;
 
-/* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP). */
+/* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP,
+ * LOOM_SYNC). The allocator may be called from the device's execution thread: a custom
+ * allocator used with several contexts or threads must be thread-safe. */
 LOOM_API void loom_context_options_init(loom_context_options *opts);
 
 /* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the
@@ -138,13 +142,17 @@ LOOM_API void loom_context_clear_error(loom_context *ctx);
 LOOM_API int64_t loom_context_step(const loom_context *ctx);
 
 /* Computes every live tensor with pending IR as one graph: the graph is hashed and looked
- * up in the executable cache, built on a miss, and run on the device. Then the step's
- * results that were not retained die. Returns the first error recorded during the step
- * if there was one (the valid part of the step still ran), else the status of executing
- * it. Errors: INVALID_ARGUMENT (NULL), OUT_OF_MEMORY, DEVICE_ERROR. */
+ * up in the executable cache, built on a miss, and launched on the device's stream: it
+ * returns while the step runs (unless LOOM_SYNC), and reads wait for it. One step is in
+ * flight at a time: mark_step first waits for the previous one. Then the step's results
+ * that were not retained die. Returns the first error recorded since the last clear if
+ * there is one (including a failure of the previous step while it ran; the valid part of
+ * this step is still launched), else LOOM_OK.
+ * Errors: INVALID_ARGUMENT (NULL), OUT_OF_MEMORY, DEVICE_ERROR. */
 LOOM_API loom_status loom_mark_step(loom_context *ctx);
 
-/* Waits until every step launched so far has finished. */
+/* Waits until every step launched so far has finished. Returns the first error of a step
+ * that failed while running (also recorded as the context's error), else LOOM_OK. */
 LOOM_API loom_status loom_context_sync(loom_context *ctx);
 
 /* ---- tensors --------------------------------------------------------------------------- */

@@ -1,0 +1,355 @@
+/* Program executables: run a plan's compiled kernels on the thread pool over the caller's
+ * buffers and a scratch arena cached between runs, then the plan's copies. */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "kernel.h"
+
+/* Where a value lives, resolved at create time so a run only adds base pointers: placements
+ * of RESHAPEs are followed to their operand's, INPUT nodes without one get their own. */
+typedef struct slot {
+    loom_ir_buffer_kind kind;
+    int32_t index;
+    size_t offset; /* ARENA only */
+} slot;
+
+typedef struct prog_kernel {
+    loom_rt_kernel k;
+    int32_t first_slot, n_slots; /* args then results, into program.slots */
+} prog_kernel;
+
+typedef struct prog_copy {
+    slot src;
+    int32_t output;
+    size_t bytes;
+} prog_copy;
+
+typedef struct program {
+    loom_rt_executable base; /* first: the executable API casts between the two */
+    loom_rt_pool *pool;      /* borrowed */
+    void *code_owner;
+    void (*release_code)(void *code_owner);
+    prog_kernel *kernels;
+    int32_t n_kernels;
+    slot *slots;
+    void **bufs; /* n_slots pointers, rewritten by each run: why runs must be sequential */
+    int32_t n_slots;
+    prog_copy *copies;
+    int32_t n_copies;
+    size_t *input_bytes;  /* per graph input: its value's size */
+    size_t *output_bytes; /* per graph output */
+    size_t arena_bytes;
+    loom_rt_buffer *arena; /* kept between runs; NULL until the first run or prepare */
+    atomic_bool running;   /* catches overlapping runs, which would share arena and bufs */
+} program;
+
+static size_t value_bytes(const loom_ir_node *n) {
+    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
+}
+
+/* n elements of size each from a (NULL for n == 0); false on out-of-memory. */
+static bool alloc_array(const loom_allocator *a, void **out, int32_t n, size_t size) {
+    *out = NULL;
+    if (n <= 0)
+        return true;
+    *out = loom_ir_alloc(a, (size_t)n * size);
+    if (*out)
+        memset(*out, 0, (size_t)n * size);
+    return *out != NULL;
+}
+
+static void program_destroy(loom_rt_executable *exe) {
+    if (!exe)
+        return;
+    program *p = (program *)exe;
+    loom_allocator a = p->base.alloc;
+    loom_rt_buffer_release(p->arena);
+    const loom_ir_graph *g = &p->base.graph;
+    loom_ir_free(&a, p->kernels, (size_t)p->n_kernels * sizeof *p->kernels);
+    loom_ir_free(&a, p->slots, (size_t)p->n_slots * sizeof *p->slots);
+    loom_ir_free(&a, p->bufs, (size_t)p->n_slots * sizeof *p->bufs);
+    loom_ir_free(&a, p->copies, (size_t)p->n_copies * sizeof *p->copies);
+    loom_ir_free(&a, p->input_bytes, (size_t)g->n_graph_inputs * sizeof *p->input_bytes);
+    loom_ir_free(&a, p->output_bytes, (size_t)g->n_outputs * sizeof *p->output_bytes);
+    loom_ir_graph_deinit(&p->base.graph);
+    if (p->release_code)
+        p->release_code(p->code_owner);
+    loom_ir_free(&a, p, sizeof *p);
+}
+
+/* Resolves where node's value lives and checks that its bytes fit there. */
+static bool resolve_slot(const program *p, const loom_ir_plan *plan, int32_t node, slot *out) {
+    const loom_ir_graph *g = &p->base.graph;
+    if (node < 0 || node >= g->n_nodes)
+        return false;
+    size_t bytes = value_bytes(&g->nodes[node]);
+    /* A RESHAPE is its operand's bytes: follow the chain to the first placed value. */
+    int32_t at = node;
+    while (!plan->has_placement[at] && g->nodes[at].op == LOOM_IR_OP_RESHAPE)
+        at = g->nodes[at].inputs[0];
+    loom_ir_placement pl;
+    if (plan->has_placement[at]) {
+        pl = plan->placement[at];
+    } else if (g->nodes[at].op == LOOM_IR_OP_INPUT) {
+        pl = (loom_ir_placement){.kind = LOOM_IR_BUFFER_INPUT,
+                                 .index = (int32_t)g->nodes[at].attrs.index};
+    } else {
+        return false;
+    }
+    *out = (slot){.kind = pl.kind, .index = pl.index, .offset = pl.offset};
+    switch (pl.kind) {
+    case LOOM_IR_BUFFER_INPUT:
+        return pl.index >= 0 && pl.index < g->n_graph_inputs && bytes <= p->input_bytes[pl.index];
+    case LOOM_IR_BUFFER_OUTPUT:
+        return pl.index >= 0 && pl.index < g->n_outputs && bytes <= p->output_bytes[pl.index];
+    case LOOM_IR_BUFFER_ARENA:
+        return pl.offset <= p->arena_bytes && bytes <= p->arena_bytes - pl.offset;
+    case LOOM_IR_BUFFER_COUNT_:
+        return false;
+    }
+    return false;
+}
+
+static loom_status build(program *p, const loom_ir_plan *plan, const loom_rt_kernel *kernels) {
+    const loom_ir_graph *g = &p->base.graph;
+    const loom_allocator *a = &p->base.alloc;
+    if (!alloc_array(a, (void **)&p->input_bytes, g->n_graph_inputs, sizeof *p->input_bytes) ||
+        !alloc_array(a, (void **)&p->output_bytes, g->n_outputs, sizeof *p->output_bytes))
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    /* run() indexes the caller's arrays with these: check them even if g was verified. */
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op != LOOM_IR_OP_INPUT)
+            continue;
+        if (n->attrs.index < 0 || n->attrs.index >= g->n_graph_inputs)
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        p->input_bytes[n->attrs.index] = value_bytes(n);
+    }
+    for (int32_t o = 0; o < g->n_outputs; o++) {
+        if (g->outputs[o].node < 0 || g->outputs[o].node >= g->n_nodes)
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        p->output_bytes[o] = value_bytes(&g->nodes[g->outputs[o].node]);
+    }
+
+    int32_t n_slots = 0;
+    for (int32_t k = 0; k < plan->n_kernels; k++) {
+        const loom_ir_kernel *pk = &plan->kernels[k];
+        if (pk->n_args < 0 || pk->n_results < 0 || pk->n_args > INT32_MAX - pk->n_results ||
+            n_slots > INT32_MAX - pk->n_args - pk->n_results)
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        n_slots += pk->n_args + pk->n_results;
+    }
+    p->n_kernels = plan->n_kernels;
+    p->n_slots = n_slots;
+    p->n_copies = plan->n_copies;
+    if (!alloc_array(a, (void **)&p->kernels, p->n_kernels, sizeof *p->kernels) ||
+        !alloc_array(a, (void **)&p->slots, p->n_slots, sizeof *p->slots) ||
+        !alloc_array(a, (void **)&p->bufs, p->n_slots, sizeof *p->bufs) ||
+        !alloc_array(a, (void **)&p->copies, p->n_copies, sizeof *p->copies))
+        return LOOM_STATUS_OUT_OF_MEMORY;
+
+    int32_t s = 0;
+    for (int32_t k = 0; k < plan->n_kernels; k++) {
+        const loom_ir_kernel *pk = &plan->kernels[k];
+        const loom_rt_kernel *rk = &kernels[k];
+        if (!rk->fn || rk->extent < 1 || rk->grain < 1)
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        p->kernels[k] = (prog_kernel){.k = *rk, .first_slot = s,
+                                      .n_slots = pk->n_args + pk->n_results};
+        for (int32_t i = 0; i < pk->n_args; i++)
+            if (!resolve_slot(p, plan, pk->args[i], &p->slots[s++]))
+                return LOOM_STATUS_INVALID_ARGUMENT;
+        for (int32_t i = 0; i < pk->n_results; i++)
+            if (!resolve_slot(p, plan, pk->results[i], &p->slots[s++]))
+                return LOOM_STATUS_INVALID_ARGUMENT;
+    }
+    for (int32_t c = 0; c < plan->n_copies; c++) {
+        const loom_ir_copy *pc = &plan->copies[c];
+        prog_copy *cp = &p->copies[c];
+        if (pc->output < 0 || pc->output >= g->n_outputs || !resolve_slot(p, plan, pc->node,
+                                                                           &cp->src))
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        cp->output = pc->output;
+        cp->bytes = value_bytes(&g->nodes[pc->node]);
+        if (cp->bytes > p->output_bytes[pc->output])
+            return LOOM_STATUS_INVALID_ARGUMENT;
+    }
+    return LOOM_OK;
+}
+
+/* Makes sure the arena lives on dev (one allocation per executable and device, not per
+ * step: device pools are slow compared with a step's kernels). */
+static loom_status ensure_arena(program *p, loom_rt_device *dev, loom_ir_diag *d) {
+    if (p->arena_bytes == 0 || (p->arena && p->arena->device == dev))
+        return LOOM_OK;
+    loom_rt_buffer_release(p->arena);
+    p->arena = NULL;
+    if (loom_rt_buffer_alloc(dev, p->arena_bytes, &p->arena) != LOOM_OK) {
+        p->arena = NULL;
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                                "program: out of memory allocating the %zu-byte arena on %s",
+                                p->arena_bytes, dev->name);
+    }
+    return LOOM_OK;
+}
+
+static loom_status check_buffer(const program *p, const char *what, int32_t i,
+                                const loom_rt_buffer *b, size_t need, int32_t node,
+                                loom_ir_diag *d) {
+    if (!b)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "program: %s %d has no buffer",
+                                what, (int)i);
+    if (b->size < need) {
+        const loom_ir_node *n = &p->base.graph.nodes[node];
+        char ty[LOOM_IR_TYPE_STR_MAX];
+        loom_ir_format_type(ty, sizeof ty, n->dtype, n->rank, n->shape);
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                "program: %s %d buffer has %zu bytes, its value %s needs %zu",
+                                what, (int)i, b->size, ty, need);
+    }
+    return LOOM_OK;
+}
+
+static void *slot_ptr(const slot *s, loom_rt_buffer *const *inputs,
+                      loom_rt_buffer *const *outputs, loom_rt_buffer *arena) {
+    switch (s->kind) {
+    case LOOM_IR_BUFFER_INPUT: return inputs[s->index]->data;
+    case LOOM_IR_BUFFER_OUTPUT: return outputs[s->index]->data;
+    case LOOM_IR_BUFFER_ARENA: return arena ? (char *)arena->data + s->offset : NULL;
+    case LOOM_IR_BUFFER_COUNT_: return NULL;
+    }
+    return NULL;
+}
+
+typedef struct kernel_call {
+    loom_rt_kernel_fn fn;
+    void *const *bufs;
+} kernel_call;
+
+static void call_kernel(void *ud, int64_t lo, int64_t hi) {
+    const kernel_call *c = ud;
+    c->fn(c->bufs, lo, hi);
+}
+
+static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
+                               loom_rt_buffer *const *outputs, loom_ir_diag *d) {
+    const loom_ir_graph *g = &p->base.graph;
+    if ((g->n_graph_inputs > 0 && !inputs) || (g->n_outputs > 0 && !outputs))
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                "program: NULL %s array", !inputs ? "input" : "output");
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op != LOOM_IR_OP_INPUT)
+            continue;
+        int32_t idx = (int32_t)n->attrs.index;
+        loom_status st = check_buffer(p, "input", idx, inputs[idx], p->input_bytes[idx], i, d);
+        if (st != LOOM_OK)
+            return st;
+    }
+    for (int32_t o = 0; o < g->n_outputs; o++) {
+        loom_status st = check_buffer(p, "output", o, outputs[o], p->output_bytes[o],
+                                      g->outputs[o].node, d);
+        if (st != LOOM_OK)
+            return st;
+    }
+    if (p->arena_bytes > 0) {
+        loom_rt_buffer *any = g->n_outputs > 0 ? outputs[0]
+                              : g->n_graph_inputs > 0 ? inputs[0] : NULL;
+        if (!any)
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                    "program: no input or output buffer names the device "
+                                    "to place the %zu-byte arena on", p->arena_bytes);
+        loom_status st = ensure_arena(p, any->device, d);
+        if (st != LOOM_OK)
+            return st;
+    }
+
+    for (int32_t s = 0; s < p->n_slots; s++)
+        p->bufs[s] = slot_ptr(&p->slots[s], inputs, outputs, p->arena);
+    for (int32_t k = 0; k < p->n_kernels; k++) {
+        const prog_kernel *pk = &p->kernels[k];
+        kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
+        loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
+    }
+    /* In plan order: the planner orders copies so none overwrites a donated input that a
+     * later copy still reads. memmove: an output aliasing its own input is a no-op copy. */
+    for (int32_t c = 0; c < p->n_copies; c++) {
+        const prog_copy *cp = &p->copies[c];
+        void *dst = outputs[cp->output]->data;
+        const void *src = slot_ptr(&cp->src, inputs, outputs, p->arena);
+        if (dst != src && cp->bytes > 0)
+            memmove(dst, src, cp->bytes);
+    }
+    return LOOM_OK;
+}
+
+static loom_status program_run(loom_rt_executable *exe, loom_rt_buffer *const *inputs,
+                               loom_rt_buffer *const *outputs, loom_ir_diag *d) {
+    program *p = (program *)exe;
+    if (atomic_exchange(&p->running, true))
+        return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL,
+                                "program: two runs of one executable overlap; its arena is "
+                                "not shared (run it from one stream)");
+    loom_status st = run_checked(p, inputs, outputs, d);
+    atomic_store(&p->running, false);
+    return st;
+}
+
+static const loom_rt_executable_vtable program_vtable = {
+    .run = program_run,
+    .destroy = program_destroy,
+};
+
+loom_status loom_rt_program_create(const loom_ir_graph *g, uint64_t hash, const loom_ir_plan *plan,
+                                   const loom_rt_kernel *kernels, void *code_owner,
+                                   void (*release_code)(void *code_owner), loom_rt_pool *pool,
+                                   const loom_allocator *a, loom_rt_executable **out_exe) {
+    if (out_exe)
+        *out_exe = NULL;
+    if (!g || !plan || (!kernels && plan->n_kernels > 0) || !pool || !a || !out_exe ||
+        plan->n_nodes != g->n_nodes || plan->n_kernels < 0 || plan->n_copies < 0 ||
+        (g->n_nodes > 0 && (!plan->has_placement || !plan->placement))) {
+        if (release_code)
+            release_code(code_owner);
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    }
+    program *p = loom_ir_alloc(a, sizeof *p);
+    if (!p) {
+        if (release_code)
+            release_code(code_owner);
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    }
+    memset(p, 0, sizeof *p);
+    p->base = (loom_rt_executable){.vt = &program_vtable, .alloc = *a, .hash = hash};
+    p->pool = pool;
+    p->code_owner = code_owner;
+    p->release_code = release_code;
+    p->arena_bytes = plan->arena_bytes;
+    atomic_init(&p->running, false);
+    loom_ir_graph_init(&p->base.graph, a);
+    loom_status st = loom_ir_graph_copy(&p->base.graph, g);
+    if (st == LOOM_OK)
+        st = build(p, plan, kernels);
+    if (st != LOOM_OK) {
+        program_destroy(&p->base); /* releases the code too */
+        return st;
+    }
+    *out_exe = &p->base;
+    return LOOM_OK;
+}
+
+loom_status loom_rt_program_prepare(loom_rt_executable *exe, loom_rt_device *dev,
+                                    loom_ir_diag *d) {
+    if (!exe || !dev)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                "program_prepare: NULL %s", !exe ? "executable" : "device");
+    if (exe->vt != &program_vtable)
+        return LOOM_OK;
+    program *p = (program *)exe;
+    if (atomic_exchange(&p->running, true))
+        return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL,
+                                "program_prepare: the executable is running");
+    loom_status st = ensure_arena(p, dev, d);
+    atomic_store(&p->running, false);
+    return st;
+}

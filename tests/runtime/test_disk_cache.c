@@ -1,0 +1,442 @@
+/* Tests of the on-disk code cache: round trips, misses, every kind of damaged file, hash
+ * collisions, unwritable folders, the default folder, XXH64 and out-of-memory. */
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "runtime/disk_cache.h"
+#include "test_util.h"
+
+static loom_allocator sys;
+
+/* ---- temp folders ------------------------------------------------------------------------- */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int setup_dir(void **state) {
+    char *dir = strdup("/tmp/loom_disk_cache_XXXXXX");
+    if (!dir || !mkdtemp(dir))
+        return -1;
+    *state = dir;
+    return 0;
+}
+
+static int teardown_dir(void **state) {
+    nftw(*state, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(*state);
+    return 0;
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static void put_ok(const char *dir, const char *key, const void *data, size_t len) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_rt_disk_cache_put(dir, key, data, len, &sys, &d) != LOOM_OK)
+        fail_msg("put %s: %s", key, d.msg);
+}
+
+/* get that must succeed (hit or miss); returns the payload (free: len + 1) or NULL. */
+static char *get_ok(const char *dir, const char *key, size_t *len) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    void *data = (void *)&d;
+    if (loom_rt_disk_cache_get(dir, key, &sys, &data, len, &d) != LOOM_OK)
+        fail_msg("get %s: %s", key, d.msg);
+    return data;
+}
+
+static void path_of(char *buf, size_t n, const char *dir, const char *key) {
+    snprintf(buf, n, "%s/%016llx.loomobj", dir,
+             (unsigned long long)loom_rt_hash64(key, strlen(key)));
+}
+
+static long file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+/* Reads path whole into a malloc'd buffer. */
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static void spit(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* get must fail with CORRUPT_DATA naming the file and containing `what`. */
+static void expect_corrupt(const char *dir, const char *key, const char *what) {
+    char path[512];
+    path_of(path, sizeof path, dir, key);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    void *data = (void *)&d;
+    size_t len = 99;
+    assert_int_equal(loom_rt_disk_cache_get(dir, key, &sys, &data, &len, &d),
+                     LOOM_STATUS_CORRUPT_DATA);
+    assert_null(data);
+    assert_int_equal(len, 0);
+    if (!strstr(d.msg, path) || !strstr(d.msg, what))
+        fail_msg("message \"%s\" should name %s and say \"%s\"", d.msg, path, what);
+}
+
+static const char payload[] = "\x7f" "ELF object code \x00\x01\x02 with a NUL inside";
+#define PAYLOAD_LEN (sizeof payload - 1)
+
+/* ---- XXH64 -------------------------------------------------------------------------------- */
+
+static void test_hash64_matches_published_xxh64_vectors(void **state) {
+    (void)state;
+    assert_true(loom_rt_hash64("", 0) == 0xef46db3751d8e999ull);
+    assert_true(loom_rt_hash64("a", 1) == 0xd24ec4f1a98c6e5bull);
+    assert_true(loom_rt_hash64("abc", 3) == 0x44bc2cf5ad770999ull);
+    assert_true(loom_rt_hash64("xxhash", 6) == 0x32dd38952c4bc720ull);
+    /* 31, 32, 33 bytes: the tail-only path, one 32-byte stripe, a stripe plus a byte */
+    const char *alpha = "abcdefghijklmnopqrstuvwxyz1234567";
+    assert_true(loom_rt_hash64(alpha, 31) == 0x467605901b01d6f6ull);
+    assert_true(loom_rt_hash64(alpha, 32) == 0x0022ee3b5a18531bull);
+    assert_true(loom_rt_hash64(alpha, 33) == 0x23bbd16d29353c5full);
+}
+
+/* ---- round trips -------------------------------------------------------------------------- */
+
+static void test_put_then_get_returns_the_payload(void **state) {
+    const char *dir = *state;
+    const char *key = "cpu=znver3 loom=0.1.0 opt=2 graph=0123456789abcdef";
+    put_ok(dir, key, payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, key);
+    /* 8 magic + 4 version + 4 key length + key + 8 payload length + payload + 8 checksum */
+    assert_int_equal(file_size(path), (long)(32 + strlen(key) + PAYLOAD_LEN));
+
+    test_alloc ta = {0};
+    loom_allocator a = test_alloc_make(&ta);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(loom_rt_disk_cache_get(dir, key, &a, &data, &len, &d), LOOM_OK);
+    assert_non_null(data);
+    assert_int_equal(len, PAYLOAD_LEN);
+    assert_memory_equal(data, payload, PAYLOAD_LEN);
+    assert_int_equal(((char *)data)[len], '\0');
+    assert_int_equal(ta.live_bytes, (int64_t)len + 1); /* exactly the documented block */
+    assert_int_equal(ta.live_blocks, 1);
+    loom_ir_free(&a, data, len + 1);
+    assert_int_equal(ta.live_bytes, 0);
+}
+
+static void test_put_creates_missing_folders(void **state) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/a/b/c", (const char *)*state);
+    put_ok(dir, "k", "xyz", 3);
+    size_t len = 0;
+    char *data = get_ok(dir, "k", &len);
+    assert_non_null(data);
+    assert_string_equal(data, "xyz");
+    loom_ir_free(&sys, data, len + 1);
+}
+
+static void test_empty_payload_is_a_hit_not_a_miss(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "empty", NULL, 0);
+    size_t len = 99;
+    char *data = get_ok(dir, "empty", &len);
+    assert_non_null(data);
+    assert_int_equal(len, 0);
+    assert_int_equal(data[0], '\0');
+    loom_ir_free(&sys, data, 1);
+}
+
+static void test_put_replaces_an_earlier_payload(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", "first", 5);
+    put_ok(dir, "k", "second!", 7);
+    size_t len = 0;
+    char *data = get_ok(dir, "k", &len);
+    assert_int_equal(len, 7);
+    assert_string_equal(data, "second!");
+    loom_ir_free(&sys, data, len + 1);
+}
+
+static void test_get_of_an_unknown_key_or_folder_is_a_miss(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "known", "v", 1);
+    size_t len = 5;
+    assert_null(get_ok(dir, "unknown", &len));
+    assert_int_equal(len, 0);
+    char missing[512];
+    snprintf(missing, sizeof missing, "%s/no/such/folder", dir);
+    assert_null(get_ok(missing, "known", &len));
+}
+
+/* ---- damaged files ------------------------------------------------------------------------ */
+
+static void test_a_flipped_payload_byte_fails_the_checksum(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    size_t n;
+    unsigned char *img = slurp(path, &n);
+    img[8 + 4 + 4 + 1 + 8 + 5] ^= 0x10; /* the payload's 6th byte */
+    spit(path, img, n);
+    free(img);
+    expect_corrupt(dir, "k", "fails its checksum");
+}
+
+static void test_a_flipped_checksum_byte_is_corrupt(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    size_t n;
+    unsigned char *img = slurp(path, &n);
+    img[n - 1] ^= 1;
+    spit(path, img, n);
+    free(img);
+    expect_corrupt(dir, "k", "fails its checksum");
+}
+
+static void test_a_truncated_file_is_corrupt(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    size_t n;
+    unsigned char *img = slurp(path, &n);
+    spit(path, img, n - 10); /* lost the checksum and part of the payload */
+    expect_corrupt(dir, "k", "truncated");
+    spit(path, img, 20); /* shorter than the fixed fields */
+    expect_corrupt(dir, "k", "truncated: 20 bytes");
+    spit(path, img, 0);
+    expect_corrupt(dir, "k", "truncated: 0 bytes");
+    free(img);
+}
+
+static void test_trailing_bytes_are_corrupt(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    size_t n;
+    unsigned char *img = slurp(path, &n);
+    unsigned char *longer = malloc(n + 3);
+    memcpy(longer, img, n);
+    memset(longer + n, 0xab, 3);
+    spit(path, longer, n + 3);
+    free(longer);
+    free(img);
+    expect_corrupt(dir, "k", "stray bytes");
+}
+
+static void test_wrong_magic_or_version_is_corrupt(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    size_t n;
+    unsigned char *img = slurp(path, &n);
+    unsigned char *bad = malloc(n);
+    memcpy(bad, img, n);
+    memcpy(bad, "\x7f" "ELF\x02\x01\x01\x00", 8);
+    spit(path, bad, n);
+    expect_corrupt(dir, "k", "bad magic");
+    memcpy(bad, img, n);
+    bad[8] = 2; /* format version 2 */
+    spit(path, bad, n);
+    expect_corrupt(dir, "k", "format version 2, this Loom reads 1");
+    free(bad);
+    free(img);
+}
+
+static void test_a_key_length_past_the_end_is_corrupt(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    size_t n;
+    unsigned char *img = slurp(path, &n);
+    img[12] = 0xff; /* key length 255 in a file of ~70 bytes */
+    spit(path, img, n);
+    free(img);
+    expect_corrupt(dir, "k", "runs past the end");
+}
+
+static void test_a_folder_in_place_of_the_file_is_corrupt(void **state) {
+    const char *dir = *state;
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    assert_int_equal(mkdir(path, 0755), 0);
+    expect_corrupt(dir, "k", "not a regular file");
+    rmdir(path);
+}
+
+static void test_put_over_a_corrupt_file_repairs_it(void **state) {
+    const char *dir = *state;
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    spit(path, "garbage", 7);
+    expect_corrupt(dir, "k", "truncated");
+    put_ok(dir, "k", "fresh", 5);
+    size_t len = 0;
+    char *data = get_ok(dir, "k", &len);
+    assert_string_equal(data, "fresh");
+    loom_ir_free(&sys, data, len + 1);
+}
+
+/* ---- collisions and unwritable folders ---------------------------------------------------- */
+
+static void test_a_file_holding_another_key_is_a_miss(void **state) {
+    const char *dir = *state;
+    /* A valid file for key B under key A's name: what a 64-bit hash collision looks like. */
+    put_ok(dir, "key-B", "payload of B", 12);
+    char path_a[512], path_b[512];
+    path_of(path_a, sizeof path_a, dir, "key-A");
+    path_of(path_b, sizeof path_b, dir, "key-B");
+    assert_int_equal(rename(path_b, path_a), 0);
+    size_t len = 7;
+    assert_null(get_ok(dir, "key-A", &len));
+    assert_int_equal(len, 0);
+    /* Same for a key that is a prefix of the stored one (lengths differ, bytes agree). */
+    put_ok(dir, "key-AB", "x", 1);
+    char path_ab[512];
+    path_of(path_ab, sizeof path_ab, dir, "key-AB");
+    assert_int_equal(rename(path_ab, path_a), 0);
+    assert_null(get_ok(dir, "key-A", &len));
+}
+
+static void test_put_under_a_regular_file_fails_and_get_misses(void **state) {
+    /* chmod cannot stop root from writing; a folder under a regular file fails for all. */
+    char file[512], dir[512];
+    snprintf(file, sizeof file, "%s/file.txt", (const char *)*state);
+    spit(file, "x", 1);
+    assert_true(snprintf(dir, sizeof dir, "%.500s/sub", file) < (int)sizeof dir);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(dir, "k", "v", 1, &sys, &d), LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(d.msg, "cannot create folder"));
+    assert_non_null(strstr(d.msg, dir));
+    size_t len = 3;
+    assert_null(get_ok(dir, "k", &len));
+    assert_int_equal(len, 0);
+    /* The file itself as the folder. */
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(file, "k", "v", 1, &sys, &d), LOOM_STATUS_IO_ERROR);
+    assert_null(get_ok(file, "k", &len));
+}
+
+static void test_bad_arguments_are_rejected(void **state) {
+    const char *dir = *state;
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(dir, "", "v", 1, &sys, &d),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_rt_disk_cache_put(NULL, "k", "v", 1, &sys, NULL),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_rt_disk_cache_put(dir, "k", NULL, 1, &sys, NULL),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(loom_rt_disk_cache_get(dir, NULL, &sys, &data, &len, NULL),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_rt_disk_cache_get(dir, "k", &sys, NULL, &len, NULL),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+}
+
+/* ---- out of memory ------------------------------------------------------------------------ */
+
+static void test_out_of_memory_leaks_nothing(void **state) {
+    const char *dir = *state;
+    test_alloc ta = {.fail_at = 1};
+    loom_allocator a = test_alloc_make(&ta);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(dir, "k", payload, PAYLOAD_LEN, &a, &d),
+                     LOOM_STATUS_OUT_OF_MEMORY);
+    assert_int_equal(ta.live_bytes, 0);
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    /* get: the read buffer's allocation fails */
+    ta = (test_alloc){.fail_at = 1};
+    void *data = (void *)&d;
+    size_t len = 0;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_get(dir, "k", &a, &data, &len, &d),
+                     LOOM_STATUS_OUT_OF_MEMORY);
+    assert_null(data);
+    assert_int_equal(ta.live_bytes, 0);
+}
+
+/* ---- default folder ----------------------------------------------------------------------- */
+
+static void test_default_dir_follows_the_environment(void **state) {
+    (void)state;
+    char buf[256];
+    setenv("LOOM_CACHE_DIR", "/data/loom-cache", 1);
+    setenv("XDG_CACHE_HOME", "/xdg", 1);
+    setenv("HOME", "/home/u", 1);
+    assert_string_equal(loom_rt_disk_cache_default_dir(buf, sizeof buf), "/data/loom-cache");
+    unsetenv("LOOM_CACHE_DIR");
+    assert_string_equal(loom_rt_disk_cache_default_dir(buf, sizeof buf), "/xdg/loom");
+    setenv("XDG_CACHE_HOME", "relative/path", 1); /* invalid per the XDG spec: ignored */
+    assert_string_equal(loom_rt_disk_cache_default_dir(buf, sizeof buf), "/home/u/.cache/loom");
+    unsetenv("XDG_CACHE_HOME");
+    assert_string_equal(loom_rt_disk_cache_default_dir(buf, sizeof buf), "/home/u/.cache/loom");
+    assert_null(loom_rt_disk_cache_default_dir(buf, 8)); /* does not fit */
+    unsetenv("HOME");
+    assert_null(loom_rt_disk_cache_default_dir(buf, sizeof buf));
+    setenv("LOOM_CACHE_DIR", "", 1); /* set but empty: off */
+    setenv("HOME", "/home/u", 1);
+    assert_null(loom_rt_disk_cache_default_dir(buf, sizeof buf));
+    unsetenv("LOOM_CACHE_DIR");
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, setup_dir, teardown_dir)
+
+int main(void) {
+    sys = loom_allocator_system();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hash64_matches_published_xxh64_vectors),
+        T(test_put_then_get_returns_the_payload),
+        T(test_put_creates_missing_folders),
+        T(test_empty_payload_is_a_hit_not_a_miss),
+        T(test_put_replaces_an_earlier_payload),
+        T(test_get_of_an_unknown_key_or_folder_is_a_miss),
+        T(test_a_flipped_payload_byte_fails_the_checksum),
+        T(test_a_flipped_checksum_byte_is_corrupt),
+        T(test_a_truncated_file_is_corrupt),
+        T(test_trailing_bytes_are_corrupt),
+        T(test_wrong_magic_or_version_is_corrupt),
+        T(test_a_key_length_past_the_end_is_corrupt),
+        T(test_a_folder_in_place_of_the_file_is_corrupt),
+        T(test_put_over_a_corrupt_file_repairs_it),
+        T(test_a_file_holding_another_key_is_a_miss),
+        T(test_put_under_a_regular_file_fails_and_get_misses),
+        T(test_bad_arguments_are_rejected),
+        T(test_out_of_memory_leaks_nothing),
+        cmocka_unit_test(test_default_dir_follows_the_environment),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
