@@ -69,8 +69,8 @@ loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g) {
 
 /* ---- verification ------------------------------------------------------------------------- */
 
-__attribute__((format(printf, 3, 4)))
-static loom_status fail(loom_ir_diag *d, int32_t node, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static loom_status fail(loom_ir_diag *d, int32_t node,
+                                                              const char *fmt, ...) {
     if (d && d->code == LOOM_OK)
         d->node = node;
     va_list ap;
@@ -139,7 +139,8 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             return fail(d, n, "kernel %d: nodes are not in graph order at %%%d", (int)k, (int)n);
     }
     const char *kname = kind_names[kn->kind];
-    if (kn->root < 0 || kn->root >= g->n_nodes || !sorted_contains(kn->nodes, kn->n_nodes, kn->root))
+    if (kn->root < 0 || kn->root >= g->n_nodes ||
+        !sorted_contains(kn->nodes, kn->n_nodes, kn->root))
         return fail(d, -1, "kernel %d (%s): root %%%d is not one of its nodes", (int)k, kname,
                     (int)kn->root);
     loom_ir_op root_op = g->nodes[kn->root].op;
@@ -157,8 +158,8 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         break;
     case LOOM_IR_KERNEL_MATMUL:
         if (root_kind != LOOM_IR_KIND_CONTRACTION)
-            return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k,
-                        (int)kn->root, loom_ir_op_name(root_op));
+            return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k, (int)kn->root,
+                        loom_ir_op_name(root_op));
         break;
     case LOOM_IR_KERNEL_COUNT_: break;
     }
@@ -172,12 +173,14 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             return fail(d, a, "kernel %d (%s): arg %%%d is listed twice", (int)k, kname, (int)a);
         s->arg_of[a] = k;
         if (sorted_contains(kn->nodes, kn->n_nodes, a))
-            return fail(d, a, "kernel %d (%s): %%%d is both an arg and a computed node",
-                        (int)k, kname, (int)a);
+            return fail(d, a, "kernel %d (%s): %%%d is both an arg and a computed node", (int)k,
+                        kname, (int)a);
         int32_t b = view_base(g, a);
         if (g->nodes[b].op != LOOM_IR_OP_INPUT && (s->produced[b] < 0 || s->produced[b] >= k))
-            return fail(d, a, "kernel %d (%s): arg %%%d is not an input or the result of an "
-                        "earlier kernel", (int)k, kname, (int)a);
+            return fail(d, a,
+                        "kernel %d (%s): arg %%%d is not an input or the result of an "
+                        "earlier kernel",
+                        (int)k, kname, (int)a);
         s->last[b] = k;
         s->last[a] = k;
     }
@@ -190,20 +193,26 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         switch (kind) {
         case LOOM_IR_KIND_SOURCE:
             if (nd->op == LOOM_IR_OP_INPUT)
-                return fail(d, n, "kernel %d (%s): input %%%d is listed as a computed node; "
-                            "inputs are args", (int)k, kname, (int)n);
+                return fail(d, n,
+                            "kernel %d (%s): input %%%d is listed as a computed node; "
+                            "inputs are args",
+                            (int)k, kname, (int)n);
             if (p->node_kernel[n] != -1)
-                return fail(d, n, "constant %%%d has node_kernel %d; constants belong to no "
-                            "kernel", (int)n, (int)p->node_kernel[n]);
+                return fail(d, n,
+                            "constant %%%d has node_kernel %d; constants belong to no "
+                            "kernel",
+                            (int)n, (int)p->node_kernel[n]);
             continue; /* constants may be recomputed by any number of kernels */
         case LOOM_IR_KIND_RESHAPE:
-            return fail(d, n, "kernel %d (%s): reshape %%%d is listed as a computed node; a "
-                        "reshape is a view its readers take as an arg", (int)k, kname, (int)n);
+            return fail(d, n,
+                        "kernel %d (%s): reshape %%%d is listed as a computed node; a "
+                        "reshape is a view its readers take as an arg",
+                        (int)k, kname, (int)n);
         case LOOM_IR_KIND_REDUCTION:
         case LOOM_IR_KIND_CONTRACTION:
             if (n != kn->root)
-                return fail(d, n, "kernel %d (%s): %s %%%d is not the kernel's root", (int)k,
-                            kname, loom_ir_op_name(nd->op), (int)n);
+                return fail(d, n, "kernel %d (%s): %s %%%d is not the kernel's root", (int)k, kname,
+                            loom_ir_op_name(nd->op), (int)n);
             break;
         case LOOM_IR_KIND_UNARY:
         case LOOM_IR_KIND_PREDICATE:
@@ -217,23 +226,27 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             return fail(d, n, "kernel %d: %%%d has an unknown op", (int)k, (int)n);
         }
         if (s->seen_in[n] >= 0)
-            return fail(d, n, "%%%d is computed by kernels %d and %d", (int)n,
-                        (int)s->seen_in[n], (int)k);
+            return fail(d, n, "%%%d is computed by kernels %d and %d", (int)n, (int)s->seen_in[n],
+                        (int)k);
         s->seen_in[n] = k;
         if (p->node_kernel[n] != k)
-            return fail(d, n, "%%%d is listed by kernel %d but node_kernel says %d", (int)n,
-                        (int)k, (int)p->node_kernel[n]);
+            return fail(d, n, "%%%d is listed by kernel %d but node_kernel says %d", (int)n, (int)k,
+                        (int)p->node_kernel[n]);
         /* every operand is computed here or read from a buffer */
         for (int32_t q = 0; q < nd->n_inputs; q++) {
             int32_t o = nd->inputs[q];
             bool inside = sorted_contains(kn->nodes, kn->n_nodes, o);
             s->used_by[o] = k;
             if (inside && kind == LOOM_IR_KIND_CONTRACTION)
-                return fail(d, n, "kernel %d (%s): matmul %%%d computes its operand %%%d; a "
-                            "matmul's operands are args", (int)k, kname, (int)n, (int)o);
+                return fail(d, n,
+                            "kernel %d (%s): matmul %%%d computes its operand %%%d; a "
+                            "matmul's operands are args",
+                            (int)k, kname, (int)n, (int)o);
             if (!inside && s->arg_of[o] != k)
-                return fail(d, n, "kernel %d (%s): operand %%%d of %%%d is neither computed "
-                            "nor an arg", (int)k, kname, (int)o, (int)n);
+                return fail(d, n,
+                            "kernel %d (%s): operand %%%d of %%%d is neither computed "
+                            "nor an arg",
+                            (int)k, kname, (int)o, (int)n);
         }
     }
     /* Nothing extraneous: every arg is read, every listed constant is used (unless it is
@@ -245,8 +258,10 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
     for (int32_t j = 0; j < kn->n_nodes && kn->n_nodes > 1; j++) {
         int32_t c = kn->nodes[j];
         if (g->nodes[c].op == LOOM_IR_OP_CONSTANT && s->used_by[c] != k)
-            return fail(d, c, "kernel %d (%s): constant %%%d is listed but nothing in the "
-                        "kernel uses it", (int)k, kname, (int)c);
+            return fail(d, c,
+                        "kernel %d (%s): constant %%%d is listed but nothing in the "
+                        "kernel uses it",
+                        (int)k, kname, (int)c);
     }
 
     /* Results: exactly the nodes whose values are needed outside the kernel. */
@@ -259,11 +274,13 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         if (s->produced[r] == k)
             return fail(d, r, "kernel %d (%s): result %%%d is listed twice", (int)k, kname, (int)r);
         if (g->nodes[r].op == LOOM_IR_OP_CONSTANT && kn->n_nodes != 1)
-            return fail(d, r, "kernel %d (%s): constant %%%d is a result; constants are "
-                        "materialized only by kernels of their own", (int)k, kname, (int)r);
+            return fail(d, r,
+                        "kernel %d (%s): constant %%%d is a result; constants are "
+                        "materialized only by kernels of their own",
+                        (int)k, kname, (int)r);
         if (s->produced[r] >= 0)
-            return fail(d, r, "%%%d is written by kernels %d and %d", (int)r,
-                        (int)s->produced[r], (int)k);
+            return fail(d, r, "%%%d is written by kernels %d and %d", (int)r, (int)s->produced[r],
+                        (int)k);
         s->produced[r] = k;
     }
     for (int32_t j = 0; j < kn->n_nodes; j++) {
@@ -272,8 +289,10 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             continue;
         bool listed = s->produced[x] == k;
         if (s->needed[x] && !listed)
-            return fail(d, x, "kernel %d (%s): %%%d is needed outside the kernel but is not a "
-                        "result", (int)k, kname, (int)x);
+            return fail(d, x,
+                        "kernel %d (%s): %%%d is needed outside the kernel but is not a "
+                        "result",
+                        (int)k, kname, (int)x);
         if (!s->needed[x] && listed)
             return fail(d, x, "kernel %d (%s): result %%%d is not needed outside the kernel",
                         (int)k, kname, (int)x);
@@ -282,11 +301,19 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
 }
 
 typedef struct arena_item {
-    size_t offset;
+    size_t offset, end;  /* bytes [offset, end) */
+    int32_t first, last; /* kernels the value is alive over */
     int32_t node;
 } arena_item;
 
-static int cmp_arena_item(const void *a, const void *b) {
+static int cmp_by_first(const void *a, const void *b) {
+    const arena_item *x = a, *y = b;
+    if (x->first != y->first)
+        return x->first < y->first ? -1 : 1;
+    return (x->node > y->node) - (x->node < y->node);
+}
+
+static int cmp_by_offset(const void *a, const void *b) {
     const arena_item *x = a, *y = b;
     if (x->offset != y->offset)
         return x->offset < y->offset ? -1 : 1;
@@ -297,8 +324,7 @@ static loom_status check_outputs(const loom_ir_plan *p, const loom_ir_graph *g, 
                                  loom_ir_diag *d) {
     for (int32_t c = 0; c < p->n_copies; c++) {
         const loom_ir_copy *cp = &p->copies[c];
-        if (cp->output < 0 || cp->output >= g->n_outputs || cp->node < 0 ||
-            cp->node >= g->n_nodes)
+        if (cp->output < 0 || cp->output >= g->n_outputs || cp->node < 0 || cp->node >= g->n_nodes)
             return fail(d, -1, "copy %d: node %d or output %d is out of range", (int)c,
                         (int)cp->node, (int)cp->output);
         if (g->outputs[cp->output].node != cp->node)
@@ -321,12 +347,13 @@ static loom_status check_outputs(const loom_ir_plan *p, const loom_ir_graph *g, 
         if (placed && copied)
             return fail(d, x, "output %d (%%%d) is both placed and copied", (int)o, (int)x);
         if (!placed && !copied)
-            return fail(d, x, "output %d (%%%d) is neither placed in its buffer nor copied",
-                        (int)o, (int)x);
+            return fail(d, x, "output %d (%%%d) is neither placed in its buffer nor copied", (int)o,
+                        (int)x);
         if (placed && g->outputs[o].alias >= 0)
-            return fail(d, x, "output %d (%%%d) is written into donated input %d while kernels "
-                        "run; it must be copied after them", (int)o, (int)x,
-                        (int)g->outputs[o].alias);
+            return fail(d, x,
+                        "output %d (%%%d) is written into donated input %d while kernels "
+                        "run; it must be copied after them",
+                        (int)o, (int)x, (int)g->outputs[o].alias);
         if (copied && !p->has_placement[x])
             return fail(d, x, "output %d (%%%d) is copied from a value that has no placement",
                         (int)o, (int)x);
@@ -340,8 +367,10 @@ static loom_status check_outputs(const loom_ir_plan *p, const loom_ir_graph *g, 
             const loom_ir_node *src = &g->nodes[view_base(g, p->copies[e].node)];
             if (src->op == LOOM_IR_OP_INPUT && src->attrs.index == alias &&
                 g->outputs[p->copies[e].output].alias != alias)
-                return fail(d, p->copies[e].node, "copy %d overwrites donated input %d before "
-                            "copy %d reads it", (int)c, (int)alias, (int)e);
+                return fail(d, p->copies[e].node,
+                            "copy %d overwrites donated input %d before "
+                            "copy %d reads it",
+                            (int)c, (int)alias, (int)e);
         }
     }
     return LOOM_OK;
@@ -356,8 +385,8 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
             int32_t b = view_base(g, i);
             if (!p->has_placement[b]) {
                 if (s->last[i] >= 0 || is_output[i] || p->has_placement[i])
-                    return fail(d, i, "reshape %%%d views %%%d, which is not materialized",
-                                (int)i, (int)b);
+                    return fail(d, i, "reshape %%%d views %%%d, which is not materialized", (int)i,
+                                (int)b);
             } else if (!p->has_placement[i] || !placement_equal(pl, &p->placement[b])) {
                 return fail(d, i, "reshape %%%d does not share the placement of %%%d", (int)i,
                             (int)b);
@@ -376,8 +405,8 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
         if (!p->has_placement[i])
             return fail(d, i, "%%%d is materialized but has no placement", (int)i);
         if (pl->bytes != value_bytes(nd))
-            return fail(d, i, "%%%d is placed with %zu bytes, its value has %zu", (int)i,
-                        pl->bytes, value_bytes(nd));
+            return fail(d, i, "%%%d is placed with %zu bytes, its value has %zu", (int)i, pl->bytes,
+                        value_bytes(nd));
         switch (pl->kind) {
         case LOOM_IR_BUFFER_INPUT:
             if (nd->op != LOOM_IR_OP_INPUT || pl->index != nd->attrs.index)
@@ -397,8 +426,8 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
                 return fail(d, i, "%%%d: arena offset %zu is not 64-byte aligned", (int)i,
                             pl->offset);
             if (pl->offset > p->arena_bytes || pl->bytes > p->arena_bytes - pl->offset)
-                return fail(d, i, "%%%d: arena range [%zu, %zu) exceeds the %zu-byte arena",
-                            (int)i, pl->offset, pl->offset + pl->bytes, p->arena_bytes);
+                return fail(d, i, "%%%d: arena range [%zu, %zu) exceeds the %zu-byte arena", (int)i,
+                            pl->offset, pl->offset + pl->bytes, p->arena_bytes);
             break;
         case LOOM_IR_BUFFER_COUNT_:
             return fail(d, i, "%%%d has an unknown placement kind %d", (int)i, (int)pl->kind);
@@ -408,31 +437,45 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
 }
 
 /* Arena values alive at the same time never share bytes. A value lives from the kernel that
- * writes it to the last kernel that reads it (past all of them when a copy reads it). Sorted
- * by offset, each value need only be compared with those that start before it ends. */
+ * writes it to the last kernel that reads it (past all of them when a copy reads it). Two
+ * values alive together are both alive when the later of them is written, so it is enough
+ * to check, at each kernel that writes arena values, the values alive then: sorted by
+ * offset, any overlap shows between neighbours. `items` has room for 2 * n_nodes. */
 static loom_status check_arena_overlap(const loom_ir_plan *p, const loom_ir_graph *g,
                                        const vscratch *s, arena_item *items, loom_ir_diag *d) {
     int32_t n_items = 0;
-    for (int32_t i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op != LOOM_IR_OP_RESHAPE && p->has_placement[i] &&
-            p->placement[i].kind == LOOM_IR_BUFFER_ARENA && p->placement[i].bytes > 0)
-            items[n_items++] = (arena_item){p->placement[i].offset, i};
-    qsort(items, (size_t)n_items, sizeof *items, cmp_arena_item);
-    for (int32_t a = 0; a < n_items; a++) {
-        int32_t x = items[a].node;
-        const loom_ir_placement *px = &p->placement[x];
-        int32_t xs = s->produced[x], xe = s->last[x] > xs ? s->last[x] : xs;
-        for (int32_t b = a + 1; b < n_items; b++) {
-            int32_t y = items[b].node;
-            const loom_ir_placement *py = &p->placement[y];
-            if (py->offset >= px->offset + px->bytes)
-                break;
-            int32_t ys = s->produced[y], ye = s->last[y] > ys ? s->last[y] : ys;
-            if (xs <= ye && ys <= xe)
-                return fail(d, y, "%%%d and %%%d are alive together (kernels %d..%d and %d..%d) "
-                            "and share arena bytes from offset %zu", (int)x, (int)y, (int)xs,
-                            (int)xe, (int)ys, (int)ye, py->offset);
-        }
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_placement *pl = &p->placement[i];
+        if (g->nodes[i].op == LOOM_IR_OP_RESHAPE || !p->has_placement[i] ||
+            pl->kind != LOOM_IR_BUFFER_ARENA || pl->bytes == 0)
+            continue;
+        int32_t first = s->produced[i], last = s->last[i] > first ? s->last[i] : first;
+        items[n_items++] = (arena_item){.offset = pl->offset,
+                                        .end = pl->offset + pl->bytes,
+                                        .first = first,
+                                        .last = last,
+                                        .node = i};
+    }
+    qsort(items, (size_t)n_items, sizeof *items, cmp_by_first);
+    arena_item *alive = items + g->n_nodes;
+    int32_t n_alive = 0;
+    for (int32_t at = 0; at < n_items;) {
+        int32_t k = items[at].first, kept = 0;
+        for (int32_t a = 0; a < n_alive; a++)
+            if (alive[a].last >= k)
+                alive[kept++] = alive[a];
+        n_alive = kept;
+        while (at < n_items && items[at].first == k)
+            alive[n_alive++] = items[at++];
+        qsort(alive, (size_t)n_alive, sizeof *alive, cmp_by_offset);
+        for (int32_t a = 0; a + 1 < n_alive; a++)
+            if (alive[a + 1].offset < alive[a].end)
+                return fail(d, alive[a + 1].node,
+                            "%%%d and %%%d are alive together (kernels %d..%d and %d..%d) and "
+                            "share arena bytes from offset %zu",
+                            (int)alive[a].node, (int)alive[a + 1].node, (int)alive[a].first,
+                            (int)alive[a].last, (int)alive[a + 1].first, (int)alive[a + 1].last,
+                            alive[a + 1].offset);
     }
     return LOOM_OK;
 }
@@ -453,14 +496,17 @@ loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, l
         return LOOM_OK;
     }
     int32_t n = g->n_nodes;
-    size_t per_node = 5 * sizeof(int32_t) + 2 * sizeof(bool) + sizeof(arena_item);
+    size_t per_node = 5 * sizeof(int32_t) + 2 * sizeof(bool) + 2 * sizeof(arena_item);
     size_t bytes = (size_t)n * per_node;
     arena_item *items = loom_ir_alloc(&p->alloc, bytes);
     if (!items)
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory verifying a plan");
-    int32_t *ints = (int32_t *)(items + n);
-    vscratch s = {.produced = ints, .seen_in = ints + n, .last = ints + 2 * n,
-                  .arg_of = ints + 3 * n, .used_by = ints + 4 * n,
+    int32_t *ints = (int32_t *)(items + 2 * n);
+    vscratch s = {.produced = ints,
+                  .seen_in = ints + n,
+                  .last = ints + 2 * n,
+                  .arg_of = ints + 3 * n,
+                  .used_by = ints + 4 * n,
                   .needed = (bool *)(ints + 5 * n)};
     bool *is_output = s.needed + n;
     for (int32_t i = 0; i < n; i++) {
@@ -575,8 +621,8 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
             for (int32_t q = 0; q < nd->n_inputs; q++)
                 loom_ir_writer_printf(&w, q ? ", %%%d" : " %%%d", (int)nd->inputs[q]);
             loom_ir_writer_puts(&w, " : ");
-            loom_ir_writer_puts(&w, loom_ir_format_type(type, sizeof type, nd->dtype, nd->rank,
-                                                         nd->shape));
+            loom_ir_writer_puts(
+                &w, loom_ir_format_type(type, sizeof type, nd->dtype, nd->rank, nd->shape));
             if (nd->loc.file) {
                 loom_ir_writer_puts(&w, "  ");
                 loom_ir_writer_puts(&w, nd->loc.file);
@@ -593,8 +639,8 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
             continue;
         const loom_ir_node *nd = &g->nodes[i];
         loom_ir_writer_printf(&w, "    %%%d %s : ", (int)i, loom_ir_op_name(nd->op));
-        loom_ir_writer_puts(&w, loom_ir_format_type(type, sizeof type, nd->dtype, nd->rank,
-                                                     nd->shape));
+        loom_ir_writer_puts(&w,
+                            loom_ir_format_type(type, sizeof type, nd->dtype, nd->rank, nd->shape));
         loom_ir_writer_puts(&w, " -> ");
         put_placement(&w, &p->placement[i]);
         if (nd->op == LOOM_IR_OP_RESHAPE)
@@ -607,8 +653,7 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
             loom_ir_writer_printf(&w, "    %%%d -> output %d\n", (int)p->copies[c].node,
                                   (int)p->copies[c].output);
     }
-    loom_ir_writer_printf(&w, "arena: %zu bytes\npeak: %zu bytes\n", p->arena_bytes,
-                          p->peak_bytes);
+    loom_ir_writer_printf(&w, "arena: %zu bytes\npeak: %zu bytes\n", p->arena_bytes, p->peak_bytes);
     loom_ir_writer_flush(&w);
     return LOOM_OK;
 }

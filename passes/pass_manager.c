@@ -1,15 +1,21 @@
-/* The pass manager: runs passes in order, verifying after each on request. */
+/* The pass manager: runs passes in order, verifying after each on request; and the default
+ * JIT pipeline from a traced graph to a verified execution plan. */
 #include <string.h>
 
 #include "passes.h"
 
-static const loom_pass *const all_passes[] = {&loom_pass_dce};
+static const loom_pass *const all_passes[] = {&loom_pass_dce, &loom_pass_cse, &loom_pass_fold};
 
 const loom_pass *loom_pass_find(const char *name) {
     for (size_t i = 0; i < sizeof all_passes / sizeof all_passes[0]; i++)
         if (strcmp(all_passes[i]->name, name) == 0)
             return all_passes[i];
     return NULL;
+}
+
+const loom_pass *const *loom_pass_all(int32_t *out_n) {
+    *out_n = (int32_t)(sizeof all_passes / sizeof all_passes[0]);
+    return all_passes;
 }
 
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,
@@ -31,4 +37,84 @@ loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *pas
             opts->after_pass(passes[i]->name, changed, g, opts->ud);
     }
     return LOOM_OK;
+}
+
+/* The graph input whose buffer output o's copy reads (its node, through reshapes, is that
+ * INPUT), or -1. */
+static int32_t output_reads_input(const loom_ir_graph *g, int32_t o) {
+    int32_t b = g->outputs[o].node;
+    while (g->nodes[b].op == LOOM_IR_OP_RESHAPE)
+        b = g->nodes[b].inputs[0];
+    return g->nodes[b].op == LOOM_IR_OP_INPUT ? (int32_t)g->nodes[b].attrs.index : -1;
+}
+
+/* The output donated into input i, or -1 (an input is donated into at most once). */
+static int32_t output_writing(const loom_ir_graph *g, int32_t i) {
+    for (int32_t q = 0; q < g->n_outputs; q++)
+        if (g->outputs[q].alias == i)
+            return q;
+    return -1;
+}
+
+/* Outputs that return a graph input while another output is donated into that input must
+ * be copied before that other output's copy. When such outputs form a cycle (out0 = in1
+ * into in0, out1 = in0 into in1), no order of copies works: one output per cycle is
+ * redirected to a cast of its value to its own dtype, so a kernel copies the input into
+ * the arena while every input is still intact. (Added after fold, which removes such
+ * casts.) */
+static loom_status copy_exchanged_inputs(loom_ir_graph *g, loom_ir_diag *d) {
+    for (int32_t o = 0; o < g->n_outputs; o++) {
+        /* follow o -> the output writing the input o reads -> ...; a cycle returns to o */
+        int32_t at = o;
+        bool cycle = false;
+        for (int32_t step = 0; step < g->n_outputs && !cycle; step++) {
+            int32_t in = output_reads_input(g, at);
+            int32_t next = in >= 0 ? output_writing(g, in) : -1;
+            if (next < 0 || next == at) /* the chain ends, or an input returned into itself */
+                break;
+            cycle = next == o;
+            at = next;
+        }
+        if (!cycle)
+            continue;
+        int32_t x = g->outputs[o].node;
+        loom_ir_node_desc desc = {.op = LOOM_IR_OP_CAST,
+                                  .n_inputs = 1,
+                                  .inputs = &x,
+                                  .dtype = g->nodes[x].dtype,
+                                  .loc = g->nodes[x].loc};
+        int32_t id;
+        loom_status st = loom_ir_graph_add(g, &desc, &id, d);
+        if (st != LOOM_OK)
+            return st;
+        g->outputs[o].node = id;
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
+                                 loom_ir_plan *plan, loom_ir_diag *d) {
+    if (!g || !plan)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "build plan: %s is NULL",
+                                !g ? "the graph" : "the plan");
+    static const loom_pass *const pipeline[] = {&loom_pass_dce, &loom_pass_cse, &loom_pass_fold};
+    loom_status st = loom_pass_run_pipeline(g, pipeline, 3, opts, d);
+    if (st != LOOM_OK)
+        return st;
+    if ((st = loom_pass_fuse(g, plan, d)) != LOOM_OK)
+        return st;
+    loom_ir_diag sub;
+    loom_ir_diag_init(&sub);
+    st = loom_pass_plan_memory(g, plan, &sub);
+    if (st == LOOM_STATUS_UNSUPPORTED) {
+        loom_ir_diag_init(&sub);
+        st = copy_exchanged_inputs(g, &sub);
+        if (st == LOOM_OK)
+            st = loom_pass_fuse(g, plan, &sub);
+        if (st == LOOM_OK)
+            st = loom_pass_plan_memory(g, plan, &sub);
+    }
+    if (st != LOOM_OK)
+        return loom_ir_diag_set(d, st, "%s", sub.msg);
+    return loom_ir_plan_verify(plan, g, d);
 }

@@ -1,10 +1,13 @@
-/* Loom passes: graph-to-graph rewrites run in order by the pass manager. */
+/* Loom passes: graph-to-graph rewrites run in order by the pass manager, and the planners
+ * that turn a graph into an execution plan (fusion into kernels, memory placement). */
 #ifndef LOOM_PASSES_PASSES_H
 #define LOOM_PASSES_PASSES_H
 
 #include "ir/ir.h"
+#include "ir/plan.h"
 
-/* A pass rewrites g in place and says whether it changed anything. */
+/* A pass rewrites g in place and says whether it changed anything. On error the graph is
+ * still valid and computes what it computed before (most passes leave it untouched). */
 typedef struct loom_pass {
     const char *name;
     loom_status (*run)(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d);
@@ -23,10 +26,59 @@ loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *pas
                                    int32_t n_passes, const loom_pass_options *opts,
                                    loom_ir_diag *d);
 
-/* The pass with this name, or NULL. */
+/* The pass with this name ("dce", "cse", "fold"), or NULL. */
 const loom_pass *loom_pass_find(const char *name);
+/* The registered passes, in a stable order, for listing (`loom-ir opt` names them when a
+ * pass is unknown). *out_n gets the count; the array is static. */
+const loom_pass *const *loom_pass_all(int32_t *out_n);
 
 /* Dead-code elimination: drops nodes no output depends on (graph inputs stay). */
 extern const loom_pass loom_pass_dce;
+
+/* Common-subexpression elimination: structurally identical nodes (same op, dtype, shape,
+ * attributes and operands; commutative ops also with their two operands swapped) are merged
+ * into the first. INPUT nodes are never merged; outputs follow their node. Locations are
+ * not compared: the first node's location is kept. */
+extern const loom_pass loom_pass_cse;
+
+/* Constant folding and algebraic simplification, then DCE of what died (inputs stay):
+ *  - an elementwise op whose operands are all constants becomes a constant; the value is
+ *    computed as the reference interpreter computes it (double / wrapping int64, rounded
+ *    through the dtype), so folded graphs give bit-identical results;
+ *  - broadcast, reshape and transpose of a constant become constants of the new shape;
+ *  - x + (-0.0), x - (+0.0), x * 1, 1 * x, x / 1 become x; for integers also x + 0, 0 + x,
+ *    x - 0, and x * 0, 0 * x become 0. For floats x + (+0.0) stays (-0.0 + 0.0 is +0.0)
+ *    and x * 0 stays (NaN * 0 and inf * 0 are NaN);
+ *  - neg(neg(x)), cast of x to its own dtype, broadcast/reshape of x to its own shape,
+ *    transposes with the identity permutation become x; select(c, a, b) with a constant
+ *    condition becomes a or b;
+ *  - reshape(reshape(x)) becomes reshape(x), broadcast(broadcast(x)) becomes broadcast(x)
+ *    and transpose(transpose(x)) one transpose with the composed permutation.
+ * A folded value that a constant cannot hold exactly (an i64 beyond 2^53) is not folded. */
+extern const loom_pass loom_pass_fold;
+
+/* ---- planning ----------------------------------------------------------------------------- */
+
+/* Fusion: partitions g into kernels (plan->kernels, plan->node_kernel; the plan is reset
+ * first), following the rules in ir/plan.h. Placements are left empty. How nodes are grouped
+ * is documented at the top of passes/fusion.c. g should be free of dead nodes (run dce):
+ * a dead computation still gets a kernel, one without results.
+ * Errors: OUT_OF_MEMORY. */
+loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
+
+/* Memory planning over a fused plan: a placement for every materialized value, the copies
+ * into outputs, arena_bytes and peak_bytes (algorithm at the top of passes/memplan.c).
+ * Errors: UNSUPPORTED (outputs exchange donated inputs in a cycle that no order of copies can
+ * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
+loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
+
+/* The default JIT pipeline in one call: dce, cse, fold through loom_pass_run_pipeline (opts
+ * may be NULL; its dumps and verify_each apply), then fusion, memory planning and
+ * loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller) describes
+ * the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0
+ * into in1), a cast of one input to its own dtype is appended so that a kernel copies it
+ * aside first. Errors: those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
+loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
+                                 loom_ir_plan *plan, loom_ir_diag *d);
 
 #endif

@@ -1,10 +1,11 @@
 /* loom-ir: inspect IR text files (as LOOM_DUMP writes them): print in canonical form,
- * verify, summarize, export to Graphviz and hash. */
+ * verify, summarize, export to Graphviz, hash, run pass pipelines and show execution plans. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ir/ir.h"
+#include "passes/passes.h"
 
 enum { EXIT_OK = 0, EXIT_INVALID = 1, EXIT_USAGE = 2 };
 
@@ -17,6 +18,11 @@ static const char usage_text[] =
     "  stats FILE    node count, ops, graph inputs and outputs, bytes, estimated FLOPs\n"
     "  dot FILE      the graph in Graphviz DOT (pipe into `dot -Tsvg`)\n"
     "  hash FILE     the structural hash the executable cache keys on\n"
+    "  opt --passes=P1,P2,... [--print-after-each] FILE\n"
+    "                run the passes in order (verifying after each) and print the result;\n"
+    "                with --print-after-each, print the graph after every pass instead\n"
+    "  plan FILE     run the JIT pipeline (dce, cse, fold, fusion, memory planning) and\n"
+    "                print the execution plan: kernels, buffers, copies, peak memory\n"
     "\n"
     "FILE may be '-' for standard input.\n"
     "Exit status: 0 on success, 1 when FILE is invalid or unreadable, 2 on usage errors.\n";
@@ -127,6 +133,122 @@ static void print_stats(const loom_ir_graph *g) {
     printf("flops: %.0f\n", flops);
 }
 
+/* `// after cse (changed)` and the graph, after every pass of `opt --print-after-each` */
+static void print_after_pass(const char *pass_name, bool changed, const loom_ir_graph *g,
+                             void *ud) {
+    (void)ud;
+    printf("// after %s (%s)\n", pass_name, changed ? "changed" : "unchanged");
+    fflush(stdout);
+    loom_ir_graph_print(g, write_stdout, NULL);
+}
+
+static void print_known_passes(void) {
+    int32_t n;
+    const loom_pass *const *all = loom_pass_all(&n);
+    fprintf(stderr, "known passes:");
+    for (int32_t i = 0; i < n; i++)
+        fprintf(stderr, "%s %s", i ? "," : "", all[i]->name);
+    fprintf(stderr, "\n");
+}
+
+/* The shown name of a path, as load() reports it. */
+static const char *shown_path(const char *path) {
+    return strcmp(path, "-") == 0 ? "<stdin>" : path;
+}
+
+/* loom-ir opt --passes=LIST [--print-after-each] FILE */
+static int cmd_opt(int argc, char **argv) {
+    const char *list = NULL, *path = NULL;
+    bool each = false;
+    for (int i = 2; i < argc; i++) {
+        if (strncmp(argv[i], "--passes=", 9) == 0) {
+            list = argv[i] + 9;
+        } else if (strcmp(argv[i], "--print-after-each") == 0) {
+            each = true;
+        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+            fprintf(stderr, "loom-ir: opt: unknown option '%s'\n\n%s", argv[i], usage_text);
+            return EXIT_USAGE;
+        } else if (path) {
+            fprintf(stderr, "loom-ir: opt takes exactly one FILE\n\n%s", usage_text);
+            return EXIT_USAGE;
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!list || !path) {
+        fprintf(stderr, "loom-ir: opt needs --passes=LIST and a FILE\n\n%s", usage_text);
+        return EXIT_USAGE;
+    }
+    enum { MAX_PASSES = 64 };
+    const loom_pass *passes[MAX_PASSES];
+    int32_t n_passes = 0;
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char name[64];
+        const loom_pass *pass = NULL;
+        if (len > 0 && len < sizeof name) {
+            memcpy(name, p, len);
+            name[len] = '\0';
+            pass = loom_pass_find(name);
+        }
+        if (!pass) {
+            fprintf(stderr, "loom-ir: opt: unknown pass '%.*s'; ", (int)len, p);
+            print_known_passes();
+            return EXIT_USAGE;
+        }
+        if (n_passes == MAX_PASSES) {
+            fprintf(stderr, "loom-ir: opt: more than %d passes\n", MAX_PASSES);
+            return EXIT_USAGE;
+        }
+        passes[n_passes++] = pass;
+        p = end ? end + 1 : p + len;
+    }
+
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &a);
+    int rc = load(path, &g);
+    if (rc == EXIT_OK) {
+        loom_pass_options opts = {.verify_each = true,
+                                  .after_pass = each ? print_after_pass : NULL};
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        if (loom_pass_run_pipeline(&g, passes, n_passes, &opts, &d) != LOOM_OK) {
+            fprintf(stderr, "%s: error: %s\n", shown_path(path), d.msg);
+            rc = EXIT_INVALID;
+        } else if (!each) {
+            loom_ir_graph_print(&g, write_stdout, NULL);
+        }
+    }
+    loom_ir_graph_deinit(&g);
+    return rc;
+}
+
+/* loom-ir plan FILE */
+static int cmd_plan(const char *path) {
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &a);
+    loom_ir_plan plan;
+    loom_ir_plan_init(&plan, &a);
+    int rc = load(path, &g);
+    if (rc == EXIT_OK) {
+        loom_pass_options opts = {.verify_each = true};
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        if (loom_pass_build_plan(&g, &opts, &plan, &d) != LOOM_OK) {
+            fprintf(stderr, "%s: error: %s\n", shown_path(path), d.msg);
+            rc = EXIT_INVALID;
+        } else {
+            loom_ir_plan_print(&plan, &g, write_stdout, NULL);
+        }
+    }
+    loom_ir_plan_deinit(&plan);
+    loom_ir_graph_deinit(&g);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(usage_text, stdout);
@@ -136,6 +258,22 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(usage_text, stdout);
         return EXIT_OK;
+    }
+    if (strcmp(cmd, "opt") == 0 || strcmp(cmd, "plan") == 0) {
+        int rc;
+        if (strcmp(cmd, "opt") == 0) {
+            rc = cmd_opt(argc, argv);
+        } else if (argc != 3) {
+            fprintf(stderr, "loom-ir: plan takes exactly one FILE\n\n%s", usage_text);
+            return EXIT_USAGE;
+        } else {
+            rc = cmd_plan(argv[2]);
+        }
+        if (rc == EXIT_OK && (fflush(stdout) != 0 || ferror(stdout))) {
+            fprintf(stderr, "loom-ir: error: cannot write the output\n");
+            rc = EXIT_INVALID;
+        }
+        return rc;
     }
     static const char *const commands[] = {"print", "verify", "stats", "dot", "hash"};
     bool known = false;

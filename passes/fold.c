@@ -1,0 +1,515 @@
+/* Constant folding and algebraic simplification. One sweep in graph order builds the new
+ * graph, simplifying each node against its already-simplified operands (so chains of
+ * constants and of transposes collapse in the one sweep); DCE then drops what died. */
+#include <math.h>
+#include <string.h>
+
+#include "passes.h"
+
+/* ---- scalar semantics ----------------------------------------------------------------------
+ * Folded values must be bit-identical to what the reference interpreter (runtime/interp.c)
+ * computes, so these mirror its per-op functions exactly: floats in double from the
+ * operands' stored values, rounded through the dtype on store; integers in int64 with
+ * wrap-around, done on uint64_t so no path has signed-overflow UB. The passes cannot call
+ * into runtime/ (a layer beside them), hence the copy; test_cse_fold checks every folded
+ * value against the interpreter bit for bit. */
+
+static int64_t wrap(uint64_t u) {
+    return u <= (uint64_t)INT64_MAX ? (int64_t)u : -(int64_t)(~u) - 1;
+}
+
+static int64_t neg_i(int64_t x) {
+    return wrap(0u - (uint64_t)x);
+}
+static int64_t abs_i(int64_t x) {
+    return x < 0 ? neg_i(x) : x;
+} /* abs(INT_MIN) wraps */
+static int64_t relu_i(int64_t x) {
+    return x > 0 ? x : 0;
+}
+static double neg_f(double x) {
+    return -x;
+}
+static double abs_f(double x) {
+    return fabs(x);
+}
+static double exp_f(double x) {
+    return exp(x);
+}
+static double log_f(double x) {
+    return log(x);
+}
+static double sqrt_f(double x) {
+    return sqrt(x);
+}
+static double rsqrt_f(double x) {
+    return 1.0 / sqrt(x);
+}
+static double tanh_f(double x) {
+    return tanh(x);
+}
+static double sigmoid_f(double x) {
+    return 1.0 / (1.0 + exp(-x));
+}
+static double relu_f(double x) {
+    return isnan(x) ? x : x > 0.0 ? x : 0.0;
+}
+static double gelu_f(double x) {
+    return 0.5 * x * (1.0 + erf(x / M_SQRT2));
+}
+
+static double add_f(double a, double b) {
+    return a + b;
+}
+static double sub_f(double a, double b) {
+    return a - b;
+}
+static double mul_f(double a, double b) {
+    return a * b;
+}
+static double div_f(double a, double b) {
+    return a / b;
+}
+static double pow_f(double a, double b) {
+    return pow(a, b);
+}
+/* NaN-propagating, as torch.maximum/minimum; +0 is greater than -0 */
+static double maximum_f(double a, double b) {
+    if (isnan(a) || isnan(b))
+        return isnan(a) ? a : b;
+    if (a != b)
+        return a > b ? a : b;
+    return signbit(a) ? b : a;
+}
+static double minimum_f(double a, double b) {
+    if (isnan(a) || isnan(b))
+        return isnan(a) ? a : b;
+    if (a != b)
+        return a < b ? a : b;
+    return signbit(a) ? a : b;
+}
+static int64_t add_i(int64_t a, int64_t b) {
+    return wrap((uint64_t)a + (uint64_t)b);
+}
+static int64_t sub_i(int64_t a, int64_t b) {
+    return wrap((uint64_t)a - (uint64_t)b);
+}
+static int64_t mul_i(int64_t a, int64_t b) {
+    return wrap((uint64_t)a * (uint64_t)b);
+}
+/* toward zero; x / 0 is 0 and INT_MIN / -1 wraps */
+static int64_t div_i(int64_t a, int64_t b) {
+    return b == 0 ? 0 : b == -1 ? neg_i(a) : a / b;
+}
+static int64_t maximum_i(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+static int64_t minimum_i(int64_t a, int64_t b) {
+    return a < b ? a : b;
+}
+
+/* C semantics: every comparison with NaN is false except != */
+static bool eq_f(double a, double b) {
+    return a == b;
+}
+static bool ne_f(double a, double b) {
+    return a != b;
+}
+static bool lt_f(double a, double b) {
+    return a < b;
+}
+static bool le_f(double a, double b) {
+    return a <= b;
+}
+static bool gt_f(double a, double b) {
+    return a > b;
+}
+static bool ge_f(double a, double b) {
+    return a >= b;
+}
+static bool eq_i(int64_t a, int64_t b) {
+    return a == b;
+}
+static bool ne_i(int64_t a, int64_t b) {
+    return a != b;
+}
+static bool lt_i(int64_t a, int64_t b) {
+    return a < b;
+}
+static bool le_i(int64_t a, int64_t b) {
+    return a <= b;
+}
+static bool gt_i(int64_t a, int64_t b) {
+    return a > b;
+}
+static bool ge_i(int64_t a, int64_t b) {
+    return a >= b;
+}
+
+/* Per-op scalar functions; NULL where the interpreter has no kernel for that dtype class. */
+static double (*const unary_f64[LOOM_IR_OP_COUNT_])(double) = {
+    [LOOM_IR_OP_NEG] = neg_f,   [LOOM_IR_OP_ABS] = abs_f,         [LOOM_IR_OP_EXP] = exp_f,
+    [LOOM_IR_OP_LOG] = log_f,   [LOOM_IR_OP_SQRT] = sqrt_f,       [LOOM_IR_OP_RSQRT] = rsqrt_f,
+    [LOOM_IR_OP_TANH] = tanh_f, [LOOM_IR_OP_SIGMOID] = sigmoid_f, [LOOM_IR_OP_RELU] = relu_f,
+    [LOOM_IR_OP_GELU] = gelu_f,
+};
+static int64_t (*const unary_i64[LOOM_IR_OP_COUNT_])(int64_t) = {
+    [LOOM_IR_OP_NEG] = neg_i,
+    [LOOM_IR_OP_ABS] = abs_i,
+    [LOOM_IR_OP_RELU] = relu_i,
+};
+static double (*const binary_f64[LOOM_IR_OP_COUNT_])(double, double) = {
+    [LOOM_IR_OP_ADD] = add_f,         [LOOM_IR_OP_SUB] = sub_f, [LOOM_IR_OP_MUL] = mul_f,
+    [LOOM_IR_OP_DIV] = div_f,         [LOOM_IR_OP_POW] = pow_f, [LOOM_IR_OP_MAXIMUM] = maximum_f,
+    [LOOM_IR_OP_MINIMUM] = minimum_f,
+};
+static int64_t (*const binary_i64[LOOM_IR_OP_COUNT_])(int64_t, int64_t) = {
+    [LOOM_IR_OP_ADD] = add_i, [LOOM_IR_OP_SUB] = sub_i,         [LOOM_IR_OP_MUL] = mul_i,
+    [LOOM_IR_OP_DIV] = div_i, [LOOM_IR_OP_MAXIMUM] = maximum_i, [LOOM_IR_OP_MINIMUM] = minimum_i,
+};
+static bool (*const compare_f64[LOOM_IR_OP_COUNT_])(double, double) = {
+    [LOOM_IR_OP_EQ] = eq_f, [LOOM_IR_OP_NE] = ne_f, [LOOM_IR_OP_LT] = lt_f,
+    [LOOM_IR_OP_LE] = le_f, [LOOM_IR_OP_GT] = gt_f, [LOOM_IR_OP_GE] = ge_f,
+};
+static bool (*const compare_i64[LOOM_IR_OP_COUNT_])(int64_t, int64_t) = {
+    [LOOM_IR_OP_EQ] = eq_i, [LOOM_IR_OP_NE] = ne_i, [LOOM_IR_OP_LT] = lt_i,
+    [LOOM_IR_OP_LE] = le_i, [LOOM_IR_OP_GT] = gt_i, [LOOM_IR_OP_GE] = ge_i,
+};
+
+/* One element of a value, as bytes: what a buffer of the node's dtype holds. */
+typedef struct elem {
+    unsigned char b[8];
+} elem;
+
+/* The element a constant node fills its buffer with (the interpreter's run_constant). */
+static elem const_elem(const loom_ir_node *c) {
+    elem e = {{0}};
+    loom_ir_store_f64(e.b, c->dtype, 0, c->attrs.value);
+    return e;
+}
+
+/* The element of node n (dtype n->dtype) computed from constant operands x[], as interp.c
+ * computes it. false when the op has no scalar rule for these dtypes. */
+static bool eval_elementwise(const loom_ir_node *n, const loom_ir_node *const *x, elem *out) {
+    elem v[3];
+    for (int32_t k = 0; k < n->n_inputs; k++)
+        v[k] = const_elem(x[k]);
+    loom_dtype dt = n->dtype;
+    memset(out, 0, sizeof *out);
+    bool is_float = loom_ir_dtype_is_float(dt), is_int = loom_ir_dtype_is_int(dt);
+    loom_ir_op op = n->op;
+    switch (loom_ir_op_table[op].kind) {
+    case LOOM_IR_KIND_UNARY:
+        if (is_float && unary_f64[op])
+            loom_ir_store_f64(out->b, dt, 0, unary_f64[op](loom_ir_load_f64(v[0].b, dt, 0)));
+        else if (is_int && unary_i64[op])
+            loom_ir_store_i64(out->b, dt, 0, unary_i64[op](loom_ir_load_i64(v[0].b, dt, 0)));
+        else
+            return false;
+        return true;
+    case LOOM_IR_KIND_PREDICATE: /* isfinite, the only predicate */
+        out->b[0] = isfinite(loom_ir_load_f64(v[0].b, x[0]->dtype, 0)) != 0;
+        return op == LOOM_IR_OP_ISFINITE;
+    case LOOM_IR_KIND_BINARY:
+        if (is_float && binary_f64[op])
+            loom_ir_store_f64(
+                out->b, dt, 0,
+                binary_f64[op](loom_ir_load_f64(v[0].b, dt, 0), loom_ir_load_f64(v[1].b, dt, 0)));
+        else if (is_int && binary_i64[op])
+            loom_ir_store_i64(
+                out->b, dt, 0,
+                binary_i64[op](loom_ir_load_i64(v[0].b, dt, 0), loom_ir_load_i64(v[1].b, dt, 0)));
+        else
+            return false;
+        return true;
+    case LOOM_IR_KIND_COMPARE: {
+        loom_dtype xt = x[0]->dtype; /* bool operands compare as 0/1 on the integer path */
+        if (!compare_f64[op] || !compare_i64[op])
+            return false;
+        out->b[0] =
+            loom_ir_dtype_is_float(xt)
+                ? compare_f64[op](loom_ir_load_f64(v[0].b, xt, 0), loom_ir_load_f64(v[1].b, xt, 0))
+                : compare_i64[op](loom_ir_load_i64(v[0].b, xt, 0), loom_ir_load_i64(v[1].b, xt, 0));
+        return true;
+    }
+    case LOOM_IR_KIND_SELECT: *out = v[0].b[0] ? v[1] : v[2]; return true;
+    case LOOM_IR_KIND_CAST: {
+        loom_dtype from = x[0]->dtype;
+        if (loom_ir_dtype_is_float(from))
+            loom_ir_store_f64(out->b, dt, 0, loom_ir_load_f64(v[0].b, from, 0));
+        else
+            loom_ir_store_i64(out->b, dt, 0, loom_ir_load_i64(v[0].b, from, 0));
+        return true;
+    }
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_BROADCAST:
+    case LOOM_IR_KIND_RESHAPE:
+    case LOOM_IR_KIND_TRANSPOSE:
+    case LOOM_IR_KIND_REDUCTION:
+    case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_COUNT_: break;
+    }
+    return false;
+}
+
+/* The constant fill value that stores exactly the element e, if there is one: floats go
+ * through their double value, integers through int64 (exact in a double up to 2^53). */
+static bool elem_to_value(loom_dtype dt, const elem *e, double *out) {
+    double v = loom_ir_dtype_is_float(dt) ? loom_ir_load_f64(e->b, dt, 0)
+                                          : (double)loom_ir_load_i64(e->b, dt, 0);
+    elem back = {{0}};
+    loom_ir_store_f64(back.b, dt, 0, v);
+    if (memcmp(back.b, e->b, loom_dtype_size(dt)) != 0)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* ---- rules -------------------------------------------------------------------------------- */
+
+typedef enum fold_kind {
+    FOLD_KEEP,    /* the node stays, over its (simplified) operands */
+    FOLD_REPLACE, /* the node is an existing node: `replace` */
+    FOLD_NEW,     /* the node becomes `desc` */
+} fold_kind;
+
+typedef struct fold_action {
+    fold_kind kind;
+    int32_t replace;
+    loom_ir_node_desc desc;
+    int32_t ins[1];
+} fold_action;
+
+static bool same_shape(const loom_ir_node *a, int32_t rank, const int64_t *shape) {
+    return a->rank == rank && memcmp(a->shape, shape, (size_t)rank * sizeof *shape) == 0;
+}
+
+static bool same_type(const loom_ir_node *a, const loom_ir_node *b) {
+    return a->dtype == b->dtype && same_shape(a, b->rank, b->shape);
+}
+
+/* Whether node c is a constant whose stored elements equal `want` (an integer for integer
+ * dtypes) and, for floats, have the given sign (want_neg: -0.0 and +0.0 differ here). */
+static bool is_const(const loom_ir_node *c, double want, bool want_neg) {
+    if (c->op != LOOM_IR_OP_CONSTANT)
+        return false;
+    elem e = const_elem(c);
+    if (loom_ir_dtype_is_float(c->dtype)) {
+        double v = loom_ir_load_f64(e.b, c->dtype, 0);
+        return v == want && (signbit(v) != 0) == want_neg;
+    }
+    return loom_ir_dtype_is_int(c->dtype) && loom_ir_load_i64(e.b, c->dtype, 0) == (int64_t)want;
+}
+
+static void set_replace(fold_action *a, int32_t id) {
+    a->kind = FOLD_REPLACE;
+    a->replace = id;
+}
+
+/* n becomes a constant of its own type filled with value. */
+static void set_constant(fold_action *a, const loom_ir_node *n, double value) {
+    a->kind = FOLD_NEW;
+    a->desc = (loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT,
+                                  .dtype = n->dtype,
+                                  .rank = n->rank,
+                                  .shape = n->shape,
+                                  .attrs.value = value,
+                                  .loc = n->loc};
+}
+
+/* n (a broadcast/reshape/transpose) applied to x's operand instead of to x. */
+static void set_rebased(fold_action *a, const loom_ir_node *n, int32_t operand) {
+    a->kind = FOLD_NEW;
+    a->ins[0] = operand;
+    a->desc = (loom_ir_node_desc){.op = n->op,
+                                  .n_inputs = 1,
+                                  .inputs = a->ins,
+                                  .dtype = n->dtype,
+                                  .rank = n->rank,
+                                  .shape = n->shape,
+                                  .attrs = n->attrs,
+                                  .loc = n->loc};
+}
+
+/* x op c == x for every x: the neutral constants of each binary op, per dtype class. */
+static bool right_neutral(loom_ir_op op, const loom_ir_node *c) {
+    if (op == LOOM_IR_OP_ADD) /* x + (-0.0) for floats: x + (+0.0) turns -0.0 into +0.0 */
+        return is_const(c, 0.0, !loom_ir_dtype_is_int(c->dtype));
+    if (op == LOOM_IR_OP_SUB) /* x - (+0.0) */
+        return is_const(c, 0.0, false);
+    if (op == LOOM_IR_OP_MUL || op == LOOM_IR_OP_DIV)
+        return is_const(c, 1.0, false);
+    return false;
+}
+
+/* Decides what node n (from the graph being folded) becomes, given its operands `ops`, which
+ * are ids in g (the graph being built, or the original for a dry run). Never changes g. */
+static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_t *ops,
+                     fold_action *a) {
+    a->kind = FOLD_KEEP;
+    loom_ir_kind kind = loom_ir_op_table[n->op].kind;
+    const loom_ir_node *x[3] = {NULL, NULL, NULL};
+    bool all_const = n->n_inputs > 0 && n->n_inputs <= 3;
+    for (int32_t k = 0; k < n->n_inputs && k < 3; k++) {
+        x[k] = &g->nodes[ops[k]];
+        all_const = all_const && x[k]->op == LOOM_IR_OP_CONSTANT;
+    }
+    if (all_const && loom_ir_op_is_elementwise(n->op)) {
+        elem e;
+        double v;
+        if (eval_elementwise(n, x, &e) && elem_to_value(n->dtype, &e, &v))
+            set_constant(a, n, v);
+        return;
+    }
+    switch (kind) {
+    case LOOM_IR_KIND_UNARY:
+        if (n->op == LOOM_IR_OP_NEG && x[0]->op == LOOM_IR_OP_NEG)
+            set_replace(a, x[0]->inputs[0]);
+        return;
+    case LOOM_IR_KIND_SELECT: /* a constant condition is all true or all false */
+        if (x[0]->op == LOOM_IR_OP_CONSTANT)
+            set_replace(a, const_elem(x[0]).b[0] ? ops[1] : ops[2]);
+        return;
+    case LOOM_IR_KIND_BINARY: {
+        bool is_int = loom_ir_dtype_is_int(n->dtype);
+        bool commutative = (loom_ir_op_table[n->op].flags & LOOM_IR_OPF_COMMUTATIVE) != 0;
+        if (same_type(x[0], n) && right_neutral(n->op, x[1]))
+            set_replace(a, ops[0]);
+        else if (commutative && same_type(x[1], n) && right_neutral(n->op, x[0]))
+            set_replace(a, ops[1]);
+        else if (n->op == LOOM_IR_OP_MUL && is_int &&
+                 (is_const(x[0], 0.0, false) || is_const(x[1], 0.0, false)))
+            set_constant(a, n, 0.0); /* integers only: NaN * 0 and inf * 0 are NaN */
+        return;
+    }
+    case LOOM_IR_KIND_CAST:
+        if (x[0]->dtype == n->dtype)
+            set_replace(a, ops[0]);
+        return;
+    case LOOM_IR_KIND_BROADCAST:
+    case LOOM_IR_KIND_RESHAPE:
+        if (x[0]->op == LOOM_IR_OP_CONSTANT) {
+            set_constant(a, n, x[0]->attrs.value);
+        } else if (same_shape(x[0], n->rank, n->shape)) {
+            set_replace(a, ops[0]);
+        } else if (x[0]->op == n->op) {
+            /* a broadcast of a broadcast is one broadcast (each stage only repeats along
+             * axes of extent 1 or prepends axes); reshapes compose trivially */
+            int32_t inner = x[0]->inputs[0];
+            if (same_shape(&g->nodes[inner], n->rank, n->shape))
+                set_replace(a, inner);
+            else
+                set_rebased(a, n, inner);
+        }
+        return;
+    case LOOM_IR_KIND_TRANSPOSE: {
+        if (x[0]->op == LOOM_IR_OP_CONSTANT) {
+            set_constant(a, n, x[0]->attrs.value);
+            return;
+        }
+        /* transpose(transpose(y, p), q): axis j of the result is axis q[j] of the inner
+         * transpose, which is axis p[q[j]] of y */
+        int32_t perm[LOOM_MAX_RANK];
+        int32_t base = ops[0];
+        memcpy(perm, n->attrs.perm, sizeof perm);
+        if (x[0]->op == LOOM_IR_OP_TRANSPOSE) {
+            for (int32_t j = 0; j < n->rank; j++)
+                perm[j] = x[0]->attrs.perm[n->attrs.perm[j]];
+            base = x[0]->inputs[0];
+        }
+        bool identity = true;
+        for (int32_t j = 0; j < n->rank; j++)
+            identity = identity && perm[j] == j;
+        if (identity) {
+            set_replace(a, base);
+        } else if (base != ops[0]) {
+            set_rebased(a, n, base);
+            memcpy(a->desc.attrs.perm, perm, sizeof perm);
+        }
+        return;
+    }
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_COMPARE:
+    case LOOM_IR_KIND_REDUCTION:
+    case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_COUNT_: return;
+    }
+}
+
+/* ---- the pass ----------------------------------------------------------------------------- */
+
+static loom_status fold_build(const loom_ir_graph *g, loom_ir_graph *out, int32_t *map,
+                              loom_ir_diag *d) {
+    int32_t ops[16];
+    fold_action act;
+    loom_status st = LOOM_OK;
+    for (int32_t i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->n_inputs > 16) /* no op has that many; kept out of the rules for safety */
+            return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "%%%d has %d operands", (int)i,
+                                    (int)n->n_inputs);
+        for (int32_t k = 0; k < n->n_inputs; k++)
+            ops[k] = map[n->inputs[k]];
+        simplify(out, n, ops, &act);
+        switch (act.kind) {
+        case FOLD_KEEP: {
+            loom_ir_node_desc desc = {.op = n->op,
+                                      .n_inputs = n->n_inputs,
+                                      .inputs = ops,
+                                      .dtype = n->dtype,
+                                      .rank = n->rank,
+                                      .shape = n->shape,
+                                      .attrs = n->attrs,
+                                      .loc = n->loc};
+            st = loom_ir_graph_add(out, &desc, &map[i], d);
+            break;
+        }
+        case FOLD_REPLACE: map[i] = act.replace; break;
+        case FOLD_NEW: st = loom_ir_graph_add(out, &act.desc, &map[i], d); break;
+        }
+    }
+    for (int32_t o = 0; o < g->n_outputs && st == LOOM_OK; o++)
+        if (loom_ir_graph_add_output(out, map[g->outputs[o].node], g->outputs[o].alias) != LOOM_OK)
+            st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    out->n_graph_inputs = g->n_graph_inputs; /* inputs are never folded away */
+    return st;
+}
+
+static loom_status fold_run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
+    *out_changed = false;
+    /* A dry run first: a graph with nothing to fold costs no allocation and stays as is. */
+    fold_action act;
+    bool any = false;
+    for (int32_t i = 0; i < g->n_nodes && !any; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->n_inputs > 16)
+            continue;
+        simplify(g, n, n->inputs, &act);
+        any = act.kind != FOLD_KEEP;
+    }
+    if (!any)
+        return LOOM_OK;
+
+    size_t map_bytes = (size_t)g->n_nodes * sizeof(int32_t);
+    int32_t *map = loom_ir_alloc(&g->alloc, map_bytes);
+    if (!map)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    loom_ir_graph out;
+    loom_ir_graph_init(&out, &g->alloc);
+    loom_status st = fold_build(g, &out, map, d);
+    loom_ir_free(&g->alloc, map, map_bytes);
+    bool dce_changed = false;
+    if (st == LOOM_OK)
+        st = loom_pass_dce.run(&out, &dce_changed, d);
+    if (st != LOOM_OK) {
+        loom_ir_graph_deinit(&out);
+        return st;
+    }
+    loom_ir_graph_deinit(g);
+    *g = out;
+    *out_changed = true;
+    return LOOM_OK;
+}
+
+const loom_pass loom_pass_fold = {.name = "fold", .run = fold_run};

@@ -1,0 +1,507 @@
+/* Fusion: partitions a graph into the kernels of an execution plan (ir/plan.h).
+ *
+ * Vocabulary. A "loop op" is an elementwise op (unary, predicate, binary, compare, select,
+ * cast), a BROADCAST or a TRANSPOSE: evaluated at one index of a loop nest, it needs its
+ * operands at one index each (the same index, or one mapped by the broadcast/transpose).
+ * A kernel loops over one or two "spaces": ELEMENTWISE kernels over their root's shape;
+ * REDUCTION kernels over the reduction's operand (the prologue, inside the reduction loop)
+ * and over the reduced shape (the root and its epilogue); MATMUL kernels over the product's
+ * shape (the root and its epilogue). Each fused node has a map saying, for each of its axes,
+ * which axis of its space indexes it (or none, for extents of 1).
+ *
+ * Rules.
+ *  1. Producers join their consumers (one sweep from the last node to the first). A loop op
+ *     joins the kernel of its users when all of them are in that one kernel, they all see it
+ *     in the same space through the same map, and
+ *       - no user is a matmul (a matmul's operands are always materialized), and
+ *       - if it is a graph output (then it is also written: a result), it is not in a
+ *         reduction's prologue, and it has as many elements as its space, so each element
+ *         is written exactly once.
+ *     A loop op used by a reshape, by several kernels, or by none becomes the root of a new
+ *     ELEMENTWISE kernel. Shared values are materialized, never recomputed: the plan's rule
+ *     that a node belongs to one kernel keeps each value computed once, and a kernel reading
+ *     a buffer costs one pass over memory, which is what recomputing would save.
+ *     Reductions and matmuls always start kernels; a reduction's operand chain joins it as its
+ *     prologue by the rule above.
+ *  2. Epilogues (one sweep in execution order). An ELEMENTWISE kernel E whose loop space
+ *     equals the reduced (or product) shape of a REDUCTION (or MATMUL) kernel T joins T when
+ *     T is the latest kernel E reads from (so every other value E reads exists before T
+ *     runs), E reads T's values at the identity map and not through a reshape, and, for a
+ *     matmul, the values of T that E reads are used by nothing but T and E (the epilogue
+ *     never stores an intermediate that something else needs; graph outputs excepted). Several
+ *     elementwise kernels may join one reduction (sqrt(mean) and exp(mean) both fuse).
+ *  3. Constants are recomputed inside every kernel that uses them (a fill is free), except
+ *     where a buffer is needed: a constant that is a graph output, a matmul operand or a
+ *     reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
+ *  4. Results are the computed nodes that are graph outputs or read outside their kernel.
+ *     Kernels run in the order of their roots (a merged kernel at its reduction or matmul),
+ *     which is topological: every value a kernel reads is written by an earlier root.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "passes.h"
+
+enum { SPACE_OUT = 0, SPACE_IN = 1 };
+
+typedef struct fnode {
+    int32_t kernel; /* fusion kernel id, -1 for inputs, constants, reshapes */
+    int8_t space;
+    int8_t map[LOOM_MAX_RANK]; /* space axis indexing each of the node's axes, -1: none */
+} fnode;
+
+typedef struct fkernel {
+    loom_ir_kernel_kind kind;
+    int32_t root;
+    int32_t final; /* index in the plan once emitted; -2 once merged into another kernel */
+    int32_t first_member, n_members; /* phase-1 members, into fuse_state.members */
+} fkernel;
+
+typedef struct fuse_state {
+    const loom_ir_graph *g;
+    loom_ir_plan *plan;
+    fnode *fn;
+    fkernel *kernels;
+    int32_t n_kernels;
+    int32_t *user_start; /* CSR of users: users[user_start[i] .. user_start[i+1]) */
+    int32_t *users;
+    int32_t *ckernel; /* per node: the kernel materializing this constant, or -1 */
+    int32_t *members; /* nodes grouped by phase-1 kernel */
+    int32_t *mark;    /* per node scratch marks (kernel ids) */
+    int32_t *list;    /* 3 per node: scratch lists of one kernel's nodes, args, results */
+    int32_t *kstart;  /* n + 1: bucket bounds of the plan's kernels */
+    int32_t *order;   /* n: kernels in execution order */
+    bool *is_output;
+} fuse_state;
+
+static void identity_map(const loom_ir_node *n, int8_t *map) {
+    for (int32_t i = 0; i < LOOM_MAX_RANK; i++)
+        map[i] = i < n->rank && n->shape[i] != 1 ? (int8_t)i : -1;
+}
+
+/* The map under which user u (itself under map um) reads its operand o. */
+static void operand_map(const loom_ir_graph *g, int32_t u, const int8_t *um, int32_t o,
+                        int8_t *om) {
+    const loom_ir_node *un = &g->nodes[u], *on = &g->nodes[o];
+    for (int32_t i = 0; i < LOOM_MAX_RANK; i++)
+        om[i] = -1;
+    switch (loom_ir_op_table[un->op].kind) {
+    case LOOM_IR_KIND_BROADCAST: { /* operand axes align with the result's last axes */
+        int32_t off = un->rank - on->rank;
+        for (int32_t i = 0; i < on->rank; i++)
+            om[i] = um[off + i];
+        break;
+    }
+    case LOOM_IR_KIND_TRANSPOSE: /* result axis i is operand axis perm[i] */
+        for (int32_t i = 0; i < un->rank; i++)
+            om[un->attrs.perm[i]] = um[i];
+        break;
+    case LOOM_IR_KIND_UNARY:
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_BINARY:
+    case LOOM_IR_KIND_COMPARE:
+    case LOOM_IR_KIND_SELECT:
+    case LOOM_IR_KIND_CAST:
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_RESHAPE:
+    case LOOM_IR_KIND_REDUCTION:
+    case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_COUNT_:
+        for (int32_t i = 0; i < on->rank; i++)
+            om[i] = um[i];
+        break;
+    }
+    for (int32_t i = 0; i < on->rank; i++) /* extents of 1 read index 0 whatever the path */
+        if (on->shape[i] == 1)
+            om[i] = -1;
+}
+
+static const loom_ir_node *space_node(const fuse_state *s, const fkernel *k, int8_t space) {
+    const loom_ir_node *root = &s->g->nodes[k->root];
+    return space == SPACE_IN ? &s->g->nodes[root->inputs[0]] : root;
+}
+
+static int32_t new_kernel(fuse_state *s, loom_ir_kernel_kind kind, int32_t root) {
+    int32_t id = s->n_kernels++;
+    s->kernels[id] = (fkernel){.kind = kind, .root = root, .final = -1};
+    return id;
+}
+
+static int32_t view_base(const loom_ir_graph *g, int32_t n) {
+    while (g->nodes[n].op == LOOM_IR_OP_RESHAPE)
+        n = g->nodes[n].inputs[0];
+    return n;
+}
+
+/* Rule 1 for loop op i: the kernel it joins (with space and map), or -1. */
+static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, int8_t *out_map) {
+    const loom_ir_graph *g = s->g;
+    int32_t target = -1;
+    for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
+        int32_t u = s->users[e];
+        int32_t ku = s->fn[u].kernel;
+        if (ku < 0 || (target >= 0 && ku != target))
+            return -1; /* a reshape reads it, or two kernels do */
+        int8_t space = SPACE_OUT, map[LOOM_MAX_RANK];
+        switch (loom_ir_op_table[g->nodes[u].op].kind) {
+        case LOOM_IR_KIND_CONTRACTION: return -1;
+        case LOOM_IR_KIND_REDUCTION: /* the root: i is its operand, the prologue's space */
+            space = SPACE_IN;
+            identity_map(&g->nodes[i], map);
+            break;
+        case LOOM_IR_KIND_UNARY:
+        case LOOM_IR_KIND_PREDICATE:
+        case LOOM_IR_KIND_BINARY:
+        case LOOM_IR_KIND_COMPARE:
+        case LOOM_IR_KIND_SELECT:
+        case LOOM_IR_KIND_CAST:
+        case LOOM_IR_KIND_BROADCAST:
+        case LOOM_IR_KIND_TRANSPOSE:
+            space = s->fn[u].space;
+            operand_map(g, u, s->fn[u].map, i, map);
+            break;
+        case LOOM_IR_KIND_SOURCE:
+        case LOOM_IR_KIND_RESHAPE:
+        case LOOM_IR_KIND_COUNT_: return -1;
+        }
+        if (target < 0) {
+            target = ku;
+            *out_space = space;
+            memcpy(out_map, map, LOOM_MAX_RANK);
+        } else if (space != *out_space || memcmp(map, out_map, LOOM_MAX_RANK) != 0) {
+            return -1; /* read at two different indices: materialize it instead */
+        }
+    }
+    if (target < 0)
+        return -1;
+    if (s->is_output[i]) {
+        const loom_ir_node *n = &g->nodes[i];
+        const loom_ir_node *sp = space_node(s, &s->kernels[target], *out_space);
+        if (*out_space == SPACE_IN ||
+            loom_ir_numel(n->rank, n->shape) != loom_ir_numel(sp->rank, sp->shape))
+            return -1;
+    }
+    return target;
+}
+
+/* Rule 1: one sweep from the last node to the first, so every user is placed first. */
+static void group_producers(fuse_state *s) {
+    const loom_ir_graph *g = s->g;
+    for (int32_t i = g->n_nodes - 1; i >= 0; i--) {
+        const loom_ir_node *n = &g->nodes[i];
+        fnode *f = &s->fn[i];
+        f->kernel = -1;
+        f->space = SPACE_OUT;
+        identity_map(n, f->map);
+        switch (loom_ir_op_table[n->op].kind) {
+        case LOOM_IR_KIND_SOURCE:
+            if (n->op == LOOM_IR_OP_CONSTANT) {
+                bool needs_buffer = s->is_output[i];
+                for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
+                    loom_ir_kind uk = loom_ir_op_table[g->nodes[s->users[e]].op].kind;
+                    needs_buffer = needs_buffer || uk == LOOM_IR_KIND_RESHAPE ||
+                                   uk == LOOM_IR_KIND_CONTRACTION;
+                }
+                if (needs_buffer)
+                    s->ckernel[i] = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
+            }
+            break;
+        case LOOM_IR_KIND_RESHAPE: break;
+        case LOOM_IR_KIND_REDUCTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_REDUCTION, i); break;
+        case LOOM_IR_KIND_CONTRACTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i); break;
+        case LOOM_IR_KIND_UNARY:
+        case LOOM_IR_KIND_PREDICATE:
+        case LOOM_IR_KIND_BINARY:
+        case LOOM_IR_KIND_COMPARE:
+        case LOOM_IR_KIND_SELECT:
+        case LOOM_IR_KIND_CAST:
+        case LOOM_IR_KIND_BROADCAST:
+        case LOOM_IR_KIND_TRANSPOSE: {
+            int8_t space, map[LOOM_MAX_RANK];
+            int32_t k = join_target(s, i, &space, map);
+            if (k >= 0) {
+                f->kernel = k;
+                f->space = space;
+                memcpy(f->map, map, LOOM_MAX_RANK);
+            } else {
+                f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
+            }
+            break;
+        }
+        case LOOM_IR_KIND_COUNT_: break;
+        }
+    }
+}
+
+/* The kernel whose buffer holds value b (not an input), or -1. */
+static int32_t producer(const fuse_state *s, int32_t b) {
+    return s->g->nodes[b].op == LOOM_IR_OP_CONSTANT ? s->ckernel[b] : s->fn[b].kernel;
+}
+
+/* Rule 2 for ELEMENTWISE kernel e: merges it into a reduction or matmul when allowed. */
+static void try_epilogue(fuse_state *s, int32_t e) {
+    const loom_ir_graph *g = s->g;
+    const fkernel *ke = &s->kernels[e];
+    int32_t target = -1;
+    bool target_via_view = false;
+    /* the latest kernel whose values e reads; kernel roots order kernels */
+    for (int32_t m = 0; m < ke->n_members; m++) {
+        const loom_ir_node *un = &g->nodes[s->members[ke->first_member + m]];
+        for (int32_t q = 0; q < un->n_inputs; q++) {
+            int32_t o = un->inputs[q];
+            if (s->fn[o].kernel == e || g->nodes[o].op == LOOM_IR_OP_CONSTANT)
+                continue;
+            int32_t b = view_base(g, o);
+            if (g->nodes[b].op == LOOM_IR_OP_INPUT)
+                continue;
+            int32_t p = producer(s, b);
+            if (p < 0)
+                return; /* cannot happen in a well-formed partition; leave e alone */
+            if (target < 0 || s->kernels[p].root > s->kernels[target].root) {
+                target = p;
+                target_via_view = b != o;
+            } else if (p == target) {
+                target_via_view = target_via_view || b != o;
+            }
+        }
+    }
+    if (target < 0 || target_via_view)
+        return;
+    const fkernel *kt = &s->kernels[target];
+    if (kt->kind != LOOM_IR_KERNEL_REDUCTION && kt->kind != LOOM_IR_KERNEL_MATMUL)
+        return;
+    const loom_ir_node *troot = &g->nodes[kt->root], *eroot = &g->nodes[ke->root];
+    if (troot->rank != eroot->rank ||
+        memcmp(troot->shape, eroot->shape, (size_t)troot->rank * sizeof troot->shape[0]) != 0)
+        return;
+    for (int32_t m = 0; m < ke->n_members; m++) {
+        int32_t u = s->members[ke->first_member + m];
+        const loom_ir_node *un = &g->nodes[u];
+        for (int32_t q = 0; q < un->n_inputs; q++) {
+            int32_t o = un->inputs[q];
+            if (s->fn[o].kernel != target)
+                continue;
+            int8_t map[LOOM_MAX_RANK];
+            operand_map(g, u, s->fn[u].map, o, map);
+            if (s->fn[o].space != SPACE_OUT || memcmp(map, s->fn[o].map, LOOM_MAX_RANK) != 0)
+                return;
+            if (kt->kind == LOOM_IR_KERNEL_MATMUL)
+                for (int32_t x = s->user_start[o]; x < s->user_start[o + 1]; x++) {
+                    int32_t k = s->fn[s->users[x]].kernel;
+                    if (k != target && k != e)
+                        return;
+                }
+        }
+    }
+    for (int32_t m = 0; m < ke->n_members; m++)
+        s->fn[s->members[ke->first_member + m]].kernel = target;
+    s->kernels[e].n_members = 0;
+    s->kernels[e].final = -2; /* merged */
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int32_t *arena_copy(loom_ir_plan *plan, const int32_t *v, int32_t n) {
+    int32_t *p = loom_ir_arena_alloc(&plan->arena, (size_t)(n > 0 ? n : 1) * sizeof *p);
+    if (p && n > 0)
+        memcpy(p, v, (size_t)n * sizeof *p);
+    return p;
+}
+
+/* Rule 4: the plan's kernels from the fusion kernels in `order` (root order). */
+static loom_status emit(fuse_state *s, const int32_t *order, int32_t n_live) {
+    const loom_ir_graph *g = s->g;
+    loom_ir_plan *plan = s->plan;
+    if (!loom_ir_grow(&plan->alloc, (void **)&plan->kernels, &plan->cap_kernels, n_live,
+                      sizeof *plan->kernels))
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    for (int32_t j = 0; j < n_live; j++)
+        s->kernels[order[j]].final = j;
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        plan->node_kernel[i] = s->fn[i].kernel >= 0 ? s->kernels[s->fn[i].kernel].final : -1;
+
+    /* the computed nodes of every kernel, bucketed in graph order */
+    int32_t *start = s->kstart; /* n_live + 1 bucket bounds */
+    for (int32_t j = 0; j <= n_live; j++)
+        start[j] = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        if (plan->node_kernel[i] >= 0)
+            start[plan->node_kernel[i] + 1]++;
+    for (int32_t j = 0; j < n_live; j++)
+        start[j + 1] += start[j];
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        s->mark[i] = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        int32_t j = plan->node_kernel[i];
+        if (j >= 0)
+            s->members[start[j] + s->mark[j]++] = i;
+    }
+
+    /* marks per node: j while kernel j lists it as a node, -j - 2 while as an arg */
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        s->mark[i] = -1;
+    for (int32_t j = 0; j < n_live; j++) {
+        const fkernel *fk = &s->kernels[order[j]];
+        loom_ir_kernel *kn = &plan->kernels[j];
+        *kn = (loom_ir_kernel){.kind = fk->kind, .root = fk->root};
+        const int32_t *mem = s->members + start[j];
+        int32_t n_mem = start[j + 1] - start[j];
+        int32_t c = fk->root;
+        bool const_kernel = g->nodes[c].op == LOOM_IR_OP_CONSTANT;
+        if (const_kernel) { /* rule 3: a constant written alone */
+            mem = &c;
+            n_mem = 1;
+        }
+        int32_t *list = s->list, *args = s->list + g->n_nodes, *res = s->list + 2 * g->n_nodes;
+        int32_t n_list = 0, n_args = 0, n_res = 0;
+        for (int32_t m = 0; m < n_mem; m++) {
+            list[n_list++] = mem[m];
+            s->mark[mem[m]] = j;
+        }
+        /* a matmul reads its operands from buffers, constants included, even when its
+         * epilogue uses the same constant: mark those args first */
+        for (int32_t m = 0; m < n_mem; m++) {
+            const loom_ir_node *un = &g->nodes[mem[m]];
+            if (loom_ir_op_table[un->op].kind != LOOM_IR_KIND_CONTRACTION)
+                continue;
+            for (int32_t q = 0; q < un->n_inputs; q++)
+                if (s->mark[un->inputs[q]] != -j - 2 && s->mark[un->inputs[q]] != j) {
+                    args[n_args++] = un->inputs[q];
+                    s->mark[un->inputs[q]] = -j - 2;
+                }
+        }
+        for (int32_t m = 0; m < n_mem; m++) {
+            const loom_ir_node *un = &g->nodes[mem[m]];
+            for (int32_t q = 0; q < un->n_inputs; q++) {
+                int32_t o = un->inputs[q];
+                if (s->mark[o] == j || s->mark[o] == -j - 2)
+                    continue;
+                if (g->nodes[o].op == LOOM_IR_OP_CONSTANT) {
+                    list[n_list++] = o; /* rule 3: recomputed here */
+                    s->mark[o] = j;
+                } else {
+                    args[n_args++] = o;
+                    s->mark[o] = -j - 2;
+                }
+            }
+        }
+        for (int32_t m = 0; m < n_mem; m++) {
+            int32_t x = mem[m];
+            bool needed = s->is_output[x] || const_kernel;
+            for (int32_t e = s->user_start[x]; e < s->user_start[x + 1] && !needed; e++)
+                needed = plan->node_kernel[s->users[e]] != j;
+            if (needed)
+                res[n_res++] = x;
+        }
+        qsort(list, (size_t)n_list, sizeof *list, cmp_i32);
+        qsort(args, (size_t)n_args, sizeof *args, cmp_i32);
+        kn->n_nodes = n_list;
+        kn->n_args = n_args;
+        kn->n_results = n_res;
+        kn->nodes = arena_copy(plan, list, n_list);
+        kn->args = arena_copy(plan, args, n_args);
+        kn->results = arena_copy(plan, res, n_res);
+        if (!kn->nodes || !kn->args || !kn->results)
+            return LOOM_STATUS_OUT_OF_MEMORY;
+    }
+    plan->n_kernels = n_live;
+    return LOOM_OK;
+}
+
+loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d) {
+    if (!g || !plan)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "fuse: %s is NULL",
+                                !g ? "the graph" : "the plan");
+    if (loom_ir_plan_reset(plan, g) != LOOM_OK)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "fuse: out of memory");
+    int32_t n = g->n_nodes;
+    if (n == 0)
+        return LOOM_OK;
+    int64_t n_edges = 0;
+    for (int32_t i = 0; i < n; i++)
+        n_edges += g->nodes[i].n_inputs;
+    /* one scratch block: fn, kernels (at most one per node), the int arrays, is_output */
+    size_t n_ints = (size_t)(n + 1) + (size_t)n_edges + 3 * (size_t)n + 3 * (size_t)n +
+                    (size_t)(n + 1) + (size_t)n;
+    size_t bytes = (size_t)n * (sizeof(fnode) + sizeof(fkernel)) + n_ints * sizeof(int32_t) +
+                   (size_t)n * sizeof(bool);
+    void *block = loom_ir_alloc(&plan->alloc, bytes);
+    if (!block)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "fuse: out of memory");
+    fuse_state s = {.g = g, .plan = plan};
+    s.fn = block;
+    s.kernels = (fkernel *)(s.fn + n);
+    s.user_start = (int32_t *)(s.kernels + n);
+    s.users = s.user_start + n + 1;
+    s.ckernel = s.users + n_edges;
+    s.members = s.ckernel + n;
+    s.mark = s.members + n;
+    s.list = s.mark + n;
+    s.kstart = s.list + 3 * (size_t)n;
+    s.order = s.kstart + n + 1;
+    s.is_output = (bool *)(s.order + n);
+
+    /* users of every node (CSR), outputs */
+    for (int32_t i = 0; i <= n; i++)
+        s.user_start[i] = 0;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t q = 0; q < g->nodes[i].n_inputs; q++)
+            s.user_start[g->nodes[i].inputs[q] + 1]++;
+    for (int32_t i = 0; i < n; i++)
+        s.user_start[i + 1] += s.user_start[i];
+    for (int32_t i = 0; i < n; i++)
+        s.mark[i] = s.user_start[i];
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t q = 0; q < g->nodes[i].n_inputs; q++)
+            s.users[s.mark[g->nodes[i].inputs[q]]++] = i;
+    for (int32_t i = 0; i < n; i++) {
+        s.is_output[i] = false;
+        s.ckernel[i] = -1;
+    }
+    for (int32_t o = 0; o < g->n_outputs; o++)
+        s.is_output[g->outputs[o].node] = true;
+
+    group_producers(&s);
+
+    /* phase-1 members of each kernel, and the kernels in root order */
+    int32_t *order = s.order;
+    for (int32_t k = 0; k < s.n_kernels; k++)
+        s.kernels[k].n_members = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (s.fn[i].kernel >= 0)
+            s.kernels[s.fn[i].kernel].n_members++;
+    for (int32_t k = 0, at = 0; k < s.n_kernels; k++) {
+        s.kernels[k].first_member = at;
+        at += s.kernels[k].n_members;
+        s.kernels[k].n_members = 0;
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (s.fn[i].kernel >= 0) {
+            fkernel *fk = &s.kernels[s.fn[i].kernel];
+            s.members[fk->first_member + fk->n_members++] = i;
+        }
+    /* kernels were created from the last root to the first: reversed, they are in order */
+    for (int32_t k = 0; k < s.n_kernels; k++)
+        order[k] = s.n_kernels - 1 - k;
+
+    for (int32_t j = 0; j < s.n_kernels; j++) {
+        int32_t k = order[j];
+        if (s.kernels[k].kind == LOOM_IR_KERNEL_ELEMENTWISE &&
+            g->nodes[s.kernels[k].root].op != LOOM_IR_OP_CONSTANT)
+            try_epilogue(&s, k);
+    }
+    int32_t n_live = 0;
+    for (int32_t j = 0; j < s.n_kernels; j++)
+        if (s.kernels[order[j]].final != -2)
+            order[n_live++] = order[j];
+    loom_status st = emit(&s, order, n_live);
+    loom_ir_free(&plan->alloc, block, bytes);
+    if (st != LOOM_OK) {
+        plan->n_kernels = 0;
+        return loom_ir_diag_set(d, st, "fuse: out of memory");
+    }
+    return LOOM_OK;
+}
