@@ -54,7 +54,7 @@ uint64_t loom_ir_graph_hash(const loom_ir_graph *g) {
     return h;
 }
 
-static bool attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
+bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
     switch (loom_ir_op_table[a->op].attrs) {
     case LOOM_IR_ATTRS_NONE: return true;
     case LOOM_IR_ATTRS_INDEX: return a->attrs.index == b->attrs.index;
@@ -79,7 +79,7 @@ bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b) {
             return false;
         if (x->n_inputs && memcmp(x->inputs, y->inputs, (size_t)x->n_inputs * sizeof(int32_t)) != 0)
             return false;
-        if (!attrs_equal(x, y))
+        if (!loom_ir_attrs_equal(x, y))
             return false;
     }
     return a->n_outputs == 0 ||

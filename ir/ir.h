@@ -104,6 +104,24 @@ void loom_ir_store_f64(void *buf, loom_dtype dt, int64_t i, double v);
 int64_t loom_ir_load_i64(const void *buf, loom_dtype dt, int64_t i);
 void loom_ir_store_i64(void *buf, loom_dtype dt, int64_t i, int64_t v);
 
+/* ---- scalar semantics ------------------------------------------------------------------ */
+
+/* One element of an elementwise op, the single definition that the reference interpreter
+ * runs and constant folding evaluates (so folding is bit-identical to running). Floats:
+ * operands loaded with loom_ir_load_f64, computed in double, the result rounded by
+ * loom_ir_store_f64. Integers: loaded with loom_ir_load_i64, computed in int64 with
+ * wrap-around (i32 wraps when stored; x / 0 is 0; INT_MIN / -1 and abs(INT_MIN) wrap).
+ * Unary and predicate rules ignore b. Compares and predicates return 1 or 0 (C semantics:
+ * every comparison with NaN is false except ne); bool operands compare on the int64 path.
+ * maximum/minimum propagate NaN and order -0 below +0. Pure functions, thread-safe. */
+typedef double (*loom_ir_scalar_f64_fn)(double a, double b);
+typedef int64_t (*loom_ir_scalar_i64_fn)(int64_t a, int64_t b);
+/* The op's rule on the float / the int64 path; NULL when it has none there: the op is not
+ * elementwise, is float-only (exp on integers), or computes nothing (select moves bytes,
+ * cast is a load in one dtype and a store in another). */
+loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op);
+loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op);
+
 /* ---- memory ---------------------------------------------------------------------------- */
 
 void *loom_ir_alloc(const loom_allocator *a, size_t size);
@@ -285,6 +303,9 @@ loom_status loom_ir_graph_verify(const loom_ir_graph *g, loom_ir_diag *d);
 uint64_t loom_ir_graph_hash(const loom_ir_graph *g);
 /* Structural equality (the same things the hash covers). */
 bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b);
+/* Whether two nodes of the same op (and rank) carry equal attributes, the ones their op
+ * has. By bits: constants 0.0 and -0.0 differ, and a NaN equals itself. */
+bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b);
 
 /* Chunked output callback. */
 typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);

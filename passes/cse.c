@@ -48,21 +48,6 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
     return h;
 }
 
-/* Attributes compare by bits: constants 0.0 and -0.0 differ, and a NaN equals itself. */
-static bool attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
-    switch (loom_ir_op_table[a->op].attrs) {
-    case LOOM_IR_ATTRS_NONE: return true;
-    case LOOM_IR_ATTRS_INDEX: return a->attrs.index == b->attrs.index;
-    case LOOM_IR_ATTRS_VALUE: return memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
-    case LOOM_IR_ATTRS_PERM:
-        return memcmp(a->attrs.perm, b->attrs.perm, (size_t)a->rank * sizeof(int32_t)) == 0;
-    case LOOM_IR_ATTRS_AXES:
-        return a->attrs.axes == b->attrs.axes && a->attrs.keepdim == b->attrs.keepdim;
-    case LOOM_IR_ATTRS_COUNT_: break;
-    }
-    return false;
-}
-
 static uint64_t node_hash(const loom_ir_node *n, const int32_t *ops) {
     uint64_t h = mix(0, (uint64_t)n->op | (uint64_t)n->dtype << 16 | (uint64_t)n->rank << 32);
     for (int32_t i = 0; i < n->rank; i++)
@@ -78,7 +63,7 @@ static bool nodes_equal(const cse_state *s, int32_t a, const int32_t *a_ops, int
         return false;
     if (memcmp(x->shape, y->shape, (size_t)x->rank * sizeof x->shape[0]) != 0)
         return false;
-    if (!attrs_equal(x, y))
+    if (!loom_ir_attrs_equal(x, y)) /* by bits: 0.0 and -0.0 differ */
         return false;
     int32_t b_ops[16]; /* only mergeable nodes, of at most 16 operands, are in the table */
     canon_operands(s, y, b_ops);

@@ -6,175 +6,11 @@
 
 #include "passes.h"
 
-/* ---- scalar semantics ----------------------------------------------------------------------
+/* ---- evaluation ----------------------------------------------------------------------------
  * Folded values must be bit-identical to what the reference interpreter (runtime/interp.c)
- * computes, so these mirror its per-op functions exactly: floats in double from the
- * operands' stored values, rounded through the dtype on store; integers in int64 with
- * wrap-around, done on uint64_t so no path has signed-overflow UB. The passes cannot call
- * into runtime/ (a layer beside them), hence the copy; test_cse_fold checks every folded
- * value against the interpreter bit for bit. */
-
-static int64_t wrap(uint64_t u) {
-    return u <= (uint64_t)INT64_MAX ? (int64_t)u : -(int64_t)(~u) - 1;
-}
-
-static int64_t neg_i(int64_t x) {
-    return wrap(0u - (uint64_t)x);
-}
-static int64_t abs_i(int64_t x) {
-    return x < 0 ? neg_i(x) : x;
-} /* abs(INT_MIN) wraps */
-static int64_t relu_i(int64_t x) {
-    return x > 0 ? x : 0;
-}
-static double neg_f(double x) {
-    return -x;
-}
-static double abs_f(double x) {
-    return fabs(x);
-}
-static double exp_f(double x) {
-    return exp(x);
-}
-static double log_f(double x) {
-    return log(x);
-}
-static double sqrt_f(double x) {
-    return sqrt(x);
-}
-static double rsqrt_f(double x) {
-    return 1.0 / sqrt(x);
-}
-static double tanh_f(double x) {
-    return tanh(x);
-}
-static double sigmoid_f(double x) {
-    return 1.0 / (1.0 + exp(-x));
-}
-static double relu_f(double x) {
-    return isnan(x) ? x : x > 0.0 ? x : 0.0;
-}
-static double gelu_f(double x) {
-    return 0.5 * x * (1.0 + erf(x / M_SQRT2));
-}
-
-static double add_f(double a, double b) {
-    return a + b;
-}
-static double sub_f(double a, double b) {
-    return a - b;
-}
-static double mul_f(double a, double b) {
-    return a * b;
-}
-static double div_f(double a, double b) {
-    return a / b;
-}
-static double pow_f(double a, double b) {
-    return pow(a, b);
-}
-/* NaN-propagating, as torch.maximum/minimum; +0 is greater than -0 */
-static double maximum_f(double a, double b) {
-    if (isnan(a) || isnan(b))
-        return isnan(a) ? a : b;
-    if (a != b)
-        return a > b ? a : b;
-    return signbit(a) ? b : a;
-}
-static double minimum_f(double a, double b) {
-    if (isnan(a) || isnan(b))
-        return isnan(a) ? a : b;
-    if (a != b)
-        return a < b ? a : b;
-    return signbit(a) ? a : b;
-}
-static int64_t add_i(int64_t a, int64_t b) {
-    return wrap((uint64_t)a + (uint64_t)b);
-}
-static int64_t sub_i(int64_t a, int64_t b) {
-    return wrap((uint64_t)a - (uint64_t)b);
-}
-static int64_t mul_i(int64_t a, int64_t b) {
-    return wrap((uint64_t)a * (uint64_t)b);
-}
-/* toward zero; x / 0 is 0 and INT_MIN / -1 wraps */
-static int64_t div_i(int64_t a, int64_t b) {
-    return b == 0 ? 0 : b == -1 ? neg_i(a) : a / b;
-}
-static int64_t maximum_i(int64_t a, int64_t b) {
-    return a > b ? a : b;
-}
-static int64_t minimum_i(int64_t a, int64_t b) {
-    return a < b ? a : b;
-}
-
-/* C semantics: every comparison with NaN is false except != */
-static bool eq_f(double a, double b) {
-    return a == b;
-}
-static bool ne_f(double a, double b) {
-    return a != b;
-}
-static bool lt_f(double a, double b) {
-    return a < b;
-}
-static bool le_f(double a, double b) {
-    return a <= b;
-}
-static bool gt_f(double a, double b) {
-    return a > b;
-}
-static bool ge_f(double a, double b) {
-    return a >= b;
-}
-static bool eq_i(int64_t a, int64_t b) {
-    return a == b;
-}
-static bool ne_i(int64_t a, int64_t b) {
-    return a != b;
-}
-static bool lt_i(int64_t a, int64_t b) {
-    return a < b;
-}
-static bool le_i(int64_t a, int64_t b) {
-    return a <= b;
-}
-static bool gt_i(int64_t a, int64_t b) {
-    return a > b;
-}
-static bool ge_i(int64_t a, int64_t b) {
-    return a >= b;
-}
-
-/* Per-op scalar functions; NULL where the interpreter has no kernel for that dtype class. */
-static double (*const unary_f64[LOOM_IR_OP_COUNT_])(double) = {
-    [LOOM_IR_OP_NEG] = neg_f,   [LOOM_IR_OP_ABS] = abs_f,         [LOOM_IR_OP_EXP] = exp_f,
-    [LOOM_IR_OP_LOG] = log_f,   [LOOM_IR_OP_SQRT] = sqrt_f,       [LOOM_IR_OP_RSQRT] = rsqrt_f,
-    [LOOM_IR_OP_TANH] = tanh_f, [LOOM_IR_OP_SIGMOID] = sigmoid_f, [LOOM_IR_OP_RELU] = relu_f,
-    [LOOM_IR_OP_GELU] = gelu_f,
-};
-static int64_t (*const unary_i64[LOOM_IR_OP_COUNT_])(int64_t) = {
-    [LOOM_IR_OP_NEG] = neg_i,
-    [LOOM_IR_OP_ABS] = abs_i,
-    [LOOM_IR_OP_RELU] = relu_i,
-};
-static double (*const binary_f64[LOOM_IR_OP_COUNT_])(double, double) = {
-    [LOOM_IR_OP_ADD] = add_f,         [LOOM_IR_OP_SUB] = sub_f, [LOOM_IR_OP_MUL] = mul_f,
-    [LOOM_IR_OP_DIV] = div_f,         [LOOM_IR_OP_POW] = pow_f, [LOOM_IR_OP_MAXIMUM] = maximum_f,
-    [LOOM_IR_OP_MINIMUM] = minimum_f,
-};
-static int64_t (*const binary_i64[LOOM_IR_OP_COUNT_])(int64_t, int64_t) = {
-    [LOOM_IR_OP_ADD] = add_i, [LOOM_IR_OP_SUB] = sub_i,         [LOOM_IR_OP_MUL] = mul_i,
-    [LOOM_IR_OP_DIV] = div_i, [LOOM_IR_OP_MAXIMUM] = maximum_i, [LOOM_IR_OP_MINIMUM] = minimum_i,
-};
-static bool (*const compare_f64[LOOM_IR_OP_COUNT_])(double, double) = {
-    [LOOM_IR_OP_EQ] = eq_f, [LOOM_IR_OP_NE] = ne_f, [LOOM_IR_OP_LT] = lt_f,
-    [LOOM_IR_OP_LE] = le_f, [LOOM_IR_OP_GT] = gt_f, [LOOM_IR_OP_GE] = ge_f,
-};
-static bool (*const compare_i64[LOOM_IR_OP_COUNT_])(int64_t, int64_t) = {
-    [LOOM_IR_OP_EQ] = eq_i, [LOOM_IR_OP_NE] = ne_i, [LOOM_IR_OP_LT] = lt_i,
-    [LOOM_IR_OP_LE] = le_i, [LOOM_IR_OP_GT] = gt_i, [LOOM_IR_OP_GE] = ge_i,
-};
+ * computes: both take the per-element rules of ir/scalar.c, and this evaluates one element
+ * the way the interpreter's kernels apply them (which operand dtype, which path, where the
+ * result is stored). test_cse_fold checks every folded value against the interpreter. */
 
 /* One element of a value, as bytes: what a buffer of the node's dtype holds. */
 typedef struct elem {
@@ -200,36 +36,35 @@ static bool eval_elementwise(const loom_ir_node *n, const loom_ir_node *const *x
     loom_ir_op op = n->op;
     switch (loom_ir_op_table[op].kind) {
     case LOOM_IR_KIND_UNARY:
-        if (is_float && unary_f64[op])
-            loom_ir_store_f64(out->b, dt, 0, unary_f64[op](loom_ir_load_f64(v[0].b, dt, 0)));
-        else if (is_int && unary_i64[op])
-            loom_ir_store_i64(out->b, dt, 0, unary_i64[op](loom_ir_load_i64(v[0].b, dt, 0)));
+    case LOOM_IR_KIND_BINARY: { /* interp.c's run_arith; a unary rule gets a == b */
+        const unsigned char *a = v[0].b, *b = v[n->n_inputs > 1 ? 1 : 0].b;
+        loom_ir_scalar_f64_fn f = loom_ir_scalar_rule_f64(op);
+        loom_ir_scalar_i64_fn fi = loom_ir_scalar_rule_i64(op);
+        if (is_float && f)
+            loom_ir_store_f64(out->b, dt, 0,
+                              f(loom_ir_load_f64(a, dt, 0), loom_ir_load_f64(b, dt, 0)));
+        else if (is_int && fi)
+            loom_ir_store_i64(out->b, dt, 0,
+                              fi(loom_ir_load_i64(a, dt, 0), loom_ir_load_i64(b, dt, 0)));
         else
             return false;
         return true;
-    case LOOM_IR_KIND_PREDICATE: /* isfinite, the only predicate */
-        out->b[0] = isfinite(loom_ir_load_f64(v[0].b, x[0]->dtype, 0)) != 0;
-        return op == LOOM_IR_OP_ISFINITE;
-    case LOOM_IR_KIND_BINARY:
-        if (is_float && binary_f64[op])
-            loom_ir_store_f64(
-                out->b, dt, 0,
-                binary_f64[op](loom_ir_load_f64(v[0].b, dt, 0), loom_ir_load_f64(v[1].b, dt, 0)));
-        else if (is_int && binary_i64[op])
-            loom_ir_store_i64(
-                out->b, dt, 0,
-                binary_i64[op](loom_ir_load_i64(v[0].b, dt, 0), loom_ir_load_i64(v[1].b, dt, 0)));
-        else
-            return false;
-        return true;
-    case LOOM_IR_KIND_COMPARE: {
-        loom_dtype xt = x[0]->dtype; /* bool operands compare as 0/1 on the integer path */
-        if (!compare_f64[op] || !compare_i64[op])
-            return false;
-        out->b[0] =
-            loom_ir_dtype_is_float(xt)
-                ? compare_f64[op](loom_ir_load_f64(v[0].b, xt, 0), loom_ir_load_f64(v[1].b, xt, 0))
-                : compare_i64[op](loom_ir_load_i64(v[0].b, xt, 0), loom_ir_load_i64(v[1].b, xt, 0));
+    }
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_COMPARE: { /* interp.c's run_test: bool operands on the integer path */
+        const unsigned char *a = v[0].b, *b = v[n->n_inputs > 1 ? 1 : 0].b;
+        loom_dtype xt = x[0]->dtype;
+        if (loom_ir_dtype_is_float(xt)) {
+            loom_ir_scalar_f64_fn f = loom_ir_scalar_rule_f64(op);
+            if (!f)
+                return false;
+            out->b[0] = f(loom_ir_load_f64(a, xt, 0), loom_ir_load_f64(b, xt, 0)) != 0.0;
+        } else {
+            loom_ir_scalar_i64_fn fi = loom_ir_scalar_rule_i64(op);
+            if (!fi)
+                return false;
+            out->b[0] = fi(loom_ir_load_i64(a, xt, 0), loom_ir_load_i64(b, xt, 0)) != 0;
+        }
         return true;
     }
     case LOOM_IR_KIND_SELECT: *out = v[0].b[0] ? v[1] : v[2]; return true;

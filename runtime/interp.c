@@ -5,158 +5,6 @@
 
 #include "runtime.h"
 
-/* ---- per-op scalar functions --------------------------------------------------------------
- * Floats are computed in double (16-bit floats therefore via their exact f32 values) and
- * rounded to the node's dtype by loom_ir_store_f64. Integers are computed in int64 with
- * wrap-around: the arithmetic is done on uint64_t and converted back with wrap(), so no
- * path has signed-overflow UB; i32 results wrap when stored. */
-
-typedef double (*unary_f64_fn)(double);
-typedef int64_t (*unary_i64_fn)(int64_t);
-typedef double (*binary_f64_fn)(double, double);
-typedef int64_t (*binary_i64_fn)(int64_t, int64_t);
-typedef bool (*compare_f64_fn)(double, double);
-typedef bool (*compare_i64_fn)(int64_t, int64_t);
-
-/* uint64 -> int64 modulo 2^64, without relying on implementation-defined conversion. */
-static int64_t wrap(uint64_t u) {
-    return u <= (uint64_t)INT64_MAX ? (int64_t)u : -(int64_t)(~u) - 1;
-}
-
-static double neg_f(double x) {
-    return -x;
-}
-static int64_t neg_i(int64_t x) {
-    return wrap(0u - (uint64_t)x);
-}
-static double abs_f(double x) {
-    return fabs(x);
-}
-/* abs(INT_MIN) wraps to INT_MIN, as in torch */
-static int64_t abs_i(int64_t x) {
-    return x < 0 ? neg_i(x) : x;
-}
-static double exp_f(double x) {
-    return exp(x);
-}
-static double log_f(double x) {
-    return log(x);
-}
-static double sqrt_f(double x) {
-    return sqrt(x);
-}
-static double rsqrt_f(double x) {
-    return 1.0 / sqrt(x);
-}
-static double tanh_f(double x) {
-    return tanh(x);
-}
-static double sigmoid_f(double x) {
-    return 1.0 / (1.0 + exp(-x));
-}
-static double relu_f(double x) {
-    return isnan(x) ? x : x > 0.0 ? x : 0.0;
-}
-static int64_t relu_i(int64_t x) {
-    return x > 0 ? x : 0;
-}
-static double gelu_f(double x) {
-    return 0.5 * x * (1.0 + erf(x / M_SQRT2));
-}
-
-static double add_f(double a, double b) {
-    return a + b;
-}
-static int64_t add_i(int64_t a, int64_t b) {
-    return wrap((uint64_t)a + (uint64_t)b);
-}
-static double sub_f(double a, double b) {
-    return a - b;
-}
-static int64_t sub_i(int64_t a, int64_t b) {
-    return wrap((uint64_t)a - (uint64_t)b);
-}
-static double mul_f(double a, double b) {
-    return a * b;
-}
-static int64_t mul_i(int64_t a, int64_t b) {
-    return wrap((uint64_t)a * (uint64_t)b);
-}
-static double div_f(double a, double b) {
-    return a / b;
-}
-/* Truncates toward zero. x / 0 is 0 and INT_MIN / -1 wraps to INT_MIN: no SIGFPE, ever
- * (i32's INT32_MIN / -1 is 2^31 in int64, which wraps to INT32_MIN when stored). */
-static int64_t div_i(int64_t a, int64_t b) {
-    if (b == 0)
-        return 0;
-    if (b == -1)
-        return neg_i(a);
-    return a / b;
-}
-static double pow_f(double a, double b) {
-    return pow(a, b);
-}
-/* NaN-propagating, as torch.maximum/minimum; +0 is greater than -0. */
-static double maximum_f(double a, double b) {
-    if (isnan(a) || isnan(b))
-        return isnan(a) ? a : b;
-    if (a != b)
-        return a > b ? a : b;
-    return signbit(a) ? b : a;
-}
-static int64_t maximum_i(int64_t a, int64_t b) {
-    return a > b ? a : b;
-}
-static double minimum_f(double a, double b) {
-    if (isnan(a) || isnan(b))
-        return isnan(a) ? a : b;
-    if (a != b)
-        return a < b ? a : b;
-    return signbit(a) ? a : b;
-}
-static int64_t minimum_i(int64_t a, int64_t b) {
-    return a < b ? a : b;
-}
-
-/* C semantics: every comparison with NaN is false except !=. */
-static bool eq_f(double a, double b) {
-    return a == b;
-}
-static bool eq_i(int64_t a, int64_t b) {
-    return a == b;
-}
-static bool ne_f(double a, double b) {
-    return a != b;
-}
-static bool ne_i(int64_t a, int64_t b) {
-    return a != b;
-}
-static bool lt_f(double a, double b) {
-    return a < b;
-}
-static bool lt_i(int64_t a, int64_t b) {
-    return a < b;
-}
-static bool le_f(double a, double b) {
-    return a <= b;
-}
-static bool le_i(int64_t a, int64_t b) {
-    return a <= b;
-}
-static bool gt_f(double a, double b) {
-    return a > b;
-}
-static bool gt_i(int64_t a, int64_t b) {
-    return a > b;
-}
-static bool ge_f(double a, double b) {
-    return a >= b;
-}
-static bool ge_i(int64_t a, int64_t b) {
-    return a >= b;
-}
-
 /* ---- index helpers ------------------------------------------------------------------------ */
 
 static void row_major_strides(int32_t rank, const int64_t *shape, int64_t *strides) {
@@ -177,7 +25,8 @@ static void next_index(int32_t rank, const int64_t *ext, int64_t *idx) {
 }
 
 /* ---- kernels ------------------------------------------------------------------------------
- * `n` is the node, `x[k]` its operand nodes, `src[k]` their values, `dst` its buffer. */
+ * `n` is the node, `x[k]` its operand nodes, `src[k]` their values, `dst` its buffer. What
+ * an elementwise op computes per element is ir/scalar.c's rule, shared with constant folding. */
 
 static loom_status internal_error(const loom_ir_node *n, loom_ir_diag *d) {
     char t[LOOM_IR_TYPE_STR_MAX];
@@ -186,26 +35,14 @@ static loom_status internal_error(const loom_ir_node *n, loom_ir_diag *d) {
                             loom_ir_format_type(t, sizeof t, n->dtype, n->rank, n->shape));
 }
 
-static loom_status run_unary(const loom_ir_node *n, const void *src, void *dst, unary_f64_fn f,
-                             unary_i64_fn fi, loom_ir_diag *d) {
-    int64_t count = loom_ir_numel(n->rank, n->shape);
-    if (loom_ir_dtype_is_float(n->dtype) && f) {
-        for (int64_t i = 0; i < count; i++)
-            loom_ir_store_f64(dst, n->dtype, i, f(loom_ir_load_f64(src, n->dtype, i)));
-        return LOOM_OK;
-    }
-    if (loom_ir_dtype_is_int(n->dtype) && fi) {
-        for (int64_t i = 0; i < count; i++)
-            loom_ir_store_i64(dst, n->dtype, i, fi(loom_ir_load_i64(src, n->dtype, i)));
-        return LOOM_OK;
-    }
-    return internal_error(n, d);
-}
-
-static loom_status run_binary(const loom_ir_node *n, const void *a, const void *b, void *dst,
-                              binary_f64_fn f, binary_i64_fn fi, loom_ir_diag *d) {
+/* Unary and binary arithmetic: operands and result of the node's dtype. A unary rule ignores
+ * its second argument, so it gets the first operand again (a == b). */
+static loom_status run_arith(const loom_ir_node *n, const void *a, const void *b, void *dst,
+                             loom_ir_diag *d) {
     int64_t count = loom_ir_numel(n->rank, n->shape);
     loom_dtype dt = n->dtype;
+    loom_ir_scalar_f64_fn f = loom_ir_scalar_rule_f64(n->op);
+    loom_ir_scalar_i64_fn fi = loom_ir_scalar_rule_i64(n->op);
     if (loom_ir_dtype_is_float(dt) && f) {
         for (int64_t i = 0; i < count; i++)
             loom_ir_store_f64(dst, dt, i,
@@ -221,23 +58,26 @@ static loom_status run_binary(const loom_ir_node *n, const void *a, const void *
     return internal_error(n, d);
 }
 
-/* Operands of dtype `dt` (bool compares as 0/1 on the integer path), bool result. */
-static loom_status run_compare(const loom_ir_node *n, loom_dtype dt, const void *a, const void *b,
-                               void *dst, compare_f64_fn f, compare_i64_fn fi) {
+/* Compares and predicates: operands of dtype `dt` (bool compares as 0/1 on the integer
+ * path), bool result. A predicate has one operand: b is a again, as in run_arith. */
+static loom_status run_test(const loom_ir_node *n, loom_dtype dt, const void *a, const void *b,
+                            void *dst, loom_ir_diag *d) {
     int64_t count = loom_ir_numel(n->rank, n->shape);
     uint8_t *out = dst;
-    bool is_float = loom_ir_dtype_is_float(dt);
+    if (loom_ir_dtype_is_float(dt)) {
+        loom_ir_scalar_f64_fn f = loom_ir_scalar_rule_f64(n->op);
+        if (!f)
+            return internal_error(n, d);
+        for (int64_t i = 0; i < count; i++)
+            out[i] = f(loom_ir_load_f64(a, dt, i), loom_ir_load_f64(b, dt, i)) != 0.0;
+        return LOOM_OK;
+    }
+    loom_ir_scalar_i64_fn fi = loom_ir_scalar_rule_i64(n->op);
+    if (!fi)
+        return internal_error(n, d);
     for (int64_t i = 0; i < count; i++)
-        out[i] = is_float ? f(loom_ir_load_f64(a, dt, i), loom_ir_load_f64(b, dt, i))
-                          : fi(loom_ir_load_i64(a, dt, i), loom_ir_load_i64(b, dt, i));
+        out[i] = fi(loom_ir_load_i64(a, dt, i), loom_ir_load_i64(b, dt, i)) != 0;
     return LOOM_OK;
-}
-
-static void run_isfinite(const loom_ir_node *n, loom_dtype dt, const void *src, void *dst) {
-    int64_t count = loom_ir_numel(n->rank, n->shape);
-    uint8_t *out = dst;
-    for (int64_t i = 0; i < count; i++)
-        out[i] = isfinite(loom_ir_load_f64(src, dt, i)) != 0;
 }
 
 static void run_select(const loom_ir_node *n, const void *cond, const void *a, const void *b,
@@ -324,6 +164,7 @@ static loom_status run_reduce(const loom_ir_node *n, const loom_ir_node *x, cons
         }
     }
     int64_t n_out = loom_ir_numel(nk, kext), n_red = loom_ir_numel(nr, rext);
+    loom_ir_scalar_i64_fn add_i = loom_ir_scalar_rule_i64(LOOM_IR_OP_ADD); /* wrapping */
     bool is_float = loom_ir_dtype_is_float(dt);
     if (!is_float && !loom_ir_dtype_is_int(dt))
         return internal_error(n, d);
@@ -378,6 +219,8 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
     int32_t r = x->rank;
     int64_t batch = loom_ir_numel(r - 2, x->shape);
     int64_t M = x->shape[r - 2], K = x->shape[r - 1], N = n->shape[r - 1];
+    loom_ir_scalar_i64_fn add_i = loom_ir_scalar_rule_i64(LOOM_IR_OP_ADD); /* wrapping */
+    loom_ir_scalar_i64_fn mul_i = loom_ir_scalar_rule_i64(LOOM_IR_OP_MUL);
     bool is_float = loom_ir_dtype_is_float(dt);
     if (!is_float && !loom_ir_dtype_is_int(dt))
         return internal_error(n, d);
@@ -439,30 +282,30 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     switch (n->op) {
     case LOOM_IR_OP_INPUT: return LOOM_OK; /* read in place, never copied */
     case LOOM_IR_OP_CONSTANT: run_constant(n, dst); return LOOM_OK;
-    case LOOM_IR_OP_NEG: return run_unary(n, src[0], dst, neg_f, neg_i, d);
-    case LOOM_IR_OP_ABS: return run_unary(n, src[0], dst, abs_f, abs_i, d);
-    case LOOM_IR_OP_EXP: return run_unary(n, src[0], dst, exp_f, NULL, d);
-    case LOOM_IR_OP_LOG: return run_unary(n, src[0], dst, log_f, NULL, d);
-    case LOOM_IR_OP_SQRT: return run_unary(n, src[0], dst, sqrt_f, NULL, d);
-    case LOOM_IR_OP_RSQRT: return run_unary(n, src[0], dst, rsqrt_f, NULL, d);
-    case LOOM_IR_OP_TANH: return run_unary(n, src[0], dst, tanh_f, NULL, d);
-    case LOOM_IR_OP_SIGMOID: return run_unary(n, src[0], dst, sigmoid_f, NULL, d);
-    case LOOM_IR_OP_RELU: return run_unary(n, src[0], dst, relu_f, relu_i, d);
-    case LOOM_IR_OP_GELU: return run_unary(n, src[0], dst, gelu_f, NULL, d);
-    case LOOM_IR_OP_ISFINITE: run_isfinite(n, x[0]->dtype, src[0], dst); return LOOM_OK;
-    case LOOM_IR_OP_ADD: return run_binary(n, src[0], src[1], dst, add_f, add_i, d);
-    case LOOM_IR_OP_SUB: return run_binary(n, src[0], src[1], dst, sub_f, sub_i, d);
-    case LOOM_IR_OP_MUL: return run_binary(n, src[0], src[1], dst, mul_f, mul_i, d);
-    case LOOM_IR_OP_DIV: return run_binary(n, src[0], src[1], dst, div_f, div_i, d);
-    case LOOM_IR_OP_POW: return run_binary(n, src[0], src[1], dst, pow_f, NULL, d);
-    case LOOM_IR_OP_MAXIMUM: return run_binary(n, src[0], src[1], dst, maximum_f, maximum_i, d);
-    case LOOM_IR_OP_MINIMUM: return run_binary(n, src[0], src[1], dst, minimum_f, minimum_i, d);
-    case LOOM_IR_OP_EQ: return run_compare(n, x[0]->dtype, src[0], src[1], dst, eq_f, eq_i);
-    case LOOM_IR_OP_NE: return run_compare(n, x[0]->dtype, src[0], src[1], dst, ne_f, ne_i);
-    case LOOM_IR_OP_LT: return run_compare(n, x[0]->dtype, src[0], src[1], dst, lt_f, lt_i);
-    case LOOM_IR_OP_LE: return run_compare(n, x[0]->dtype, src[0], src[1], dst, le_f, le_i);
-    case LOOM_IR_OP_GT: return run_compare(n, x[0]->dtype, src[0], src[1], dst, gt_f, gt_i);
-    case LOOM_IR_OP_GE: return run_compare(n, x[0]->dtype, src[0], src[1], dst, ge_f, ge_i);
+    case LOOM_IR_OP_NEG:
+    case LOOM_IR_OP_ABS:
+    case LOOM_IR_OP_EXP:
+    case LOOM_IR_OP_LOG:
+    case LOOM_IR_OP_SQRT:
+    case LOOM_IR_OP_RSQRT:
+    case LOOM_IR_OP_TANH:
+    case LOOM_IR_OP_SIGMOID:
+    case LOOM_IR_OP_RELU:
+    case LOOM_IR_OP_GELU: return run_arith(n, src[0], src[0], dst, d);
+    case LOOM_IR_OP_ISFINITE: return run_test(n, x[0]->dtype, src[0], src[0], dst, d);
+    case LOOM_IR_OP_ADD:
+    case LOOM_IR_OP_SUB:
+    case LOOM_IR_OP_MUL:
+    case LOOM_IR_OP_DIV:
+    case LOOM_IR_OP_POW:
+    case LOOM_IR_OP_MAXIMUM:
+    case LOOM_IR_OP_MINIMUM: return run_arith(n, src[0], src[1], dst, d);
+    case LOOM_IR_OP_EQ:
+    case LOOM_IR_OP_NE:
+    case LOOM_IR_OP_LT:
+    case LOOM_IR_OP_LE:
+    case LOOM_IR_OP_GT:
+    case LOOM_IR_OP_GE: return run_test(n, x[0]->dtype, src[0], src[1], dst, d);
     case LOOM_IR_OP_SELECT: run_select(n, src[0], src[1], src[2], dst); return LOOM_OK;
     case LOOM_IR_OP_CAST: run_cast(n, x[0]->dtype, src[0], dst); return LOOM_OK;
     case LOOM_IR_OP_BROADCAST: run_broadcast(n, x[0], src[0], dst); return LOOM_OK;
