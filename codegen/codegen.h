@@ -30,7 +30,24 @@ typedef struct loom_cg_options {
 /* Compiles every kernel of plan (for graph g) for the host CPU (features detected at run
  * time) into one JIT. out_kernels gets plan->n_kernels entries (function, extent, grain);
  * *out_code owns the code they point into. Errors: UNSUPPORTED (an op or dtype codegen
- * cannot lower yet: the message names it), INTERNAL (MLIR/LLVM failed), OUT_OF_MEMORY. */
+ * cannot lower yet: the message names it), INTERNAL (MLIR/LLVM failed), OUT_OF_MEMORY.
+ *
+ * Every op of ops.def is supported in every dtype it accepts, with the interpreter's
+ * semantics: integer ops wrap, x / 0 == 0 and INT_MIN / -1 == INT_MIN, float -> int casts
+ * saturate (NaN -> 0), 16-bit floats are computed in f32 and rounded after every node.
+ * Differences within float tolerance: f32 exp/log/tanh/sigmoid/gelu are polynomial
+ * approximations (relative error at most 2.5e-7, 2.5e-7, 3e-7, 4e-7 and 1e-6, checked by
+ * the tests over dense sweeps; about 1, 1, 1.3, 2.6 and 6 ulp); f32 matmuls
+ * accumulate in f32 (the interpreter in double); float sums accumulate in f64 in another
+ * order. What codegen refuses (UNSUPPORTED): a matmul operand computed inside the matmul's
+ * own kernel, a reshape inside a kernel, a reduction or matmul that is not its kernel's
+ * root, an epilogue result whose shape is not the reduced value's / the product's.
+ * Kernels assume that no result buffer overlaps an arg buffer of the same kernel.
+ *
+ * Memory comes from g's allocator (used under a lock by the compile threads). Thread-safe:
+ * several compiles may run at once, and kernels are reentrant. Environment:
+ * LOOM_CG_TIMING=1 prints each compile's phase times to stderr; LOOM_CG_FMA=0 makes the
+ * math polynomials avoid fused multiply-add (the path of hosts without it, for tests). */
 loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
                             const loom_cg_options *opts, loom_cg_code **out_code,
                             loom_rt_kernel *out_kernels, loom_ir_diag *d);
@@ -39,15 +56,20 @@ void loom_cg_code_destroy(loom_cg_code *code);
 void loom_cg_code_release(void *code);
 
 /* The code as one self-describing blob (object file plus kernel table) for the disk cache,
- * appended to out; and the reverse. load checks the blob's structure and that it has
- * n_kernels kernels. Errors: CORRUPT_DATA, INTERNAL, OUT_OF_MEMORY. */
+ * appended to out; and the reverse. load checks the blob's structure, its checksum (which
+ * covers the machine code), that it was compiled for this target (loom_cg_target_key) and
+ * that it has n_kernels kernels; any mismatch is CORRUPT_DATA, never a crash. The loaded
+ * code is allocated with the system allocator. Errors: CORRUPT_DATA, INTERNAL,
+ * OUT_OF_MEMORY. */
 loom_status loom_cg_code_serialize(const loom_cg_code *code, loom_ir_sbuf *out, loom_ir_diag *d);
 loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
                               loom_cg_code **out_code, loom_rt_kernel *out_kernels,
                               loom_ir_diag *d);
 
-/* What compiled code depends on besides the graph, for cache keys: LLVM version, host CPU
- * name and feature string, codegen's own format version. Stable for a process. */
+/* What compiled code depends on besides the graph, for cache keys: LLVM version, target
+ * triple, host CPU name, the enabled host features and codegen's own format version, e.g.
+ * "llvm-19.1.7;x86_64-pc-linux-gnu;znver5;+avx,+avx2,...;cg1" (about 550 characters on an
+ * AVX-512 machine). Stable for a process; never NULL. */
 const char *loom_cg_target_key(void);
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "frontend.h"
 #include "runtime/kernel.h"
+#include "runtime/disk_cache.h"
 #include "runtime/stream.h"
 
 /* Registry of live contexts so a handle (which carries only an id) finds its context, even
@@ -44,6 +45,15 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     opts->sync = sync && *sync && strcmp(sync, "0") != 0;
 }
 
+static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
+    size_t n = strlen(s);
+    *out = loom_ir_alloc(a, n + 1);
+    if (!*out)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    memcpy(*out, s, n + 1);
+    return LOOM_OK;
+}
+
 LOOM_API loom_status loom_context_create(const loom_context_options *opts,
                                          loom_context **out_ctx) {
     if (!out_ctx)
@@ -74,14 +84,20 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     loom_ir_diag_init(&d);
     loom_status st = loom_rt_device_create(opts->device, &ctx->alloc, &ctx->metrics,
                                            &ctx->device, &d);
-    if (st == LOOM_OK && opts->dump_dir) {
-        size_t n = strlen(opts->dump_dir);
-        ctx->dump_dir = loom_ir_alloc(&ctx->alloc, n + 1);
-        if (ctx->dump_dir)
-            memcpy(ctx->dump_dir, opts->dump_dir, n + 1);
-        else
-            st = LOOM_STATUS_OUT_OF_MEMORY;
-    }
+    if (st == LOOM_OK && opts->dump_dir)
+        st = dup_string(&ctx->alloc, opts->dump_dir, &ctx->dump_dir);
+    char cache_buf[4096];
+    const char *cache_dir = opts->cache_dir
+                                ? opts->cache_dir
+                                : loom_rt_disk_cache_default_dir(cache_buf, sizeof cache_buf);
+    if (st == LOOM_OK && cache_dir && *cache_dir)
+        st = dup_string(&ctx->alloc, cache_dir, &ctx->cache_dir);
+    const char *verify = getenv("LOOM_VERIFY");
+#ifdef NDEBUG
+    ctx->verify_passes = verify && *verify && strcmp(verify, "0") != 0;
+#else
+    ctx->verify_passes = !verify || strcmp(verify, "0") != 0; /* debug builds verify */
+#endif
     if (st == LOOM_OK) {
         int32_t threads = opts->num_threads > 0 ? opts->num_threads : loom_rt_default_threads();
         st = loom_rt_pool_create(threads, &ctx->alloc, &ctx->pool);
@@ -126,6 +142,8 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
     loom_ir_free(a, ctx->root_tensors, (size_t)ctx->cap_root_tensors * sizeof *ctx->root_tensors);
     if (ctx->dump_dir)
         loom_ir_free(a, ctx->dump_dir, strlen(ctx->dump_dir) + 1);
+    if (ctx->cache_dir)
+        loom_ir_free(a, ctx->cache_dir, strlen(ctx->cache_dir) + 1);
     loom_rt_cache_deinit(&ctx->cache);
     loom_ir_graph_deinit(&ctx->trace);
     loom_ir_graph_deinit(&ctx->cut);

@@ -60,6 +60,8 @@ struct loom_context {
     bool eager;
     bool sync;      /* wait for every step in mark_step (LOOM_SYNC=1) */
     char *dump_dir; /* NULL: no dumps */
+    char *cache_dir; /* NULL: no disk cache */
+    bool verify_passes;
 
     /* the current step */
     int64_t step;

@@ -12,7 +12,7 @@
 
 /* LOOM_DUMP: the graph as text and DOT, named by step and hash. Failures to write are
  * reported on stderr once per graph and never fail the step. */
-static void dump_graph(loom_context *ctx, const loom_ir_graph *g, uint64_t hash) {
+static void dump_graph(loom_context *ctx, const loom_ir_graph *g, const char *prefix) {
     if (mkdir(ctx->dump_dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "loom: LOOM_DUMP: cannot create %s: %s\n", ctx->dump_dir, strerror(errno));
         return;
@@ -22,14 +22,13 @@ static void dump_graph(loom_context *ctx, const loom_ir_graph *g, uint64_t hash)
         loom_ir_sbuf sb;
         loom_ir_sbuf_init(&sb, &ctx->alloc);
         if (k == 0) {
-            loom_ir_sbuf_printf(&sb, "// step %" PRId64 ", hash %016" PRIx64 "\n", ctx->step, hash);
+            loom_ir_sbuf_printf(&sb, "// %s: the graph as traced\n", prefix);
             loom_ir_graph_print(g, loom_ir_sbuf_write, &sb);
         } else {
             loom_ir_graph_dot(g, loom_ir_sbuf_write, &sb);
         }
         char path[4096];
-        snprintf(path, sizeof path, "%s/step%06" PRId64 "-%016" PRIx64 ".%s", ctx->dump_dir,
-                 ctx->step, hash, ext[k]);
+        snprintf(path, sizeof path, "%s/%s.%s", ctx->dump_dir, prefix, ext[k]);
         loom_ir_diag d;
         loom_ir_diag_init(&d);
         if (sb.oom)
@@ -50,14 +49,34 @@ static loom_status lookup_or_build(loom_context *ctx, loom_rt_executable **out_e
     }
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_MISS, 1);
     int64_t t0 = loom_rt_now_ns();
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "step%06" PRId64 "-%016" PRIx64, ctx->step, hash);
     if (ctx->dump_dir)
-        dump_graph(ctx, &ctx->cut, hash);
-    loom_status st = loom_rt_interp_executable_create(&ctx->cut, hash, &ctx->alloc, &exe);
+        dump_graph(ctx, &ctx->cut, prefix);
+    loom_status st = LOOM_STATUS_UNSUPPORTED;
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (!ctx->eager) {
+        loom_fe_jit_options o = {.compile_threads = loom_rt_pool_threads(ctx->pool),
+                                 .verify_passes = ctx->verify_passes,
+                                 .cache_dir = ctx->cache_dir,
+                                 .dump_dir = ctx->dump_dir,
+                                 .dump_prefix = prefix};
+        st = loom_fe_jit_build(&ctx->cut, hash, &o, ctx->pool, &ctx->alloc, &ctx->metrics, &exe, &d);
+        if (st == LOOM_STATUS_UNSUPPORTED) {
+            loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FALLBACKS, 1);
+            fprintf(stderr, "loom: note: step %" PRId64 ": %s; running this graph on the reference "
+                            "interpreter\n", ctx->step, d.msg);
+        }
+    }
+    if (st == LOOM_STATUS_UNSUPPORTED)
+        st = loom_rt_interp_executable_create(&ctx->cut, hash, &ctx->alloc, &exe);
     if (st == LOOM_OK)
         st = loom_rt_cache_insert(&ctx->cache, exe);
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_COMPILE_TIME, loom_rt_now_ns() - t0);
     if (st != LOOM_OK)
-        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory building the step");
+        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "building step %" PRId64 ": %s",
+                             ctx->step, d.code != LOOM_OK ? d.msg : "out of memory");
     *out_exe = exe;
     return LOOM_OK;
 }

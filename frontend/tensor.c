@@ -226,6 +226,8 @@ LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *h, void *d
                                  "failed");
         loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FORCED_READS, 1);
         loom_status st = loom_fe_compute(ctx, 1, &slot);
+        if (st == LOOM_OK)
+            st = loom_fe_finish_inflight(ctx);
         if (st != LOOM_OK)
             return st;
     }

@@ -115,6 +115,8 @@ typedef struct loom_context_options {
     const char *dump_dir;     /* write every graph cut by mark_step here (LOOM_DUMP) */
     int32_t num_threads;      /* the device's threads; 0: LOOM_NUM_THREADS, else all cores */
     bool sync;                /* mark_step waits for the step to finish (LOOM_SYNC=1) */
+    const char *cache_dir;    /* compiled code cache: NULL: LOOM_CACHE_DIR, else
+                                 $XDG_CACHE_HOME/loom or ~/.cache/loom; "": no disk cache */
 } loom_context_options;
 
 /* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP,

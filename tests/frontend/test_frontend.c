@@ -35,6 +35,7 @@ static void test_ops_are_recorded_not_computed_until_mark_step(void **state) {
     assert_int_equal(loom_metric_value(ctx, "TracedOps"), 2);
     loom_tensor_retain(y);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_context_sync(ctx), LOOM_OK); /* steps run asynchronously */
     assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1);
     assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
     float out[3];
@@ -212,6 +213,7 @@ static void test_dump_dir_gets_a_loom_and_a_dot_file_per_compiled_graph(void **s
     loom_context_options opts;
     loom_context_options_init(&opts);
     opts.dump_dir = dir;
+    opts.cache_dir = ""; /* compile for real, so codegen's dumps are written */
     loom_context *ctx = NULL;
     assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
     loom_tensor *x = f32(ctx, 1, (int64_t[]){2}, (float[]){1, 2});
@@ -225,21 +227,36 @@ static void test_dump_dir_gets_a_loom_and_a_dot_file_per_compiled_graph(void **s
     loom_context_destroy(ctx);
     DIR *dp = opendir(dir);
     assert_non_null(dp);
-    int n_loom = 0, n_dot = 0;
+    /* one compiled graph: its traced IR (stepNNNNNN-<hash>.loom, the only name with one
+     * dot), DOT, the IR after each pass, the plan, MLIR before/after lowering, LLVM IR and
+     * assembly */
+    int n_traced = 0, n_dot = 0, n_after_pass = 0, n_plan = 0, n_mlir = 0, n_ll = 0, n_asm = 0;
     char loom_path[512] = "";
     struct dirent *e;
     while ((e = readdir(dp))) {
-        size_t len = strlen(e->d_name);
-        if (len > 5 && strcmp(e->d_name + len - 5, ".loom") == 0) {
-            n_loom++;
-            snprintf(loom_path, sizeof loom_path, "%s/%s", dir, e->d_name);
-        } else if (len > 4 && strcmp(e->d_name + len - 4, ".dot") == 0) {
-            n_dot++;
+        const char *name = e->d_name, *dot = strchr(name, '.');
+        size_t len = strlen(name);
+        bool ends_loom = len > 5 && strcmp(name + len - 5, ".loom") == 0;
+        if (ends_loom && dot == name + len - 5) {
+            n_traced++;
+            snprintf(loom_path, sizeof loom_path, "%s/%s", dir, name);
+        } else if (ends_loom && strstr(name, "-dce.loom")) {
+            n_after_pass++;
         }
+        n_dot += len > 4 && strcmp(name + len - 4, ".dot") == 0;
+        n_plan += strstr(name, ".plan.txt") != NULL;
+        n_mlir += len > 5 && strcmp(name + len - 5, ".mlir") == 0;
+        n_ll += len > 3 && strcmp(name + len - 3, ".ll") == 0;
+        n_asm += len > 2 && strcmp(name + len - 2, ".s") == 0;
     }
     closedir(dp);
-    assert_int_equal(n_loom, 1);
+    assert_int_equal(n_traced, 1);
     assert_int_equal(n_dot, 1);
+    assert_int_equal(n_after_pass, 1);
+    assert_int_equal(n_plan, 1);
+    assert_int_equal(n_mlir, 2);
+    assert_int_equal(n_ll, 1);
+    assert_int_equal(n_asm, 1);
     FILE *f = fopen(loom_path, "r");
     assert_non_null(f);
     char text[2048];
@@ -279,6 +296,7 @@ static void test_metrics_report_as_text_and_json(void **state) {
         assert_int_equal(loom_mark_step(ctx), LOOM_OK);
         loom_tensor_release(y);
     }
+    assert_int_equal(loom_context_sync(ctx), LOOM_OK);
     assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
     assert_int_equal(loom_metric_value(ctx, "CacheHit"), 2);
     assert_int_equal(loom_metric_value(ctx, "MarkStep"), 3);

@@ -1,0 +1,170 @@
+/* Codegen internals shared by its files: the MLIR op builder, the polynomial math emitters,
+ * the per-kernel lowering and the JIT. Never included outside codegen/. */
+#ifndef LOOM_CODEGEN_CG_INTERNAL_H
+#define LOOM_CODEGEN_CG_INTERNAL_H
+
+#include <mlir-c/BuiltinAttributes.h>
+#include <mlir-c/BuiltinTypes.h>
+#include <mlir-c/IR.h>
+
+#include "codegen.h"
+
+/* Bumped whenever generated code or the blob layout changes: part of the target key, so a
+ * disk cache never hands old code to a newer Loom. */
+#define LOOM_CG_FORMAT_VERSION 1
+
+/* ---- MLIR op builder (mlir_build.c) -------------------------------------------------------
+ * Ops are appended at the end of `block`; loops and ifs move it into their bodies and back.
+ * Every builder takes and returns plain MlirValues; results have the operand's type unless
+ * the name says otherwise. */
+
+typedef struct cg_b {
+    MlirContext ctx;
+    MlirModule module;
+    MlirLocation loc;
+    MlirBlock block;
+    MlirType index, i1, i8, i16, i32, i64, f16, f32, f64;
+    uint32_t libm_declared; /* bit per cg_libm function already declared in module */
+    bool fma;               /* the host has fused multiply-add (math.fma is one instruction) */
+} cg_b;
+
+void cg_b_init(cg_b *b, MlirContext ctx, MlirModule module);
+
+MlirOperation cg_op(cg_b *b, const char *name, intptr_t n_operands, const MlirValue *operands,
+                    intptr_t n_results, const MlirType *results, intptr_t n_attrs,
+                    const MlirNamedAttribute *attrs);
+MlirNamedAttribute cg_named(cg_b *b, const char *name, MlirAttribute attr);
+/* One-result op without attributes. */
+MlirValue cg_v(cg_b *b, const char *name, intptr_t n, const MlirValue *operands, MlirType result);
+
+MlirValue cg_cf(cg_b *b, MlirType t, double v);  /* float constant */
+MlirValue cg_ci(cg_b *b, MlirType t, int64_t v); /* integer (and i1, index) constant */
+MlirValue cg_idx(cg_b *b, int64_t v);            /* index constant */
+
+MlirValue cg_bin(cg_b *b, const char *name, MlirValue x, MlirValue y); /* result: x's type */
+MlirValue cg_un(cg_b *b, const char *name, MlirValue x);
+MlirValue cg_conv(cg_b *b, const char *name, MlirValue x, MlirType to);
+MlirValue cg_fma(cg_b *b, MlirValue x, MlirValue y, MlirValue z); /* math.fma */
+/* x * y + z: one fma when the host has it, else a multiply and an add. */
+MlirValue cg_muladd(cg_b *b, MlirValue x, MlirValue y, MlirValue z);
+MlirValue cg_select(cg_b *b, MlirValue c, MlirValue t, MlirValue f);
+
+/* arith.cmpf / arith.cmpi predicates (their MLIR enum values). */
+typedef enum cg_fpred {
+    CG_F_OEQ = 1,
+    CG_F_OGT = 2,
+    CG_F_OGE = 3,
+    CG_F_OLT = 4,
+    CG_F_OLE = 5,
+    CG_F_ONE = 6,
+    CG_F_UGT = 9,
+    CG_F_UNE = 13,
+    CG_F_UNO = 14,
+} cg_fpred;
+typedef enum cg_ipred {
+    CG_I_EQ = 0,
+    CG_I_NE = 1,
+    CG_I_SLT = 2,
+    CG_I_SLE = 3,
+    CG_I_SGT = 4,
+    CG_I_SGE = 5,
+    CG_I_ULT = 6,
+    CG_I_UGT = 8,
+} cg_ipred;
+MlirValue cg_cmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y);
+MlirValue cg_cmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y);
+
+/* Index arithmetic that folds the trivial cases (x*1, x+0, 0*y) so address code stays small. */
+MlirValue cg_iadd(cg_b *b, MlirValue x, MlirValue y);
+MlirValue cg_imul_c(cg_b *b, MlirValue x, int64_t c);
+MlirValue cg_imin(cg_b *b, MlirValue x, MlirValue y);
+
+/* memref.load / memref.store on a 1-D memref. */
+MlirValue cg_load(cg_b *b, MlirValue mem, MlirValue i);
+void cg_store(cg_b *b, MlirValue v, MlirValue mem, MlirValue i);
+
+/* scf.for over [lb, ub) with step 1 and n_iter loop-carried values (<= 4). After begin, ops
+ * go into the body; end yields and moves back after the loop. */
+#define CG_MAX_ITER 4
+typedef struct cg_for {
+    MlirOperation op;
+    MlirBlock parent;
+    MlirValue iv;
+    MlirValue iter[CG_MAX_ITER];
+} cg_for;
+void cg_for_begin(cg_b *b, cg_for *l, MlirValue lb, MlirValue ub, int n_iter,
+                  const MlirValue *init);
+void cg_for_end(cg_b *b, cg_for *l, int n_yield, const MlirValue *yield);
+MlirValue cg_for_result(const cg_for *l, int i);
+
+/* scf.if without results: begin enters the then-block; end returns after the op. */
+typedef struct cg_if {
+    MlirOperation op;
+    MlirBlock parent;
+} cg_if;
+void cg_if_begin(cg_b *b, cg_if *f, MlirValue cond);
+void cg_if_end(cg_b *b, cg_if *f);
+
+/* f64 libm functions without an MLIR math lowering to an intrinsic. */
+typedef enum cg_libm { CG_LIBM_TANH, CG_LIBM_ERF, CG_LIBM_COUNT_ } cg_libm;
+MlirValue cg_call_libm(cg_b *b, cg_libm fn, MlirValue x);
+
+/* ---- vectorizable f32 math (math_approx.c) ------------------------------------------------
+ * Polynomial approximations built from arith ops only (no calls), so LLVM's loop vectorizer
+ * widens them. Accuracy against double-precision libm over the f32 range: exp, log within
+ * 1 ulp, tanh 1.3 ulp, sigmoid 2.6 ulp, gelu 6.2 ulp (5e-7 relative); NaN and infinities
+ * as libm. */
+MlirValue cg_exp_f32(cg_b *b, MlirValue x);
+MlirValue cg_log_f32(cg_b *b, MlirValue x);
+MlirValue cg_tanh_f32(cg_b *b, MlirValue x);
+MlirValue cg_sigmoid_f32(cg_b *b, MlirValue x);
+MlirValue cg_gelu_f32(cg_b *b, MlirValue x);
+
+/* ---- kernel lowering (lower_kernel.c) ---------------------------------------------------- */
+
+/* Per-thread scratch sized to a graph: node-indexed tables reused by every kernel. */
+typedef struct cg_scratch cg_scratch;
+loom_status loom_cg_scratch_create(const loom_ir_graph *g, const loom_allocator *a,
+                                   cg_scratch **out);
+void loom_cg_scratch_destroy(cg_scratch *s);
+
+/* Checks that kernel k can be lowered and computes its outer extent and grain, without
+ * touching MLIR. Errors: UNSUPPORTED (names the op, dtype and kernel), INTERNAL (a plan
+ * that breaks its rules). */
+loom_status loom_cg_kernel_check(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k,
+                                 cg_scratch *s, int64_t *out_extent, int64_t *out_grain,
+                                 loom_ir_diag *d);
+
+/* Appends to b's module `func.func @<name>(memref..., index lo, index hi)`: one flat memref
+ * per kernel arg then per result (storage dtypes: bf16 as i16, bool as i8). use_linalg:
+ * f32 matmuls as linalg.matmul for the matmul schedule (otherwise plain loops). */
+loom_status loom_cg_kernel_emit(cg_b *b, const loom_ir_graph *g, const loom_ir_plan *plan,
+                                int32_t k, const char *name, bool use_linalg, cg_scratch *s,
+                                loom_ir_diag *d);
+/* Whether kernel k's body contains a linalg.matmul when emitted with use_linalg. */
+bool loom_cg_kernel_uses_linalg(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k);
+
+/* ---- JIT (jit.c) ---------------------------------------------------------------------------
+ * One-time LLVM/MLIR initialisation (targets, passes); host CPU description. */
+void loom_cg_init_once(void);
+const char *loom_cg_host_triple(void);
+const char *loom_cg_host_cpu(void);
+const char *loom_cg_host_features(void);
+/* Whether the host has fma; LOOM_CG_FMA=0 in the environment says no (tests use it to
+ * cover the code path of hosts without). */
+bool loom_cg_host_has_fma(void);
+
+typedef struct cg_kernel_rec {
+    char name[32];
+    int64_t extent, grain;
+} cg_kernel_rec;
+
+/* Builds a code object: a fresh LLJIT holding the given object files (copied), with each
+ * kernel's symbol looked up into out_kernels. objs/obj_lens are borrowed. Errors:
+ * CORRUPT_DATA (an object LLVM rejects, a missing symbol), INTERNAL, OUT_OF_MEMORY. */
+loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const uint8_t *const *objs,
+                               const size_t *obj_lens, int32_t n_kernels, const cg_kernel_rec *recs,
+                               loom_cg_code **out_code, loom_rt_kernel *out_kernels,
+                               loom_status bad_object_status, loom_ir_diag *d);
+
+#endif

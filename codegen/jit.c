@@ -1,0 +1,417 @@
+/* The ORC JIT holding a plan's compiled kernels: one LLJIT per code object, fed with the
+ * object files the compile threads emitted (or a cache blob's), its kernels looked up by
+ * name; the self-describing blob for the disk cache; the host target description. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <mlir-c/RegisterEverything.h>
+
+#include "build_id.h"
+#include "cg_internal.h"
+
+struct loom_cg_code {
+    loom_allocator alloc;
+    LLVMOrcLLJITRef jit;
+    int32_t n_objs, n_kernels;
+    uint8_t **objs; /* kept for serialization */
+    size_t *obj_lens;
+    cg_kernel_rec *recs;
+};
+
+/* ---- one-time initialisation and the host ------------------------------------------------ */
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static char host_triple[128], host_cpu[64], host_features[4096], target_key[4400];
+
+static void copy_str(char *dst, size_t size, char *src) {
+    snprintf(dst, size, "%s", src ? src : "");
+    LLVMDisposeMessage(src);
+}
+
+static void init(void) {
+    LLVMInitializeNativeTarget();
+    LLVMInitializeNativeAsmPrinter();
+    LLVMInitializeNativeAsmParser();
+    mlirRegisterAllPasses();
+    char *t = LLVMGetDefaultTargetTriple();
+    char *norm = LLVMNormalizeTargetTriple(t);
+    LLVMDisposeMessage(t);
+    copy_str(host_triple, sizeof host_triple, norm);
+    copy_str(host_cpu, sizeof host_cpu, LLVMGetHostCPUName());
+    copy_str(host_features, sizeof host_features, LLVMGetHostCPUFeatures());
+    /* The key lists the enabled features only: with the LLVM version fixed, the disabled
+     * ones are everything else, and the key stays short enough for cache file names. */
+    size_t n = (size_t)snprintf(target_key, sizeof target_key, "llvm-%s;%s;%s;",
+                                loom_cg_llvm_version(), host_triple, host_cpu);
+    for (const char *p = host_features; *p && n < sizeof target_key;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len > 1 && p[0] == '+' && n + len + 1 < sizeof target_key) {
+            memcpy(target_key + n, p, len);
+            n += len;
+            target_key[n++] = ',';
+        }
+        p += len + (end ? 1 : 0);
+    }
+    snprintf(target_key + n, sizeof target_key - n, ";cg%d;build-%s", LOOM_CG_FORMAT_VERSION,
+             LOOM_BUILD_ID);
+}
+
+void loom_cg_init_once(void) {
+    pthread_once(&init_once, init);
+}
+
+const char *loom_cg_host_triple(void) {
+    loom_cg_init_once();
+    return host_triple;
+}
+
+const char *loom_cg_host_cpu(void) {
+    loom_cg_init_once();
+    return host_cpu;
+}
+
+const char *loom_cg_host_features(void) {
+    loom_cg_init_once();
+    return host_features;
+}
+
+bool loom_cg_host_has_fma(void) {
+    loom_cg_init_once();
+    const char *force = getenv("LOOM_CG_FMA"); /* "0": test the portable path */
+    if (force && force[0] == '0')
+        return false;
+    if (strncmp(host_triple, "aarch64", 7) == 0 || strncmp(host_triple, "arm64", 5) == 0)
+        return true;
+    for (const char *p = host_features; (p = strstr(p, "+fma")) != NULL; p += 4)
+        if ((p == host_features || p[-1] == ',') && (p[4] == ',' || p[4] == '\0'))
+            return true;
+    return false;
+}
+
+const char *loom_cg_target_key(void) {
+    loom_cg_init_once();
+    return target_key;
+}
+
+/* ---- code objects ------------------------------------------------------------------------- */
+
+static loom_status llvm_err(loom_ir_diag *d, loom_status code, const char *what, LLVMErrorRef err) {
+    char *msg = LLVMGetErrorMessage(err);
+    loom_status st = loom_ir_diag_set(d, code, "codegen: %s: %s", what, msg ? msg : "?");
+    LLVMDisposeErrorMessage(msg);
+    return st;
+}
+
+/* Link errors would otherwise be printed to stderr by ORC; they come back from lookups. */
+static void swallow_error(void *ctx, LLVMErrorRef err) {
+    (void)ctx;
+    LLVMConsumeError(err);
+}
+
+void loom_cg_code_destroy(loom_cg_code *code) {
+    if (!code)
+        return;
+    if (code->jit) {
+        LLVMErrorRef err = LLVMOrcDisposeLLJIT(code->jit);
+        if (err)
+            LLVMConsumeError(err);
+    }
+    for (int32_t i = 0; i < code->n_objs; i++)
+        if (code->objs && code->objs[i])
+            loom_ir_free(&code->alloc, code->objs[i], code->obj_lens[i] ? code->obj_lens[i] : 1);
+    loom_ir_free(&code->alloc, code->objs, (size_t)code->n_objs * sizeof(uint8_t *));
+    loom_ir_free(&code->alloc, code->obj_lens, (size_t)code->n_objs * sizeof(size_t));
+    loom_ir_free(&code->alloc, code->recs, (size_t)code->n_kernels * sizeof(cg_kernel_rec));
+    loom_allocator a = code->alloc;
+    loom_ir_free(&a, code, sizeof *code);
+}
+
+void loom_cg_code_release(void *code) {
+    loom_cg_code_destroy(code);
+}
+
+loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const uint8_t *const *objs,
+                               const size_t *obj_lens, int32_t n_kernels, const cg_kernel_rec *recs,
+                               loom_cg_code **out_code, loom_rt_kernel *out_kernels,
+                               loom_status bad_object_status, loom_ir_diag *d) {
+    loom_cg_init_once();
+    *out_code = NULL;
+    loom_cg_code *code = loom_ir_alloc(a, sizeof *code);
+    if (!code)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
+    memset(code, 0, sizeof *code);
+    code->alloc = *a;
+    loom_status st = LOOM_OK;
+    if (n_objs > 0) {
+        code->objs = loom_ir_alloc(a, (size_t)n_objs * sizeof(uint8_t *));
+        code->obj_lens = loom_ir_alloc(a, (size_t)n_objs * sizeof(size_t));
+        if (code->objs && code->obj_lens) {
+            code->n_objs = n_objs;
+            memset(code->objs, 0, (size_t)n_objs * sizeof(uint8_t *));
+            memset(code->obj_lens, 0, (size_t)n_objs * sizeof(size_t));
+        } else {
+            loom_ir_free(a, code->objs, (size_t)n_objs * sizeof(uint8_t *));
+            loom_ir_free(a, code->obj_lens, (size_t)n_objs * sizeof(size_t));
+            code->objs = NULL;
+            code->obj_lens = NULL;
+            st = LOOM_STATUS_OUT_OF_MEMORY;
+        }
+    }
+    for (int32_t i = 0; i < code->n_objs && st == LOOM_OK; i++) {
+        code->objs[i] = loom_ir_alloc(a, obj_lens[i] ? obj_lens[i] : 1);
+        if (!code->objs[i])
+            st = LOOM_STATUS_OUT_OF_MEMORY;
+        else {
+            memcpy(code->objs[i], objs[i], obj_lens[i]);
+            code->obj_lens[i] = obj_lens[i];
+        }
+    }
+    if (st == LOOM_OK && n_kernels > 0) {
+        code->recs = loom_ir_alloc(a, (size_t)n_kernels * sizeof(cg_kernel_rec));
+        if (!code->recs)
+            st = LOOM_STATUS_OUT_OF_MEMORY;
+        else {
+            memcpy(code->recs, recs, (size_t)n_kernels * sizeof(cg_kernel_rec));
+            code->n_kernels = n_kernels;
+        }
+    }
+    if (st != LOOM_OK) {
+        loom_cg_code_destroy(code);
+        return loom_ir_diag_set(d, st, "codegen: out of memory keeping the kernels' code");
+    }
+
+    LLVMErrorRef err = LLVMOrcCreateLLJIT(&code->jit, LLVMOrcCreateLLJITBuilder());
+    if (err) {
+        code->jit = NULL;
+        st = llvm_err(d, LOOM_STATUS_INTERNAL, "creating the JIT", err);
+    }
+    if (st == LOOM_OK) {
+        LLVMOrcExecutionSessionSetErrorReporter(LLVMOrcLLJITGetExecutionSession(code->jit),
+                                                swallow_error, NULL);
+        LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(code->jit);
+        LLVMOrcDefinitionGeneratorRef gen;
+        /* libm (f64 exp, tanh, erf; powf), malloc/free for matmul scratch */
+        err = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+            &gen, LLVMOrcLLJITGetGlobalPrefix(code->jit), NULL, NULL);
+        if (err)
+            st = llvm_err(d, LOOM_STATUS_INTERNAL, "resolving process symbols", err);
+        else
+            LLVMOrcJITDylibAddGenerator(jd, gen);
+        for (int32_t i = 0; i < code->n_objs && st == LOOM_OK; i++) {
+            LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(
+                (const char *)code->objs[i], code->obj_lens[i], "loom-kernels");
+            err = LLVMOrcLLJITAddObjectFile(code->jit, jd, mb);
+            if (err)
+                st = llvm_err(d, bad_object_status, "loading compiled kernels", err);
+        }
+    }
+    for (int32_t k = 0; k < n_kernels && st == LOOM_OK; k++) {
+        LLVMOrcExecutorAddress addr = 0;
+        err = LLVMOrcLLJITLookup(code->jit, &addr, code->recs[k].name);
+        if (err)
+            st = llvm_err(d, bad_object_status, "linking compiled kernels", err);
+        else if (!addr)
+            st = loom_ir_diag_set(d, bad_object_status, "codegen: kernel %s has no address",
+                                  code->recs[k].name);
+        else
+            out_kernels[k] = (loom_rt_kernel){
+                .fn = (loom_rt_kernel_fn)(uintptr_t)addr,
+                .extent = code->recs[k].extent,
+                .grain = code->recs[k].grain,
+            };
+    }
+    if (st != LOOM_OK) {
+        loom_cg_code_destroy(code);
+        return st;
+    }
+    *out_code = code;
+    return LOOM_OK;
+}
+
+/* ---- the cache blob ------------------------------------------------------------------------
+ *   "LOOMCGB\0"  u32 format version  u32 key length  u32 kernels  u32 objects
+ *   key bytes (loom_cg_target_key())
+ *   per kernel: u32 name length, name, i64 extent, i64 grain
+ *   per object: u64 length, bytes
+ *   u64 checksum of everything before it
+ * Integers little-endian. The checksum covers the machine code too: a flipped byte there
+ * would otherwise load and then crash. */
+
+static const char blob_magic[8] = {'L', 'O', 'O', 'M', 'C', 'G', 'B', '\0'};
+
+static uint64_t checksum(const uint8_t *p, size_t n) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) {
+        h = (h ^ p[i]) * 0x100000001b3ull;
+        h ^= h >> 31;
+    }
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 33);
+}
+
+static void put_u32(loom_ir_sbuf *sb, uint32_t v) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    loom_ir_sbuf_append(sb, (const char *)b, 4);
+}
+
+static void put_u64(loom_ir_sbuf *sb, uint64_t v) {
+    put_u32(sb, (uint32_t)v);
+    put_u32(sb, (uint32_t)(v >> 32));
+}
+
+loom_status loom_cg_code_serialize(const loom_cg_code *code, loom_ir_sbuf *out, loom_ir_diag *d) {
+    if (!code || !out)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "codegen: %s is NULL",
+                                !code ? "the code" : "the output");
+    size_t start = out->len;
+    const char *key = loom_cg_target_key();
+    loom_ir_sbuf_append(out, blob_magic, sizeof blob_magic);
+    put_u32(out, LOOM_CG_FORMAT_VERSION);
+    put_u32(out, (uint32_t)strlen(key));
+    put_u32(out, (uint32_t)code->n_kernels);
+    put_u32(out, (uint32_t)code->n_objs);
+    loom_ir_sbuf_append(out, key, strlen(key));
+    for (int32_t k = 0; k < code->n_kernels; k++) {
+        const cg_kernel_rec *r = &code->recs[k];
+        put_u32(out, (uint32_t)strlen(r->name));
+        loom_ir_sbuf_append(out, r->name, strlen(r->name));
+        put_u64(out, (uint64_t)r->extent);
+        put_u64(out, (uint64_t)r->grain);
+    }
+    for (int32_t i = 0; i < code->n_objs; i++) {
+        put_u64(out, code->obj_lens[i]);
+        loom_ir_sbuf_append(out, (const char *)code->objs[i], code->obj_lens[i]);
+    }
+    if (out->oom)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory serializing");
+    put_u64(out, checksum((const uint8_t *)out->data + start, out->len - start));
+    if (out->oom)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory serializing");
+    return LOOM_OK;
+}
+
+typedef struct reader {
+    const uint8_t *p;
+    size_t len, pos;
+} reader;
+
+static bool get_bytes(reader *r, size_t n, const uint8_t **out) {
+    if (n > r->len - r->pos)
+        return false;
+    *out = r->p + r->pos;
+    r->pos += n;
+    return true;
+}
+
+static bool get_u32(reader *r, uint32_t *v) {
+    const uint8_t *b;
+    if (!get_bytes(r, 4, &b))
+        return false;
+    *v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    return true;
+}
+
+static bool get_u64(reader *r, uint64_t *v) {
+    uint32_t lo, hi;
+    if (!get_u32(r, &lo) || !get_u32(r, &hi))
+        return false;
+    *v = (uint64_t)hi << 32 | lo;
+    return true;
+}
+
+static loom_status corrupt(loom_ir_diag *d, const char *what) {
+    return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA, "codegen: code blob: %s", what);
+}
+
+loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
+                              loom_cg_code **out_code, loom_rt_kernel *out_kernels,
+                              loom_ir_diag *d) {
+    if (!out_code || (!blob && len > 0) || (!out_kernels && n_kernels > 0) || n_kernels < 0)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "codegen: bad load arguments");
+    *out_code = NULL;
+    loom_cg_init_once();
+    reader r = {.p = blob, .len = len};
+    if (len < sizeof blob_magic + 16 + 8)
+        return corrupt(d, "truncated header");
+    uint64_t sum;
+    memcpy(&sum, (const uint8_t *)blob + len - 8, 8); /* little-endian hosts only (x86-64, arm64) */
+    if (sum != checksum(blob, len - 8))
+        return corrupt(d, "checksum mismatch");
+    r.len = len - 8;
+    const uint8_t *magic;
+    uint32_t version, key_len, nk, no;
+    if (!get_bytes(&r, sizeof blob_magic, &magic) || memcmp(magic, blob_magic, sizeof blob_magic))
+        return corrupt(d, "not a Loom code blob");
+    if (!get_u32(&r, &version) || !get_u32(&r, &key_len) || !get_u32(&r, &nk) || !get_u32(&r, &no))
+        return corrupt(d, "truncated header");
+    if (version != LOOM_CG_FORMAT_VERSION)
+        return corrupt(d, "written by another codegen version");
+    const uint8_t *key;
+    const char *want = loom_cg_target_key();
+    if (!get_bytes(&r, key_len, &key) || key_len != strlen(want) || memcmp(key, want, key_len))
+        return corrupt(d, "compiled for another LLVM version or CPU");
+    if (nk != (uint32_t)n_kernels)
+        return corrupt(d, "kernel count differs from the plan's");
+    if (no > 4096 || nk > (1u << 24))
+        return corrupt(d, "implausible counts");
+    loom_allocator a = loom_allocator_system();
+    size_t recs_bytes = (size_t)(nk ? nk : 1) * sizeof(cg_kernel_rec);
+    size_t objs_bytes = (size_t)(no ? no : 1) * (sizeof(uint8_t *) + sizeof(size_t));
+    cg_kernel_rec *recs = loom_ir_alloc(&a, recs_bytes);
+    const uint8_t **objs = loom_ir_alloc(&a, objs_bytes);
+    loom_status st = LOOM_OK;
+    if (!recs || !objs)
+        st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory loading");
+    size_t *lens = objs ? (size_t *)(objs + (no ? no : 1)) : NULL;
+    for (uint32_t k = 0; k < nk && st == LOOM_OK; k++) {
+        uint32_t n;
+        const uint8_t *name;
+        uint64_t extent, grain;
+        if (!get_u32(&r, &n) || n == 0 || n >= sizeof recs[k].name || !get_bytes(&r, n, &name) ||
+            !get_u64(&r, &extent) || !get_u64(&r, &grain)) {
+            st = corrupt(d, "bad kernel table");
+            break;
+        }
+        memset(recs[k].name, 0, sizeof recs[k].name);
+        for (uint32_t i = 0; i < n; i++)
+            if (name[i] < 0x21 || name[i] > 0x7e)
+                st = corrupt(d, "bad kernel name");
+        memcpy(recs[k].name, name, n);
+        if ((int64_t)extent < 1 || (int64_t)grain < 1)
+            st = corrupt(d, "bad kernel extent");
+        recs[k].extent = (int64_t)extent;
+        recs[k].grain = (int64_t)grain;
+    }
+    for (uint32_t i = 0; i < no && st == LOOM_OK; i++) {
+        uint64_t n;
+        if (!get_u64(&r, &n) || n > r.len - r.pos || !get_bytes(&r, (size_t)n, &objs[i]))
+            st = corrupt(d, "bad object length");
+        else
+            lens[i] = (size_t)n;
+    }
+    if (st == LOOM_OK && r.pos != r.len)
+        st = corrupt(d, "trailing bytes");
+    if (st == LOOM_OK)
+        st = loom_cg_code_build(&a, (int32_t)no, objs, lens, (int32_t)nk, recs, out_code,
+                                out_kernels, LOOM_STATUS_CORRUPT_DATA, d);
+    loom_ir_free(&a, recs, recs_bytes);
+    loom_ir_free(&a, objs, objs_bytes);
+    return st;
+}

@@ -1,0 +1,242 @@
+/* MLIR op builders for codegen: ops created through the C API's operation states (no IR
+ * text), appended at the builder's insertion block; structured loops and ifs. */
+#include <string.h>
+
+#include "cg_internal.h"
+
+static MlirStringRef str(const char *s) {
+    return mlirStringRefCreateFromCString(s);
+}
+
+void cg_b_init(cg_b *b, MlirContext ctx, MlirModule module) {
+    memset(b, 0, sizeof *b);
+    b->ctx = ctx;
+    b->module = module;
+    b->loc = mlirLocationUnknownGet(ctx);
+    b->block = mlirModuleGetBody(module);
+    b->index = mlirIndexTypeGet(ctx);
+    b->i1 = mlirIntegerTypeGet(ctx, 1);
+    b->i8 = mlirIntegerTypeGet(ctx, 8);
+    b->i16 = mlirIntegerTypeGet(ctx, 16);
+    b->i32 = mlirIntegerTypeGet(ctx, 32);
+    b->i64 = mlirIntegerTypeGet(ctx, 64);
+    b->f16 = mlirF16TypeGet(ctx);
+    b->f32 = mlirF32TypeGet(ctx);
+    b->f64 = mlirF64TypeGet(ctx);
+    b->fma = loom_cg_host_has_fma();
+}
+
+MlirNamedAttribute cg_named(cg_b *b, const char *name, MlirAttribute attr) {
+    return mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, str(name)), attr);
+}
+
+MlirOperation cg_op(cg_b *b, const char *name, intptr_t n_operands, const MlirValue *operands,
+                    intptr_t n_results, const MlirType *results, intptr_t n_attrs,
+                    const MlirNamedAttribute *attrs) {
+    MlirOperationState st = mlirOperationStateGet(str(name), b->loc);
+    if (n_operands)
+        mlirOperationStateAddOperands(&st, n_operands, operands);
+    if (n_results)
+        mlirOperationStateAddResults(&st, n_results, results);
+    if (n_attrs)
+        mlirOperationStateAddAttributes(&st, n_attrs, attrs);
+    MlirOperation op = mlirOperationCreate(&st);
+    mlirBlockAppendOwnedOperation(b->block, op);
+    return op;
+}
+
+MlirValue cg_v(cg_b *b, const char *name, intptr_t n, const MlirValue *operands, MlirType result) {
+    return mlirOperationGetResult(cg_op(b, name, n, operands, 1, &result, 0, NULL), 0);
+}
+
+static MlirValue constant(cg_b *b, MlirType t, MlirAttribute value) {
+    MlirNamedAttribute a = cg_named(b, "value", value);
+    return mlirOperationGetResult(cg_op(b, "arith.constant", 0, NULL, 1, &t, 1, &a), 0);
+}
+
+MlirValue cg_cf(cg_b *b, MlirType t, double v) {
+    return constant(b, t, mlirFloatAttrDoubleGet(b->ctx, t, v));
+}
+
+MlirValue cg_ci(cg_b *b, MlirType t, int64_t v) {
+    return constant(b, t, mlirIntegerAttrGet(t, v));
+}
+
+MlirValue cg_idx(cg_b *b, int64_t v) {
+    return cg_ci(b, b->index, v);
+}
+
+MlirValue cg_bin(cg_b *b, const char *name, MlirValue x, MlirValue y) {
+    MlirValue ops[2] = {x, y};
+    return cg_v(b, name, 2, ops, mlirValueGetType(x));
+}
+
+MlirValue cg_un(cg_b *b, const char *name, MlirValue x) {
+    return cg_v(b, name, 1, &x, mlirValueGetType(x));
+}
+
+MlirValue cg_conv(cg_b *b, const char *name, MlirValue x, MlirType to) {
+    return cg_v(b, name, 1, &x, to);
+}
+
+MlirValue cg_fma(cg_b *b, MlirValue x, MlirValue y, MlirValue z) {
+    MlirValue ops[3] = {x, y, z};
+    return cg_v(b, "math.fma", 3, ops, mlirValueGetType(x));
+}
+
+MlirValue cg_muladd(cg_b *b, MlirValue x, MlirValue y, MlirValue z) {
+    if (b->fma)
+        return cg_fma(b, x, y, z);
+    return cg_bin(b, "arith.addf", cg_bin(b, "arith.mulf", x, y), z);
+}
+
+MlirValue cg_select(cg_b *b, MlirValue c, MlirValue t, MlirValue f) {
+    MlirValue ops[3] = {c, t, f};
+    return cg_v(b, "arith.select", 3, ops, mlirValueGetType(t));
+}
+
+static MlirValue cmp(cg_b *b, const char *name, int64_t pred, MlirValue x, MlirValue y) {
+    MlirValue ops[2] = {x, y};
+    MlirNamedAttribute a = cg_named(b, "predicate", mlirIntegerAttrGet(b->i64, pred));
+    return mlirOperationGetResult(cg_op(b, name, 2, ops, 1, &b->i1, 1, &a), 0);
+}
+
+MlirValue cg_cmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y) {
+    return cmp(b, "arith.cmpf", p, x, y);
+}
+
+MlirValue cg_cmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y) {
+    return cmp(b, "arith.cmpi", p, x, y);
+}
+
+/* The value of an integer arith.constant, for folding index arithmetic. */
+static bool const_int(MlirValue v, int64_t *out) {
+    if (!mlirValueIsAOpResult(v))
+        return false;
+    MlirOperation op = mlirOpResultGetOwner(v);
+    MlirIdentifier name = mlirOperationGetName(op);
+    MlirStringRef s = mlirIdentifierStr(name);
+    if (s.length != 14 || memcmp(s.data, "arith.constant", 14) != 0)
+        return false;
+    MlirAttribute a = mlirOperationGetAttributeByName(op, str("value"));
+    if (mlirAttributeIsNull(a) || !mlirAttributeIsAInteger(a))
+        return false;
+    *out = mlirIntegerAttrGetValueInt(a);
+    return true;
+}
+
+MlirValue cg_iadd(cg_b *b, MlirValue x, MlirValue y) {
+    int64_t cx, cy;
+    bool kx = const_int(x, &cx), ky = const_int(y, &cy);
+    if (kx && ky)
+        return cg_idx(b, cx + cy);
+    if (kx && cx == 0)
+        return y;
+    if (ky && cy == 0)
+        return x;
+    return cg_bin(b, "arith.addi", x, y);
+}
+
+MlirValue cg_imul_c(cg_b *b, MlirValue x, int64_t c) {
+    int64_t cx;
+    if (c == 0)
+        return cg_idx(b, 0);
+    if (const_int(x, &cx))
+        return cg_idx(b, cx * c);
+    if (c == 1)
+        return x;
+    return cg_bin(b, "arith.muli", x, cg_idx(b, c));
+}
+
+MlirValue cg_imin(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.minsi", x, y);
+}
+
+MlirValue cg_load(cg_b *b, MlirValue mem, MlirValue i) {
+    MlirValue ops[2] = {mem, i};
+    return cg_v(b, "memref.load", 2, ops, mlirShapedTypeGetElementType(mlirValueGetType(mem)));
+}
+
+void cg_store(cg_b *b, MlirValue v, MlirValue mem, MlirValue i) {
+    MlirValue ops[3] = {v, mem, i};
+    cg_op(b, "memref.store", 3, ops, 0, NULL, 0, NULL);
+}
+
+void cg_for_begin(cg_b *b, cg_for *l, MlirValue lb, MlirValue ub, int n_iter,
+                  const MlirValue *init) {
+    MlirType types[1 + CG_MAX_ITER];
+    MlirLocation locs[1 + CG_MAX_ITER];
+    MlirValue ops[3 + CG_MAX_ITER] = {lb, ub, cg_idx(b, 1)};
+    types[0] = b->index;
+    locs[0] = b->loc;
+    for (int i = 0; i < n_iter; i++) {
+        types[1 + i] = mlirValueGetType(init[i]);
+        locs[1 + i] = b->loc;
+        ops[3 + i] = init[i];
+    }
+    MlirRegion region = mlirRegionCreate();
+    MlirBlock body = mlirBlockCreate(1 + n_iter, types, locs);
+    mlirRegionAppendOwnedBlock(region, body);
+    MlirOperationState st = mlirOperationStateGet(str("scf.for"), b->loc);
+    mlirOperationStateAddOperands(&st, 3 + n_iter, ops);
+    if (n_iter)
+        mlirOperationStateAddResults(&st, n_iter, types + 1);
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    l->op = mlirOperationCreate(&st);
+    mlirBlockAppendOwnedOperation(b->block, l->op);
+    l->parent = b->block;
+    l->iv = mlirBlockGetArgument(body, 0);
+    for (int i = 0; i < n_iter; i++)
+        l->iter[i] = mlirBlockGetArgument(body, 1 + i);
+    b->block = body;
+}
+
+void cg_for_end(cg_b *b, cg_for *l, int n_yield, const MlirValue *yield) {
+    cg_op(b, "scf.yield", n_yield, yield, 0, NULL, 0, NULL);
+    b->block = l->parent;
+}
+
+MlirValue cg_for_result(const cg_for *l, int i) {
+    return mlirOperationGetResult(l->op, i);
+}
+
+void cg_if_begin(cg_b *b, cg_if *f, MlirValue cond) {
+    MlirRegion regions[2] = {mlirRegionCreate(), mlirRegionCreate()};
+    MlirBlock then_block = mlirBlockCreate(0, NULL, NULL);
+    mlirRegionAppendOwnedBlock(regions[0], then_block);
+    MlirOperationState st = mlirOperationStateGet(str("scf.if"), b->loc);
+    mlirOperationStateAddOperands(&st, 1, &cond);
+    mlirOperationStateAddOwnedRegions(&st, 2, regions);
+    f->op = mlirOperationCreate(&st);
+    mlirBlockAppendOwnedOperation(b->block, f->op);
+    f->parent = b->block;
+    b->block = then_block;
+}
+
+void cg_if_end(cg_b *b, cg_if *f) {
+    cg_op(b, "scf.yield", 0, NULL, 0, NULL, 0, NULL);
+    b->block = f->parent;
+}
+
+MlirValue cg_call_libm(cg_b *b, cg_libm fn, MlirValue x) {
+    static const char *const names[CG_LIBM_COUNT_] = {"tanh", "erf"};
+    if (!(b->libm_declared & (1u << fn))) {
+        /* func.func private @tanh(f64) -> f64, resolved against the process's libm */
+        MlirType fty = mlirFunctionTypeGet(b->ctx, 1, &b->f64, 1, &b->f64);
+        MlirNamedAttribute attrs[3] = {
+            cg_named(b, "sym_name", mlirStringAttrGet(b->ctx, str(names[fn]))),
+            cg_named(b, "function_type", mlirTypeAttrGet(fty)),
+            cg_named(b, "sym_visibility", mlirStringAttrGet(b->ctx, str("private"))),
+        };
+        MlirRegion body = mlirRegionCreate();
+        MlirOperationState st = mlirOperationStateGet(str("func.func"), b->loc);
+        mlirOperationStateAddAttributes(&st, 3, attrs);
+        mlirOperationStateAddOwnedRegions(&st, 1, &body);
+        MlirBlock mod = mlirModuleGetBody(b->module);
+        mlirBlockInsertOwnedOperation(mod, 0, mlirOperationCreate(&st));
+        b->libm_declared |= 1u << fn;
+    }
+    MlirNamedAttribute callee =
+        cg_named(b, "callee", mlirFlatSymbolRefAttrGet(b->ctx, str(names[fn])));
+    return mlirOperationGetResult(cg_op(b, "func.call", 1, &x, 1, &b->f64, 1, &callee), 0);
+}

@@ -1,0 +1,158 @@
+/* Building executables for cut graphs: the JIT path (passes -> plan -> codegen -> program),
+ * its on-disk code cache, and the fallback to the reference interpreter. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codegen/codegen.h"
+#include "frontend.h"
+#include "passes/passes.h"
+#include "runtime/disk_cache.h"
+#include "runtime/kernel.h"
+
+/* Dumps written after each pass: <dir>/<prefix>.NN-<pass>.loom */
+typedef struct dump_ctx {
+    const loom_fe_jit_options *opts;
+    const loom_allocator *alloc;
+    int index;
+} dump_ctx;
+
+static void dump_text(const loom_fe_jit_options *o, const char *suffix, const loom_ir_sbuf *sb) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.%s", o->dump_dir, o->dump_prefix, suffix);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (sb->oom)
+        fprintf(stderr, "loom: LOOM_DUMP: out of memory writing %s\n", path);
+    else if (loom_ir_write_file_atomic(path, sb->data ? sb->data : "", sb->len, &d) != LOOM_OK)
+        fprintf(stderr, "loom: LOOM_DUMP: %s\n", d.msg);
+}
+
+static void after_pass(const char *name, bool changed, const loom_ir_graph *g, void *ud) {
+    dump_ctx *dc = ud;
+    loom_ir_sbuf sb;
+    loom_ir_sbuf_init(&sb, dc->alloc);
+    loom_ir_sbuf_printf(&sb, "// after %s (%s)\n", name, changed ? "changed" : "unchanged");
+    loom_ir_graph_print(g, loom_ir_sbuf_write, &sb);
+    char suffix[96];
+    snprintf(suffix, sizeof suffix, "%02d-%s.loom", ++dc->index, name);
+    dump_text(dc->opts, suffix, &sb);
+    loom_ir_sbuf_deinit(&sb);
+}
+
+/* Cache key: everything compiled code depends on besides the graph. */
+static void cache_key(char *buf, size_t n, uint64_t hash) {
+    snprintf(buf, n, "graph=%016" PRIx64 ";loom=%s;%s", hash, LOOM_VERSION_STRING,
+             loom_cg_target_key());
+}
+
+/* Compiled code for plan: from the disk cache when it holds a valid entry, else compiled
+ * (and stored). A corrupt or stale entry is reported once on stderr and replaced. */
+static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, uint64_t hash,
+                            const loom_fe_jit_options *o, const loom_allocator *a,
+                            loom_rt_metrics *m, loom_cg_code **code, loom_rt_kernel *kernels,
+                            loom_ir_diag *d) {
+    char key[1024];
+    cache_key(key, sizeof key, hash);
+    loom_ir_diag cd;
+    loom_ir_diag_init(&cd);
+    if (o->cache_dir) {
+        void *blob = NULL;
+        size_t len = 0;
+        loom_status st = loom_rt_disk_cache_get(o->cache_dir, key, a, &blob, &len, &cd);
+        if (st == LOOM_OK && blob) {
+            st = loom_cg_code_load(blob, len, plan->n_kernels, code, kernels, &cd);
+            loom_ir_free(a, blob, len + 1);
+            if (st == LOOM_OK) {
+                loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_HIT, 1);
+                return LOOM_OK;
+            }
+        }
+        if (st == LOOM_STATUS_CORRUPT_DATA) {
+            loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_CORRUPT, 1);
+            fprintf(stderr, "loom: warning: ignoring a corrupt compile cache entry, recompiling: %s\n",
+                    cd.msg);
+        } else if (st == LOOM_STATUS_OUT_OF_MEMORY) {
+            return loom_ir_diag_set(d, st, "%s", cd.msg);
+        } else if (st != LOOM_OK) {
+            fprintf(stderr, "loom: warning: compile cache unreadable, recompiling: %s\n", cd.msg);
+        }
+        loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_MISS, 1);
+    }
+    loom_cg_options co = {.compile_threads = o->compile_threads, .dump_dir = o->dump_dir,
+                          .dump_prefix = o->dump_prefix};
+    loom_status st = loom_cg_compile(g, plan, &co, code, kernels, d);
+    if (st != LOOM_OK || !o->cache_dir)
+        return st;
+    loom_ir_sbuf blob;
+    loom_ir_sbuf_init(&blob, a);
+    loom_ir_diag_init(&cd);
+    loom_status sst = loom_cg_code_serialize(*code, &blob, &cd);
+    if (sst == LOOM_OK && blob.oom)
+        sst = loom_ir_diag_set(&cd, LOOM_STATUS_OUT_OF_MEMORY, "out of memory serializing code");
+    if (sst == LOOM_OK)
+        sst = loom_rt_disk_cache_put(o->cache_dir, key, blob.data, blob.len, a, &cd);
+    if (sst != LOOM_OK && !o->quiet_cache_errors)
+        fprintf(stderr, "loom: warning: compile cache not written (the step still runs): %s\n",
+                cd.msg);
+    loom_ir_sbuf_deinit(&blob);
+    return LOOM_OK;
+}
+
+loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loom_fe_jit_options *o,
+                              loom_rt_pool *pool, const loom_allocator *a, loom_rt_metrics *m,
+                              loom_rt_executable **out_exe, loom_ir_diag *d) {
+    *out_exe = NULL;
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, a);
+    loom_ir_plan plan;
+    loom_ir_plan_init(&plan, a);
+    loom_cg_code *code = NULL;
+    loom_rt_kernel *kernels = NULL;
+    size_t kernels_bytes = 0;
+    dump_ctx dc = {.opts = o, .alloc = a};
+    loom_pass_options popts = {.verify_each = o->verify_passes,
+                               .after_pass = o->dump_dir ? after_pass : NULL,
+                               .ud = &dc};
+    loom_status st = loom_ir_graph_copy(&g, cut);
+    if (st != LOOM_OK)
+        st = loom_ir_diag_set(d, st, "out of memory copying the graph");
+    if (st == LOOM_OK)
+        st = loom_pass_build_plan(&g, &popts, &plan, d);
+    if (st == LOOM_OK && o->dump_dir) {
+        loom_ir_sbuf sb;
+        loom_ir_sbuf_init(&sb, a);
+        loom_ir_plan_print(&plan, &g, loom_ir_sbuf_write, &sb);
+        dump_text(o, "plan.txt", &sb);
+        loom_ir_sbuf_deinit(&sb);
+    }
+    if (st == LOOM_OK) {
+        loom_rt_metrics_add(m, LOOM_RT_METRIC_KERNELS, plan.n_kernels);
+        loom_rt_metrics_add(m, LOOM_RT_METRIC_PLANNED_PEAK, (int64_t)plan.peak_bytes);
+        kernels_bytes = (size_t)(plan.n_kernels ? plan.n_kernels : 1) * sizeof *kernels;
+        kernels = loom_ir_alloc(a, kernels_bytes);
+        if (!kernels)
+            st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    }
+    if (st == LOOM_OK)
+        st = get_code(&g, &plan, hash, o, a, m, &code, kernels, d);
+    if (st == LOOM_OK) {
+        /* The program takes the code; from here it releases it, also on failure. */
+        st = loom_rt_program_create(&g, hash, &plan, kernels, code, loom_cg_code_release, pool,
+                                    a, out_exe);
+        code = NULL;
+        if (st != LOOM_OK)
+            loom_ir_diag_set(d, st, "out of memory creating the program");
+    }
+    /* The cache compares executables by the graph as traced, not as optimized. */
+    if (st == LOOM_OK && (st = loom_ir_graph_copy(&(*out_exe)->graph, cut)) != LOOM_OK) {
+        loom_rt_executable_destroy(*out_exe);
+        *out_exe = NULL;
+        loom_ir_diag_set(d, st, "out of memory");
+    }
+    loom_cg_code_destroy(code);
+    loom_ir_free(a, kernels, kernels_bytes);
+    loom_ir_plan_deinit(&plan);
+    loom_ir_graph_deinit(&g);
+    return st;
+}

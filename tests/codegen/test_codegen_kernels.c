@@ -1,0 +1,1299 @@
+/* Compiled kernels against the reference interpreter: every op in f32, integer and cast
+ * semantics, 16-bit floats, odd sizes, broadcasts, long fused chains, reductions with
+ * prologues and epilogues, matmuls with epilogues, many kernels over several threads, the
+ * code blob round trip and its corruption checks, dumps, and what codegen refuses. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "codegen/codegen.h"
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+
+#define LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+#define MAX_IN 64
+#define MAX_OUT 16
+
+/* ---- graphs ------------------------------------------------------------------------------- */
+
+typedef struct fx {
+    loom_allocator a;
+    loom_ir_graph g;
+    loom_ir_plan plan;
+    loom_ir_diag d;
+    uint64_t rng;
+    void *in[MAX_IN];
+    size_t in_bytes[MAX_IN];
+    bool planned;
+} fx;
+
+static void fx_init(fx *f) {
+    memset(f, 0, sizeof *f);
+    f->a = loom_allocator_system();
+    loom_ir_graph_init(&f->g, &f->a);
+    loom_ir_plan_init(&f->plan, &f->a);
+    loom_ir_diag_init(&f->d);
+    f->rng = 0x2545f4914f6cdd1dull;
+}
+
+static void fx_deinit(fx *f) {
+    for (int i = 0; i < MAX_IN; i++)
+        free(f->in[i]);
+    loom_ir_plan_deinit(&f->plan);
+    loom_ir_graph_deinit(&f->g);
+}
+
+static int32_t add(fx *f, loom_ir_node_desc desc) {
+    int32_t id = -1;
+    if (loom_ir_graph_add(&f->g, &desc, &id, &f->d) != LOOM_OK)
+        fail_msg("adding %s: %s", loom_ir_op_name(desc.op), f->d.msg);
+    return id;
+}
+
+static int32_t input(fx *f, loom_dtype dt, int32_t rank, const int64_t *shape) {
+    return add(f, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT,
+                                      .dtype = dt,
+                                      .rank = rank,
+                                      .shape = shape,
+                                      .attrs = {.index = f->g.n_graph_inputs}});
+}
+
+static int32_t cst(fx *f, loom_dtype dt, int32_t rank, const int64_t *shape, double v) {
+    return add(f, (loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT,
+                                      .dtype = dt,
+                                      .rank = rank,
+                                      .shape = shape,
+                                      .attrs = {.value = v}});
+}
+
+static int32_t op1(fx *f, loom_ir_op op, int32_t x) {
+    return add(f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = (int32_t[]){x}});
+}
+
+static int32_t op2(fx *f, loom_ir_op op, int32_t x, int32_t y) {
+    return add(f, (loom_ir_node_desc){.op = op, .n_inputs = 2, .inputs = (int32_t[]){x, y}});
+}
+
+static int32_t op3(fx *f, loom_ir_op op, int32_t x, int32_t y, int32_t z) {
+    return add(f, (loom_ir_node_desc){.op = op, .n_inputs = 3, .inputs = (int32_t[]){x, y, z}});
+}
+
+static int32_t cast(fx *f, int32_t x, loom_dtype dt) {
+    return add(f, (loom_ir_node_desc){
+                      .op = LOOM_IR_OP_CAST, .n_inputs = 1, .inputs = (int32_t[]){x}, .dtype = dt});
+}
+
+/* broadcast or reshape */
+static int32_t shaped(fx *f, loom_ir_op op, int32_t x, int32_t rank, const int64_t *shape) {
+    return add(
+        f, (loom_ir_node_desc){
+               .op = op, .n_inputs = 1, .inputs = (int32_t[]){x}, .rank = rank, .shape = shape});
+}
+
+static int32_t transpose(fx *f, int32_t x, int32_t rank, const int32_t *perm) {
+    loom_ir_attrs at = {0};
+    memcpy(at.perm, perm, (size_t)rank * sizeof(int32_t));
+    return add(
+        f, (loom_ir_node_desc){
+               .op = LOOM_IR_OP_TRANSPOSE, .n_inputs = 1, .inputs = (int32_t[]){x}, .attrs = at});
+}
+
+static int32_t reduce(fx *f, loom_ir_op op, int32_t x, uint32_t axes, bool keepdim) {
+    return add(f, (loom_ir_node_desc){.op = op,
+                                      .n_inputs = 1,
+                                      .inputs = (int32_t[]){x},
+                                      .attrs = {.axes = axes, .keepdim = keepdim}});
+}
+
+static void output(fx *f, int32_t node) {
+    assert_int_equal(loom_ir_graph_add_output(&f->g, node, -1), LOOM_OK);
+}
+
+static const loom_ir_node *node(fx *f, int32_t id) {
+    return &f->g.nodes[id];
+}
+
+static size_t node_bytes(const loom_ir_node *n) {
+    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
+}
+
+/* ---- hand-written plans --------------------------------------------------------------------
+ * A kernel is given by its computed nodes; the constants they read join it, its args are
+ * the values it reads from outside and its results the values used outside or output. */
+
+static bool is_output(fx *f, int32_t id) {
+    for (int32_t o = 0; o < f->g.n_outputs; o++)
+        if (f->g.outputs[o].node == id)
+            return true;
+    return false;
+}
+
+static void begin_plan(fx *f) {
+    assert_int_equal(loom_ir_plan_reset(&f->plan, &f->g), LOOM_OK);
+    f->planned = true;
+}
+
+static void kernel(fx *f, loom_ir_kernel_kind kind, int32_t root, int32_t n, const int32_t *nodes) {
+    if (!f->planned)
+        begin_plan(f);
+    int32_t nn = f->g.n_nodes;
+    bool *in = calloc((size_t)nn, 1);
+    for (int32_t i = 0; i < n; i++)
+        in[nodes[i]] = true;
+    for (int32_t i = 0; i < nn; i++)
+        if (in[i])
+            for (int32_t k = 0; k < f->g.nodes[i].n_inputs; k++)
+                if (f->g.nodes[f->g.nodes[i].inputs[k]].op == LOOM_IR_OP_CONSTANT)
+                    in[f->g.nodes[i].inputs[k]] = true;
+    int32_t *ids = loom_ir_arena_alloc(&f->plan.arena, 3 * (size_t)nn * sizeof(int32_t) + 16);
+    int32_t *args = ids + nn, *results = ids + 2 * nn;
+    int32_t n_ids = 0, n_args = 0, n_results = 0;
+    for (int32_t i = 0; i < nn; i++) {
+        if (!in[i])
+            continue;
+        ids[n_ids++] = i;
+        const loom_ir_node *x = &f->g.nodes[i];
+        for (int32_t k = 0; k < x->n_inputs; k++) {
+            int32_t a = x->inputs[k];
+            bool seen = in[a];
+            for (int32_t j = 0; j < n_args && !seen; j++)
+                seen = args[j] == a;
+            if (!seen)
+                args[n_args++] = a;
+        }
+        bool used_outside = is_output(f, i) && x->op != LOOM_IR_OP_CONSTANT;
+        for (int32_t u = i + 1; u < nn && !used_outside; u++)
+            if (!in[u])
+                for (int32_t k = 0; k < f->g.nodes[u].n_inputs; k++)
+                    used_outside |= f->g.nodes[u].inputs[k] == i;
+        if (used_outside || (is_output(f, i) && i == root))
+            results[n_results++] = i;
+        if (x->op != LOOM_IR_OP_CONSTANT)
+            f->plan.node_kernel[i] = f->plan.n_kernels;
+    }
+    assert_true(loom_ir_grow(&f->plan.alloc, (void **)&f->plan.kernels, &f->plan.cap_kernels,
+                             f->plan.n_kernels + 1, sizeof(loom_ir_kernel)));
+    f->plan.kernels[f->plan.n_kernels++] = (loom_ir_kernel){.kind = kind,
+                                                            .root = root,
+                                                            .n_nodes = n_ids,
+                                                            .nodes = ids,
+                                                            .n_args = n_args,
+                                                            .args = args,
+                                                            .n_results = n_results,
+                                                            .results = results};
+    free(in);
+}
+
+/* One kernel holding every computed node from `first` to `last` (ids). */
+static void kernel_range(fx *f, loom_ir_kernel_kind kind, int32_t first, int32_t last) {
+    int32_t *nodes = malloc((size_t)(last - first + 1) * sizeof(int32_t));
+    int32_t n = 0;
+    for (int32_t i = first; i <= last; i++) {
+        loom_ir_op op = f->g.nodes[i].op;
+        if (op != LOOM_IR_OP_INPUT && op != LOOM_IR_OP_CONSTANT && op != LOOM_IR_OP_RESHAPE)
+            nodes[n++] = i;
+    }
+    kernel(f, kind, last, n, nodes);
+    free(nodes);
+}
+
+/* ---- data --------------------------------------------------------------------------------- */
+
+static double rnd(fx *f) { /* [0, 1) */
+    f->rng ^= f->rng << 13;
+    f->rng ^= f->rng >> 7;
+    f->rng ^= f->rng << 17;
+    return (double)(f->rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static const double float_specials[] = {0.0,      -0.0,      1.0,   -1.0,  0.5,    NAN,
+                                        INFINITY, -INFINITY, 1e-40, 100.0, -100.0, 2.5};
+
+/* Fills input `idx` with values in [lo, hi]; floats get the special values first when
+ * `specials`; integers get their extremes. */
+static void fill(fx *f, int32_t idx, double lo, double hi, bool specials) {
+    assert_true(idx < MAX_IN);
+    const loom_ir_node *n = NULL;
+    for (int32_t i = 0; i < f->g.n_nodes; i++)
+        if (f->g.nodes[i].op == LOOM_IR_OP_INPUT && f->g.nodes[i].attrs.index == idx)
+            n = &f->g.nodes[i];
+    assert_non_null(n);
+    size_t bytes = node_bytes(n);
+    free(f->in[idx]);
+    f->in[idx] = calloc(bytes ? bytes : 1, 1);
+    f->in_bytes[idx] = bytes;
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    for (int64_t i = 0; i < count; i++) {
+        double v = lo + (hi - lo) * rnd(f);
+        if (loom_ir_dtype_is_float(n->dtype)) {
+            if (specials && (size_t)i < LEN(float_specials))
+                v = float_specials[i];
+            loom_ir_store_f64(f->in[idx], n->dtype, i, v);
+        } else if (n->dtype == LOOM_DTYPE_BOOL) {
+            loom_ir_store_i64(f->in[idx], n->dtype, i, rnd(f) < 0.5);
+        } else {
+            int64_t iv = (int64_t)floor(v);
+            if (specials) {
+                int64_t mn = n->dtype == LOOM_DTYPE_I32 ? INT32_MIN : INT64_MIN;
+                int64_t mx = n->dtype == LOOM_DTYPE_I32 ? INT32_MAX : INT64_MAX;
+                const int64_t sp[] = {0, -1, 1, mn, mx, mn + 1, 7, -7};
+                if ((size_t)i < LEN(sp))
+                    iv = sp[i];
+            }
+            loom_ir_store_i64(f->in[idx], n->dtype, i, iv);
+        }
+    }
+}
+
+static void fill_all(fx *f, double lo, double hi, bool specials) {
+    for (int32_t i = 0; i < f->g.n_graph_inputs; i++)
+        fill(f, i, lo, hi, specials);
+}
+
+/* ---- running ------------------------------------------------------------------------------ */
+
+static void **alloc_outputs(fx *f) {
+    assert_true(f->g.n_outputs <= MAX_OUT);
+    void **outs = calloc(MAX_OUT, sizeof(void *));
+    for (int32_t o = 0; o < f->g.n_outputs; o++) {
+        size_t b = node_bytes(node(f, f->g.outputs[o].node));
+        outs[o] = calloc(b ? b : 1, 1);
+    }
+    return outs;
+}
+
+static void free_outputs(fx *f, void **outs) {
+    for (int32_t o = 0; o < f->g.n_outputs; o++)
+        free(outs[o]);
+    free(outs);
+}
+
+static void run_interp(fx *f, void **outs) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    loom_status st = loom_rt_interp_run(&f->g, &f->a, (const void *const *)f->in, outs, &d);
+    if (st != LOOM_OK)
+        fail_msg("interp: %s", d.msg);
+}
+
+/* Runs the plan's kernels, each over [0, extent) in `chunks` calls (exercising the split),
+ * every materialized value in a buffer of its own. */
+static void run_kernels(fx *f, const loom_rt_kernel *ks, int chunks, void **outs) {
+    int32_t nn = f->g.n_nodes;
+    void **val = calloc((size_t)nn, sizeof(void *));
+    bool *owned = calloc((size_t)nn, 1);
+    for (int32_t i = 0; i < nn; i++)
+        if (node(f, i)->op == LOOM_IR_OP_INPUT)
+            val[i] = f->in[node(f, i)->attrs.index];
+    for (int32_t k = 0; k < f->plan.n_kernels; k++) {
+        const loom_ir_kernel *kr = &f->plan.kernels[k];
+        void *bufs[64];
+        assert_true(kr->n_args + kr->n_results <= 64);
+        for (int32_t i = 0; i < kr->n_args; i++) {
+            int32_t a = kr->args[i];
+            while (node(f, a)->op == LOOM_IR_OP_RESHAPE)
+                a = node(f, a)->inputs[0];
+            assert_non_null(val[a]);
+            bufs[i] = val[a];
+        }
+        for (int32_t i = 0; i < kr->n_results; i++) {
+            int32_t r = kr->results[i];
+            size_t b = node_bytes(node(f, r));
+            val[r] = malloc(b ? b : 1);
+            memset(val[r], 0xa5, b ? b : 1); /* garbage: every element must be written */
+            owned[r] = true;
+            bufs[kr->n_args + i] = val[r];
+        }
+        int64_t e = ks[k].extent;
+        assert_true(e >= 1);
+        assert_true(ks[k].grain >= 1);
+        for (int c = 0; c < chunks; c++) {
+            int64_t lo = e * c / chunks, hi = e * (c + 1) / chunks;
+            if (lo < hi)
+                ks[k].fn(bufs, lo, hi);
+        }
+    }
+    for (int32_t o = 0; o < f->g.n_outputs; o++) {
+        int32_t id = f->g.outputs[o].node;
+        while (node(f, id)->op == LOOM_IR_OP_RESHAPE)
+            id = node(f, id)->inputs[0];
+        assert_non_null(val[id]);
+        memcpy(outs[o], val[id], node_bytes(node(f, f->g.outputs[o].node)));
+    }
+    for (int32_t i = 0; i < nn; i++)
+        if (owned[i])
+            free(val[i]);
+    free(val);
+    free(owned);
+}
+
+static bool close_enough(double got, double want, double rtol, double atol) {
+    if (isnan(want))
+        return isnan(got);
+    if (isinf(want))
+        return got == want;
+    return fabs(got - want) <= atol + rtol * fabs(want);
+}
+
+static void compare(fx *f, void **got, void **want, double rtol, double atol, const char *what) {
+    for (int32_t o = 0; o < f->g.n_outputs; o++) {
+        const loom_ir_node *n = node(f, f->g.outputs[o].node);
+        int64_t count = loom_ir_numel(n->rank, n->shape);
+        for (int64_t i = 0; i < count; i++) {
+            if (loom_ir_dtype_is_float(n->dtype)) {
+                double g = loom_ir_load_f64(got[o], n->dtype, i);
+                double w = loom_ir_load_f64(want[o], n->dtype, i);
+                if (!close_enough(g, w, rtol, atol))
+                    fail_msg("%s: output %d [%lld]: got %.9g, want %.9g", what, (int)o,
+                             (long long)i, g, w);
+            } else {
+                int64_t g = loom_ir_load_i64(got[o], n->dtype, i);
+                int64_t w = loom_ir_load_i64(want[o], n->dtype, i);
+                if (g != w)
+                    fail_msg("%s: output %d [%lld]: got %lld, want %lld", what, (int)o,
+                             (long long)i, (long long)g, (long long)w);
+            }
+        }
+    }
+}
+
+static loom_status compile(fx *f, int32_t threads, loom_cg_code **code, loom_rt_kernel *ks) {
+    loom_cg_options opts = {.compile_threads = threads};
+    loom_ir_diag_init(&f->d);
+    return loom_cg_compile(&f->g, &f->plan, &opts, code, ks, &f->d);
+}
+
+/* Compiles the plan, runs it (split in 3 calls per kernel) and the interpreter, compares. */
+static void check_with(fx *f, int32_t threads, double rtol, double atol, const char *what) {
+    loom_rt_kernel *ks = calloc((size_t)f->plan.n_kernels + 1, sizeof *ks);
+    loom_cg_code *code = NULL;
+    if (compile(f, threads, &code, ks) != LOOM_OK)
+        fail_msg("%s: compile: %s", what, f->d.msg);
+    void **got = alloc_outputs(f), **want = alloc_outputs(f);
+    run_kernels(f, ks, 3, got);
+    run_interp(f, want);
+    compare(f, got, want, rtol, atol, what);
+    free_outputs(f, got);
+    free_outputs(f, want);
+    loom_cg_code_destroy(code);
+    free(ks);
+}
+
+static void check(fx *f, double rtol, double atol, const char *what) {
+    check_with(f, 1, rtol, atol, what);
+}
+
+/* ---- every op in f32 ------------------------------------------------------------------------ */
+
+/* Builds a one-kernel graph exercising `op` in f32 and checks it. Every op has a case (the
+ * switch has no default): a new op in ops.def fails the build here until it is tested. */
+static void check_op_f32(loom_ir_op op) {
+    fx f;
+    fx_init(&f);
+    const loom_dtype F = LOOM_DTYPE_F32;
+    double rtol = 1e-6, atol = 0.0, lo = -3.0, hi = 3.0;
+    bool specials = true;
+    int32_t x, y, r;
+    switch (op) {
+    case LOOM_IR_OP_INPUT: /* read as an arg and copied through a kernel */
+        x = input(&f, F, 1, S(33));
+        r = op1(&f, LOOM_IR_OP_NEG, x);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_CONSTANT:
+        r = cst(&f, F, 2, S(7, 3), 2.75);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_NEG:
+    case LOOM_IR_OP_ABS:
+    case LOOM_IR_OP_EXP:
+    case LOOM_IR_OP_LOG:
+    case LOOM_IR_OP_SQRT:
+    case LOOM_IR_OP_RSQRT:
+    case LOOM_IR_OP_TANH:
+    case LOOM_IR_OP_SIGMOID:
+    case LOOM_IR_OP_RELU:
+    case LOOM_IR_OP_GELU:
+    case LOOM_IR_OP_ISFINITE:
+        if (op == LOOM_IR_OP_LOG || op == LOOM_IR_OP_SQRT || op == LOOM_IR_OP_RSQRT) {
+            lo = 1e-3;
+            hi = 1e3;
+        } else if (op == LOOM_IR_OP_EXP) {
+            lo = -80.0;
+            hi = 80.0;
+        } else if (op == LOOM_IR_OP_TANH || op == LOOM_IR_OP_SIGMOID) {
+            lo = -12.0;
+            hi = 12.0;
+        } else if (op == LOOM_IR_OP_GELU) {
+            lo = -5.5;
+            hi = 5.5;
+        }
+        if (op == LOOM_IR_OP_EXP || op == LOOM_IR_OP_LOG || op == LOOM_IR_OP_TANH ||
+            op == LOOM_IR_OP_SIGMOID || op == LOOM_IR_OP_GELU)
+            rtol = 2e-6;
+        x = input(&f, F, 1, S(1000));
+        r = op1(&f, op, x);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_ADD:
+    case LOOM_IR_OP_SUB:
+    case LOOM_IR_OP_MUL:
+    case LOOM_IR_OP_DIV:
+    case LOOM_IR_OP_POW:
+    case LOOM_IR_OP_MAXIMUM:
+    case LOOM_IR_OP_MINIMUM:
+        if (op == LOOM_IR_OP_POW)
+            rtol = 2e-6;
+        x = input(&f, F, 2, S(33, 7));
+        y = input(&f, F, 2, S(33, 7));
+        r = op2(&f, op, x, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_EQ:
+    case LOOM_IR_OP_NE:
+    case LOOM_IR_OP_LT:
+    case LOOM_IR_OP_LE:
+    case LOOM_IR_OP_GT:
+    case LOOM_IR_OP_GE:
+        lo = -2.0; /* small range: x == y happens, on top of the specials' NaNs */
+        hi = 2.0;
+        x = input(&f, F, 1, S(1000));
+        y = op1(&f, LOOM_IR_OP_RELU, input(&f, F, 1, S(1000)));
+        r = op2(&f, op, x, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){y, r});
+        break;
+    case LOOM_IR_OP_SELECT: {
+        int32_t c = input(&f, LOOM_DTYPE_BOOL, 1, S(1000));
+        x = input(&f, F, 1, S(1000));
+        y = input(&f, F, 1, S(1000));
+        r = op3(&f, op, c, x, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    }
+    case LOOM_IR_OP_CAST:
+        lo = -1e10;
+        hi = 1e10;
+        x = input(&f, F, 1, S(1000));
+        r = cast(&f, x, LOOM_DTYPE_I32);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_BROADCAST:
+        x = input(&f, F, 2, S(1, 7));
+        r = shaped(&f, op, x, 3, S(5, 33, 7));
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_RESHAPE: /* a kernel reads a reshape of an input with its own shape */
+        x = input(&f, F, 2, S(7, 33));
+        y = shaped(&f, op, x, 3, S(3, 11, 7));
+        r = transpose(&f, y, 3, (int32_t[]){2, 0, 1});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_TRANSPOSE:
+        x = input(&f, F, 3, S(5, 33, 7));
+        r = transpose(&f, x, 3, (int32_t[]){1, 2, 0});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        break;
+    case LOOM_IR_OP_REDUCE_SUM:
+    case LOOM_IR_OP_REDUCE_MEAN:
+    case LOOM_IR_OP_REDUCE_MAX:
+        x = input(&f, F, 2, S(33, 70));
+        r = reduce(&f, op, x, 1u << 1, false);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_REDUCTION, r, 1, &r);
+        specials = op == LOOM_IR_OP_REDUCE_MAX; /* NaN, inf in a sum is all NaN */
+        break;
+    case LOOM_IR_OP_MATMUL:
+        rtol = 1e-5;
+        atol = 1e-5;
+        specials = false;
+        x = input(&f, F, 2, S(7, 13));
+        y = input(&f, F, 2, S(13, 5));
+        r = op2(&f, op, x, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_MATMUL, r, 1, &r);
+        break;
+    case LOOM_IR_OP_COUNT_: fail();
+    }
+    fill_all(&f, lo, hi, specials);
+    if (op == LOOM_IR_OP_POW)
+        fill(&f, 0, 0.1, 3.0, true);
+    check(&f, rtol, atol, loom_ir_op_name(op));
+    fx_deinit(&f);
+}
+
+static void test_every_op_in_f32_matches_the_interpreter(void **state) {
+    (void)state;
+    for (int op = 0; op < LOOM_IR_OP_COUNT_; op++)
+        check_op_f32((loom_ir_op)op);
+}
+
+/* The polynomial exp, log, tanh, sigmoid and gelu over dense sweeps of their ranges
+ * (subnormal results included), with and without fma, against double-precision libm. */
+static void check_math_sweeps(void) {
+    static const struct {
+        loom_ir_op op;
+        double lo, hi, rtol;
+    } cases[] = {
+        {LOOM_IR_OP_EXP, -103.0, 88.7, 2.5e-7},   {LOOM_IR_OP_EXP, -1.0, 1.0, 2.5e-7},
+        {LOOM_IR_OP_LOG, 1e-44, 1e-30, 2.5e-7},   {LOOM_IR_OP_LOG, 1e-3, 3e38, 2.5e-7},
+        {LOOM_IR_OP_LOG, 0.5, 2.0, 2.5e-7},       {LOOM_IR_OP_TANH, -10.0, 10.0, 3e-7},
+        {LOOM_IR_OP_SIGMOID, -100.0, 30.0, 4e-7}, {LOOM_IR_OP_GELU, -5.5, 10.0, 1e-6},
+    };
+    for (size_t c = 0; c < LEN(cases); c++) {
+        fx f;
+        fx_init(&f);
+        const int64_t n = 200003;
+        int32_t x = input(&f, LOOM_DTYPE_F32, 1, &n);
+        int32_t r = op1(&f, cases[c].op, x);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        float *xs = malloc((size_t)n * sizeof(float));
+        bool geometric = cases[c].lo > 0 && cases[c].hi / cases[c].lo > 1e6;
+        for (int64_t i = 0; i < n; i++) {
+            double t = (double)i / (double)(n - 1);
+            xs[i] = (float)(geometric ? cases[c].lo * pow(cases[c].hi / cases[c].lo, t)
+                                      : cases[c].lo + (cases[c].hi - cases[c].lo) * t);
+        }
+        f.in[0] = xs;
+        char what[64];
+        snprintf(what, sizeof what, "%s sweep [%g, %g]", loom_ir_op_name(cases[c].op), cases[c].lo,
+                 cases[c].hi);
+        check(&f, cases[c].rtol, 1e-44, what);
+        fx_deinit(&f);
+    }
+}
+
+static void test_vector_math_is_accurate_over_dense_sweeps(void **state) {
+    (void)state;
+    check_math_sweeps();
+    setenv("LOOM_CG_FMA", "0", 1);
+    check_math_sweeps();
+    unsetenv("LOOM_CG_FMA");
+}
+
+/* ---- integers, casts, 16-bit floats ------------------------------------------------------- */
+
+static void check_int_ops(loom_dtype dt) {
+    static const loom_ir_op un[] = {LOOM_IR_OP_NEG, LOOM_IR_OP_ABS, LOOM_IR_OP_RELU};
+    static const loom_ir_op bin[] = {LOOM_IR_OP_ADD, LOOM_IR_OP_SUB,     LOOM_IR_OP_MUL,
+                                     LOOM_IR_OP_DIV, LOOM_IR_OP_MAXIMUM, LOOM_IR_OP_MINIMUM,
+                                     LOOM_IR_OP_EQ,  LOOM_IR_OP_NE,      LOOM_IR_OP_LT,
+                                     LOOM_IR_OP_LE,  LOOM_IR_OP_GT,      LOOM_IR_OP_GE};
+    for (size_t i = 0; i < LEN(un) + LEN(bin); i++) {
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, dt, 1, S(100));
+        int32_t r;
+        if (i < LEN(un)) {
+            r = op1(&f, un[i], x);
+        } else {
+            /* y holds the extremes, zeros and -1 in other positions than x */
+            int32_t y = input(&f, dt, 1, S(100));
+            r = op2(&f, bin[i - LEN(un)], x, y);
+        }
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        fill_all(&f, -50, 50, true);
+        if (i >= LEN(un)) { /* pair every special of x with every special of y */
+            const loom_ir_node *n = node(&f, 1);
+            for (int64_t k = 0; k < 64; k++)
+                loom_ir_store_i64(f.in[1], n->dtype, k, loom_ir_load_i64(f.in[0], n->dtype, k / 8));
+            for (int64_t k = 0; k < 64; k++)
+                loom_ir_store_i64(f.in[0], n->dtype, k, loom_ir_load_i64(f.in[0], n->dtype, k % 8));
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s %s", loom_dtype_name(dt),
+                 loom_ir_op_name(i < LEN(un) ? un[i] : bin[i - LEN(un)]));
+        check(&f, 0, 0, what);
+        fx_deinit(&f);
+    }
+}
+
+static void test_integer_ops_wrap_and_never_trap_in_i32(void **state) {
+    (void)state;
+    check_int_ops(LOOM_DTYPE_I32);
+}
+
+static void test_integer_ops_wrap_and_never_trap_in_i64(void **state) {
+    (void)state;
+    check_int_ops(LOOM_DTYPE_I64);
+}
+
+static void test_integer_division_by_zero_and_int_min_by_minus_one(void **state) {
+    (void)state;
+    /* hand-computed: 7/0 = 0, INT_MIN/-1 = INT_MIN, -7/2 = -3 (toward zero), 9/-3 = -3 */
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_I32, 1, S(4));
+    int32_t y = input(&f, LOOM_DTYPE_I32, 1, S(4));
+    int32_t r = op2(&f, LOOM_IR_OP_DIV, x, y);
+    output(&f, r);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+    int32_t xs[4] = {7, INT32_MIN, -7, 9}, ys[4] = {0, -1, 2, -3};
+    f.in[0] = malloc(sizeof xs);
+    f.in[1] = malloc(sizeof ys);
+    memcpy(f.in[0], xs, sizeof xs);
+    memcpy(f.in[1], ys, sizeof ys);
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(compile(&f, 1, &code, &k), LOOM_OK);
+    int32_t out[4];
+    void *bufs[3] = {f.in[0], f.in[1], out};
+    k.fn(bufs, 0, k.extent);
+    assert_int_equal(out[0], 0);
+    assert_int_equal(out[1], INT32_MIN);
+    assert_int_equal(out[2], -3);
+    assert_int_equal(out[3], -3);
+    loom_cg_code_destroy(code);
+    fx_deinit(&f);
+}
+
+static void test_casts_between_every_pair_of_dtypes(void **state) {
+    (void)state;
+    for (int from = 0; from < LOOM_DTYPE_COUNT_; from++)
+        for (int to = 0; to < LOOM_DTYPE_COUNT_; to++) {
+            fx f;
+            fx_init(&f);
+            int32_t x = input(&f, (loom_dtype)from, 1, S(200));
+            int32_t r = cast(&f, x, (loom_dtype)to);
+            output(&f, r);
+            kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+            /* wide enough to saturate i32, overflow f16, round bf16 */
+            fill_all(&f, -5e9, 5e9, true);
+            if (from == LOOM_DTYPE_I64) /* odd values beyond 2^53: double rounding to f32 */
+                for (int64_t k = 100; k < 200; k++)
+                    ((int64_t *)f.in[0])[k] = ((int64_t)1 << 55) + 2 * k + 1;
+            char what[64];
+            snprintf(what, sizeof what, "cast %s -> %s", loom_dtype_name((loom_dtype)from),
+                     loom_dtype_name((loom_dtype)to));
+            check(&f, 0, 0, what); /* casts are exact */
+            fx_deinit(&f);
+        }
+}
+
+static void test_float_to_int_cast_saturates_and_maps_nan_to_zero(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 1, S(6));
+    int32_t r = cast(&f, x, LOOM_DTYPE_I32);
+    output(&f, r);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+    float xs[6] = {3e9f, -3e9f, NAN, -2.9f, 2.9f, INFINITY};
+    f.in[0] = malloc(sizeof xs);
+    memcpy(f.in[0], xs, sizeof xs);
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(compile(&f, 1, &code, &k), LOOM_OK);
+    int32_t out[6];
+    void *bufs[2] = {f.in[0], out};
+    k.fn(bufs, 0, k.extent);
+    assert_int_equal(out[0], INT32_MAX);
+    assert_int_equal(out[1], INT32_MIN);
+    assert_int_equal(out[2], 0);
+    assert_int_equal(out[3], -2);
+    assert_int_equal(out[4], 2);
+    assert_int_equal(out[5], INT32_MAX);
+    loom_cg_code_destroy(code);
+    fx_deinit(&f);
+}
+
+static void test_f16_and_bf16_chains_round_every_node_like_the_interpreter(void **state) {
+    (void)state;
+    const loom_dtype dts[2] = {LOOM_DTYPE_F16, LOOM_DTYPE_BF16};
+    for (int t = 0; t < 2; t++) {
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, dts[t], 2, S(33, 31));
+        int32_t y = input(&f, dts[t], 2, S(33, 31));
+        int32_t s = op2(&f, LOOM_IR_OP_ADD, x, y);
+        int32_t m = op2(&f, LOOM_IR_OP_MUL, s, x);
+        int32_t e = op1(&f, LOOM_IR_OP_EXP,
+                        op2(&f, LOOM_IR_OP_MUL, m, cst(&f, dts[t], 2, S(33, 31), 0.125)));
+        output(&f, m);
+        output(&f, e);
+        kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, s, e);
+        fill_all(&f, -4, 4, true);
+        /* add and mul are exact in f32 before rounding, so they match bit for bit; exp may
+         * differ in its last f32 ulp, which can move a 16-bit rounding by one ulp */
+        check(&f, t == 0 ? 1e-3 : 8e-3, 1e-6, loom_dtype_name(dts[t]));
+        fx_deinit(&f);
+    }
+}
+
+/* ---- shapes ------------------------------------------------------------------------------- */
+
+static void test_odd_sizes_from_scalars_to_large_vectors(void **state) {
+    (void)state;
+    const int64_t sizes[] = {1, 7, 33, 1000, 20000};
+    for (size_t i = 0; i < LEN(sizes); i++) {
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 1, &sizes[i]);
+        int32_t y = input(&f, LOOM_DTYPE_F32, 1, &sizes[i]);
+        int32_t r = op2(&f, LOOM_IR_OP_MUL, op2(&f, LOOM_IR_OP_ADD, x, y), x);
+        r = op1(&f, LOOM_IR_OP_TANH, r);
+        output(&f, r);
+        kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, 2, r);
+        fill_all(&f, -2, 2, false);
+        check(&f, 2e-6, 0, "odd size");
+        fx_deinit(&f);
+    }
+    /* rank 0 */
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 0, NULL);
+    int32_t r = op2(&f, LOOM_IR_OP_SUB, x, cst(&f, LOOM_DTYPE_F32, 0, NULL, 0.25));
+    output(&f, r);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+    fill_all(&f, -2, 2, false);
+    check(&f, 0, 0, "rank 0");
+    fx_deinit(&f);
+}
+
+static void test_broadcasts_of_rows_columns_and_scalars(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(33, 70));
+    int32_t row = input(&f, LOOM_DTYPE_F32, 1, S(70));
+    int32_t col = input(&f, LOOM_DTYPE_F32, 2, S(33, 1));
+    int32_t sc = input(&f, LOOM_DTYPE_F32, 0, NULL);
+    int32_t a = op2(&f, LOOM_IR_OP_ADD, x, shaped(&f, LOOM_IR_OP_BROADCAST, row, 2, S(33, 70)));
+    int32_t b = op2(&f, LOOM_IR_OP_MUL, a, shaped(&f, LOOM_IR_OP_BROADCAST, col, 2, S(33, 70)));
+    int32_t c = op2(&f, LOOM_IR_OP_SUB, b, shaped(&f, LOOM_IR_OP_BROADCAST, sc, 2, S(33, 70)));
+    /* and a transposed read of the same input */
+    int32_t t =
+        transpose(&f, shaped(&f, LOOM_IR_OP_BROADCAST, col, 2, S(33, 33)), 2, (int32_t[]){1, 0});
+    int32_t u = op2(&f, LOOM_IR_OP_ADD, t, shaped(&f, LOOM_IR_OP_BROADCAST, col, 2, S(33, 33)));
+    output(&f, c);
+    output(&f, u);
+    kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, a - 1, c); /* from the row's broadcast */
+    kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, c + 1, u);
+    fill_all(&f, -3, 3, false);
+    check(&f, 1e-6, 0, "broadcasts");
+    fx_deinit(&f);
+}
+
+static void test_a_64_op_fused_chain_is_one_kernel(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(37, 129));
+    int32_t y = input(&f, LOOM_DTYPE_F32, 2, S(37, 129));
+    int32_t v = x, first = -1;
+    static const loom_ir_op ops[] = {LOOM_IR_OP_ADD, LOOM_IR_OP_MUL,     LOOM_IR_OP_TANH,
+                                     LOOM_IR_OP_SUB, LOOM_IR_OP_SIGMOID, LOOM_IR_OP_MAXIMUM,
+                                     LOOM_IR_OP_EXP, LOOM_IR_OP_RELU};
+    for (int i = 0; i < 64; i++) {
+        loom_ir_op op = ops[i % LEN(ops)];
+        if (loom_ir_op_table[op].arity == 2)
+            v = op2(&f, op, v, y);
+        else
+            v = op1(&f, op, v);
+        if (first < 0)
+            first = v;
+    }
+    output(&f, v);
+    kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, first, v);
+    assert_int_equal(f.plan.kernels[0].n_nodes, 64);
+    fill_all(&f, -1, 1, false);
+    check(&f, 1e-5, 1e-7, "64-op chain");
+    fx_deinit(&f);
+}
+
+static void test_results_of_another_shape_are_written_by_a_side_nest(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    /* c = exp(b) is a result of shape [70] inside a kernel over [33, 70] */
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(33, 70));
+    int32_t b = input(&f, LOOM_DTYPE_F32, 1, S(70));
+    int32_t c = op1(&f, LOOM_IR_OP_EXP, b);
+    int32_t cb = shaped(&f, LOOM_IR_OP_BROADCAST, c, 2, S(33, 70));
+    int32_t r = op2(&f, LOOM_IR_OP_MUL, x, cb);
+    /* and a reduction kernel with one too: d = neg(b) */
+    int32_t d = op1(&f, LOOM_IR_OP_NEG, b);
+    int32_t db = shaped(&f, LOOM_IR_OP_BROADCAST, d, 2, S(33, 70));
+    int32_t s = reduce(&f, LOOM_IR_OP_REDUCE_SUM, op2(&f, LOOM_IR_OP_ADD, x, db), 1u, false);
+    output(&f, c);
+    output(&f, r);
+    output(&f, d);
+    output(&f, s);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 3, (int32_t[]){c, cb, r});
+    kernel(&f, LOOM_IR_KERNEL_REDUCTION, s, 4, (int32_t[]){d, db, s - 1, s});
+    fill_all(&f, -2, 2, false);
+    check_with(&f, 1, 2e-6, 0, "side nests");
+    fx_deinit(&f);
+}
+
+static void test_bool_values_compare_select_and_store_as_bytes(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t p = input(&f, LOOM_DTYPE_BOOL, 1, S(300));
+    int32_t q = input(&f, LOOM_DTYPE_BOOL, 1, S(300));
+    int32_t x = input(&f, LOOM_DTYPE_I64, 1, S(300));
+    int32_t eq = op2(&f, LOOM_IR_OP_EQ, p, q);
+    int32_t ne = op2(&f, LOOM_IR_OP_NE, p, q);
+    int32_t sb = op3(&f, LOOM_IR_OP_SELECT, eq, p, ne); /* select of bools */
+    int32_t si = op3(&f, LOOM_IR_OP_SELECT, sb, x, op1(&f, LOOM_IR_OP_NEG, x));
+    int32_t fin = op1(&f, LOOM_IR_OP_ISFINITE, cast(&f, si, LOOM_DTYPE_F32));
+    output(&f, sb);
+    output(&f, si);
+    output(&f, fin);
+    kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, eq, fin);
+    fill_all(&f, -1e18, 1e18, true);
+    check(&f, 0, 0, "bools");
+    fx_deinit(&f);
+}
+
+static void test_zero_sized_tensors_compile_and_write_nothing(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(0, 7));
+    int32_t e = op1(&f, LOOM_IR_OP_EXP, x);
+    int32_t s = reduce(&f, LOOM_IR_OP_REDUCE_SUM, x, 1u, false);  /* [7] of zeros */
+    int32_t m = reduce(&f, LOOM_IR_OP_REDUCE_MEAN, x, 1u, false); /* [7] of NaN */
+    output(&f, e);
+    output(&f, s);
+    output(&f, m);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, e, 1, &e);
+    kernel(&f, LOOM_IR_KERNEL_REDUCTION, s, 1, &s);
+    kernel(&f, LOOM_IR_KERNEL_REDUCTION, m, 1, &m);
+    fill_all(&f, -1, 1, false);
+    check(&f, 0, 0, "zero-sized");
+    fx_deinit(&f);
+}
+
+/* ---- reductions --------------------------------------------------------------------------- */
+
+static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **state) {
+    (void)state;
+    const uint32_t axis_sets[] = {
+        1u << 0, 1u << 1, 1u << 2, (1u << 0) | (1u << 2), (1u << 0) | (1u << 1), 7u};
+    const loom_ir_op ops[] = {LOOM_IR_OP_REDUCE_SUM, LOOM_IR_OP_REDUCE_MEAN, LOOM_IR_OP_REDUCE_MAX};
+    for (size_t a = 0; a < LEN(axis_sets); a++)
+        for (size_t o = 0; o < LEN(ops); o++)
+            for (int keep = 0; keep < 2; keep++) {
+                fx f;
+                fx_init(&f);
+                int32_t x = input(&f, LOOM_DTYPE_F32, 3, S(5, 37, 1100));
+                /* prologue exp(x * 0.5), also a result; epilogue sqrt(r) + 1 */
+                int32_t h =
+                    op2(&f, LOOM_IR_OP_MUL, x, cst(&f, LOOM_DTYPE_F32, 3, S(5, 37, 1100), 0.5));
+                int32_t p = op1(&f, LOOM_IR_OP_EXP, h);
+                int32_t r = reduce(&f, ops[o], p, axis_sets[a], keep);
+                const loom_ir_node *rn = node(&f, r);
+                int32_t s = op1(&f, LOOM_IR_OP_SQRT, r);
+                int32_t e =
+                    op2(&f, LOOM_IR_OP_ADD, s, cst(&f, LOOM_DTYPE_F32, rn->rank, rn->shape, 1.0));
+                output(&f, e);
+                output(&f, p);
+                output(&f, r);
+                kernel(&f, LOOM_IR_KERNEL_REDUCTION, r, 5, (int32_t[]){h, p, r, s, e});
+                fill_all(&f, -2, 2, false);
+                char what[64];
+                snprintf(what, sizeof what, "%s axes %#x keepdim %d", loom_ir_op_name(ops[o]),
+                         axis_sets[a], keep);
+                check(&f, 2e-6, 0, what);
+                fx_deinit(&f);
+            }
+}
+
+static void test_reductions_read_transposed_and_broadcast_operands(void **state) {
+    (void)state;
+    for (uint32_t axes = 1; axes < 8; axes++) {
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 3, S(6, 50, 9));
+        int32_t b = input(&f, LOOM_DTYPE_F32, 2, S(1, 6));
+        int32_t t = transpose(&f, x, 3, (int32_t[]){2, 0, 1}); /* [9, 6, 50] */
+        int32_t bb = shaped(&f, LOOM_IR_OP_BROADCAST, transpose(&f, b, 2, (int32_t[]){1, 0}), 3,
+                            S(9, 6, 50));
+        int32_t r = reduce(&f, LOOM_IR_OP_REDUCE_MAX, op2(&f, LOOM_IR_OP_MUL, t, bb), axes, false);
+        output(&f, r);
+        kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, t, r);
+        fill_all(&f, -2, 2, false);
+        check(&f, 0, 0, "transposed reduction");
+        fx_deinit(&f);
+    }
+}
+
+static void test_integer_sums_wrap_and_maxima_are_exact(void **state) {
+    (void)state;
+    const loom_dtype dts[] = {LOOM_DTYPE_I32, LOOM_DTYPE_I64};
+    for (size_t t = 0; t < LEN(dts); t++)
+        for (uint32_t axes = 1; axes < 4; axes++) {
+            fx f;
+            fx_init(&f);
+            int32_t x = input(&f, dts[t], 2, S(9, 300));
+            int32_t s = reduce(&f, LOOM_IR_OP_REDUCE_SUM, x, axes, false);
+            int32_t m = reduce(&f, LOOM_IR_OP_REDUCE_MAX, x, axes, true);
+            output(&f, s);
+            output(&f, m);
+            kernel(&f, LOOM_IR_KERNEL_REDUCTION, s, 1, &s);
+            kernel(&f, LOOM_IR_KERNEL_REDUCTION, m, 1, &m);
+            fill_all(&f, -1e9, 1e9, true);
+            check(&f, 0, 0, "integer reductions");
+            fx_deinit(&f);
+        }
+}
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+static void check_matmul(int32_t rank, const int64_t *ashape, const int64_t *bshape, loom_dtype dt,
+                         bool epilogue) {
+    fx f;
+    fx_init(&f);
+    int32_t a = input(&f, dt, rank, ashape);
+    int32_t b = input(&f, dt, rank, bshape);
+    int32_t m = op2(&f, LOOM_IR_OP_MATMUL, a, b);
+    int32_t last = m;
+    if (epilogue) { /* + bias (a row broadcast), relu */
+        const loom_ir_node *mn = node(&f, m);
+        int32_t bias = input(&f, dt, 1, &mn->shape[mn->rank - 1]);
+        int32_t bb = shaped(&f, LOOM_IR_OP_BROADCAST, bias, mn->rank, mn->shape);
+        last = op1(&f, LOOM_IR_OP_RELU, op2(&f, LOOM_IR_OP_ADD, m, bb));
+        output(&f, last);
+        kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 4, (int32_t[]){m, bb, last - 1, last});
+    } else {
+        output(&f, last);
+        kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 1, &m);
+    }
+    fill_all(&f, -1, 1, false);
+    char what[96];
+    snprintf(what, sizeof what, "matmul %s %lldx%lldx%lld%s", loom_dtype_name(dt),
+             (long long)ashape[rank - 2], (long long)ashape[rank - 1], (long long)bshape[rank - 1],
+             epilogue ? " + bias + relu" : "");
+    /* f32 accumulates in f32 (the interpreter in double): K * eps relative to sum |a||b| */
+    double tol = dt == LOOM_DTYPE_F32 ? 1e-5 : dt == LOOM_DTYPE_F64 ? 1e-12 : 0;
+    if (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16)
+        tol = dt == LOOM_DTYPE_BF16 ? 1e-2 : 2e-3;
+    check(&f, tol, tol * (double)ashape[rank - 1], what);
+    fx_deinit(&f);
+}
+
+static void test_matmuls_of_odd_and_batched_shapes(void **state) {
+    (void)state;
+    check_matmul(2, S(1, 1), S(1, 1), LOOM_DTYPE_F32, false);
+    check_matmul(2, S(7, 13), S(13, 5), LOOM_DTYPE_F32, false);
+    check_matmul(2, S(64, 64), S(64, 64), LOOM_DTYPE_F32, false);
+    check_matmul(2, S(100, 70), S(70, 90), LOOM_DTYPE_F32, false);
+    check_matmul(3, S(3, 7, 13), S(3, 13, 5), LOOM_DTYPE_F32, false);
+    check_matmul(4, S(2, 3, 40, 9), S(2, 3, 9, 33), LOOM_DTYPE_F32, false);
+    check_matmul(2, S(7, 13), S(13, 5), LOOM_DTYPE_F64, false);
+    check_matmul(2, S(33, 20), S(20, 17), LOOM_DTYPE_I32, false);
+    check_matmul(2, S(33, 20), S(20, 17), LOOM_DTYPE_I64, false);
+    check_matmul(2, S(33, 20), S(20, 17), LOOM_DTYPE_BF16, false);
+    check_matmul(2, S(33, 20), S(20, 17), LOOM_DTYPE_F16, false);
+}
+
+static void test_matmul_reads_a_reshaped_operand_and_writes_product_and_epilogue(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 3, S(4, 10, 24));
+    int32_t w = input(&f, LOOM_DTYPE_F32, 2, S(24, 40));
+    int32_t xr = shaped(&f, LOOM_IR_OP_RESHAPE, x, 2, S(40, 24));
+    int32_t m = op2(&f, LOOM_IR_OP_MATMUL, xr, w);
+    int32_t g = op1(&f, LOOM_IR_OP_GELU, m);
+    int32_t h = cast(&f, g, LOOM_DTYPE_BF16);
+    output(&f, m); /* the product itself is an output too */
+    output(&f, g);
+    output(&f, h);
+    kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 3, (int32_t[]){m, g, h});
+    fill_all(&f, -1, 1, false);
+    check(&f, 1e-5, 1e-5, "matmul of a reshape with outputs");
+    fx_deinit(&f);
+}
+
+static void test_matmul_with_bias_and_relu_epilogue(void **state) {
+    (void)state;
+    check_matmul(2, S(64, 64), S(64, 64), LOOM_DTYPE_F32, true);
+    check_matmul(2, S(37, 50), S(50, 70), LOOM_DTYPE_F32, true);
+    check_matmul(3, S(3, 7, 13), S(3, 13, 5), LOOM_DTYPE_F32, true);
+    check_matmul(2, S(37, 50), S(50, 70), LOOM_DTYPE_BF16, true);
+    check_matmul(2, S(9, 8), S(8, 6), LOOM_DTYPE_I32, true);
+}
+
+/* ---- whole plans -------------------------------------------------------------------------- */
+
+/* An MLP-like step through the real passes (fusion and memory planning), many kernels. */
+static void build_mlp(fx *f, int layers) {
+    int32_t x = input(f, LOOM_DTYPE_F32, 2, S(16, 24));
+    int32_t h = x;
+    for (int l = 0; l < layers; l++) {
+        int32_t w = input(f, LOOM_DTYPE_F32, 2, S(24, 24));
+        int32_t b = input(f, LOOM_DTYPE_F32, 1, S(24));
+        int32_t m = op2(f, LOOM_IR_OP_MATMUL, h, w);
+        int32_t z = op2(f, LOOM_IR_OP_ADD, m, shaped(f, LOOM_IR_OP_BROADCAST, b, 2, S(16, 24)));
+        int32_t mx = reduce(f, LOOM_IR_OP_REDUCE_MAX, z, 1u << 1, true);
+        int32_t c = op2(f, LOOM_IR_OP_SUB, z, shaped(f, LOOM_IR_OP_BROADCAST, mx, 2, S(16, 24)));
+        int32_t e = op1(f, LOOM_IR_OP_EXP, c);
+        int32_t s = reduce(f, LOOM_IR_OP_REDUCE_SUM, e, 1u << 1, true);
+        h = op2(f, LOOM_IR_OP_DIV, e, shaped(f, LOOM_IR_OP_BROADCAST, s, 2, S(16, 24)));
+        h = op1(f, LOOM_IR_OP_GELU,
+                op2(f, LOOM_IR_OP_MUL, h, cst(f, LOOM_DTYPE_F32, 2, S(16, 24), 4.0)));
+    }
+    output(f, h);
+    output(f, reduce(f, LOOM_IR_OP_REDUCE_MEAN, h, 3u, false));
+}
+
+static void test_fused_plans_of_many_kernels_compile_on_several_threads(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    build_mlp(&f, 12);
+    assert_int_equal(loom_pass_fuse(&f.g, &f.plan, &f.d), LOOM_OK);
+    f.planned = true;
+    assert_true(f.plan.n_kernels >= 36);
+    fill_all(&f, -1, 1, false);
+    check_with(&f, 2, 1e-4, 1e-5, "fused mlp, 2 threads");
+    check_with(&f, 5, 1e-4, 1e-5, "fused mlp, 5 threads");
+    fx_deinit(&f);
+}
+
+/* ---- the code blob ------------------------------------------------------------------------ */
+
+static void test_serialized_code_loads_and_computes_the_same(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    build_mlp(&f, 3);
+    assert_int_equal(loom_pass_fuse(&f.g, &f.plan, &f.d), LOOM_OK);
+    f.planned = true;
+    fill_all(&f, -1, 1, false);
+    int32_t nk = f.plan.n_kernels;
+    loom_rt_kernel *ks = calloc((size_t)nk, sizeof *ks), *ks2 = calloc((size_t)nk, sizeof *ks2);
+    loom_cg_code *code = NULL, *code2 = NULL;
+    assert_int_equal(compile(&f, 2, &code, ks), LOOM_OK);
+    loom_ir_sbuf blob;
+    loom_ir_sbuf_init(&blob, &f.a);
+    assert_int_equal(loom_cg_code_serialize(code, &blob, &f.d), LOOM_OK);
+    assert_true(blob.len > 1000);
+    assert_memory_equal(blob.data, "LOOMCGB", 7);
+    assert_int_equal(loom_cg_code_load(blob.data, blob.len, nk, &code2, ks2, &f.d), LOOM_OK);
+    for (int32_t k = 0; k < nk; k++) {
+        assert_int_equal(ks2[k].extent, ks[k].extent);
+        assert_int_equal(ks2[k].grain, ks[k].grain);
+    }
+    void **a = alloc_outputs(&f), **b = alloc_outputs(&f);
+    run_kernels(&f, ks, 1, a);
+    loom_cg_code_destroy(code); /* the loaded code does not depend on the original */
+    run_kernels(&f, ks2, 2, b);
+    compare(&f, b, a, 0, 0, "reloaded code");
+    free_outputs(&f, a);
+    free_outputs(&f, b);
+    /* the wrong kernel count is refused */
+    assert_int_equal(loom_cg_code_load(blob.data, blob.len, nk + 1, &code, ks2, &f.d),
+                     LOOM_STATUS_CORRUPT_DATA);
+    assert_null(code);
+    loom_cg_code_destroy(code2);
+    loom_ir_sbuf_deinit(&blob);
+    free(ks);
+    free(ks2);
+    fx_deinit(&f);
+}
+
+static void test_corrupt_or_truncated_blobs_are_rejected(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 1, S(100));
+    int32_t r = op1(&f, LOOM_IR_OP_EXP, x);
+    output(&f, r);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(compile(&f, 1, &code, &k), LOOM_OK);
+    loom_ir_sbuf blob;
+    loom_ir_sbuf_init(&blob, &f.a);
+    assert_int_equal(loom_cg_code_serialize(code, &blob, &f.d), LOOM_OK);
+    loom_cg_code_destroy(code);
+    char *copy = malloc(blob.len);
+    /* a flipped byte anywhere: header, key, kernel table, machine code, checksum */
+    size_t step = blob.len / 97 + 1;
+    for (size_t pos = 0; pos < blob.len; pos += step) {
+        memcpy(copy, blob.data, blob.len);
+        copy[pos] ^= 0x10;
+        loom_cg_code *c2 = NULL;
+        loom_ir_diag_init(&f.d);
+        assert_int_equal(loom_cg_code_load(copy, blob.len, 1, &c2, &k, &f.d),
+                         LOOM_STATUS_CORRUPT_DATA);
+        assert_null(c2);
+    }
+    /* truncated at every length (sampled) */
+    for (size_t len = 0; len < blob.len; len += step) {
+        loom_cg_code *c2 = NULL;
+        assert_int_equal(loom_cg_code_load(blob.data, len, 1, &c2, &k, &f.d),
+                         LOOM_STATUS_CORRUPT_DATA);
+        assert_null(c2);
+    }
+    /* a blob with a recomputed checksum but bad structure: garbage appended */
+    assert_int_equal(loom_cg_code_load("LOOMCGB", 8, 1, &code, &k, &f.d), LOOM_STATUS_CORRUPT_DATA);
+    assert_non_null(strstr(f.d.msg, "code blob"));
+    free(copy);
+    loom_ir_sbuf_deinit(&blob);
+    fx_deinit(&f);
+}
+
+static void test_target_key_names_llvm_cpu_and_format(void **state) {
+    (void)state;
+    const char *key = loom_cg_target_key();
+    assert_non_null(key);
+    assert_int_equal(strncmp(key, "llvm-19.", 8), 0);
+    assert_non_null(strstr(key, ";cg"));
+    assert_ptr_equal(key, loom_cg_target_key()); /* stable */
+#if defined(__x86_64__)
+    assert_non_null(strstr(key, "+sse2"));
+#endif
+}
+
+/* ---- dumps -------------------------------------------------------------------------------- */
+
+static char *read_all(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    size_t got = fread(s, 1, (size_t)n, fp);
+    s[got] = '\0';
+    fclose(fp);
+    return s;
+}
+
+static void test_dumps_write_mlir_lowered_llvm_ir_and_assembly(void **state) {
+    (void)state;
+    char dir[] = "/tmp/loom_cg_dumpXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 1, S(4096));
+    int32_t y = input(&f, LOOM_DTYPE_F32, 1, S(4096));
+    int32_t r = op1(&f, LOOM_IR_OP_EXP, op2(&f, LOOM_IR_OP_ADD, x, y));
+    output(&f, r);
+    kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, r - 1, r);
+    loom_cg_options opts = {.compile_threads = 1, .dump_dir = dir, .dump_prefix = "step1"};
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(loom_cg_compile(&f.g, &f.plan, &opts, &code, &k, &f.d), LOOM_OK);
+    const char *ext[4] = {".mlir", ".lowered.mlir", ".ll", ".s"};
+    const char *needle[4] = {"func.func @loom_k0_body", "llvm.func @loom_k0_body",
+                             "define void @loom_k0(ptr", "loom_k0:"};
+    for (int i = 0; i < 4; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/step1%s", dir, ext[i]);
+        char *text = read_all(path);
+        assert_non_null(text);
+        if (!strstr(text, needle[i]))
+            fail_msg("%s lacks '%s'", path, needle[i]);
+        if (i == 1) /* fully lowered */
+            assert_null(strstr(text, "scf.for"));
+        if (i == 2) { /* the body was inlined into the wrapper and dropped */
+            assert_null(strstr(text, "define internal"));
+            assert_null(strstr(text, "memcheck")); /* noalias survived the inlining */
+        }
+#if defined(__x86_64__)
+        if (i == 3) /* the exp chain's loop is vectorized: packed single-precision ops */
+            assert_true(strstr(text, "ps\t%ymm") || strstr(text, "ps\t%zmm") ||
+                        strstr(text, "ps\t%xmm"));
+#endif
+        free(text);
+        unlink(path);
+    }
+    rmdir(dir);
+    loom_cg_code_destroy(code);
+    fx_deinit(&f);
+}
+
+/* ---- refusals ----------------------------------------------------------------------------- */
+
+static void test_a_matmul_operand_computed_in_its_kernel_is_unsupported(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t a = input(&f, LOOM_DTYPE_F32, 2, S(4, 4));
+    int32_t b = input(&f, LOOM_DTYPE_F32, 2, S(4, 4));
+    int32_t e = op1(&f, LOOM_IR_OP_EXP, a);
+    int32_t m = op2(&f, LOOM_IR_OP_MATMUL, e, b);
+    output(&f, m);
+    kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 2, (int32_t[]){e, m});
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(compile(&f, 1, &code, &k), LOOM_STATUS_UNSUPPORTED);
+    assert_null(code);
+    assert_non_null(strstr(f.d.msg, "matmul operand"));
+    assert_non_null(strstr(f.d.msg, "kernel 0"));
+    fx_deinit(&f);
+}
+
+static void test_null_arguments_are_invalid(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    begin_plan(&f);
+    loom_cg_code *code = NULL;
+    assert_int_equal(loom_cg_compile(NULL, &f.plan, NULL, &code, NULL, &f.d),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_cg_code_serialize(NULL, NULL, &f.d), LOOM_STATUS_INVALID_ARGUMENT);
+    loom_cg_code_destroy(NULL);
+    /* an empty plan compiles to empty code */
+    assert_int_equal(loom_cg_compile(&f.g, &f.plan, NULL, &code, NULL, &f.d), LOOM_OK);
+    assert_non_null(code);
+    loom_cg_code_destroy(code);
+    fx_deinit(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op_in_f32_matches_the_interpreter),
+        cmocka_unit_test(test_vector_math_is_accurate_over_dense_sweeps),
+        cmocka_unit_test(test_integer_ops_wrap_and_never_trap_in_i32),
+        cmocka_unit_test(test_integer_ops_wrap_and_never_trap_in_i64),
+        cmocka_unit_test(test_integer_division_by_zero_and_int_min_by_minus_one),
+        cmocka_unit_test(test_casts_between_every_pair_of_dtypes),
+        cmocka_unit_test(test_float_to_int_cast_saturates_and_maps_nan_to_zero),
+        cmocka_unit_test(test_f16_and_bf16_chains_round_every_node_like_the_interpreter),
+        cmocka_unit_test(test_odd_sizes_from_scalars_to_large_vectors),
+        cmocka_unit_test(test_broadcasts_of_rows_columns_and_scalars),
+        cmocka_unit_test(test_a_64_op_fused_chain_is_one_kernel),
+        cmocka_unit_test(test_results_of_another_shape_are_written_by_a_side_nest),
+        cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),
+        cmocka_unit_test(test_zero_sized_tensors_compile_and_write_nothing),
+        cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
+        cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),
+        cmocka_unit_test(test_integer_sums_wrap_and_maxima_are_exact),
+        cmocka_unit_test(test_matmuls_of_odd_and_batched_shapes),
+        cmocka_unit_test(test_matmul_reads_a_reshaped_operand_and_writes_product_and_epilogue),
+        cmocka_unit_test(test_matmul_with_bias_and_relu_epilogue),
+        cmocka_unit_test(test_fused_plans_of_many_kernels_compile_on_several_threads),
+        cmocka_unit_test(test_serialized_code_loads_and_computes_the_same),
+        cmocka_unit_test(test_corrupt_or_truncated_blobs_are_rejected),
+        cmocka_unit_test(test_target_key_names_llvm_cpu_and_format),
+        cmocka_unit_test(test_dumps_write_mlir_lowered_llvm_ir_and_assembly),
+        cmocka_unit_test(test_a_matmul_operand_computed_in_its_kernel_is_unsupported),
+        cmocka_unit_test(test_null_arguments_are_invalid),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
