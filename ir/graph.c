@@ -229,3 +229,29 @@ loom_status loom_ir_graph_copy(loom_ir_graph *dst, const loom_ir_graph *src) {
         loom_ir_graph_reset(dst);
     return st;
 }
+
+double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
+    double numel = (double)loom_ir_numel(n->rank, n->shape);
+    switch (loom_ir_op_table[n->op].kind) {
+    case LOOM_IR_KIND_UNARY:
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_BINARY:
+    case LOOM_IR_KIND_COMPARE:
+    case LOOM_IR_KIND_SELECT:
+    case LOOM_IR_KIND_CAST: return numel;
+    case LOOM_IR_KIND_REDUCTION: {
+        const loom_ir_node *in = &g->nodes[n->inputs[0]];
+        return (double)loom_ir_numel(in->rank, in->shape);
+    }
+    case LOOM_IR_KIND_CONTRACTION: {
+        const loom_ir_node *a = &g->nodes[n->inputs[0]];
+        return 2.0 * numel * (double)a->shape[a->rank - 1];
+    }
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_BROADCAST:
+    case LOOM_IR_KIND_RESHAPE:
+    case LOOM_IR_KIND_TRANSPOSE:
+    case LOOM_IR_KIND_COUNT_: break;
+    }
+    return 0;
+}

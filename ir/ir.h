@@ -335,6 +335,11 @@ loom_status loom_ir_graph_parse(loom_ir_graph *g, const char *text, size_t len,
 /* Graphviz DOT: one box per node (op, type, location), edges operand -> user. */
 loom_status loom_ir_graph_dot(const loom_ir_graph *g, loom_ir_write_fn write, void *ud);
 
+/* Estimated arithmetic operations of node n of g: 2*M*N*K per matmul batch, one per element
+ * for elementwise ops, one per input element for reductions, none for sources and data
+ * movement. A double, as large shapes overflow int64. */
+double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n);
+
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
 

@@ -601,6 +601,7 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
         return LOOM_STATUS_INVALID_ARGUMENT;
     loom_ir_writer w = {.write = write, .ud = ud};
     char type[LOOM_IR_TYPE_STR_MAX];
+    double total_flops = 0, total_bytes = 0;
     loom_ir_writer_printf(&w, "plan: %d kernel%s, %d cop%s, arena %zu bytes, peak %zu bytes\n",
                           (int)p->n_kernels, p->n_kernels == 1 ? "" : "s", (int)p->n_copies,
                           p->n_copies == 1 ? "y" : "ies", p->arena_bytes, p->peak_bytes);
@@ -632,6 +633,20 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
         }
         put_ids(&w, "args", kn->args, kn->n_args);
         put_ids(&w, "results", kn->results, kn->n_results);
+        /* what the kernel costs: arithmetic, and bytes it reads and writes once each */
+        double flops = 0, bytes = 0;
+        for (int32_t j = 0; j < kn->n_nodes; j++)
+            if (kn->nodes[j] >= 0 && kn->nodes[j] < g->n_nodes)
+                flops += loom_ir_node_flops(g, &g->nodes[kn->nodes[j]]);
+        for (int32_t j = 0; j < kn->n_args + kn->n_results; j++) {
+            int32_t x = j < kn->n_args ? kn->args[j] : kn->results[j - kn->n_args];
+            if (x >= 0 && x < g->n_nodes)
+                bytes += (double)loom_ir_numel(g->nodes[x].rank, g->nodes[x].shape) *
+                         (double)loom_dtype_size(g->nodes[x].dtype);
+        }
+        loom_ir_writer_printf(&w, "    cost: %.0f flops, %.0f bytes moved\n", flops, bytes);
+        total_flops += flops;
+        total_bytes += bytes;
     }
     loom_ir_writer_puts(&w, "placements:\n");
     for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -654,6 +669,7 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
                                   (int)p->copies[c].output);
     }
     loom_ir_writer_printf(&w, "arena: %zu bytes\npeak: %zu bytes\n", p->arena_bytes, p->peak_bytes);
+    loom_ir_writer_printf(&w, "total: %.0f flops, %.0f bytes moved\n", total_flops, total_bytes);
     loom_ir_writer_flush(&w);
     return LOOM_OK;
 }

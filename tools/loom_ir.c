@@ -69,38 +69,13 @@ static double bytes_f64(const loom_ir_node *n) {
     return numel_f64(n) * (double)loom_dtype_size(n->dtype);
 }
 
-/* Estimated floating-point (or integer) operations of one node: 2*M*N*K per matmul batch,
- * one per element for elementwise ops, one per input element for reductions, none for
- * sources and data movement. */
-static double node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
-    switch (loom_ir_op_table[n->op].kind) {
-    case LOOM_IR_KIND_UNARY:
-    case LOOM_IR_KIND_PREDICATE:
-    case LOOM_IR_KIND_BINARY:
-    case LOOM_IR_KIND_COMPARE:
-    case LOOM_IR_KIND_SELECT:
-    case LOOM_IR_KIND_CAST: return numel_f64(n);
-    case LOOM_IR_KIND_REDUCTION: return numel_f64(&g->nodes[n->inputs[0]]);
-    case LOOM_IR_KIND_CONTRACTION: {
-        const loom_ir_node *a = &g->nodes[n->inputs[0]];
-        return 2.0 * numel_f64(n) * (double)a->shape[a->rank - 1];
-    }
-    case LOOM_IR_KIND_SOURCE:
-    case LOOM_IR_KIND_BROADCAST:
-    case LOOM_IR_KIND_RESHAPE:
-    case LOOM_IR_KIND_TRANSPOSE:
-    case LOOM_IR_KIND_COUNT_: break;
-    }
-    return 0;
-}
-
 static void print_stats(const loom_ir_graph *g) {
     char type[LOOM_IR_TYPE_STR_MAX];
     int32_t per_op[LOOM_IR_OP_COUNT_] = {0};
     double flops = 0, in_bytes = 0, out_bytes = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         per_op[g->nodes[i].op]++;
-        flops += node_flops(g, &g->nodes[i]);
+        flops += loom_ir_node_flops(g, &g->nodes[i]);
     }
     printf("nodes: %d\n", (int)g->n_nodes);
     printf("ops:\n");

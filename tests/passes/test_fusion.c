@@ -714,11 +714,13 @@ static void test_plan_print_summarizes_kernels_and_buffers(void **state) {
                                  "    %2 = matmul %0, %1 : f32[4,2]  mlp.c:40\n"
                                  "    args: %0, %1\n"
                                  "    results: %2\n"
+                                 "    cost: 128 flops, 224 bytes moved\n"
                                  "kernel 1: reduction, root %4 (reduce_sum)\n"
                                  "    %3 = relu %2 : f32[4,2]  mlp.c:41\n"
                                  "    %4 = reduce_sum %3 : f32[]  mlp.c:42\n"
                                  "    args: %2\n"
                                  "    results: %4\n"
+                                 "    cost: 16 flops, 36 bytes moved\n"
                                  "placements:\n"
                                  "    %0 input : f32[4,8] -> input 0 (128 bytes)\n"
                                  "    %1 input : f32[8,2] -> input 1 (64 bytes)\n"
@@ -727,7 +729,8 @@ static void test_plan_print_summarizes_kernels_and_buffers(void **state) {
                                  "copies after the kernels:\n"
                                  "    %4 -> output 1\n"
                                  "arena: 64 bytes\n"
-                                 "peak: 72 bytes\n");
+                                 "peak: 72 bytes\n"
+                                 "total: 144 flops, 260 bytes moved\n");
     loom_ir_sbuf_deinit(&sb);
     deinit_both(&g, &p);
 }
