@@ -8,15 +8,44 @@
 
 /* ---- the NPU target ---------------------------------------------------------------------- */
 
+/* Round to 64 bytes: kernels may read whole cache lines; never zero-sized. */
+static size_t block_bytes(size_t size) {
+    size_t bytes = (size + 63) & ~(size_t)63;
+    return bytes ? bytes : 64;
+}
+
+/* A cached block of exactly `bytes`, or NULL. Most recently freed first. */
+static void *take_cached(loom_rt_device *dev, size_t bytes) {
+    for (int32_t i = dev->n_cached - 1; i >= 0; i--) {
+        if (dev->cached[i].bytes != bytes)
+            continue;
+        void *p = dev->cached[i].data;
+        dev->cached[i] = dev->cached[--dev->n_cached];
+        dev->cached_bytes -= bytes;
+        return p;
+    }
+    return NULL;
+}
+
+static void drop_cache(loom_rt_device *dev) {
+    for (int32_t i = 0; i < dev->n_cached; i++)
+        loom_ir_free(&dev->alloc, dev->cached[i].data, dev->cached[i].bytes);
+    dev->n_cached = 0;
+    dev->cached_bytes = 0;
+}
+
 static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_buffer **out) {
     loom_rt_buffer *b = loom_ir_alloc(&dev->alloc, sizeof *b);
     if (!b)
         return LOOM_STATUS_OUT_OF_MEMORY;
-    /* Round to 64 bytes: kernels may read whole cache lines; never zero-sized. */
-    size_t bytes = (size + 63) & ~(size_t)63;
-    if (bytes == 0)
-        bytes = 64;
-    b->data = loom_ir_alloc(&dev->alloc, bytes);
+    size_t bytes = block_bytes(size);
+    b->data = take_cached(dev, bytes);
+    if (!b->data)
+        b->data = loom_ir_alloc(&dev->alloc, bytes);
+    if (!b->data && dev->n_cached > 0) { /* memory is short: give the cache back, retry */
+        drop_cache(dev);
+        b->data = loom_ir_alloc(&dev->alloc, bytes);
+    }
     if (!b->data) {
         loom_ir_free(&dev->alloc, b, sizeof *b);
         return LOOM_STATUS_OUT_OF_MEMORY;
@@ -32,11 +61,15 @@ static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_bu
 }
 
 static void npu_buffer_free(loom_rt_device *dev, loom_rt_buffer *b) {
-    size_t bytes = (b->size + 63) & ~(size_t)63;
-    if (bytes == 0)
-        bytes = 64;
+    size_t bytes = block_bytes(b->size);
     dev->mem_current -= bytes;
-    loom_ir_free(&dev->alloc, b->data, bytes);
+    if (dev->n_cached == LOOM_RT_DEVICE_CACHED_BLOCKS ||
+        dev->cached_bytes + bytes > LOOM_RT_DEVICE_CACHED_BYTES) {
+        loom_ir_free(&dev->alloc, b->data, bytes);
+    } else {
+        dev->cached[dev->n_cached++] = (struct loom_rt_cached_block){b->data, bytes};
+        dev->cached_bytes += bytes;
+    }
     loom_ir_free(&dev->alloc, b, sizeof *b);
 }
 
@@ -60,7 +93,10 @@ static loom_status npu_read(loom_rt_device *dev, const loom_rt_buffer *b, size_t
     return LOOM_OK;
 }
 
-static void npu_destroy(loom_rt_device *dev) { loom_ir_free(&dev->alloc, dev, sizeof *dev); }
+static void npu_destroy(loom_rt_device *dev) {
+    drop_cache(dev);
+    loom_ir_free(&dev->alloc, dev, sizeof *dev);
+}
 
 static const loom_rt_device_vtable npu_vtable = {
     .buffer_alloc = npu_buffer_alloc,

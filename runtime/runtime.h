@@ -36,6 +36,10 @@ int64_t loom_rt_now_ns(void);
 
 typedef struct loom_rt_device loom_rt_device;
 
+/* How many freed blocks a device keeps for reuse, and at most how many bytes in all. */
+#define LOOM_RT_DEVICE_CACHED_BLOCKS 32
+#define LOOM_RT_DEVICE_CACHED_BYTES ((size_t)1 << 30)
+
 /* A block of device memory. Refcounted: tensors sharing a value share the buffer. */
 typedef struct loom_rt_buffer {
     loom_rt_device *device;
@@ -61,7 +65,15 @@ struct loom_rt_device {
     loom_rt_metrics *metrics; /* borrowed: transfers are counted here */
     char name[32];            /* "npu:0" */
     int32_t index;
-    size_t mem_current, mem_peak;
+    size_t mem_current, mem_peak; /* bytes of buffers in use (cached blocks not counted) */
+    /* Freed blocks kept for reuse, as a caching device allocator does: a step allocates
+     * the same sizes every time, and fresh large blocks cost page faults on every use. */
+    struct loom_rt_cached_block {
+        void *data;
+        size_t bytes;
+    } cached[LOOM_RT_DEVICE_CACHED_BLOCKS];
+    int32_t n_cached;
+    size_t cached_bytes;
 };
 
 /* Creates the device named `name` ("npu" or "npu:N"). Errors: INVALID_ARGUMENT (unknown
