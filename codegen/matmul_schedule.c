@@ -56,10 +56,10 @@ enum {
     NC_TARGET = 256,
     MC_TARGET = 256,
     MC_UNTILED_MAX = 512,
-    BIG_K_OR_N = 512,    /* K or N above this: big */
-    BIG_KN = 512 * 512,  /* or K x N at least this (B at least 1 MB, L2's size) ... */
-    BIG_KN_MIN_M = 128,  /* ... with at least this many rows */
-    PACK_MIN_M = 256,    /* rows that reuse a packed panel of B enough to pay for packing */
+    BIG_K_OR_N = 512,   /* K or N above this: big */
+    BIG_KN = 512 * 512, /* or K x N at least this (B at least 1 MB, L2's size) ... */
+    BIG_KN_MIN_M = 128, /* ... with at least this many rows */
+    PACK_MIN_M = 256,   /* rows that reuse a packed panel of B enough to pay for packing */
 };
 
 typedef struct mm_tiles {
@@ -199,11 +199,13 @@ static MlirWalkResult untag(MlirOperation op, void *ud) {
 typedef struct tb {
     MlirContext ctx;
     MlirLocation loc;
-    MlirType any; /* !transform.any_op */
+    MlirType any;    /* !transform.any_op */
     MlirBlock block; /* where ops are appended */
 } tb;
 
-static MlirStringRef sr(const char *s) { return mlirStringRefCreateFromCString(s); }
+static MlirStringRef sr(const char *s) {
+    return mlirStringRefCreateFromCString(s);
+}
 
 static MlirNamedAttribute named(tb *b, const char *name, MlirAttribute attr) {
     return mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, sr(name)), attr);
@@ -233,7 +235,9 @@ static MlirOperation emit(tb *b, MlirBlock block, const char *name, intptr_t n_o
     return op;
 }
 
-static MlirValue result(MlirOperation op, intptr_t i) { return mlirOperationGetResult(op, i); }
+static MlirValue result(MlirOperation op, intptr_t i) {
+    return mlirOperationGetResult(op, i);
+}
 
 /* transform.structured.match ops{[op_name]} attributes {loom.mm = tag} in root */
 static MlirValue t_match(tb *b, MlirValue root, const char *op_name, int64_t tag) {
@@ -292,11 +296,9 @@ static MlirOperation t_tile_op(tb *b, MlirValue h, intptr_t rank, const int64_t 
     MlirNamedAttribute attrs[3] = {
         named(b, "static_sizes", mlirDenseI64ArrayGet(b->ctx, rank, sizes)),
         named(b, "scalable_sizes", mlirDenseBoolArrayGet(b->ctx, rank, scalable)),
-        named(b, "interchange",
-              mlirDenseI64ArrayGet(b->ctx, interchange ? rank : 0, interchange)),
+        named(b, "interchange", mlirDenseI64ArrayGet(b->ctx, interchange ? rank : 0, interchange)),
     };
-    return emit(b, b->block, "transform.structured.tile_using_for", 1, &h, 3, attrs,
-                1 + n_loops);
+    return emit(b, b->block, "transform.structured.tile_using_for", 1, &h, 3, attrs, 1 + n_loops);
 }
 
 static MlirValue t_tile(tb *b, MlirValue h, intptr_t rank, const int64_t *sizes,
@@ -324,8 +326,8 @@ static void t_patterns(tb *b, MlirValue h, intptr_t n, const pattern *ps) {
     for (intptr_t i = 0; i < n; i++) {
         MlirNamedAttribute attrs[2];
         for (intptr_t j = 0; j < ps[i].n_attrs; j++) {
-            MlirAttribute v = ps[i].attr_bool[j] ? mlirBoolAttrGet(b->ctx, 1)
-                                                 : i64_attr(b, ps[i].attr_values[j]);
+            MlirAttribute v =
+                ps[i].attr_bool[j] ? mlirBoolAttrGet(b->ctx, 1) : i64_attr(b, ps[i].attr_values[j]);
             attrs[j] = named(b, ps[i].attr_names[j], v);
         }
         emit(b, body, ps[i].name, 0, NULL, ps[i].n_attrs, attrs, 0);
@@ -336,7 +338,9 @@ static void t_patterns(tb *b, MlirValue h, intptr_t n, const pattern *ps) {
     mlirBlockAppendOwnedOperation(b->block, mlirOperationCreate(&st));
 }
 
-#define PATTERN(n) {n, 0, {NULL, NULL}, {0, 0}, {false, false}}
+/* A pattern without attributes. */
+#define PATTERN(n)                                                                                 \
+    { .name = (n) }
 
 /* ---- the schedule of one matmul ---------------------------------------------------------- */
 
@@ -350,7 +354,7 @@ typedef struct seg {
  * for registers (or a packing copy row by row) and vectorize it. */
 typedef struct work {
     MlirValue h;
-    bool copy;      /* a packing copy of B's panel; else a matmul piece */
+    bool copy; /* a packing copy of B's panel; else a matmul piece */
     bool batch;
     int64_t rm, rn; /* matmul: register tile (rn 0: the piece is already one RN panel) */
 } work;
@@ -499,8 +503,8 @@ static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, const seg *sm, c
  * unpacked (213 / 195): with few rows a packed panel is reused too little. */
 static void plan_matmul(tb *b, plan *p, MlirValue h, const mm_op *m, mm_tiles t) {
     int64_t dm = m->batch ? 1 : 0; /* iteration-space dims: [b,] m, n, k */
-    bool big = m->k > BIG_K_OR_N || m->n > BIG_K_OR_N ||
-               (m->m >= BIG_KN_MIN_M && m->k * m->n >= BIG_KN);
+    bool big =
+        m->k > BIG_K_OR_N || m->n > BIG_K_OR_N || (m->m >= BIG_KN_MIN_M && m->k * m->n >= BIG_KN);
     seg ns[4], ks = segment_k(m->k, big);
     int32_t n_n = segments(m->n, t.rn, t.vl, NC_TARGET, big ? NC_TARGET : INT64_MAX, ns);
     MlirValue by_n[4];
@@ -559,10 +563,16 @@ static void finish_funcs(tb *b, MlirValue funcs) {
     static const pattern lower[] = {
         PATTERN("transform.apply_patterns.vector.lower_outerproduct"),
         PATTERN("transform.apply_patterns.vector.transfer_permutation_patterns"),
-        {"transform.apply_patterns.vector.lower_transfer", 1, {"max_transfer_rank", NULL},
-         {1, 0}, {false, false}},
-        {"transform.apply_patterns.vector.transfer_to_scf", 2,
-         {"max_transfer_rank", "full_unroll"}, {1, 1}, {false, true}},
+        {"transform.apply_patterns.vector.lower_transfer",
+         1,
+         {"max_transfer_rank", NULL},
+         {1, 0},
+         {false, false}},
+        {"transform.apply_patterns.vector.transfer_to_scf",
+         2,
+         {"max_transfer_rank", "full_unroll"},
+         {1, 1},
+         {false, true}},
         PATTERN("transform.apply_patterns.vector.lower_broadcast"),
         PATTERN("transform.apply_patterns.vector.lower_shape_cast"),
         PATTERN("transform.apply_patterns.vector.lower_transpose"),
@@ -574,10 +584,10 @@ static void finish_funcs(tb *b, MlirValue funcs) {
     t_patterns(b, funcs, 2, fold);
     emit(b, b->block, "transform.apply_cse", 1, &funcs, 0, NULL, 0);
     /* Hoisting consumes the handle and returns the functions anew. */
-    MlirValue hoisted = result(emit(b, b->block,
-                                    "transform.structured.hoist_redundant_vector_transfers", 1,
-                                    &funcs, 0, NULL, 1),
-                               0);
+    MlirValue hoisted =
+        result(emit(b, b->block, "transform.structured.hoist_redundant_vector_transfers", 1, &funcs,
+                    0, NULL, 1),
+               0);
     t_patterns(b, hoisted, (intptr_t)(sizeof lower / sizeof lower[0]), lower);
 }
 
@@ -752,10 +762,16 @@ static MlirLogicalResult on_diag(MlirDiagnostic diag, void *ud) {
 }
 
 static const char *const required_ops[] = {
-    "transform.named_sequence", "transform.structured.match", "transform.structured.split",
-    "transform.structured.tile_using_for", "transform.structured.vectorize",
-    "transform.structured.hoist_redundant_vector_transfers", "transform.apply_patterns",
-    "transform.apply_patterns.vector.lower_contraction", "linalg.matmul", "vector.fma",
+    "transform.named_sequence",
+    "transform.structured.match",
+    "transform.structured.split",
+    "transform.structured.tile_using_for",
+    "transform.structured.vectorize",
+    "transform.structured.hoist_redundant_vector_transfers",
+    "transform.apply_patterns",
+    "transform.apply_patterns.vector.lower_contraction",
+    "linalg.matmul",
+    "vector.fma",
 };
 
 /* Verifies and applies the script; MLIR's first error goes into d. */
