@@ -146,7 +146,7 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
     int32_t n_outs = 0;
     for (; n_outs < n; n_outs++) {
         const loom_ir_node *r = &g->nodes[g->outputs[n_outs].node];
-        size_t bytes = (size_t)loom_ir_numel(r->rank, r->shape) * loom_dtype_size(r->dtype);
+        size_t bytes = loom_ir_node_bytes(r);
         if ((st = loom_rt_buffer_alloc(ctx->device, bytes, &f->bufs[n_in + n_outs])) != LOOM_OK)
             break;
     }

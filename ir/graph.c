@@ -255,3 +255,13 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
     }
     return 0;
 }
+
+size_t loom_ir_node_bytes(const loom_ir_node *n) {
+    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
+}
+
+int32_t loom_ir_view_base(const loom_ir_graph *g, int32_t n) {
+    while (g->nodes[n].op == LOOM_IR_OP_RESHAPE)
+        n = g->nodes[n].inputs[0];
+    return n;
+}

@@ -340,6 +340,12 @@ loom_status loom_ir_graph_dot(const loom_ir_graph *g, loom_ir_write_fn write, vo
  * movement. A double, as large shapes overflow int64. */
 double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n);
 
+/* Bytes of node n's value (row-major, packed). */
+size_t loom_ir_node_bytes(const loom_ir_node *n);
+/* The value a chain of RESHAPEs starting at node n views: the first node that is not a
+ * RESHAPE (n itself when it is not one). */
+int32_t loom_ir_view_base(const loom_ir_graph *g, int32_t n);
+
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
 

@@ -80,17 +80,6 @@ __attribute__((format(printf, 3, 4))) static loom_status fail(loom_ir_diag *d, i
     return LOOM_STATUS_VERIFY_FAILED;
 }
 
-static size_t value_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
-/* The value a RESHAPE chain views: the first node that is not a RESHAPE. */
-static int32_t view_base(const loom_ir_graph *g, int32_t n) {
-    while (g->nodes[n].op == LOOM_IR_OP_RESHAPE)
-        n = g->nodes[n].inputs[0];
-    return n;
-}
-
 static bool placement_equal(const loom_ir_placement *a, const loom_ir_placement *b) {
     return a->kind == b->kind && a->index == b->index &&
            (a->kind != LOOM_IR_BUFFER_ARENA || a->offset == b->offset);
@@ -175,7 +164,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         if (sorted_contains(kn->nodes, kn->n_nodes, a))
             return fail(d, a, "kernel %d (%s): %%%d is both an arg and a computed node", (int)k,
                         kname, (int)a);
-        int32_t b = view_base(g, a);
+        int32_t b = loom_ir_view_base(g, a);
         if (g->nodes[b].op != LOOM_IR_OP_INPUT && (s->produced[b] < 0 || s->produced[b] >= k))
             return fail(d, a,
                         "kernel %d (%s): arg %%%d is not an input or the result of an "
@@ -334,7 +323,7 @@ static loom_status check_outputs(const loom_ir_plan *p, const loom_ir_graph *g, 
             if (p->copies[e].output == cp->output)
                 return fail(d, cp->node, "copies %d and %d both fill output %d", (int)e, (int)c,
                             (int)cp->output);
-        s->last[view_base(g, cp->node)] = p->n_kernels; /* read after every kernel */
+        s->last[loom_ir_view_base(g, cp->node)] = p->n_kernels; /* read after every kernel */
         s->last[cp->node] = p->n_kernels;
     }
     for (int32_t o = 0; o < g->n_outputs; o++) {
@@ -364,7 +353,7 @@ static loom_status check_outputs(const loom_ir_plan *p, const loom_ir_graph *g, 
         if (alias < 0)
             continue;
         for (int32_t e = c + 1; e < p->n_copies; e++) {
-            const loom_ir_node *src = &g->nodes[view_base(g, p->copies[e].node)];
+            const loom_ir_node *src = &g->nodes[loom_ir_view_base(g, p->copies[e].node)];
             if (src->op == LOOM_IR_OP_INPUT && src->attrs.index == alias &&
                 g->outputs[p->copies[e].output].alias != alias)
                 return fail(d, p->copies[e].node,
@@ -382,7 +371,7 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
         const loom_ir_node *nd = &g->nodes[i];
         const loom_ir_placement *pl = &p->placement[i];
         if (nd->op == LOOM_IR_OP_RESHAPE) {
-            int32_t b = view_base(g, i);
+            int32_t b = loom_ir_view_base(g, i);
             if (!p->has_placement[b]) {
                 if (s->last[i] >= 0 || is_output[i] || p->has_placement[i])
                     return fail(d, i, "reshape %%%d views %%%d, which is not materialized", (int)i,
@@ -390,9 +379,9 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
             } else if (!p->has_placement[i] || !placement_equal(pl, &p->placement[b])) {
                 return fail(d, i, "reshape %%%d does not share the placement of %%%d", (int)i,
                             (int)b);
-            } else if (pl->bytes != value_bytes(nd)) {
+            } else if (pl->bytes != loom_ir_node_bytes(nd)) {
                 return fail(d, i, "reshape %%%d is placed with %zu bytes, its value has %zu",
-                            (int)i, pl->bytes, value_bytes(nd));
+                            (int)i, pl->bytes, loom_ir_node_bytes(nd));
             }
             continue;
         }
@@ -404,9 +393,9 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
         }
         if (!p->has_placement[i])
             return fail(d, i, "%%%d is materialized but has no placement", (int)i);
-        if (pl->bytes != value_bytes(nd))
+        if (pl->bytes != loom_ir_node_bytes(nd))
             return fail(d, i, "%%%d is placed with %zu bytes, its value has %zu", (int)i, pl->bytes,
-                        value_bytes(nd));
+                        loom_ir_node_bytes(nd));
         switch (pl->kind) {
         case LOOM_IR_BUFFER_INPUT:
             if (nd->op != LOOM_IR_OP_INPUT || pl->index != nd->attrs.index)
@@ -659,7 +648,7 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
         loom_ir_writer_puts(&w, " -> ");
         put_placement(&w, &p->placement[i]);
         if (nd->op == LOOM_IR_OP_RESHAPE)
-            loom_ir_writer_printf(&w, ", a view of %%%d", (int)view_base(g, i));
+            loom_ir_writer_printf(&w, ", a view of %%%d", (int)loom_ir_view_base(g, i));
         loom_ir_writer_puts(&w, "\n");
     }
     if (p->n_copies > 0) {

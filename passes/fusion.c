@@ -127,12 +127,6 @@ static int32_t new_kernel(fuse_state *s, loom_ir_kernel_kind kind, int32_t root)
     return id;
 }
 
-static int32_t view_base(const loom_ir_graph *g, int32_t n) {
-    while (g->nodes[n].op == LOOM_IR_OP_RESHAPE)
-        n = g->nodes[n].inputs[0];
-    return n;
-}
-
 /* Rule 1 for loop op i: the kernel it joins (with space and map), or -1. */
 static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, int8_t *out_map) {
     const loom_ir_graph *g = s->g;
@@ -251,7 +245,7 @@ static void try_epilogue(fuse_state *s, int32_t e) {
             int32_t o = un->inputs[q];
             if (s->fn[o].kernel == e || g->nodes[o].op == LOOM_IR_OP_CONSTANT)
                 continue;
-            int32_t b = view_base(g, o);
+            int32_t b = loom_ir_view_base(g, o);
             if (g->nodes[b].op == LOOM_IR_OP_INPUT)
                 continue;
             int32_t p = producer(s, b);

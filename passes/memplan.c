@@ -44,16 +44,6 @@ typedef struct block {
     int32_t end; /* last kernel that reads the value */
 } block;
 
-static size_t value_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
-static int32_t view_base(const loom_ir_graph *g, int32_t n) {
-    while (g->nodes[n].op == LOOM_IR_OP_RESHAPE)
-        n = g->nodes[n].inputs[0];
-    return n;
-}
-
 /* Best fit among the gaps between live blocks (sorted by offset) and below top. */
 static size_t place(const block *live, int32_t n_live, size_t size, size_t top) {
     size_t at = 0, best = SIZE_MAX, best_at = 0;
@@ -82,7 +72,7 @@ static loom_status add_copy(loom_ir_plan *p, int32_t node, int32_t output) {
 
 /* The input whose buffer copy c reads (-1: none) and writes (-1: none). */
 static int32_t copy_reads(const loom_ir_graph *g, const loom_ir_copy *c) {
-    const loom_ir_node *b = &g->nodes[view_base(g, c->node)];
+    const loom_ir_node *b = &g->nodes[loom_ir_view_base(g, c->node)];
     return b->op == LOOM_IR_OP_INPUT ? (int32_t)b->attrs.index : -1;
 }
 
@@ -172,7 +162,7 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
         for (int32_t r = 0; r < kn->n_results; r++)
             produced[kn->results[r]] = k;
         for (int32_t a = 0; a < kn->n_args; a++) {
-            int32_t b = view_base(g, kn->args[a]);
+            int32_t b = loom_ir_view_base(g, kn->args[a]);
             last[b] = k > last[b] ? k : last[b];
         }
     }
@@ -188,16 +178,16 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
         } else if (produced[x] >= 0 && g->outputs[o].alias < 0 && !in_output[x]) {
             in_output[x] = true;
             p->placement[x] = (loom_ir_placement){
-                .kind = LOOM_IR_BUFFER_OUTPUT, .index = o, .bytes = value_bytes(nd)};
+                .kind = LOOM_IR_BUFFER_OUTPUT, .index = o, .bytes = loom_ir_node_bytes(nd)};
             p->has_placement[x] = true;
         } else {
             st = add_copy(p, x, o) == LOOM_OK
                      ? LOOM_OK
                      : loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "memplan: out of memory");
-            last[view_base(g, x)] = K;
+            last[loom_ir_view_base(g, x)] = K;
         }
         if (g->outputs[o].alias < 0)
-            p->peak_bytes += value_bytes(nd);
+            p->peak_bytes += loom_ir_node_bytes(nd);
     }
 
     /* inputs, then the arena by a linear scan over the kernels */
@@ -205,7 +195,7 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
         if (g->nodes[i].op == LOOM_IR_OP_INPUT) {
             p->placement[i] = (loom_ir_placement){.kind = LOOM_IR_BUFFER_INPUT,
                                                   .index = (int32_t)g->nodes[i].attrs.index,
-                                                  .bytes = value_bytes(&g->nodes[i])};
+                                                  .bytes = loom_ir_node_bytes(&g->nodes[i])};
             p->has_placement[i] = true;
         }
     int32_t n_live = 0;
@@ -221,7 +211,7 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
             int32_t x = kn->results[r];
             if (p->has_placement[x])
                 continue; /* in its output buffer */
-            size_t vb = value_bytes(&g->nodes[x]);
+            size_t vb = loom_ir_node_bytes(&g->nodes[x]);
             size_t size = (vb + ALIGN - 1) / ALIGN * ALIGN;
             size_t at = size > 0 ? place(live, n_live, size, top) : 0;
             p->placement[x] =
@@ -247,11 +237,11 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
     for (int32_t i = 0; i < n && st == LOOM_OK; i++) {
         if (g->nodes[i].op != LOOM_IR_OP_RESHAPE)
             continue;
-        int32_t b = view_base(g, i);
+        int32_t b = loom_ir_view_base(g, i);
         if (!p->has_placement[b])
             continue;
         p->placement[i] = p->placement[b];
-        p->placement[i].bytes = value_bytes(&g->nodes[i]);
+        p->placement[i].bytes = loom_ir_node_bytes(&g->nodes[i]);
         p->has_placement[i] = true;
     }
     if (st == LOOM_OK)

@@ -257,10 +257,6 @@ typedef struct slot {
     bool owned;       /* allocated here (not the caller's input) */
 } slot;
 
-static size_t node_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
 static void release_slot(const loom_allocator *a, slot *s) {
     if (s->owned)
         loom_ir_free(a, s->data, s->bytes);
@@ -333,13 +329,13 @@ static loom_status check_buffers(const loom_ir_graph *g, const void *const *inpu
                                  void *const *outputs, loom_ir_diag *d) {
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const loom_ir_node *n = &g->nodes[i];
-        if (n->op == LOOM_IR_OP_INPUT && node_bytes(n) > 0 && (!inputs || !inputs[n->attrs.index]))
+        if (n->op == LOOM_IR_OP_INPUT && loom_ir_node_bytes(n) > 0 && (!inputs || !inputs[n->attrs.index]))
             return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                     "interp: graph input %lld (%%%d) has no buffer",
                                     (long long)n->attrs.index, (int)i);
     }
     for (int32_t o = 0; o < g->n_outputs; o++)
-        if (node_bytes(&g->nodes[g->outputs[o].node]) > 0 && (!outputs || !outputs[o]))
+        if (loom_ir_node_bytes(&g->nodes[g->outputs[o].node]) > 0 && (!outputs || !outputs[o]))
             return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                     "interp: output %d (%%%d) has no buffer", (int)o,
                                     (int)g->outputs[o].node);
@@ -400,7 +396,7 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
             slots[i].data = (void *)(uintptr_t)(inputs ? inputs[n->attrs.index] : NULL);
             continue;
         }
-        size_t bytes = node_bytes(n);
+        size_t bytes = loom_ir_node_bytes(n);
         if (bytes > 0) {
             slots[i].data = loom_ir_alloc(a, bytes);
             if (!slots[i].data) {
@@ -422,13 +418,13 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
      * output may be written into (swaps, donation): copy such values aside first. */
     for (int32_t o = 0; o < g->n_outputs && st == LOOM_OK; o++) {
         slot *s = &slots[g->outputs[o].node];
-        size_t bytes = node_bytes(&g->nodes[g->outputs[o].node]);
+        size_t bytes = loom_ir_node_bytes(&g->nodes[g->outputs[o].node]);
         if (s->owned || bytes == 0)
             continue;
         bool clobbered = false;
         for (int32_t p = 0; p < g->n_outputs; p++)
             if (p != o && ranges_overlap(s->data, bytes, outputs[p],
-                                         node_bytes(&g->nodes[g->outputs[p].node])))
+                                         loom_ir_node_bytes(&g->nodes[g->outputs[p].node])))
                 clobbered = true;
         if (!clobbered)
             continue;
@@ -442,7 +438,7 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
     }
     for (int32_t o = 0; o < g->n_outputs && st == LOOM_OK; o++) {
         const slot *s = &slots[g->outputs[o].node];
-        size_t bytes = node_bytes(&g->nodes[g->outputs[o].node]);
+        size_t bytes = loom_ir_node_bytes(&g->nodes[g->outputs[o].node]);
         if (bytes > 0 && outputs[o] != s->data)
             memmove(outputs[o], s->data, bytes);
     }
@@ -471,16 +467,16 @@ static loom_status interp_exe_run(loom_rt_executable *exe, loom_rt_buffer *const
         if (n->op != LOOM_IR_OP_INPUT || n->attrs.index >= n_in)
             continue; /* an index out of range fails verification in loom_rt_interp_run */
         const loom_rt_buffer *buf = inputs ? inputs[n->attrs.index] : NULL;
-        if (buf && buf->size < node_bytes(n))
+        if (buf && buf->size < loom_ir_node_bytes(n))
             st = loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                   "interp: input %lld holds %zu bytes, needs %zu",
-                                  (long long)n->attrs.index, buf->size, node_bytes(n));
+                                  (long long)n->attrs.index, buf->size, loom_ir_node_bytes(n));
         else
             ptrs[n->attrs.index] = buf ? buf->data : NULL;
     }
     for (int32_t o = 0; o < n_out && st == LOOM_OK; o++) {
         const loom_rt_buffer *buf = outputs ? outputs[o] : NULL;
-        size_t need = node_bytes(&g->nodes[g->outputs[o].node]);
+        size_t need = loom_ir_node_bytes(&g->nodes[g->outputs[o].node]);
         if (buf && buf->size < need)
             st = loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                   "interp: output %d holds %zu bytes, needs %zu", (int)o, buf->size,

@@ -43,10 +43,6 @@ typedef struct program {
     atomic_bool running;   /* catches overlapping runs, which would share arena and bufs */
 } program;
 
-static size_t value_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
 /* n elements of size each from a (NULL for n == 0); false on out-of-memory. */
 static bool alloc_array(const loom_allocator *a, void **out, int32_t n, size_t size) {
     *out = NULL;
@@ -82,7 +78,7 @@ static bool resolve_slot(const program *p, const loom_ir_plan *plan, int32_t nod
     const loom_ir_graph *g = &p->base.graph;
     if (node < 0 || node >= g->n_nodes)
         return false;
-    size_t bytes = value_bytes(&g->nodes[node]);
+    size_t bytes = loom_ir_node_bytes(&g->nodes[node]);
     /* A RESHAPE is its operand's bytes: follow the chain to the first placed value. */
     int32_t at = node;
     while (!plan->has_placement[at] && g->nodes[at].op == LOOM_IR_OP_RESHAPE)
@@ -123,12 +119,12 @@ static loom_status build(program *p, const loom_ir_plan *plan, const loom_rt_ker
             continue;
         if (n->attrs.index < 0 || n->attrs.index >= g->n_graph_inputs)
             return LOOM_STATUS_INVALID_ARGUMENT;
-        p->input_bytes[n->attrs.index] = value_bytes(n);
+        p->input_bytes[n->attrs.index] = loom_ir_node_bytes(n);
     }
     for (int32_t o = 0; o < g->n_outputs; o++) {
         if (g->outputs[o].node < 0 || g->outputs[o].node >= g->n_nodes)
             return LOOM_STATUS_INVALID_ARGUMENT;
-        p->output_bytes[o] = value_bytes(&g->nodes[g->outputs[o].node]);
+        p->output_bytes[o] = loom_ir_node_bytes(&g->nodes[g->outputs[o].node]);
     }
 
     int32_t n_slots = 0;
@@ -170,7 +166,7 @@ static loom_status build(program *p, const loom_ir_plan *plan, const loom_rt_ker
                                                                            &cp->src))
             return LOOM_STATUS_INVALID_ARGUMENT;
         cp->output = pc->output;
-        cp->bytes = value_bytes(&g->nodes[pc->node]);
+        cp->bytes = loom_ir_node_bytes(&g->nodes[pc->node]);
         if (cp->bytes > p->output_bytes[pc->output])
             return LOOM_STATUS_INVALID_ARGUMENT;
     }
