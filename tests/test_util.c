@@ -1,4 +1,5 @@
-/* Shared test helpers: a failing, counting allocator. */
+/* Shared test helpers: a failing, counting allocator and graph-building shorthands. */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "test_util.h"
@@ -33,4 +34,54 @@ static void *test_alloc_fn(void *ud, void *ptr, size_t old_size, size_t new_size
 
 loom_allocator test_alloc_make(test_alloc *ta) {
     return (loom_allocator){.fn = test_alloc_fn, .ud = ta};
+}
+
+int32_t tu_add_desc(loom_ir_graph *g, loom_ir_node_desc desc) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    int32_t id = -1;
+    loom_status st = loom_ir_graph_add(g, &desc, &id, &d);
+    if (st != LOOM_OK)
+        fail_msg("adding %s: %s: %s", loom_ir_op_name(desc.op), loom_status_name(st), d.msg);
+    return id;
+}
+
+int32_t tu_add(loom_ir_graph *g, loom_ir_op op, int32_t n_in, const int32_t *in, loom_dtype dt,
+               int32_t rank, const int64_t *shape, loom_ir_attrs attrs) {
+    return tu_add_desc(g, (loom_ir_node_desc){.op = op, .n_inputs = n_in, .inputs = in,
+                                              .dtype = dt, .rank = rank, .shape = shape,
+                                              .attrs = attrs});
+}
+
+int32_t tu_input(loom_ir_graph *g, loom_dtype dt, int32_t rank, const int64_t *shape) {
+    return tu_add(g, LOOM_IR_OP_INPUT, 0, NULL, dt, rank, shape,
+                  (loom_ir_attrs){.index = g->n_graph_inputs});
+}
+
+void tu_output(loom_ir_graph *g, int32_t node, int32_t alias) {
+    assert_int_equal(loom_ir_graph_add_output(g, node, alias), LOOM_OK);
+}
+
+void tu_verify(const loom_ir_graph *g) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_ir_graph_verify(g, &d) != LOOM_OK)
+        fail_msg("verify: %s (node %d)", d.msg, (int)d.node);
+}
+
+size_t tu_node_bytes(const loom_ir_node *n) {
+    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
+}
+
+const char *tu_output_list(const loom_ir_graph *g) {
+    static char buf[512];
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int32_t o = 0; o < g->n_outputs && n < sizeof buf; o++) {
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%%%d", o ? "," : "",
+                              (int)g->outputs[o].node);
+        if (g->outputs[o].alias >= 0 && n < sizeof buf)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "->%d", (int)g->outputs[o].alias);
+    }
+    return buf;
 }

@@ -1,4 +1,5 @@
-/* Shared test helpers: a failing allocator for fault injection and leak accounting. */
+/* Shared test helpers: a failing allocator for fault injection and leak accounting, and
+ * graph-building shorthands that fail the test with the diagnostic on error. */
 #ifndef LOOM_TESTS_TEST_UTIL_H
 #define LOOM_TESTS_TEST_UTIL_H
 
@@ -9,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "ir/ir.h"
 #include "loom/loom.h"
 
 /* Counts live bytes and blocks; fails the allocation numbered fail_at (1-based, counting
@@ -22,5 +24,29 @@ typedef struct test_alloc {
 
 /* A loom_allocator over ta (which must outlive every use). */
 loom_allocator test_alloc_make(test_alloc *ta);
+
+/* ---- graph building: each fails the test with the diag message when the graph refuses --- */
+
+/* Adds desc to g; returns its id. */
+int32_t tu_add_desc(loom_ir_graph *g, loom_ir_node_desc desc);
+
+/* Adds an op node with the given operands, type (dtype/rank/shape; zero to infer) and attrs. */
+int32_t tu_add(loom_ir_graph *g, loom_ir_op op, int32_t n_in, const int32_t *in, loom_dtype dt,
+               int32_t rank, const int64_t *shape, loom_ir_attrs attrs);
+
+/* Adds the graph input with the next free index (g->n_graph_inputs). */
+int32_t tu_input(loom_ir_graph *g, loom_dtype dt, int32_t rank, const int64_t *shape);
+
+/* Marks node as an output of g (alias: the input it updates in place, or -1). */
+void tu_output(loom_ir_graph *g, int32_t node, int32_t alias);
+
+/* Fails the test unless g verifies. */
+void tu_verify(const loom_ir_graph *g);
+
+/* Bytes of n's value: numel * element size. */
+size_t tu_node_bytes(const loom_ir_node *n);
+
+/* "%3->0,%4": g's outputs with their aliases, in a static buffer. */
+const char *tu_output_list(const loom_ir_graph *g);
 
 #endif

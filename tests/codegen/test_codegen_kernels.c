@@ -119,10 +119,6 @@ static const loom_ir_node *node(fx *f, int32_t id) {
     return &f->g.nodes[id];
 }
 
-static size_t node_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
 /* ---- hand-written plans --------------------------------------------------------------------
  * A kernel is given by its computed nodes; the constants they read join it, its args are
  * the values it reads from outside and its results the values used outside or output. */
@@ -224,7 +220,7 @@ static void fill(fx *f, int32_t idx, double lo, double hi, bool specials) {
         if (f->g.nodes[i].op == LOOM_IR_OP_INPUT && f->g.nodes[i].attrs.index == idx)
             n = &f->g.nodes[i];
     assert_non_null(n);
-    size_t bytes = node_bytes(n);
+    size_t bytes = tu_node_bytes(n);
     free(f->in[idx]);
     f->in[idx] = calloc(bytes ? bytes : 1, 1);
     f->in_bytes[idx] = bytes;
@@ -262,7 +258,7 @@ static void **alloc_outputs(fx *f) {
     assert_true(f->g.n_outputs <= MAX_OUT);
     void **outs = calloc(MAX_OUT, sizeof(void *));
     for (int32_t o = 0; o < f->g.n_outputs; o++) {
-        size_t b = node_bytes(node(f, f->g.outputs[o].node));
+        size_t b = tu_node_bytes(node(f, f->g.outputs[o].node));
         outs[o] = calloc(b ? b : 1, 1);
     }
     return outs;
@@ -304,7 +300,7 @@ static void run_kernels(fx *f, const loom_rt_kernel *ks, int chunks, void **outs
         }
         for (int32_t i = 0; i < kr->n_results; i++) {
             int32_t r = kr->results[i];
-            size_t b = node_bytes(node(f, r));
+            size_t b = tu_node_bytes(node(f, r));
             val[r] = malloc(b ? b : 1);
             memset(val[r], 0xa5, b ? b : 1); /* garbage: every element must be written */
             owned[r] = true;
@@ -324,7 +320,7 @@ static void run_kernels(fx *f, const loom_rt_kernel *ks, int chunks, void **outs
         while (node(f, id)->op == LOOM_IR_OP_RESHAPE)
             id = node(f, id)->inputs[0];
         assert_non_null(val[id]);
-        memcpy(outs[o], val[id], node_bytes(node(f, f->g.outputs[o].node)));
+        memcpy(outs[o], val[id], tu_node_bytes(node(f, f->g.outputs[o].node)));
     }
     for (int32_t i = 0; i < nn; i++)
         if (owned[i])

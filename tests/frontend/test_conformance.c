@@ -57,27 +57,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static size_t node_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
-static int32_t add_node(loom_ir_graph *g, loom_ir_op op, int32_t n_in, const int32_t *in,
-                        loom_dtype dt, int32_t rank, const int64_t *shape, loom_ir_attrs attrs) {
-    loom_ir_node_desc desc = {.op = op, .n_inputs = n_in, .inputs = in, .dtype = dt,
-                              .rank = rank, .shape = shape, .attrs = attrs};
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    int32_t id = -1;
-    if (loom_ir_graph_add(g, &desc, &id, &d) != LOOM_OK)
-        fail_msg("building %s: %s", loom_ir_op_name(op), d.msg);
-    return id;
-}
-
-static int32_t add_input(loom_ir_graph *g, loom_dtype dt, int32_t rank, const int64_t *shape) {
-    return add_node(g, LOOM_IR_OP_INPUT, 0, NULL, dt, rank, shape,
-                    (loom_ir_attrs){.index = g->n_graph_inputs});
-}
-
 /* Values in a domain where every op is defined: (lo, hi) for floats, small ints. */
 static void fill_random(void *buf, loom_dtype dt, int64_t n, double lo, double hi) {
     for (int64_t i = 0; i < n; i++) {
@@ -109,14 +88,14 @@ static void check_graph(const loom_ir_graph *g, double lo, double hi, tolerance 
         if (n->op != LOOM_IR_OP_INPUT)
             continue;
         int32_t k = (int32_t)n->attrs.index;
-        assert_int_equal(loom_rt_buffer_alloc(H.dev, node_bytes(n), &ins[k]), LOOM_OK);
+        assert_int_equal(loom_rt_buffer_alloc(H.dev, tu_node_bytes(n), &ins[k]), LOOM_OK);
         fill_random(ins[k]->data, n->dtype, loom_ir_numel(n->rank, n->shape), lo, hi);
         in_ptrs[k] = ins[k]->data;
     }
     for (int32_t o = 0; o < n_out; o++) {
         const loom_ir_node *n = &g->nodes[g->outputs[o].node];
-        want[o] = calloc(1, node_bytes(n) + 1);
-        assert_int_equal(loom_rt_buffer_alloc(H.dev, node_bytes(n), &outs[o]), LOOM_OK);
+        want[o] = calloc(1, tu_node_bytes(n) + 1);
+        assert_int_equal(loom_rt_buffer_alloc(H.dev, tu_node_bytes(n), &outs[o]), LOOM_OK);
     }
     if (loom_rt_interp_run(g, &H.alloc, (const void *const *)in_ptrs, want, &d) != LOOM_OK)
         fail_msg("%s: interpreter: %s", what, d.msg);
@@ -223,48 +202,48 @@ static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
     switch (info->kind) {
     case LOOM_IR_KIND_SOURCE:
         if (op == LOOM_IR_OP_INPUT) {
-            res = add_input(g, dt, rank, shape);
+            res = tu_input(g, dt, rank, shape);
         } else {
-            int32_t x = add_input(g, dt, rank, shape); /* constant + x keeps an input */
-            int32_t c = add_node(g, LOOM_IR_OP_CONSTANT, 0, NULL, dt, rank, shape,
-                                 (loom_ir_attrs){.value = 1.25});
+            int32_t x = tu_input(g, dt, rank, shape); /* constant + x keeps an input */
+            int32_t c = tu_add(g, LOOM_IR_OP_CONSTANT, 0, NULL, dt, rank, shape,
+                               (loom_ir_attrs){.value = 1.25});
             int32_t in[2] = {x, c};
-            res = add_node(g, loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) ? LOOM_IR_OP_ADD
-                                                                         : LOOM_IR_OP_EQ,
-                           2, in, dt, 0, NULL, (loom_ir_attrs){0});
+            res = tu_add(
+                g, loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) ? LOOM_IR_OP_ADD : LOOM_IR_OP_EQ, 2,
+                in, dt, 0, NULL, (loom_ir_attrs){0});
             assert_int_equal(loom_ir_graph_add_output(g, c, -1), LOOM_OK);
         }
         break;
     case LOOM_IR_KIND_UNARY:
     case LOOM_IR_KIND_PREDICATE: {
-        int32_t x = add_input(g, dt, rank, shape);
-        res = add_node(g, op, 1, &x, dt, 0, NULL, (loom_ir_attrs){0});
+        int32_t x = tu_input(g, dt, rank, shape);
+        res = tu_add(g, op, 1, &x, dt, 0, NULL, (loom_ir_attrs){0});
         break;
     }
     case LOOM_IR_KIND_BINARY:
     case LOOM_IR_KIND_COMPARE: {
-        int32_t in[2] = {add_input(g, dt, rank, shape), -1};
+        int32_t in[2] = {tu_input(g, dt, rank, shape), -1};
         if (rank > 0 && rnd() % 2) { /* second operand broadcast from a smaller shape */
             int64_t small[LOOM_MAX_RANK];
             for (int32_t i = 0; i < rank; i++)
                 small[i] = rnd() % 2 ? 1 : shape[i];
-            int32_t s = add_input(g, dt, rank, small);
-            in[1] = add_node(g, LOOM_IR_OP_BROADCAST, 1, &s, dt, rank, shape, (loom_ir_attrs){0});
+            int32_t s = tu_input(g, dt, rank, small);
+            in[1] = tu_add(g, LOOM_IR_OP_BROADCAST, 1, &s, dt, rank, shape, (loom_ir_attrs){0});
         } else {
-            in[1] = add_input(g, dt, rank, shape);
+            in[1] = tu_input(g, dt, rank, shape);
         }
-        res = add_node(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
+        res = tu_add(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
         break;
     }
     case LOOM_IR_KIND_SELECT: {
-        int32_t c = add_input(g, LOOM_DTYPE_BOOL, rank, shape);
-        int32_t in[3] = {c, add_input(g, dt, rank, shape), add_input(g, dt, rank, shape)};
-        res = add_node(g, op, 3, in, dt, 0, NULL, (loom_ir_attrs){0});
+        int32_t c = tu_input(g, LOOM_DTYPE_BOOL, rank, shape);
+        int32_t in[3] = {c, tu_input(g, dt, rank, shape), tu_input(g, dt, rank, shape)};
+        res = tu_add(g, op, 3, in, dt, 0, NULL, (loom_ir_attrs){0});
         break;
     }
     case LOOM_IR_KIND_CAST: {
-        int32_t x = add_input(g, LOOM_DTYPE_F32, rank, shape);
-        res = add_node(g, op, 1, &x, dt, 0, NULL, (loom_ir_attrs){0});
+        int32_t x = tu_input(g, LOOM_DTYPE_F32, rank, shape);
+        res = tu_add(g, op, 1, &x, dt, 0, NULL, (loom_ir_attrs){0});
         break;
     }
     case LOOM_IR_KIND_BROADCAST: {
@@ -272,20 +251,20 @@ static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
         int32_t srank = rank ? (int32_t)rnd_int(0, rank) : 0;
         for (int32_t i = 0; i < srank; i++)
             small[i] = rnd() % 2 ? 1 : shape[rank - srank + i];
-        int32_t x = add_input(g, dt, srank, small);
-        res = add_node(g, op, 1, &x, dt, rank, shape, (loom_ir_attrs){0});
+        int32_t x = tu_input(g, dt, srank, small);
+        res = tu_add(g, op, 1, &x, dt, rank, shape, (loom_ir_attrs){0});
         break;
     }
     case LOOM_IR_KIND_RESHAPE: {
-        int32_t x = add_input(g, dt, rank, shape);
+        int32_t x = tu_input(g, dt, rank, shape);
         int64_t flat = loom_ir_numel(rank, shape);
         int64_t to[2] = {1, flat};
-        int32_t x2 = add_node(g, op, 1, &x, dt, 2, to, (loom_ir_attrs){0});
+        int32_t x2 = tu_add(g, op, 1, &x, dt, 2, to, (loom_ir_attrs){0});
         res = x2; /* a reshape of an input as an output: a copy */
         if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM)) { /* and read by a kernel */
             assert_int_equal(loom_ir_graph_add_output(g, x2, -1), LOOM_OK);
-            res = add_node(g, LOOM_IR_OP_ADD, 2, (int32_t[]){x2, x2}, dt, 0, NULL,
-                           (loom_ir_attrs){0});
+            res =
+                tu_add(g, LOOM_IR_OP_ADD, 2, (int32_t[]){x2, x2}, dt, 0, NULL, (loom_ir_attrs){0});
         }
         break;
     }
@@ -295,7 +274,7 @@ static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
             shape[0] = rnd_extent();
             shape[1] = rnd_extent();
         }
-        int32_t x = add_input(g, dt, rank, shape);
+        int32_t x = tu_input(g, dt, rank, shape);
         loom_ir_attrs at = {0};
         for (int32_t i = 0; i < rank; i++)
             at.perm[i] = i;
@@ -304,14 +283,14 @@ static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
             at.perm[i] = at.perm[j];
             at.perm[j] = t;
         }
-        res = add_node(g, op, 1, &x, dt, 0, NULL, at);
+        res = tu_add(g, op, 1, &x, dt, 0, NULL, at);
         break;
     }
     case LOOM_IR_KIND_REDUCTION: {
-        int32_t x = add_input(g, dt, rank, shape);
+        int32_t x = tu_input(g, dt, rank, shape);
         loom_ir_attrs at = {.axes = rank ? (uint32_t)(rnd() % (1u << rank)) : 0,
                             .keepdim = rnd() % 2 == 0};
-        res = add_node(g, op, 1, &x, dt, 0, NULL, at);
+        res = tu_add(g, op, 1, &x, dt, 0, NULL, at);
         break;
     }
     case LOOM_IR_KIND_CONTRACTION: {
@@ -325,8 +304,8 @@ static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
         a[r - 1] = k;
         b[r - 2] = k;
         b[r - 1] = n;
-        int32_t in[2] = {add_input(g, dt, r, a), add_input(g, dt, r, b)};
-        res = add_node(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
+        int32_t in[2] = {tu_input(g, dt, r, a), tu_input(g, dt, r, b)};
+        res = tu_add(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
         break;
     }
     case LOOM_IR_KIND_COUNT_: break;
@@ -390,10 +369,11 @@ static void build_random_dag(loom_ir_graph *g, int n_ops) {
     int64_t mn[2] = {m, n}, row[2] = {1, n}, col[2] = {m, 1};
     int32_t vals[256];
     int32_t n_vals = 0;
-    vals[n_vals++] = add_input(g, LOOM_DTYPE_F32, 2, mn);
-    vals[n_vals++] = add_input(g, LOOM_DTYPE_F32, 2, mn);
-    int32_t r = add_input(g, LOOM_DTYPE_F32, 2, row);
-    vals[n_vals++] = add_node(g, LOOM_IR_OP_BROADCAST, 1, &r, LOOM_DTYPE_F32, 2, mn, (loom_ir_attrs){0});
+    vals[n_vals++] = tu_input(g, LOOM_DTYPE_F32, 2, mn);
+    vals[n_vals++] = tu_input(g, LOOM_DTYPE_F32, 2, mn);
+    int32_t r = tu_input(g, LOOM_DTYPE_F32, 2, row);
+    vals[n_vals++] =
+        tu_add(g, LOOM_IR_OP_BROADCAST, 1, &r, LOOM_DTYPE_F32, 2, mn, (loom_ir_attrs){0});
     static const loom_ir_op unary[] = {LOOM_IR_OP_NEG, LOOM_IR_OP_ABS, LOOM_IR_OP_TANH,
                                        LOOM_IR_OP_SIGMOID, LOOM_IR_OP_RELU, LOOM_IR_OP_EXP};
     static const loom_ir_op binary[] = {LOOM_IR_OP_ADD, LOOM_IR_OP_SUB, LOOM_IR_OP_MUL,
@@ -405,44 +385,49 @@ static void build_random_dag(loom_ir_graph *g, int n_ops) {
         case 0: {
             loom_ir_op op = unary[rnd() % (sizeof unary / sizeof unary[0])];
             if (op == LOOM_IR_OP_EXP) { /* keep values bounded */
-                a = add_node(g, LOOM_IR_OP_TANH, 1, &a, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
+                a = tu_add(g, LOOM_IR_OP_TANH, 1, &a, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
             }
-            v = add_node(g, op, 1, &a, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
+            v = tu_add(g, op, 1, &a, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
             break;
         }
         case 1:
         case 2: {
             int32_t in[2] = {a, b};
-            v = add_node(g, binary[rnd() % (sizeof binary / sizeof binary[0])], 2, in,
-                         LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
+            v = tu_add(g, binary[rnd() % (sizeof binary / sizeof binary[0])], 2, in, LOOM_DTYPE_F32,
+                       0, NULL, (loom_ir_attrs){0});
             break;
         }
         case 3: { /* reduction over columns, broadcast back: a softmax-like pattern */
-            int32_t s = add_node(g, rnd() % 2 ? LOOM_IR_OP_REDUCE_MAX : LOOM_IR_OP_REDUCE_MEAN, 1,
-                                 &a, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){.axes = 2, .keepdim = true});
-            int32_t sb = add_node(g, LOOM_IR_OP_BROADCAST, 1, &s, LOOM_DTYPE_F32, 2, mn, (loom_ir_attrs){0});
-            v = add_node(g, LOOM_IR_OP_SUB, 2, (int32_t[]){a, sb}, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
+            int32_t s =
+                tu_add(g, rnd() % 2 ? LOOM_IR_OP_REDUCE_MAX : LOOM_IR_OP_REDUCE_MEAN, 1, &a,
+                       LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){.axes = 2, .keepdim = true});
+            int32_t sb =
+                tu_add(g, LOOM_IR_OP_BROADCAST, 1, &s, LOOM_DTYPE_F32, 2, mn, (loom_ir_attrs){0});
+            v = tu_add(g, LOOM_IR_OP_SUB, 2, (int32_t[]){a, sb}, LOOM_DTYPE_F32, 0, NULL,
+                       (loom_ir_attrs){0});
             (void)col;
             break;
         }
         case 4: { /* matmul with the transpose of another value, plus an epilogue */
-            int32_t bt = add_node(g, LOOM_IR_OP_TRANSPOSE, 1, &b, LOOM_DTYPE_F32, 0, NULL,
-                                  (loom_ir_attrs){.perm = {1, 0}});
-            int32_t p = add_node(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){a, bt}, LOOM_DTYPE_F32, 0, NULL,
-                                 (loom_ir_attrs){0}); /* [m, m] */
-            int32_t q = add_node(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){p, a}, LOOM_DTYPE_F32, 0, NULL,
-                                 (loom_ir_attrs){0}); /* [m, n] */
-            int32_t sc = add_node(g, LOOM_IR_OP_CONSTANT, 0, NULL, LOOM_DTYPE_F32, 0, NULL,
-                                  (loom_ir_attrs){.value = 1.0 / (double)(n * m + 1)});
-            int32_t scb = add_node(g, LOOM_IR_OP_BROADCAST, 1, &sc, LOOM_DTYPE_F32, 2, mn, (loom_ir_attrs){0});
-            v = add_node(g, LOOM_IR_OP_MUL, 2, (int32_t[]){q, scb}, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0});
+            int32_t bt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &b, LOOM_DTYPE_F32, 0, NULL,
+                                (loom_ir_attrs){.perm = {1, 0}});
+            int32_t p = tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){a, bt}, LOOM_DTYPE_F32, 0, NULL,
+                               (loom_ir_attrs){0}); /* [m, m] */
+            int32_t q = tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){p, a}, LOOM_DTYPE_F32, 0, NULL,
+                               (loom_ir_attrs){0}); /* [m, n] */
+            int32_t sc = tu_add(g, LOOM_IR_OP_CONSTANT, 0, NULL, LOOM_DTYPE_F32, 0, NULL,
+                                (loom_ir_attrs){.value = 1.0 / (double)(n * m + 1)});
+            int32_t scb =
+                tu_add(g, LOOM_IR_OP_BROADCAST, 1, &sc, LOOM_DTYPE_F32, 2, mn, (loom_ir_attrs){0});
+            v = tu_add(g, LOOM_IR_OP_MUL, 2, (int32_t[]){q, scb}, LOOM_DTYPE_F32, 0, NULL,
+                       (loom_ir_attrs){0});
             break;
         }
         default: { /* a select on a comparison */
-            int32_t c = add_node(g, LOOM_IR_OP_GT, 2, (int32_t[]){a, b}, LOOM_DTYPE_BOOL, 0, NULL,
-                                 (loom_ir_attrs){0});
-            v = add_node(g, LOOM_IR_OP_SELECT, 3, (int32_t[]){c, a, b}, LOOM_DTYPE_F32, 0, NULL,
-                         (loom_ir_attrs){0});
+            int32_t c = tu_add(g, LOOM_IR_OP_GT, 2, (int32_t[]){a, b}, LOOM_DTYPE_BOOL, 0, NULL,
+                               (loom_ir_attrs){0});
+            v = tu_add(g, LOOM_IR_OP_SELECT, 3, (int32_t[]){c, a, b}, LOOM_DTYPE_F32, 0, NULL,
+                       (loom_ir_attrs){0});
             break;
         }
         }
@@ -451,8 +436,8 @@ static void build_random_dag(loom_ir_graph *g, int n_ops) {
     /* outputs: the last value, a reduction of it, and a random middle value */
     int32_t last = vals[n_vals - 1];
     assert_int_equal(loom_ir_graph_add_output(g, last, -1), LOOM_OK);
-    int32_t total = add_node(g, LOOM_IR_OP_REDUCE_SUM, 1, &last, LOOM_DTYPE_F32, 0, NULL,
-                             (loom_ir_attrs){.axes = 3});
+    int32_t total = tu_add(g, LOOM_IR_OP_REDUCE_SUM, 1, &last, LOOM_DTYPE_F32, 0, NULL,
+                           (loom_ir_attrs){.axes = 3});
     assert_int_equal(loom_ir_graph_add_output(g, total, -1), LOOM_OK);
     assert_int_equal(loom_ir_graph_add_output(g, vals[3 + rnd() % (uint64_t)(n_vals - 3)], -1), LOOM_OK);
 }

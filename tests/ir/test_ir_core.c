@@ -21,43 +21,35 @@ static loom_allocator sys;
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
-static int32_t add_node(loom_ir_graph *g, loom_ir_node_desc desc) {
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    int32_t id = -1;
-    loom_status st = loom_ir_graph_add(g, &desc, &id, &d);
-    if (st != LOOM_OK)
-        fail_msg("adding %s: %s: %s", loom_ir_op_name(desc.op), loom_status_name(st), d.msg);
-    return id;
-}
-
 static int32_t add_input(loom_ir_graph *g, int64_t index, loom_dtype dt, int32_t rank,
                          const int64_t *shape) {
-    return add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT, .dtype = dt, .rank = rank,
-                                           .shape = shape, .attrs.index = index});
+    return tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT,
+                                              .dtype = dt,
+                                              .rank = rank,
+                                              .shape = shape,
+                                              .attrs.index = index});
 }
 
 static int32_t add_const(loom_ir_graph *g, loom_dtype dt, double value) {
-    return add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT, .dtype = dt,
-                                           .attrs.value = value});
+    return tu_add_desc(
+        g, (loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT, .dtype = dt, .attrs.value = value});
 }
 
 static int32_t add1(loom_ir_graph *g, loom_ir_op op, int32_t a) {
-    return add_node(g, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = (int32_t[]){a}});
+    return tu_add_desc(g, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = (int32_t[]){a}});
 }
 
 static int32_t add2(loom_ir_graph *g, loom_ir_op op, int32_t a, int32_t b) {
-    return add_node(g, (loom_ir_node_desc){.op = op, .n_inputs = 2, .inputs = (int32_t[]){a, b}});
+    return tu_add_desc(g,
+                       (loom_ir_node_desc){.op = op, .n_inputs = 2, .inputs = (int32_t[]){a, b}});
 }
 
 static int32_t add_broadcast(loom_ir_graph *g, int32_t a, int32_t rank, const int64_t *shape) {
-    return add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_BROADCAST, .n_inputs = 1,
-                                           .inputs = (int32_t[]){a}, .rank = rank,
-                                           .shape = shape});
-}
-
-static void add_output(loom_ir_graph *g, int32_t node, int32_t alias) {
-    assert_int_equal(loom_ir_graph_add_output(g, node, alias), LOOM_OK);
+    return tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_BROADCAST,
+                                              .n_inputs = 1,
+                                              .inputs = (int32_t[]){a},
+                                              .rank = rank,
+                                              .shape = shape});
 }
 
 /* The inferred type of desc over g ("f32[2,4]"), or a description of the error. */
@@ -618,10 +610,12 @@ static void build_good_graph(loom_ir_graph *g) {
     int32_t b = add_input(g, 1, LOOM_DTYPE_F32, SHAPE(3));
     int32_t bb = add_broadcast(g, b, SHAPE(2, 3));
     int32_t s = add2(g, LOOM_IR_OP_ADD, x, bb);
-    int32_t r = add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_REDUCE_SUM, .n_inputs = 1,
-                                                .inputs = (int32_t[]){s}, .attrs.axes = 1});
-    add_output(g, s, 0);
-    add_output(g, r, 1);
+    int32_t r = tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_REDUCE_SUM,
+                                                   .n_inputs = 1,
+                                                   .inputs = (int32_t[]){s},
+                                                   .attrs.axes = 1});
+    tu_output(g, s, 0);
+    tu_output(g, r, 1);
 }
 
 static void expect_verify_failure(const loom_ir_graph *g, int32_t node, const char *msg) {
@@ -644,7 +638,7 @@ static void test_verify_accepts_well_formed_graphs(void **state) {
     loom_ir_graph_init(&h, &sys);
     int32_t b = add_input(&h, 1, LOOM_DTYPE_I32, SHAPE(4));
     int32_t a = add_input(&h, 0, LOOM_DTYPE_I32, SHAPE(4));
-    add_output(&h, add2(&h, LOOM_IR_OP_MUL, a, b), 1);
+    tu_output(&h, add2(&h, LOOM_IR_OP_MUL, a, b), 1);
     assert_verifies(&h);
     /* the empty graph is valid */
     loom_ir_graph e;
@@ -703,7 +697,7 @@ static void test_verify_rejects_bad_input_numbering(void **state) {
     loom_ir_graph_init(&g, &sys);
     int32_t a = add_input(&g, 0, LOOM_DTYPE_F32, SHAPE(2));
     int32_t b = add_input(&g, 0, LOOM_DTYPE_F32, SHAPE(2));
-    add_output(&g, add2(&g, LOOM_IR_OP_ADD, a, b), -1);
+    tu_output(&g, add2(&g, LOOM_IR_OP_ADD, a, b), -1);
     expect_verify_failure(&g, 1, "%1: input index 0 is used twice");
     loom_ir_graph_deinit(&g);
 
@@ -711,7 +705,7 @@ static void test_verify_rejects_bad_input_numbering(void **state) {
     loom_ir_graph_init(&g, &sys);
     a = add_input(&g, 0, LOOM_DTYPE_F32, SHAPE(2));
     b = add_input(&g, 2, LOOM_DTYPE_F32, SHAPE(2));
-    add_output(&g, add2(&g, LOOM_IR_OP_ADD, a, b), -1);
+    tu_output(&g, add2(&g, LOOM_IR_OP_ADD, a, b), -1);
     assert_int_equal(g.n_graph_inputs, 3);
     expect_verify_failure(&g, -1, "graph input 1 has no input node");
     loom_ir_graph_deinit(&g);
@@ -752,7 +746,7 @@ static void test_verify_rejects_bad_outputs_and_aliases(void **state) {
 
     /* two outputs donated into the same input */
     int32_t n = add1(&g, LOOM_IR_OP_NEG, 3);
-    add_output(&g, n, 0);
+    tu_output(&g, n, 0);
     expect_verify_failure(&g, n, "%5: two outputs alias input 0");
     g.outputs[2].alias = -1;
     assert_verifies(&g);
@@ -772,7 +766,7 @@ static void test_verify_an_alias_to_a_missing_input_node_names_the_output(void *
     loom_ir_graph_init(&g, &sys);
     int32_t a = add_input(&g, 0, LOOM_DTYPE_F32, SHAPE(2));
     int32_t n = add1(&g, LOOM_IR_OP_NEG, a);
-    add_output(&g, n, 0);
+    tu_output(&g, n, 0);
     g.nodes[0].op = LOOM_IR_OP_CONSTANT;
     g.n_graph_inputs = 0;
     expect_verify_failure(&g, 1, "%1: output 0 aliases input 0, which does not exist");
@@ -789,7 +783,7 @@ static void test_verify_handles_many_inputs_and_out_of_memory(void **state) {
     int32_t acc = add_input(&g, 0, LOOM_DTYPE_F32, SHAPE(2));
     for (int64_t i = 1; i < 300; i++)
         acc = add2(&g, LOOM_IR_OP_ADD, acc, add_input(&g, i, LOOM_DTYPE_F32, SHAPE(2)));
-    add_output(&g, acc, 299);
+    tu_output(&g, acc, 299);
     assert_int_equal(g.n_graph_inputs, 300);
     int64_t before = ta.live_bytes;
     assert_verifies(&g);
@@ -1029,25 +1023,36 @@ static void test_typed_loads_and_stores_convert_and_saturate(void **state) {
 static void build_hash_sample(loom_ir_graph *g, const char *file) {
     loom_ir_graph_init(g, &sys);
     loom_ir_loc loc = {file, 1};
-    int32_t x = add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT, .dtype = LOOM_DTYPE_F32,
-                                                .rank = 2, .shape = S(3, 3), .loc = loc});
+    int32_t x = tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT,
+                                                   .dtype = LOOM_DTYPE_F32,
+                                                   .rank = 2,
+                                                   .shape = S(3, 3),
+                                                   .loc = loc});
     loc.line++;
-    int32_t y = add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT, .dtype = LOOM_DTYPE_F32,
-                                                .rank = 2, .shape = S(3, 3), .attrs.index = 1,
-                                                .loc = loc});
+    int32_t y = tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT,
+                                                   .dtype = LOOM_DTYPE_F32,
+                                                   .rank = 2,
+                                                   .shape = S(3, 3),
+                                                   .attrs.index = 1,
+                                                   .loc = loc});
     int32_t c = add_const(g, LOOM_DTYPE_F32, 0.5);
     int32_t cb = add_broadcast(g, c, SHAPE(3, 3));
     loc.line += 10;
-    int32_t s = add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_SUB, .n_inputs = 2,
-                                                .inputs = (int32_t[]){x, cb}, .loc = loc});
+    int32_t s = tu_add_desc(
+        g, (loom_ir_node_desc){
+               .op = LOOM_IR_OP_SUB, .n_inputs = 2, .inputs = (int32_t[]){x, cb}, .loc = loc});
     int32_t m = add2(g, LOOM_IR_OP_MUL, s, y);
-    int32_t t = add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_TRANSPOSE, .n_inputs = 1,
-                                                .inputs = (int32_t[]){m}, .attrs.perm = {1, 0}});
-    int32_t r = add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_REDUCE_SUM, .n_inputs = 1,
-                                                .inputs = (int32_t[]){m}, .attrs.axes = 2});
-    add_output(g, m, 0);
-    add_output(g, r, -1);
-    add_output(g, t, -1);
+    int32_t t = tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_TRANSPOSE,
+                                                   .n_inputs = 1,
+                                                   .inputs = (int32_t[]){m},
+                                                   .attrs.perm = {1, 0}});
+    int32_t r = tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_REDUCE_SUM,
+                                                   .n_inputs = 1,
+                                                   .inputs = (int32_t[]){m},
+                                                   .attrs.axes = 2});
+    tu_output(g, m, 0);
+    tu_output(g, r, -1);
+    tu_output(g, t, -1);
 }
 
 static void test_hash_is_equal_for_equal_graphs_whatever_their_locations(void **state) {

@@ -58,20 +58,6 @@ static const char *node_list(const loom_ir_graph *g) {
     return buf;
 }
 
-/* "%3->0,%4": outputs with their aliases */
-static const char *output_list(const loom_ir_graph *g) {
-    static char buf[512];
-    size_t n = 0;
-    buf[0] = '\0';
-    for (int32_t o = 0; o < g->n_outputs && n < sizeof buf; o++) {
-        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%%%d", o ? "," : "",
-                              (int)g->outputs[o].node);
-        if (g->outputs[o].alias >= 0 && n < sizeof buf)
-            n += (size_t)snprintf(buf + n, sizeof buf - n, "->%d", (int)g->outputs[o].alias);
-    }
-    return buf;
-}
-
 static bool run_pass(const loom_pass *pass, loom_ir_graph *g) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
@@ -84,10 +70,6 @@ static bool run_pass(const loom_pass *pass, loom_ir_graph *g) {
     return changed;
 }
 
-static size_t node_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
 /* Runs g on the interpreter over seeded inputs; returns the outputs, concatenated, in a
  * malloc'd block of *out_len bytes. */
 static unsigned char *run_graph(const loom_ir_graph *g, uint64_t seed, size_t *out_len) {
@@ -98,7 +80,7 @@ static unsigned char *run_graph(const loom_ir_graph *g, uint64_t seed, size_t *o
         if (n->op != LOOM_IR_OP_INPUT)
             continue;
         int64_t count = loom_ir_numel(n->rank, n->shape);
-        in[n->attrs.index] = calloc(1, node_bytes(n) + 1);
+        in[n->attrs.index] = calloc(1, tu_node_bytes(n) + 1);
         for (int64_t e = 0; e < count; e++) {
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
             double v = (double)(int64_t)(seed >> 40) / (double)(1 << 22) - 2.0;
@@ -112,8 +94,8 @@ static unsigned char *run_graph(const loom_ir_graph *g, uint64_t seed, size_t *o
     }
     size_t total = 0;
     for (int32_t o = 0; o < g->n_outputs; o++) {
-        out[o] = calloc(1, node_bytes(&g->nodes[g->outputs[o].node]) + 1);
-        total += node_bytes(&g->nodes[g->outputs[o].node]);
+        out[o] = calloc(1, tu_node_bytes(&g->nodes[g->outputs[o].node]) + 1);
+        total += tu_node_bytes(&g->nodes[g->outputs[o].node]);
     }
     loom_ir_diag d;
     loom_ir_diag_init(&d);
@@ -121,7 +103,7 @@ static unsigned char *run_graph(const loom_ir_graph *g, uint64_t seed, size_t *o
         fail_msg("interp: %s", d.msg);
     unsigned char *all = malloc(total + 1), *at = all;
     for (int32_t o = 0; o < g->n_outputs; o++) {
-        size_t b = node_bytes(&g->nodes[g->outputs[o].node]);
+        size_t b = tu_node_bytes(&g->nodes[g->outputs[o].node]);
         memcpy(at, out[o], b);
         at += b;
         free(out[o]);
@@ -178,7 +160,7 @@ static void test_cse_merges_identical_nodes_and_keeps_the_first(void **state) {
     run_checked(&loom_pass_cse, &g, &h, &changed);
     assert_true(changed);
     assert_string_equal(node_list(&h), "input#0,exp(0),neg(1),sub(2 2),input#1");
-    assert_string_equal(output_list(&h), "%3,%2->1,%1");
+    assert_string_equal(tu_output_list(&h), "%3,%2->1,%1");
     assert_int_equal(h.nodes[1].loc.line, 1); /* the first one's location */
     assert_int_equal(h.n_graph_inputs, 2);
     /* a second run finds nothing */
@@ -215,7 +197,7 @@ static void test_cse_merges_commutative_ops_with_swapped_operands(void **state) 
     assert_string_equal(node_list(&h), "input#0,input#1,add(0 1),mul(1 0),maximum(1 0),eq(0 1),"
                                        "sub(0 1),sub(1 0),lt(0 1),gt(1 0),div(1 0),pow(1 0),"
                                        "pow(0 1)");
-    assert_string_equal(output_list(&h), "%2,%2,%3,%3,%4,%4,%5,%5,%6,%7,%8,%9,%10,%11,%12");
+    assert_string_equal(tu_output_list(&h), "%2,%2,%3,%3,%4,%4,%5,%5,%6,%7,%8,%9,%10,%11,%12");
     loom_ir_graph_deinit(&h);
     loom_ir_graph_deinit(&g);
 }
@@ -256,8 +238,8 @@ static void test_cse_does_not_merge_different_attrs_types_or_operands(void **sta
     assert_true(changed);
     /* merged: %3 into %1, %8 into %4, %13 into %9, %15 into %14 (NaN equals itself) */
     assert_int_equal(h.n_nodes, g.n_nodes - 4);
-    assert_string_equal(output_list(&h), "%1,%2,%1,%3,%4,%5,%6,%3,%8,%9,%10,%7,%11,%12,%13,"
-                                         "%14,%15,%16,%17,%19,%20");
+    assert_string_equal(tu_output_list(&h), "%1,%2,%1,%3,%4,%5,%6,%3,%8,%9,%10,%7,%11,%12,%13,"
+                                            "%14,%15,%16,%17,%19,%20");
     loom_ir_graph_deinit(&h);
     loom_ir_graph_deinit(&g);
 }
@@ -391,7 +373,7 @@ static void test_fold_turns_movement_of_a_constant_into_a_constant(void **state)
     assert_true(changed);
     assert_string_equal(node_list(&h), "constant=0.25:f32[6],constant=0.25:f32[3,2],input#0,"
                                        "add(1 2)");
-    assert_string_equal(output_list(&h), "%0,%3");
+    assert_string_equal(tu_output_list(&h), "%0,%3");
     loom_ir_graph_deinit(&h);
     loom_ir_graph_deinit(&g);
 }
@@ -427,7 +409,7 @@ static void test_fold_removes_additive_and_multiplicative_identities(void **stat
     run_checked(&loom_pass_fold, &g, &h, &changed);
     assert_true(changed);
     assert_string_equal(node_list(&h), "input#0,input#1,constant=0:i32[8]");
-    assert_string_equal(output_list(&h), "%0->0,%1,%2");
+    assert_string_equal(tu_output_list(&h), "%0->0,%1,%2");
     loom_ir_graph_deinit(&h);
     loom_ir_graph_deinit(&g);
 }
@@ -495,7 +477,7 @@ static void test_fold_cancels_double_negation_no_op_casts_movements_and_selects(
     run_checked(&loom_pass_fold, &g, &h, &changed);
     assert_true(changed);
     assert_string_equal(node_list(&h), "input#0,cast(0),neg(1),input#1,exp(0)");
-    assert_string_equal(output_list(&h), "%2,%0,%3,%4,%0");
+    assert_string_equal(tu_output_list(&h), "%2,%0,%3,%4,%0");
     loom_ir_graph_deinit(&h);
     loom_ir_graph_deinit(&g);
 }
@@ -525,7 +507,7 @@ static void test_fold_composes_reshapes_broadcasts_and_transposes(void **state) 
      * [2,1,0]; %7 then [2,1,0][[0,2,1][j]] = [2,0,1] */
     assert_string_equal(node_list(&h), "input#0,reshape(0),transpose[2 0 1](0),input#1,"
                                        "broadcast(3),add(4 0),add(5 0)");
-    assert_string_equal(output_list(&h), "%1,%6,%2");
+    assert_string_equal(tu_output_list(&h), "%1,%6,%2");
     assert_int_equal(h.nodes[1].rank, 1);
     assert_int_equal(h.nodes[1].shape[0], 24);
     loom_ir_graph_deinit(&h);
@@ -554,7 +536,7 @@ static void test_fold_collapses_chains_in_one_run_and_drops_what_died(void **sta
     assert_true(changed);
     /* exp(log(2)) rounds to 2 in f32, so 0.5 * 2 is 1 and the last mul folds away too */
     assert_string_equal(node_list(&h), "input#0,input#1,constant=2:f32[4],mul(0 2)");
-    assert_string_equal(output_list(&h), "%3");
+    assert_string_equal(tu_output_list(&h), "%3");
     assert_false(run_pass(&loom_pass_fold, &h)); /* nothing left */
     loom_ir_graph_deinit(&h);
     loom_ir_graph_deinit(&g);

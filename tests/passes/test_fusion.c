@@ -1050,10 +1050,6 @@ static void random_graph(rng *r, loom_ir_graph *g) {
         fail_msg("random graph does not verify: %s", d.msg);
 }
 
-static size_t node_bytes(const loom_ir_node *n) {
-    return (size_t)loom_ir_numel(n->rank, n->shape) * loom_dtype_size(n->dtype);
-}
-
 /* Buffers for a graph's inputs (random values) and outputs. */
 typedef struct buffers {
     int32_t n_in, n_out;
@@ -1071,7 +1067,7 @@ static void fill_inputs(rng *r, const loom_ir_graph *g, buffers *b) {
         const loom_ir_node *n = &g->nodes[i];
         if (n->op != LOOM_IR_OP_INPUT)
             continue;
-        size_t bytes = node_bytes(n);
+        size_t bytes = tu_node_bytes(n);
         int64_t count = loom_ir_numel(n->rank, n->shape);
         void *p = malloc(bytes + 1);
         for (int64_t e = 0; e < count; e++) {
@@ -1090,7 +1086,7 @@ static void alloc_outputs(const loom_ir_graph *g, buffers *b) {
     b->n_out = g->n_outputs;
     assert_true(b->n_out <= 16);
     for (int32_t o = 0; o < g->n_outputs; o++) {
-        b->out_bytes[o] = node_bytes(&g->nodes[g->outputs[o].node]);
+        b->out_bytes[o] = tu_node_bytes(&g->nodes[g->outputs[o].node]);
         b->out[o] = malloc(b->out_bytes[o] + 1);
         memset(b->out[o], 0xa5, b->out_bytes[o] + 1);
     }
@@ -1196,7 +1192,7 @@ static void run_plan(const loom_ir_graph *g, const loom_ir_plan *p, buffers *b) 
     for (int32_t c = 0; c < p->n_copies; c++) {
         const loom_ir_copy *cp = &p->copies[c];
         memmove(out[cp->output], value_ptr(p, cp->node, b->in, out, arena),
-                node_bytes(&g->nodes[cp->node]));
+                tu_node_bytes(&g->nodes[cp->node]));
     }
     for (int32_t o = 0; o < g->n_outputs; o++)
         if (out[o] != b->out[o])

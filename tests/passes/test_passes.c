@@ -12,34 +12,24 @@ static loom_allocator sys;
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
-static int32_t add_node(loom_ir_graph *g, loom_ir_node_desc desc) {
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    int32_t id = -1;
-    loom_status st = loom_ir_graph_add(g, &desc, &id, &d);
-    if (st != LOOM_OK)
-        fail_msg("adding %s: %s", loom_ir_op_name(desc.op), d.msg);
-    return id;
-}
-
 static int32_t add_input(loom_ir_graph *g, int64_t index) {
-    return add_node(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT, .dtype = LOOM_DTYPE_F32,
-                                           .rank = 2, .shape = S(2, 3), .attrs.index = index,
-                                           .loc = {"model.c", (int32_t)(10 + index)}});
+    return tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT,
+                                              .dtype = LOOM_DTYPE_F32,
+                                              .rank = 2,
+                                              .shape = S(2, 3),
+                                              .attrs.index = index,
+                                              .loc = {"model.c", (int32_t)(10 + index)}});
 }
 
 static int32_t add1(loom_ir_graph *g, loom_ir_op op, int32_t a) {
-    return add_node(g, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = (int32_t[]){a},
-                                           .loc = {"model.c", 20 + a}});
+    return tu_add_desc(
+        g, (loom_ir_node_desc){
+               .op = op, .n_inputs = 1, .inputs = (int32_t[]){a}, .loc = {"model.c", 20 + a}});
 }
 
 static int32_t add2(loom_ir_graph *g, loom_ir_op op, int32_t a, int32_t b) {
-    return add_node(g, (loom_ir_node_desc){.op = op, .n_inputs = 2,
-                                           .inputs = (int32_t[]){a, b}});
-}
-
-static void add_output(loom_ir_graph *g, int32_t node, int32_t alias) {
-    assert_int_equal(loom_ir_graph_add_output(g, node, alias), LOOM_OK);
+    return tu_add_desc(g,
+                       (loom_ir_node_desc){.op = op, .n_inputs = 2, .inputs = (int32_t[]){a, b}});
 }
 
 /* "input,input,exp(1),add(2,0)": the graph's nodes with their operands, to compare
@@ -63,27 +53,6 @@ static const char *node_list(const loom_ir_graph *g) {
     return buf;
 }
 
-/* "%3->0,%4" : outputs with their aliases */
-static const char *output_list(const loom_ir_graph *g) {
-    static char buf[512];
-    size_t n = 0;
-    buf[0] = '\0';
-    for (int32_t o = 0; o < g->n_outputs && n < sizeof buf; o++) {
-        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%%%d", o ? "," : "",
-                              (int)g->outputs[o].node);
-        if (g->outputs[o].alias >= 0 && n < sizeof buf)
-            n += (size_t)snprintf(buf + n, sizeof buf - n, "->%d", (int)g->outputs[o].alias);
-    }
-    return buf;
-}
-
-static void assert_verifies(const loom_ir_graph *g) {
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    if (loom_ir_graph_verify(g, &d) != LOOM_OK)
-        fail_msg("verify: %s", d.msg);
-}
-
 static loom_status run_dce(loom_ir_graph *g, bool *changed, loom_ir_diag *d) {
     loom_ir_diag_init(d);
     *changed = !*changed; /* the pass must set it either way */
@@ -103,7 +72,7 @@ static void build_with_dead_nodes(loom_ir_graph *g) {
     int32_t s = add2(g, LOOM_IR_OP_ADD, n, x);
     int32_t z = add_input(g, 2);
     add2(g, LOOM_IR_OP_MUL, z, z);
-    add_output(g, s, -1);
+    tu_output(g, s, -1);
 }
 
 /* ---- dce --------------------------------------------------------------------------------- */
@@ -120,13 +89,13 @@ static void test_dce_removes_dead_nodes_and_keeps_every_input(void **state) {
     assert_true(changed);
     assert_int_equal(d.code, LOOM_OK);
     assert_string_equal(node_list(&g), "input#0,input#1,neg(0),add(2 0),input#2");
-    assert_string_equal(output_list(&g), "%3");
+    assert_string_equal(tu_output_list(&g), "%3");
     assert_int_equal(g.n_graph_inputs, 3);
     /* locations move with their nodes */
     assert_string_equal(g.nodes[2].loc.file, "model.c");
     assert_int_equal(g.nodes[2].loc.line, 20);
     assert_int_equal(g.nodes[4].loc.line, 12);
-    assert_verifies(&g);
+    tu_verify(&g);
     /* a second run finds nothing */
     assert_int_equal(run_dce(&g, &changed, &d), LOOM_OK);
     assert_false(changed);
@@ -142,8 +111,8 @@ static void test_dce_leaves_a_clean_graph_untouched(void **state) {
     int32_t x = add_input(&g, 0);
     int32_t y = add_input(&g, 1);
     int32_t s = add2(&g, LOOM_IR_OP_SUB, x, y);
-    add_output(&g, s, 1);
-    add_output(&g, add1(&g, LOOM_IR_OP_RELU, s), -1);
+    tu_output(&g, s, 1);
+    tu_output(&g, add1(&g, LOOM_IR_OP_RELU, s), -1);
     uint64_t h = loom_ir_graph_hash(&g);
     loom_ir_node *nodes = g.nodes;
     int64_t allocs = ta.n_allocs;
@@ -154,7 +123,7 @@ static void test_dce_leaves_a_clean_graph_untouched(void **state) {
     assert_true(g.nodes == nodes); /* not rebuilt */
     assert_int_equal(ta.n_allocs, allocs);
     assert_true(loom_ir_graph_hash(&g) == h);
-    assert_string_equal(output_list(&g), "%2->1,%3");
+    assert_string_equal(tu_output_list(&g), "%2->1,%3");
     loom_ir_graph_deinit(&g);
     assert_int_equal(ta.live_bytes, 0);
 
@@ -179,16 +148,16 @@ static void test_dce_keeps_aliases_and_every_output(void **state) {
     int32_t upd = add2(&g, LOOM_IR_OP_SUB, w, gr);          /* %3 new param */
     add2(&g, LOOM_IR_OP_MUL, dead, dead);                   /* %4 dead */
     int32_t loss = add1(&g, LOOM_IR_OP_ABS, upd);           /* %5 */
-    add_output(&g, upd, 0);
-    add_output(&g, loss, -1);
-    add_output(&g, upd, -1); /* the same node twice */
+    tu_output(&g, upd, 0);
+    tu_output(&g, loss, -1);
+    tu_output(&g, upd, -1); /* the same node twice */
     bool changed = false;
     loom_ir_diag d;
     assert_int_equal(run_dce(&g, &changed, &d), LOOM_OK);
     assert_true(changed);
     assert_string_equal(node_list(&g), "input#0,input#1,sub(0 1),abs(2)");
-    assert_string_equal(output_list(&g), "%2->0,%3,%2");
-    assert_verifies(&g);
+    assert_string_equal(tu_output_list(&g), "%2->0,%3,%2");
+    tu_verify(&g);
     loom_ir_graph_deinit(&g);
 }
 
@@ -207,7 +176,7 @@ static void test_dce_fails_cleanly_when_memory_runs_out(void **state) {
         if (i % 10 == 0)
             add1(&g, LOOM_IR_OP_TANH, last); /* dead */
         if (i >= 1000 && i < 1070)
-            add_output(&g, last, -1);
+            tu_output(&g, last, -1);
     }
     assert_int_equal(g.n_outputs, 70);
     int32_t n_before = g.n_nodes;
@@ -237,7 +206,7 @@ static void test_dce_fails_cleanly_when_memory_runs_out(void **state) {
     assert_true(failures >= 4); /* liveness, roots/aliases, the new graph's arrays */
     /* gone: the 110 tanh nodes and the 30 chain nodes after the last output */
     assert_int_equal(g.n_nodes, n_before - 110 - 30);
-    assert_verifies(&g);
+    tu_verify(&g);
     loom_ir_graph_deinit(&g);
     assert_int_equal(ta.live_bytes, 0);
     assert_int_equal(ta.live_blocks, 0);
@@ -339,7 +308,7 @@ static void test_pipeline_runs_passes_in_order_and_reports_each(void **state) {
         assert_int_equal(log.n_nodes[i], want_nodes[i]);
     }
     assert_string_equal(node_list(&g), "input#0,input#1,neg(0),add(2 0),input#2,neg(3)");
-    assert_string_equal(output_list(&g), "%5");
+    assert_string_equal(tu_output_list(&g), "%5");
     /* no passes, no options, no diagnostic: nothing happens */
     assert_int_equal(loom_pass_run_pipeline(&g, NULL, 0, NULL, NULL), LOOM_OK);
     assert_int_equal(g.n_nodes, 6);
