@@ -74,6 +74,10 @@ struct loom_context {
     int32_t n_trace_inputs, cap_trace_inputs, cap_trace_input_nodes;
     int32_t *step_tensors; /* slots of this step's op results */
     int32_t n_step_tensors, cap_step_tensors;
+    int32_t *assigned;     /* slots of long-lived tensors given a new value this step */
+    int32_t n_assigned, cap_assigned;
+    int32_t *aliases;      /* scratch: per root, the trace input it is written into, or -1 */
+    int32_t cap_aliases;
 
     /* tensor slots */
     loom_fe_tensor *tensors;

@@ -148,8 +148,13 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
     loom_status st = LOOM_OK;
     int32_t n_outs = 0;
     for (; n_outs < n; n_outs++) {
-        const loom_ir_node *r = &g->nodes[g->outputs[n_outs].node];
-        size_t bytes = loom_ir_node_bytes(r);
+        int32_t alias = g->outputs[n_outs].alias;
+        if (alias >= 0) { /* donated: written back into the input's own buffer */
+            f->bufs[n_in + n_outs] = f->bufs[alias];
+            loom_rt_buffer_retain(f->bufs[alias]);
+            continue;
+        }
+        size_t bytes = loom_ir_node_bytes(&g->nodes[g->outputs[n_outs].node]);
         if ((st = loom_rt_buffer_alloc(ctx->device, bytes, &f->bufs[n_in + n_outs])) != LOOM_OK)
             break;
     }
@@ -201,10 +206,20 @@ loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots) 
         !loom_ir_grow(&ctx->alloc, (void **)&ctx->cut_map, &ctx->cap_cut_map, ctx->trace.n_nodes,
                       sizeof *ctx->cut_map))
         return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
-    for (int32_t k = 0; k < n; k++)
-        ctx->roots[k] = ctx->tensors[slots[k]].node;
-    loom_status st = loom_ir_graph_extract(&ctx->cut, &ctx->trace, n, ctx->roots, NULL, false,
-                                           ctx->cut_map);
+    if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->aliases, &ctx->cap_aliases, n,
+                      sizeof *ctx->aliases))
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
+    /* A tensor that had a value read in this step and gets a new one (an assignment) is
+     * written back into its own buffer: the output aliases that graph input (donation). */
+    for (int32_t k = 0; k < n; k++) {
+        const loom_fe_tensor *t = &ctx->tensors[slots[k]];
+        ctx->roots[k] = t->node;
+        ctx->aliases[k] = t->buf && t->input_step == ctx->step
+                              ? (int32_t)ctx->trace.nodes[t->input_node].attrs.index
+                              : -1;
+    }
+    loom_status st = loom_ir_graph_extract(&ctx->cut, &ctx->trace, n, ctx->roots, ctx->aliases,
+                                           false, ctx->cut_map);
     if (st != LOOM_OK)
         return loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory cutting the graph");
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_GRAPH_NODES, ctx->cut.n_nodes);
@@ -226,6 +241,7 @@ void loom_fe_end_step(loom_context *ctx) {
     for (int32_t k = 0; k < ctx->n_trace_inputs; k++)
         loom_rt_buffer_release(ctx->trace_inputs[k]);
     ctx->n_step_tensors = 0;
+    ctx->n_assigned = 0;
     ctx->n_trace_inputs = 0;
     loom_ir_graph_reset(&ctx->trace);
     ctx->step++;
@@ -240,13 +256,18 @@ LOOM_API loom_status loom_mark_step(loom_context *ctx) {
     int32_t n = 0;
     loom_status st = LOOM_OK;
     if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->root_tensors, &ctx->cap_root_tensors,
-                      ctx->n_step_tensors, sizeof *ctx->root_tensors)) {
+                      ctx->n_step_tensors + ctx->n_assigned, sizeof *ctx->root_tensors)) {
         st = loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
     } else {
         for (int32_t k = 0; k < ctx->n_step_tensors; k++) {
             const loom_fe_tensor *t = &ctx->tensors[ctx->step_tensors[k]];
             if (t->refs > 0 && !t->buf && t->node_step == ctx->step)
                 ctx->root_tensors[n++] = ctx->step_tensors[k];
+        }
+        for (int32_t k = 0; k < ctx->n_assigned; k++) { /* pending assignments */
+            const loom_fe_tensor *t = &ctx->tensors[ctx->assigned[k]];
+            if (t->alive && t->node_step == ctx->step && t->node >= 0)
+                ctx->root_tensors[n++] = ctx->assigned[k];
         }
         if (n > 0)
             st = loom_fe_compute(ctx, n, ctx->root_tensors);

@@ -219,8 +219,9 @@ LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *h, void *d
                              loom_ir_format_type(ty, sizeof ty, t->dtype, t->rank, t->shape), bytes);
     /* Its value may still be being computed, or be overwritten by the step in flight. */
     loom_fe_finish_inflight(ctx);
-    if (!t->buf) {
-        if (t->node_step != ctx->step)
+    bool pending = t->node_step == ctx->step && t->node >= 0; /* incl. a pending assignment */
+    if (!t->buf || pending) {
+        if (!pending)
             return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, t->loc.file, t->loc.line, op,
                                  "tensor has no value: the step that should have computed it "
                                  "failed");
@@ -313,4 +314,42 @@ LOOM_API loom_status loom_tensor_numel(const loom_tensor *h, int64_t *out_numel)
     if (t && out_numel)
         *out_numel = loom_ir_numel(t->rank, t->shape);
     return t ? (out_numel ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT) : st;
+}
+
+LOOM_API loom_status loom_assign_at(loom_context *ctx, loom_tensor *dst, loom_tensor *value,
+                                    const char *file, int line) {
+    static const char op[] = "assign";
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (!dst || !value)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "%s is NULL",
+                             dst ? "value" : "dst");
+    loom_fe_tensor *d = loom_fe_tensor_get(ctx, dst, file, line, op);
+    loom_fe_tensor *v = loom_fe_tensor_get(ctx, value, file, line, op);
+    if (!d || !v)
+        return ctx->err;
+    char td[LOOM_IR_TYPE_STR_MAX], tv[LOOM_IR_TYPE_STR_MAX];
+    if (d->step_owned)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                             "dst is a result of this step; assign to a long-lived tensor");
+    if (d->dtype != v->dtype || d->rank != v->rank ||
+        memcmp(d->shape, v->shape, (size_t)d->rank * sizeof d->shape[0]) != 0)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                             "types differ: dst %s, value %s",
+                             loom_ir_format_type(td, sizeof td, d->dtype, d->rank, d->shape),
+                             loom_ir_format_type(tv, sizeof tv, v->dtype, v->rank, v->shape));
+    int32_t dslot = (int32_t)(d - ctx->tensors);
+    int32_t node = loom_fe_tensor_node(ctx, (int32_t)(v - ctx->tensors), file, line, op);
+    if (node < 0)
+        return ctx->err;
+    d = &ctx->tensors[dslot]; /* tensor_node may not move slots, but stay safe */
+    if (d->node_step != ctx->step) { /* first assignment this step: remember it */
+        if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->assigned, &ctx->cap_assigned,
+                          ctx->n_assigned + 1, sizeof *ctx->assigned))
+            return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
+        ctx->assigned[ctx->n_assigned++] = dslot;
+    }
+    d->node = node;
+    d->node_step = ctx->step;
+    return LOOM_OK;
 }

@@ -181,6 +181,17 @@ LOOM_API void loom_tensor_retain(loom_tensor *t);
  * ignored; a stale handle is recorded as STALE_HANDLE. */
 LOOM_API void loom_tensor_release(loom_tensor *t);
 
+/* Gives dst, a long-lived tensor (from loom_tensor_from_host or a retained result of an
+ * earlier step), the value of `value` as of the next loom_mark_step, which writes it into
+ * dst's own device buffer (buffer donation: no new allocation; optimizers update
+ * parameters and state this way). Ops recorded after the assignment that read dst see the
+ * new value; ops recorded before it read the old one. dst and value need equal dtypes and
+ * shapes. Errors (recorded, returned): INVALID_ARGUMENT (NULL, a step-scoped dst, type
+ * mismatch), STALE_HANDLE, OUT_OF_MEMORY. */
+LOOM_API loom_status loom_assign_at(loom_context *ctx, loom_tensor *dst, loom_tensor *value,
+                                    const char *file, int line);
+#define loom_assign(...) loom_assign_at(__VA_ARGS__, __FILE__, __LINE__)
+
 /* Shape queries. They return LOOM_STATUS_STALE_HANDLE / INVALID_ARGUMENT on bad handles. */
 LOOM_API loom_status loom_tensor_dtype(const loom_tensor *t, loom_dtype *out_dtype);
 LOOM_API loom_status loom_tensor_rank(const loom_tensor *t, int32_t *out_rank);
