@@ -338,7 +338,7 @@ static loom_status check_outputs(const loom_ir_plan *p, const loom_ir_graph *g, 
         if (!placed && !copied)
             return fail(d, x, "output %d (%%%d) is neither placed in its buffer nor copied", (int)o,
                         (int)x);
-        if (placed && g->outputs[o].alias >= 0)
+        if (placed && g->outputs[o].alias >= 0 && !loom_ir_plan_can_update_in_place(p, g, o))
             return fail(d, x,
                         "output %d (%%%d) is written into donated input %d while kernels "
                         "run; it must be copied after them",
@@ -661,4 +661,67 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
     loom_ir_writer_printf(&w, "total: %.0f flops, %.0f bytes moved\n", total_flops, total_bytes);
     loom_ir_writer_flush(&w);
     return LOOM_OK;
+}
+
+static bool same_type_shape(const loom_ir_node *a, const loom_ir_node *b) {
+    return a->rank == b->rank && memcmp(a->shape, b->shape, (size_t)a->rank * sizeof a->shape[0]) == 0;
+}
+
+bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
+                                      int32_t output) {
+    if (output < 0 || output >= g->n_outputs || p->n_nodes != g->n_nodes)
+        return false;
+    int32_t x = g->outputs[output].node, alias = g->outputs[output].alias;
+    if (alias < 0 || x < 0 || x >= g->n_nodes)
+        return false;
+    int32_t k = p->node_kernel[x];
+    if (k < 0 || k >= p->n_kernels)
+        return false;
+    const loom_ir_kernel *kn = &p->kernels[k];
+    if (kn->kind != LOOM_IR_KERNEL_ELEMENTWISE || kn->root != x)
+        return false;
+    int32_t in = -1;
+    for (int32_t i = 0; i < g->n_nodes && in < 0; i++)
+        if (g->nodes[i].op == LOOM_IR_OP_INPUT && g->nodes[i].attrs.index == alias)
+            in = i;
+    if (in < 0)
+        return false;
+    /* A broadcast or transpose of anything derived from the input would read it at another
+     * index than the one written (a broadcast constant is fine). Kernel nodes are in graph
+     * order, so one forward sweep marks what depends on the input. */
+    uint64_t dep_small[8] = {0};
+    if (kn->n_nodes > 64 * 8)
+        return false; /* large kernels: stay on the copy path rather than allocate */
+    for (int32_t j = 0; j < kn->n_nodes; j++) {
+        const loom_ir_node *nd = &g->nodes[kn->nodes[j]];
+        bool dep = false;
+        for (int32_t q = 0; q < nd->n_inputs && !dep; q++) {
+            int32_t src = nd->inputs[q];
+            if (loom_ir_view_base(g, src) == in) {
+                dep = true;
+                break;
+            }
+            for (int32_t j2 = 0; j2 < j; j2++) /* an earlier kernel node that depends */
+                if (kn->nodes[j2] == src && (dep_small[j2 / 64] >> (j2 % 64) & 1))
+                    dep = true;
+        }
+        if (!dep)
+            continue;
+        dep_small[j / 64] |= (uint64_t)1 << (j % 64);
+        loom_ir_kind kind = loom_ir_op_table[nd->op].kind;
+        if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE)
+            return false;
+    }
+    for (int32_t a = 0; a < kn->n_args; a++)
+        if (loom_ir_view_base(g, kn->args[a]) == in &&
+            !same_type_shape(&g->nodes[kn->args[a]], &g->nodes[x]))
+            return false;
+    for (int32_t k2 = k + 1; k2 < p->n_kernels; k2++) /* read after it is overwritten? */
+        for (int32_t a = 0; a < p->kernels[k2].n_args; a++)
+            if (loom_ir_view_base(g, p->kernels[k2].args[a]) == in)
+                return false;
+    for (int32_t o = 0; o < g->n_outputs; o++) /* copied out after the kernels? */
+        if (o != output && loom_ir_view_base(g, g->outputs[o].node) == in)
+            return false;
+    return true;
 }

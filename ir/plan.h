@@ -22,6 +22,10 @@
  *    RESHAPEs of other placed values are also copies. A graph output that is a CONSTANT
  *    gets a kernel of its own (ELEMENTWISE with the constant as root).
  *  - ARENA placements of values whose lifetimes overlap never overlap in bytes.
+ *  - In-place donation: an output aliasing a graph input is placed straight in its OUTPUT
+ *    buffer (the caller passes the donated input's buffer for it) only when
+ *    loom_ir_plan_can_update_in_place says every read of that input happens at the
+ *    element being written; otherwise it goes through the arena and a copy.
  */
 #ifndef LOOM_IR_PLAN_H
 #define LOOM_IR_PLAN_H
@@ -90,6 +94,13 @@ void loom_ir_plan_init(loom_ir_plan *p, const loom_allocator *a);
 void loom_ir_plan_deinit(loom_ir_plan *p);
 /* Empties p and sizes its per-node arrays for g (every node_kernel -1, no placements). */
 loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
+/* Whether output `output` of g, which aliases a graph input, may be written by its kernel
+ * straight into the donated input's buffer: the kernel is ELEMENTWISE with the output as
+ * its root and no broadcast or transpose inside (so it reads every element of the input,
+ * through args of the root's shape, only at the index it writes), and nothing reads the
+ * input afterwards (no later kernel, no copy). Needs the kernels (fusion's part) only. */
+bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
+                                      int32_t output);
 /* Checks the rules above. Errors: VERIFY_FAILED with a message naming kernel and node. */
 loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d);
 /* Human-readable summary for dumps: one block per kernel (kind, root, nodes with their

@@ -6,10 +6,12 @@
  *    value it views (the first non-reshape down its chain), and its readers extend that
  *    value's lifetime.
  *  - A kernel result that is a graph output is written straight into the caller's output
- *    buffer: the first of its outputs that does not alias an input. Every other output of
- *    the same node, and every output aliasing an input (donation), is filled by a copy
- *    after all kernels ran: kernels may still read the donated input until then. Outputs
- *    that are INPUT nodes or RESHAPEs are copies too.
+ *    buffer: the first of its outputs that does not alias an input, or that aliases one
+ *    and may overwrite it in place (loom_ir_plan_can_update_in_place: an elementwise root
+ *    reading the input only at the index it writes, the input's last reader). Every other
+ *    output of the same node, and every other output aliasing an input (donation), is
+ *    filled by a copy after all kernels ran: kernels may still read the donated input until
+ *    then. Outputs that are INPUT nodes or RESHAPEs are copies too.
  *  - Every other kernel result lives in the step's scratch arena.
  *
  * The arena (the subtle part). Kernels run in plan order 0..K-1. A value written by kernel s
@@ -175,7 +177,8 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
             st = loom_ir_diag_set(d, LOOM_STATUS_INTERNAL,
                                   "memplan: output %d (%%%d = %s) is written by no kernel", (int)o,
                                   (int)x, loom_ir_op_name(nd->op));
-        } else if (produced[x] >= 0 && g->outputs[o].alias < 0 && !in_output[x]) {
+        } else if (produced[x] >= 0 && !in_output[x] &&
+                   (g->outputs[o].alias < 0 || loom_ir_plan_can_update_in_place(p, g, o))) {
             in_output[x] = true;
             p->placement[x] = (loom_ir_placement){
                 .kind = LOOM_IR_BUFFER_OUTPUT, .index = o, .bytes = loom_ir_node_bytes(nd)};

@@ -528,6 +528,51 @@ static void test_memplan_fits_freed_ranges_best_first(void **state) {
     deinit_both(&g, &p);
 }
 
+static void test_memplan_updates_a_donated_input_in_place_when_safe(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    loom_ir_plan p;
+    /* an SGD-like update: the root reads its donated input only at the index it writes
+     * (the broadcast is of a constant), and nothing reads the input afterwards */
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[8]\n"
+              "  %1 = input {index = 1} : f32[8]\n"
+              "  %2 = constant {value = 0.5} : f32[]\n"
+              "  %3 = broadcast %2 : f32[8]\n"
+              "  %4 = mul %1, %3 : f32[8]\n"
+              "  %5 = sub %0, %4 : f32[8]\n"
+              "  return %5 {alias = 0}\n}\n");
+    fuse_ok(&g, &p);
+    assert_true(loom_ir_plan_can_update_in_place(&p, &g, 0));
+    assert_string_equal(placement_str(&p, &g), "%0:in0 %1:in1 %5:out0");
+    assert_string_equal(copies_str(&p), "");
+    assert_int_equal(p.arena_bytes, 0);
+    assert_int_equal(p.peak_bytes, 0); /* the update needs no memory of its own */
+    deinit_both(&g, &p);
+
+    /* a transpose of the input would read other elements than it writes: copy */
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,4]\n"
+              "  %1 = transpose %0 {perm = [1, 0]} : f32[4,4]\n"
+              "  %2 = add %0, %1 : f32[4,4]\n"
+              "  return %2 {alias = 0}\n}\n");
+    fuse_ok(&g, &p);
+    assert_false(loom_ir_plan_can_update_in_place(&p, &g, 0));
+    assert_string_equal(copies_str(&p), "%2->out0");
+    deinit_both(&g, &p);
+
+    /* a later kernel still reads the input: copy */
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[8]\n"
+              "  %1 = neg %0 : f32[8]\n"
+              "  %2 = reduce_sum %0 {axes = [0], keepdim = false} : f32[]\n"
+              "  return %1 {alias = 0}, %2\n}\n");
+    fuse_ok(&g, &p);
+    assert_false(loom_ir_plan_can_update_in_place(&p, &g, 0));
+    assert_string_equal(copies_str(&p), "%1->out0");
+    deinit_both(&g, &p);
+}
+
 static void test_memplan_copies_aliased_and_duplicate_outputs(void **state) {
     (void)state;
     loom_ir_graph g;
@@ -1381,6 +1426,7 @@ int main(void) {
         cmocka_unit_test(test_plan_print_summarizes_kernels_and_buffers),
         cmocka_unit_test(test_pipeline_keeps_random_graphs_bit_exact_and_plans_them_validly),
         cmocka_unit_test(test_build_plan_fails_cleanly_when_memory_runs_out),
+        cmocka_unit_test(test_memplan_updates_a_donated_input_in_place_when_safe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
