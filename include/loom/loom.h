@@ -120,8 +120,11 @@ typedef struct loom_context_options {
 } loom_context_options;
 
 /* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP,
- * LOOM_SYNC). The allocator may be called from the device's execution thread: a custom
- * allocator used with several contexts or threads must be thread-safe. */
+ * LOOM_SYNC; num_threads 0 and cache_dir NULL leave LOOM_NUM_THREADS and LOOM_CACHE_DIR
+ * to be read when the context is created). A context calls its allocator only from
+ * the thread using the context (steps that would allocate while running, such as the
+ * interpreter's, run on that thread); one allocator shared by contexts used from several
+ * threads must be thread-safe. */
 LOOM_API void loom_context_options_init(loom_context_options *opts);
 
 /* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the
