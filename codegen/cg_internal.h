@@ -29,6 +29,8 @@ typedef struct cg_b {
 } cg_b;
 
 void cg_b_init(cg_b *b, MlirContext ctx, MlirModule module);
+/* An MlirStringCallback appending to the loom_ir_sbuf passed as ud (module printing). */
+void cg_print_to_sbuf(MlirStringRef s, void *ud);
 
 MlirOperation cg_op(cg_b *b, const char *name, intptr_t n_operands, const MlirValue *operands,
                     intptr_t n_results, const MlirType *results, intptr_t n_attrs,

@@ -141,9 +141,6 @@ static MlirLogicalResult on_diagnostic(MlirDiagnostic diag, void *ud) {
     return mlirLogicalResultSuccess();
 }
 
-static void print_to_sbuf(MlirStringRef s, void *ud) {
-    loom_ir_sbuf_append(ud, s.data, s.length);
-}
 
 static loom_status worker_init(worker *w, compile_state *cs, loom_ir_diag *d) {
     memset(w, 0, sizeof *w);
@@ -279,7 +276,7 @@ static loom_status lower_module(worker *w, job *jb, MlirModule *module, bool *ha
     if (failed)
         return mlir_failed(w, jb, "lowering to the LLVM dialect");
     if (w->cs->dumping)
-        mlirOperationPrint(mlirModuleGetOperation(*module), print_to_sbuf, &jb->dump[DUMP_LOWERED]);
+        mlirOperationPrint(mlirModuleGetOperation(*module), cg_print_to_sbuf, &jb->dump[DUMP_LOWERED]);
     return LOOM_OK;
 }
 
@@ -444,7 +441,7 @@ static loom_status compile_job(worker *w, job *jb) {
     if (st != LOOM_OK)
         return st;
     if (cs->dumping)
-        mlirOperationPrint(mlirModuleGetOperation(module), print_to_sbuf, &jb->dump[DUMP_MLIR]);
+        mlirOperationPrint(mlirModuleGetOperation(module), cg_print_to_sbuf, &jb->dump[DUMP_MLIR]);
     st = lower_module(w, jb, &module, &has_linalg);
     LLVMModuleRef mod = NULL;
     t0 = loom_rt_now_ns();

@@ -26,6 +26,8 @@ void cg_b_init(cg_b *b, MlirContext ctx, MlirModule module) {
     b->fma = loom_cg_host_has_fma();
 }
 
+void cg_print_to_sbuf(MlirStringRef s, void *ud) { loom_ir_sbuf_append(ud, s.data, s.length); }
+
 MlirNamedAttribute cg_named(cg_b *b, const char *name, MlirAttribute attr) {
     return mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, str(name)), attr);
 }

@@ -10,13 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "codegen.h"
-
-static void print_to_sbuf(MlirStringRef s, void *ud) { loom_ir_sbuf_append(ud, s.data, s.length); }
-
-static MlirNamedAttribute named(MlirContext ctx, const char *name, MlirAttribute attr) {
-    return mlirNamedAttributeGet(mlirIdentifierGet(ctx, mlirStringRefCreateFromCString(name)), attr);
-}
+#include "cg_internal.h"
 
 loom_status loom_cg_mlir_smoke(loom_ir_sbuf *out_text, loom_ir_diag *d) {
     MlirContext ctx = mlirContextCreate();
@@ -26,45 +20,35 @@ loom_status loom_cg_mlir_smoke(loom_ir_sbuf *out_text, loom_ir_diag *d) {
     mlirDialectRegistryDestroy(reg);
     mlirContextLoadAllAvailableDialects(ctx);
 
-    MlirLocation loc = mlirLocationFileLineColGet(ctx, mlirStringRefCreateFromCString("smoke"), 1, 1);
-    MlirModule module = mlirModuleCreateEmpty(loc);
-    MlirType f32 = mlirF32TypeGet(ctx);
-    MlirType args[2] = {f32, f32};
-    MlirType fn_type = mlirFunctionTypeGet(ctx, 2, args, 1, &f32);
-
+    MlirModule module = mlirModuleCreateEmpty(mlirLocationUnknownGet(ctx));
+    cg_b b;
+    cg_b_init(&b, ctx, module);
+    MlirType args[2] = {b.f32, b.f32};
+    MlirLocation arg_locs[2] = {b.loc, b.loc};
     MlirRegion body = mlirRegionCreate();
-    MlirLocation arg_locs[2] = {loc, loc};
     MlirBlock block = mlirBlockCreate(2, args, arg_locs);
     mlirRegionAppendOwnedBlock(body, block);
+    b.block = block; /* the body: x + y, returned */
+    MlirValue sum = cg_bin(&b, "arith.addf", mlirBlockGetArgument(block, 0),
+                           mlirBlockGetArgument(block, 1));
+    cg_op(&b, "func.return", 1, &sum, 0, NULL, 0, NULL);
 
-    MlirOperationState add = mlirOperationStateGet(mlirStringRefCreateFromCString("arith.addf"), loc);
-    MlirValue operands[2] = {mlirBlockGetArgument(block, 0), mlirBlockGetArgument(block, 1)};
-    mlirOperationStateAddOperands(&add, 2, operands);
-    mlirOperationStateAddResults(&add, 1, &f32);
-    MlirOperation add_op = mlirOperationCreate(&add);
-    mlirBlockAppendOwnedOperation(block, add_op);
-
-    MlirOperationState ret = mlirOperationStateGet(mlirStringRefCreateFromCString("func.return"), loc);
-    MlirValue result = mlirOperationGetResult(add_op, 0);
-    mlirOperationStateAddOperands(&ret, 1, &result);
-    mlirBlockAppendOwnedOperation(block, mlirOperationCreate(&ret));
-
-    MlirOperationState fn = mlirOperationStateGet(mlirStringRefCreateFromCString("func.func"), loc);
     MlirNamedAttribute attrs[2] = {
-        named(ctx, "sym_name", mlirStringAttrGet(ctx, mlirStringRefCreateFromCString("loom_smoke"))),
-        named(ctx, "function_type", mlirTypeAttrGet(fn_type)),
+        cg_named(&b, "sym_name", mlirStringAttrGet(ctx, mlirStringRefCreateFromCString("loom_smoke"))),
+        cg_named(&b, "function_type",
+                 mlirTypeAttrGet(mlirFunctionTypeGet(ctx, 2, args, 1, &b.f32))),
     };
+    MlirOperationState fn = mlirOperationStateGet(mlirStringRefCreateFromCString("func.func"), b.loc);
     mlirOperationStateAddAttributes(&fn, 2, attrs);
     mlirOperationStateAddOwnedRegions(&fn, 1, &body);
-    MlirOperation fn_op = mlirOperationCreate(&fn);
-    mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), fn_op);
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), mlirOperationCreate(&fn));
 
     MlirOperation mod_op = mlirModuleGetOperation(module);
     loom_status st = LOOM_OK;
     if (!mlirOperationVerify(mod_op))
         st = loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "MLIR smoke module failed to verify");
     else if (out_text)
-        mlirOperationPrint(mod_op, print_to_sbuf, out_text);
+        mlirOperationPrint(mod_op, cg_print_to_sbuf, out_text);
     mlirModuleDestroy(module);
     mlirContextDestroy(ctx);
     return st;
