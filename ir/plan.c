@@ -85,7 +85,8 @@ static bool placement_equal(const loom_ir_placement *a, const loom_ir_placement 
            (a->kind != LOOM_IR_BUFFER_ARENA || a->offset == b->offset);
 }
 
-static bool sorted_contains(const int32_t *v, int32_t n, int32_t x) {
+/* Position of x in the ascending array v, or -1. */
+static int32_t sorted_find(const int32_t *v, int32_t n, int32_t x) {
     int32_t lo = 0, hi = n;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo) / 2;
@@ -94,7 +95,11 @@ static bool sorted_contains(const int32_t *v, int32_t n, int32_t x) {
         else
             hi = mid;
     }
-    return lo < n && v[lo] == x;
+    return lo < n && v[lo] == x ? lo : -1;
+}
+
+static bool sorted_contains(const int32_t *v, int32_t n, int32_t x) {
+    return sorted_find(v, n, x) >= 0;
 }
 
 /* Scratch for the verifier: per-node arrays in one block from the plan's allocator. The
@@ -696,14 +701,9 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
         const loom_ir_node *nd = &g->nodes[kn->nodes[j]];
         bool dep = false;
         for (int32_t q = 0; q < nd->n_inputs && !dep; q++) {
-            int32_t src = nd->inputs[q];
-            if (loom_ir_view_base(g, src) == in) {
-                dep = true;
-                break;
-            }
-            for (int32_t j2 = 0; j2 < j; j2++) /* an earlier kernel node that depends */
-                if (kn->nodes[j2] == src && (dep_small[j2 / 64] >> (j2 % 64) & 1))
-                    dep = true;
+            int32_t src = nd->inputs[q], pos = sorted_find(kn->nodes, j, src);
+            dep = loom_ir_view_base(g, src) == in ||
+                  (pos >= 0 && (dep_small[pos / 64] >> (pos % 64) & 1));
         }
         if (!dep)
             continue;
