@@ -314,6 +314,40 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
                                      const char *file, int line);
 #define loom_matmul(...) loom_matmul_at(__VA_ARGS__, __FILE__, __LINE__)
 
+/* Slice: result element i (per axis) is a[start[i] + stride[i] * i]; the result has extents
+ * size[] (a's rank entries each). stride may be NULL (all 1); strides are >= 1, and
+ * start + stride * (size - 1) must lie inside a. Any dtype. */
+LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int64_t *start,
+                                    const int64_t *size, const int64_t *stride,
+                                    const char *file, int line);
+#define loom_slice(...) loom_slice_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Pads with `value`: low[i] elements before axis i, high[i] after, interior[i] between
+ * adjacent elements (as XLA's pad). low/high may be NULL (0) and interior NULL (0); all
+ * entries >= 0. Any dtype (value is converted to it). */
+LOOM_API loom_tensor *loom_pad_at(loom_context *ctx, loom_tensor *a, const int64_t *low,
+                                  const int64_t *high, const int64_t *interior, double value,
+                                  const char *file, int line);
+#define loom_pad(...) loom_pad_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Joins n >= 1 tensors of equal dtype and rank along `axis` (negative counts from the end);
+ * every other extent must be equal. */
+LOOM_API loom_tensor *loom_concat_at(loom_context *ctx, int32_t n, loom_tensor *const *ts,
+                                     int32_t axis, const char *file, int line);
+#define loom_concat(...) loom_concat_at(__VA_ARGS__, __FILE__, __LINE__)
+/* A tensor of `shape` whose element is its index along `axis` (0, 1, 2, ...), as a
+ * constant of the graph. dtype numeric. */
+LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
+                                   const int64_t *shape, int32_t axis, const char *file, int line);
+#define loom_iota(...) loom_iota_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Uniform random numbers in [0, 1) of `shape` and float dtype from a counter-based
+ * generator inside the graph: element i is a pure function of (seed, i) (SplitMix64 of
+ * seed + (i + 1) * 0x9E3779B97F4A7C15, top 24 bits / 2^24), so the compiled step and the
+ * interpreter give identical bits and a changing seed never recompiles. seed is an i64
+ * scalar tensor (usually a graph input set per step). */
+LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
+                                           loom_dtype dtype, int32_t rank, const int64_t *shape,
+                                           const char *file, int line);
+#define loom_rand_uniform(...) loom_rand_uniform_at(__VA_ARGS__, __FILE__, __LINE__)
+
 /* ---- metrics --------------------------------------------------------------------------- *
  * Counters and timers in the spirit of PyTorch/XLA's metrics report: TraceTime,
  * CompileTime, ExecuteTime (timers, ns), CacheHit, CacheMiss, TransferToDeviceBytes,

@@ -1,0 +1,103 @@
+/* Loom optimizers: SGD, Adam and AdamW as graph ops with PyTorch's exact update rules.
+ *
+ * Tutorial
+ * --------
+ *   loom_optim_options o;
+ *   loom_optim_options_init(&o, LOOM_OPTIM_ADAMW);   // PyTorch's defaults for AdamW
+ *   o.lr = 1e-3;
+ *   loom_optim *opt = NULL;
+ *   loom_optim_create(ctx, &o, n_params, params, &opt);
+ *   for (...) {
+ *       ... loss = ...; loom_tensor *grads[N] = {0};
+ *       loom_backward(ctx, loss, n_params, params, grads);
+ *       loom_optim_step(opt, grads, NULL);           // records the update; nothing runs yet
+ *       loom_mark_step(ctx);                         // the step updates params in place
+ *   }
+ *   loom_optim_destroy(opt);
+ *
+ * The update is recorded as IR and assigned (loom_assign) to the parameters and to the
+ * optimizer's state tensors, so the compiled step writes them in place (buffer donation).
+ * The learning rate and the step counter are device tensors (graph inputs): changing the
+ * learning rate or advancing the step never recompiles.
+ *
+ * Gradients: Loom keeps no `.grad` on parameters. loom_backward returns fresh gradient
+ * tensors each call, so there is nothing to zero: PyTorch's `zero_grad()` corresponds to
+ * starting each step with grads[] = {NULL}. To accumulate over several backward calls, pass
+ * the previous gradients back into loom_backward (see its documentation).
+ *
+ * Sync-free steps: loom_optim_step takes an optional found_inf tensor (scalar, f32 or bool;
+ * non-zero means "skip"). Every parameter and state update is then a select on it and the
+ * step counter advances only on clean steps, so no host round-trip is needed (AMP).
+ *
+ * Thread-safety: as the context the optimizer belongs to.
+ */
+#ifndef LOOM_OPTIM_H
+#define LOOM_OPTIM_H
+
+#include "loom/loom.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum loom_optim_kind {
+    LOOM_OPTIM_SGD,
+    LOOM_OPTIM_ADAM,
+    LOOM_OPTIM_ADAMW,
+    LOOM_OPTIM_COUNT_
+} loom_optim_kind;
+
+typedef struct loom_optim_options {
+    loom_optim_kind kind;
+    double lr;           /* SGD 1e-3 (PyTorch requires one; pick yours), Adam/AdamW 1e-3 */
+    double momentum;     /* SGD: default 0 */
+    double dampening;    /* SGD: default 0 */
+    bool nesterov;       /* SGD: default false; needs momentum > 0 and dampening == 0 */
+    double weight_decay; /* SGD/Adam: L2 added to the gradient, default 0;
+                            AdamW: decoupled (p *= 1 - lr * wd), default 1e-2 */
+    double beta1, beta2; /* Adam/AdamW: 0.9, 0.999 */
+    double eps;          /* Adam/AdamW: 1e-8, added to sqrt(v_hat) as PyTorch does */
+} loom_optim_options;
+
+/* Fills *o with PyTorch's defaults for `kind` (values above). */
+LOOM_API void loom_optim_options_init(loom_optim_options *o, loom_optim_kind kind);
+
+typedef struct loom_optim loom_optim;
+
+/* Creates an optimizer over n long-lived f32 parameters (borrowed: they must outlive the
+ * optimizer; the optimizer assigns new values to them). Its state tensors (momentum
+ * buffers, exp_avg, exp_avg_sq, step) are created zero-filled on the context's device.
+ * On success *out is owned by the caller. Errors: INVALID_ARGUMENT (NULL, n < 1, a
+ * step-scoped or non-float parameter, lr < 0, momentum < 0, nesterov without momentum or
+ * with dampening, betas outside [0, 1), eps < 0, weight_decay < 0), STALE_HANDLE,
+ * OUT_OF_MEMORY. Errors are also recorded in ctx. */
+LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o,
+                                       int32_t n, loom_tensor *const *params,
+                                       loom_optim **out);
+/* Destroys the optimizer and its state tensors. Accepts NULL. */
+LOOM_API void loom_optim_destroy(loom_optim *opt);
+
+/* Records one update of every parameter i whose grads[i] is not NULL (NULL grads are
+ * skipped, as parameters whose .grad is None in PyTorch; their state is untouched). Each
+ * grads[i] has its parameter's shape and dtype. found_inf may be NULL. The update runs at
+ * the next loom_mark_step. Errors (also recorded in the context): INVALID_ARGUMENT,
+ * STALE_HANDLE, OUT_OF_MEMORY. */
+LOOM_API loom_status loom_optim_step(loom_optim *opt, loom_tensor *const *grads,
+                                     loom_tensor *found_inf);
+
+/* Sets the learning rate used by later steps (a device scalar: no recompile).
+ * Errors: INVALID_ARGUMENT (NULL, lr < 0 or not finite), OUT_OF_MEMORY. */
+LOOM_API loom_status loom_optim_set_lr(loom_optim *opt, double lr);
+
+/* The optimizer's state tensors for parameter i, named as PyTorch's optimizer state_dict
+ * keys ("momentum_buffer"; "exp_avg", "exp_avg_sq"), and the shared step counter ("step",
+ * f32 scalar, as PyTorch's). Borrowed. Returns the number of state tensors of parameter
+ * i (0 for NULL or out of range); names/tensors may be NULL, else have room for 4. */
+LOOM_API int32_t loom_optim_state(const loom_optim *opt, int32_t i, const char **names,
+                                  loom_tensor **tensors);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
