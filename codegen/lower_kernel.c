@@ -34,6 +34,15 @@
  *  - Results whose shape is not the kernel's iteration space (rare: a small value fused
  *    into a kernel over a larger one) are computed by a separate nest that only the task
  *    starting at lo == 0 runs.
+ *  - Maps are affine per axis (index = off + scale * iteration dim), so a slice is free
+ *    index arithmetic like a transpose. Values computed from the index itself register the
+ *    affine function they need as a leaf while the nest is planned, which keeps the dims it
+ *    reads unmerged: iota (the index along its axis), rand_uniform (its row-major index,
+ *    hashed), pad (the index along each padded axis: the operand, always an arg, is loaded
+ *    at the clamped position and selected against the pad value).
+ *  - A concat is always its kernel's root (fusion.c): one nest per operand over its part
+ *    of the result, in which the concat reads that operand alone at an offset; the task
+ *    range [lo, hi) runs over the nests one after the other.
  *
  * Values live in a compute type: f32 for f32, f16 and bf16 (16-bit results are rounded
  * after every node, as the interpreter stores them), f64, i32, i64, i1 for bool. */
@@ -55,10 +64,20 @@ enum {
 
 #define R LOOM_MAX_RANK
 
+/* Where a node's axes are read: axis i at off[i] + scale[i] * (nest dim dim[i]), or at
+ * off[i] when dim[i] is -1 (then scale[i] is 0). Every field is always written (memo keys
+ * compare whole maps). */
+typedef struct imap {
+    int8_t dim[R];
+    int64_t off[R];
+    int64_t scale[R];
+} imap;
+
 typedef struct memo_ent {
     int32_t node;
     uint32_t key;
     int32_t prev; /* the node's previous entry */
+    imap map;
     MlirValue v;
 } memo_ent;
 
@@ -108,7 +127,7 @@ typedef struct kc {
     const nest *ns;  /* the nest values are evaluated in */
     MlirValue gv[R]; /* loop value of each group in scope */
     int32_t bound;   /* node whose value is supplied (reduced value, matmul product) */
-    int8_t bound_map[R];
+    imap bound_map;
     MlirValue bound_v;
     int64_t extent, grain;
 } kc;
@@ -179,27 +198,41 @@ static loom_status oom(kc *c) {
 
 /* ---- memo: (node, map) -> value, scoped like the loops it was built in ---------------------- */
 
-static uint32_t map_key(int32_t rank, const int8_t *map) {
-    uint32_t k = 0;
-    for (int32_t i = 0; i < rank; i++)
-        k |= (uint32_t)(map[i] + 1) << (4 * i);
-    return k;
+static uint32_t map_key(const imap *m) {
+    uint64_t k = 0xcbf29ce484222325ull;
+    for (int32_t i = 0; i < R; i++) {
+        k = (k ^ (uint64_t)(m->dim[i] + 1)) * 0x100000001b3ull;
+        k = (k ^ (uint64_t)m->off[i]) * 0x100000001b3ull;
+        k = (k ^ (uint64_t)m->scale[i]) * 0x100000001b3ull;
+    }
+    return (uint32_t)(k ^ (k >> 32));
 }
 
-static bool memo_find(kc *c, int32_t node, uint32_t key, MlirValue *out) {
+static bool map_equal(const imap *a, const imap *b) {
+    return memcmp(a, b, sizeof *a) == 0;
+}
+
+static void map_none(imap *m) {
+    memset(m, 0, sizeof *m);
+    for (int32_t i = 0; i < R; i++)
+        m->dim[i] = -1;
+}
+
+static bool memo_find(kc *c, int32_t node, uint32_t key, const imap *map, MlirValue *out) {
     for (int32_t e = c->s->memo_head[node]; e >= 0; e = c->s->memo[e].prev)
-        if (c->s->memo[e].key == key) {
+        if (c->s->memo[e].key == key && map_equal(&c->s->memo[e].map, map)) {
             *out = c->s->memo[e].v;
             return true;
         }
     return false;
 }
 
-static loom_status memo_push(kc *c, int32_t node, uint32_t key, MlirValue v) {
+static loom_status memo_push(kc *c, int32_t node, uint32_t key, const imap *map, MlirValue v) {
     cg_scratch *s = c->s;
     if (!loom_ir_grow(&s->alloc, (void **)&s->memo, &s->cap_memo, s->n_memo + 1, sizeof(memo_ent)))
         return oom(c);
-    s->memo[s->n_memo] = (memo_ent){.node = node, .key = key, .prev = s->memo_head[node], .v = v};
+    s->memo[s->n_memo] =
+        (memo_ent){.node = node, .key = key, .prev = s->memo_head[node], .map = *map, .v = v};
     s->memo_head[node] = s->n_memo++;
     return LOOM_OK;
 }
@@ -383,31 +416,41 @@ static void row_major(const loom_ir_node *n, int64_t *st) {
     }
 }
 
-static void leaf_strides(const loom_ir_node *n, const int8_t *map, int64_t *S) {
-    int64_t st[R];
+/* A leaf's flat offset is base + sum_d iter[d] * S[d] (row-major strides times scales). */
+static int64_t leaf_strides(const loom_ir_node *n, const imap *map, int64_t *S) {
+    int64_t st[R], base = 0;
     row_major(n, st);
     for (int32_t d = 0; d < R; d++)
         S[d] = 0;
-    for (int32_t k = 0; k < n->rank; k++)
-        if (map[k] >= 0)
-            S[map[k]] += st[k];
+    for (int32_t k = 0; k < n->rank; k++) {
+        base += st[k] * map->off[k];
+        if (map->dim[k] >= 0)
+            S[map->dim[k]] += st[k] * map->scale[k];
+    }
+    return base;
 }
 
-static loom_status add_leaf(kc *c, const loom_ir_node *n, const int8_t *map) {
+/* Records an affine function of the iteration dims that will be computed from the loop
+ * values: dims merge into one loop only where it stays affine in the merged index. */
+static loom_status add_leaf_s(kc *c, const int64_t *S) {
     cg_scratch *s = c->s;
     if (!loom_ir_grow(&s->alloc, (void **)&s->leaves, &s->cap_leaves, s->n_leaves + 1,
                       sizeof(leaf)))
         return oom(c);
-    leaf_strides(n, map, s->leaves[s->n_leaves++].s);
+    memcpy(s->leaves[s->n_leaves++].s, S, sizeof(int64_t) * R);
     return LOOM_OK;
 }
 
-/* The flat offset of node n at `map` in the current nest's loops. */
-static loom_status offset_of(kc *c, int32_t id, const int8_t *map, MlirValue *out) {
-    const loom_ir_node *n = &c->g->nodes[id];
+static loom_status add_leaf(kc *c, const loom_ir_node *n, const imap *map) {
     int64_t S[R];
     leaf_strides(n, map, S);
-    MlirValue off = cg_idx(c->b, 0);
+    return add_leaf_s(c, S);
+}
+
+/* base + sum_d iter[d] * S[d] in the current nest's loops (an index value); the function
+ * was recorded with add_leaf_s when the nest was planned. */
+static loom_status affine_of(kc *c, int32_t id, int64_t base, const int64_t *S, MlirValue *out) {
+    MlirValue off = cg_idx(c->b, base);
     for (int32_t gi = 0; gi < c->ns->n_groups; gi++) {
         int64_t st = S[c->ns->g_last[gi]];
         if (st == 0)
@@ -420,42 +463,246 @@ static loom_status offset_of(kc *c, int32_t id, const int8_t *map, MlirValue *ou
     return LOOM_OK;
 }
 
-/* The map of operand `k` of node n, given n's map. */
-static void operand_map(const loom_ir_graph *g, const loom_ir_node *n, int32_t k, const int8_t *map,
-                        int8_t *out) {
+/* The flat offset of node n at `map` in the current nest's loops. */
+static loom_status offset_of(kc *c, int32_t id, const imap *map, MlirValue *out) {
+    int64_t S[R];
+    int64_t base = leaf_strides(&c->g->nodes[id], map, S);
+    return affine_of(c, id, base, S, out);
+}
+
+/* The index along axis k of a node read at map: one iteration dim, scaled and offset. */
+static void axis_strides(const imap *map, int32_t k, int64_t *S) {
+    for (int32_t d = 0; d < R; d++)
+        S[d] = 0;
+    if (map->dim[k] >= 0)
+        S[map->dim[k]] = map->scale[k];
+}
+
+/* Where operand q of concat n starts along its axis. */
+static int64_t concat_start(const loom_ir_graph *g, const loom_ir_node *n, int32_t q) {
+    int64_t at = 0;
+    for (int32_t k = 0; k < q; k++)
+        at += g->nodes[n->inputs[k]].shape[n->attrs.index];
+    return at;
+}
+
+/* The map of operand `k` of node n, given n's map (ops that read operands at an affine
+ * index: elementwise, broadcast, transpose, slice, concat; for concat only valid inside
+ * operand k's part of the result). */
+static void operand_map(const loom_ir_graph *g, const loom_ir_node *n, int32_t k, const imap *map,
+                        imap *out) {
     const loom_ir_node *x = &g->nodes[n->inputs[k]];
-    for (int32_t i = 0; i < R; i++)
-        out[i] = -1;
+    map_none(out);
     if (n->op == LOOM_IR_OP_BROADCAST) {
         int32_t off = n->rank - x->rank;
-        for (int32_t i = 0; i < x->rank; i++)
-            out[i] = x->shape[i] == 1 ? -1 : map[off + i];
+        for (int32_t i = 0; i < x->rank; i++) {
+            out->dim[i] = map->dim[off + i];
+            out->off[i] = map->off[off + i];
+            out->scale[i] = map->scale[off + i];
+        }
     } else if (n->op == LOOM_IR_OP_TRANSPOSE) {
-        for (int32_t i = 0; i < n->rank; i++)
-            out[n->attrs.perm[i]] = map[i];
+        for (int32_t i = 0; i < n->rank; i++) {
+            out->dim[n->attrs.perm[i]] = map->dim[i];
+            out->off[n->attrs.perm[i]] = map->off[i];
+            out->scale[n->attrs.perm[i]] = map->scale[i];
+        }
+    } else if (n->op == LOOM_IR_OP_SLICE) {
+        for (int32_t i = 0; i < n->rank; i++) {
+            out->dim[i] = map->dim[i];
+            out->off[i] = n->attrs.start[i] + n->attrs.step[i] * map->off[i];
+            out->scale[i] = n->attrs.step[i] * map->scale[i];
+        }
     } else {
-        for (int32_t i = 0; i < x->rank; i++)
-            out[i] = map[i];
+        for (int32_t i = 0; i < x->rank; i++) {
+            out->dim[i] = map->dim[i];
+            out->off[i] = map->off[i];
+            out->scale[i] = map->scale[i];
+        }
+        if (n->op == LOOM_IR_OP_CONCAT)
+            out->off[n->attrs.index] -= concat_start(g, n, k);
     }
+    for (int32_t i = 0; i < x->rank; i++) /* an extent of 1 is only ever read at index 0 */
+        if (x->shape[i] == 1) {
+            out->dim[i] = -1;
+            out->off[i] = out->scale[i] = 0;
+        }
 }
 
 static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out);
+static loom_status eval(kc *c, int32_t id, const imap *map, MlirValue *out);
+static MlirValue cast_val(cg_b *b, loom_dtype from, loom_dtype to, MlirValue v);
+
+/* iota: the index along its axis, converted as the interpreter stores an int64. */
+static loom_status eval_iota(kc *c, int32_t id, const imap *map, MlirValue *out) {
+    const loom_ir_node *n = &c->g->nodes[id];
+    int32_t a = (int32_t)n->attrs.index;
+    int64_t S[R];
+    axis_strides(map, a, S);
+    if (c->collect)
+        return add_leaf_s(c, S);
+    if (!c->emit)
+        return LOOM_OK;
+    MlirValue i;
+    loom_status st = affine_of(c, id, map->off[a], S, &i);
+    if (st == LOOM_OK)
+        *out = cast_val(c->b, LOOM_DTYPE_I64, n->dtype,
+                        cg_conv(c->b, "arith.index_cast", i, c->b->i64));
+    return st;
+}
+
+/* rand_uniform: SplitMix64 of seed + (i + 1) * golden gamma at the row-major index i, top 24
+ * bits times 2^-24 (loom_ir_rand_uniform), exact in f32, rounded to 16-bit floats after. */
+static loom_status eval_rand(kc *c, int32_t id, const imap *map, MlirValue *out) {
+    const loom_ir_node *n = &c->g->nodes[id];
+    imap sm;
+    map_none(&sm);
+    MlirValue seed = {NULL};
+    loom_status st = eval(c, n->inputs[0], &sm, &seed);
+    if (st != LOOM_OK)
+        return st;
+    if (c->collect && (st = add_leaf(c, n, map)) != LOOM_OK)
+        return st;
+    if (!c->emit)
+        return LOOM_OK;
+    cg_b *b = c->b;
+    MlirValue i;
+    if ((st = offset_of(c, id, map, &i)) != LOOM_OK)
+        return st;
+    i = cg_conv(b, "arith.index_cast", i, b->i64);
+    MlirValue z = cg_bin(b, "arith.muli", cg_bin(b, "arith.addi", i, cg_ci(b, b->i64, 1)),
+                         cg_ci(b, b->i64, (int64_t)0x9E3779B97F4A7C15ull));
+    z = cg_bin(b, "arith.addi", seed, z);
+    static const uint64_t mul[2] = {0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull};
+    static const int64_t shift[3] = {30, 27, 31};
+    for (int r = 0; r < 3; r++) {
+        z = cg_bin(b, "arith.xori", z, cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, shift[r])));
+        if (r < 2)
+            z = cg_bin(b, "arith.muli", z, cg_ci(b, b->i64, (int64_t)mul[r]));
+    }
+    z = cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, 40));
+    bool f64 = n->dtype == LOOM_DTYPE_F64;
+    MlirType ft = f64 ? b->f64 : b->f32;
+    MlirValue v = cg_conv(b, "arith.uitofp", z, ft);
+    v = cg_bin(b, "arith.mulf", v, cg_cf(b, ft, 0x1p-24));
+    *out = is_16(n->dtype) ? round16(b, n->dtype, v) : v;
+    return LOOM_OK;
+}
+
+/* pad: the operand (always read from its buffer) at a clamped index where the result index
+ * lands on an operand element, the pad value elsewhere. Unpadded axes stay affine. */
+static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) {
+    const loom_ir_node *n = &c->g->nodes[id];
+    int32_t xid = n->inputs[0];
+    const loom_ir_node *x = &c->g->nodes[xid];
+    if (c->s->buf_of[xid] < 0)
+        return bad_plan(c, id, "a pad whose operand is not read from a buffer");
+    bool padded[R];
+    imap xm; /* the operand's unpadded axes */
+    map_none(&xm);
+    loom_status st = LOOM_OK;
+    for (int32_t k = 0; k < n->rank; k++) {
+        padded[k] = n->attrs.start[k] != 0 || n->shape[k] != x->shape[k];
+        if (!padded[k] && x->shape[k] != 1) {
+            xm.dim[k] = map->dim[k];
+            xm.off[k] = map->off[k];
+            xm.scale[k] = map->scale[k];
+        }
+    }
+    bool empty = loom_ir_numel(x->rank, x->shape) == 0;
+    if (c->collect) {
+        if (!empty && (st = add_leaf(c, x, &xm)) != LOOM_OK)
+            return st;
+        for (int32_t k = 0; k < n->rank && st == LOOM_OK; k++) {
+            int64_t S[R];
+            axis_strides(map, k, S);
+            if (padded[k])
+                st = add_leaf_s(c, S);
+        }
+        return st;
+    }
+    if (!c->emit)
+        return LOOM_OK;
+    cg_b *b = c->b;
+    MlirType ct = compute_type(b, n->dtype);
+    unsigned char buf[8];
+    loom_ir_store_f64(buf, n->dtype, 0, n->attrs.value);
+    MlirValue fill = loom_ir_dtype_is_float(n->dtype)
+                         ? cg_cf(b, ct, loom_ir_load_f64(buf, n->dtype, 0))
+                         : cg_ci(b, ct, loom_ir_load_i64(buf, n->dtype, 0));
+    if (empty) {
+        *out = fill;
+        return LOOM_OK;
+    }
+    int64_t xst[R];
+    row_major(x, xst);
+    MlirValue off, hit = {NULL};
+    if ((st = offset_of(c, xid, &xm, &off)) != LOOM_OK)
+        return st;
+    for (int32_t k = 0; k < n->rank; k++) {
+        if (!padded[k])
+            continue;
+        int64_t S[R];
+        axis_strides(map, k, S);
+        MlirValue o;
+        if ((st = affine_of(c, id, map->off[k] - n->attrs.start[k], S, &o)) != LOOM_OK)
+            return st;
+        /* o = result index - low; an operand element where o >= 0, o % (interior + 1) == 0
+         * and o / (interior + 1) < extent */
+        int64_t step = n->attrs.step[k] + 1, ext = x->shape[k];
+        MlirValue zero = cg_idx(b, 0);
+        MlirValue q = step > 1 ? cg_bin(b, "arith.divsi", o, cg_idx(b, step)) : o;
+        MlirValue h = cg_bin(b, "arith.andi", cg_cmpi(b, CG_I_SGE, o, zero),
+                             cg_cmpi(b, CG_I_SLT, q, cg_idx(b, ext)));
+        if (step > 1)
+            h = cg_bin(b, "arith.andi", h,
+                       cg_cmpi(b, CG_I_EQ, cg_bin(b, "arith.remsi", o, cg_idx(b, step)), zero));
+        hit = mlirValueIsNull(hit) ? h : cg_bin(b, "arith.andi", hit, h);
+        q = cg_select(b, cg_cmpi(b, CG_I_SLT, q, zero), zero, q);
+        q = cg_select(b, cg_cmpi(b, CG_I_SGT, q, cg_idx(b, ext - 1)), cg_idx(b, ext - 1), q);
+        off = cg_iadd(b, off, cg_imul_c(b, q, xst[k]));
+    }
+    MlirValue v = load_val(b, x->dtype, c->bufs[c->s->buf_of[xid]], off);
+    *out = mlirValueIsNull(hit) ? v : cg_select(b, hit, v, fill);
+    return LOOM_OK;
+}
+
+/* concat: the operand whose part of the result holds every index the map reaches (a concat
+ * root is lowered as one nest per operand, so each nest reads one operand). */
+static loom_status eval_concat(kc *c, int32_t id, const imap *map, MlirValue *out) {
+    const loom_ir_node *n = &c->g->nodes[id];
+    int32_t a = (int32_t)n->attrs.index;
+    int64_t lo = map->off[a], hi = lo;
+    if (map->dim[a] >= 0)
+        hi = lo + map->scale[a] * (c->ns->ext[map->dim[a]] - 1);
+    int64_t at = 0;
+    for (int32_t k = 0; k < n->n_inputs; k++) {
+        int64_t e = c->g->nodes[n->inputs[k]].shape[a];
+        if (lo >= at && hi < at + e) {
+            imap m;
+            operand_map(c->g, n, k, map, &m);
+            return eval(c, n->inputs[k], &m, out);
+        }
+        at += e;
+    }
+    return unsupported(c, id, "a concat read across the boundary of its operands (codegen "
+                              "lowers a concat only as its kernel's root)");
+}
 
 /* Evaluates node id at map (emit), or walks it recording leaves (plan). */
-static loom_status eval(kc *c, int32_t id, const int8_t *map, MlirValue *out) {
+static loom_status eval(kc *c, int32_t id, const imap *map, MlirValue *out) {
     const loom_ir_node *n = &c->g->nodes[id];
-    uint32_t key = map_key(n->rank, map);
+    uint32_t key = map_key(map);
     MlirValue v = {NULL};
-    if (memo_find(c, id, key, &v)) {
+    if (memo_find(c, id, key, map, &v)) {
         *out = v;
         return LOOM_OK;
     }
     loom_status st = LOOM_OK;
     if (id == c->bound) {
-        if (memcmp(map, c->bound_map, (size_t)n->rank) != 0)
+        if (!map_equal(map, &c->bound_map))
             return unsupported(c, id,
                                "the reduced or multiplied value is read through a "
-                               "broadcast or transpose inside its own kernel");
+                               "broadcast, transpose or slice inside its own kernel");
         v = c->bound_v;
     } else if (c->s->buf_of[id] >= 0) {
         if (c->collect && (st = add_leaf(c, n, map)) != LOOM_OK)
@@ -468,20 +715,28 @@ static loom_status eval(kc *c, int32_t id, const int8_t *map, MlirValue *out) {
         }
     } else if (!c->s->in_kernel[id]) {
         return bad_plan(c, id, "read by the kernel but neither computed in it nor an arg");
+    } else if (n->op == LOOM_IR_OP_IOTA || n->op == LOOM_IR_OP_RAND_UNIFORM ||
+               n->op == LOOM_IR_OP_PAD || n->op == LOOM_IR_OP_CONCAT) {
+        st = n->op == LOOM_IR_OP_IOTA           ? eval_iota(c, id, map, &v)
+             : n->op == LOOM_IR_OP_RAND_UNIFORM ? eval_rand(c, id, map, &v)
+             : n->op == LOOM_IR_OP_PAD          ? eval_pad(c, id, map, &v)
+                                                : eval_concat(c, id, map, &v);
+        if (st != LOOM_OK)
+            return st;
     } else {
         MlirValue xs[3] = {{NULL}, {NULL}, {NULL}};
         if (n->n_inputs > 3)
             return unsupported(c, id, "more than three operands");
         for (int32_t k = 0; k < n->n_inputs; k++) {
-            int8_t m[R];
-            operand_map(c->g, n, k, map, m);
-            if ((st = eval(c, n->inputs[k], m, &xs[k])) != LOOM_OK)
+            imap m;
+            operand_map(c->g, n, k, map, &m);
+            if ((st = eval(c, n->inputs[k], &m, &xs[k])) != LOOM_OK)
                 return st;
         }
         if ((st = apply(c, id, xs, &v)) != LOOM_OK)
             return st;
     }
-    if ((st = memo_push(c, id, key, v)) != LOOM_OK)
+    if ((st = memo_push(c, id, key, map, v)) != LOOM_OK)
         return st;
     *out = v;
     return LOOM_OK;
@@ -505,6 +760,11 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_REDUCE_MAX:
         return unsupported(c, id, "a reduction that is not its kernel's root");
     case LOOM_IR_OP_MATMUL: return unsupported(c, id, "a matmul that is not its kernel's root");
+    case LOOM_IR_OP_PAD:
+    case LOOM_IR_OP_CONCAT:
+    case LOOM_IR_OP_IOTA:
+    case LOOM_IR_OP_RAND_UNIFORM: return bad_plan(c, id, "evaluated by eval, not apply");
+    case LOOM_IR_OP_SLICE:
     case LOOM_IR_OP_CONSTANT:
     case LOOM_IR_OP_NEG:
     case LOOM_IR_OP_ABS:
@@ -651,9 +911,14 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
         break;
     case LOOM_IR_OP_BROADCAST:
     case LOOM_IR_OP_TRANSPOSE:
+    case LOOM_IR_OP_SLICE:
         v = x[0]; /* the operand was evaluated at the mapped index */
         round = false;
         break;
+    case LOOM_IR_OP_PAD:
+    case LOOM_IR_OP_CONCAT:
+    case LOOM_IR_OP_IOTA:
+    case LOOM_IR_OP_RAND_UNIFORM:
     case LOOM_IR_OP_INPUT:
     case LOOM_IR_OP_RESHAPE:
     case LOOM_IR_OP_REDUCE_SUM:
@@ -676,32 +941,38 @@ static void nest_init(nest *ns, int32_t rank, const int64_t *shape) {
 }
 
 /* Identity map of a node over the nest (its dims are the nest's), extent-1 dims -> -1. */
-static void identity_map(const nest *ns, int8_t *map) {
-    for (int32_t d = 0; d < R; d++)
-        map[d] = (int8_t)(d < ns->n_dims && ns->ext[d] != 1 ? d : -1);
+static void identity_map(const nest *ns, imap *map) {
+    map_none(map);
+    for (int32_t d = 0; d < R; d++) {
+        map->dim[d] = (int8_t)(d < ns->n_dims && ns->ext[d] != 1 ? d : -1);
+        map->scale[d] = map->dim[d] >= 0;
+    }
 }
 
 typedef struct sink {
     int32_t node;
-    int8_t map[R];
+    imap map;
     bool store; /* written to its result buffer (otherwise only evaluated) */
 } sink;
 
 /* Walks every sink recording the leaves, then merges dims into groups. */
 static loom_status plan_nest(kc *c, nest *ns, int32_t n_sinks, const sink *sinks) {
     bool emit = c->emit;
+    const nest *saved = c->ns;
     c->emit = false;
     c->collect = true;
+    c->ns = ns; /* its extents (concat reads them); its groups are what is planned here */
     c->s->n_leaves = 0;
     int32_t mark = memo_mark(c);
     loom_status st = LOOM_OK;
     MlirValue unused;
     for (int32_t i = 0; i < n_sinks && st == LOOM_OK; i++) {
-        st = eval(c, sinks[i].node, sinks[i].map, &unused);
+        st = eval(c, sinks[i].node, &sinks[i].map, &unused);
         if (st == LOOM_OK && sinks[i].store)
-            st = add_leaf(c, &c->g->nodes[sinks[i].node], sinks[i].map);
+            st = add_leaf(c, &c->g->nodes[sinks[i].node], &sinks[i].map);
     }
     memo_pop(c, mark);
+    c->ns = saved;
     c->emit = emit;
     c->collect = false;
     if (st != LOOM_OK)
@@ -739,7 +1010,7 @@ static loom_status emit_sinks(kc *c, int32_t n_sinks, const sink *sinks) {
     if (n_sinks > 64)
         return loom_ir_diag_set(c->d, LOOM_STATUS_INTERNAL, "codegen: more than 64 sinks");
     for (int32_t i = 0; i < n_sinks && st == LOOM_OK; i++)
-        st = eval(c, sinks[i].node, sinks[i].map, &vals[i]);
+        st = eval(c, sinks[i].node, &sinks[i].map, &vals[i]);
     /* stores after all evaluation: a result may share its buffer with the value being
      * read for another (the matmul accumulator) */
     for (int32_t i = 0; i < n_sinks && st == LOOM_OK; i++) {
@@ -748,7 +1019,7 @@ static loom_status emit_sinks(kc *c, int32_t n_sinks, const sink *sinks) {
         MlirValue v = vals[i];
         const loom_ir_node *n = &c->g->nodes[sinks[i].node];
         MlirValue off;
-        if ((st = offset_of(c, sinks[i].node, sinks[i].map, &off)) != LOOM_OK)
+        if ((st = offset_of(c, sinks[i].node, &sinks[i].map, &off)) != LOOM_OK)
             break;
         store_val(c->b, n->dtype, v, c->bufs[c->s->res_of[sinks[i].node]], off);
     }
@@ -797,6 +1068,7 @@ typedef enum side_mode {
     SIDE_ELEMENTWISE, /* results not of the root's shape */
     SIDE_REDUCTION,   /* results that are neither epilogue nor of the operand's shape */
     SIDE_MATMUL,      /* results that do not depend on the product */
+    SIDE_CONCAT,      /* results but the concat root */
 } side_mode;
 
 /* Plans (check) or emits (under lo == 0) the side nests. space: the root (elementwise) or
@@ -810,13 +1082,14 @@ static loom_status side_nests(kc *c, const loom_ir_node *space, side_mode mode) 
         case SIDE_ELEMENTWISE: main = same_shape(n, space); break;
         case SIDE_REDUCTION: main = c->s->dep_root[id] || same_shape(n, space); break;
         case SIDE_MATMUL: main = c->s->dep_root[id]; break;
+        case SIDE_CONCAT: main = id == c->k->root; break;
         }
         if (main || loom_ir_numel(n->rank, n->shape) == 0)
             continue;
         nest ns;
         nest_init(&ns, n->rank, n->shape);
         sink sk = {.node = id, .store = true};
-        identity_map(&ns, sk.map);
+        identity_map(&ns, &sk.map);
         int32_t saved_bound = c->bound;
         c->bound = -1;
         loom_status st = plan_nest(c, &ns, 1, &sk);
@@ -849,54 +1122,63 @@ static int64_t grain_for(int64_t work_per_iter) {
 
 /* ---- ELEMENTWISE -------------------------------------------------------------------------- */
 
-static loom_status lower_elementwise(kc *c) {
-    const loom_ir_node *root = &c->g->nodes[c->k->root];
-    loom_status st = side_nests(c, root, SIDE_ELEMENTWISE);
+/* One loop nest of an elementwise kernel, as a flat range of task indices: outer dims times
+ * blocks of the innermost group. */
+typedef struct ew_nest {
+    nest ns;
+    sink sinks[64];
+    int32_t n_sinks;
+    int64_t inner, blk, nb, count; /* count: task indices (outer * nb), 0 when empty */
+} ew_nest;
+
+static loom_status plan_ew_nest(kc *c, ew_nest *e) {
+    loom_status st = plan_nest(c, &e->ns, e->n_sinks, e->sinks);
     if (st != LOOM_OK)
         return st;
-    nest ns;
-    nest_init(&ns, root->rank, root->shape);
-    sink sinks[64];
-    int32_t n_sinks = 0;
-    for (int32_t r = 0; r < c->k->n_results; r++) {
-        int32_t id = c->k->results[r];
-        if (!same_shape(&c->g->nodes[id], root))
-            continue;
-        if (n_sinks == 64)
-            return unsupported(c, id, "more than 64 results of one shape in a kernel");
-        sinks[n_sinks] = (sink){.node = id, .store = true};
-        identity_map(&ns, sinks[n_sinks++].map);
-    }
-    if ((st = plan_nest(c, &ns, n_sinks, sinks)) != LOOM_OK)
-        return st;
-    int64_t numel = loom_ir_numel(root->rank, root->shape);
-    int32_t ng = ns.n_groups;
-    int64_t inner = ng > 0 ? ns.g_ext[ng - 1] : 1;
-    int64_t blk = inner > BLOCK_MAX ? BLOCK : inner;
-    int64_t nb = ng > 0 ? ceil_div(inner, blk) : 1;
+    int32_t ng = e->ns.n_groups;
+    int64_t numel = 1;
+    for (int32_t d = 0; d < e->ns.n_dims; d++)
+        numel *= e->ns.ext[d];
+    e->inner = ng > 0 ? e->ns.g_ext[ng - 1] : 1;
+    e->blk = e->inner > BLOCK_MAX ? BLOCK : e->inner;
+    e->nb = ng > 0 ? ceil_div(e->inner, e->blk) : 1;
     int64_t outer = 1;
     for (int32_t gi = 0; gi + 1 < ng; gi++)
-        outer *= ns.g_ext[gi];
-    c->extent = numel > 0 && n_sinks > 0 ? outer * nb : 1;
-    c->grain = grain_for(blk);
-    if (!c->emit || numel == 0 || n_sinks == 0)
-        return LOOM_OK;
+        outer *= e->ns.g_ext[gi];
+    e->count = numel > 0 && e->n_sinks > 0 ? outer * e->nb : 0;
+    return LOOM_OK;
+}
 
+/* Emits the task indices [lo, hi) of the kernel that fall in [base, base + count). */
+static loom_status emit_ew_nest(kc *c, ew_nest *e, int64_t base) {
+    if (e->count == 0)
+        return LOOM_OK;
     cg_b *b = c->b;
-    c->ns = &ns;
+    c->ns = &e->ns;
     clear_gv(c);
-    cg_for lo;
-    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    if (ng == 0)
-        st = emit_sinks(c, n_sinks, sinks);
-    else {
-        MlirValue q = lo.iv, j0 = cg_idx(b, 0), j1 = cg_idx(b, inner);
-        if (nb > 1) {
-            MlirValue nbv = cg_idx(b, nb);
+    MlirValue lo = c->lo, hi = c->hi;
+    if (base != 0 || e->count != c->extent) { /* clip to this nest's part, rebased to 0 */
+        MlirValue bv = cg_idx(b, base), ev = cg_idx(b, base + e->count);
+        lo = cg_select(b, cg_cmpi(b, CG_I_ULT, lo, bv), bv, lo);
+        hi = cg_imin(b, hi, ev);
+        hi = cg_select(b, cg_cmpi(b, CG_I_ULT, hi, lo), lo, hi);
+        lo = cg_bin(b, "arith.subi", lo, bv);
+        hi = cg_bin(b, "arith.subi", hi, bv);
+    }
+    int32_t ng = e->ns.n_groups;
+    loom_status st;
+    cg_for l;
+    cg_for_begin(b, &l, lo, hi, 0, NULL);
+    if (ng == 0) {
+        st = emit_sinks(c, e->n_sinks, e->sinks);
+    } else {
+        MlirValue q = l.iv, j0 = cg_idx(b, 0), j1 = cg_idx(b, e->inner);
+        if (e->nb > 1) {
+            MlirValue nbv = cg_idx(b, e->nb);
             MlirValue blkv = cg_bin(b, "arith.remui", q, nbv);
             q = cg_bin(b, "arith.divui", q, nbv);
-            j0 = cg_imul_c(b, blkv, blk);
-            j1 = cg_imin(b, cg_iadd(b, j0, cg_idx(b, blk)), cg_idx(b, inner));
+            j0 = cg_imul_c(b, blkv, e->blk);
+            j1 = cg_imin(b, cg_iadd(b, j0, cg_idx(b, e->blk)), cg_idx(b, e->inner));
         }
         int32_t outer_groups[R];
         for (int32_t gi = 0; gi + 1 < ng; gi++)
@@ -905,10 +1187,87 @@ static loom_status lower_elementwise(kc *c) {
         cg_for in;
         cg_for_begin(b, &in, j0, j1, 0, NULL);
         c->gv[ng - 1] = in.iv;
-        st = emit_sinks(c, n_sinks, sinks);
+        st = emit_sinks(c, e->n_sinks, e->sinks);
         cg_for_end(b, &in, 0, NULL);
     }
-    cg_for_end(b, &lo, 0, NULL);
+    cg_for_end(b, &l, 0, NULL);
+    return st;
+}
+
+/* A concat root: one nest per operand over its part of the result, where the concat reads
+ * that operand alone at an offset (no selects: one pass over memory). */
+static loom_status lower_concat(kc *c) {
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    loom_status st = side_nests(c, root, SIDE_CONCAT);
+    if (st != LOOM_OK)
+        return st;
+    int32_t a = (int32_t)root->attrs.index, n = root->n_inputs;
+    ew_nest *parts = loom_ir_alloc(&c->s->alloc, (size_t)n * sizeof *parts);
+    if (!parts)
+        return oom(c);
+    int64_t total = 0, blk = 1, at = 0;
+    for (int32_t k = 0; k < n && st == LOOM_OK; k++) {
+        ew_nest *e = &parts[k];
+        int64_t shape[R];
+        memcpy(shape, root->shape, sizeof(int64_t) * (size_t)root->rank);
+        shape[a] = c->g->nodes[root->inputs[k]].shape[a];
+        nest_init(&e->ns, root->rank, shape);
+        e->n_sinks = 0;
+        if (c->s->res_of[c->k->root] >= 0) {
+            e->sinks[0] = (sink){.node = c->k->root, .store = true};
+            identity_map(&e->ns, &e->sinks[0].map);
+            e->sinks[0].map.off[a] = at;
+            e->n_sinks = 1;
+        }
+        at += shape[a];
+        st = plan_ew_nest(c, e);
+        total += e->count;
+        if (e->blk > blk)
+            blk = e->blk;
+    }
+    c->extent = total > 0 ? total : 1;
+    c->grain = grain_for(blk);
+    int64_t base = 0;
+    for (int32_t k = 0; k < n && st == LOOM_OK && c->emit; k++) {
+        st = emit_ew_nest(c, &parts[k], base);
+        base += parts[k].count;
+    }
+    loom_ir_free(&c->s->alloc, parts, (size_t)n * sizeof *parts);
+    return st;
+}
+
+static loom_status lower_elementwise(kc *c) {
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    if (root->op == LOOM_IR_OP_CONCAT)
+        return lower_concat(c);
+    loom_status st = side_nests(c, root, SIDE_ELEMENTWISE);
+    if (st != LOOM_OK)
+        return st;
+    ew_nest *e = loom_ir_alloc(&c->s->alloc, sizeof *e);
+    if (!e)
+        return oom(c);
+    nest_init(&e->ns, root->rank, root->shape);
+    e->n_sinks = 0;
+    for (int32_t r = 0; r < c->k->n_results && st == LOOM_OK; r++) {
+        int32_t id = c->k->results[r];
+        if (!same_shape(&c->g->nodes[id], root))
+            continue;
+        if (e->n_sinks == 64) {
+            st = unsupported(c, id, "more than 64 results of one shape in a kernel");
+            break;
+        }
+        e->sinks[e->n_sinks] = (sink){.node = id, .store = true};
+        identity_map(&e->ns, &e->sinks[e->n_sinks++].map);
+    }
+    if (st == LOOM_OK)
+        st = plan_ew_nest(c, e);
+    if (st == LOOM_OK) {
+        c->extent = e->count > 0 ? e->count : 1;
+        c->grain = grain_for(e->blk);
+        if (c->emit)
+            st = emit_ew_nest(c, e, 0);
+    }
+    loom_ir_free(&c->s->alloc, e, sizeof *e);
     return st;
 }
 
@@ -972,7 +1331,7 @@ static loom_status emit_red_loops(kc *c, red_plan *rp, const int32_t *rgroups, i
 static loom_status emit_red_body(kc *c, red_plan *rp, MlirValue acc, MlirValue *out) {
     int32_t mark = memo_mark(c);
     MlirValue v;
-    loom_status st = eval(c, rp->x, rp->pro[0].map, &v);
+    loom_status st = eval(c, rp->x, &rp->pro[0].map, &v);
     if (st == LOOM_OK)
         st = emit_sinks(c, rp->n_pro, rp->pro); /* x itself is a memo hit */
     if (st == LOOM_OK)
@@ -1032,22 +1391,23 @@ static loom_status lower_reduction(kc *c) {
             rp->n_red *= x->shape[d];
     }
     /* the root's canonical map: its dims onto x's kept dims */
-    int8_t rmap[R];
-    for (int32_t i = 0; i < R; i++)
-        rmap[i] = -1;
+    imap rmap;
+    map_none(&rmap);
     for (int32_t d = 0, j = 0; d < x->rank; d++) {
         if (ns.red[d]) {
             if (root->attrs.keepdim)
                 j++;
             continue;
         }
-        rmap[j++] = (int8_t)(x->shape[d] != 1 ? d : -1);
+        rmap.dim[j] = (int8_t)(x->shape[d] != 1 ? d : -1);
+        rmap.scale[j] = rmap.dim[j] >= 0;
+        j++;
     }
     c->bound = root_id;
-    memcpy(c->bound_map, rmap, sizeof rmap);
+    c->bound_map = rmap;
 
     rp->pro[0] = (sink){.node = rp->x, .store = c->s->res_of[rp->x] >= 0};
-    identity_map(&ns, rp->pro[0].map);
+    identity_map(&ns, &rp->pro[0].map);
     rp->n_pro = 1;
     for (int32_t r = 0; r < c->k->n_results; r++) {
         int32_t id = c->k->results[r];
@@ -1064,14 +1424,14 @@ static loom_status lower_reduction(kc *c) {
                 goto done;
             }
             rp->epi[rp->n_epi] = (sink){.node = id, .store = true};
-            memcpy(rp->epi[rp->n_epi++].map, rmap, sizeof rmap);
+            rp->epi[rp->n_epi++].map = rmap;
         } else if (same_shape(n, x) && id != rp->x) {
             if (rp->n_pro == 64) {
                 st = unsupported(c, id, "more than 64 prologue results");
                 goto done;
             }
             rp->pro[rp->n_pro] = (sink){.node = id, .store = true};
-            identity_map(&ns, rp->pro[rp->n_pro++].map);
+            identity_map(&ns, &rp->pro[rp->n_pro++].map);
         }
     }
     if ((st = side_nests(c, x, SIDE_REDUCTION)) != LOOM_OK)
@@ -1279,7 +1639,7 @@ static loom_status lower_matmul(kc *c) {
     nest_init(&mp->ns, root->rank, root->shape);
     mp->ns.no_merge = true;
     c->bound = root_id;
-    identity_map(&mp->ns, c->bound_map);
+    identity_map(&mp->ns, &c->bound_map);
     /* the accumulator: the root's own buffer when it has the accumulator's type, else an
      * epilogue result's of the same type and shape (overwritten in place), else scratch */
     bool own = mp->dt == LOOM_DTYPE_F32 || mp->dt == LOOM_DTYPE_F64 || mp->dt == LOOM_DTYPE_I32 ||
@@ -1303,7 +1663,7 @@ static loom_status lower_matmul(kc *c) {
             goto done;
         }
         mp->epi[mp->n_epi] = (sink){.node = id, .store = true};
-        identity_map(&mp->ns, mp->epi[mp->n_epi++].map);
+        identity_map(&mp->ns, &mp->epi[mp->n_epi++].map);
     }
     if ((st = side_nests(c, root, SIDE_MATMUL)) != LOOM_OK)
         goto done;

@@ -408,3 +408,189 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
     }
     return loom_fe_result(ctx, id, file, line, op);
 }
+
+/* ---- movement and generated values ------------------------------------------------------ */
+
+#define TYPE_OF(buf, x) loom_ir_format_type(buf, sizeof buf, (x)->dtype, (x)->rank, (x)->shape)
+
+LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int64_t *start,
+                                    const int64_t *size, const int64_t *stride,
+                                    const char *file, int line) {
+    static const char op[] = "slice";
+    int32_t node;
+    if (!ctx || !operands(ctx, 1, &a, &node, file, line, op))
+        return NULL;
+    const loom_ir_node *x = node_of(ctx, node);
+    char t[LOOM_IR_TYPE_STR_MAX];
+    if (x->rank > 0 && (!start || !size)) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "%s is NULL for %s",
+                      !start ? "start" : "size", TYPE_OF(t, x));
+        return NULL;
+    }
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_SLICE, .n_inputs = 1, .inputs = &node,
+                              .rank = x->rank, .shape = size, .loc = {file, line}};
+    for (int32_t i = 0; i < x->rank; i++) {
+        int64_t st = stride ? stride[i] : 1, ext = x->shape[i];
+        const char *why = NULL;
+        if (st < 1)
+            why = "stride must be >= 1";
+        else if (size[i] < 0)
+            why = "size is negative";
+        else if (start[i] < 0 || start[i] > ext || (start[i] == ext && size[i] > 0))
+            why = "start is outside the axis";
+        else if (size[i] > 0 && size[i] - 1 > (ext - 1 - start[i]) / st)
+            why = "start + stride * (size - 1) is past the end of the axis";
+        if (why) {
+            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                          "axis %d of %s: %s (start %lld, size %lld, stride %lld, extent %lld)",
+                          (int)i, TYPE_OF(t, x), why, (long long)start[i], (long long)size[i],
+                          (long long)st, (long long)ext);
+            return NULL;
+        }
+        desc.attrs.start[i] = start[i];
+        desc.attrs.step[i] = st;
+    }
+    return finish(ctx, &desc, op);
+}
+
+LOOM_API loom_tensor *loom_pad_at(loom_context *ctx, loom_tensor *a, const int64_t *low,
+                                  const int64_t *high, const int64_t *interior, double value,
+                                  const char *file, int line) {
+    static const char op[] = "pad";
+    int32_t node;
+    if (!ctx || !operands(ctx, 1, &a, &node, file, line, op))
+        return NULL;
+    const loom_ir_node *x = node_of(ctx, node);
+    char t[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_PAD, .n_inputs = 1, .inputs = &node,
+                              .rank = x->rank, .attrs = {.value = value}, .loc = {file, line}};
+    int64_t out[LOOM_MAX_RANK];
+    for (int32_t i = 0; i < x->rank; i++) {
+        int64_t lo = low ? low[i] : 0, hi = high ? high[i] : 0, in = interior ? interior[i] : 0;
+        if (lo < 0 || hi < 0 || in < 0) {
+            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                          "axis %d of %s: padding must be >= 0 (low %lld, high %lld, interior "
+                          "%lld)",
+                          (int)i, TYPE_OF(t, x), (long long)lo, (long long)hi, (long long)in);
+            return NULL;
+        }
+        /* out = low + high + ext + (ext - 1) * interior, checked for overflow */
+        int64_t ext = x->shape[i], gaps = 0, o = 0;
+        bool overflow = ext > 0 && __builtin_mul_overflow(ext - 1, in, &gaps);
+        overflow = overflow || __builtin_add_overflow(lo, hi, &o) ||
+                   __builtin_add_overflow(o, ext, &o) || __builtin_add_overflow(o, gaps, &o);
+        if (overflow) {
+            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                          "axis %d of %s: the padded extent overflows", (int)i, TYPE_OF(t, x));
+            return NULL;
+        }
+        out[i] = o;
+        desc.attrs.start[i] = lo;
+        desc.attrs.step[i] = in;
+    }
+    desc.shape = out;
+    return finish(ctx, &desc, op);
+}
+
+LOOM_API loom_tensor *loom_concat_at(loom_context *ctx, int32_t n, loom_tensor *const *ts,
+                                     int32_t axis, const char *file, int line) {
+    static const char op[] = "concat";
+    if (!ctx)
+        return NULL;
+    if (n < 1 || !ts) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      n < 1 ? "needs at least one tensor, got %d" : "the tensor list is NULL "
+                                                                    "(n = %d)",
+                      (int)n);
+        return NULL;
+    }
+    int32_t small[16], *nodes = small;
+    size_t bytes = (size_t)n * sizeof *nodes;
+    if (n > 16 && !(nodes = loom_ir_alloc(&ctx->alloc, bytes))) {
+        loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op,
+                      "out of memory for %d operands", (int)n);
+        return NULL;
+    }
+    loom_tensor *result = NULL;
+    if (!operands(ctx, n, ts, nodes, file, line, op))
+        goto done;
+    const loom_ir_node *x = node_of(ctx, nodes[0]);
+    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+    int32_t ax = axis < 0 ? axis + x->rank : axis;
+    if (x->rank < 1 || ax < 0 || ax >= x->rank) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "axis %d is out of range for %s", (int)axis, TYPE_OF(ta, x));
+        goto done;
+    }
+    for (int32_t k = 1; k < n; k++) {
+        const loom_ir_node *y = node_of(ctx, nodes[k]);
+        bool same = y->dtype == x->dtype && y->rank == x->rank;
+        for (int32_t i = 0; same && i < x->rank; i++)
+            same = i == ax || y->shape[i] == x->shape[i];
+        if (!same) {
+            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                          "tensor %d is %s, tensor 0 is %s: dtypes and every extent but axis "
+                          "%d must match",
+                          (int)k, TYPE_OF(tb, y), TYPE_OF(ta, x), (int)ax);
+            goto done;
+        }
+    }
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_CONCAT, .n_inputs = n, .inputs = nodes,
+                              .attrs = {.index = ax}, .loc = {file, line}};
+    result = finish(ctx, &desc, op);
+done:
+    if (nodes != small)
+        loom_ir_free(&ctx->alloc, nodes, bytes);
+    return result;
+}
+
+LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
+                                   const int64_t *shape, int32_t axis, const char *file,
+                                   int line) {
+    static const char op[] = "iota";
+    if (!ctx || !check_target(ctx, rank, shape, file, line, op))
+        return NULL;
+    if (!loom_ir_dtype_in_class(dtype, LOOM_IR_DT_NUM)) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "dtype %s is not numeric (iota counts 0, 1, 2, ...)",
+                      loom_ir_dtype_valid(dtype) ? loom_dtype_name(dtype) : "(invalid)");
+        return NULL;
+    }
+    int32_t ax = axis < 0 ? axis + rank : axis;
+    if (ax < 0 || ax >= rank) {
+        char t[LOOM_IR_TYPE_STR_MAX];
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "axis %d is out of range for %s", (int)axis,
+                      loom_ir_format_type(t, sizeof t, dtype, rank, shape));
+        return NULL;
+    }
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_IOTA, .dtype = dtype, .rank = rank,
+                              .shape = shape, .attrs = {.index = ax}, .loc = {file, line}};
+    return finish(ctx, &desc, op);
+}
+
+LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
+                                           loom_dtype dtype, int32_t rank, const int64_t *shape,
+                                           const char *file, int line) {
+    static const char op[] = "rand_uniform";
+    int32_t node;
+    if (!ctx || !operands(ctx, 1, &seed, &node, file, line, op) ||
+        !check_target(ctx, rank, shape, file, line, op))
+        return NULL;
+    const loom_ir_node *s = node_of(ctx, node);
+    char t[LOOM_IR_TYPE_STR_MAX];
+    if (s->dtype != LOOM_DTYPE_I64 || s->rank != 0) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "seed must be an i64 scalar (i64[]), got %s", TYPE_OF(t, s));
+        return NULL;
+    }
+    if (!loom_ir_dtype_valid(dtype) || !loom_ir_dtype_is_float(dtype)) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "dtype %s is not a float dtype",
+                      loom_ir_dtype_valid(dtype) ? loom_dtype_name(dtype) : "(invalid)");
+        return NULL;
+    }
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_RAND_UNIFORM, .n_inputs = 1, .inputs = &node,
+                              .dtype = dtype, .rank = rank, .shape = shape, .loc = {file, line}};
+    return finish(ctx, &desc, op);
+}

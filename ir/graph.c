@@ -40,6 +40,11 @@ bool loom_ir_op_is_elementwise(loom_ir_op op) {
     case LOOM_IR_KIND_TRANSPOSE:
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_SLICE:
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_CONCAT:
+    case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return false;
@@ -247,10 +252,15 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
         const loom_ir_node *a = &g->nodes[n->inputs[0]];
         return 2.0 * numel * (double)a->shape[a->rank - 1];
     }
+    case LOOM_IR_KIND_RAND: return numel; /* a hash per element */
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_BROADCAST:
     case LOOM_IR_KIND_RESHAPE:
     case LOOM_IR_KIND_TRANSPOSE:
+    case LOOM_IR_KIND_SLICE:
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_CONCAT:
+    case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return 0;

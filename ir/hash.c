@@ -36,6 +36,19 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
             mix(s, (uint64_t)(uint32_t)n->attrs.perm[i]);
         break;
     case LOOM_IR_ATTRS_AXES: mix(s, (uint64_t)n->attrs.axes | (uint64_t)n->attrs.keepdim << 32); break;
+    case LOOM_IR_ATTRS_PAD:
+    case LOOM_IR_ATTRS_SLICE:
+        if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_PAD) {
+            uint64_t bits;
+            memcpy(&bits, &n->attrs.value, sizeof bits);
+            mix(s, bits);
+        }
+        for (int32_t i = 0; i < n->rank; i++) {
+            mix(s, (uint64_t)n->attrs.start[i]);
+            mix(s, (uint64_t)n->attrs.step[i]);
+        }
+        break;
+    case LOOM_IR_ATTRS_AXIS: mix(s, (uint64_t)n->attrs.index); break;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
 }
@@ -62,6 +75,14 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
     case LOOM_IR_ATTRS_PERM:
         return memcmp(a->attrs.perm, b->attrs.perm, (size_t)a->rank * sizeof(int32_t)) == 0;
     case LOOM_IR_ATTRS_AXES: return a->attrs.axes == b->attrs.axes && a->attrs.keepdim == b->attrs.keepdim;
+    case LOOM_IR_ATTRS_SLICE:
+    case LOOM_IR_ATTRS_PAD:
+        if (loom_ir_op_table[a->op].attrs == LOOM_IR_ATTRS_PAD &&
+            memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) != 0)
+            return false;
+        return memcmp(a->attrs.start, b->attrs.start, (size_t)a->rank * sizeof(int64_t)) == 0 &&
+               memcmp(a->attrs.step, b->attrs.step, (size_t)a->rank * sizeof(int64_t)) == 0;
+    case LOOM_IR_ATTRS_AXIS: return a->attrs.index == b->attrs.index;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return false;

@@ -210,6 +210,109 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
             return st;
         return LOOM_OK;
     }
+    case LOOM_IR_KIND_SLICE: {
+        const loom_ir_node *x = in[0];
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        if (desc->rank != x->rank)
+            return loom_ir_diag_set(d, BAD, "sizes have %d entries, but the operand %s has rank %d",
+                                    (int)desc->rank, TYPE(ta, x), (int)x->rank);
+        for (int32_t i = 0; i < x->rank; i++) {
+            int64_t start = desc->attrs.start[i], stride = desc->attrs.step[i];
+            int64_t size = desc->shape[i], ext = x->shape[i];
+            if (stride < 1)
+                return loom_ir_diag_set(d, BAD, "stride %lld of axis %d must be >= 1",
+                                        (long long)stride, (int)i);
+            /* start + stride * (size - 1) < ext, without overflow; size 0 needs start <= ext */
+            bool ok = start >= 0 && start <= ext &&
+                      (size == 0 || (start < ext && size - 1 <= (ext - 1 - start) / stride));
+            if (!ok)
+                return loom_ir_diag_set(d, BAD,
+                                        "axis %d: start %lld, size %lld, stride %lld reach "
+                                        "outside extent %lld of %s",
+                                        (int)i, (long long)start, (long long)size,
+                                        (long long)stride, (long long)ext, TYPE(ta, x));
+        }
+        set_desc_type(desc, x->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
+    }
+    case LOOM_IR_KIND_PAD: {
+        const loom_ir_node *x = in[0];
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        if (desc->rank != x->rank)
+            return loom_ir_diag_set(d, BAD, "result has rank %d, but the operand %s has rank %d",
+                                    (int)desc->rank, TYPE(ta, x), (int)x->rank);
+        for (int32_t i = 0; i < x->rank; i++) {
+            int64_t low = desc->attrs.start[i], interior = desc->attrs.step[i];
+            int64_t out = desc->shape[i], ext = x->shape[i];
+            if (low < 0 || interior < 0)
+                return loom_ir_diag_set(d, BAD, "axis %d: %s %lld is negative", (int)i,
+                                        low < 0 ? "low" : "interior",
+                                        (long long)(low < 0 ? low : interior));
+            /* high = out - low - (ext - 1) * (interior + 1) - 1 (ext > 0) must be >= 0 */
+            bool ok = low <= out &&
+                      (ext == 0 || (out - low >= 1 &&
+                                    ext - 1 <= (out - low - 1) / (interior + 1)));
+            if (!ok)
+                return loom_ir_diag_set(d, BAD,
+                                        "axis %d: extent %lld of %s with low %lld and interior "
+                                        "%lld does not fit in %lld (the high side would be "
+                                        "negative)",
+                                        (int)i, (long long)ext, TYPE(ta, x), (long long)low,
+                                        (long long)interior, (long long)out);
+        }
+        set_desc_type(desc, x->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
+    }
+    case LOOM_IR_KIND_CONCAT: {
+        if (desc->n_inputs < 1)
+            return loom_ir_diag_set(d, BAD, "expects at least 1 operand, got %d",
+                                    (int)desc->n_inputs);
+        const loom_ir_node *x = in[0];
+        int64_t axis = desc->attrs.index;
+        if (x->rank < 1 || axis < 0 || axis >= x->rank)
+            return loom_ir_diag_set(d, BAD, "axis %lld is out of range for %s", (long long)axis,
+                                    TYPE(ta, x));
+        copy_type(x, out_dtype, out_rank, out_shape);
+        for (int32_t k = 1; k < desc->n_inputs; k++) {
+            const loom_ir_node *y = &g->nodes[desc->inputs[k]];
+            bool same = y->dtype == x->dtype && y->rank == x->rank;
+            for (int32_t i = 0; same && i < x->rank; i++)
+                same = i == axis || y->shape[i] == x->shape[i];
+            if (!same)
+                return loom_ir_diag_set(d, BAD,
+                                        "operand %d is %s, operand 0 is %s: dtypes, ranks and "
+                                        "every extent but axis %lld must match",
+                                        (int)k, TYPE(tb, y), TYPE(ta, x), (long long)axis);
+            if (y->shape[axis] > INT64_MAX / 16 - out_shape[axis])
+                return loom_ir_diag_set(d, BAD, "shape has too many elements");
+            out_shape[axis] += y->shape[axis];
+        }
+        loom_ir_node_desc res = {.rank = *out_rank, .shape = out_shape};
+        return check_shape(&res, d);
+    }
+    case LOOM_IR_KIND_IOTA:
+        if (!loom_ir_dtype_in_class(desc->dtype, LOOM_IR_DT_NUM))
+            return loom_ir_diag_set(d, BAD, "dtype %s is not a numeric dtype",
+                                    loom_dtype_name(desc->dtype));
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        if (desc->attrs.index < 0 || desc->attrs.index >= desc->rank)
+            return loom_ir_diag_set(d, BAD, "axis %lld is out of range for rank %d",
+                                    (long long)desc->attrs.index, (int)desc->rank);
+        set_desc_type(desc, desc->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
+    case LOOM_IR_KIND_RAND:
+        if (in[0]->dtype != LOOM_DTYPE_I64 || in[0]->rank != 0)
+            return loom_ir_diag_set(d, BAD, "seed must be i64[], got %s", TYPE(ta, in[0]));
+        if (!loom_ir_dtype_valid(desc->dtype) || !loom_ir_dtype_is_float(desc->dtype))
+            return loom_ir_diag_set(d, BAD, "dtype %s is not a float dtype",
+                                    loom_dtype_name(desc->dtype));
+        if ((st = check_shape(desc, d)) != LOOM_OK)
+            return st;
+        set_desc_type(desc, desc->dtype, out_rank, out_shape, out_dtype);
+        return LOOM_OK;
     case LOOM_IR_KIND_COUNT_:
         break;
     }

@@ -26,6 +26,11 @@ typedef enum loom_ir_kind {
     LOOM_IR_KIND_TRANSPOSE,   /* movement by attrs.perm */
     LOOM_IR_KIND_REDUCTION,   /* over attrs.axes */
     LOOM_IR_KIND_CONTRACTION, /* matmul */
+    LOOM_IR_KIND_SLICE,       /* movement: operand index = start + stride * index (affine) */
+    LOOM_IR_KIND_PAD,         /* movement: operand placed at low + index * (interior + 1) */
+    LOOM_IR_KIND_CONCAT,      /* movement: n operands joined along attrs.index */
+    LOOM_IR_KIND_IOTA,        /* no operands: the index along attrs.index */
+    LOOM_IR_KIND_RAND,        /* (seed) -> counter-based random numbers of the node's type */
     LOOM_IR_KIND_COUNT_
 } loom_ir_kind;
 
@@ -55,6 +60,9 @@ typedef enum loom_ir_attrs_kind {
     LOOM_IR_ATTRS_VALUE, /* attrs.value: the fill value */
     LOOM_IR_ATTRS_PERM,  /* attrs.perm[rank] */
     LOOM_IR_ATTRS_AXES,  /* attrs.axes bitmask over the operand's axes, attrs.keepdim */
+    LOOM_IR_ATTRS_SLICE, /* attrs.start[rank] (start), attrs.step[rank] (stride >= 1) */
+    LOOM_IR_ATTRS_PAD,   /* attrs.start[rank] (low), attrs.step[rank] (interior), attrs.value */
+    LOOM_IR_ATTRS_AXIS,  /* attrs.index: one axis (concat, iota) */
     LOOM_IR_ATTRS_COUNT_
 } loom_ir_attrs_kind;
 
@@ -121,6 +129,11 @@ typedef int64_t (*loom_ir_scalar_i64_fn)(int64_t a, int64_t b);
  * cast is a load in one dtype and a store in another). */
 loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op);
 loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op);
+
+/* Element i (row-major linear index) of rand_uniform with this seed: the top 24 bits of
+ * SplitMix64's output for the state seed + (i + 1) * 0x9E3779B97F4A7C15 (unsigned, wrapping),
+ * times 2^-24. In [0, 1) and exact in f32, so every executor can match it bit for bit. */
+double loom_ir_rand_uniform(int64_t seed, int64_t i);
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
@@ -208,11 +221,13 @@ typedef struct loom_ir_loc {
 } loom_ir_loc;
 
 typedef struct loom_ir_attrs {
-    int64_t index;                /* INDEX */
-    double value;                 /* VALUE */
+    int64_t index;                /* INDEX, AXIS */
+    double value;                 /* VALUE, PAD (the fill value) */
     int32_t perm[LOOM_MAX_RANK];  /* PERM */
     uint32_t axes;                /* AXES: bit i set = axis i of the operand is reduced */
     bool keepdim;                 /* AXES */
+    int64_t start[LOOM_MAX_RANK]; /* SLICE: start; PAD: low */
+    int64_t step[LOOM_MAX_RANK];  /* SLICE: stride (>= 1); PAD: interior (>= 0) */
 } loom_ir_attrs;
 
 typedef struct loom_ir_node {
@@ -319,10 +334,15 @@ typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);
  *     %3 = add %0, %2 : f32[2,3] loc("x.c":5)
  *     %4 = transpose %3 {perm = [1, 0]} : f32[3,2]
  *     %5 = reduce_sum %3 {axes = [1], keepdim = false} : f32[2] loc("x.c":7)
+ *     %6 = slice %0 {start = [0, 1], stride = [1, 2]} : f32[2,1]
+ *     %7 = pad %0 {low = [1, 0], interior = [0, 1], value = 0} : f32[4,5]
+ *     %8 = concat %0, %3 {axis = 0} : f32[4,3]
+ *     %9 = iota {axis = 1} : i64[2,3]
  *     return %3 {alias = 0}, %5
  *   }
- * Every node states its result type; for cast, broadcast, reshape, input and constant that
- * type is the op's target. Constants print with %.17g (inf, -inf, nan spelled so). A
+ * Every node states its result type; for cast, broadcast, reshape, input, constant, iota and
+ * rand_uniform that type is the op's target (for slice it gives the sizes, for pad the
+ * high side). Constants print with %.17g (inf, -inf, nan spelled so). A
  * location is loc("file":line) (quotes and backslashes escaped) or absent when unknown.
  * The parser accepts any %name defined before use and numbers nodes densely in order.
  * parse(print(g)) gives a graph equal to g with the same locations. */

@@ -429,16 +429,47 @@ typedef enum attr_id {
     ATTR_PERM,
     ATTR_AXES,
     ATTR_KEEPDIM,
+    ATTR_START,    /* slice */
+    ATTR_STRIDE,   /* slice */
+    ATTR_LOW,      /* pad */
+    ATTR_INTERIOR, /* pad */
+    ATTR_AXIS,     /* concat, iota */
     ATTR_COUNT_
 } attr_id;
-static const char *const attr_names[ATTR_COUNT_] = {"index", "value", "perm", "axes", "keepdim"};
+static const char *const attr_names[ATTR_COUNT_] = {"index", "value",  "perm", "axes",
+                                                    "keepdim", "start", "stride", "low",
+                                                    "interior", "axis"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
     bool have[ATTR_COUNT_];
     int32_t perm_len;
     token perm_tok;
+    int32_t list_len[2]; /* entries of start/low and stride/interior */
+    token list_tok[2];
 } parsed_attrs;
+
+/* '[' int (',' int)* ']' of non-negative int64 into out (at most LOOM_MAX_RANK entries). */
+static bool parse_int_list(parser *p, const char *what, int64_t *out, int32_t *n) {
+    if (!expect(p, TOK_LBRACKET, "'['"))
+        return false;
+    *n = 0;
+    if (p->tok.kind == TOK_RBRACKET) {
+        lex(p);
+        return true;
+    }
+    for (;;) {
+        if (*n == LOOM_MAX_RANK)
+            return fail_tok(p, &p->tok, "%s has more than %d entries", what, LOOM_MAX_RANK);
+        if (!parse_int(p, INT64_MAX, what, &out[*n]))
+            return false;
+        (*n)++;
+        if (p->tok.kind != TOK_COMMA)
+            break;
+        lex(p);
+    }
+    return expect(p, TOK_RBRACKET, "',' or ']'");
+}
 
 
 /* Which attributes an op's attribute kind consists of. */
@@ -452,6 +483,16 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
         ids[0] = ATTR_AXES;
         ids[1] = ATTR_KEEPDIM;
         return 2;
+    case LOOM_IR_ATTRS_SLICE:
+        ids[0] = ATTR_START;
+        ids[1] = ATTR_STRIDE;
+        return 2;
+    case LOOM_IR_ATTRS_PAD:
+        ids[0] = ATTR_LOW;
+        ids[1] = ATTR_INTERIOR;
+        ids[2] = ATTR_VALUE;
+        return 3;
+    case LOOM_IR_ATTRS_AXIS: ids[0] = ATTR_AXIS; return 1;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return 0;
@@ -460,7 +501,7 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
 /* '{' name '=' value (',' name '=' value)* '}' */
 static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
     const char *opname = loom_ir_op_name(op);
-    attr_id ids[2];
+    attr_id ids[3];
     int n_ids = attr_set(loom_ir_op_table[op].attrs, ids);
     char b[DESC_MAX];
     if (n_ids == 0)
@@ -523,6 +564,23 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
                 return fail_tok(p, &p->tok, "expected true or false, got %s",
                                 describe(&p->tok, b, sizeof b));
             lex(p);
+            break;
+        case ATTR_START:
+        case ATTR_LOW:
+            pa->list_tok[0] = p->tok;
+            if (!parse_int_list(p, attr_names[id], pa->attrs.start, &pa->list_len[0]))
+                return false;
+            break;
+        case ATTR_STRIDE:
+        case ATTR_INTERIOR:
+            pa->list_tok[1] = p->tok;
+            if (!parse_int_list(p, attr_names[id], pa->attrs.step, &pa->list_len[1]))
+                return false;
+            break;
+        case ATTR_AXIS:
+            if (!parse_int(p, LOOM_MAX_RANK - 1, "an axis", &v))
+                return false;
+            pa->attrs.index = v;
             break;
         case ATTR_COUNT_: return false; /* excluded above */
         }
@@ -634,7 +692,7 @@ static bool parse_node(parser *p) {
     parsed_attrs pa = {.attrs = {.index = 0}};
     if (p->tok.kind == TOK_LBRACE && !parse_attrs(p, op, &pa))
         return false;
-    attr_id ids[2];
+    attr_id ids[3];
     int n_ids = attr_set(loom_ir_op_table[op].attrs, ids);
     for (int k = 0; k < n_ids; k++)
         if (!pa.have[ids[k]])
@@ -661,6 +719,15 @@ static bool parse_node(parser *p) {
     if (pa.have[ATTR_PERM] && n_ops >= 1 && pa.perm_len != p->g->nodes[p->operands[0]].rank)
         return fail_tok(p, &pa.perm_tok, "perm has %d entries, but the operand has rank %d",
                         (int)pa.perm_len, (int)p->g->nodes[p->operands[0]].rank);
+    for (int l = 0; l < 2; l++) {
+        attr_id which = l == 0 ? ATTR_START : ATTR_STRIDE;
+        if (!pa.have[which] && !pa.have[which + 2]) /* start/stride or low/interior */
+            continue;
+        const char *what = attr_names[pa.have[which] ? which : which + 2];
+        if (n_ops >= 1 && pa.list_len[l] != p->g->nodes[p->operands[0]].rank)
+            return fail_tok(p, &pa.list_tok[l], "%s has %d entries, but the operand has rank %d",
+                            what, (int)pa.list_len[l], (int)p->g->nodes[p->operands[0]].rank);
+    }
 
     loom_ir_node_desc desc = {.op = op, .n_inputs = n_ops, .inputs = p->operands,
                               .dtype = dt, .rank = rank, .shape = shape,

@@ -215,7 +215,12 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         case LOOM_IR_KIND_SELECT:
         case LOOM_IR_KIND_CAST:
         case LOOM_IR_KIND_BROADCAST:
-        case LOOM_IR_KIND_TRANSPOSE: break;
+        case LOOM_IR_KIND_TRANSPOSE:
+        case LOOM_IR_KIND_SLICE:
+        case LOOM_IR_KIND_PAD:
+        case LOOM_IR_KIND_CONCAT:
+        case LOOM_IR_KIND_IOTA:
+        case LOOM_IR_KIND_RAND: break;
         case LOOM_IR_KIND_COUNT_:
             return fail(d, n, "kernel %d: %%%d has an unknown op", (int)k, (int)n);
         }
@@ -691,8 +696,9 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
             in = i;
     if (in < 0)
         return false;
-    /* A broadcast or transpose of anything derived from the input would read it at another
-     * index than the one written (a broadcast constant is fine). Kernel nodes are in graph
+    /* A broadcast, transpose, slice, pad, concat or rand_uniform of anything derived from
+     * the input would read it at another index than the one written (a broadcast constant is
+     * fine). Kernel nodes are in graph
      * order, so one forward sweep marks what depends on the input. */
     uint64_t dep_small[8] = {0};
     if (kn->n_nodes > 64 * 8)
@@ -709,7 +715,9 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
             continue;
         dep_small[j / 64] |= (uint64_t)1 << (j % 64);
         loom_ir_kind kind = loom_ir_op_table[nd->op].kind;
-        if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE)
+        if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE ||
+            kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD ||
+            kind == LOOM_IR_KIND_CONCAT || kind == LOOM_IR_KIND_RAND)
             return false;
     }
     for (int32_t a = 0; a < kn->n_args; a++)

@@ -96,8 +96,9 @@ void loom_ir_plan_deinit(loom_ir_plan *p);
 loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
 /* Whether output `output` of g, which aliases a graph input, may be written by its kernel
  * straight into the donated input's buffer: the kernel is ELEMENTWISE with the output as
- * its root and no broadcast or transpose inside (so it reads every element of the input,
- * through args of the root's shape, only at the index it writes), and nothing reads the
+ * its root and no broadcast, transpose, slice, pad, concat or rand_uniform of the input
+ * inside (so it reads every element of the input, through args of the root's shape, only
+ * at the index it writes), and nothing reads the
  * input afterwards (no later kernel, no copy). Needs the kernels (fusion's part) only. */
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
                                       int32_t output);

@@ -61,6 +61,27 @@ static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
         loom_ir_writer_printf(p, "], keepdim = %s}", n->attrs.keepdim ? "true" : "false");
         return;
     }
+    case LOOM_IR_ATTRS_SLICE:
+    case LOOM_IR_ATTRS_PAD: {
+        bool pad = loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_PAD;
+        int32_t rank = n->rank < 0 ? 0 : n->rank > LOOM_MAX_RANK ? LOOM_MAX_RANK : n->rank;
+        loom_ir_writer_puts(p, pad ? " {low = [" : " {start = [");
+        for (int32_t i = 0; i < rank; i++)
+            loom_ir_writer_printf(p, i ? ", %lld" : "%lld", (long long)n->attrs.start[i]);
+        loom_ir_writer_puts(p, pad ? "], interior = [" : "], stride = [");
+        for (int32_t i = 0; i < rank; i++)
+            loom_ir_writer_printf(p, i ? ", %lld" : "%lld", (long long)n->attrs.step[i]);
+        loom_ir_writer_puts(p, "]");
+        if (pad) {
+            loom_ir_writer_puts(p, ", value = ");
+            put_double(p, n->attrs.value);
+        }
+        loom_ir_writer_puts(p, "}");
+        return;
+    }
+    case LOOM_IR_ATTRS_AXIS:
+        loom_ir_writer_printf(p, " {axis = %lld}", (long long)n->attrs.index);
+        return;
     case LOOM_IR_ATTRS_COUNT_: return;
     }
 }

@@ -188,6 +188,11 @@ loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op) {
     case LOOM_IR_OP_REDUCE_MEAN:
     case LOOM_IR_OP_REDUCE_MAX:
     case LOOM_IR_OP_MATMUL:
+    case LOOM_IR_OP_SLICE: /* index maps: nothing to compute per element */
+    case LOOM_IR_OP_PAD:
+    case LOOM_IR_OP_CONCAT:
+    case LOOM_IR_OP_IOTA: /* computed from the index, not from operands */
+    case LOOM_IR_OP_RAND_UNIFORM:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;
@@ -230,7 +235,20 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
     case LOOM_IR_OP_REDUCE_MEAN:
     case LOOM_IR_OP_REDUCE_MAX:
     case LOOM_IR_OP_MATMUL:
+    case LOOM_IR_OP_SLICE: /* index maps: nothing to compute per element */
+    case LOOM_IR_OP_PAD:
+    case LOOM_IR_OP_CONCAT:
+    case LOOM_IR_OP_IOTA: /* computed from the index, not from operands */
+    case LOOM_IR_OP_RAND_UNIFORM:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;
+}
+
+double loom_ir_rand_uniform(int64_t seed, int64_t i) {
+    uint64_t z = (uint64_t)seed + ((uint64_t)i + 1u) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 40) * 0x1p-24;
 }

@@ -43,6 +43,14 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
             h = mix(h, (uint64_t)(uint32_t)n->attrs.perm[i]);
         break;
     case LOOM_IR_ATTRS_AXES: h = (uint64_t)n->attrs.axes | (uint64_t)n->attrs.keepdim << 32; break;
+    case LOOM_IR_ATTRS_PAD:
+    case LOOM_IR_ATTRS_SLICE:
+        if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_PAD)
+            memcpy(&h, &n->attrs.value, sizeof h);
+        for (int32_t i = 0; i < n->rank; i++)
+            h = mix(mix(h, (uint64_t)n->attrs.start[i]), (uint64_t)n->attrs.step[i]);
+        break;
+    case LOOM_IR_ATTRS_AXIS: h = (uint64_t)n->attrs.index; break;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return h;

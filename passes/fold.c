@@ -82,6 +82,11 @@ static bool eval_elementwise(const loom_ir_node *n, const loom_ir_node *const *x
     case LOOM_IR_KIND_TRANSPOSE:
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_SLICE:
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_CONCAT:
+    case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return false;
@@ -263,11 +268,43 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
         }
         return;
     }
+    case LOOM_IR_KIND_SLICE: {
+        /* a slice of a fill is a fill; a slice that takes everything is its operand */
+        if (x[0]->op == LOOM_IR_OP_CONSTANT) {
+            set_constant(a, n, x[0]->attrs.value);
+            return;
+        }
+        bool identity = same_shape(x[0], n->rank, n->shape);
+        for (int32_t i = 0; i < n->rank && identity; i++)
+            identity = n->attrs.start[i] == 0 && (n->attrs.step[i] == 1 || n->shape[i] <= 1);
+        if (identity)
+            set_replace(a, ops[0]);
+        return;
+    }
+    case LOOM_IR_KIND_PAD: {
+        if (same_shape(x[0], n->rank, n->shape)) { /* no padding on any axis */
+            set_replace(a, ops[0]);
+            return;
+        }
+        /* a fill padded with its own value (as stored in the dtype) */
+        elem pv = {{0}};
+        loom_ir_store_f64(pv.b, n->dtype, 0, n->attrs.value);
+        elem cv = x[0]->op == LOOM_IR_OP_CONSTANT ? const_elem(x[0]) : pv;
+        if (x[0]->op == LOOM_IR_OP_CONSTANT && memcmp(pv.b, cv.b, sizeof pv.b) == 0)
+            set_constant(a, n, x[0]->attrs.value);
+        return;
+    }
+    case LOOM_IR_KIND_CONCAT:
+        if (n->n_inputs == 1)
+            set_replace(a, ops[0]);
+        return;
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_PREDICATE:
     case LOOM_IR_KIND_COMPARE:
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COUNT_: return;
     }
 }
@@ -276,17 +313,23 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
 
 static loom_status fold_build(const loom_ir_graph *g, loom_ir_graph *out, int32_t *map,
                               loom_ir_diag *d) {
-    int32_t ops[16];
+    int32_t small[16], *ops = small, max_in = 16;
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].n_inputs > max_in)
+            max_in = g->nodes[i].n_inputs;
+    if (max_in > 16 && !(ops = loom_ir_alloc(&g->alloc, (size_t)max_in * sizeof *ops)))
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     fold_action act;
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < g->n_nodes && st == LOOM_OK; i++) {
         const loom_ir_node *n = &g->nodes[i];
-        if (n->n_inputs > 16) /* no op has that many; kept out of the rules for safety */
-            return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "%%%d has %d operands", (int)i,
-                                    (int)n->n_inputs);
         for (int32_t k = 0; k < n->n_inputs; k++)
             ops[k] = map[n->inputs[k]];
-        simplify(out, n, ops, &act);
+        /* the rules look at up to 16 operands; a longer concat is kept as it is */
+        if (n->n_inputs <= 16)
+            simplify(out, n, ops, &act);
+        else
+            act.kind = FOLD_KEEP;
         switch (act.kind) {
         case FOLD_KEEP: {
             loom_ir_node_desc desc = {.op = n->op,
@@ -308,6 +351,8 @@ static loom_status fold_build(const loom_ir_graph *g, loom_ir_graph *out, int32_
         if (loom_ir_graph_add_output(out, map[g->outputs[o].node], g->outputs[o].alias) != LOOM_OK)
             st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     out->n_graph_inputs = g->n_graph_inputs; /* inputs are never folded away */
+    if (ops != small)
+        loom_ir_free(&g->alloc, ops, (size_t)max_in * sizeof *ops);
     return st;
 }
 

@@ -1,13 +1,22 @@
 /* Fusion: partitions a graph into the kernels of an execution plan (ir/plan.h).
  *
  * Vocabulary. A "loop op" is an elementwise op (unary, predicate, binary, compare, select,
- * cast), a BROADCAST or a TRANSPOSE: evaluated at one index of a loop nest, it needs its
- * operands at one index each (the same index, or one mapped by the broadcast/transpose).
+ * cast), a BROADCAST, TRANSPOSE or SLICE, a PAD, an IOTA or a RAND_UNIFORM: evaluated at one
+ * index of a loop nest, it needs its operands at one index each (the same index, or one
+ * mapped by the broadcast/transpose/slice; iota and rand_uniform compute from the index).
  * A kernel loops over one or two "spaces": ELEMENTWISE kernels over their root's shape;
  * REDUCTION kernels over the reduction's operand (the prologue, inside the reduction loop)
  * and over the reduced shape (the root and its epilogue); MATMUL kernels over the product's
- * shape (the root and its epilogue). Each fused node has a map saying, for each of its axes,
- * which axis of its space indexes it (or none, for extents of 1).
+ * shape (the root and its epilogue). Each fused node has an affine map saying, for each of
+ * its axes, which axis of its space indexes it (or none, for extents of 1), with an offset
+ * and a scale (index = off + scale * space index): a slice composes into the map (start,
+ * stride), so it costs nothing but index arithmetic.
+ *
+ * Ops whose operands are not read at an affine index: a PAD reads its operand from a buffer
+ * (clamped index, then a select with the pad value), so its operand never joins it. A CONCAT
+ * is always the root of its own ELEMENTWISE kernel, which codegen splits into one loop nest
+ * per operand (each operand then is read at an offset map: one pass over memory); its
+ * operands join it, and it never joins its users (nor a reduction as an epilogue).
  *
  * Rules.
  *  1. Producers join their consumers (one sweep from the last node to the first). A loop op
@@ -17,6 +26,8 @@
  *       - if it is a graph output (then it is also written: a result), it is not in a
  *         reduction's prologue, and it has as many elements as its space, so each element
  *         is written exactly once.
+ *     (A PAD or an IOTA may be read through several maps: recomputing it costs no more than
+ *     reading it from a buffer would.)
  *     A loop op used by a reshape, by several kernels, or by none becomes the root of a new
  *     ELEMENTWISE kernel. Shared values are materialized, never recomputed: the plan's rule
  *     that a node belongs to one kernel keeps each value computed once, and a kernel reading
@@ -44,10 +55,18 @@
 
 enum { SPACE_OUT = 0, SPACE_IN = 1 };
 
+/* Axis i of a node is read at off[i] + scale[i] * (space axis dim[i]) (just off[i] when
+ * dim[i] is -1; then scale[i] is 0). */
+typedef struct fmap {
+    int8_t dim[LOOM_MAX_RANK];
+    int64_t off[LOOM_MAX_RANK];
+    int64_t scale[LOOM_MAX_RANK];
+} fmap;
+
 typedef struct fnode {
     int32_t kernel; /* fusion kernel id, -1 for inputs, constants, reshapes */
     int8_t space;
-    int8_t map[LOOM_MAX_RANK]; /* space axis indexing each of the node's axes, -1: none */
+    fmap map;
 } fnode;
 
 typedef struct fkernel {
@@ -74,28 +93,60 @@ typedef struct fuse_state {
     bool *is_output;
 } fuse_state;
 
-static void identity_map(const loom_ir_node *n, int8_t *map) {
-    for (int32_t i = 0; i < LOOM_MAX_RANK; i++)
-        map[i] = i < n->rank && n->shape[i] != 1 ? (int8_t)i : -1;
+static void identity_map(const loom_ir_node *n, fmap *map) {
+    memset(map, 0, sizeof *map);
+    for (int32_t i = 0; i < LOOM_MAX_RANK; i++) {
+        map->dim[i] = i < n->rank && n->shape[i] != 1 ? (int8_t)i : -1;
+        map->scale[i] = map->dim[i] >= 0;
+    }
 }
 
-/* The map under which user u (itself under map um) reads its operand o. */
-static void operand_map(const loom_ir_graph *g, int32_t u, const int8_t *um, int32_t o,
-                        int8_t *om) {
-    const loom_ir_node *un = &g->nodes[u], *on = &g->nodes[o];
+static bool map_equal(const fmap *a, const fmap *b) {
+    return memcmp(a, b, sizeof *a) == 0; /* every field is always written: no stale bytes */
+}
+
+/* The map under which user u (itself under map um) reads its operand number q, or false
+ * when it does not read it at an affine index (a pad: its operand is read from a buffer). */
+static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32_t q, fmap *om) {
+    const loom_ir_node *un = &g->nodes[u], *on = &g->nodes[un->inputs[q]];
+    memset(om, 0, sizeof *om);
     for (int32_t i = 0; i < LOOM_MAX_RANK; i++)
-        om[i] = -1;
+        om->dim[i] = -1;
     switch (loom_ir_op_table[un->op].kind) {
     case LOOM_IR_KIND_BROADCAST: { /* operand axes align with the result's last axes */
         int32_t off = un->rank - on->rank;
-        for (int32_t i = 0; i < on->rank; i++)
-            om[i] = um[off + i];
+        for (int32_t i = 0; i < on->rank; i++) {
+            om->dim[i] = um->dim[off + i];
+            om->off[i] = um->off[off + i];
+            om->scale[i] = um->scale[off + i];
+        }
         break;
     }
     case LOOM_IR_KIND_TRANSPOSE: /* result axis i is operand axis perm[i] */
-        for (int32_t i = 0; i < un->rank; i++)
-            om[un->attrs.perm[i]] = um[i];
+        for (int32_t i = 0; i < un->rank; i++) {
+            om->dim[un->attrs.perm[i]] = um->dim[i];
+            om->off[un->attrs.perm[i]] = um->off[i];
+            om->scale[un->attrs.perm[i]] = um->scale[i];
+        }
         break;
+    case LOOM_IR_KIND_SLICE: /* operand index = start + stride * result index */
+        for (int32_t i = 0; i < un->rank; i++) {
+            om->dim[i] = um->dim[i];
+            om->off[i] = un->attrs.start[i] + un->attrs.step[i] * um->off[i];
+            om->scale[i] = un->attrs.step[i] * um->scale[i];
+        }
+        break;
+    case LOOM_IR_KIND_CONCAT: { /* operand q starts at the sum of the extents before it */
+        int64_t at = 0;
+        for (int32_t k = 0; k < q; k++)
+            at += g->nodes[un->inputs[k]].shape[un->attrs.index];
+        *om = *um;
+        om->off[un->attrs.index] -= at;
+        break;
+    }
+    case LOOM_IR_KIND_PAD: return false;
+    case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_UNARY:
     case LOOM_IR_KIND_PREDICATE:
     case LOOM_IR_KIND_BINARY:
@@ -107,13 +158,19 @@ static void operand_map(const loom_ir_graph *g, int32_t u, const int8_t *um, int
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
     case LOOM_IR_KIND_COUNT_:
-        for (int32_t i = 0; i < on->rank; i++)
-            om[i] = um[i];
+        for (int32_t i = 0; i < on->rank; i++) {
+            om->dim[i] = um->dim[i];
+            om->off[i] = um->off[i];
+            om->scale[i] = um->scale[i];
+        }
         break;
     }
     for (int32_t i = 0; i < on->rank; i++) /* extents of 1 read index 0 whatever the path */
-        if (on->shape[i] == 1)
-            om[i] = -1;
+        if (on->shape[i] == 1) {
+            om->dim[i] = -1;
+            om->off[i] = om->scale[i] = 0;
+        }
+    return true;
 }
 
 static const loom_ir_node *space_node(const fuse_state *s, const fkernel *k, int8_t space) {
@@ -128,42 +185,63 @@ static int32_t new_kernel(fuse_state *s, loom_ir_kernel_kind kind, int32_t root)
 }
 
 /* Rule 1 for loop op i: the kernel it joins (with space and map), or -1. */
-static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, int8_t *out_map) {
+static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fmap *out_map) {
     const loom_ir_graph *g = s->g;
     int32_t target = -1;
+    /* A pad reads its operand from a buffer and an iota reads nothing: evaluating one at
+     * several indices costs no more than reading it back from memory, so it may join a
+     * kernel that reads it through different maps (nothing else reads under its map). */
+    loom_ir_kind own = loom_ir_op_table[g->nodes[i].op].kind;
+    bool recomputable = own == LOOM_IR_KIND_PAD || own == LOOM_IR_KIND_IOTA;
     for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
         int32_t u = s->users[e];
         int32_t ku = s->fn[u].kernel;
         if (ku < 0 || (target >= 0 && ku != target))
             return -1; /* a reshape reads it, or two kernels do */
-        int8_t space = SPACE_OUT, map[LOOM_MAX_RANK];
-        switch (loom_ir_op_table[g->nodes[u].op].kind) {
-        case LOOM_IR_KIND_CONTRACTION: return -1;
-        case LOOM_IR_KIND_REDUCTION: /* the root: i is its operand, the prologue's space */
-            space = SPACE_IN;
-            identity_map(&g->nodes[i], map);
-            break;
-        case LOOM_IR_KIND_UNARY:
-        case LOOM_IR_KIND_PREDICATE:
-        case LOOM_IR_KIND_BINARY:
-        case LOOM_IR_KIND_COMPARE:
-        case LOOM_IR_KIND_SELECT:
-        case LOOM_IR_KIND_CAST:
-        case LOOM_IR_KIND_BROADCAST:
-        case LOOM_IR_KIND_TRANSPOSE:
-            space = s->fn[u].space;
-            operand_map(g, u, s->fn[u].map, i, map);
-            break;
-        case LOOM_IR_KIND_SOURCE:
-        case LOOM_IR_KIND_RESHAPE:
-        case LOOM_IR_KIND_COUNT_: return -1;
-        }
-        if (target < 0) {
-            target = ku;
-            *out_space = space;
-            memcpy(out_map, map, LOOM_MAX_RANK);
-        } else if (space != *out_space || memcmp(map, out_map, LOOM_MAX_RANK) != 0) {
-            return -1; /* read at two different indices: materialize it instead */
+        const loom_ir_node *un = &g->nodes[u];
+        for (int32_t q = 0; q < un->n_inputs; q++) { /* each operand position reading i */
+            if (un->inputs[q] != i)
+                continue;
+            int8_t space = SPACE_OUT;
+            fmap map;
+            switch (loom_ir_op_table[un->op].kind) {
+            case LOOM_IR_KIND_CONTRACTION: return -1;
+            case LOOM_IR_KIND_REDUCTION: /* the root: i is its operand, the prologue's space */
+                space = SPACE_IN;
+                identity_map(&g->nodes[i], &map);
+                break;
+            case LOOM_IR_KIND_CONCAT:
+                if (s->is_output[i]) /* concat kernels write nothing but the concat */
+                    return -1;
+                space = s->fn[u].space;
+                operand_map(g, u, &s->fn[u].map, q, &map);
+                break;
+            case LOOM_IR_KIND_UNARY:
+            case LOOM_IR_KIND_PREDICATE:
+            case LOOM_IR_KIND_BINARY:
+            case LOOM_IR_KIND_COMPARE:
+            case LOOM_IR_KIND_SELECT:
+            case LOOM_IR_KIND_CAST:
+            case LOOM_IR_KIND_BROADCAST:
+            case LOOM_IR_KIND_TRANSPOSE:
+            case LOOM_IR_KIND_SLICE:
+            case LOOM_IR_KIND_RAND:
+                space = s->fn[u].space;
+                operand_map(g, u, &s->fn[u].map, q, &map);
+                break;
+            case LOOM_IR_KIND_PAD: /* reads its operand from a buffer */
+            case LOOM_IR_KIND_IOTA:
+            case LOOM_IR_KIND_SOURCE:
+            case LOOM_IR_KIND_RESHAPE:
+            case LOOM_IR_KIND_COUNT_: return -1;
+            }
+            if (target < 0) {
+                target = ku;
+                *out_space = space;
+                *out_map = map;
+            } else if (space != *out_space || (!map_equal(&map, out_map) && !recomputable)) {
+                return -1; /* read at two different indices: materialize it instead */
+            }
         }
     }
     if (target < 0)
@@ -186,7 +264,7 @@ static void group_producers(fuse_state *s) {
         fnode *f = &s->fn[i];
         f->kernel = -1;
         f->space = SPACE_OUT;
-        identity_map(n, f->map);
+        identity_map(n, &f->map);
         switch (loom_ir_op_table[n->op].kind) {
         case LOOM_IR_KIND_SOURCE:
             if (n->op == LOOM_IR_OP_CONSTANT) {
@@ -203,6 +281,11 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_RESHAPE: break;
         case LOOM_IR_KIND_REDUCTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_REDUCTION, i); break;
         case LOOM_IR_KIND_CONTRACTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i); break;
+        case LOOM_IR_KIND_CONCAT: f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i); break;
+        case LOOM_IR_KIND_SLICE:
+        case LOOM_IR_KIND_PAD:
+        case LOOM_IR_KIND_IOTA:
+        case LOOM_IR_KIND_RAND:
         case LOOM_IR_KIND_UNARY:
         case LOOM_IR_KIND_PREDICATE:
         case LOOM_IR_KIND_BINARY:
@@ -211,12 +294,13 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_CAST:
         case LOOM_IR_KIND_BROADCAST:
         case LOOM_IR_KIND_TRANSPOSE: {
-            int8_t space, map[LOOM_MAX_RANK];
-            int32_t k = join_target(s, i, &space, map);
+            int8_t space = SPACE_OUT;
+            fmap map;
+            int32_t k = join_target(s, i, &space, &map);
             if (k >= 0) {
                 f->kernel = k;
                 f->space = space;
-                memcpy(f->map, map, LOOM_MAX_RANK);
+                f->map = map;
             } else {
                 f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
             }
@@ -275,9 +359,10 @@ static void try_epilogue(fuse_state *s, int32_t e) {
             int32_t o = un->inputs[q];
             if (s->fn[o].kernel != target)
                 continue;
-            int8_t map[LOOM_MAX_RANK];
-            operand_map(g, u, s->fn[u].map, o, map);
-            if (s->fn[o].space != SPACE_OUT || memcmp(map, s->fn[o].map, LOOM_MAX_RANK) != 0)
+            fmap map; /* a pad reads a buffer, which the epilogue's value never is */
+            if (!operand_map(g, u, &s->fn[u].map, q, &map))
+                return;
+            if (s->fn[o].space != SPACE_OUT || !map_equal(&map, &s->fn[o].map))
                 return;
             if (kt->kind == LOOM_IR_KERNEL_MATMUL)
                 for (int32_t x = s->user_start[o]; x < s->user_start[o + 1]; x++) {
@@ -484,7 +569,8 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
     for (int32_t j = 0; j < s.n_kernels; j++) {
         int32_t k = order[j];
         if (s.kernels[k].kind == LOOM_IR_KERNEL_ELEMENTWISE &&
-            g->nodes[s.kernels[k].root].op != LOOM_IR_OP_CONSTANT)
+            g->nodes[s.kernels[k].root].op != LOOM_IR_OP_CONSTANT &&
+            g->nodes[s.kernels[k].root].op != LOOM_IR_OP_CONCAT)
             try_epilogue(&s, k);
     }
     int32_t n_live = 0;

@@ -24,6 +24,14 @@ static void next_index(int32_t rank, const int64_t *ext, int64_t *idx) {
     }
 }
 
+/* Per node while interpreting. */
+typedef struct slot {
+    void *data;       /* the node's value: a temporary, or the caller's input */
+    size_t bytes;     /* the temporary's size (0 when not owned) */
+    int32_t last_use; /* the last node that reads it; INT32_MAX for outputs; -1 if dead */
+    bool owned;       /* allocated here (not the caller's input) */
+} slot;
+
 /* ---- kernels ------------------------------------------------------------------------------
  * `n` is the node, `x[k]` its operand nodes, `src[k]` their values, `dst` its buffer. What
  * an elementwise op computes per element is ir/scalar.c's rule, shared with constant folding. */
@@ -143,6 +151,82 @@ static void run_transpose(const loom_ir_node *n, const loom_ir_node *x, const vo
     }
 }
 
+/* Result element idx is operand element start + stride * idx (per axis). */
+static void run_slice(const loom_ir_node *n, const loom_ir_node *x, const void *src, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    size_t es = loom_dtype_size(n->dtype);
+    int64_t xstride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    row_major_strides(x->rank, x->shape, xstride);
+    for (int64_t e = 0; e < count; e++) {
+        int64_t s = 0;
+        for (int32_t i = 0; i < n->rank; i++)
+            s += (n->attrs.start[i] + n->attrs.step[i] * idx[i]) * xstride[i];
+        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
+        next_index(n->rank, n->shape, idx);
+    }
+}
+
+/* Every element is the pad value (stored in the dtype, as a constant is), then operand
+ * element idx goes to low + idx * (interior + 1) (per axis). */
+static void run_pad(const loom_ir_node *n, const loom_ir_node *x, const void *src, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape), xcount = loom_ir_numel(x->rank, x->shape);
+    size_t es = loom_dtype_size(n->dtype);
+    for (int64_t e = 0; e < count; e++)
+        loom_ir_store_f64(dst, n->dtype, e, n->attrs.value);
+    int64_t ostride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    row_major_strides(n->rank, n->shape, ostride);
+    for (int64_t e = 0; e < xcount; e++) {
+        int64_t o = 0;
+        for (int32_t i = 0; i < n->rank; i++)
+            o += (n->attrs.start[i] + idx[i] * (n->attrs.step[i] + 1)) * ostride[i];
+        memcpy((char *)dst + (size_t)o * es, (const char *)src + (size_t)e * es, es);
+        next_index(x->rank, x->shape, idx);
+    }
+}
+
+/* For each index of the axes before `axis` (outer), the operands' blocks follow each other:
+ * operand k contributes its extent along axis times the extents after it. */
+static void run_concat(const loom_ir_graph *g, const loom_ir_node *n, const slot *srcs,
+                       void *dst) {
+    int32_t axis = (int32_t)n->attrs.index;
+    size_t es = loom_dtype_size(n->dtype);
+    int64_t outer = loom_ir_numel(axis, n->shape);
+    int64_t inner = loom_ir_numel(n->rank - axis - 1, n->shape + axis + 1);
+    int64_t row = n->shape[axis] * inner; /* elements of the result per outer index */
+    int64_t at = 0;                       /* where operand k starts inside a row */
+    for (int32_t k = 0; k < n->n_inputs; k++) {
+        const loom_ir_node *x = &g->nodes[n->inputs[k]];
+        int64_t chunk = x->shape[axis] * inner;
+        for (int64_t o = 0; o < outer && chunk > 0; o++)
+            memcpy((char *)dst + (size_t)(o * row + at) * es,
+                   (const char *)srcs[n->inputs[k]].data + (size_t)(o * chunk) * es,
+                   (size_t)chunk * es);
+        at += chunk;
+    }
+}
+
+/* Element e's index along `axis` (row-major), as an integer or a float of the dtype. */
+static void run_iota(const loom_ir_node *n, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    int32_t axis = (int32_t)n->attrs.index;
+    int64_t inner = loom_ir_numel(n->rank - axis - 1, n->shape + axis + 1);
+    for (int64_t e = 0; e < count; e++) {
+        int64_t v = (e / inner) % n->shape[axis];
+        if (loom_ir_dtype_is_float(n->dtype))
+            loom_ir_store_f64(dst, n->dtype, e, (double)v);
+        else
+            loom_ir_store_i64(dst, n->dtype, e, v);
+    }
+}
+
+/* ir/scalar.c's counter-based generator at every row-major index. */
+static void run_rand_uniform(const loom_ir_node *n, const void *seed, void *dst) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    int64_t s = loom_ir_load_i64(seed, LOOM_DTYPE_I64, 0);
+    for (int64_t e = 0; e < count; e++)
+        loom_ir_store_f64(dst, n->dtype, e, loom_ir_rand_uniform(s, e));
+}
+
 /* Reductions: for each result element (the kept axes in row-major order; keepdim only
  * inserts extents of 1, which does not change that order), walk the reduced axes.
  * Floats accumulate in double, integers in int64 (wrapping). */
@@ -250,12 +334,6 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
 
 /* ---- the interpreter loop ----------------------------------------------------------------- */
 
-typedef struct slot {
-    void *data;       /* the node's value: a temporary, or the caller's input */
-    size_t bytes;     /* the temporary's size (0 when not owned) */
-    int32_t last_use; /* the last node that reads it; INT32_MAX for outputs; -1 if dead */
-    bool owned;       /* allocated here (not the caller's input) */
-} slot;
 
 static void release_slot(const loom_allocator *a, slot *s) {
     if (s->owned)
@@ -314,6 +392,11 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_REDUCE_MEAN:
     case LOOM_IR_OP_REDUCE_MAX: return run_reduce(n, x[0], src[0], dst, d);
     case LOOM_IR_OP_MATMUL: return run_matmul(n, x[0], src[0], src[1], dst, d);
+    case LOOM_IR_OP_SLICE: run_slice(n, x[0], src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_PAD: run_pad(n, x[0], src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_CONCAT: run_concat(g, n, slots, dst); return LOOM_OK;
+    case LOOM_IR_OP_IOTA: run_iota(n, dst); return LOOM_OK;
+    case LOOM_IR_OP_RAND_UNIFORM: run_rand_uniform(n, src[0], dst); return LOOM_OK;
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);

@@ -19,7 +19,7 @@
  *   - `*_create` gives the caller an object to `*_destroy`. Destroy/release accept NULL.
  *   - Op results (`loom_add`, ...) are step-scoped: they belong to the current step and die
  *     at the next `loom_mark_step` unless `loom_tensor_retain`ed, so nested expressions
- *     leak nothing. Tensors made by `loom_tensor_from_host` / `loom_tensor_zeros` are
+ *     leak nothing. Tensors made by `loom_tensor_from_host` (and nn.h's parameters) are
  *     long-lived: the caller owns one reference and releases it.
  *   - Using a handle after it died is reported as LOOM_STATUS_STALE_HANDLE, never undefined
  *     behaviour (handles are checked, generation-counted indices, not raw pointers).
@@ -342,7 +342,8 @@ LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t 
  * generator inside the graph: element i is a pure function of (seed, i) (SplitMix64 of
  * seed + (i + 1) * 0x9E3779B97F4A7C15, top 24 bits / 2^24), so the compiled step and the
  * interpreter give identical bits and a changing seed never recompiles. seed is an i64
- * scalar tensor (usually a graph input set per step). */
+ * scalar tensor (usually a graph input set per step). f16/bf16 results are that value
+ * rounded to nearest, so values just below 1 can round to 1.0 there. */
 LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
                                            loom_dtype dtype, int32_t rank, const int64_t *shape,
                                            const char *file, int line);

@@ -524,6 +524,49 @@ static void check_op_f32(loom_ir_op op) {
         output(&f, r);
         kernel(&f, LOOM_IR_KERNEL_MATMUL, r, 1, &r);
         break;
+    case LOOM_IR_OP_SLICE: /* strided rows and columns, fused into a neg */
+        x = input(&f, F, 2, S(33, 70));
+        y = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = 2,
+                                        .shape = S(16, 22),
+                                        .attrs = {.start = {1, 3}, .step = {2, 3}}});
+        r = op1(&f, LOOM_IR_OP_NEG, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){y, r});
+        break;
+    case LOOM_IR_OP_PAD: /* low 1 / high 1 rows, low 2 / interior 1 / high 1 columns */
+        x = input(&f, F, 2, S(33, 7));
+        y = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = 2,
+                                        .shape = S(35, 16),
+                                        .attrs = {.start = {1, 2}, .step = {0, 1}, .value = 0.5}});
+        r = op1(&f, LOOM_IR_OP_NEG, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){y, r});
+        break;
+    case LOOM_IR_OP_CONCAT: { /* three operands along the inner axis, one computed */
+        int32_t in[3] = {input(&f, F, 2, S(5, 7)), input(&f, F, 2, S(5, 3)), -1};
+        in[2] = op1(&f, LOOM_IR_OP_NEG, input(&f, F, 2, S(5, 11)));
+        r = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 3, .inputs = in,
+                                        .attrs = {.index = 1}});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){in[2], r});
+        break;
+    }
+    case LOOM_IR_OP_IOTA: /* along axis 0, added to an input */
+        x = input(&f, F, 2, S(33, 7));
+        y = add(&f, (loom_ir_node_desc){.op = op, .dtype = F, .rank = 2, .shape = S(33, 7),
+                                        .attrs = {.index = 0}});
+        r = op2(&f, LOOM_IR_OP_ADD, x, y);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){y, r});
+        break;
+    case LOOM_IR_OP_RAND_UNIFORM:
+        x = input(&f, LOOM_DTYPE_I64, 0, NULL);
+        r = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .dtype = F,
+                                        .rank = 2, .shape = S(33, 70)});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        rtol = 0.0;
+        break;
     case LOOM_IR_OP_COUNT_: fail();
     }
     fill_all(&f, lo, hi, specials);

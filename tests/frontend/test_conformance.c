@@ -188,6 +188,11 @@ static void op_domain(loom_ir_op op, double *lo, double *hi, tolerance *tol) {
     case LOOM_IR_OP_RESHAPE:
     case LOOM_IR_OP_TRANSPOSE:
     case LOOM_IR_OP_REDUCE_MAX:
+    case LOOM_IR_OP_SLICE:
+    case LOOM_IR_OP_PAD:
+    case LOOM_IR_OP_CONCAT:
+    case LOOM_IR_OP_IOTA:
+    case LOOM_IR_OP_RAND_UNIFORM:
     case LOOM_IR_OP_COUNT_: break;
     }
 }
@@ -308,6 +313,78 @@ static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
         res = tu_add(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
         break;
     }
+    case LOOM_IR_KIND_SLICE: { /* random start, stride 1..3, the sizes that fit */
+        if (rank == 0) {
+            rank = 1;
+            shape[0] = rnd_extent();
+        }
+        int32_t x = tu_input(g, dt, rank, shape);
+        loom_ir_attrs at = {0};
+        int64_t size[LOOM_MAX_RANK];
+        for (int32_t i = 0; i < rank; i++) {
+            at.start[i] = rnd_int(0, shape[i] - 1);
+            at.step[i] = rnd_int(1, 3);
+            size[i] = rnd_int(0, (shape[i] - 1 - at.start[i]) / at.step[i] + 1);
+        }
+        res = tu_add(g, op, 1, &x, dt, rank, size, at);
+        if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM)) { /* and fused into a consumer */
+            assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
+            res = tu_add(g, LOOM_IR_OP_ABS, 1, &res, dt, 0, NULL, (loom_ir_attrs){0});
+        }
+        break;
+    }
+    case LOOM_IR_KIND_PAD: { /* low, high 0..2, interior 0..2 on random axes */
+        int32_t x = tu_input(g, dt, rank, shape);
+        loom_ir_attrs at = {.value = rnd() % 2 ? -1.5 : 0.0};
+        int64_t out[LOOM_MAX_RANK];
+        for (int32_t i = 0; i < rank; i++) {
+            bool pad = rnd() % 2;
+            at.start[i] = pad ? rnd_int(0, 2) : 0;
+            at.step[i] = pad ? rnd_int(0, 2) : 0;
+            int64_t high = pad ? rnd_int(0, 2) : 0;
+            out[i] = at.start[i] + high + shape[i] + (shape[i] - 1) * at.step[i];
+        }
+        res = tu_add(g, op, 1, &x, dt, rank, out, at);
+        if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) && rnd() % 2) { /* fused or not */
+            assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
+            res = tu_add(g, LOOM_IR_OP_NEG, 1, &res, dt, 0, NULL, (loom_ir_attrs){0});
+        }
+        break;
+    }
+    case LOOM_IR_KIND_CONCAT: { /* 1..4 operands along a random axis, some computed */
+        if (rank == 0) {
+            rank = 1;
+            shape[0] = rnd_extent();
+        }
+        int32_t axis = (int32_t)rnd_int(0, rank - 1), n = (int32_t)rnd_int(1, 4), in[4];
+        for (int32_t k = 0; k < n; k++) {
+            int64_t sh[LOOM_MAX_RANK];
+            memcpy(sh, shape, sizeof sh);
+            sh[axis] = rnd() % 4 ? rnd_extent() : 0;
+            in[k] = tu_input(g, dt, rank, sh);
+            if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) && rnd() % 2)
+                in[k] = tu_add(g, LOOM_IR_OP_NEG, 1, &in[k], dt, 0, NULL, (loom_ir_attrs){0});
+        }
+        res = tu_add(g, op, n, in, dt, 0, NULL, (loom_ir_attrs){.index = axis});
+        break;
+    }
+    case LOOM_IR_KIND_IOTA: { /* alone and added to an input */
+        if (rank == 0) {
+            rank = 1;
+            shape[0] = rnd_extent();
+        }
+        int32_t axis = (int32_t)rnd_int(0, rank - 1);
+        res = tu_add(g, op, 0, NULL, dt, rank, shape, (loom_ir_attrs){.index = axis});
+        assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
+        int32_t x = tu_input(g, dt, rank, shape);
+        res = tu_add(g, LOOM_IR_OP_ADD, 2, (int32_t[]){x, res}, dt, 0, NULL, (loom_ir_attrs){0});
+        break;
+    }
+    case LOOM_IR_KIND_RAND: { /* bit-identical: compared with a zero tolerance below */
+        int32_t seed = tu_input(g, LOOM_DTYPE_I64, 0, NULL);
+        res = tu_add(g, op, 1, &seed, dt, rank, shape, (loom_ir_attrs){0});
+        break;
+    }
     case LOOM_IR_KIND_COUNT_: break;
     }
     assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
@@ -317,6 +394,10 @@ static bool op_accepts(loom_ir_op op, loom_dtype dt) {
     const loom_ir_op_info *info = &loom_ir_op_table[op];
     if (info->kind == LOOM_IR_KIND_CAST)
         return true;
+    if (info->kind == LOOM_IR_KIND_IOTA) /* result dtypes: iota numeric, rand float */
+        return loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM);
+    if (info->kind == LOOM_IR_KIND_RAND)
+        return loom_ir_dtype_is_float(dt);
     return loom_ir_dtype_in_class(dt, info->dtypes);
 }
 
@@ -348,6 +429,11 @@ static void test_every_op_matches_the_interpreter_on_random_shapes(void **state)
                     hi = 20;
                     tol = (tolerance){0, 0};
                 }
+                loom_ir_kind kind = loom_ir_op_table[op].kind;
+                if (kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD ||
+                    kind == LOOM_IR_KIND_CONCAT || kind == LOOM_IR_KIND_IOTA ||
+                    kind == LOOM_IR_KIND_RAND)
+                    tol = (tolerance){0, 0}; /* data movement and exact generators */
                 char what[96];
                 snprintf(what, sizeof what, "%s %s case %d", loom_ir_op_name((loom_ir_op)op),
                          loom_dtype_name(dt), rep);

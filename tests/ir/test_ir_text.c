@@ -134,6 +134,27 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
         r = add(g, op, 2, ins, dt, 0, NULL, none, "model.c", 26);
         break;
     }
+    case LOOM_IR_KIND_SLICE:
+        r = add(g, op, 1, &x, dt, 2, (const int64_t[]){1, 2},
+                (loom_ir_attrs){.start = {1, 0}, .step = {1, 2}}, "model.c", 27);
+        break;
+    case LOOM_IR_KIND_PAD:
+        r = add(g, op, 1, &x, dt, 2, (const int64_t[]){4, 7},
+                (loom_ir_attrs){.start = {1, 0}, .step = {0, 1}, .value = -0.25}, "model.c", 28);
+        break;
+    case LOOM_IR_KIND_CONCAT: {
+        int32_t ins[3] = {x, input(g, 1, dt, 2, s23), x};
+        r = add(g, op, 3, ins, dt, 0, NULL, (loom_ir_attrs){.index = 1}, "model.c", 29);
+        break;
+    }
+    case LOOM_IR_KIND_IOTA:
+        r = add(g, op, 0, NULL, LOOM_DTYPE_I32, 2, s23, (loom_ir_attrs){.index = 1}, NULL, 0);
+        break;
+    case LOOM_IR_KIND_RAND: {
+        int32_t seed = input(g, 1, LOOM_DTYPE_I64, 0, NULL);
+        r = add(g, op, 1, &seed, LOOM_DTYPE_F32, 2, s423 + 1, none, "model.c", 30);
+        break;
+    }
     case LOOM_IR_KIND_COUNT_:
         fail();
     }

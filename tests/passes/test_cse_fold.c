@@ -244,6 +244,58 @@ static void test_cse_does_not_merge_different_attrs_types_or_operands(void **sta
     loom_ir_graph_deinit(&g);
 }
 
+static void test_cse_compares_slice_pad_and_concat_attributes(void **state) {
+    (void)state;
+    loom_ir_graph g, h;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,6]\n"
+              "  %1 = slice %0 {start = [0, 1], stride = [2, 2]} : f32[2,2]\n"
+              "  %2 = slice %0 {start = [1, 1], stride = [2, 2]} : f32[2,2]\n"
+              "  %3 = slice %0 {start = [0, 1], stride = [2, 3]} : f32[2,2]\n"
+              "  %4 = slice %0 {start = [0, 1], stride = [2, 2]} : f32[2,2]\n" /* = %1 */
+              "  %5 = pad %0 {low = [1, 0], interior = [0, 0], value = 0} : f32[5,6]\n"
+              "  %6 = pad %0 {low = [1, 0], interior = [0, 0], value = 1} : f32[5,6]\n"
+              "  %7 = pad %0 {low = [0, 0], interior = [0, 0], value = 0} : f32[5,6]\n"
+              "  %8 = pad %0 {low = [1, 0], interior = [0, 0], value = 0} : f32[5,6]\n" /* = %5 */
+              "  %9 = concat %0, %0 {axis = 0} : f32[8,6]\n"
+              "  %10 = concat %0, %0 {axis = 1} : f32[4,12]\n"
+              "  %11 = concat %0, %0 {axis = 0} : f32[8,6]\n" /* = %9 */
+              "  %12 = iota {axis = 0} : i32[4,6]\n"
+              "  %13 = iota {axis = 1} : i32[4,6]\n"
+              "  %14 = iota {axis = 0} : i32[4,6]\n" /* = %12 */
+              "  return %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14\n}\n");
+    bool changed;
+    run_checked(&loom_pass_cse, &g, &h, &changed);
+    assert_true(changed);
+    assert_int_equal(h.n_nodes, g.n_nodes - 4);
+    assert_string_equal(tu_output_list(&h), "%1,%2,%3,%1,%4,%5,%6,%4,%7,%8,%7,%9,%10,%9");
+    loom_ir_graph_deinit(&h);
+    loom_ir_graph_deinit(&g);
+}
+
+static void test_fold_drops_identity_slices_pads_and_single_concats(void **state) {
+    (void)state;
+    loom_ir_graph g, h;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,6]\n"
+              "  %1 = slice %0 {start = [0, 0], stride = [1, 1]} : f32[4,6]\n"
+              "  %2 = pad %1 {low = [0, 0], interior = [0, 0], value = 3} : f32[4,6]\n"
+              "  %3 = concat %2 {axis = 1} : f32[4,6]\n"
+              "  %4 = constant {value = 2} : f32[4,6]\n"
+              "  %5 = slice %4 {start = [1, 0], stride = [2, 3]} : f32[2,2]\n"
+              "  %6 = pad %5 {low = [1, 1], interior = [1, 0], value = 2} : f32[4,3]\n"
+              "  return %3, %6\n}\n");
+    bool changed;
+    run_checked(&loom_pass_fold, &g, &h, &changed);
+    assert_true(changed);
+    /* the input itself, and a constant of the pad's shape */
+    assert_int_equal(h.n_nodes, 2);
+    assert_int_equal(h.nodes[h.outputs[0].node].op, LOOM_IR_OP_INPUT);
+    assert_int_equal(h.nodes[h.outputs[1].node].op, LOOM_IR_OP_CONSTANT);
+    loom_ir_graph_deinit(&h);
+    loom_ir_graph_deinit(&g);
+}
+
 static void test_cse_leaves_a_graph_without_duplicates_untouched(void **state) {
     (void)state;
     test_alloc ta = {0};
@@ -730,6 +782,8 @@ int main(void) {
         cmocka_unit_test(test_fold_leaves_a_graph_with_nothing_to_fold_untouched),
         cmocka_unit_test(test_fold_matches_the_interpreter_for_every_elementwise_op),
         cmocka_unit_test(test_cse_and_fold_fail_cleanly_when_memory_runs_out),
+        cmocka_unit_test(test_cse_compares_slice_pad_and_concat_attributes),
+        cmocka_unit_test(test_fold_drops_identity_slices_pads_and_single_concats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -398,6 +398,58 @@ static void test_fusion_fuses_a_transpose_into_its_consumer(void **state) {
     deinit_both(&g, &p);
 }
 
+static void test_fusion_fuses_slices_and_iota_into_their_consumer(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[8,6]\n"
+              "  %1 = slice %0 {start = [0, 0], stride = [2, 2]} : f32[4,3]\n"
+              "  %2 = slice %0 {start = [1, 1], stride = [2, 2]} : f32[4,3]\n"
+              "  %3 = maximum %1, %2 : f32[4,3]\n"
+              "  %4 = iota {axis = 1} : f32[4,3]\n"
+              "  %5 = add %3, %4 : f32[4,3]\n"
+              "  return %5\n}\n");
+    loom_ir_plan p;
+    fuse_ok(&g, &p);
+    assert_string_equal(plan_str(&p), "E{1 2 3 4 5}<-{0}->{5}");
+    deinit_both(&g, &p);
+}
+
+static void test_fusion_reads_a_pads_operand_from_a_buffer_and_recomputes_the_pad(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,4]\n"
+              "  %1 = neg %0 : f32[4,4]\n"
+              "  %2 = pad %1 {low = [1, 1], interior = [0, 0], value = 0} : f32[6,6]\n"
+              "  %3 = slice %2 {start = [0, 0], stride = [1, 1]} : f32[4,4]\n"
+              "  %4 = slice %2 {start = [2, 2], stride = [1, 1]} : f32[4,4]\n"
+              "  %5 = add %3, %4 : f32[4,4]\n"
+              "  return %5\n}\n");
+    loom_ir_plan p;
+    fuse_ok(&g, &p);
+    /* the neg is materialized; the pad, read at two offsets, joins the add */
+    assert_string_equal(plan_str(&p), "E{1}<-{0}->{1} | E{2 3 4 5}<-{1}->{5}");
+    deinit_both(&g, &p);
+}
+
+static void test_fusion_makes_a_concat_the_root_of_its_own_kernel(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,2]\n"
+              "  %1 = input {index = 1} : f32[4,3]\n"
+              "  %2 = neg %0 : f32[4,2]\n"
+              "  %3 = concat %2, %1, %0 {axis = 1} : f32[4,7]\n"
+              "  %4 = relu %3 : f32[4,7]\n"
+              "  return %4\n}\n");
+    loom_ir_plan p;
+    fuse_ok(&g, &p);
+    /* the neg joins the concat, which never joins the relu: the relu reads its buffer */
+    assert_string_equal(plan_str(&p), "E{2 3}<-{0 1}->{3} | E{4}<-{3}->{4}");
+    deinit_both(&g, &p);
+}
+
 static void test_fusion_treats_a_reshape_as_a_view_between_kernels(void **state) {
     (void)state;
     loom_ir_graph g;
@@ -1417,6 +1469,9 @@ int main(void) {
         cmocka_unit_test(test_fusion_gives_a_constant_output_its_own_kernel),
         cmocka_unit_test(test_fusion_fuses_a_transpose_into_its_consumer),
         cmocka_unit_test(test_fusion_treats_a_reshape_as_a_view_between_kernels),
+        cmocka_unit_test(test_fusion_fuses_slices_and_iota_into_their_consumer),
+        cmocka_unit_test(test_fusion_reads_a_pads_operand_from_a_buffer_and_recomputes_the_pad),
+        cmocka_unit_test(test_fusion_makes_a_concat_the_root_of_its_own_kernel),
         cmocka_unit_test(test_fusion_plans_dead_code_graphs_without_outputs_and_empty_graphs),
         cmocka_unit_test(test_memplan_reuses_the_arena_along_a_chain_of_matmuls),
         cmocka_unit_test(test_memplan_fits_freed_ranges_best_first),

@@ -669,6 +669,98 @@ static void test_transpose_permutes_axes(void **state) {
     tg_deinit(&t);
 }
 
+static int32_t movement(tg *t, loom_ir_op op, int32_t n, const int32_t *in, int32_t rank,
+                        const int64_t *shape, loom_ir_attrs at) {
+    return add_node(t, (loom_ir_node_desc){
+                           .op = op, .n_inputs = n, .inputs = in, .rank = rank, .shape = shape,
+                           .attrs = at});
+}
+
+static void test_slice_takes_strided_windows(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_I32, 2, S(3, 5)); /* x[i][j] = 10i + j */
+    /* rows 0 and 2, columns 1 and 4 */
+    output(&t, movement(&t, LOOM_IR_OP_SLICE, 1, &x, 2, S(2, 2),
+                        (loom_ir_attrs){.start = {0, 1}, .step = {2, 3}}), -1);
+    /* row 1 only, columns 2..4 */
+    output(&t, movement(&t, LOOM_IR_OP_SLICE, 1, &x, 2, S(1, 3),
+                        (loom_ir_attrs){.start = {1, 2}, .step = {1, 1}}), -1);
+    int32_t a[15], y0[4], y1[3];
+    for (int32_t i = 0; i < 15; i++)
+        a[i] = 10 * (i / 5) + i % 5;
+    run_graph(&t, (const void *[]){a}, (void *[]){y0, y1});
+    EXPECT_I32(y0, 1, 4, 21, 24);
+    EXPECT_I32(y1, 12, 13, 14);
+    tg_deinit(&t);
+}
+
+static void test_pad_places_elements_with_low_and_interior_gaps(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F32, 2, S(2, 2));
+    /* axis 0: low 1, high 0; axis 1: low 0, interior 1, high 1 -> [3, 4] */
+    output(&t, movement(&t, LOOM_IR_OP_PAD, 1, &x, 2, S(3, 4),
+                        (loom_ir_attrs){.start = {1, 0}, .step = {0, 1}, .value = -1}), -1);
+    float a[4] = {1, 2, 3, 4}, y[12];
+    run_graph(&t, (const void *[]){a}, (void *[]){y});
+    EXPECT_F32(y, 0, -1, -1, -1, -1, 1, -1, 2, -1, 3, -1, 4, -1);
+    tg_deinit(&t);
+}
+
+static void test_concat_joins_three_operands_along_the_middle_axis(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t in[3] = {input(&t, LOOM_DTYPE_I64, 3, S(2, 1, 2)),
+                     input(&t, LOOM_DTYPE_I64, 3, S(2, 2, 2)),
+                     input(&t, LOOM_DTYPE_I64, 3, S(2, 0, 2))};
+    int32_t c = movement(&t, LOOM_IR_OP_CONCAT, 3, in, 0, NULL, (loom_ir_attrs){.index = 1});
+    expect_type(&t, c, LOOM_DTYPE_I64, 3, S(2, 3, 2));
+    output(&t, c, -1);
+    int64_t a[4] = {1, 2, 3, 4}, b[8] = {10, 11, 12, 13, 14, 15, 16, 17}, y[12];
+    run_graph(&t, (const void *[]){a, b, NULL}, (void *[]){y});
+    EXPECT_I64(y, 1, 2, 10, 11, 12, 13, 3, 4, 14, 15, 16, 17);
+    tg_deinit(&t);
+}
+
+static void test_iota_counts_along_its_axis(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    output(&t, add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_IOTA, .dtype = LOOM_DTYPE_I32,
+                                                .rank = 2, .shape = S(2, 3),
+                                                .attrs = {.index = 0}}), -1);
+    output(&t, add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_IOTA, .dtype = LOOM_DTYPE_F32,
+                                                .rank = 2, .shape = S(2, 3),
+                                                .attrs = {.index = 1}}), -1);
+    int32_t y0[6];
+    float y1[6];
+    run_graph(&t, NULL, (void *[]){y0, y1});
+    EXPECT_I32(y0, 0, 0, 0, 1, 1, 1);
+    EXPECT_F32(y1, 0, 0, 1, 2, 0, 1, 2);
+    tg_deinit(&t);
+}
+
+static void test_rand_uniform_is_splitmix64_of_seed_and_index(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t seed = input(&t, LOOM_DTYPE_I64, 0, NULL);
+    output(&t, add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_RAND_UNIFORM, .n_inputs = 1,
+                                                .inputs = &seed, .dtype = LOOM_DTYPE_F64,
+                                                .rank = 1, .shape = S(3)}), -1);
+    int64_t sv = 0;
+    double y[3];
+    run_graph(&t, (const void *[]){&sv}, (void *[]){y});
+    /* SplitMix64 from state 0: its first outputs are 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4,
+     * 0x06C45D188009454F (the reference sequence); the top 24 bits, times 2^-24 */
+    EXPECT_F64(y, 0, 0xE220A8 * 0x1p-24, 0x6E789E * 0x1p-24, 0x06C45D * 0x1p-24);
+    tg_deinit(&t);
+}
+
 static void test_reduce_sum_over_axis_sets(void **state) {
     (void)state;
     tg t;
@@ -1201,6 +1293,11 @@ static const struct op_case {
     OP_CASE(REDUCE_MEAN, test_reduce_mean_divides_by_the_reduced_count),
     OP_CASE(REDUCE_MAX, test_reduce_max_propagates_nan),
     OP_CASE(MATMUL, test_matmul_2x3_by_3x2),
+    OP_CASE(SLICE, test_slice_takes_strided_windows),
+    OP_CASE(PAD, test_pad_places_elements_with_low_and_interior_gaps),
+    OP_CASE(CONCAT, test_concat_joins_three_operands_along_the_middle_axis),
+    OP_CASE(IOTA, test_iota_counts_along_its_axis),
+    OP_CASE(RAND_UNIFORM, test_rand_uniform_is_splitmix64_of_seed_and_index),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");

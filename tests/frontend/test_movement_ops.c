@@ -1,0 +1,496 @@
+/* Slice, pad, concat, iota and rand_uniform through the public API: hand-derived values on
+ * the reference interpreter (eager contexts) and the JIT, fused chains (a conv2d by im2col,
+ * a max pool), and the builders' errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define SH(...) ((const int64_t[]){__VA_ARGS__})
+
+static loom_context *new_ctx(bool eager) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = eager;
+    o.dump_dir = NULL;
+    o.cache_dir = ""; /* no disk cache: every JIT run compiles */
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    return ctx;
+}
+
+/* Builds a value in ctx (from host data the builder owns). */
+typedef loom_tensor *(*build_fn)(loom_context *ctx, const void *ud);
+
+/* Runs build in an eager context and in a JIT context; both results must be `bytes` long,
+ * bit-identical to each other, and are returned in out (the interpreter's). */
+static void run_both(build_fn build, const void *ud, void *out, size_t bytes) {
+    void *jit = malloc(bytes ? bytes : 1);
+    for (int mode = 0; mode < 2; mode++) {
+        loom_context *ctx = new_ctx(mode == 0);
+        loom_tensor *r = build(ctx, ud);
+        if (!r)
+            fail_msg("building failed: %s", loom_context_error_message(ctx));
+        loom_tensor_retain(r);
+        if (loom_mark_step(ctx) != LOOM_OK ||
+            loom_tensor_read(ctx, r, mode == 0 ? out : jit, bytes) != LOOM_OK)
+            fail_msg("%s: %s", mode == 0 ? "interpreter" : "JIT",
+                     loom_context_error_message(ctx));
+        if (mode == 1) /* the JIT really compiled the step */
+            assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+        loom_tensor_release(r);
+        loom_context_destroy(ctx);
+    }
+    if (bytes && memcmp(out, jit, bytes) != 0)
+        fail_msg("the JIT and the interpreter differ");
+    free(jit);
+}
+
+static loom_tensor *host_f32(loom_context *ctx, int32_t rank, const int64_t *shape,
+                             const float *v) {
+    return loom_tensor_from_host(ctx, LOOM_DTYPE_F32, rank, shape, v);
+}
+
+static void expect_f32(const float *got, const float *want, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("element %zu: got %.9g, want %.9g", i, (double)got[i], (double)want[i]);
+}
+
+/* ---- slice -------------------------------------------------------------------------------- */
+
+static const float iota12[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+
+static loom_tensor *build_strided_slice(loom_context *ctx, const void *ud) {
+    (void)ud; /* x[4,3] = 0..11; rows 0 and 2, columns 1 and 2 */
+    loom_tensor *x = host_f32(ctx, 2, SH(4, 3), iota12);
+    loom_tensor *r = loom_slice(ctx, x, SH(0, 1), SH(2, 2), SH(2, 1));
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_slice_with_stride_picks_every_other_row(void **state) {
+    (void)state;
+    float y[4];
+    run_both(build_strided_slice, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){1, 2, 7, 8}, 4);
+}
+
+static loom_tensor *build_slice_of_slice(loom_context *ctx, const void *ud) {
+    (void)ud; /* 0..11; odd elements 1,3,5,7,9; of those every other from the second: 3,7 */
+    loom_tensor *x = host_f32(ctx, 1, SH(12), iota12);
+    loom_tensor *s = loom_slice(ctx, x, SH(1), SH(5), SH(2));
+    loom_tensor *r = loom_neg(ctx, loom_slice(ctx, s, SH(1), SH(2), SH(2)));
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_slice_of_a_slice_composes_starts_and_strides(void **state) {
+    (void)state;
+    float y[2];
+    run_both(build_slice_of_slice, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){-3, -7}, 2);
+}
+
+static loom_tensor *build_slice_null_stride(loom_context *ctx, const void *ud) {
+    (void)ud; /* stride NULL is all ones: rows 1..2, column 2 */
+    loom_tensor *x = host_f32(ctx, 2, SH(4, 3), iota12);
+    loom_tensor *r = loom_slice(ctx, x, SH(1, 2), SH(2, 1), NULL);
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_slice_without_strides_takes_a_contiguous_window(void **state) {
+    (void)state;
+    float y[2];
+    run_both(build_slice_null_stride, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){5, 8}, 2);
+}
+
+/* ---- pad ---------------------------------------------------------------------------------- */
+
+static loom_tensor *build_pad(loom_context *ctx, const void *ud) {
+    (void)ud; /* x[2,3] = 1..6; rows: low 1; columns: interior 1, high 2; fill 9 -> [3,7] */
+    loom_tensor *x = host_f32(ctx, 2, SH(2, 3), (const float[]){1, 2, 3, 4, 5, 6});
+    loom_tensor *r = loom_pad(ctx, x, SH(1, 0), SH(0, 2), SH(0, 1), 9.0);
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_pad_with_interior_gaps_and_uneven_edges(void **state) {
+    (void)state;
+    float y[21];
+    run_both(build_pad, NULL, y, sizeof y);
+    expect_f32(y,
+               (const float[]){9, 9, 9, 9, 9, 9, 9, /* low row */
+                               1, 9, 2, 9, 3, 9, 9, /* interior gaps, then high 2 */
+                               4, 9, 5, 9, 6, 9, 9},
+               21);
+}
+
+static loom_tensor *build_pad_int(loom_context *ctx, const void *ud) {
+    (void)ud; /* i32 [3] padded 2 low, 1 high with -2.75, which truncates to -2 */
+    loom_tensor *x =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 1, SH(3), (const int32_t[]){7, 8, 9});
+    loom_tensor *r = loom_pad(ctx, x, SH(2), SH(1), NULL, -2.75);
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_pad_converts_the_value_to_the_integer_dtype(void **state) {
+    (void)state;
+    int32_t y[6];
+    run_both(build_pad_int, NULL, y, sizeof y);
+    const int32_t want[6] = {-2, -2, 7, 8, 9, -2};
+    assert_memory_equal(y, want, sizeof want);
+}
+
+/* ---- concat ------------------------------------------------------------------------------- */
+
+static loom_tensor *build_concat3(loom_context *ctx, const void *ud) {
+    (void)ud; /* [2,1,2] ++ [2,2,2] ++ [2,3,2] along axis 1 (given as -2) -> [2,6,2] */
+    loom_tensor *a = host_f32(ctx, 3, SH(2, 1, 2), (const float[]){1, 2, 3, 4});
+    loom_tensor *b = host_f32(ctx, 3, SH(2, 2, 2), (const float[]){10, 11, 12, 13, 14, 15, 16, 17});
+    loom_tensor *c = host_f32(ctx, 3, SH(2, 3, 2), iota12);
+    loom_tensor *r = loom_concat(ctx, 3, (loom_tensor *[]){a, loom_neg(ctx, b), c}, -2);
+    loom_tensor_release(a);
+    loom_tensor_release(b);
+    loom_tensor_release(c);
+    return r;
+}
+
+static void test_concat_of_three_operands_along_a_middle_axis(void **state) {
+    (void)state;
+    float y[24];
+    run_both(build_concat3, NULL, y, sizeof y);
+    expect_f32(y,
+               (const float[]){1, 2, -10, -11, -12, -13, 0, 1, 2,  3,  4,  5, /* batch 0 */
+                               3, 4, -14, -15, -16, -17, 6, 7, 8, 9, 10, 11},
+               24);
+}
+
+/* ---- iota --------------------------------------------------------------------------------- */
+
+typedef struct iota_case {
+    loom_dtype dt;
+    int32_t axis;
+} iota_case;
+
+static loom_tensor *build_iota(loom_context *ctx, const void *ud) {
+    const iota_case *c = ud;
+    return loom_iota(ctx, c->dt, 3, SH(2, 3, 4), c->axis);
+}
+
+static void test_iota_counts_along_each_axis_in_every_numeric_dtype(void **state) {
+    (void)state;
+    static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_I32, LOOM_DTYPE_I64,
+                                     LOOM_DTYPE_BF16, LOOM_DTYPE_F64};
+    for (size_t t = 0; t < LEN(dts); t++) {
+        for (int32_t axis = -1; axis < 3; axis++) {
+            iota_case c = {dts[t], axis};
+            unsigned char y[24 * 8];
+            run_both(build_iota, &c, y, 24 * loom_dtype_size(dts[t]));
+            int32_t ax = axis < 0 ? axis + 3 : axis;
+            for (int64_t i = 0; i < 24; i++) {
+                int64_t idx[3] = {i / 12, i / 4 % 3, i % 4};
+                double got = loom_ir_load_f64(y, dts[t], i);
+                if (got != (double)idx[ax])
+                    fail_msg("%s axis %d element %lld: got %g, want %lld", loom_dtype_name(dts[t]),
+                             (int)axis, (long long)i, got, (long long)idx[ax]);
+            }
+        }
+    }
+}
+
+static loom_tensor *build_iota_onehot_sum(loom_context *ctx, const void *ud) {
+    (void)ud; /* one-hot rows from labels, summed with weights: a cross-entropy's pattern */
+    loom_tensor *labels =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, SH(4, 1), (const int32_t[]){2, 0, 4, 1});
+    loom_tensor *w = host_f32(ctx, 2, SH(4, 5), (const float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
+                                                              10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                                              19});
+    loom_tensor *hot = loom_eq(ctx, loom_iota(ctx, LOOM_DTYPE_I32, 2, SH(4, 5), 1), labels);
+    loom_tensor *picked = loom_select(ctx, hot, w, loom_scalar(ctx, LOOM_DTYPE_F32, 0));
+    loom_tensor *r = loom_sum(ctx, picked, 1, (int32_t[]){1}, false);
+    loom_tensor_release(labels);
+    loom_tensor_release(w);
+    return r;
+}
+
+static void test_iota_fuses_into_a_reduction_as_a_one_hot_mask(void **state) {
+    (void)state;
+    float y[4];
+    run_both(build_iota_onehot_sum, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){2, 5, 14, 16}, 4);
+}
+
+/* ---- rand_uniform ------------------------------------------------------------------------- */
+
+typedef struct rand_case {
+    int64_t seed;
+    loom_dtype dt;
+    int64_t n;
+} rand_case;
+
+static loom_tensor *build_rand(loom_context *ctx, const void *ud) {
+    const rand_case *c = ud;
+    loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &c->seed);
+    loom_tensor *r = loom_rand_uniform(ctx, seed, c->dt, 2, SH(c->n / 10, 10));
+    loom_tensor_release(seed);
+    return r;
+}
+
+static void test_rand_uniform_is_bit_identical_in_the_jit_and_the_interpreter(void **state) {
+    (void)state;
+    /* SplitMix64 from state 0 starts 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4,
+     * 0x06C45D188009454F: their top 24 bits, scaled by 2^-24 */
+    rand_case c0 = {0, LOOM_DTYPE_F64, 10};
+    double y0[10];
+    run_both(build_rand, &c0, y0, sizeof y0);
+    assert_true(y0[0] == 0xE220A8 * 0x1p-24 && y0[1] == 0x6E789E * 0x1p-24 &&
+                y0[2] == 0x06C45D * 0x1p-24);
+    /* a large f32 draw: in [0, 1), mean 1/2 (its standard error here is 0.0009) */
+    rand_case c = {-123456789, LOOM_DTYPE_F32, 100000};
+    float *y = malloc(sizeof(float) * (size_t)c.n);
+    run_both(build_rand, &c, y, sizeof(float) * (size_t)c.n);
+    double sum = 0;
+    for (int64_t i = 0; i < c.n; i++) {
+        assert_true(y[i] >= 0.0f && y[i] < 1.0f);
+        sum += y[i];
+    }
+    assert_true(fabs(sum / (double)c.n - 0.5) < 0.005);
+    free(y);
+    rand_case h = {42, LOOM_DTYPE_BF16, 1000}; /* rounded the same way in both */
+    uint16_t yh[1000];
+    run_both(build_rand, &h, yh, sizeof yh);
+}
+
+static void test_a_new_seed_gives_new_numbers_without_recompiling(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx(false);
+    float first[8], second[8];
+    for (int64_t step = 0; step < 2; step++) {
+        int64_t s = 1000 + step;
+        loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &s);
+        loom_tensor *r = loom_rand_uniform(ctx, seed, LOOM_DTYPE_F32, 1, SH(8));
+        loom_tensor_retain(r);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        assert_int_equal(loom_tensor_read(ctx, r, step ? second : first, sizeof first), LOOM_OK);
+        loom_tensor_release(r);
+        loom_tensor_release(seed);
+    }
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    assert_int_equal(loom_metric_value(ctx, "CacheHit"), 1);
+    assert_true(memcmp(first, second, sizeof first) != 0);
+    loom_context_destroy(ctx);
+}
+
+/* ---- fused chains --------------------------------------------------------------------------- */
+
+static loom_tensor *build_chain(loom_context *ctx, const void *ud) {
+    (void)ud; /* relu(slice(pad(x))) stacked over its negation, plus a row iota */
+    const float v[12] = {-1, 2, -3, 4, 5, -6, 7, -8, 9, 10, -11, 12};
+    loom_tensor *x = host_f32(ctx, 2, SH(3, 4), v);
+    loom_tensor *p = loom_pad(ctx, x, SH(1, 1), SH(1, 1), NULL, -0.5); /* [5,6] */
+    loom_tensor *s = loom_relu(ctx, loom_slice(ctx, p, SH(0, 1), SH(3, 3), SH(2, 2)));
+    loom_tensor *c = loom_concat(ctx, 2, (loom_tensor *[]){s, loom_neg(ctx, s)}, 0); /* [6,3] */
+    loom_tensor *r = loom_add(ctx, c, loom_iota(ctx, LOOM_DTYPE_F32, 2, SH(6, 3), 0));
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_relu_of_a_slice_of_a_pad_then_concat_matches_hand_values(void **state) {
+    (void)state;
+    /* p rows 0, 2, 4 at columns 1, 3, 5: row 0 is all padding (relu(-0.5) = 0); row 2 is x's
+     * row 1 at columns 0, 2 and the right pad: 5, 7, -0.5; row 4 the bottom pad */
+    float y[18];
+    run_both(build_chain, NULL, y, sizeof y);
+    expect_f32(y,
+               (const float[]){0, 0, 0, 1 + 5, 1 + 7, 1 + 0, 2, 2, 2, /* s + row index */
+                               3, 3, 3, 4 - 5, 4 - 7, 4 - 0, 5, 5, 5},
+               18);
+}
+
+/* conv2d by im2col: pad, 9 slices of [C,N,H,W], stacked on a new leading axis, reshaped
+ * to [9C, N*H*W], multiplied by weights [K, 9C]; compared with the direct convolution. */
+enum { CC = 2, NN = 2, HH = 5, WW = 4, KK = 3 };
+
+static float conv_x(int c, int n, int h, int w) {
+    return (float)((c * 7 + n * 5 + h * 3 + w) % 11) - 5.0f;
+}
+
+static float conv_w(int k, int tap, int c) {
+    return (float)((k * 5 + tap * 3 + c) % 7) - 3.0f;
+}
+
+static loom_tensor *build_im2col(loom_context *ctx, const void *ud) {
+    (void)ud;
+    float xv[CC * NN * HH * WW], wv[KK * 9 * CC];
+    for (int c = 0; c < CC; c++)
+        for (int n = 0; n < NN; n++)
+            for (int h = 0; h < HH; h++)
+                for (int w = 0; w < WW; w++)
+                    xv[((c * NN + n) * HH + h) * WW + w] = conv_x(c, n, h, w);
+    for (int k = 0; k < KK; k++)
+        for (int tap = 0; tap < 9; tap++)
+            for (int c = 0; c < CC; c++)
+                wv[(k * 9 + tap) * CC + c] = conv_w(k, tap, c);
+    loom_tensor *x = host_f32(ctx, 4, SH(CC, NN, HH, WW), xv);
+    loom_tensor *wt = host_f32(ctx, 2, SH(KK, 9 * CC), wv);
+    loom_tensor *p = loom_pad(ctx, x, SH(0, 0, 1, 1), SH(0, 0, 1, 1), NULL, 0.0);
+    loom_tensor *taps[9];
+    for (int dy = 0; dy < 3; dy++)
+        for (int dx = 0; dx < 3; dx++)
+            taps[dy * 3 + dx] = loom_broadcast(
+                ctx, loom_slice(ctx, p, SH(0, 0, dy, dx), SH(CC, NN, HH, WW), NULL), 5,
+                SH(1, CC, NN, HH, WW));
+    loom_tensor *cols = loom_reshape(ctx, loom_concat(ctx, 9, taps, 0), 2,
+                                     SH(9 * CC, NN * HH * WW));
+    loom_tensor *r = loom_matmul(ctx, wt, cols);
+    loom_tensor_release(x);
+    loom_tensor_release(wt);
+    return r;
+}
+
+static void test_conv2d_by_im2col_matches_the_direct_convolution(void **state) {
+    (void)state;
+    float y[KK * NN * HH * WW];
+    run_both(build_im2col, NULL, y, sizeof y);
+    for (int k = 0; k < KK; k++)
+        for (int n = 0; n < NN; n++)
+            for (int h = 0; h < HH; h++)
+                for (int w = 0; w < WW; w++) {
+                    double want = 0;
+                    for (int tap = 0; tap < 9; tap++)
+                        for (int c = 0; c < CC; c++) {
+                            int hh = h + tap / 3 - 1, ww = w + tap % 3 - 1;
+                            if (hh >= 0 && hh < HH && ww >= 0 && ww < WW)
+                                want += conv_w(k, tap, c) * conv_x(c, n, hh, ww);
+                        }
+                    float got = y[((k * NN + n) * HH + h) * WW + w];
+                    if (got != (float)want)
+                        fail_msg("k %d n %d h %d w %d: got %g, want %g", k, n, h, w,
+                                 (double)got, want);
+                }
+}
+
+static loom_tensor *build_maxpool(loom_context *ctx, const void *ud) {
+    (void)ud; /* 2x2 max pool, stride 2, of [1, 4, 6]: the maximum of four strided slices */
+    float v[24];
+    for (int i = 0; i < 24; i++)
+        v[i] = (float)((i * 7) % 24);
+    loom_tensor *x = host_f32(ctx, 3, SH(1, 4, 6), v);
+    loom_tensor *m = NULL;
+    for (int dy = 0; dy < 2; dy++)
+        for (int dx = 0; dx < 2; dx++) {
+            loom_tensor *s = loom_slice(ctx, x, SH(0, dy, dx), SH(1, 2, 3), SH(1, 2, 2));
+            m = m ? loom_maximum(ctx, m, s) : s;
+        }
+    loom_tensor_release(x);
+    return m;
+}
+
+static void test_max_pool_as_the_maximum_of_strided_slices(void **state) {
+    (void)state;
+    float y[6], want[6];
+    for (int oy = 0; oy < 2; oy++)
+        for (int ox = 0; ox < 3; ox++) {
+            float m = -1;
+            for (int i = 0; i < 4; i++) {
+                int idx = (2 * oy + i / 2) * 6 + 2 * ox + i % 2;
+                float v = (float)((idx * 7) % 24);
+                m = v > m ? v : m;
+            }
+            want[oy * 3 + ox] = m;
+        }
+    run_both(build_maxpool, NULL, y, sizeof y);
+    expect_f32(y, want, 6);
+}
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+/* The recorded error names this file, the op and each fragment. */
+static void expect_error(loom_context *ctx, loom_tensor *r, const char *const *frags, size_t n) {
+    assert_null(r);
+    assert_int_equal(loom_context_error(ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    const char *msg = loom_context_error_message(ctx);
+    assert_non_null(strstr(msg, "test_movement_ops.c:"));
+    for (size_t i = 0; i < n; i++)
+        if (!strstr(msg, frags[i]))
+            fail_msg("message \"%s\" lacks \"%s\"", msg, frags[i]);
+    loom_context_clear_error(ctx);
+}
+#define EXPECT_ERROR(ctx, r, ...)                                                                  \
+    expect_error((ctx), (r), (const char *const[]){__VA_ARGS__},                                   \
+                 sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *))
+
+static void test_builders_reject_bad_arguments_with_clear_messages(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx(true);
+    loom_tensor *x = host_f32(ctx, 2, SH(4, 3), iota12);
+    EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(0, 3), SH(1, 1), NULL), "slice: axis 1 of f32[4,3]",
+                 "start is outside");
+    EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(1, 0), SH(2, 1), SH(0, 1)), "slice:",
+                 "stride must be >= 1");
+    EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(1, 0), SH(2, 2), SH(3, 2)), "slice: axis 0",
+                 "past the end", "extent 4");
+    EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(0, 0), SH(-1, 1), NULL), "size is negative");
+    EXPECT_ERROR(ctx, loom_slice(ctx, x, NULL, SH(1, 1), NULL), "slice: start is NULL");
+    EXPECT_ERROR(ctx, loom_pad(ctx, x, SH(0, -1), NULL, NULL, 0.0), "pad: axis 1 of f32[4,3]",
+                 "must be >= 0");
+    EXPECT_ERROR(ctx, loom_pad(ctx, x, NULL, NULL, SH(-2, 0), 0.0), "pad:", "interior -2");
+    loom_tensor *y = host_f32(ctx, 2, SH(4, 2), iota12);
+    loom_tensor *z = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, SH(4, 3),
+                                           (const int32_t[12]){0});
+    EXPECT_ERROR(ctx, loom_concat(ctx, 2, (loom_tensor *[]){x, y}, 0), "concat: tensor 1 is",
+                 "f32[4,2]", "f32[4,3]");
+    EXPECT_ERROR(ctx, loom_concat(ctx, 2, (loom_tensor *[]){x, z}, 1), "concat:", "i32[4,3]");
+    EXPECT_ERROR(ctx, loom_concat(ctx, 1, (loom_tensor *[]){x}, 2), "concat: axis 2",
+                 "out of range");
+    EXPECT_ERROR(ctx, loom_concat(ctx, 0, (loom_tensor *[]){x}, 0), "at least one tensor");
+    EXPECT_ERROR(ctx, loom_concat(ctx, 2, NULL, 0), "concat: the tensor list is NULL");
+    EXPECT_ERROR(ctx, loom_iota(ctx, LOOM_DTYPE_BOOL, 1, SH(3), 0), "iota: dtype bool");
+    EXPECT_ERROR(ctx, loom_iota(ctx, LOOM_DTYPE_I32, 2, SH(3, 2), 2), "iota: axis 2",
+                 "i32[3,2]");
+    EXPECT_ERROR(ctx, loom_rand_uniform(ctx, x, LOOM_DTYPE_F32, 1, SH(3)),
+                 "rand_uniform: seed must be an i64 scalar", "f32[4,3]");
+    int64_t sv = 1;
+    loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &sv);
+    EXPECT_ERROR(ctx, loom_rand_uniform(ctx, seed, LOOM_DTYPE_I32, 1, SH(3)),
+                 "rand_uniform: dtype i32 is not a float dtype");
+    /* NULL operands: NULL results; the first error stays the one reported */
+    EXPECT_ERROR(ctx, loom_slice(ctx, NULL, SH(0), SH(1), NULL), "slice: operand 0 is NULL");
+    loom_tensor *bad = loom_pad(ctx, x, SH(-1, 0), NULL, NULL, 0.0);
+    assert_null(loom_concat(ctx, 2, (loom_tensor *[]){bad, x}, 0));
+    EXPECT_ERROR(ctx, NULL, "pad:");
+    assert_int_equal(loom_context_error(ctx), LOOM_OK); /* still usable */
+    assert_non_null(loom_slice(ctx, x, SH(3, 0), SH(1, 3), NULL));
+    loom_tensor_release(seed);
+    loom_tensor_release(x);
+    loom_tensor_release(y);
+    loom_tensor_release(z);
+    loom_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_slice_with_stride_picks_every_other_row),
+        cmocka_unit_test(test_slice_of_a_slice_composes_starts_and_strides),
+        cmocka_unit_test(test_slice_without_strides_takes_a_contiguous_window),
+        cmocka_unit_test(test_pad_with_interior_gaps_and_uneven_edges),
+        cmocka_unit_test(test_pad_converts_the_value_to_the_integer_dtype),
+        cmocka_unit_test(test_concat_of_three_operands_along_a_middle_axis),
+        cmocka_unit_test(test_iota_counts_along_each_axis_in_every_numeric_dtype),
+        cmocka_unit_test(test_iota_fuses_into_a_reduction_as_a_one_hot_mask),
+        cmocka_unit_test(test_rand_uniform_is_bit_identical_in_the_jit_and_the_interpreter),
+        cmocka_unit_test(test_a_new_seed_gives_new_numbers_without_recompiling),
+        cmocka_unit_test(test_relu_of_a_slice_of_a_pad_then_concat_matches_hand_values),
+        cmocka_unit_test(test_conv2d_by_im2col_matches_the_direct_convolution),
+        cmocka_unit_test(test_max_pool_as_the_maximum_of_strided_slices),
+        cmocka_unit_test(test_builders_reject_bad_arguments_with_clear_messages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
