@@ -136,6 +136,7 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
     loom_ir_free(a, ctx->step_tensors, (size_t)ctx->cap_step_tensors * sizeof *ctx->step_tensors);
     loom_ir_free(a, ctx->assigned, (size_t)ctx->cap_assigned * sizeof *ctx->assigned);
     loom_ir_free(a, ctx->aliases, (size_t)ctx->cap_aliases * sizeof *ctx->aliases);
+    loom_ir_free(a, ctx->detached, (size_t)ctx->cap_detached);
     loom_ir_free(a, ctx->cut_map, (size_t)ctx->cap_cut_map * sizeof *ctx->cut_map);
     loom_ir_free(a, ctx->inflight.bufs, (size_t)ctx->inflight.cap_bufs * sizeof *ctx->inflight.bufs);
     loom_ir_free(a, ctx->inflight.slots, (size_t)ctx->inflight.cap_slots * sizeof *ctx->inflight.slots);

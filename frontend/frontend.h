@@ -78,6 +78,10 @@ struct loom_context {
     int32_t n_assigned, cap_assigned;
     int32_t *aliases;      /* scratch: per root, the trace input it is written into, or -1 */
     int32_t cap_aliases;
+    uint8_t *detached;     /* per trace node: 1 = gradient barrier (loom_detach); valid for
+                              nodes below n_detached when detached_step == step */
+    int32_t n_detached, cap_detached;
+    int64_t detached_step;
 
     /* tensor slots */
     loom_fe_tensor *tensors;
@@ -118,6 +122,10 @@ int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, i
 /* Makes a step-owned op result for trace node `node`; NULL after recording an error. */
 loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
                             const char *op);
+
+/* ---- autograd.c ---- */
+/* Whether trace node `node` was marked by loom_detach in the current step. */
+bool loom_fe_is_detached(const loom_context *ctx, int32_t node);
 
 /* ---- compile.c ---- */
 typedef struct loom_fe_jit_options {

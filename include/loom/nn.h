@@ -46,6 +46,12 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
                                       const char *file, int line);
 #define loom_backward(...) loom_backward_at(__VA_ARGS__, __FILE__, __LINE__)
 
+/* The value of t as a new step-scoped tensor through which loom_backward passes no
+ * gradient (torch.Tensor.detach / jax.lax.stop_gradient). Costs nothing at run time. */
+LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const char *file,
+                                     int line);
+#define loom_detach(...) loom_detach_at(__VA_ARGS__, __FILE__, __LINE__)
+
 /* ---- functional ops -------------------------------------------------------------------- */
 
 typedef enum loom_reduction {
@@ -176,7 +182,11 @@ typedef struct loom_nn_conv2d {
     loom_tensor *bias;   /* [out] or NULL */
     int64_t stride[2], padding[2], dilation[2], groups;
 } loom_nn_conv2d;
-/* Stride 1, padding 0, dilation 1, groups 1; change the members after init if needed. */
+/* Stride 1, padding 0, dilation 1, groups 1; stride, padding and dilation may be changed
+ * after init. groups may not: the weight is made for groups 1. A grouped convolution
+ * creates its weight [out, in/groups, kh, kw] with loom_param_uniform (bound
+ * 1/sqrt(in/groups*kh*kw)) and calls loom_conv2d. Errors of the forward functions name the
+ * module function, not the caller's line (use the functional ops for that). */
 LOOM_API loom_status loom_nn_conv2d_init(loom_context *ctx, loom_nn_conv2d *m, int64_t in,
                                          int64_t out, int64_t kh, int64_t kw, bool bias,
                                          loom_rng *rng);

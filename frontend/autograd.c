@@ -1,0 +1,548 @@
+/* Reverse-mode autograd over the trace: loom_backward walks the recorded forward nodes from
+ * the loss back to the requested tensors and appends each op's VJP as ordinary IR nodes, so
+ * gradients are lazy tensors compiled into the same step as the forward.
+ *
+ * How it works
+ *  - Only nodes on a path from some wrt tensor to the loss get a gradient: a forward sweep
+ *    marks the float nodes that depend on a wrt node ("needs"), the backward sweep visits
+ *    nodes from the loss down and skips the rest. Integer and bool values carry none.
+ *  - Each visited node's gradient is complete when it is visited (all its users have larger
+ *    ids, the trace being topological), so one pass in reverse id order suffices; a value
+ *    used several times sums its contributions.
+ *  - Backward nodes carry the location of the forward node they differentiate, so a dump
+ *    or an error inside backward points at the user's forward line.
+ *  - The rules below follow PyTorch's derivatives.yaml where a choice exists: relu'(0) = 0,
+ *    |x|'(0) = 0, max/maximum split the gradient evenly among ties. */
+#include <math.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "loom/nn.h"
+
+typedef struct ag {
+    loom_context *ctx;
+    loom_ir_loc loc; /* of the node being differentiated */
+    bool failed;
+} ag;
+
+static const loom_ir_node *nd(const ag *a, int32_t id) {
+    return &a->ctx->trace.nodes[id];
+}
+
+/* Appends a node; -1 once anything failed (the first error is recorded). */
+static int32_t emit(ag *a, const loom_ir_node_desc *desc) {
+    if (a->failed)
+        return -1;
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    int32_t id;
+    loom_ir_node_desc dd = *desc;
+    dd.loc = a->loc;
+    if (loom_ir_graph_add(&a->ctx->trace, &dd, &id, &d) != LOOM_OK) {
+        /* An inference failure here is Loom's own bug (a VJP rule built a bad node). */
+        loom_fe_error(a->ctx, d.code, a->loc.file, a->loc.line, "backward",
+                      "building the gradient of %s: %s",
+                      loom_ir_op_name(desc->op), d.msg);
+        a->failed = true;
+        return -1;
+    }
+    return id;
+}
+
+static int32_t un(ag *a, loom_ir_op op, int32_t x) {
+    if (x < 0)
+        return -1;
+    return emit(a, &(loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x});
+}
+
+static int32_t bin(ag *a, loom_ir_op op, int32_t x, int32_t y) {
+    if (x < 0 || y < 0)
+        return -1;
+    int32_t in[2] = {x, y};
+    return emit(a, &(loom_ir_node_desc){.op = op, .n_inputs = 2, .inputs = in});
+}
+
+static int32_t sel(ag *a, int32_t c, int32_t x, int32_t y) {
+    if (c < 0 || x < 0 || y < 0)
+        return -1;
+    int32_t in[3] = {c, x, y};
+    return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_SELECT, .n_inputs = 3, .inputs = in});
+}
+
+/* A constant of `like`'s dtype and shape. */
+static int32_t full_like(ag *a, int32_t like, double v) {
+    if (like < 0)
+        return -1;
+    const loom_ir_node *n = nd(a, like);
+    int64_t shape[LOOM_MAX_RANK];
+    memcpy(shape, n->shape, sizeof shape);
+    return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT, .dtype = n->dtype,
+                                        .rank = n->rank, .shape = shape,
+                                        .attrs = {.value = v}});
+}
+
+static int32_t shaped(ag *a, loom_ir_op op, int32_t x, int32_t rank, const int64_t *shape) {
+    if (x < 0)
+        return -1;
+    int64_t s[LOOM_MAX_RANK];
+    memcpy(s, shape, (size_t)rank * sizeof *s);
+    return emit(a, &(loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = rank,
+                                        .shape = s});
+}
+
+/* x reshaped / broadcast to the type of node `like`. */
+static int32_t reshape_like(ag *a, int32_t x, int32_t like) {
+    if (x < 0)
+        return -1;
+    const loom_ir_node *l = nd(a, like), *n = nd(a, x);
+    if (l->rank == n->rank && memcmp(l->shape, n->shape, (size_t)l->rank * 8) == 0)
+        return x;
+    int64_t s[LOOM_MAX_RANK];
+    memcpy(s, l->shape, sizeof s);
+    return shaped(a, LOOM_IR_OP_RESHAPE, x, l->rank, s);
+}
+
+static int32_t broadcast_like(ag *a, int32_t x, int32_t like) {
+    if (x < 0)
+        return -1;
+    const loom_ir_node *l = nd(a, like), *n = nd(a, x);
+    if (l->rank == n->rank && memcmp(l->shape, n->shape, (size_t)l->rank * 8) == 0)
+        return x;
+    int64_t s[LOOM_MAX_RANK];
+    memcpy(s, l->shape, sizeof s);
+    return shaped(a, LOOM_IR_OP_BROADCAST, x, l->rank, s);
+}
+
+static int32_t cast_to(ag *a, int32_t x, loom_dtype dt) {
+    if (x < 0)
+        return -1;
+    if (nd(a, x)->dtype == dt)
+        return x;
+    return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_CAST, .n_inputs = 1, .inputs = &x,
+                                        .dtype = dt});
+}
+
+static int32_t reduce(ag *a, loom_ir_op op, int32_t x, uint32_t axes, bool keepdim) {
+    if (x < 0)
+        return -1;
+    return emit(a, &(loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x,
+                                        .attrs = {.axes = axes, .keepdim = keepdim}});
+}
+
+static int32_t transpose(ag *a, int32_t x, const int32_t *perm) {
+    if (x < 0)
+        return -1;
+    loom_ir_node_desc d = {.op = LOOM_IR_OP_TRANSPOSE, .n_inputs = 1, .inputs = &x};
+    memcpy(d.attrs.perm, perm, sizeof d.attrs.perm);
+    return emit(a, &d);
+}
+
+/* Swaps the last two axes. */
+static int32_t mT(ag *a, int32_t x) {
+    if (x < 0)
+        return -1;
+    int32_t r = nd(a, x)->rank, perm[LOOM_MAX_RANK] = {0};
+    for (int32_t i = 0; i < r; i++)
+        perm[i] = i;
+    perm[r - 2] = r - 1;
+    perm[r - 1] = r - 2;
+    return transpose(a, x, perm);
+}
+
+/* The gradient g of a reduction's result, shaped back over the reduced operand x. */
+static int32_t unreduce(ag *a, int32_t g, const loom_ir_node *n, int32_t x) {
+    const loom_ir_node *xn = nd(a, x);
+    int64_t kept[LOOM_MAX_RANK];
+    for (int32_t i = 0; i < xn->rank; i++)
+        kept[i] = (n->attrs.axes >> i) & 1u ? 1 : xn->shape[i];
+    int32_t r = xn->rank;
+    if (!n->attrs.keepdim)
+        g = shaped(a, LOOM_IR_OP_RESHAPE, g, r, kept);
+    return broadcast_like(a, g, x);
+}
+
+/* Sums g (of a broadcast's result shape) down to operand x's shape. */
+static int32_t unbroadcast(ag *a, int32_t g, int32_t x) {
+    const loom_ir_node *xn = nd(a, x), *gn = nd(a, g);
+    int32_t off = gn->rank - xn->rank;
+    uint32_t mask = 0;
+    for (int32_t i = 0; i < gn->rank; i++)
+        if (i < off || (xn->shape[i - off] == 1 && gn->shape[i] != 1))
+            mask |= 1u << i;
+    if (mask)
+        g = reduce(a, LOOM_IR_OP_REDUCE_SUM, g, mask, false);
+    return reshape_like(a, g, x);
+}
+
+/* d(out)/d(input k) * g for node `id` (whose gradient is g); -1 on failure. */
+static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
+    loom_ir_node n = *nd(a, id); /* by value: emitting may move the node array */
+    int32_t x = n.inputs[0], y = n.n_inputs > 1 ? n.inputs[1] : -1;
+    switch (n.op) {
+    case LOOM_IR_OP_INPUT:
+    case LOOM_IR_OP_CONSTANT:
+    case LOOM_IR_OP_IOTA:
+    case LOOM_IR_OP_RAND_UNIFORM:
+    case LOOM_IR_OP_ISFINITE:
+    case LOOM_IR_OP_EQ:
+    case LOOM_IR_OP_NE:
+    case LOOM_IR_OP_LT:
+    case LOOM_IR_OP_LE:
+    case LOOM_IR_OP_GT:
+    case LOOM_IR_OP_GE: return -1; /* never reached: no float operand needs it */
+    case LOOM_IR_OP_NEG: return un(a, LOOM_IR_OP_NEG, g);
+    case LOOM_IR_OP_ABS: {
+        int32_t zero = full_like(a, x, 0.0);
+        int32_t pos = sel(a, bin(a, LOOM_IR_OP_GT, x, zero), g, full_like(a, g, 0.0));
+        return sel(a, bin(a, LOOM_IR_OP_LT, x, zero), un(a, LOOM_IR_OP_NEG, g), pos);
+    }
+    case LOOM_IR_OP_EXP: return bin(a, LOOM_IR_OP_MUL, g, id);
+    case LOOM_IR_OP_LOG: return bin(a, LOOM_IR_OP_DIV, g, x);
+    case LOOM_IR_OP_SQRT: /* g / (2 sqrt x) */
+        return bin(a, LOOM_IR_OP_DIV, g, bin(a, LOOM_IR_OP_ADD, id, id));
+    case LOOM_IR_OP_RSQRT: { /* -0.5 x^-1.5 = -0.5 y^3 */
+        int32_t y3 = bin(a, LOOM_IR_OP_MUL, bin(a, LOOM_IR_OP_MUL, id, id), id);
+        return bin(a, LOOM_IR_OP_MUL, g, bin(a, LOOM_IR_OP_MUL, y3, full_like(a, id, -0.5)));
+    }
+    case LOOM_IR_OP_TANH: { /* 1 - y^2 */
+        int32_t d = bin(a, LOOM_IR_OP_SUB, full_like(a, id, 1.0), bin(a, LOOM_IR_OP_MUL, id, id));
+        return bin(a, LOOM_IR_OP_MUL, g, d);
+    }
+    case LOOM_IR_OP_SIGMOID: { /* y (1 - y) */
+        int32_t d = bin(a, LOOM_IR_OP_MUL, id, bin(a, LOOM_IR_OP_SUB, full_like(a, id, 1.0), id));
+        return bin(a, LOOM_IR_OP_MUL, g, d);
+    }
+    case LOOM_IR_OP_RELU:
+        return sel(a, bin(a, LOOM_IR_OP_GT, x, full_like(a, x, 0.0)), g, full_like(a, g, 0.0));
+    case LOOM_IR_OP_GELU: {
+        /* gelu = x Phi(x): d = Phi(x) + x phi(x). Phi(x) = gelu(x) / x away from 0 (exact
+         * in floating point: a quotient keeps relative precision), 1/2 at 0. */
+        int32_t zero = full_like(a, x, 0.0);
+        int32_t phi_cdf = sel(a, bin(a, LOOM_IR_OP_NE, x, zero), bin(a, LOOM_IR_OP_DIV, id, x),
+                              full_like(a, x, 0.5));
+        int32_t x2 = bin(a, LOOM_IR_OP_MUL, x, x);
+        int32_t pdf = bin(a, LOOM_IR_OP_MUL, un(a, LOOM_IR_OP_EXP, bin(a, LOOM_IR_OP_MUL, x2,
+                                                                         full_like(a, x, -0.5))),
+                          full_like(a, x, 0.39894228040143267794));
+        int32_t d = bin(a, LOOM_IR_OP_ADD, phi_cdf, bin(a, LOOM_IR_OP_MUL, x, pdf));
+        return bin(a, LOOM_IR_OP_MUL, g, d);
+    }
+    case LOOM_IR_OP_ADD: return g;
+    case LOOM_IR_OP_SUB: return k == 0 ? g : un(a, LOOM_IR_OP_NEG, g);
+    case LOOM_IR_OP_MUL: return bin(a, LOOM_IR_OP_MUL, g, k == 0 ? y : x);
+    case LOOM_IR_OP_DIV: /* d/dx = 1/y; d/dy = -x/y^2 = -out/y */
+        if (k == 0)
+            return bin(a, LOOM_IR_OP_DIV, g, y);
+        return un(a, LOOM_IR_OP_NEG, bin(a, LOOM_IR_OP_DIV, bin(a, LOOM_IR_OP_MUL, g, id), y));
+    case LOOM_IR_OP_POW:
+        if (k == 0) { /* b x^(b-1) */
+            int32_t bm1 = bin(a, LOOM_IR_OP_SUB, y, full_like(a, y, 1.0));
+            int32_t d = bin(a, LOOM_IR_OP_MUL, y, bin(a, LOOM_IR_OP_POW, x, bm1));
+            return bin(a, LOOM_IR_OP_MUL, g, d);
+        } else { /* x^b log x, 0 where x <= 0 (PyTorch's masked rule) */
+            int32_t d = bin(a, LOOM_IR_OP_MUL, id, un(a, LOOM_IR_OP_LOG, x));
+            int32_t pos = bin(a, LOOM_IR_OP_GT, x, full_like(a, x, 0.0));
+            return sel(a, pos, bin(a, LOOM_IR_OP_MUL, g, d), full_like(a, g, 0.0));
+        }
+    case LOOM_IR_OP_MAXIMUM:
+    case LOOM_IR_OP_MINIMUM: {
+        /* The winner takes g, ties split it evenly. */
+        int32_t me = k == 0 ? x : y, other = k == 0 ? y : x;
+        loom_ir_op wins = n.op == LOOM_IR_OP_MAXIMUM ? LOOM_IR_OP_GT : LOOM_IR_OP_LT;
+        int32_t half = bin(a, LOOM_IR_OP_MUL, g, full_like(a, g, 0.5));
+        int32_t tie = sel(a, bin(a, LOOM_IR_OP_EQ, me, other), half, full_like(a, g, 0.0));
+        return sel(a, bin(a, wins, me, other), g, tie);
+    }
+    case LOOM_IR_OP_SELECT: {
+        int32_t c = n.inputs[0], zero = full_like(a, g, 0.0);
+        return k == 1 ? sel(a, c, g, zero) : sel(a, c, zero, g);
+    }
+    case LOOM_IR_OP_CAST: return cast_to(a, g, nd(a, x)->dtype);
+    case LOOM_IR_OP_BROADCAST: return unbroadcast(a, g, x);
+    case LOOM_IR_OP_RESHAPE: return reshape_like(a, g, x);
+    case LOOM_IR_OP_TRANSPOSE: {
+        int32_t inv[LOOM_MAX_RANK] = {0};
+        for (int32_t i = 0; i < n.rank; i++)
+            inv[n.attrs.perm[i]] = i;
+        return transpose(a, g, inv);
+    }
+    case LOOM_IR_OP_REDUCE_SUM: return unreduce(a, g, &n, x);
+    case LOOM_IR_OP_REDUCE_MEAN: {
+        const loom_ir_node *xn = nd(a, x);
+        double count = 1;
+        for (int32_t i = 0; i < xn->rank; i++)
+            if ((n.attrs.axes >> i) & 1u)
+                count *= (double)xn->shape[i];
+        int32_t gb = unreduce(a, g, &n, x);
+        return bin(a, LOOM_IR_OP_MUL, gb, full_like(a, gb, 1.0 / count));
+    }
+    case LOOM_IR_OP_REDUCE_MAX: {
+        /* amax: g spread evenly over the elements equal to the maximum. */
+        int32_t yb = unreduce(a, id, &n, x);
+        int32_t m = cast_to(a, bin(a, LOOM_IR_OP_EQ, x, yb), nd(a, x)->dtype);
+        int32_t cnt = reduce(a, LOOM_IR_OP_REDUCE_SUM, m, n.attrs.axes, true);
+        cnt = broadcast_like(a, cnt, x);
+        int32_t gb = unreduce(a, g, &n, x);
+        return bin(a, LOOM_IR_OP_DIV, bin(a, LOOM_IR_OP_MUL, gb, m), cnt);
+    }
+    case LOOM_IR_OP_SLICE: { /* scatter g back: pad with start below, stride-1 between */
+        const loom_ir_node *xn = nd(a, x);
+        loom_ir_node_desc d = {.op = LOOM_IR_OP_PAD, .n_inputs = 1, .inputs = &g,
+                               .rank = xn->rank};
+        int64_t shape[LOOM_MAX_RANK];
+        memcpy(shape, xn->shape, sizeof shape);
+        d.shape = shape;
+        for (int32_t i = 0; i < n.rank; i++) {
+            d.attrs.start[i] = n.attrs.start[i];
+            d.attrs.step[i] = n.attrs.step[i] - 1;
+        }
+        return emit(a, &d);
+    }
+    case LOOM_IR_OP_PAD: { /* the operand's elements sit at low + i * (interior + 1) */
+        const loom_ir_node *xn = nd(a, x);
+        loom_ir_node_desc d = {.op = LOOM_IR_OP_SLICE, .n_inputs = 1, .inputs = &g,
+                               .rank = xn->rank};
+        int64_t shape[LOOM_MAX_RANK];
+        memcpy(shape, xn->shape, sizeof shape);
+        d.shape = shape;
+        for (int32_t i = 0; i < n.rank; i++) {
+            d.attrs.start[i] = n.attrs.start[i];
+            d.attrs.step[i] = n.attrs.step[i] + 1;
+        }
+        return emit(a, &d);
+    }
+    case LOOM_IR_OP_CONCAT: { /* operand k's slab of g */
+        int64_t off = 0;
+        int32_t ax = (int32_t)n.attrs.index;
+        for (int32_t j = 0; j < k; j++)
+            off += nd(a, n.inputs[j])->shape[ax];
+        const loom_ir_node *xn = nd(a, n.inputs[k]);
+        loom_ir_node_desc d = {.op = LOOM_IR_OP_SLICE, .n_inputs = 1, .inputs = &g,
+                               .rank = xn->rank};
+        int64_t shape[LOOM_MAX_RANK];
+        memcpy(shape, xn->shape, sizeof shape);
+        d.shape = shape;
+        for (int32_t i = 0; i < n.rank; i++)
+            d.attrs.step[i] = 1;
+        d.attrs.start[ax] = off;
+        return emit(a, &d);
+    }
+    case LOOM_IR_OP_MATMUL: /* C = A B: dA = G B^T, dB = A^T G */
+        return k == 0 ? bin(a, LOOM_IR_OP_MATMUL, g, mT(a, y))
+                      : bin(a, LOOM_IR_OP_MATMUL, mT(a, x), g);
+    case LOOM_IR_OP_COUNT_: break;
+    }
+    return -1;
+}
+
+bool loom_fe_is_detached(const loom_context *ctx, int32_t node) {
+    return ctx->detached_step == ctx->step && node < ctx->n_detached && ctx->detached[node];
+}
+
+LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const char *file,
+                                     int line) {
+    static const char op[] = "detach";
+    if (!ctx)
+        return NULL;
+    if (!t) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "operand 0 is NULL (from an earlier failed op?)");
+        return NULL;
+    }
+    loom_fe_tensor *ft = loom_fe_tensor_get(ctx, t, file, line, op);
+    if (!ft)
+        return NULL;
+    int32_t x = loom_fe_tensor_node(ctx, (int32_t)(ft - ctx->tensors), file, line, op);
+    if (x < 0)
+        return NULL;
+    /* A reshape to its own shape: a view the planner makes free, marked as a barrier. */
+    const loom_ir_node *xn = &ctx->trace.nodes[x];
+    int64_t shape[LOOM_MAX_RANK];
+    memcpy(shape, xn->shape, sizeof shape);
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_RESHAPE, .n_inputs = 1, .inputs = &x,
+                              .rank = xn->rank, .shape = shape, .loc = {file, line}};
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    int32_t id;
+    if (loom_ir_graph_add(&ctx->trace, &desc, &id, &d) != LOOM_OK) {
+        loom_fe_error(ctx, d.code, file, line, op, "%s", d.msg);
+        return NULL;
+    }
+    if (ctx->detached_step != ctx->step) { /* marks of earlier steps are void */
+        ctx->n_detached = 0;
+        ctx->detached_step = ctx->step;
+    }
+    if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->detached, &ctx->cap_detached, id + 1, 1)) {
+        loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
+        return NULL;
+    }
+    /* grow leaves new bytes uninitialised: clear between the old and the new end. */
+    if (id + 1 > ctx->n_detached) {
+        memset(ctx->detached + ctx->n_detached, 0, (size_t)(id + 1 - ctx->n_detached));
+        ctx->n_detached = id + 1;
+    }
+    ctx->detached[id] = 1;
+    return loom_fe_result(ctx, id, file, line, op);
+}
+
+static bool is_float_node(const ag *a, int32_t id) {
+    return loom_ir_dtype_is_float(nd(a, id)->dtype);
+}
+
+LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int32_t n,
+                                      loom_tensor *const *wrt, loom_tensor **out_grads,
+                                      const char *file, int line) {
+    static const char op[] = "backward";
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (!loss || n < 1 || !wrt || !out_grads)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                             !loss ? "loss is NULL (from an earlier failed op?)"
+                             : n < 1 ? "n must be >= 1, got %d"
+                                     : "wrt or out_grads is NULL",
+                             (int)n);
+    loom_fe_tensor *lt = loom_fe_tensor_get(ctx, loss, file, line, op);
+    if (!lt)
+        return ctx->err;
+    if (!loom_ir_dtype_is_float(lt->dtype))
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                             "loss must have a float dtype, got %s", loom_dtype_name(lt->dtype));
+    int32_t loss_node = loom_fe_tensor_node(ctx, (int32_t)(lt - ctx->tensors), file, line, op);
+    if (loss_node < 0)
+        return ctx->err;
+
+    /* Resolve wrt and accumulation targets before touching anything. */
+    size_t wbytes = (size_t)n * sizeof(int32_t);
+    int32_t *wnode = loom_ir_alloc(&ctx->alloc, wbytes);
+    if (!wnode)
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
+    loom_status st = LOOM_OK;
+    for (int32_t i = 0; i < n && st == LOOM_OK; i++) {
+        if (!wrt[i]) {
+            st = loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                               "wrt[%d] is NULL", (int)i);
+            break;
+        }
+        loom_fe_tensor *t = loom_fe_tensor_get(ctx, wrt[i], file, line, op);
+        if (!t) {
+            st = ctx->err;
+            break;
+        }
+        if (!loom_ir_dtype_is_float(t->dtype)) {
+            st = loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                               "wrt[%d] must have a float dtype, got %s", (int)i,
+                               loom_dtype_name(t->dtype));
+            break;
+        }
+        loom_dtype dt = t->dtype;
+        int32_t rank = t->rank;
+        int64_t shape[LOOM_MAX_RANK];
+        memcpy(shape, t->shape, sizeof shape);
+        wnode[i] = loom_fe_tensor_node(ctx, (int32_t)(t - ctx->tensors), file, line, op);
+        if (wnode[i] < 0) {
+            st = ctx->err;
+            break;
+        }
+        if (out_grads[i]) {
+            loom_fe_tensor *o = loom_fe_tensor_get(ctx, out_grads[i], file, line, op);
+            if (!o) {
+                st = ctx->err;
+                break;
+            }
+            if (o->dtype != dt || o->rank != rank ||
+                memcmp(o->shape, shape, (size_t)rank * sizeof *shape) != 0) {
+                char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+                st = loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                                   "out_grads[%d] is %s but wrt[%d] is %s", (int)i,
+                                   loom_ir_format_type(ta, sizeof ta, o->dtype, o->rank,
+                                                       o->shape),
+                                   (int)i, loom_ir_format_type(tb, sizeof tb, dt, rank, shape));
+            }
+        }
+    }
+    /* Resolving a wrt may have added an INPUT node after the loss: such a tensor cannot be
+     * among the loss's ancestors, so ids past the loss simply get no gradient. */
+    int32_t total = ctx->trace.n_nodes;
+    uint8_t *needs = NULL;
+    int32_t *grad = NULL;
+    size_t nbytes = (size_t)total;
+    if (st == LOOM_OK) {
+        needs = loom_ir_alloc(&ctx->alloc, nbytes);
+        grad = loom_ir_alloc(&ctx->alloc, (size_t)total * sizeof *grad);
+        if (!needs || !grad)
+            st = loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
+    }
+    if (st == LOOM_OK) {
+        ag a = {.ctx = ctx, .loc = {file, line}};
+        memset(needs, 0, nbytes);
+        for (int32_t i = 0; i < total; i++)
+            grad[i] = -1;
+        for (int32_t i = 0; i < n; i++)
+            needs[wnode[i]] = 1;
+        for (int32_t i = 0; i <= loss_node; i++) {
+            const loom_ir_node *x = nd(&a, i);
+            if (needs[i] || !is_float_node(&a, i) || loom_fe_is_detached(ctx, i))
+                continue;
+            for (int32_t k = 0; k < x->n_inputs; k++)
+                if (needs[x->inputs[k]] && is_float_node(&a, x->inputs[k]))
+                    needs[i] = 1;
+        }
+        if (needs[loss_node]) {
+            a.loc = nd(&a, loss_node)->loc;
+            grad[loss_node] = full_like(&a, loss_node, 1.0);
+        }
+        for (int32_t i = loss_node; i >= 0 && !a.failed; i--) {
+            if (grad[i] < 0 || !needs[i])
+                continue;
+            a.loc = nd(&a, i)->loc;
+            int32_t nin = nd(&a, i)->n_inputs;
+            for (int32_t k = 0; k < nin && !a.failed; k++) {
+                int32_t in = nd(&a, i)->inputs[k];
+                if (!needs[in] || !is_float_node(&a, in))
+                    continue;
+                int32_t c = vjp(&a, i, k, grad[i]);
+                if (c < 0) {
+                    if (!a.failed)
+                        loom_fe_error(ctx, LOOM_STATUS_INTERNAL, a.loc.file, a.loc.line, op,
+                                      "no gradient rule for %s", loom_ir_op_name(nd(&a, i)->op));
+                    a.failed = true;
+                    break;
+                }
+                grad[in] = grad[in] < 0 ? c : bin(&a, LOOM_IR_OP_ADD, grad[in], c);
+            }
+        }
+        /* Hand out the results: zeros where the loss does not depend on wrt[i]. */
+        a.loc = (loom_ir_loc){file, line};
+        int32_t *res = wnode; /* reused: per i, the gradient node */
+        for (int32_t i = 0; i < n && !a.failed; i++) {
+            int32_t w = wnode[i];
+            int32_t gnode = w <= loss_node && grad[w] >= 0 ? grad[w] : full_like(&a, w, 0.0);
+            if (out_grads[i] && gnode >= 0) {
+                loom_fe_tensor *o = loom_fe_tensor_get(ctx, out_grads[i], file, line, op);
+                int32_t on = o ? loom_fe_tensor_node(ctx, (int32_t)(o - ctx->tensors), file,
+                                                     line, op)
+                               : -1;
+                gnode = on < 0 ? -1 : bin(&a, LOOM_IR_OP_ADD, on, gnode);
+                a.failed = a.failed || gnode < 0;
+            }
+            res[i] = gnode;
+        }
+        if (a.failed) {
+            st = ctx->err ? ctx->err : LOOM_STATUS_INTERNAL;
+        } else {
+            /* All-or-nothing: make every handle only once every node exists. */
+            for (int32_t i = 0; i < n; i++) {
+                loom_tensor *h = loom_fe_result(ctx, res[i], file, line, op);
+                if (!h) {
+                    st = ctx->err;
+                    break;
+                }
+                out_grads[i] = h;
+            }
+        }
+    }
+    loom_ir_free(&ctx->alloc, grad, (size_t)total * sizeof *grad);
+    loom_ir_free(&ctx->alloc, needs, nbytes);
+    loom_ir_free(&ctx->alloc, wnode, wbytes);
+    return st;
+}

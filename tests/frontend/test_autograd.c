@@ -1,0 +1,503 @@
+/* Autograd: every VJP rule and every composite nn op against central finite differences
+ * in f64 on random inputs (reference interpreter), the JIT's gradients against the
+ * interpreter's, accumulation, detach, and errors. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "loom/nn.h"
+
+#define MAXIN 4
+
+typedef loom_tensor *(*build_fn)(loom_context *ctx, loom_tensor *const *in);
+
+typedef struct spec {
+    int32_t rank;
+    int64_t shape[LOOM_MAX_RANK];
+    double lo, hi; /* uniform range of the random values */
+} spec;
+
+static uint64_t rng_state;
+static double urand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) * 0x1.0p-53;
+}
+
+static loom_context *make_ctx(bool eager) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = eager;
+    o.sync = true;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    return ctx;
+}
+
+static int64_t numel(const spec *s) {
+    int64_t n = 1;
+    for (int32_t i = 0; i < s->rank; i++)
+        n *= s->shape[i];
+    return n;
+}
+
+/* sum(f(x) * w) for fixed random weights w (so every output element matters differently). */
+static loom_tensor *weighted_loss(loom_context *ctx, loom_tensor *y) {
+    int32_t r;
+    int64_t s[LOOM_MAX_RANK], n;
+    assert_non_null(y);
+    assert_int_equal(loom_tensor_rank(y, &r), LOOM_OK);
+    assert_int_equal(loom_tensor_shape(y, s), LOOM_OK);
+    assert_int_equal(loom_tensor_numel(y, &n), LOOM_OK);
+    double *w = malloc((size_t)(n ? n : 1) * sizeof *w);
+    uint64_t st = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = 0.5 + (double)(st >> 11) * 0x1.0p-53;
+    }
+    loom_tensor *wt = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, r, s, w);
+    free(w);
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, wt), 0, NULL, false);
+    loom_tensor_release(wt);
+    return loss;
+}
+
+static double eval_loss(loom_context *ctx, int n_in, const spec *sp, double *const *data,
+                        build_fn f) {
+    loom_tensor *in[MAXIN];
+    for (int k = 0; k < n_in; k++)
+        in[k] = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, sp[k].rank, sp[k].shape, data[k]);
+    loom_tensor *loss = weighted_loss(ctx, f(ctx, in));
+    double v = NAN;
+    if (loom_tensor_read(ctx, loss, &v, sizeof v) != LOOM_OK)
+        fail_msg("%s", loom_context_error_message(ctx));
+    for (int k = 0; k < n_in; k++)
+        loom_tensor_release(in[k]);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    return v;
+}
+
+/* The analytic gradients of the weighted loss with respect to every input. */
+static void analytic(loom_context *ctx, int n_in, const spec *sp, double *const *data, build_fn f,
+                     double **grads) {
+    loom_tensor *in[MAXIN], *g[MAXIN] = {0};
+    for (int k = 0; k < n_in; k++)
+        in[k] = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, sp[k].rank, sp[k].shape, data[k]);
+    loom_tensor *loss = weighted_loss(ctx, f(ctx, in));
+    if (loom_backward(ctx, loss, n_in, in, g) != LOOM_OK)
+        fail_msg("%s", loom_context_error_message(ctx));
+    for (int k = 0; k < n_in; k++) {
+        if (loom_tensor_read(ctx, g[k], grads[k], (size_t)numel(&sp[k]) * 8) != LOOM_OK)
+            fail_msg("%s", loom_context_error_message(ctx));
+        loom_tensor_release(in[k]);
+    }
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+}
+
+/* The finite-difference step: 1e-6 except for functions only f32-accurate (below). */
+static double fd_h = 1e-6;
+
+/* Central differences with step fd_h against the analytic gradient: |num - ana| must stay
+ * within tol * (1 + |num|). */
+static void check_grad(const char *name, int n_in, const spec *sp, build_fn f, double tol) {
+    loom_context *ctx = make_ctx(true);
+    double *data[MAXIN], *grads[MAXIN];
+    rng_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)strlen(name);
+    for (int k = 0; k < n_in; k++) {
+        int64_t n = numel(&sp[k]);
+        data[k] = malloc((size_t)(n ? n : 1) * 8);
+        grads[k] = malloc((size_t)(n ? n : 1) * 8);
+        for (int64_t i = 0; i < n; i++)
+            data[k][i] = sp[k].lo + (sp[k].hi - sp[k].lo) * urand();
+    }
+    analytic(ctx, n_in, sp, data, f, grads);
+    const double h = fd_h;
+    for (int k = 0; k < n_in; k++) {
+        for (int64_t i = 0; i < numel(&sp[k]); i++) {
+            double x0 = data[k][i];
+            data[k][i] = x0 + h;
+            double up = eval_loss(ctx, n_in, sp, data, f);
+            data[k][i] = x0 - h;
+            double down = eval_loss(ctx, n_in, sp, data, f);
+            data[k][i] = x0;
+            double num = (up - down) / (2 * h), ana = grads[k][i];
+            if (!(fabs(num - ana) <= tol * (1 + fabs(num))))
+                fail_msg("%s: d/d in%d[%lld]: analytic %.10g, finite differences %.10g", name, k,
+                         (long long)i, ana, num);
+        }
+    }
+    for (int k = 0; k < n_in; k++) {
+        free(data[k]);
+        free(grads[k]);
+    }
+    loom_context_destroy(ctx);
+}
+
+#define S1(a) 1, {a}
+#define S2(a, b) 2, {a, b}
+#define S3(a, b, c) 3, {a, b, c}
+#define S4(a, b, c, d) 4, {a, b, c, d}
+
+/* ---- per-op rules ---------------------------------------------------------------------- */
+
+#define UNARY_CASE(fname, expr)                                                                \
+    static loom_tensor *b_##fname(loom_context *ctx, loom_tensor *const *in) { return expr; }
+UNARY_CASE(neg, loom_neg(ctx, in[0]))
+UNARY_CASE(abs, loom_abs(ctx, in[0]))
+UNARY_CASE(exp, loom_exp(ctx, in[0]))
+UNARY_CASE(log, loom_log(ctx, in[0]))
+UNARY_CASE(sqrt, loom_sqrt(ctx, in[0]))
+UNARY_CASE(rsqrt, loom_rsqrt(ctx, in[0]))
+UNARY_CASE(tanh, loom_tanh(ctx, in[0]))
+UNARY_CASE(sigmoid, loom_sigmoid(ctx, in[0]))
+UNARY_CASE(relu, loom_relu(ctx, in[0]))
+UNARY_CASE(gelu, loom_gelu(ctx, in[0]))
+UNARY_CASE(add, loom_add(ctx, in[0], in[1]))
+UNARY_CASE(sub, loom_sub(ctx, in[0], in[1]))
+UNARY_CASE(mul, loom_mul(ctx, in[0], in[1]))
+UNARY_CASE(div, loom_div(ctx, in[0], in[1]))
+UNARY_CASE(pow, loom_pow(ctx, in[0], in[1]))
+UNARY_CASE(maximum, loom_maximum(ctx, in[0], in[1]))
+UNARY_CASE(minimum, loom_minimum(ctx, in[0], in[1]))
+UNARY_CASE(select, loom_select(ctx, loom_gt(ctx, in[0], in[1]), loom_mul(ctx, in[0], in[0]),
+                               loom_exp(ctx, in[1])))
+UNARY_CASE(cast, loom_cast(ctx, loom_mul(ctx, loom_cast(ctx, in[0], LOOM_DTYPE_F32),
+                                         loom_scalar(ctx, LOOM_DTYPE_F32, 3.0)),
+                           LOOM_DTYPE_F64))
+UNARY_CASE(broadcast, loom_mul(ctx, in[0], in[1])) /* [3,1] * [4] -> [3,4] */
+UNARY_CASE(reshape, loom_exp(ctx, loom_reshape(ctx, in[0], 2, (int64_t[]){3, 4})))
+UNARY_CASE(permute, loom_mul(ctx, loom_permute(ctx, in[0], (int32_t[]){2, 0, 1}), in[1]))
+UNARY_CASE(sum, loom_exp(ctx, loom_sum(ctx, in[0], 1, (int32_t[]){1}, false)))
+UNARY_CASE(sum_keepdim, loom_mul(ctx, loom_sum(ctx, in[0], 1, (int32_t[]){0}, true), in[0]))
+UNARY_CASE(mean, loom_exp(ctx, loom_mean(ctx, in[0], 2, (int32_t[]){0, 2}, false)))
+UNARY_CASE(max, loom_max(ctx, in[0], 1, (int32_t[]){-1}, false))
+UNARY_CASE(matmul, loom_matmul(ctx, in[0], in[1]))
+UNARY_CASE(matmul_vec, loom_matmul(ctx, in[0], in[1])) /* [2,3,4] x [4] */
+UNARY_CASE(slice, loom_exp(ctx, loom_slice(ctx, in[0], (int64_t[]){1, 0}, (int64_t[]){2, 3},
+                                            (int64_t[]){2, 2})))
+UNARY_CASE(pad, loom_exp(ctx, loom_pad(ctx, in[0], (int64_t[]){1, 0}, (int64_t[]){0, 2},
+                                        (int64_t[]){1, 1}, 0.5)))
+UNARY_CASE(concat, loom_exp(ctx, loom_concat(ctx, 3, (loom_tensor *[]){in[0], in[1], in[0]}, 1)))
+UNARY_CASE(reuse, loom_mul(ctx, loom_tanh(ctx, in[0]), loom_add(ctx, in[0], in[0])))
+
+static void test_every_elementwise_vjp_matches_finite_differences(void **state) {
+    (void)state;
+    const spec any = {S2(3, 4), -2, 2}, pos = {S2(3, 4), 0.5, 3};
+    struct {
+        const char *name;
+        build_fn f;
+        spec s;
+    } un[] = {{"neg", b_neg, any},     {"abs", b_abs, any},         {"exp", b_exp, any},
+              {"log", b_log, pos},     {"sqrt", b_sqrt, pos},       {"rsqrt", b_rsqrt, pos},
+              {"tanh", b_tanh, any},   {"sigmoid", b_sigmoid, any}, {"relu", b_relu, any},
+              {"gelu", b_gelu, any}};
+    for (size_t i = 0; i < sizeof un / sizeof un[0]; i++)
+        check_grad(un[i].name, 1, &un[i].s, un[i].f, 1e-6);
+    struct {
+        const char *name;
+        build_fn f;
+        spec s[2];
+    } bi[] = {{"add", b_add, {any, any}},         {"sub", b_sub, {any, any}},
+              {"mul", b_mul, {any, any}},         {"div", b_div, {any, pos}},
+              {"pow", b_pow, {pos, any}},         {"maximum", b_maximum, {any, any}},
+              {"minimum", b_minimum, {any, any}}, {"select", b_select, {any, any}}};
+    for (size_t i = 0; i < sizeof bi / sizeof bi[0]; i++)
+        check_grad(bi[i].name, 2, bi[i].s, bi[i].f, 1e-6);
+    /* through f32: a step of 1e-6 would be a few f32 ulps; the function is linear, so a
+     * large step is exact up to f32 rounding */
+    fd_h = 1e-2;
+    check_grad("cast", 1, &any, b_cast, 1e-5);
+    fd_h = 1e-6;
+    check_grad("reuse", 1, &any, b_reuse, 1e-6);
+}
+
+static void test_movement_and_reduction_vjps_match_finite_differences(void **state) {
+    (void)state;
+    spec bc[2] = {{S2(3, 1), -1, 1}, {S1(4), -1, 1}};
+    check_grad("broadcast", 2, bc, b_broadcast, 1e-6);
+    spec r1 = {S3(2, 3, 2), -1, 1};
+    check_grad("reshape", 1, &r1, b_reshape, 1e-6);
+    spec pm[2] = {{S3(2, 3, 4), -1, 1}, {S3(4, 2, 3), -1, 1}};
+    check_grad("permute", 2, pm, b_permute, 1e-6);
+    spec rd = {S3(2, 3, 4), -1, 1};
+    check_grad("sum", 1, &rd, b_sum, 1e-6);
+    check_grad("sum_keepdim", 1, &rd, b_sum_keepdim, 1e-6);
+    check_grad("mean", 1, &rd, b_mean, 1e-6);
+    check_grad("max", 1, &rd, b_max, 1e-6);
+    spec mm[2] = {{S3(2, 3, 4), -1, 1}, {S3(2, 4, 5), -1, 1}};
+    check_grad("matmul", 2, mm, b_matmul, 1e-6);
+    spec mv[2] = {{S3(2, 3, 4), -1, 1}, {S1(4), -1, 1}};
+    check_grad("matmul_vec", 2, mv, b_matmul_vec, 1e-6);
+    spec sl = {S2(5, 6), -1, 1};
+    check_grad("slice", 1, &sl, b_slice, 1e-6);
+    spec pd = {S2(2, 3), -1, 1};
+    check_grad("pad", 1, &pd, b_pad, 1e-6);
+    spec cc[2] = {{S3(2, 2, 3), -1, 1}, {S3(2, 1, 3), -1, 1}};
+    check_grad("concat", 2, cc, b_concat, 1e-6);
+}
+
+/* ---- composite nn ops ------------------------------------------------------------------ */
+
+static loom_tensor *seed_of(loom_context *ctx, int64_t v) {
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &v);
+    return t;
+}
+
+static loom_tensor *b_linear(loom_context *ctx, loom_tensor *const *in) {
+    return loom_linear(ctx, in[0], in[1], in[2]);
+}
+static loom_tensor *b_softmax(loom_context *ctx, loom_tensor *const *in) {
+    return loom_softmax(ctx, in[0], 0);
+}
+static loom_tensor *b_log_softmax(loom_context *ctx, loom_tensor *const *in) {
+    return loom_log_softmax(ctx, in[0], -1);
+}
+static loom_tensor *b_cross_entropy(loom_context *ctx, loom_tensor *const *in) {
+    int64_t labels[4] = {2, 0, 4, 1};
+    loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){4}, labels);
+    loom_tensor *l = loom_cross_entropy(ctx, in[0], y, LOOM_REDUCTION_MEAN);
+    loom_tensor_release(y);
+    return l;
+}
+static loom_tensor *b_conv(loom_context *ctx, loom_tensor *const *in) {
+    return loom_conv2d(ctx, in[0], in[1], in[2], (int64_t[]){2, 1}, (int64_t[]){1, 1},
+                       (int64_t[]){1, 2}, 1);
+}
+static loom_tensor *b_conv_groups(loom_context *ctx, loom_tensor *const *in) {
+    return loom_conv2d(ctx, in[0], in[1], NULL, NULL, (int64_t[]){0, 1}, NULL, 2);
+}
+static loom_tensor *b_max_pool(loom_context *ctx, loom_tensor *const *in) {
+    return loom_max_pool2d(ctx, in[0], (int64_t[]){2, 2}, (int64_t[]){1, 2}, (int64_t[]){1, 0});
+}
+static loom_tensor *b_avg_pool(loom_context *ctx, loom_tensor *const *in) {
+    return loom_avg_pool2d(ctx, in[0], (int64_t[]){2, 3}, NULL, NULL);
+}
+static loom_tensor *b_batch_norm(loom_context *ctx, loom_tensor *const *in) {
+    return loom_batch_norm(ctx, in[0], NULL, NULL, in[1], in[2], true, 0.1, 1e-5);
+}
+static loom_tensor *b_layer_norm(loom_context *ctx, loom_tensor *const *in) {
+    return loom_layer_norm(ctx, in[0], 2, in[1], in[2], 1e-5);
+}
+static loom_tensor *b_embedding(loom_context *ctx, loom_tensor *const *in) {
+    int64_t idx[5] = {3, 0, 3, 1, 9}; /* 9 is out of range: a zero row */
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){5}, idx);
+    loom_tensor *e = loom_embedding(ctx, t, in[0]);
+    loom_tensor_release(t);
+    return e;
+}
+static loom_tensor *b_dropout(loom_context *ctx, loom_tensor *const *in) {
+    loom_tensor *seed = seed_of(ctx, 7);
+    loom_tensor *y = loom_dropout(ctx, in[0], 0.4, true, seed, 1);
+    loom_tensor_release(seed);
+    return y;
+}
+
+static void test_nn_op_gradients_match_finite_differences(void **state) {
+    (void)state;
+    spec lin[3] = {{S2(4, 3), -1, 1}, {S2(5, 3), -1, 1}, {S1(5), -1, 1}};
+    check_grad("linear", 3, lin, b_linear, 1e-6);
+    spec sm = {S2(4, 5), -2, 2};
+    check_grad("softmax", 1, &sm, b_softmax, 1e-6);
+    check_grad("log_softmax", 1, &sm, b_log_softmax, 1e-6);
+    check_grad("cross_entropy", 1, &sm, b_cross_entropy, 1e-6);
+    spec cv[3] = {{S4(2, 2, 5, 6), -1, 1}, {S4(3, 2, 2, 3), -1, 1}, {S1(3), -1, 1}};
+    check_grad("conv2d stride/pad/dilation", 3, cv, b_conv, 1e-6);
+    spec cg[2] = {{S4(1, 4, 3, 3), -1, 1}, {S4(2, 2, 2, 2), -1, 1}};
+    check_grad("conv2d groups", 2, cg, b_conv_groups, 1e-6);
+    spec pl = {S4(1, 2, 4, 4), -1, 1};
+    check_grad("max_pool2d", 1, &pl, b_max_pool, 1e-6);
+    spec ap = {S4(1, 2, 4, 6), -1, 1};
+    check_grad("avg_pool2d", 1, &ap, b_avg_pool, 1e-6);
+    spec bn[3] = {{S4(3, 2, 2, 2), -1, 1}, {S1(2), 0.5, 1.5}, {S1(2), -1, 1}};
+    check_grad("batch_norm", 3, bn, b_batch_norm, 1e-5);
+    spec ln[3] = {{S3(2, 3, 4), -1, 1}, {S2(3, 4), 0.5, 1.5}, {S2(3, 4), -1, 1}};
+    check_grad("layer_norm", 3, ln, b_layer_norm, 1e-5);
+    spec em = {S2(4, 3), -1, 1};
+    check_grad("embedding", 1, &em, b_embedding, 1e-6);
+    spec dr = {S2(4, 5), -1, 1};
+    check_grad("dropout", 1, &dr, b_dropout, 1e-6);
+}
+
+/* ---- semantics ------------------------------------------------------------------------- */
+
+static void read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
+    if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
+        fail_msg("%s", loom_context_error_message(ctx));
+}
+
+static void test_gradients_of_a_hand_derived_expression(void **state) {
+    (void)state;
+    /* loss = sum(x * w) + sum(w^2): dL/dx = w, dL/dw = x + 2w. */
+    loom_context *ctx = make_ctx(false);
+    float xv[3] = {1, 2, 3}, wv[3] = {0.5f, -1, 2};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){3}, xv);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){3}, wv);
+    loom_tensor *loss = loom_add(ctx, loom_sum(ctx, loom_mul(ctx, x, w), 0, NULL, false),
+                                 loom_sum(ctx, loom_mul(ctx, w, w), 0, NULL, false));
+    loom_tensor *g[2] = {NULL, NULL};
+    assert_int_equal(loom_backward(ctx, loss, 2, (loom_tensor *[]){x, w}, g), LOOM_OK);
+    float gx[3], gw[3];
+    read_f32(ctx, g[0], gx, 3);
+    read_f32(ctx, g[1], gw, 3);
+    for (int i = 0; i < 3; i++) {
+        assert_float_equal(gx[i], wv[i], 0);
+        assert_float_equal(gw[i], xv[i] + 2 * wv[i], 0);
+    }
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_context_destroy(ctx);
+}
+
+static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void **state) {
+    (void)state;
+    loom_context *ctx = make_ctx(true);
+    float xv[2] = {1.5f, -2}, zv[2] = {7, 8};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, xv);
+    loom_tensor *z = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, zv);
+    loom_tensor *g[2] = {NULL, NULL};
+    /* d/dx sum(x^2) = 2x, then d/dx sum(3x) = 3 added on top. */
+    loom_tensor *l1 = loom_sum(ctx, loom_mul(ctx, x, x), 0, NULL, false);
+    assert_int_equal(loom_backward(ctx, l1, 2, (loom_tensor *[]){x, z}, g), LOOM_OK);
+    loom_tensor *first = g[0];
+    loom_tensor *l2 = loom_sum(ctx, loom_mul(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 3)), 0,
+                               NULL, false);
+    assert_int_equal(loom_backward(ctx, l2, 2, (loom_tensor *[]){x, z}, g), LOOM_OK);
+    float a[2], b[2], c[2];
+    read_f32(ctx, first, a, 2);
+    read_f32(ctx, g[0], b, 2);
+    read_f32(ctx, g[1], c, 2);
+    for (int i = 0; i < 2; i++) {
+        assert_float_equal(a[i], 2 * xv[i], 0);
+        assert_float_equal(b[i], 2 * xv[i] + 3, 0);
+        assert_float_equal(c[i], 0, 0);
+    }
+    loom_tensor_release(x);
+    loom_tensor_release(z);
+    loom_context_destroy(ctx);
+}
+
+static void test_detach_stops_the_gradient(void **state) {
+    (void)state;
+    loom_context *ctx = make_ctx(true);
+    float xv[2] = {3, -1};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, xv);
+    /* loss = sum(x * detach(x)): gradient detach(x) = x, not 2x */
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, x, loom_detach(ctx, x)), 0, NULL, false);
+    loom_tensor *g = NULL;
+    assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
+    float gv[2];
+    read_f32(ctx, g, gv, 2);
+    assert_float_equal(gv[0], 3, 0);
+    assert_float_equal(gv[1], -1, 0);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    /* marks do not leak into the next step: the same node ids are differentiable again */
+    loss = loom_sum(ctx, loom_mul(ctx, x, x), 0, NULL, false);
+    g = NULL;
+    assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
+    read_f32(ctx, g, gv, 2);
+    assert_float_equal(gv[0], 6, 0);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
+/* A small MLP step: the JIT's gradients equal the interpreter's (f32, to rounding). */
+static void mlp_grads(bool eager, float *out_w1, float *out_b2) {
+    loom_context *ctx = make_ctx(eager);
+    enum { N = 8, IN = 6, H = 5, C = 3 };
+    float x[N * IN], w1[H * IN], b1[H], w2[C * H], b2[C];
+    int64_t y[N];
+    uint64_t st = 99;
+    float *all[] = {x, w1, b1, w2, b2};
+    size_t cnt[] = {N * IN, H * IN, H, C * H, C};
+    for (int k = 0; k < 5; k++)
+        for (size_t i = 0; i < cnt[k]; i++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            all[k][i] = (float)((double)(st >> 11) * 0x1.0p-53 - 0.5);
+        }
+    for (int i = 0; i < N; i++)
+        y[i] = i % C;
+    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){N, IN}, x);
+    loom_tensor *ty = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){N}, y);
+    loom_tensor *p[4] = {
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){H, IN}, w1),
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){H}, b1),
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){C, H}, w2),
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){C}, b2),
+    };
+    loom_tensor *h = loom_relu(ctx, loom_linear(ctx, tx, p[0], p[1]));
+    loom_tensor *loss = loom_cross_entropy(ctx, loom_linear(ctx, h, p[2], p[3]), ty,
+                                           LOOM_REDUCTION_MEAN);
+    loom_tensor *g[4] = {0};
+    assert_int_equal(loom_backward(ctx, loss, 4, p, g), LOOM_OK);
+    read_f32(ctx, g[0], out_w1, H * IN);
+    read_f32(ctx, g[3], out_b2, C);
+    loom_tensor_release(tx);
+    loom_tensor_release(ty);
+    for (int k = 0; k < 4; k++)
+        loom_tensor_release(p[k]);
+    loom_context_destroy(ctx);
+}
+
+static void test_jit_gradients_match_the_interpreter(void **state) {
+    (void)state;
+    float w1_i[30], b2_i[3], w1_j[30], b2_j[3];
+    mlp_grads(true, w1_i, b2_i);
+    mlp_grads(false, w1_j, b2_j);
+    double sum_b2 = 0;
+    for (int i = 0; i < 30; i++)
+        assert_float_equal(w1_j[i], w1_i[i], 1e-6 + 1e-5 * fabsf(w1_i[i]));
+    for (int i = 0; i < 3; i++) {
+        assert_float_equal(b2_j[i], b2_i[i], 1e-6);
+        sum_b2 += b2_i[i];
+    }
+    /* softmax - one_hot sums to zero over classes, so the bias gradient does too */
+    assert_float_equal(sum_b2, 0, 1e-6);
+}
+
+static void test_backward_rejects_bad_arguments_and_stays_usable(void **state) {
+    (void)state;
+    loom_context *ctx = make_ctx(true);
+    float v[2] = {1, 2};
+    int64_t iv[2] = {1, 2};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, v);
+    loom_tensor *i = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){2}, iv);
+    loom_tensor *g = NULL;
+    assert_int_equal(loom_backward(ctx, NULL, 1, &x, &g), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "loss is NULL"));
+    loom_context_clear_error(ctx);
+    assert_int_equal(loom_backward(ctx, loom_sum(ctx, i, 0, NULL, false), 1, &x, &g),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "float dtype"));
+    loom_context_clear_error(ctx);
+    loom_tensor *loss = loom_sum(ctx, x, 0, NULL, false);
+    assert_int_equal(loom_backward(ctx, loss, 1, &i, &g), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "wrt[0]"));
+    loom_context_clear_error(ctx);
+    g = loom_full(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){3}, 0.0);
+    assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "out_grads[0] is f32[3]"));
+    loom_context_clear_error(ctx);
+    g = NULL;
+    assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
+    float gv[2];
+    read_f32(ctx, g, gv, 2);
+    assert_float_equal(gv[0], 1, 0);
+    loom_tensor_release(x);
+    loom_tensor_release(i);
+    loom_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_elementwise_vjp_matches_finite_differences),
+        cmocka_unit_test(test_movement_and_reduction_vjps_match_finite_differences),
+        cmocka_unit_test(test_nn_op_gradients_match_finite_differences),
+        cmocka_unit_test(test_gradients_of_a_hand_derived_expression),
+        cmocka_unit_test(test_backward_twice_accumulates_and_unrelated_inputs_get_zeros),
+        cmocka_unit_test(test_detach_stops_the_gradient),
+        cmocka_unit_test(test_jit_gradients_match_the_interpreter),
+        cmocka_unit_test(test_backward_rejects_bad_arguments_and_stays_usable),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,401 @@
+/* nn functional ops: forward values against naive loops written here (conv2d, pooling,
+ * norms) and hand-derived numbers (cross-entropy, argmax, one-hot, dropout), on both the
+ * interpreter and the JIT, plus argument errors. Gradients are in test_autograd.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "loom/nn.h"
+
+static loom_context *make_ctx(bool eager) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = eager;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    return ctx;
+}
+
+static void fill(float *p, int64_t n, uint64_t seed) {
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (float)((double)(seed >> 11) * 0x1.0p-53 * 2 - 1);
+    }
+}
+
+static void read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
+    if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
+        fail_msg("%s", loom_context_error_message(ctx));
+}
+
+/* ---- conv2d ---------------------------------------------------------------------------- */
+
+typedef struct conv_case {
+    int64_t n, c, h, w, o, kh, kw, stride[2], pad[2], dil[2], groups;
+    bool bias;
+} conv_case;
+
+static void naive_conv(const conv_case *cc, const float *x, const float *w, const float *b,
+                       int64_t oh, int64_t ow, double *y) {
+    int64_t cg = cc->c / cc->groups, og = cc->o / cc->groups;
+    for (int64_t n = 0; n < cc->n; n++)
+        for (int64_t o = 0; o < cc->o; o++)
+            for (int64_t i = 0; i < oh; i++)
+                for (int64_t j = 0; j < ow; j++) {
+                    double acc = b ? b[o] : 0;
+                    int64_t g = o / og;
+                    for (int64_t c = 0; c < cg; c++)
+                        for (int64_t p = 0; p < cc->kh; p++)
+                            for (int64_t q = 0; q < cc->kw; q++) {
+                                int64_t hi = i * cc->stride[0] - cc->pad[0] + p * cc->dil[0];
+                                int64_t wi = j * cc->stride[1] - cc->pad[1] + q * cc->dil[1];
+                                if (hi < 0 || hi >= cc->h || wi < 0 || wi >= cc->w)
+                                    continue;
+                                int64_t ci = g * cg + c;
+                                acc += (double)x[((n * cc->c + ci) * cc->h + hi) * cc->w + wi] *
+                                       w[((o * cg + c) * cc->kh + p) * cc->kw + q];
+                            }
+                    y[((n * cc->o + o) * oh + i) * ow + j] = acc;
+                }
+}
+
+static void check_conv(const conv_case *cc, bool eager) {
+    loom_context *ctx = make_ctx(eager);
+    int64_t oh = (cc->h + 2 * cc->pad[0] - cc->dil[0] * (cc->kh - 1) - 1) / cc->stride[0] + 1;
+    int64_t ow = (cc->w + 2 * cc->pad[1] - cc->dil[1] * (cc->kw - 1) - 1) / cc->stride[1] + 1;
+    int64_t nx = cc->n * cc->c * cc->h * cc->w, nw = cc->o * (cc->c / cc->groups) * cc->kh * cc->kw;
+    int64_t ny = cc->n * cc->o * oh * ow;
+    float *x = malloc((size_t)nx * 4), *w = malloc((size_t)nw * 4), b[64], *y = malloc((size_t)ny * 4);
+    double *ref = malloc((size_t)ny * 8);
+    fill(x, nx, 1);
+    fill(w, nw, 2);
+    fill(b, cc->o, 3);
+    naive_conv(cc, x, w, cc->bias ? b : NULL, oh, ow, ref);
+    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4,
+                                            (int64_t[]){cc->n, cc->c, cc->h, cc->w}, x);
+    loom_tensor *tw = loom_tensor_from_host(
+        ctx, LOOM_DTYPE_F32, 4, (int64_t[]){cc->o, cc->c / cc->groups, cc->kh, cc->kw}, w);
+    loom_tensor *tb = cc->bias ? loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, &cc->o, b) : NULL;
+    loom_tensor *ty = loom_conv2d(ctx, tx, tw, tb, cc->stride, cc->pad, cc->dil, cc->groups);
+    if (!ty)
+        fail_msg("%s", loom_context_error_message(ctx));
+    int64_t s[4];
+    assert_int_equal(loom_tensor_shape(ty, s), LOOM_OK);
+    assert_int_equal(s[0], cc->n);
+    assert_int_equal(s[1], cc->o);
+    assert_int_equal(s[2], oh);
+    assert_int_equal(s[3], ow);
+    read_f32(ctx, ty, y, (size_t)ny);
+    for (int64_t i = 0; i < ny; i++)
+        if (fabs(y[i] - ref[i]) > 1e-5 * (1 + fabs(ref[i])))
+            fail_msg("conv2d y[%lld] = %g, expected %g", (long long)i, y[i], ref[i]);
+    loom_tensor_release(tx);
+    loom_tensor_release(tw);
+    loom_tensor_release(tb);
+    loom_context_destroy(ctx);
+    free(x);
+    free(w);
+    free(y);
+    free(ref);
+}
+
+static void test_conv2d_matches_naive_loops(void **state) {
+    (void)state;
+    const conv_case cases[] = {
+        {1, 1, 5, 5, 2, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, true},
+        {2, 3, 7, 6, 4, 3, 2, {2, 1}, {1, 2}, {1, 1}, 1, true},
+        {1, 2, 8, 8, 3, 3, 3, {1, 2}, {2, 1}, {2, 3}, 1, false},
+        {2, 4, 5, 5, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, true},
+        {1, 4, 4, 4, 4, 1, 1, {1, 1}, {0, 0}, {1, 1}, 4, false}, /* depthwise 1x1 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        check_conv(&cases[i], true);
+        check_conv(&cases[i], false);
+    }
+}
+
+/* ---- pooling --------------------------------------------------------------------------- */
+
+static void check_pool(bool is_max, bool eager) {
+    loom_context *ctx = make_ctx(eager);
+    enum { N = 2, C = 3, H = 7, W = 6 };
+    int64_t k[2] = {3, 2}, st[2] = {2, 2}, pd[2] = {1, 1};
+    int64_t oh = (H + 2 * pd[0] - k[0]) / st[0] + 1, ow = (W + 2 * pd[1] - k[1]) / st[1] + 1;
+    float x[N * C * H * W], y[N * C * 4 * 4];
+    fill(x, N * C * H * W, 5);
+    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, H, W}, x);
+    loom_tensor *ty = is_max ? loom_max_pool2d(ctx, tx, k, st, pd) : loom_avg_pool2d(ctx, tx, k, st, pd);
+    if (!ty)
+        fail_msg("%s", loom_context_error_message(ctx));
+    assert_int_equal(oh, 4);
+    assert_int_equal(ow, 4);
+    read_f32(ctx, ty, y, (size_t)(N * C * oh * ow));
+    for (int64_t nc = 0; nc < N * C; nc++)
+        for (int64_t i = 0; i < oh; i++)
+            for (int64_t j = 0; j < ow; j++) {
+                double acc = is_max ? -INFINITY : 0;
+                for (int64_t p = 0; p < k[0]; p++)
+                    for (int64_t q = 0; q < k[1]; q++) {
+                        int64_t hi = i * st[0] - pd[0] + p, wi = j * st[1] - pd[1] + q;
+                        double v = hi < 0 || hi >= H || wi < 0 || wi >= W
+                                       ? (is_max ? -INFINITY : 0)
+                                       : x[(nc * H + hi) * W + wi];
+                        acc = is_max ? fmax(acc, v) : acc + v;
+                    }
+                if (!is_max)
+                    acc /= (double)(k[0] * k[1]);
+                assert_float_equal(y[(nc * oh + i) * ow + j], acc, 1e-6);
+            }
+    loom_tensor_release(tx);
+    loom_context_destroy(ctx);
+}
+
+static void test_max_and_avg_pool_match_naive_loops(void **state) {
+    (void)state;
+    check_pool(true, true);
+    check_pool(true, false);
+    check_pool(false, true);
+    check_pool(false, false);
+}
+
+/* ---- losses and labels ----------------------------------------------------------------- */
+
+static void test_cross_entropy_matches_hand_computed_values(void **state) {
+    (void)state;
+    for (int e = 0; e < 2; e++) {
+        loom_context *ctx = make_ctx(e == 0);
+        float logits[6] = {1, 2, 3, 0, 0, 5};
+        int64_t labels[2] = {2, 0};
+        loom_tensor *tl = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, logits);
+        loom_tensor *ty = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){2}, labels);
+        double l0 = log(exp(1) + exp(2) + exp(3)) - 3, l1 = log(2 + exp(5)) - 0;
+        float none[2], sum, mean;
+        read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_NONE), none, 2);
+        read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_SUM), &sum, 1);
+        read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_MEAN), &mean, 1);
+        assert_float_equal(none[0], l0, 1e-6);
+        assert_float_equal(none[1], l1, 1e-5);
+        assert_float_equal(sum, l0 + l1, 1e-5);
+        assert_float_equal(mean, (l0 + l1) / 2, 1e-5);
+        /* an out-of-range label is ignored: not counted in the mean */
+        int64_t bad[2] = {2, -100};
+        loom_tensor *tb = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){2}, bad);
+        read_f32(ctx, loom_cross_entropy(ctx, tl, tb, LOOM_REDUCTION_MEAN), &mean, 1);
+        assert_float_equal(mean, l0, 1e-6);
+        float sm[6], lsm[6];
+        read_f32(ctx, loom_softmax(ctx, tl, 1), sm, 6);
+        read_f32(ctx, loom_log_softmax(ctx, tl, 1), lsm, 6);
+        for (int i = 0; i < 6; i++)
+            assert_float_equal(logf(sm[i]), lsm[i], 1e-5);
+        assert_float_equal(sm[0] + sm[1] + sm[2], 1, 1e-6);
+        loom_tensor_release(tl);
+        loom_tensor_release(ty);
+        loom_tensor_release(tb);
+        loom_context_destroy(ctx);
+    }
+}
+
+static void test_argmax_takes_the_first_maximum_and_one_hot_marks_labels(void **state) {
+    (void)state;
+    for (int e = 0; e < 2; e++) {
+        loom_context *ctx = make_ctx(e == 0);
+        float x[8] = {1, 5, 5, 0, -1, -3, -1, -2};
+        loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 4}, x);
+        int64_t am[2], am0[4];
+        assert_int_equal(loom_tensor_read(ctx, loom_argmax(ctx, tx, 1), am, sizeof am), LOOM_OK);
+        assert_int_equal(am[0], 1);
+        assert_int_equal(am[1], 0);
+        assert_int_equal(loom_tensor_read(ctx, loom_argmax(ctx, tx, 0), am0, sizeof am0), LOOM_OK);
+        assert_int_equal(am0[0], 0);
+        assert_int_equal(am0[1], 0);
+        assert_int_equal(am0[2], 0);
+        assert_int_equal(am0[3], 0);
+        int32_t lab[3] = {2, 0, 7};
+        loom_tensor *tl = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 1, (int64_t[]){3}, lab);
+        float oh[9];
+        read_f32(ctx, loom_one_hot(ctx, tl, 3, LOOM_DTYPE_F32), oh, 9);
+        const float want[9] = {0, 0, 1, 1, 0, 0, 0, 0, 0};
+        for (int i = 0; i < 9; i++)
+            assert_float_equal(oh[i], want[i], 0);
+        loom_tensor_release(tx);
+        loom_tensor_release(tl);
+        loom_context_destroy(ctx);
+    }
+}
+
+/* ---- normalisation --------------------------------------------------------------------- */
+
+static void test_batch_norm_normalises_and_updates_running_stats(void **state) {
+    (void)state;
+    for (int e = 0; e < 2; e++) {
+        loom_context *ctx = make_ctx(e == 0);
+        /* x [2, 2, 1, 2]: channel 0 holds {1, 2, 3, 4}, channel 1 holds {0, 0, 4, 4} */
+        float x[8] = {1, 2, 0, 0, 3, 4, 4, 4};
+        float rm0[2] = {0, 0}, rv0[2] = {1, 1}, wv[2] = {2, 1}, bv[2] = {0, 1};
+        loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 2, 1, 2}, x);
+        loom_tensor *rm = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, rm0);
+        loom_tensor *rv = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, rv0);
+        loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, wv);
+        loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, bv);
+        loom_tensor *y = loom_batch_norm(ctx, tx, rm, rv, w, b, true, 0.1, 0.0);
+        loom_tensor_retain(y);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        float yv[8], m[2], v[2];
+        read_f32(ctx, y, yv, 8);
+        read_f32(ctx, rm, m, 2);
+        read_f32(ctx, rv, v, 2);
+        /* channel 0: mean 2.5, biased var 1.25; channel 1: mean 2, var 4 (unbiased 5.333) */
+        double s0 = 1 / sqrt(1.25);
+        assert_float_equal(yv[0], 2 * (1 - 2.5) * s0, 1e-5);
+        assert_float_equal(yv[5], 2 * (4 - 2.5) * s0, 1e-5);
+        assert_float_equal(yv[2], (0 - 2) / 2.0 + 1, 1e-6);
+        assert_float_equal(yv[7], (4 - 2) / 2.0 + 1, 1e-6);
+        assert_float_equal(m[0], 0.25, 1e-6);
+        assert_float_equal(m[1], 0.2, 1e-6);
+        assert_float_equal(v[0], 0.9 + 0.1 * 1.25 * 4 / 3, 1e-6);
+        assert_float_equal(v[1], 0.9 + 0.1 * 16.0 / 3, 1e-6);
+        loom_tensor_release(y);
+        /* eval mode uses the running statistics */
+        float ye[8];
+        read_f32(ctx, loom_batch_norm(ctx, tx, rm, rv, NULL, NULL, false, 0.1, 0.0), ye, 8);
+        assert_float_equal(ye[0], (1 - m[0]) / sqrt(v[0]), 1e-5);
+        loom_tensor *all[] = {tx, rm, rv, w, b};
+        for (int i = 0; i < 5; i++)
+            loom_tensor_release(all[i]);
+        loom_context_destroy(ctx);
+    }
+}
+
+static void test_layer_norm_gives_zero_mean_unit_variance_rows(void **state) {
+    (void)state;
+    loom_context *ctx = make_ctx(false);
+    float x[12];
+    fill(x, 12, 9);
+    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){3, 4}, x);
+    float y[12];
+    read_f32(ctx, loom_layer_norm(ctx, tx, 1, NULL, NULL, 0.0), y, 12);
+    for (int r = 0; r < 3; r++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < 4; i++)
+            m += y[r * 4 + i] / 4.0;
+        for (int i = 0; i < 4; i++)
+            v += (y[r * 4 + i] - m) * (y[r * 4 + i] - m) / 4.0;
+        assert_float_equal(m, 0, 1e-6);
+        assert_float_equal(v, 1, 1e-5);
+    }
+    loom_tensor_release(tx);
+    loom_context_destroy(ctx);
+}
+
+/* ---- dropout and embedding ------------------------------------------------------------- */
+
+static void test_dropout_is_deterministic_per_seed_and_scales_survivors(void **state) {
+    (void)state;
+    enum { N = 4096 };
+    float *ones = malloc(N * 4), *a = malloc(N * 4), *b = malloc(N * 4), *c = malloc(N * 4);
+    for (int i = 0; i < N; i++)
+        ones[i] = 1;
+    for (int e = 0; e < 2; e++) {
+        loom_context *ctx = make_ctx(e == 0);
+        loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){N}, ones);
+        int64_t s1 = 11, s2 = 12;
+        loom_tensor *k1 = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &s1);
+        loom_tensor *k2 = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &s2);
+        read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k1, 0), a, N);
+        read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k1, 0), b, N);
+        read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k2, 0), c, N);
+        int kept = 0, same = 0;
+        for (int i = 0; i < N; i++) {
+            assert_true(a[i] == 0 || fabsf(a[i] - 1 / 0.75f) < 1e-6f);
+            kept += a[i] != 0;
+            assert_float_equal(a[i], b[i], 0);
+            same += (a[i] != 0) == (c[i] != 0);
+        }
+        assert_in_range(kept, N * 0.75 - 150, N * 0.75 + 150);
+        assert_true(same < N - 100); /* another seed, another mask */
+        read_f32(ctx, loom_dropout(ctx, x, 0.25, false, NULL, 0), c, N); /* eval: identity */
+        assert_float_equal(c[0], 1, 0);
+        assert_float_equal(c[N - 1], 1, 0);
+        loom_tensor_release(x);
+        loom_tensor_release(k1);
+        loom_tensor_release(k2);
+        loom_context_destroy(ctx);
+    }
+    free(ones);
+    free(a);
+    free(b);
+    free(c);
+}
+
+static void test_embedding_picks_rows(void **state) {
+    (void)state;
+    loom_context *ctx = make_ctx(false);
+    float table[8] = {0, 1, 10, 11, 20, 21, 30, 31};
+    int64_t idx[4] = {3, 0, 3, 2};
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){4, 2}, table);
+    loom_tensor *i = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 2, (int64_t[]){2, 2}, idx);
+    loom_tensor *e = loom_embedding(ctx, i, t);
+    int64_t s[3];
+    assert_int_equal(loom_tensor_shape(e, s), LOOM_OK);
+    assert_int_equal(s[2], 2);
+    float out[8];
+    read_f32(ctx, e, out, 8);
+    const float want[8] = {30, 31, 0, 1, 30, 31, 20, 21};
+    for (int k = 0; k < 8; k++)
+        assert_float_equal(out[k], want[k], 0);
+    loom_tensor_release(t);
+    loom_tensor_release(i);
+    loom_context_destroy(ctx);
+}
+
+static void test_nn_ops_reject_bad_arguments_with_clear_messages(void **state) {
+    (void)state;
+    loom_context *ctx = make_ctx(true);
+    float v[16] = {0};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 1, 4, 4}, v);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 3, 3}, v);
+    assert_null(loom_conv2d(ctx, x, w, NULL, NULL, NULL, NULL, 1));
+    assert_non_null(strstr(loom_context_error_message(ctx), "conv2d: needs float x [N, C, H, W]"));
+    loom_context_clear_error(ctx);
+    loom_tensor *m = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){4, 4}, v);
+    assert_null(loom_linear(ctx, m, x, NULL));
+    assert_non_null(strstr(loom_context_error_message(ctx), "linear: needs x [..., in]"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_max_pool2d(ctx, x, (int64_t[]){5, 5}, NULL, NULL));
+    assert_non_null(strstr(loom_context_error_message(ctx), "does not fit"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_cross_entropy(ctx, m, m, LOOM_REDUCTION_MEAN));
+    assert_non_null(strstr(loom_context_error_message(ctx), "integer labels"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_softmax(ctx, m, 2));
+    assert_non_null(strstr(loom_context_error_message(ctx), "axis 2 is out of range"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_dropout(ctx, m, 1.5, true, NULL, 0));
+    assert_non_null(strstr(loom_context_error_message(ctx), "p in [0, 1]"));
+    loom_context_clear_error(ctx);
+    /* still usable */
+    float out[16];
+    read_f32(ctx, loom_relu(ctx, m), out, 16);
+    assert_float_equal(out[3], 0, 0);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_tensor_release(m);
+    loom_context_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv2d_matches_naive_loops),
+        cmocka_unit_test(test_max_and_avg_pool_match_naive_loops),
+        cmocka_unit_test(test_cross_entropy_matches_hand_computed_values),
+        cmocka_unit_test(test_argmax_takes_the_first_maximum_and_one_hot_marks_labels),
+        cmocka_unit_test(test_batch_norm_normalises_and_updates_running_stats),
+        cmocka_unit_test(test_layer_norm_gives_zero_mean_unit_variance_rows),
+        cmocka_unit_test(test_dropout_is_deterministic_per_seed_and_scales_survivors),
+        cmocka_unit_test(test_embedding_picks_rows),
+        cmocka_unit_test(test_nn_ops_reject_bad_arguments_with_clear_messages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
