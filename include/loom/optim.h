@@ -25,9 +25,19 @@
  * starting each step with grads[] = {NULL}. To accumulate over several backward calls, pass
  * the previous gradients back into loom_backward (see its documentation).
  *
- * Sync-free steps: loom_optim_step takes an optional found_inf tensor (scalar, f32 or bool;
- * non-zero means "skip"). Every parameter and state update is then a select on it and the
- * step counter advances only on clean steps, so no host round-trip is needed (AMP).
+ * Sync-free steps: loom_optim_step takes an optional found_inf tensor (one element, f32 or
+ * bool; non-zero or NaN means "skip"). Every parameter and state update is then a select on
+ * it and the step counter advances only on clean steps, so no host round-trip is needed (AMP).
+ *
+ * Precision: bias corrections and lr products (lr / (1 - beta1^t), sqrt(1 - beta2^t),
+ * 1 - lr * wd) are computed in f64 inside the graph and rounded once to the parameter's
+ * dtype, as PyTorch computes them in host double and passes them to its f32 kernels.
+ *
+ * The step counter is one f32 scalar shared by all parameters (PyTorch keeps one per
+ * parameter): it advances on every clean loom_optim_step that has at least one gradient.
+ * The two agree unless a parameter's gradient is NULL on some steps and not on others.
+ * SGD keeps it too, to apply PyTorch's first-step rule (the momentum buffer starts as a
+ * copy of the first gradient, without dampening) inside the graph.
  *
  * Thread-safety: as the context the optimizer belongs to.
  */
@@ -67,9 +77,11 @@ typedef struct loom_optim loom_optim;
 /* Creates an optimizer over n long-lived f32 parameters (borrowed: they must outlive the
  * optimizer; the optimizer assigns new values to them). Its state tensors (momentum
  * buffers, exp_avg, exp_avg_sq, step) are created zero-filled on the context's device.
- * On success *out is owned by the caller. Errors: INVALID_ARGUMENT (NULL, n < 1, a
- * step-scoped or non-float parameter, lr < 0, momentum < 0, nesterov without momentum or
- * with dampening, betas outside [0, 1), eps < 0, weight_decay < 0), STALE_HANDLE,
+ * Only the fields the kind uses are checked (SGD ignores betas and eps, Adam/AdamW ignore
+ * momentum, dampening and nesterov). On success *out is owned by the caller; on failure
+ * *out is NULL. Errors: INVALID_ARGUMENT (NULL, n < 1, a step-scoped, non-float or repeated
+ * parameter, an unknown kind, lr < 0 or not finite, momentum < 0, nesterov without momentum
+ * or with dampening, betas outside [0, 1), eps < 0, weight_decay < 0), STALE_HANDLE,
  * OUT_OF_MEMORY. Errors are also recorded in ctx. */
 LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o,
                                        int32_t n, loom_tensor *const *params,
@@ -78,21 +90,28 @@ LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_optio
 LOOM_API void loom_optim_destroy(loom_optim *opt);
 
 /* Records one update of every parameter i whose grads[i] is not NULL (NULL grads are
- * skipped, as parameters whose .grad is None in PyTorch; their state is untouched). Each
- * grads[i] has its parameter's shape and dtype. found_inf may be NULL. The update runs at
- * the next loom_mark_step. Errors (also recorded in the context): INVALID_ARGUMENT,
+ * skipped, as parameters whose .grad is None in PyTorch; their state is untouched; when all
+ * are NULL nothing is recorded and the step counter stays). Each grads[i] has its
+ * parameter's shape and dtype. found_inf may be NULL. The update runs at the next
+ * loom_mark_step. Every argument is checked before anything is recorded, so a rejected
+ * call leaves no partial update. Errors (also recorded in the context): INVALID_ARGUMENT
+ * (NULL opt or grads, a gradient of the wrong type, found_inf not one f32/bool element),
  * STALE_HANDLE, OUT_OF_MEMORY. */
 LOOM_API loom_status loom_optim_step(loom_optim *opt, loom_tensor *const *grads,
                                      loom_tensor *found_inf);
 
-/* Sets the learning rate used by later steps (a device scalar: no recompile).
+/* Sets the learning rate used by steps recorded from now on (an f64 device scalar, replaced
+ * by a new one of the same type: no recompile); a step already recorded keeps the old rate.
  * Errors: INVALID_ARGUMENT (NULL, lr < 0 or not finite), OUT_OF_MEMORY. */
 LOOM_API loom_status loom_optim_set_lr(loom_optim *opt, double lr);
 
 /* The optimizer's state tensors for parameter i, named as PyTorch's optimizer state_dict
- * keys ("momentum_buffer"; "exp_avg", "exp_avg_sq"), and the shared step counter ("step",
- * f32 scalar, as PyTorch's). Borrowed. Returns the number of state tensors of parameter
- * i (0 for NULL or out of range); names/tensors may be NULL, else have room for 4. */
+ * keys, then the shared step counter ("step", f32 scalar, as PyTorch's): SGD
+ * "momentum_buffer" (only with momentum != 0), "step"; Adam/AdamW "exp_avg", "exp_avg_sq",
+ * "step". (PyTorch's SGD state has no "step"; Loom's marks the first step.) Borrowed; they
+ * may be assigned (loom_assign) to restore a checkpoint. Returns the number of state
+ * tensors of parameter i (0 for NULL or out of range); names/tensors may be NULL, else
+ * have room for 4. */
 LOOM_API int32_t loom_optim_state(const loom_optim *opt, int32_t i, const char **names,
                                   loom_tensor **tensors);
 
