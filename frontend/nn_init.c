@@ -159,16 +159,16 @@ LOOM_API loom_status loom_nn_linear_init(loom_context *ctx, loom_nn_linear *m, i
     return LOOM_OK;
 }
 
-LOOM_API loom_tensor *loom_nn_linear_forward(loom_context *ctx, const loom_nn_linear *m,
-                                             loom_tensor *x) {
+LOOM_API loom_tensor *loom_nn_linear_forward_at(loom_context *ctx, const loom_nn_linear *m,
+                                                loom_tensor *x, const char *file, int line) {
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {
-        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, "nn_linear_forward",
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, "nn_linear_forward",
                       "the module is NULL or not initialised");
         return NULL;
     }
-    return loom_linear(ctx, x, m->weight, m->bias);
+    return loom_linear_at(ctx, x, m->weight, m->bias, file, line);
 }
 
 LOOM_API void loom_nn_linear_deinit(loom_nn_linear *m) {
@@ -207,16 +207,17 @@ LOOM_API loom_status loom_nn_conv2d_init(loom_context *ctx, loom_nn_conv2d *m, i
     return LOOM_OK;
 }
 
-LOOM_API loom_tensor *loom_nn_conv2d_forward(loom_context *ctx, const loom_nn_conv2d *m,
-                                             loom_tensor *x) {
+LOOM_API loom_tensor *loom_nn_conv2d_forward_at(loom_context *ctx, const loom_nn_conv2d *m,
+                                                loom_tensor *x, const char *file, int line) {
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {
-        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, "nn_conv2d_forward",
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, "nn_conv2d_forward",
                       "the module is NULL or not initialised");
         return NULL;
     }
-    return loom_conv2d(ctx, x, m->weight, m->bias, m->stride, m->padding, m->dilation, m->groups);
+    return loom_conv2d_at(ctx, x, m->weight, m->bias, m->stride, m->padding, m->dilation,
+                          m->groups, file, line);
 }
 
 LOOM_API void loom_nn_conv2d_deinit(loom_nn_conv2d *m) {
@@ -249,17 +250,19 @@ LOOM_API loom_status loom_nn_batch_norm2d_init(loom_context *ctx, loom_nn_batch_
     return LOOM_OK;
 }
 
-LOOM_API loom_tensor *loom_nn_batch_norm2d_forward(loom_context *ctx, const loom_nn_batch_norm2d *m,
-                                                   loom_tensor *x, bool training) {
+LOOM_API loom_tensor *loom_nn_batch_norm2d_forward_at(loom_context *ctx,
+                                                      const loom_nn_batch_norm2d *m,
+                                                      loom_tensor *x, bool training,
+                                                      const char *file, int line) {
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {
-        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, "nn_batch_norm2d_forward",
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, "nn_batch_norm2d_forward",
                       "the module is NULL or not initialised");
         return NULL;
     }
-    return loom_batch_norm(ctx, x, m->running_mean, m->running_var, m->weight, m->bias, training,
-                           m->momentum, m->eps);
+    return loom_batch_norm_at(ctx, x, m->running_mean, m->running_var, m->weight, m->bias,
+                              training, m->momentum, m->eps, file, line);
 }
 
 LOOM_API void loom_nn_batch_norm2d_deinit(loom_nn_batch_norm2d *m) {

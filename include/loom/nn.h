@@ -163,7 +163,8 @@ LOOM_API loom_tensor *loom_param_normal(loom_context *ctx, int32_t rank, const i
 LOOM_API loom_tensor *loom_param_full(loom_context *ctx, int32_t rank, const int64_t *shape,
                                       double value);
 
-/* Modules. Each init creates f32 parameters with PyTorch's default initialisation and
+/* Modules. The forward functions are macros over `_at` forms that record the caller's
+ * location, as the ops do. Each init creates f32 parameters with PyTorch's default initialisation and
  * returns LOOM_OK or the context's error (the module is then zeroed and owns nothing);
  * deinit releases them (accepts a zeroed module). Parameter names in PyTorch's state_dict
  * are the member names ("weight", "bias", "running_mean", "running_var"). */
@@ -173,8 +174,9 @@ typedef struct loom_nn_linear {
 } loom_nn_linear;
 LOOM_API loom_status loom_nn_linear_init(loom_context *ctx, loom_nn_linear *m, int64_t in,
                                          int64_t out, bool bias, loom_rng *rng);
-LOOM_API loom_tensor *loom_nn_linear_forward(loom_context *ctx, const loom_nn_linear *m,
-                                             loom_tensor *x);
+LOOM_API loom_tensor *loom_nn_linear_forward_at(loom_context *ctx, const loom_nn_linear *m,
+                                                loom_tensor *x, const char *file, int line);
+#define loom_nn_linear_forward(...) loom_nn_linear_forward_at(__VA_ARGS__, __FILE__, __LINE__)
 LOOM_API void loom_nn_linear_deinit(loom_nn_linear *m);
 
 typedef struct loom_nn_conv2d {
@@ -185,13 +187,13 @@ typedef struct loom_nn_conv2d {
 /* Stride 1, padding 0, dilation 1, groups 1; stride, padding and dilation may be changed
  * after init. groups may not: the weight is made for groups 1. A grouped convolution
  * creates its weight [out, in/groups, kh, kw] with loom_param_uniform (bound
- * 1/sqrt(in/groups*kh*kw)) and calls loom_conv2d. Errors of the forward functions name the
- * module function, not the caller's line (use the functional ops for that). */
+ * 1/sqrt(in/groups*kh*kw)) and calls loom_conv2d. */
 LOOM_API loom_status loom_nn_conv2d_init(loom_context *ctx, loom_nn_conv2d *m, int64_t in,
                                          int64_t out, int64_t kh, int64_t kw, bool bias,
                                          loom_rng *rng);
-LOOM_API loom_tensor *loom_nn_conv2d_forward(loom_context *ctx, const loom_nn_conv2d *m,
-                                             loom_tensor *x);
+LOOM_API loom_tensor *loom_nn_conv2d_forward_at(loom_context *ctx, const loom_nn_conv2d *m,
+                                                loom_tensor *x, const char *file, int line);
+#define loom_nn_conv2d_forward(...) loom_nn_conv2d_forward_at(__VA_ARGS__, __FILE__, __LINE__)
 LOOM_API void loom_nn_conv2d_deinit(loom_nn_conv2d *m);
 
 typedef struct loom_nn_batch_norm2d {
@@ -201,9 +203,12 @@ typedef struct loom_nn_batch_norm2d {
 } loom_nn_batch_norm2d;
 LOOM_API loom_status loom_nn_batch_norm2d_init(loom_context *ctx, loom_nn_batch_norm2d *m,
                                                int64_t channels);
-LOOM_API loom_tensor *loom_nn_batch_norm2d_forward(loom_context *ctx,
-                                                   const loom_nn_batch_norm2d *m,
-                                                   loom_tensor *x, bool training);
+LOOM_API loom_tensor *loom_nn_batch_norm2d_forward_at(loom_context *ctx,
+                                                      const loom_nn_batch_norm2d *m,
+                                                      loom_tensor *x, bool training,
+                                                      const char *file, int line);
+#define loom_nn_batch_norm2d_forward(...)                                                      \
+    loom_nn_batch_norm2d_forward_at(__VA_ARGS__, __FILE__, __LINE__)
 LOOM_API void loom_nn_batch_norm2d_deinit(loom_nn_batch_norm2d *m);
 
 #ifdef __cplusplus

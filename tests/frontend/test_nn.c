@@ -353,7 +353,7 @@ static void test_embedding_picks_rows(void **state) {
 static void test_nn_ops_reject_bad_arguments_with_clear_messages(void **state) {
     (void)state;
     loom_context *ctx = make_ctx(true);
-    float v[16] = {0};
+    float v[64] = {0};
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 1, 4, 4}, v);
     loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 3, 3}, v);
     assert_null(loom_conv2d(ctx, x, w, NULL, NULL, NULL, NULL, 1));
