@@ -157,8 +157,8 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
 
 loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file, int line,
                           const char *op, const char *fmt, ...) {
-    if (ctx->err != LOOM_OK)
-        return code;
+    if (ctx->err != LOOM_OK) /* the earlier error stands, and is what the caller reports */
+        return ctx->err;
     ctx->err = code;
     size_t n = 0;
     if (file) {

@@ -99,7 +99,10 @@ struct loom_context {
 };
 
 /* ---- context.c ---- */
-/* Records an error unless one is recorded: "file:line: op: message". Returns code. */
+/* Records an error unless one is recorded: "file:line: op: message". Returns the context's
+ * first error (code, unless an earlier one stands), so a returned status always matches
+ * loom_context_error and its message: an OOM in an early op is not reported as the
+ * INVALID_ARGUMENT of the NULL it left behind. */
 loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file, int line,
                           const char *op, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));

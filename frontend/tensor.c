@@ -80,6 +80,13 @@ int32_t loom_fe_tensor_new(loom_context *ctx) {
 
 void loom_fe_tensor_free(loom_context *ctx, int32_t slot) {
     loom_fe_tensor *t = &ctx->tensors[slot];
+    if (!t->step_owned && t->node_step == ctx->step) {
+        /* A long-lived tensor released with an assignment pending: nothing is left to write
+         * into, and the slot's next tenant must not inherit the entry. */
+        for (int32_t k = 0; k < ctx->n_assigned; k++)
+            if (ctx->assigned[k] == slot)
+                ctx->assigned[k] = ctx->assigned[--ctx->n_assigned];
+    }
     loom_rt_buffer_release(t->buf);
     t->buf = NULL;
     t->alive = false;

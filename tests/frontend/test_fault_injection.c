@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "loom/nn.h"
+#include "loom/optim.h"
 
 /* x[2,3] . w[3,2] -> relu(. + 0.5) -> sum: expected 1.5 + 0 + ... computed below. */
 static loom_status program(loom_context *ctx, float *out_sum) {
@@ -70,9 +72,90 @@ static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(
     assert_true(failures >= 20); /* the sweep really covered the program's allocations */
 }
 
+/* One training step: linear + cross-entropy, backward, an Adam update of both parameters. */
+static loom_status train_step(loom_context *ctx, float *out_w) {
+    const float xs[6] = {1, 2, 3, -4, -5, -6}, ws[6] = {0.1f, 0.2f, -0.3f, 0.4f, 0.5f, -0.6f};
+    const float bs[2] = {0.5f, -0.5f};
+    const int64_t ys[2] = {1, 0};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, xs);
+    loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){2}, ys);
+    loom_tensor *p[2] = {loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, ws),
+                         loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, bs)};
+    loom_optim_options o;
+    loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
+    loom_optim *opt = NULL;
+    loom_status st = p[0] && p[1] ? loom_optim_create(ctx, &o, 2, p, &opt) : loom_context_error(ctx);
+    if (st == LOOM_OK) {
+        loom_tensor *loss = loom_cross_entropy(ctx, loom_linear(ctx, x, p[0], p[1]), y,
+                                               LOOM_REDUCTION_MEAN);
+        loom_tensor *g[2] = {NULL, NULL};
+        st = loom_backward(ctx, loss, 2, p, g);
+        if (st == LOOM_OK)
+            st = loom_optim_step(opt, g, NULL);
+        if (st == LOOM_OK)
+            st = loom_mark_step(ctx);
+        if (st == LOOM_OK)
+            st = loom_tensor_read(ctx, p[0], out_w, 6 * sizeof *out_w);
+    }
+    loom_optim_destroy(opt);
+    loom_tensor_release(x);
+    loom_tensor_release(y);
+    loom_tensor_release(p[0]);
+    loom_tensor_release(p[1]);
+    return st != LOOM_OK ? st : loom_context_error(ctx);
+}
+
+static void test_a_training_step_survives_every_failed_allocation(void **state) {
+    (void)state;
+    float want[6];
+    loom_context *ref = NULL;
+    assert_int_equal(loom_context_create(NULL, &ref), LOOM_OK);
+    assert_int_equal(train_step(ref, want), LOOM_OK);
+    loom_context_destroy(ref);
+    int64_t n;
+    int failures = 0;
+    for (n = 1; n < 100000; n++) {
+        test_alloc ta = {.fail_at = n};
+        loom_context_options opts;
+        loom_context_options_init(&opts);
+        opts.allocator = test_alloc_make(&ta);
+        loom_context *ctx = NULL;
+        if (loom_context_create(&opts, &ctx) != LOOM_OK) {
+            assert_int_equal(ta.live_bytes, 0);
+            failures++;
+            continue;
+        }
+        float w[6] = {0};
+        loom_status st = train_step(ctx, w);
+        if (ta.n_failed == 0) {
+            assert_int_equal(st, LOOM_OK);
+            assert_memory_equal(w, want, sizeof w);
+            loom_context_destroy(ctx);
+            assert_int_equal(ta.live_bytes, 0);
+            break;
+        }
+        failures++;
+        if (st != LOOM_STATUS_OUT_OF_MEMORY)
+            fail_msg("allocation %lld failed: %s instead of OUT_OF_MEMORY: %s", (long long)n,
+                     loom_status_name(st), loom_context_error_message(ctx));
+        ta.fail_at = 0;
+        loom_context_clear_error(ctx);
+        if ((st = train_step(ctx, w)) != LOOM_OK)
+            fail_msg("after failing allocation %lld, the next step fails: %s", (long long)n,
+                     loom_context_error_message(ctx));
+        assert_memory_equal(w, want, sizeof w);
+        loom_context_destroy(ctx);
+        assert_int_equal(ta.live_bytes, 0);
+        assert_int_equal(ta.live_blocks, 0);
+    }
+    assert_true(n < 100000);
+    assert_true(failures >= 50);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers),
+        cmocka_unit_test(test_a_training_step_survives_every_failed_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

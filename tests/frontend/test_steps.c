@@ -109,10 +109,28 @@ static void test_a_new_shape_misses_and_other_source_lines_hit(void **state) {
     loom_context_destroy(ctx);
 }
 
+static void test_releasing_an_assigned_tensor_drops_its_pending_write(void **state) {
+    (void)state;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(NULL, &ctx), LOOM_OK);
+    float a = 1, b = 10, out = 0;
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &a);
+    assert_int_equal(loom_assign(ctx, t, loom_add(ctx, t, t)), LOOM_OK);
+    loom_tensor_release(t); /* dies with its assignment pending */
+    loom_tensor *u = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &b); /* reuses the slot */
+    assert_int_equal(loom_assign(ctx, u, loom_mul(ctx, u, u)), LOOM_OK);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_tensor_read(ctx, u, &out, sizeof out), LOOM_OK);
+    assert_float_equal(out, 100, 0);
+    loom_tensor_release(u);
+    loom_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_1000_identical_steps_compile_once_with_flat_memory),
         cmocka_unit_test(test_a_new_shape_misses_and_other_source_lines_hit),
+        cmocka_unit_test(test_releasing_an_assigned_tensor_drops_its_pending_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
