@@ -137,10 +137,26 @@ static int32_t transpose(ag *a, int32_t x, const int32_t *perm) {
     return emit(a, &d);
 }
 
-/* Swaps the last two axes. */
+/* Whether n is a TRANSPOSE swapping exactly its last two axes. */
+static bool is_swap_last(const loom_ir_node *n) {
+    if (n->op != LOOM_IR_OP_TRANSPOSE || n->rank < 2)
+        return false;
+    for (int32_t i = 0; i < n->rank - 2; i++)
+        if (n->attrs.perm[i] != i)
+            return false;
+    return n->attrs.perm[n->rank - 2] == n->rank - 1 && n->attrs.perm[n->rank - 1] == n->rank - 2;
+}
+
+static int64_t numel_of(const ag *a, int32_t x) {
+    return loom_ir_numel(nd(a, x)->rank, nd(a, x)->shape);
+}
+
+/* Swaps the last two axes (undoing such a swap instead of stacking a second one). */
 static int32_t mT(ag *a, int32_t x) {
     if (x < 0)
         return -1;
+    if (is_swap_last(nd(a, x)))
+        return nd(a, x)->inputs[0];
     int32_t r = nd(a, x)->rank, perm[LOOM_MAX_RANK] = {0};
     for (int32_t i = 0; i < r; i++)
         perm[i] = i;
@@ -261,6 +277,17 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
     case LOOM_IR_OP_BROADCAST: return unbroadcast(a, g, x);
     case LOOM_IR_OP_RESHAPE: return reshape_like(a, g, x);
     case LOOM_IR_OP_TRANSPOSE: {
+        /* The gradient of B^T in C = A B^T (linear layers, the B-side VJP of a matmul) is
+         * a matmul P Q; its transpose is Q^T P^T, and where P or Q is itself a transpose
+         * that costs a transpose of the small factor instead of one of the (large) result. */
+        const loom_ir_node *gn = nd(a, g);
+        if (is_swap_last(&n) && gn->op == LOOM_IR_OP_MATMUL) {
+            int32_t p = gn->inputs[0], q = gn->inputs[1];
+            int64_t out = loom_ir_numel(gn->rank, gn->shape);
+            bool pt = is_swap_last(nd(a, p)), qt = is_swap_last(nd(a, q));
+            if ((pt && (qt || numel_of(a, q) <= out)) || (qt && numel_of(a, p) <= out))
+                return bin(a, LOOM_IR_OP_MATMUL, mT(a, q), mT(a, p));
+        }
         int32_t inv[LOOM_MAX_RANK] = {0};
         for (int32_t i = 0; i < n.rank; i++)
             inv[n.attrs.perm[i]] = i;

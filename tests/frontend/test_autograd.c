@@ -297,6 +297,10 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
     (void)state;
     spec lin[3] = {{S2(4, 3), -1, 1}, {S2(5, 3), -1, 1}, {S1(5), -1, 1}};
     check_grad("linear", 3, lin, b_linear, 1e-6);
+    /* a weight larger than x and y: computed as (W x^T)^T, whose backward avoids
+     * transposing W or its gradient; x of rank 3 goes through the row reshape */
+    spec wide[3] = {{S3(1, 2, 4), -1, 1}, {S2(9, 4), -1, 1}, {S1(9), -1, 1}};
+    check_grad("linear with a large weight", 3, wide, b_linear, 1e-6);
     spec sm = {S2(4, 5), -2, 2};
     check_grad("softmax", 1, &sm, b_softmax, 1e-6);
     check_grad("log_softmax", 1, &sm, b_log_softmax, 1e-6);
