@@ -1,0 +1,696 @@
+/* Fashion-MNIST training example: an MLP or a small CNN trained with autograd and a graph
+ * optimizer, one compiled step per batch, then evaluated on the test set. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <loom/data.h>
+#include <loom/loom.h>
+#include <loom/nn.h>
+#include <loom/optim.h>
+#include <loom/safetensors.h>
+
+#define PROG "fashion_mnist"
+#define EXIT_USAGE 2
+#define MAX_PARAMS 8
+/* 10000 test images split evenly, so evaluation compiles one graph. */
+#define EVAL_BATCH 500
+#define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef enum model_kind { MODEL_MLP, MODEL_CNN } model_kind;
+
+typedef struct options {
+    model_kind model;
+    int64_t epochs, batch_size, limit_steps, log_every;
+    double lr, momentum, weight_decay;
+    bool lr_set, momentum_set, weight_decay_set;
+    loom_optim_kind optimizer;
+    uint64_t seed;
+    bool shuffle, eager, json;
+    const char *init_path, *save_path, *data_dir;
+} options;
+
+typedef struct model {
+    model_kind kind;
+    loom_nn_linear fc[3];   /* mlp: fc1..fc3; cnn: fc1, fc2 */
+    loom_nn_conv2d conv[2]; /* cnn: conv1, conv2 */
+    int64_t rows, cols;
+    int32_t n_params;
+    loom_named_tensor params[MAX_PARAMS]; /* PyTorch state_dict names, module order */
+} model;
+
+/* ---- command line ---------------------------------------------------------------------- */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "Usage: " PROG " [options]\n"
+            "Trains a classifier on Fashion-MNIST and reports its test accuracy.\n"
+            "\n"
+            "  --model mlp|cnn        mlp: 784-512-512-10 with ReLU (default); cnn: conv\n"
+            "                         1->32 3x3, ReLU, conv 32->64 3x3, ReLU, max pool 2,\n"
+            "                         9216-128, ReLU, 128-10. Layers are named as in PyTorch's\n"
+            "                         state_dict (fc1.weight, fc1.bias, ...)\n"
+            "  --epochs N             passes over the training set (default 1; 0: evaluate only)\n"
+            "  --batch-size N         training batch (default 64); the last partial batch of an\n"
+            "                         epoch is dropped\n"
+            "  --optimizer sgd|adam|adamw   (default sgd)\n"
+            "  --lr X                 learning rate (default 0.01 for sgd, 0.001 for adam/adamw)\n"
+            "  --momentum X           sgd momentum (default 0.9)\n"
+            "  --weight-decay X       default 0 (sgd, adam: L2 on the gradient), 0.01 (adamw:\n"
+            "                         decoupled), as PyTorch\n"
+            "  --seed N               initialisation and shuffling seed (default 0)\n"
+            "  --no-shuffle           batches in file order (shuffled by seed + epoch otherwise)\n"
+            "  --init FILE            start from these weights (safetensors, names as PyTorch's)\n"
+            "  --save FILE            write the trained weights (safetensors) after training\n"
+            "  --limit-steps N        stop training after N steps in total\n"
+            "  --eager                run every step on the reference interpreter (slow; a check)\n"
+            "  --log-every N          print `step=<n> loss=<value>` to stdout for every n that\n"
+            "                         is a multiple of N: n counts batches from 0 over all\n"
+            "                         epochs and the loss is the n-th batch's, before that\n"
+            "                         batch's update\n"
+            "  --json                 print one JSON line of results instead of the report\n"
+            "  --data-dir DIR         where the IDX files are (default " DEFAULT_DATA_DIR ")\n"
+            "  --help                 show this help\n"
+            "\n"
+            "Inputs are scaled to [0, 1] and normalised with mean 0.5 and std 0.5. samples/s\n"
+            "is timed from the first step's launch, after its compile (reported apart).\n"
+            "LOOM_NUM_THREADS sets the device's threads. Exit status: 0 ok, 1 runtime error,\n"
+            "2 usage error.\n");
+}
+
+static int usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, PROG ": ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nTry '" PROG " --help'.\n");
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+static bool parse_int(const char *s, int64_t lo, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_real(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < 0)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Returns -1 when the options are good, else the exit status (0 after --help). */
+static int parse_args(int argc, char **argv, options *o) {
+    *o = (options){.model = MODEL_MLP,
+                   .epochs = 1,
+                   .batch_size = 64,
+                   .optimizer = LOOM_OPTIM_SGD,
+                   .shuffle = true,
+                   .data_dir = DEFAULT_DATA_DIR};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(arg, "--no-shuffle")) {
+            o->shuffle = false;
+            continue;
+        }
+        if (!strcmp(arg, "--eager")) {
+            o->eager = true;
+            continue;
+        }
+        if (!strcmp(arg, "--json")) {
+            o->json = true;
+            continue;
+        }
+        /* The rest take a value: "--flag value" or "--flag=value". */
+        char name[32];
+        const char *val = NULL;
+        const char *eq = strchr(arg, '=');
+        if (strncmp(arg, "--", 2) != 0)
+            return usage_error("unexpected argument '%s'", arg);
+        if (eq) {
+            size_t len = (size_t)(eq - arg);
+            if (len >= sizeof name)
+                return usage_error("unknown option '%s'", arg);
+            memcpy(name, arg, len);
+            name[len] = '\0';
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", arg);
+        }
+        static const char *const valued[] = {
+            "--model",       "--epochs",       "--batch-size", "--lr",   "--optimizer",
+            "--momentum",    "--weight-decay", "--seed",       "--init", "--save",
+            "--limit-steps", "--log-every",    "--data-dir",
+        };
+        bool known = false;
+        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
+            known |= !strcmp(name, valued[k]);
+        if (!known)
+            return usage_error("unknown option '%s'", arg);
+        if (!val) {
+            if (i + 1 >= argc)
+                return usage_error("%s needs a value", name);
+            val = argv[++i];
+        }
+        int64_t n;
+        if (!strcmp(name, "--model")) {
+            if (!strcmp(val, "mlp"))
+                o->model = MODEL_MLP;
+            else if (!strcmp(val, "cnn"))
+                o->model = MODEL_CNN;
+            else
+                return usage_error("--model must be mlp or cnn, not '%s'", val);
+        } else if (!strcmp(name, "--optimizer")) {
+            if (!strcmp(val, "sgd"))
+                o->optimizer = LOOM_OPTIM_SGD;
+            else if (!strcmp(val, "adam"))
+                o->optimizer = LOOM_OPTIM_ADAM;
+            else if (!strcmp(val, "adamw"))
+                o->optimizer = LOOM_OPTIM_ADAMW;
+            else
+                return usage_error("--optimizer must be sgd, adam or adamw, not '%s'", val);
+        } else if (!strcmp(name, "--epochs")) {
+            if (!parse_int(val, 0, &o->epochs))
+                return usage_error("--epochs needs an integer >= 0, not '%s'", val);
+        } else if (!strcmp(name, "--batch-size")) {
+            if (!parse_int(val, 1, &o->batch_size))
+                return usage_error("--batch-size needs an integer >= 1, not '%s'", val);
+        } else if (!strcmp(name, "--limit-steps")) {
+            if (!parse_int(val, 1, &o->limit_steps))
+                return usage_error("--limit-steps needs an integer >= 1, not '%s'", val);
+        } else if (!strcmp(name, "--log-every")) {
+            if (!parse_int(val, 1, &o->log_every))
+                return usage_error("--log-every needs an integer >= 1, not '%s'", val);
+        } else if (!strcmp(name, "--seed")) {
+            if (!parse_int(val, 0, &n))
+                return usage_error("--seed needs an integer >= 0, not '%s'", val);
+            o->seed = (uint64_t)n;
+        } else if (!strcmp(name, "--lr")) {
+            if (!parse_real(val, &o->lr))
+                return usage_error("--lr needs a finite number >= 0, not '%s'", val);
+            o->lr_set = true;
+        } else if (!strcmp(name, "--momentum")) {
+            if (!parse_real(val, &o->momentum))
+                return usage_error("--momentum needs a finite number >= 0, not '%s'", val);
+            o->momentum_set = true;
+        } else if (!strcmp(name, "--weight-decay")) {
+            if (!parse_real(val, &o->weight_decay))
+                return usage_error("--weight-decay needs a finite number >= 0, not '%s'", val);
+            o->weight_decay_set = true;
+        } else if (!strcmp(name, "--init")) {
+            o->init_path = val;
+        } else if (!strcmp(name, "--save")) {
+            o->save_path = val;
+        } else if (!strcmp(name, "--data-dir")) {
+            o->data_dir = val;
+        }
+    }
+    if (o->momentum_set && o->optimizer != LOOM_OPTIM_SGD)
+        return usage_error("--momentum applies to --optimizer sgd only");
+    if (!o->lr_set)
+        o->lr = o->optimizer == LOOM_OPTIM_SGD ? 0.01 : 0.001;
+    if (!o->momentum_set)
+        o->momentum = o->optimizer == LOOM_OPTIM_SGD ? 0.9 : 0.0;
+    if (!o->weight_decay_set)
+        o->weight_decay = o->optimizer == LOOM_OPTIM_ADAMW ? 0.01 : 0.0;
+    return -1;
+}
+
+/* ---- model ----------------------------------------------------------------------------- */
+
+static void add_param(model *m, const char *name, loom_tensor *t) {
+    m->params[m->n_params++] = (loom_named_tensor){name, t};
+}
+
+static loom_status model_init(loom_context *ctx, model *m, model_kind kind, int64_t rows,
+                              int64_t cols, uint64_t seed) {
+    *m = (model){.kind = kind, .rows = rows, .cols = cols};
+    loom_rng rng;
+    loom_rng_init(&rng, seed);
+    loom_status st;
+    if (kind == MODEL_MLP) {
+        if ((st = loom_nn_linear_init(ctx, &m->fc[0], rows * cols, 512, true, &rng)) ||
+            (st = loom_nn_linear_init(ctx, &m->fc[1], 512, 512, true, &rng)) ||
+            (st = loom_nn_linear_init(ctx, &m->fc[2], 512, 10, true, &rng)))
+            return st;
+        add_param(m, "fc1.weight", m->fc[0].weight);
+        add_param(m, "fc1.bias", m->fc[0].bias);
+        add_param(m, "fc2.weight", m->fc[1].weight);
+        add_param(m, "fc2.bias", m->fc[1].bias);
+        add_param(m, "fc3.weight", m->fc[2].weight);
+        add_param(m, "fc3.bias", m->fc[2].bias);
+        return LOOM_OK;
+    }
+    /* Two valid 3x3 convolutions then a 2x2 pool: 28x28 -> 26 -> 24 -> 12, 64*12*12 = 9216. */
+    int64_t flat = 64 * ((rows - 4) / 2) * ((cols - 4) / 2);
+    if ((st = loom_nn_conv2d_init(ctx, &m->conv[0], 1, 32, 3, 3, true, &rng)) ||
+        (st = loom_nn_conv2d_init(ctx, &m->conv[1], 32, 64, 3, 3, true, &rng)) ||
+        (st = loom_nn_linear_init(ctx, &m->fc[0], flat, 128, true, &rng)) ||
+        (st = loom_nn_linear_init(ctx, &m->fc[1], 128, 10, true, &rng)))
+        return st;
+    add_param(m, "conv1.weight", m->conv[0].weight);
+    add_param(m, "conv1.bias", m->conv[0].bias);
+    add_param(m, "conv2.weight", m->conv[1].weight);
+    add_param(m, "conv2.bias", m->conv[1].bias);
+    add_param(m, "fc1.weight", m->fc[0].weight);
+    add_param(m, "fc1.bias", m->fc[0].bias);
+    add_param(m, "fc2.weight", m->fc[1].weight);
+    add_param(m, "fc2.bias", m->fc[1].bias);
+    return LOOM_OK;
+}
+
+static void model_deinit(model *m) {
+    for (int i = 0; i < 3; i++)
+        loom_nn_linear_deinit(&m->fc[i]);
+    for (int i = 0; i < 2; i++)
+        loom_nn_conv2d_deinit(&m->conv[i]);
+    m->n_params = 0;
+}
+
+/* Logits [n, 10] of images x [n, rows*cols]. */
+static loom_tensor *model_forward(loom_context *ctx, const model *m, loom_tensor *x, int64_t n) {
+    if (m->kind == MODEL_MLP) {
+        loom_tensor *h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], x));
+        h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[1], h));
+        return loom_nn_linear_forward(ctx, &m->fc[2], h);
+    }
+    loom_tensor *h = loom_reshape(ctx, x, 4, (int64_t[]){n, 1, m->rows, m->cols});
+    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[0], h));
+    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[1], h));
+    h = loom_max_pool2d(ctx, h, (int64_t[]){2, 2}, NULL, NULL);
+    h = loom_reshape(ctx, h, 2, (int64_t[]){n, -1}); /* flatten: channel-major, as PyTorch */
+    h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], h));
+    return loom_nn_linear_forward(ctx, &m->fc[1], h);
+}
+
+/* ---- progress -------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct progress {
+    bool tty, quiet;
+    bool bar_shown; /* a bar is drawn on the current stderr line */
+    double last;    /* when the bar or line was last shown */
+    int64_t every;  /* plain mode: a line every this many steps */
+} progress;
+
+static void progress_clear(progress *p) {
+    if (p->bar_shown) {
+        fputs("\r\033[K", stderr);
+        p->bar_shown = false;
+    }
+}
+
+static void progress_show(progress *p, int64_t epoch, int64_t epochs, int64_t step, int64_t total,
+                          double loss, double rate) {
+    if (p->tty) {
+        enum { WIDTH = 30 };
+        int filled = total > 0 ? (int)(WIDTH * step / total) : 0;
+        char bar[WIDTH + 1];
+        for (int i = 0; i < WIDTH; i++)
+            bar[i] = i < filled ? '=' : i == filled ? '>' : ' ';
+        bar[WIDTH] = '\0';
+        fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld loss %.4f %.0f samples/s",
+                (long long)epoch + 1, (long long)epochs, bar, (long long)step, (long long)total,
+                loss, rate);
+        fflush(stderr);
+        p->bar_shown = true;
+    } else if (!p->quiet) {
+        fprintf(stderr, "epoch %lld/%lld step %lld/%lld loss %.4f %.0f samples/s\n",
+                (long long)epoch + 1, (long long)epochs, (long long)step, (long long)total, loss,
+                rate);
+    }
+}
+
+/* ---- training and evaluation ----------------------------------------------------------- */
+
+static void print_chunk(const char *chunk, size_t len, void *ud) {
+    fwrite(chunk, 1, len, (FILE *)ud);
+}
+
+static int runtime_error(loom_context *ctx, const char *what) {
+    fprintf(stderr, PROG ": %s: %s\n", what,
+            ctx && loom_context_error(ctx) != LOOM_OK ? loom_context_error_message(ctx)
+                                                      : "unknown error");
+    return 1;
+}
+
+typedef struct train_result {
+    int64_t steps;
+    double final_loss; /* NAN when no step ran */
+    double samples_per_sec;
+} train_result;
+
+/* Reads a finished step's loss (no wait: the step after it has been launched, and a launch
+ * waits for its predecessor), logs it if asked, and releases it. */
+static int take_loss(loom_context *ctx, const options *o, loom_tensor **loss, int64_t step,
+                     progress *p, double *out) {
+    float v;
+    if (loom_tensor_read(ctx, *loss, &v, sizeof v) != LOOM_OK)
+        return runtime_error(ctx, "reading the loss");
+    loom_tensor_release(*loss);
+    *loss = NULL;
+    if (!isfinite(v)) {
+        progress_clear(p);
+        fprintf(stderr, PROG ": the loss became %f at step %lld; try a smaller --lr\n", (double)v,
+                (long long)step);
+        return 1;
+    }
+    if (o->log_every && step % o->log_every == 0) {
+        progress_clear(p);
+        printf("step=%lld loss=%.6f\n", (long long)step, (double)v);
+        fflush(stdout);
+    }
+    *out = v;
+    return 0;
+}
+
+static int train(loom_context *ctx, const options *o, const model *m, const loom_dataset *ds,
+                 train_result *res) {
+    int rc = 1;
+    loom_optim *opt = NULL;
+    loom_batches *it = NULL;
+    loom_tensor *pending = NULL; /* the previous step's loss, not read yet */
+    int64_t pending_step = -1;
+    *res = (train_result){.final_loss = NAN};
+
+    loom_optim_options oo;
+    loom_optim_options_init(&oo, o->optimizer);
+    oo.lr = o->lr;
+    oo.weight_decay = o->weight_decay;
+    if (o->optimizer == LOOM_OPTIM_SGD)
+        oo.momentum = o->momentum;
+    loom_tensor *params[MAX_PARAMS];
+    for (int32_t i = 0; i < m->n_params; i++)
+        params[i] = m->params[i].tensor;
+    if (loom_optim_create(ctx, &oo, m->n_params, params, &opt) != LOOM_OK) {
+        rc = runtime_error(ctx, "creating the optimizer");
+        goto out;
+    }
+    loom_batch_options bo;
+    loom_batch_options_init(&bo);
+    bo.batch_size = o->batch_size;
+    bo.shuffle = o->shuffle;
+    bo.seed = o->seed;
+    if (loom_batches_create(ds, &bo, &it) != LOOM_OK) {
+        fprintf(stderr, PROG ": cannot create the batch iterator\n");
+        goto out;
+    }
+    const int64_t per_epoch = loom_batches_per_epoch(it);
+    if (per_epoch == 0) {
+        fprintf(stderr, PROG ": --batch-size %lld exceeds the %lld training images\n",
+                (long long)o->batch_size, (long long)loom_dataset_count(ds));
+        goto out;
+    }
+    const int64_t features = m->rows * m->cols;
+    progress p = {.tty = isatty(STDERR_FILENO) == 1,
+                  .quiet = o->json,
+                  .last = now_s(),
+                  .every = per_epoch >= 10 ? per_epoch / 10 : 1};
+    double t_rate = 0;      /* when the first step was launched, its compile done */
+    int64_t compile_ns = 0; /* CompileTime then: later compiles are not training time */
+    double last_loss = NAN;
+    int64_t step = 0;
+    bool stop = false;
+    for (int64_t epoch = 0; epoch < o->epochs && !stop; epoch++) {
+        loom_batches_set_epoch(it, epoch);
+        const float *xb;
+        const int64_t *yb;
+        int64_t n;
+        for (int64_t b = 0; loom_batches_next(it, &xb, &yb, &n); b++) {
+            loom_tensor *x =
+                loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, features}, xb);
+            loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, yb);
+            loom_tensor *logits = model_forward(ctx, m, x, n);
+            loom_tensor *loss = loom_cross_entropy(ctx, logits, y, LOOM_REDUCTION_MEAN);
+            loom_tensor *grads[MAX_PARAMS] = {NULL};
+            if (loss)
+                loom_backward(ctx, loss, m->n_params, params, grads);
+            if (loom_context_error(ctx) == LOOM_OK)
+                loom_optim_step(opt, grads, NULL);
+            loom_tensor_retain(loss);
+            loom_status st = loom_mark_step(ctx);
+            /* The step holds what it reads: the host copies can go. */
+            loom_tensor_release(x);
+            loom_tensor_release(y);
+            if (st != LOOM_OK || !loss) {
+                loom_tensor_release(loss);
+                progress_clear(&p);
+                rc = runtime_error(ctx, "training step");
+                goto out;
+            }
+            if (step == 0) {
+                t_rate = now_s();
+                compile_ns = loom_metric_total(ctx, "CompileTime");
+            }
+            /* Launching this step waited for the previous one: its loss is ready. */
+            if (pending) {
+                double t = now_s();
+                bool log = o->log_every && pending_step % o->log_every == 0;
+                bool show = p.tty ? t - p.last >= 0.1 : pending_step % p.every == 0;
+                if (log || show) {
+                    if (take_loss(ctx, o, &pending, pending_step, &p, &last_loss))
+                        goto out;
+                }
+                if (show) {
+                    double rate =
+                        t > t_rate ? (double)step * (double)o->batch_size / (t - t_rate) : 0;
+                    progress_show(&p, epoch, o->epochs, b, per_epoch, last_loss, rate);
+                    p.last = t;
+                }
+                loom_tensor_release(pending);
+            }
+            pending = loss;
+            pending_step = step;
+            step++;
+            if (o->limit_steps && step >= o->limit_steps) {
+                stop = true;
+                break;
+            }
+        }
+        /* A summary line per epoch (one wait for the device per epoch). */
+        if (!o->json && pending && o->epochs > 1) {
+            if (take_loss(ctx, o, &pending, pending_step, &p, &last_loss))
+                goto out;
+            double t =
+                now_s() - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
+            progress_clear(&p);
+            fprintf(stderr, "epoch %lld/%lld: last loss %.4f, %.0f samples/s\n",
+                    (long long)epoch + 1, (long long)o->epochs, last_loss,
+                    t > t_rate ? (double)step * (double)o->batch_size / (t - t_rate) : 0.0);
+        }
+    }
+    if (pending) { /* the last step: reading it waits for the device */
+        if (take_loss(ctx, o, &pending, pending_step, &p, &last_loss))
+            goto out;
+    }
+    if (loom_context_sync(ctx) != LOOM_OK) {
+        rc = runtime_error(ctx, "training");
+        goto out;
+    }
+    double elapsed =
+        now_s() - t_rate - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
+    progress_clear(&p);
+    res->steps = step;
+    res->final_loss = last_loss;
+    /* From the first launch (its compile done) to the end: every step ran in that time. */
+    res->samples_per_sec = elapsed > 0 ? (double)step * (double)o->batch_size / elapsed : 0;
+    rc = 0;
+out:
+    loom_tensor_release(pending);
+    loom_batches_destroy(it);
+    loom_optim_destroy(opt);
+    return rc;
+}
+
+/* Counts correct predictions in the graph (an i64 counter updated by assign), so the host
+ * reads one number at the end. */
+static int evaluate(loom_context *ctx, const model *m, const loom_dataset *ds, double *out_acc) {
+    int rc = 1;
+    loom_batches *it = NULL;
+    int64_t zero = 0, total = 0, correct = 0;
+    loom_tensor *counter = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &zero);
+    if (!counter)
+        return runtime_error(ctx, "evaluation");
+    loom_batch_options bo;
+    loom_batch_options_init(&bo);
+    bo.batch_size = EVAL_BATCH;
+    bo.shuffle = false;
+    bo.drop_last = false; /* every test image counts */
+    if (loom_batches_create(ds, &bo, &it) != LOOM_OK) {
+        fprintf(stderr, PROG ": cannot create the test batch iterator\n");
+        goto out;
+    }
+    const float *xb;
+    const int64_t *yb;
+    int64_t n;
+    while (loom_batches_next(it, &xb, &yb, &n)) {
+        loom_tensor *x =
+            loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, m->rows * m->cols}, xb);
+        loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, yb);
+        loom_tensor *pred = loom_argmax(ctx, model_forward(ctx, m, x, n), 1);
+        loom_tensor *hits =
+            loom_sum(ctx, loom_cast(ctx, loom_eq(ctx, pred, y), LOOM_DTYPE_I64), 0, NULL, false);
+        if (hits)
+            loom_assign(ctx, counter, loom_add(ctx, counter, hits));
+        loom_status st = loom_mark_step(ctx);
+        loom_tensor_release(x);
+        loom_tensor_release(y);
+        if (st != LOOM_OK || !hits) {
+            rc = runtime_error(ctx, "evaluation step");
+            goto out;
+        }
+        total += n;
+    }
+    if (loom_tensor_read(ctx, counter, &correct, sizeof correct) != LOOM_OK) {
+        rc = runtime_error(ctx, "reading the evaluation result");
+        goto out;
+    }
+    *out_acc = total > 0 ? (double)correct / (double)total : 0;
+    rc = 0;
+out:
+    loom_batches_destroy(it);
+    loom_tensor_release(counter);
+    return rc;
+}
+
+static loom_dataset *load_split(const char *dir, const char *split) {
+    char images[PATH_MAX], labels[PATH_MAX], err[512];
+    snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte.gz", dir, split);
+    snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte.gz", dir, split);
+    loom_dataset *ds = NULL;
+    if (loom_dataset_load_idx(images, labels, &ds, err, sizeof err) != LOOM_OK) {
+        fprintf(stderr, PROG ": %s\n", err);
+        if (access(images, F_OK) != 0 || access(labels, F_OK) != 0)
+            fprintf(stderr, PROG ": the Fashion-MNIST files come with Debian's "
+                                 "dataset-fashion-mnist package; or pass --data-dir DIR\n");
+        return NULL;
+    }
+    return ds;
+}
+
+static const char *const model_names[] = {"mlp", "cnn"};
+static const char *const optim_names[] = {"sgd", "adam", "adamw"};
+
+int main(int argc, char **argv) {
+    options o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    rc = 1;
+
+    loom_context *ctx = NULL;
+    model m = {0};
+    loom_dataset *train_ds = NULL, *test_ds = NULL;
+    train_result tr = {.final_loss = NAN};
+    double acc = 0;
+
+    train_ds = load_split(o.data_dir, "train");
+    test_ds = train_ds ? load_split(o.data_dir, "t10k") : NULL;
+    if (!test_ds)
+        goto out;
+    int64_t rows, cols, trows, tcols;
+    loom_dataset_image_shape(train_ds, &rows, &cols);
+    loom_dataset_image_shape(test_ds, &trows, &tcols);
+    if (rows != trows || cols != tcols || rows < 6 || cols < 6) {
+        fprintf(stderr, PROG ": train images are %lldx%lld and test images %lldx%lld\n",
+                (long long)rows, (long long)cols, (long long)trows, (long long)tcols);
+        goto out;
+    }
+
+    loom_context_options co;
+    loom_context_options_init(&co);
+    co.eager = co.eager || o.eager;
+    loom_status st = loom_context_create(&co, &ctx);
+    if (st != LOOM_OK) {
+        fprintf(stderr, PROG ": cannot create a context: %s\n", loom_status_name(st));
+        goto out;
+    }
+    if (model_init(ctx, &m, o.model, rows, cols, o.seed) != LOOM_OK) {
+        rc = runtime_error(ctx, "creating the model");
+        goto out;
+    }
+    /* The loaded values land in a step of their own, so the training step's graph is the
+     * same from its first batch on (one compile). */
+    if (o.init_path &&
+        (loom_safetensors_load(ctx, o.init_path, m.n_params, m.params, true) != LOOM_OK ||
+         loom_mark_step(ctx) != LOOM_OK)) {
+        rc = runtime_error(ctx, "--init");
+        goto out;
+    }
+    if (!o.json)
+        printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s\n",
+               model_names[o.model], (int)m.n_params, (long long)loom_dataset_count(train_ds),
+               (long long)loom_dataset_count(test_ds), optim_names[o.optimizer], o.lr,
+               co.eager ? ", reference interpreter" : "");
+    if (o.epochs > 0 && (rc = train(ctx, &o, &m, train_ds, &tr)) != 0)
+        goto out;
+    rc = 1;
+    if (o.save_path && loom_safetensors_save(ctx, o.save_path, m.n_params, m.params) != LOOM_OK) {
+        rc = runtime_error(ctx, "--save");
+        goto out;
+    }
+    if ((rc = evaluate(ctx, &m, test_ds, &acc)) != 0)
+        goto out;
+    rc = 1;
+
+    size_t mem_now = 0, mem_peak = 0;
+    loom_device_memory(ctx, &mem_now, &mem_peak);
+    double compile_ms = (double)loom_metric_total(ctx, "CompileTime") / 1e6;
+    if (o.json) {
+        /* JSON has no NaN: a run without steps reports null. */
+        char loss[32];
+        if (isfinite(tr.final_loss))
+            snprintf(loss, sizeof loss, "%.6f", tr.final_loss);
+        else
+            snprintf(loss, sizeof loss, "null");
+        printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"batch_size\":%lld,\"epochs\":%lld,"
+               "\"steps\":%lld,\"final_loss\":%s,\"test_accuracy\":%.4f,"
+               "\"samples_per_sec\":%.1f,\"compile_time_ms\":%.1f,"
+               "\"peak_device_memory_bytes\":%zu}\n",
+               model_names[o.model], optim_names[o.optimizer], (long long)o.batch_size,
+               (long long)o.epochs, (long long)tr.steps, loss, acc, tr.samples_per_sec, compile_ms,
+               mem_peak);
+    } else {
+        if (tr.steps > 0)
+            printf("trained %lld steps, final loss %.4f, %.0f samples/s (after the compile)\n",
+                   (long long)tr.steps, tr.final_loss, tr.samples_per_sec);
+        printf("test accuracy: %.4f\n", acc);
+        printf("compile time %.1f ms, peak device memory %.1f MB\n", compile_ms,
+               (double)mem_peak / 1e6);
+        if (o.save_path)
+            printf("saved weights to %s\n", o.save_path);
+        printf("\n--- metrics ---\n");
+        loom_metrics_report(ctx, LOOM_REPORT_FORMAT_TEXT, print_chunk, stdout);
+    }
+    rc = 0;
+out:
+    model_deinit(&m);
+    loom_context_destroy(ctx);
+    loom_dataset_destroy(test_ds);
+    loom_dataset_destroy(train_ds);
+    return rc;
+}
