@@ -6,7 +6,7 @@ all:
 
 demo:
 	scripts/setup.sh
-	./build/examples/linear_regression
+	./build/examples/fashion_mnist --model mlp --epochs 1 --lr 0.05 --lr-schedule cosine
 
 test:
 	scripts/setup.sh --asan

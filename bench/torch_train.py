@@ -208,6 +208,12 @@ def train_fashion_mnist(args):
     opt = make_optimizer(args, model.parameters())
     n = x_train.shape[0]
     per_epoch = n // args.batch_size  # drop_last, as the C example
+    total = per_epoch * args.epochs
+    if args.limit_steps:
+        total = min(total, args.limit_steps)
+    sched = None
+    if args.lr_schedule == "cosine":  # per step, as the C example's --lr-schedule cosine
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
     step, final_loss, t0, stop = 0, None, None, False
     for epoch in range(args.epochs):
         if args.no_shuffle:
@@ -228,6 +234,8 @@ def train_fashion_mnist(args):
             loss = F.cross_entropy(model(xb), yb)
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
             if step == 0:
                 t0 = time.perf_counter()
             if args.log_every and step % args.log_every == 0:
@@ -345,6 +353,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--optimizer", choices=["sgd", "adam", "adamw"], default="sgd")
     p.add_argument("--lr", type=float)
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant")
     p.add_argument("--momentum", type=float)
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--seed", type=int, default=0)

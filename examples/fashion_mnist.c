@@ -33,6 +33,7 @@ typedef struct options {
     loom_optim_kind optimizer;
     uint64_t seed;
     bool shuffle, eager, json;
+    bool cosine; /* --lr-schedule cosine */
     const char *init_path, *save_path, *data_dir;
 } options;
 
@@ -61,6 +62,9 @@ static void usage(FILE *f) {
             "                         epoch is dropped\n"
             "  --optimizer sgd|adam|adamw   (default sgd)\n"
             "  --lr X                 learning rate (default 0.01 for sgd, 0.001 for adam/adamw)\n"
+            "  --lr-schedule constant|cosine   cosine: anneal the learning rate per step from\n"
+            "                         --lr to 0 over the run, as PyTorch's CosineAnnealingLR\n"
+            "                         with T_max = total steps (default constant)\n"
             "  --momentum X           sgd momentum (default 0.9)\n"
             "  --weight-decay X       default 0 (sgd, adam: L2 on the gradient), 0.01 (adamw:\n"
             "                         decoupled), as PyTorch\n"
@@ -159,7 +163,7 @@ static int parse_args(int argc, char **argv, options *o) {
         static const char *const valued[] = {
             "--model",       "--epochs",       "--batch-size", "--lr",   "--optimizer",
             "--momentum",    "--weight-decay", "--seed",       "--init", "--save",
-            "--limit-steps", "--log-every",    "--data-dir",
+            "--limit-steps", "--log-every",    "--data-dir",   "--lr-schedule",
         };
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
@@ -204,6 +208,10 @@ static int parse_args(int argc, char **argv, options *o) {
             if (!parse_int(val, 0, &n))
                 return usage_error("--seed needs an integer >= 0, not '%s'", val);
             o->seed = (uint64_t)n;
+        } else if (!strcmp(name, "--lr-schedule")) {
+            if (strcmp(val, "constant") && strcmp(val, "cosine"))
+                return usage_error("--lr-schedule must be constant or cosine, not '%s'", val);
+            o->cosine = !strcmp(val, "cosine");
         } else if (!strcmp(name, "--lr")) {
             if (!parse_real(val, &o->lr))
                 return usage_error("--lr needs a finite number >= 0, not '%s'", val);
@@ -430,6 +438,9 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
                   .quiet = o->json,
                   .last = now_s(),
                   .every = per_epoch >= 10 ? per_epoch / 10 : 1};
+    int64_t total_steps = o->epochs * per_epoch;
+    if (o->limit_steps && o->limit_steps < total_steps)
+        total_steps = o->limit_steps;
     double t_rate = 0;      /* when the first step was launched, its compile done */
     int64_t compile_ns = 0; /* CompileTime then: later compiles are not training time */
     double last_loss = NAN;
@@ -449,6 +460,9 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
             loom_tensor *grads[MAX_PARAMS] = {NULL};
             if (loss)
                 loom_backward(ctx, loss, m->n_params, params, grads);
+            if (o->cosine) /* a device scalar: a new value never recompiles */
+                loom_optim_set_lr(opt, 0.5 * o->lr * (1 + cos(3.14159265358979323846 * (double)step /
+                                                                 (double)total_steps)));
             if (loom_context_error(ctx) == LOOM_OK)
                 loom_optim_step(opt, grads, NULL);
             loom_tensor_retain(loss);
