@@ -151,6 +151,11 @@ static int64_t numel_of(const ag *a, int32_t x) {
     return loom_ir_numel(nd(a, x)->rank, nd(a, x)->shape);
 }
 
+/* Elements a transpose of x would move: none when x is itself a transpose (it cancels). */
+static int64_t cost_mT(const ag *a, int32_t x) {
+    return is_swap_last(nd(a, x)) ? 0 : numel_of(a, x);
+}
+
 /* Swaps the last two axes (undoing such a swap instead of stacking a second one). */
 static int32_t mT(ag *a, int32_t x) {
     if (x < 0)
@@ -354,9 +359,20 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
         d.attrs.start[ax] = off;
         return emit(a, &d);
     }
-    case LOOM_IR_OP_MATMUL: /* C = A B: dA = G B^T, dB = A^T G */
-        return k == 0 ? bin(a, LOOM_IR_OP_MATMUL, g, mT(a, y))
-                      : bin(a, LOOM_IR_OP_MATMUL, mT(a, x), g);
+    case LOOM_IR_OP_MATMUL: {
+        /* C = A B: dA = G B^T = (B G^T)^T, dB = A^T G = (G^T A)^T. Each form materialises
+         * some transposes (a transpose of a transpose is free; the outer one of the second
+         * form usually fuses into the consumer but is counted too): take the one moving
+         * less, which for im2col convolutions avoids transposing the huge column matrix. */
+        int32_t other = k == 0 ? y : x;
+        int64_t direct = cost_mT(a, other);
+        int64_t flipped = cost_mT(a, g) + numel_of(a, k == 0 ? x : y);
+        if (direct <= flipped)
+            return k == 0 ? bin(a, LOOM_IR_OP_MATMUL, g, mT(a, y))
+                          : bin(a, LOOM_IR_OP_MATMUL, mT(a, x), g);
+        return k == 0 ? mT(a, bin(a, LOOM_IR_OP_MATMUL, y, mT(a, g)))
+                      : mT(a, bin(a, LOOM_IR_OP_MATMUL, mT(a, g), x));
+    }
     case LOOM_IR_OP_COUNT_: break;
     }
     return -1;

@@ -252,6 +252,22 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
         int32_t perm[LOOM_MAX_RANK];
         int32_t base = ops[0];
         memcpy(perm, n->attrs.perm, sizeof perm);
+        /* transpose(f(transpose(y, p)), q) with p then q the identity is f(y) for an
+         * elementwise unary f: layers that permute a result, apply an activation and
+         * permute it back (one conv feeding another) then cost no pass over memory. */
+        if (loom_ir_op_table[x[0]->op].kind == LOOM_IR_KIND_UNARY &&
+            g->nodes[x[0]->inputs[0]].op == LOOM_IR_OP_TRANSPOSE) {
+            const loom_ir_node *t = &g->nodes[x[0]->inputs[0]];
+            bool cancels = true;
+            for (int32_t j = 0; j < n->rank; j++)
+                cancels = cancels && t->attrs.perm[n->attrs.perm[j]] == j;
+            if (cancels) {
+                set_rebased(a, x[0], t->inputs[0]);
+                a->desc.rank = n->rank;
+                a->desc.shape = n->shape;
+                return;
+            }
+        }
         if (x[0]->op == LOOM_IR_OP_TRANSPOSE) {
             for (int32_t j = 0; j < n->rank; j++)
                 perm[j] = x[0]->attrs.perm[n->attrs.perm[j]];

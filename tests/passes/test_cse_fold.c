@@ -594,6 +594,27 @@ static void test_fold_collapses_chains_in_one_run_and_drops_what_died(void **sta
     loom_ir_graph_deinit(&g);
 }
 
+static void test_fold_cancels_a_transpose_pair_around_an_activation(void **state) {
+    (void)state;
+    loom_ir_graph g, h;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[2,3,4]\n"
+              "  %1 = transpose %0 {perm = [1, 0, 2]} : f32[3,2,4]\n"
+              "  %2 = relu %1 : f32[3,2,4]\n"
+              "  %3 = transpose %2 {perm = [1, 0, 2]} : f32[2,3,4]\n" /* relu(x) */
+              "  %4 = transpose %0 {perm = [1, 2, 0]} : f32[3,4,2]\n"
+              "  %5 = exp %4 : f32[3,4,2]\n"
+              "  %6 = transpose %5 {perm = [1, 2, 0]} : f32[4,2,3]\n" /* not the inverse */
+              "  return %3, %6\n}\n");
+    bool changed;
+    run_checked(&loom_pass_fold, &g, &h, &changed);
+    assert_true(changed);
+    assert_string_equal(node_list(&h),
+                        "input#0,relu(0),transpose[1 2 0](0),exp(2),transpose[1 2 0](3)");
+    loom_ir_graph_deinit(&h);
+    loom_ir_graph_deinit(&g);
+}
+
 static void test_fold_leaves_a_graph_with_nothing_to_fold_untouched(void **state) {
     (void)state;
     test_alloc ta = {0};
@@ -779,6 +800,7 @@ int main(void) {
         cmocka_unit_test(test_fold_cancels_double_negation_no_op_casts_movements_and_selects),
         cmocka_unit_test(test_fold_composes_reshapes_broadcasts_and_transposes),
         cmocka_unit_test(test_fold_collapses_chains_in_one_run_and_drops_what_died),
+        cmocka_unit_test(test_fold_cancels_a_transpose_pair_around_an_activation),
         cmocka_unit_test(test_fold_leaves_a_graph_with_nothing_to_fold_untouched),
         cmocka_unit_test(test_fold_matches_the_interpreter_for_every_elementwise_op),
         cmocka_unit_test(test_cse_and_fold_fail_cleanly_when_memory_runs_out),
