@@ -90,8 +90,8 @@ static int32_t shaped(ag *a, loom_ir_op op, int32_t x, int32_t rank, const int64
                                         .shape = s});
 }
 
-/* x reshaped / broadcast to the type of node `like`. */
-static int32_t reshape_like(ag *a, int32_t x, int32_t like) {
+/* x reshaped or broadcast (op) to the shape of node `like`; x itself when it has it. */
+static int32_t shaped_like(ag *a, loom_ir_op op, int32_t x, int32_t like) {
     if (x < 0)
         return -1;
     const loom_ir_node *l = nd(a, like), *n = nd(a, x);
@@ -99,18 +99,15 @@ static int32_t reshape_like(ag *a, int32_t x, int32_t like) {
         return x;
     int64_t s[LOOM_MAX_RANK];
     memcpy(s, l->shape, sizeof s);
-    return shaped(a, LOOM_IR_OP_RESHAPE, x, l->rank, s);
+    return shaped(a, op, x, l->rank, s);
+}
+
+static int32_t reshape_like(ag *a, int32_t x, int32_t like) {
+    return shaped_like(a, LOOM_IR_OP_RESHAPE, x, like);
 }
 
 static int32_t broadcast_like(ag *a, int32_t x, int32_t like) {
-    if (x < 0)
-        return -1;
-    const loom_ir_node *l = nd(a, like), *n = nd(a, x);
-    if (l->rank == n->rank && memcmp(l->shape, n->shape, (size_t)l->rank * 8) == 0)
-        return x;
-    int64_t s[LOOM_MAX_RANK];
-    memcpy(s, l->shape, sizeof s);
-    return shaped(a, LOOM_IR_OP_BROADCAST, x, l->rank, s);
+    return shaped_like(a, LOOM_IR_OP_BROADCAST, x, like);
 }
 
 static int32_t cast_to(ag *a, int32_t x, loom_dtype dt) {

@@ -12,6 +12,8 @@
 
 #include <zlib.h>
 
+#include "frontend.h"
+
 #define IDX_MAGIC_IMAGES 0x00000803u
 #define IDX_MAGIC_LABELS 0x00000801u
 
@@ -21,10 +23,7 @@ struct loom_dataset {
     uint8_t *labels; /* count */
 };
 
-static loom_status set_err(char *err, size_t err_size, loom_status s, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static loom_status set_err(char *err, size_t err_size, loom_status s, const char *fmt, ...) {
+loom_status loom_fe_set_err(char *err, size_t err_size, loom_status s, const char *fmt, ...) {
     if (err && err_size > 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -62,9 +61,9 @@ static loom_status gz_fault(gzFile f, const char *path, char *err, size_t err_si
     int code = Z_OK;
     const char *msg = gzerror(f, &code);
     if (code == Z_ERRNO)
-        return set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: read failed: %s", path,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: read failed: %s", path,
                        strerror(errno));
-    return set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: corrupt gzip stream: %s", path,
+    return loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: corrupt gzip stream: %s", path,
                    msg ? msg : "unknown error");
 }
 
@@ -76,7 +75,7 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f)
-        return set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
                        errno ? strerror(errno) : "out of memory");
     loom_status st = LOOM_OK;
     uint8_t *payload = NULL;
@@ -94,13 +93,13 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     }
     uint32_t m = got >= 4 ? be32(header) : 0;
     if (got >= 4 && m != magic) {
-        st = set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "%s: bad magic 0x%08" PRIx32 ": expected 0x%08" PRIx32 " (%s IDX file)", path,
                      m, magic, magic == IDX_MAGIC_IMAGES ? "uint8 3-d image" : "uint8 1-d label");
         goto done;
     }
     if ((size_t)got < header_size) {
-        st = set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "%s: truncated: expected at least %zu header bytes, got %" PRId64, path,
                      header_size, got);
         goto done;
@@ -112,12 +111,12 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
         uint64_t d = be32(header + 4 + 4 * i);
         dims[i] = (int64_t)d;
         if (i > 0 && d == 0) {
-            st = set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: dimension %d is 0", path, i);
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: dimension %d is 0", path, i);
             goto done;
         }
         uint64_t limit = (uint64_t)(SIZE_MAX < INT64_MAX ? SIZE_MAX : INT64_MAX) - header_size;
         if (d != 0 && total > limit / d) {
-            st = set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                          "%s: dimensions too large: size overflows", path);
             goto done;
         }
@@ -125,7 +124,7 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     }
     payload = malloc(total ? (size_t)total : 1);
     if (!payload) {
-        st = set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
                      "%s: out of memory for %" PRIu64 " bytes", path, total);
         goto done;
     }
@@ -135,7 +134,7 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
         goto done;
     }
     if ((uint64_t)got < total) {
-        st = set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "%s: truncated: expected %" PRIu64 " bytes, got %" PRIu64, path,
                      (uint64_t)header_size + total, (uint64_t)header_size + (uint64_t)got);
         goto done;
@@ -147,7 +146,7 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
         goto done;
     }
     if (got > 0) {
-        st = set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "%s: trailing bytes after the expected %" PRIu64 " bytes", path,
                      (uint64_t)header_size + total);
         goto done;
@@ -174,7 +173,7 @@ loom_status loom_dataset_load_idx(const char *images_path, const char *labels_pa
     if (out)
         *out = NULL;
     if (!images_path || !labels_path || !out)
-        return set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT,
                        "loom_dataset_load_idx: %s is NULL",
                        !images_path   ? "images_path"
                        : !labels_path ? "labels_path"
@@ -192,7 +191,7 @@ loom_status loom_dataset_load_idx(const char *images_path, const char *labels_pa
     if (idims[0] != ldims[0]) {
         free(images);
         free(labels);
-        return set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                        "%s: %" PRId64 " labels, but %s has %" PRId64 " images", labels_path,
                        ldims[0], images_path, idims[0]);
     }
@@ -200,7 +199,7 @@ loom_status loom_dataset_load_idx(const char *images_path, const char *labels_pa
     if (!ds) {
         free(images);
         free(labels);
-        return set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
                        "loom_dataset_load_idx: out of memory");
     }
     *ds = (loom_dataset){

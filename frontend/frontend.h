@@ -126,6 +126,12 @@ int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, i
 loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
                             const char *op);
 
+/* ---- data.c ---- */
+/* Formats a message into err (err_size bytes; nothing when err is NULL or err_size 0), for
+ * the context-free loaders that report through a caller's buffer. Returns s. */
+loom_status loom_fe_set_err(char *err, size_t err_size, loom_status s, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* ---- autograd.c ---- */
 /* Whether trace node `node` was marked by loom_detach in the current step. */
 bool loom_fe_is_detached(const loom_context *ctx, int32_t node);

@@ -50,14 +50,32 @@ static bool need_float(loom_context *ctx, loom_dtype dt, const char *what, const
     return false;
 }
 
+static bool check_vec(loom_context *ctx, loom_tensor *t, const char *what, loom_dtype dt,
+                      int32_t rank, const int64_t *shape, const char *file, int line,
+                      const char *op) {
+    if (!t)
+        return true;
+    loom_dtype d;
+    int32_t r;
+    int64_t s[LOOM_MAX_RANK];
+    if (!type_of(ctx, t, what, file, line, op, &d, &r, s))
+        return false;
+    if (d == dt && r == rank && memcmp(s, shape, (size_t)rank * sizeof *s) == 0)
+        return true;
+    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+    loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "%s must be %s, got %s",
+                  what, fmt_type(ta, sizeof ta, dt, rank, shape), fmt_type(tb, sizeof tb, d, r, s));
+    return false;
+}
+
 /* ---- linear ----------------------------------------------------------------------------- */
 
 LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
                                      loom_tensor *bias, const char *file, int line) {
     static const char op[] = "linear";
-    loom_dtype dx, dw, db;
-    int32_t rx, rw, rb;
-    int64_t sx[LOOM_MAX_RANK], sw[LOOM_MAX_RANK], sb[LOOM_MAX_RANK];
+    loom_dtype dx, dw;
+    int32_t rx, rw;
+    int64_t sx[LOOM_MAX_RANK], sw[LOOM_MAX_RANK];
     if (!ctx || !type_of(ctx, x, "x", file, line, op, &dx, &rx, sx) ||
         !type_of(ctx, weight, "weight", file, line, op, &dw, &rw, sw))
         return NULL;
@@ -68,16 +86,8 @@ LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_ten
                       fmt_type(ta, sizeof ta, dx, rx, sx), fmt_type(tb, sizeof tb, dw, rw, sw));
         return NULL;
     }
-    if (bias) {
-        if (!type_of(ctx, bias, "bias", file, line, op, &db, &rb, sb))
-            return NULL;
-        if (rb != 1 || sb[0] != sw[0] || db != dw) {
-            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                          "bias must be %s[%lld], got %s", loom_dtype_name(dw),
-                          (long long)sw[0], fmt_type(ta, sizeof ta, db, rb, sb));
-            return NULL;
-        }
-    }
+    if (!check_vec(ctx, bias, "bias", dw, 1, sw, file, line, op))
+        return NULL;
     loom_tensor *x2 = x;
     int64_t rows = 1;
     for (int32_t i = 0; i < rx - 1; i++)
@@ -285,9 +295,9 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
                                      const int64_t *padding, const int64_t *dilation,
                                      int64_t groups, const char *file, int line) {
     static const char op[] = "conv2d";
-    loom_dtype dx, dw, db;
-    int32_t rx, rw, rb;
-    int64_t sx[LOOM_MAX_RANK], sw[LOOM_MAX_RANK], sb[LOOM_MAX_RANK];
+    loom_dtype dx, dw;
+    int32_t rx, rw;
+    int64_t sx[LOOM_MAX_RANK], sw[LOOM_MAX_RANK];
     int64_t st[2], pd[2], dl[2];
     if (!ctx || !type_of(ctx, x, "x", file, line, op, &dx, &rx, sx) ||
         !type_of(ctx, weight, "weight", file, line, op, &dw, &rw, sw) ||
@@ -305,16 +315,8 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
                       (long long)groups);
         return NULL;
     }
-    if (bias) {
-        if (!type_of(ctx, bias, "bias", file, line, op, &db, &rb, sb))
-            return NULL;
-        if (rb != 1 || sb[0] != sw[0] || db != dw) {
-            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                          "bias must be %s[%lld], got %s", loom_dtype_name(dw),
-                          (long long)sw[0], fmt_type(ta, sizeof ta, db, rb, sb));
-            return NULL;
-        }
-    }
+    if (!check_vec(ctx, bias, "bias", dw, 1, sw, file, line, op))
+        return NULL;
     int64_t k[2] = {sw[2], sw[3]};
     int64_t o[2] = {out_extent(sx[2], pd[0], k[0], dl[0], st[0]),
                     out_extent(sx[3], pd[1], k[1], dl[1], st[1])};
@@ -433,24 +435,6 @@ static loom_tensor *channel_view(loom_context *ctx, loom_tensor *t, int32_t r, i
     for (int32_t i = 0; i < r; i++)
         s[i] = i == 1 ? c : 1;
     return loom_reshape_at(ctx, t, r, s, file, line);
-}
-
-static bool check_vec(loom_context *ctx, loom_tensor *t, const char *what, loom_dtype dt,
-                      int32_t rank, const int64_t *shape, const char *file, int line,
-                      const char *op) {
-    if (!t)
-        return true;
-    loom_dtype d;
-    int32_t r;
-    int64_t s[LOOM_MAX_RANK];
-    if (!type_of(ctx, t, what, file, line, op, &d, &r, s))
-        return false;
-    if (d == dt && r == rank && memcmp(s, shape, (size_t)rank * sizeof *s) == 0)
-        return true;
-    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
-    loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "%s must be %s, got %s",
-                  what, fmt_type(ta, sizeof ta, dt, rank, shape), fmt_type(tb, sizeof tb, d, r, s));
-    return false;
 }
 
 LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,

@@ -55,18 +55,6 @@ struct loom_safetensors {
     int32_t n, cap;
 };
 
-static loom_status st_fail(char *err, size_t err_size, loom_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static loom_status st_fail(char *err, size_t err_size, loom_status st, const char *fmt, ...) {
-    if (err && err_size > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_size, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
 
 /* Length of the valid UTF-8 sequence at s (n bytes available), or 0: no overlong forms,
  * no surrogates, nothing above U+10FFFF (RFC 3629). */
@@ -401,7 +389,7 @@ static loom_status parse_dtype(st_parser *p, const char *who, st_tensor *e) {
         }
     for (size_t k = 0; k < sizeof st_unsupported / sizeof *st_unsupported; k++)
         if (str_is(s, len, st_unsupported[k])) {
-            st_fail(p->err, p->err_size, LOOM_STATUS_UNSUPPORTED,
+            loom_fe_set_err(p->err, p->err_size, LOOM_STATUS_UNSUPPORTED,
                     "%s: unsupported dtype %s (Loom reads F64, F32, F16, BF16, I64, I32, BOOL)",
                     who, st_unsupported[k]);
             return LOOM_STATUS_UNSUPPORTED;
@@ -567,7 +555,7 @@ static loom_status parse_metadata(st_parser *p) {
         if ((st = parse_string(p, "a string", &val, &vlen)) != LOOM_OK)
             break;
         if (!loom_ir_grow(p->a, (void **)&keys, &cap, n + 1, sizeof *keys)) {
-            st = st_fail(p->err, p->err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+            st = loom_fe_set_err(p->err, p->err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
             break;
         }
         keys[n++] = (st_span){key, klen};
@@ -621,7 +609,7 @@ static loom_status parse_header(st_parser *p) {
                     return bad(p, "tensor '%s\\u0000...': a name with a NUL character", key);
                 loom_safetensors *f = p->f;
                 if (!loom_ir_grow(p->a, (void **)&f->t, &f->cap, f->n + 1, sizeof *f->t))
-                    return st_fail(p->err, p->err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+                    return loom_fe_set_err(p->err, p->err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
                 st_tensor *e = &f->t[f->n++];
                 memset(e, 0, sizeof *e);
                 e->name = key;
@@ -665,11 +653,11 @@ static loom_status check_layout(loom_safetensors *f, char *err, size_t err_size)
     if (f->n == 0)
         return f->data_len == 0
                    ? LOOM_OK
-                   : st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+                   : loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                              "the header lists no tensors but %zu data bytes follow", f->data_len);
     const st_tensor **order = loom_ir_alloc(&f->alloc, (size_t)f->n * sizeof *order);
     if (!order)
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     for (int32_t i = 0; i < f->n; i++)
         order[i] = &f->t[i];
     qsort(order, (size_t)f->n, sizeof *order, cmp_offsets);
@@ -678,20 +666,20 @@ static loom_status check_layout(loom_safetensors *f, char *err, size_t err_size)
     for (int32_t k = 0; k < f->n && st == LOOM_OK; k++) {
         const st_tensor *e = order[k];
         if (e->begin < cur)
-            st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                          "tensor '%.120s': data_offsets [%zu, %zu] overlap tensor '%.120s' at "
                          "[%zu, %zu]",
                          e->name, e->begin, e->end, order[k - 1]->name, order[k - 1]->begin,
                          order[k - 1]->end);
         else if (e->begin > cur)
-            st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                          "data bytes [%zu, %zu) belong to no tensor (a gap before tensor "
                          "'%.120s')",
                          cur, e->begin, e->name);
         cur = e->end;
     }
     if (st == LOOM_OK && cur != f->data_len)
-        st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "data bytes [%zu, %zu) belong to no tensor (after tensor '%.120s')", cur,
                      f->data_len, order[f->n - 1]->name);
     loom_ir_free(&f->alloc, order, (size_t)f->n * sizeof *order);
@@ -706,7 +694,7 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
     loom_safetensors *f = loom_ir_alloc(a, sizeof *f);
     if (!f) {
         loom_ir_free(a, image, alloc_size);
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     }
     memset(f, 0, sizeof *f);
     f->alloc = *a;
@@ -715,19 +703,19 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
     loom_status st = LOOM_OK;
     uint64_t hlen = 0;
     if (len < 8) {
-        st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "truncated: %zu bytes, too short for the 8-byte header size", len);
         goto fail;
     }
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | image[i];
     if (hlen > ST_MAX_HEADER) {
-        st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "header size %" PRIu64 " is over the limit of %u bytes", hlen, ST_MAX_HEADER);
         goto fail;
     }
     if (hlen > len - 8) {
-        st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "truncated: header size %" PRIu64 " but only %zu bytes follow the size field",
                      hlen, len - 8);
         goto fail;
@@ -747,7 +735,7 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
         qsort(f->t, (size_t)f->n, sizeof *f->t, cmp_name);
     for (int32_t i = 1; i < f->n; i++)
         if (strcmp(f->t[i - 1].name, f->t[i].name) == 0) {
-            st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                          "tensor '%.120s' appears twice in the header", f->t[i].name);
             goto fail;
         }
@@ -760,7 +748,7 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
             continue;
         for (size_t k = e->begin; k < e->end; k++)
             if (f->data[k] > 1) {
-                st = st_fail(err, err_size, LOOM_STATUS_CORRUPT_DATA,
+                st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                              "tensor '%.120s': BOOL element %zu is %u, not 0 or 1", e->name,
                              k - e->begin, f->data[k]);
                 goto fail;
@@ -778,29 +766,29 @@ static loom_status st_read_file(const char *path, const loom_allocator *a, uint8
                                 size_t *out_len, size_t *out_size, char *err, size_t err_size) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return st_fail(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
                        strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
-        return st_fail(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot stat: %s", path,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot stat: %s", path,
                        strerror(e));
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return st_fail(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
                        S_ISDIR(sb.st_mode) ? "is a directory" : "is not a regular file");
     }
     if ((uint64_t)sb.st_size > SIZE_MAX - 1) {
         close(fd);
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: too large to read", path);
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: too large to read", path);
     }
     size_t len = (size_t)sb.st_size, size = len ? len : 1;
     uint8_t *buf = loom_ir_alloc(a, size);
     if (!buf) {
         close(fd);
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: out of memory for %zu bytes",
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: out of memory for %zu bytes",
                        path, len);
     }
     size_t done = 0;
@@ -812,7 +800,7 @@ static loom_status st_read_file(const char *path, const loom_allocator *a, uint8
             int e = r < 0 ? errno : 0;
             close(fd);
             loom_ir_free(a, buf, size);
-            return st_fail(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
+            return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
                            e ? strerror(e) : "the file shrank while being read");
         }
         done += (size_t)r;
@@ -834,7 +822,7 @@ static loom_status st_open(const char *path, const loom_allocator *a, loom_safet
     char inner[512];
     st = st_parse_image(a, image, len, size, out, inner, sizeof inner);
     if (st != LOOM_OK)
-        st_fail(err, err_size, st, "%s: %s", path, inner);
+        loom_fe_set_err(err, err_size, st, "%s: %s", path, inner);
     return st;
 }
 
@@ -843,13 +831,13 @@ LOOM_API loom_status loom_safetensors_parse(const void *data, size_t len, loom_s
     if (out)
         *out = NULL;
     if (!out || (!data && len > 0))
-        return st_fail(err, err_size, LOOM_STATUS_INVALID_ARGUMENT, "%s is NULL",
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT, "%s is NULL",
                        out ? "data" : "out");
     loom_allocator a = loom_allocator_system();
     size_t size = len ? len : 1;
     uint8_t *image = loom_ir_alloc(&a, size);
     if (!image)
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory for %zu bytes",
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory for %zu bytes",
                        len);
     if (len)
         memcpy(image, data, len);
@@ -861,7 +849,7 @@ LOOM_API loom_status loom_safetensors_open(const char *path, loom_safetensors **
     if (out)
         *out = NULL;
     if (!path || !out)
-        return st_fail(err, err_size, LOOM_STATUS_INVALID_ARGUMENT, "%s is NULL",
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT, "%s is NULL",
                        path ? "out" : "path");
     loom_allocator a = loom_allocator_system();
     return st_open(path, &a, out, err, err_size);
@@ -965,7 +953,7 @@ static loom_status st_layout(const loom_allocator *a, int32_t n, st_item *items,
         st_item *it = &items[i];
         if (it->bytes > SIZE_MAX / 2 - off) {
             loom_ir_sbuf_deinit(&sb);
-            return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+            return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
                            "the tensors hold more bytes than fit in memory");
         }
         it->offset = off;
@@ -980,14 +968,14 @@ static loom_status st_layout(const loom_allocator *a, int32_t n, st_item *items,
     loom_ir_sbuf_append(&sb, "}", 1);
     if (sb.oom) {
         loom_ir_sbuf_deinit(&sb);
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     }
     size_t hlen = (sb.len + 7) & ~(size_t)7;
     size_t total = 8 + hlen + off;
     uint8_t *buf = loom_ir_alloc(a, total);
     if (!buf) {
         loom_ir_sbuf_deinit(&sb);
-        return st_fail(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory for %zu bytes",
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory for %zu bytes",
                        total);
     }
     for (int i = 0; i < 8; i++)

@@ -338,8 +338,10 @@ static bool parse_type(parser *p, loom_dtype *dt, int32_t *rank, int64_t *shape)
     return expect(p, TOK_RBRACKET, "',' or ']' in the shape");
 }
 
-/* '[' int (',' int)* ']' into out (at most LOOM_MAX_RANK entries, each < LOOM_MAX_RANK). */
-static bool parse_axis_list(parser *p, const char *what, int32_t *out, int32_t *n) {
+/* '[' int (',' int)* ']' of integers in [0, max] into out (at most LOOM_MAX_RANK entries);
+ * elem names one entry in errors ("an axis"). */
+static bool parse_bounded_list(parser *p, const char *what, const char *elem, int64_t max,
+                               int64_t *out, int32_t *n) {
     if (!expect(p, TOK_LBRACKET, "'['"))
         return false;
     *n = 0;
@@ -350,15 +352,24 @@ static bool parse_axis_list(parser *p, const char *what, int32_t *out, int32_t *
     for (;;) {
         if (*n == LOOM_MAX_RANK)
             return fail_tok(p, &p->tok, "%s has more than %d entries", what, LOOM_MAX_RANK);
-        int64_t v;
-        if (!parse_int(p, LOOM_MAX_RANK - 1, "an axis", &v))
+        if (!parse_int(p, max, elem, &out[*n]))
             return false;
-        out[(*n)++] = (int32_t)v;
+        (*n)++;
         if (p->tok.kind != TOK_COMMA)
             break;
         lex(p);
     }
     return expect(p, TOK_RBRACKET, "',' or ']'");
+}
+
+/* A list of axes (each < LOOM_MAX_RANK) into out. */
+static bool parse_axis_list(parser *p, const char *what, int32_t *out, int32_t *n) {
+    int64_t v[LOOM_MAX_RANK];
+    if (!parse_bounded_list(p, what, "an axis", LOOM_MAX_RANK - 1, v, n))
+        return false;
+    for (int32_t i = 0; i < *n; i++)
+        out[i] = (int32_t)v[i];
+    return true;
 }
 
 /* ---- %name table --------------------------------------------------------------------------- */
@@ -449,28 +460,10 @@ typedef struct parsed_attrs {
     token list_tok[2];
 } parsed_attrs;
 
-/* '[' int (',' int)* ']' of non-negative int64 into out (at most LOOM_MAX_RANK entries). */
+/* A list of non-negative int64 into out (at most LOOM_MAX_RANK entries). */
 static bool parse_int_list(parser *p, const char *what, int64_t *out, int32_t *n) {
-    if (!expect(p, TOK_LBRACKET, "'['"))
-        return false;
-    *n = 0;
-    if (p->tok.kind == TOK_RBRACKET) {
-        lex(p);
-        return true;
-    }
-    for (;;) {
-        if (*n == LOOM_MAX_RANK)
-            return fail_tok(p, &p->tok, "%s has more than %d entries", what, LOOM_MAX_RANK);
-        if (!parse_int(p, INT64_MAX, what, &out[*n]))
-            return false;
-        (*n)++;
-        if (p->tok.kind != TOK_COMMA)
-            break;
-        lex(p);
-    }
-    return expect(p, TOK_RBRACKET, "',' or ']'");
+    return parse_bounded_list(p, what, what, INT64_MAX, out, n);
 }
-
 
 /* Which attributes an op's attribute kind consists of. */
 static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
