@@ -656,10 +656,11 @@ int main(int argc, char **argv) {
         goto out;
     }
     if (!o.json)
-        printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s\n",
+        printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s%s\n",
                model_names[o.model], (int)m.n_params, (long long)loom_dataset_count(train_ds),
                (long long)loom_dataset_count(test_ds), optim_names[o.optimizer], o.lr,
-               co.eager ? ", reference interpreter" : "");
+               o.cosine ? " (cosine schedule)" : "", co.eager ? ", reference interpreter" : "");
+    fflush(stdout); /* before the progress lines on stderr, also when stdout is a pipe */
     if (o.epochs > 0 && (rc = train(ctx, &o, &m, train_ds, &tr)) != 0)
         goto out;
     rc = 1;
