@@ -26,11 +26,16 @@
  *    interpreter's int64 sums stored narrow). Prologue results are stored inside the
  *    accumulation loop (each operand element is visited exactly once), epilogue results
  *    after it.
- *  - MATMUL: the outer loop runs over (batch, block of 32..128 rows); each block computes
- *    C rows = A rows x B (i, k, j order: the j loop is contiguous), or, with use_linalg,
- *    a static-shape linalg.matmul on memref views for the matmul schedule. f32 accumulates
- *    in f32 (the interpreter uses double: differences ~sqrt(K) ulp), f16/bf16 in f32,
- *    integers wrap. The epilogue then runs over the block's rows.
+ *  - MATMUL: the outer loop runs over (batch, block of 32..128 rows, block of columns); each
+ *    block computes C[rows, cols] = A rows x B[:, cols] (i, k, j order: the j loop is
+ *    contiguous), or, with use_linalg, a static-shape linalg.matmul on memref views for the
+ *    matmul schedule. Columns are split only when there are few row blocks and N is large
+ *    (conv1's W[32,9] x cols[9,43264] would otherwise be one task on one thread; splitting
+ *    the MLP's N = 512 made it slower); a column block is
+ *    a multiple of 16 dividing N when one is near, so most kernels keep one static shape.
+ *    f32 accumulates in f32 (the interpreter uses double: differences ~sqrt(K) ulp),
+ *    f16/bf16 in f32, integers wrap. The epilogue then runs over the block's rows and
+ *    columns.
  *  - Results whose shape is not the kernel's iteration space (rare: a small value fused
  *    into a kernel over a larger one) are computed by a separate nest that only the task
  *    starting at lo == 0 runs.
@@ -59,6 +64,11 @@ enum {
     RED_TILE = 1024,   /* outputs per tile of a reduction over outer dims */
     MM_ROWS_MIN = 32,  /* output rows per matmul task: at least (unless M is smaller) */
     MM_ROWS_MAX = 128, /* and at most (B streams once per block: bigger blocks reuse it) */
+    MM_TASKS_MIN = 16, /* fewer (batch, row block) tasks than this: split the columns too */
+    MM_COLS_MIN = 256, /* columns per matmul task: at least (the schedule's cache tile Nc) */
+    MM_WIDE_N = 4096,  /* N from which columns are split (below: slower, the MLP's 512 15%) */
+    MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
+    MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
     TASK_WORK = 32768, /* elements (or multiply-adds) a task should do at least */
 };
 
@@ -1542,7 +1552,8 @@ done:
 /* ---- MATMUL ------------------------------------------------------------------------------- */
 
 typedef struct mm_plan {
-    int64_t P, M, K, N, nbm, rows;
+    int64_t P, M, K, N, nbm, rows, nbn, cols;
+    int64_t cstride; /* elements between rows of C: N, or cols in the scratch block */
     loom_dtype dt;
     MlirType acc_t;
     int32_t acc_res; /* result node whose buffer holds the products, -1: scratch */
@@ -1556,8 +1567,26 @@ static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t
     return root->dtype == LOOM_DTYPE_F32 && M >= 8 && K >= 8 && N >= 8;
 }
 
-static MlirValue view2d(cg_b *b, MlirValue flat, MlirValue off, int64_t rows, int64_t cols) {
-    int64_t strides[2] = {cols, 1}, shape[2] = {rows, cols};
+/* Columns per task for a matmul of N columns whose (batch, row block) tasks number tasks:
+ * N unless the tasks are too few to share among threads. */
+static int64_t mm_cols(int64_t tasks, int64_t N) {
+    if (tasks >= MM_TASKS_MIN || N < MM_WIDE_N)
+        return N > 0 ? N : 1;
+    int64_t nbn = ceil_div(MM_TASKS_MIN, tasks);
+    if (nbn > N / MM_COLS_MIN)
+        nbn = N / MM_COLS_MIN;
+    int64_t start = ceil_div(ceil_div(N, nbn), 16) * 16;
+    /* a divisor of N (no remainder block: one static linalg.matmul instead of two) */
+    for (int64_t c = start; c >= start / 2 && c >= MM_COLS_MIN; c -= 16)
+        if (N % c == 0)
+            return c;
+    return ceil_div(start, 64) * 64 < N ? ceil_div(start, 64) * 64 : N;
+}
+
+/* A rows x cols view of flat at off whose rows are stride elements apart. */
+static MlirValue view2d(cg_b *b, MlirValue flat, MlirValue off, int64_t rows, int64_t cols,
+                        int64_t stride) {
+    int64_t strides[2] = {stride, 1}, shape[2] = {rows, cols};
     MlirAttribute layout =
         mlirStridedLayoutAttrGet(b->ctx, mlirShapedTypeGetDynamicStrideOrOffset(), 2, strides);
     MlirType elem = mlirShapedTypeGetElementType(mlirValueGetType(flat));
@@ -1589,19 +1618,40 @@ static void linalg_named(cg_b *b, const char *name, int32_t n_in, const MlirValu
     mlirBlockAppendOwnedOperation(b->block, op);
 }
 
-/* C[rows i0..i0+mb) = A x B for one block, with static shapes (linalg path). */
+/* C[rows i0..i0+mb, cols j0..j0+nb) = A x B for one block, with static shapes (linalg
+ * path); crow0 is the block's first element in C. */
 static void emit_mm_block_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValue bm, MlirValue cm,
-                                 MlirValue p, MlirValue i0, MlirValue crow0, int64_t mb) {
+                                 MlirValue p, MlirValue i0, MlirValue j0, MlirValue crow0,
+                                 int64_t mb, int64_t nb) {
     cg_b *b = c->b;
     MlirValue aoff = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, mp->M), i0), mp->K);
-    MlirValue boff = cg_imul_c(b, p, mp->K * mp->N);
-    MlirValue av = view2d(b, a, aoff, mb, mp->K);
-    MlirValue bv = view2d(b, bm, boff, mp->K, mp->N);
-    MlirValue cv = view2d(b, cm, crow0, mb, mp->N);
+    MlirValue boff = cg_iadd(b, cg_imul_c(b, p, mp->K * mp->N), j0);
+    MlirValue av = view2d(b, a, aoff, mb, mp->K, mp->K);
+    MlirValue bv = view2d(b, bm, boff, mp->K, nb, mp->N);
+    MlirValue cv = view2d(b, cm, crow0, mb, nb, mp->cstride);
     MlirValue fill[2] = {cg_cf(b, b->f32, 0.0), cv};
     linalg_named(b, "linalg.fill", 1, fill, 2);
     MlirValue mm[3] = {av, bv, cv};
     linalg_named(b, "linalg.matmul", 2, mm, 3);
+}
+
+/* The linalg block for a task's rows (full or the last, shorter block), nb columns. */
+static void emit_mm_rows_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValue bm, MlirValue cm,
+                                MlirValue p, MlirValue ib, MlirValue i0, MlirValue j0,
+                                MlirValue crow0, int64_t nb) {
+    cg_b *b = c->b;
+    int64_t full = mp->M / mp->rows, rem = mp->M % mp->rows;
+    if (!rem) {
+        emit_mm_block_linalg(c, mp, a, bm, cm, p, i0, j0, crow0, mp->rows, nb);
+        return;
+    }
+    cg_if f;
+    cg_if_begin(b, &f, cg_cmpi(b, CG_I_ULT, ib, cg_idx(b, full)));
+    emit_mm_block_linalg(c, mp, a, bm, cm, p, i0, j0, crow0, mp->rows, nb);
+    cg_if_end(b, &f);
+    cg_if_begin(b, &f, cg_cmpi(b, CG_I_EQ, ib, cg_idx(b, full)));
+    emit_mm_block_linalg(c, mp, a, bm, cm, p, i0, j0, crow0, rem, nb);
+    cg_if_end(b, &f);
 }
 
 static loom_status lower_matmul(kc *c) {
@@ -1632,8 +1682,27 @@ static loom_status lower_matmul(kc *c) {
     /* about 8 blocks per batch when M allows (tasks for the pool), in multiples of 8 */
     int64_t rows = mp->M / 8 / 8 * 8;
     rows = rows < MM_ROWS_MIN ? MM_ROWS_MIN : rows > MM_ROWS_MAX ? MM_ROWS_MAX : rows;
+    /* wide products get their tasks from column blocks: then rows as tall as allowed, in
+     * blocks of about equal height (each row block streams and packs all of B once; the
+     * schedule tiles the rows for the caches itself). conv2's W[64,288] x cols[288,36864]
+     * ran 25% faster in one 64-row block than in two of 32, the gradient of its columns
+     * [288,64] x [64,36864] 15% faster in one 288-row block than in three of 96. Only
+     * when the columns do get split (a scratch accumulator holds rows x cols). */
+    if (mp->N >= MM_WIDE_N && mp->M > 0 &&
+        mp->P * ceil_div(mp->M, MM_WIDE_ROWS_MAX) < MM_TASKS_MIN) {
+        rows = ceil_div(ceil_div(mp->M, ceil_div(mp->M, MM_WIDE_ROWS_MAX)), 8) * 8;
+    } else if (mp->K * mp->N >= MM_B_STREAMS && mp->M > 0) {
+        /* a B bigger than the caches streams from memory once per row block: fewer, taller
+         * blocks, still 4 (tasks for 4 threads). conv2's weight gradient [288,36864] x
+         * [36864,64] (B 9 MB) ran 8% faster in 4 blocks than in 9 of 32 rows (18% in 2). */
+        int64_t quarter = ceil_div(ceil_div(mp->M, 4), 8) * 8;
+        quarter = quarter > MM_WIDE_ROWS_MAX ? MM_WIDE_ROWS_MAX : quarter;
+        rows = quarter > rows ? quarter : rows;
+    }
     mp->rows = mp->M < rows ? (mp->M > 0 ? mp->M : 1) : rows;
     mp->nbm = ceil_div(mp->M, mp->rows);
+    mp->cols = mm_cols(mp->P * mp->nbm, mp->N);
+    mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
 
     nest_init(&mp->ns, root->rank, root->shape);
@@ -1670,8 +1739,8 @@ static loom_status lower_matmul(kc *c) {
     if ((st = plan_nest(c, &mp->ns, mp->n_epi, mp->epi)) != LOOM_OK)
         goto done;
     int64_t numel = loom_ir_numel(root->rank, root->shape);
-    c->extent = numel > 0 ? mp->P * mp->nbm : 1;
-    c->grain = grain_for(mp->rows * mp->N * (mp->K > 0 ? mp->K : 1));
+    c->extent = numel > 0 ? mp->P * mp->nbm * mp->nbn : 1;
+    c->grain = grain_for(mp->rows * mp->cols * (mp->K > 0 ? mp->K : 1));
     if (!c->emit || numel == 0)
         goto done;
 
@@ -1683,8 +1752,9 @@ static loom_status lower_matmul(kc *c) {
     MlirValue B = c->bufs[c->s->buf_of[root->inputs[1]]];
     MlirValue C;
     bool scratch = mp->acc_res < 0;
-    if (scratch) { /* one malloc'd block of rows per call, freed at the end */
-        int64_t n = mp->rows * mp->N;
+    mp->cstride = scratch ? mp->cols : mp->N;
+    if (scratch) { /* one malloc'd block of rows x cols per call, freed at the end */
+        int64_t n = mp->rows * mp->cols;
         MlirType t = mlirMemRefTypeContiguousGet(mp->acc_t, 1, &n, mlirAttributeGetNull());
         MlirNamedAttribute seg =
             cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
@@ -1694,35 +1764,45 @@ static loom_status lower_matmul(kc *c) {
     }
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    MlirValue nbmv = cg_idx(b, mp->nbm);
-    MlirValue p = mp->nbm > 1 ? cg_bin(b, "arith.divui", lo.iv, nbmv) : lo.iv;
-    MlirValue ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", lo.iv, nbmv) : cg_idx(b, 0);
+    /* task = (p * nbm + ib) * nbn + jb: a row block's column blocks are adjacent tasks */
+    MlirValue nbnv = cg_idx(b, mp->nbn), nbmv = cg_idx(b, mp->nbm);
+    MlirValue pib = mp->nbn > 1 ? cg_bin(b, "arith.divui", lo.iv, nbnv) : lo.iv;
+    MlirValue jb = mp->nbn > 1 ? cg_bin(b, "arith.remui", lo.iv, nbnv) : cg_idx(b, 0);
+    MlirValue p = mp->nbm > 1 ? cg_bin(b, "arith.divui", pib, nbmv) : pib;
+    MlirValue ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", pib, nbmv) : cg_idx(b, 0);
     MlirValue i0 = cg_imul_c(b, ib, mp->rows);
     MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, mp->rows)), cg_idx(b, mp->M));
-    /* C row i starts at crow(i) */
+    MlirValue j0 = cg_imul_c(b, jb, mp->cols);
+    MlirValue j1 = cg_imin(b, cg_iadd(b, j0, cg_idx(b, mp->cols)), cg_idx(b, mp->N));
+    /* C[i, j] is at crow(i) + j - jc: the block's columns start at 0 in scratch */
     MlirValue cbase = scratch ? cg_idx(b, 0) : cg_imul_c(b, cg_imul_c(b, p, mp->M), mp->N);
+    MlirValue jc = j0;
     if (mp->linalg) {
-        MlirValue crow0 = scratch ? cbase : cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N));
-        int64_t full = mp->M / mp->rows, rem = mp->M % mp->rows;
-        cg_if f;
-        if (rem) {
-            cg_if_begin(b, &f, cg_cmpi(b, CG_I_ULT, ib, cg_idx(b, full)));
-            emit_mm_block_linalg(c, mp, A, B, C, p, i0, crow0, mp->rows);
+        MlirValue crow0 =
+            scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);
+        int64_t nfull = mp->N / mp->cols, nrem = mp->N % mp->cols;
+        if (nrem) {
+            cg_if f;
+            cg_if_begin(b, &f, cg_cmpi(b, CG_I_ULT, jb, cg_idx(b, nfull)));
+            emit_mm_rows_linalg(c, mp, A, B, C, p, ib, i0, j0, crow0, mp->cols);
             cg_if_end(b, &f);
-            cg_if_begin(b, &f, cg_cmpi(b, CG_I_EQ, ib, cg_idx(b, full)));
-            emit_mm_block_linalg(c, mp, A, B, C, p, i0, crow0, rem);
+            cg_if_begin(b, &f, cg_cmpi(b, CG_I_EQ, jb, cg_idx(b, nfull)));
+            emit_mm_rows_linalg(c, mp, A, B, C, p, ib, i0, j0, crow0, nrem);
             cg_if_end(b, &f);
         } else {
-            emit_mm_block_linalg(c, mp, A, B, C, p, i0, crow0, mp->rows);
+            emit_mm_rows_linalg(c, mp, A, B, C, p, ib, i0, j0, crow0, mp->cols);
         }
     } else {
         /* for i: C[i,:] = 0; for k: C[i,:] += A[i,k] * B[k,:] */
         cg_b *bb = b;
         cg_for li, lk, lj;
         cg_for_begin(bb, &li, i0, i1, 0, NULL);
-        MlirValue crow = scratch ? cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->N)
+        MlirValue crow = scratch ? cg_bin(bb, "arith.subi",
+                                          cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0),
+                                                    mp->cols),
+                                          jc)
                                  : cg_iadd(bb, cbase, cg_imul_c(bb, li.iv, mp->N));
-        cg_for_begin(bb, &lj, cg_idx(bb, 0), cg_idx(bb, mp->N), 0, NULL);
+        cg_for_begin(bb, &lj, j0, j1, 0, NULL);
         MlirValue zero =
             loom_ir_dtype_is_float(mp->dt) ? cg_cf(bb, mp->acc_t, 0.0) : cg_ci(bb, mp->acc_t, 0);
         cg_store(bb, zero, C, cg_iadd(bb, crow, lj.iv));
@@ -1732,7 +1812,7 @@ static loom_status lower_matmul(kc *c) {
         cg_for_begin(bb, &lk, cg_idx(bb, 0), cg_idx(bb, mp->K), 0, NULL);
         MlirValue av = load_val(bb, an->dtype, A, cg_iadd(bb, arow, lk.iv));
         MlirValue brow = cg_iadd(bb, bbase, cg_imul_c(bb, lk.iv, mp->N));
-        cg_for_begin(bb, &lj, cg_idx(bb, 0), cg_idx(bb, mp->N), 0, NULL);
+        cg_for_begin(bb, &lj, j0, j1, 0, NULL);
         MlirValue bv = load_val(bb, g->nodes[root->inputs[1]].dtype, B, cg_iadd(bb, brow, lj.iv));
         MlirValue ci = cg_iadd(bb, crow, lj.iv);
         bool fl = loom_ir_dtype_is_float(mp->dt);
@@ -1754,9 +1834,12 @@ static loom_status lower_matmul(kc *c) {
         cg_for_begin(b, &li, i0, i1, 0, NULL);
         if (mp->ns.dim_group[r - 2] >= 0)
             c->gv[mp->ns.dim_group[r - 2]] = li.iv;
-        MlirValue crow = scratch ? cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0), mp->N)
+        MlirValue crow = scratch ? cg_bin(b, "arith.subi",
+                                         cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0),
+                                                   mp->cols),
+                                         jc)
                                  : cg_iadd(b, cbase, cg_imul_c(b, li.iv, mp->N));
-        cg_for_begin(b, &lj, cg_idx(b, 0), cg_idx(b, mp->N), 0, NULL);
+        cg_for_begin(b, &lj, j0, j1, 0, NULL);
         if (mp->ns.dim_group[r - 1] >= 0)
             c->gv[mp->ns.dim_group[r - 1]] = lj.iv;
         MlirValue acc = cg_load(b, C, cg_iadd(b, crow, lj.iv));

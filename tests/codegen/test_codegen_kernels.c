@@ -1045,6 +1045,20 @@ static void test_matmuls_of_odd_and_batched_shapes(void **state) {
     check_matmul(2, S(33, 20), S(20, 17), LOOM_DTYPE_F16, false);
 }
 
+/* Few row blocks and many columns: the tasks split the columns (lower_kernel.c), in blocks
+ * that divide N or leave a remainder block, with a short last row block too, through the
+ * matmul schedule (f32) and the plain loops with a scratch accumulator (f16, bf16). */
+static void test_wide_matmuls_with_few_rows_split_their_columns_across_tasks(void **state) {
+    (void)state;
+    check_matmul(2, S(32, 9), S(9, 4100), LOOM_DTYPE_F32, false); /* 12 x 320 + 260 */
+    check_matmul(2, S(40, 9), S(9, 4096), LOOM_DTYPE_F32, true);  /* 16 blocks of 256 */
+    check_matmul(3, S(2, 520, 8), S(2, 8, 4100), LOOM_DTYPE_F32, true); /* 264 + 256 rows */
+    check_matmul(2, S(20, 9), S(9, 4100), LOOM_DTYPE_F16, true);
+    check_matmul(2, S(3, 5), S(5, 4500), LOOM_DTYPE_BF16, false);
+    check_matmul(3, S(3, 5, 9), S(3, 9, 4096), LOOM_DTYPE_F64, true);
+    check_matmul(2, S(9, 8), S(8, 4200), LOOM_DTYPE_I32, true);
+}
+
 static void test_matmul_reads_a_reshaped_operand_and_writes_product_and_epilogue(void **state) {
     (void)state;
     fx f;
@@ -1324,6 +1338,7 @@ int main(void) {
         cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),
         cmocka_unit_test(test_integer_sums_wrap_and_maxima_are_exact),
         cmocka_unit_test(test_matmuls_of_odd_and_batched_shapes),
+        cmocka_unit_test(test_wide_matmuls_with_few_rows_split_their_columns_across_tasks),
         cmocka_unit_test(test_matmul_reads_a_reshaped_operand_and_writes_product_and_epilogue),
         cmocka_unit_test(test_matmul_with_bias_and_relu_epilogue),
         cmocka_unit_test(test_fused_plans_of_many_kernels_compile_on_several_threads),
