@@ -85,3 +85,18 @@ const char *tu_output_list(const loom_ir_graph *g) {
     }
     return buf;
 }
+
+loom_context *tu_context(bool eager) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.dump_dir = NULL;
+    o.eager = eager;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    return ctx;
+}
+
+void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
+    if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
+        fail_msg("%s", loom_context_error_message(ctx));
+}

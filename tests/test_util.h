@@ -5,6 +5,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,15 @@ typedef struct test_alloc {
 
 /* A loom_allocator over ta (which must outlive every use). */
 loom_allocator test_alloc_make(test_alloc *ta);
+
+/* ---- contexts ------------------------------------------------------------------------ */
+
+/* A context on the reference interpreter (eager) or the JIT, with dumps off whatever
+ * LOOM_DUMP says; fails the test if it cannot be created. */
+loom_context *tu_context(bool eager);
+
+/* Reads n floats of t into out, failing the test with the context's message on error. */
+void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n);
 
 /* ---- graph building: each fails the test with the diag message when the graph refuses --- */
 

@@ -25,16 +25,6 @@ static double urand(void) {
     return (double)(rng_state >> 11) * 0x1.0p-53;
 }
 
-static loom_context *make_ctx(bool eager) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.eager = eager;
-    o.sync = true;
-    loom_context *ctx = NULL;
-    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
-    return ctx;
-}
-
 static int64_t numel(const spec *s) {
     int64_t n = 1;
     for (int32_t i = 0; i < s->rank; i++)
@@ -101,7 +91,7 @@ static double fd_h = 1e-6;
 /* Central differences with step fd_h against the analytic gradient: |num - ana| must stay
  * within tol * (1 + |num|). */
 static void check_grad(const char *name, int n_in, const spec *sp, build_fn f, double tol) {
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     double *data[MAXIN], *grads[MAXIN];
     rng_state = 0x9E3779B97F4A7C15ull ^ (uint64_t)strlen(name);
     for (int k = 0; k < n_in; k++) {
@@ -325,15 +315,10 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
 
 /* ---- semantics ------------------------------------------------------------------------- */
 
-static void read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
-    if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
-        fail_msg("%s", loom_context_error_message(ctx));
-}
-
 static void test_gradients_of_a_hand_derived_expression(void **state) {
     (void)state;
     /* loss = sum(x * w) + sum(w^2): dL/dx = w, dL/dw = x + 2w. */
-    loom_context *ctx = make_ctx(false);
+    loom_context *ctx = tu_context(false);
     float xv[3] = {1, 2, 3}, wv[3] = {0.5f, -1, 2};
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){3}, xv);
     loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){3}, wv);
@@ -342,8 +327,8 @@ static void test_gradients_of_a_hand_derived_expression(void **state) {
     loom_tensor *g[2] = {NULL, NULL};
     assert_int_equal(loom_backward(ctx, loss, 2, (loom_tensor *[]){x, w}, g), LOOM_OK);
     float gx[3], gw[3];
-    read_f32(ctx, g[0], gx, 3);
-    read_f32(ctx, g[1], gw, 3);
+    tu_read_f32(ctx, g[0], gx, 3);
+    tu_read_f32(ctx, g[1], gw, 3);
     for (int i = 0; i < 3; i++) {
         assert_float_equal(gx[i], wv[i], 0);
         assert_float_equal(gw[i], xv[i] + 2 * wv[i], 0);
@@ -355,7 +340,7 @@ static void test_gradients_of_a_hand_derived_expression(void **state) {
 
 static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     float xv[2] = {1.5f, -2}, zv[2] = {7, 8};
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, xv);
     loom_tensor *z = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, zv);
@@ -368,9 +353,9 @@ static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void 
                                NULL, false);
     assert_int_equal(loom_backward(ctx, l2, 2, (loom_tensor *[]){x, z}, g), LOOM_OK);
     float a[2], b[2], c[2];
-    read_f32(ctx, first, a, 2);
-    read_f32(ctx, g[0], b, 2);
-    read_f32(ctx, g[1], c, 2);
+    tu_read_f32(ctx, first, a, 2);
+    tu_read_f32(ctx, g[0], b, 2);
+    tu_read_f32(ctx, g[1], c, 2);
     for (int i = 0; i < 2; i++) {
         assert_float_equal(a[i], 2 * xv[i], 0);
         assert_float_equal(b[i], 2 * xv[i] + 3, 0);
@@ -383,7 +368,7 @@ static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void 
 
 static void test_detach_stops_the_gradient(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     float xv[2] = {3, -1};
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, xv);
     /* loss = sum(x * detach(x)): gradient detach(x) = x, not 2x */
@@ -391,7 +376,7 @@ static void test_detach_stops_the_gradient(void **state) {
     loom_tensor *g = NULL;
     assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
     float gv[2];
-    read_f32(ctx, g, gv, 2);
+    tu_read_f32(ctx, g, gv, 2);
     assert_float_equal(gv[0], 3, 0);
     assert_float_equal(gv[1], -1, 0);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
@@ -399,7 +384,7 @@ static void test_detach_stops_the_gradient(void **state) {
     loss = loom_sum(ctx, loom_mul(ctx, x, x), 0, NULL, false);
     g = NULL;
     assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
-    read_f32(ctx, g, gv, 2);
+    tu_read_f32(ctx, g, gv, 2);
     assert_float_equal(gv[0], 6, 0);
     loom_tensor_release(x);
     loom_context_destroy(ctx);
@@ -407,7 +392,7 @@ static void test_detach_stops_the_gradient(void **state) {
 
 /* A small MLP step: the JIT's gradients equal the interpreter's (f32, to rounding). */
 static void mlp_grads(bool eager, float *out_w1, float *out_b2) {
-    loom_context *ctx = make_ctx(eager);
+    loom_context *ctx = tu_context(eager);
     enum { N = 8, IN = 6, H = 5, C = 3 };
     float x[N * IN], w1[H * IN], b1[H], w2[C * H], b2[C];
     int64_t y[N];
@@ -434,8 +419,8 @@ static void mlp_grads(bool eager, float *out_w1, float *out_b2) {
                                            LOOM_REDUCTION_MEAN);
     loom_tensor *g[4] = {0};
     assert_int_equal(loom_backward(ctx, loss, 4, p, g), LOOM_OK);
-    read_f32(ctx, g[0], out_w1, H * IN);
-    read_f32(ctx, g[3], out_b2, C);
+    tu_read_f32(ctx, g[0], out_w1, H * IN);
+    tu_read_f32(ctx, g[3], out_b2, C);
     loom_tensor_release(tx);
     loom_tensor_release(ty);
     for (int k = 0; k < 4; k++)
@@ -461,7 +446,7 @@ static void test_jit_gradients_match_the_interpreter(void **state) {
 
 static void test_backward_rejects_bad_arguments_and_stays_usable(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     float v[2] = {1, 2};
     int64_t iv[2] = {1, 2};
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, v);
@@ -485,7 +470,7 @@ static void test_backward_rejects_bad_arguments_and_stays_usable(void **state) {
     g = NULL;
     assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
     float gv[2];
-    read_f32(ctx, g, gv, 2);
+    tu_read_f32(ctx, g, gv, 2);
     assert_float_equal(gv[0], 1, 0);
     loom_tensor_release(x);
     loom_tensor_release(i);

@@ -21,10 +21,6 @@ static loom_tensor *f32(loom_context *ctx, int32_t rank, const int64_t *shape, c
     return t;
 }
 
-static void read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
-    assert_int_equal(loom_tensor_read(ctx, t, out, n * sizeof *out), LOOM_OK);
-}
-
 static void test_ops_are_recorded_not_computed_until_mark_step(void **state) {
     (void)state;
     loom_context *ctx = new_ctx();
@@ -39,7 +35,7 @@ static void test_ops_are_recorded_not_computed_until_mark_step(void **state) {
     assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1);
     assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
     float out[3];
-    read_f32(ctx, y, out, 3);
+    tu_read_f32(ctx, y, out, 3);
     assert_true(out[0] == 2.0f && out[1] == 0.0f && out[2] == 6.0f);
     /* reading a computed tensor runs nothing more */
     assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 1);
@@ -57,7 +53,7 @@ static void test_read_of_a_pending_tensor_forces_only_what_it_needs(void **state
     loom_tensor *unrelated = loom_exp(ctx, loom_mul(ctx, x, x));
     assert_non_null(unrelated);
     float out[2];
-    read_f32(ctx, s, out, 2);
+    tu_read_f32(ctx, s, out, 2);
     assert_true(out[0] == 2.0f && out[1] == 3.0f);
     assert_int_equal(loom_metric_value(ctx, "ForcedReads"), 1);
     /* one graph was cut, holding only the input and the sqrt */
@@ -81,11 +77,11 @@ static void test_binary_ops_broadcast_numpy_style(void **state) {
     loom_tensor_retain(half);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
     float out[6];
-    read_f32(ctx, r, out, 6);
+    tu_read_f32(ctx, r, out, 6);
     const float want[6] = {111, 122, 133, 214, 225, 236};
     for (int i = 0; i < 6; i++)
         assert_true(out[i] == want[i]);
-    read_f32(ctx, half, out, 6);
+    tu_read_f32(ctx, half, out, 6);
     for (int i = 0; i < 6; i++)
         assert_true(out[i] == 0.5f * (float)(i + 1));
     int64_t shape[LOOM_MAX_RANK];
@@ -117,17 +113,17 @@ static void test_matmul_transpose_reshape_and_reductions(void **state) {
         loom_tensor_retain(all[i]);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
     float o[6];
-    read_f32(ctx, p, o, 4);
+    tu_read_f32(ctx, p, o, 4);
     assert_true(o[0] == 14 && o[1] == 32 && o[2] == 32 && o[3] == 77);
-    read_f32(ctx, v, o, 2);
+    tu_read_f32(ctx, v, o, 2);
     assert_true(o[0] == -2 && o[1] == -2);
-    read_f32(ctx, flat, o, 6);
+    tu_read_f32(ctx, flat, o, 6);
     assert_true(o[5] == 6);
-    read_f32(ctx, rows, o, 2);
+    tu_read_f32(ctx, rows, o, 2);
     assert_true(o[0] == 6 && o[1] == 15);
-    read_f32(ctx, mx, o, 3);
+    tu_read_f32(ctx, mx, o, 3);
     assert_true(o[0] == 4 && o[1] == 5 && o[2] == 6);
-    read_f32(ctx, mean, o, 1);
+    tu_read_f32(ctx, mean, o, 1);
     assert_true(o[0] == 3.5f);
     int32_t rank;
     assert_int_equal(loom_tensor_rank(v, &rank), LOOM_OK);
@@ -156,7 +152,7 @@ static void test_compare_select_cast_and_16_bit_types(void **state) {
     assert_int_equal(loom_tensor_read(ctx, pos, b, 4), LOOM_OK);
     assert_true(b[0] == 0 && b[1] == 0 && b[2] == 1 && b[3] == 1);
     float f[4];
-    read_f32(ctx, sel, f, 4);
+    tu_read_f32(ctx, sel, f, 4);
     assert_true(f[0] == -7 && f[1] == -7 && f[2] == 2.25f && f[3] == 1e30f);
     int32_t i[4];
     assert_int_equal(loom_tensor_read(ctx, as_i32, i, sizeof i), LOOM_OK);
@@ -185,13 +181,13 @@ static void test_retained_result_survives_and_unretained_dies(void **state) {
     loom_tensor_retain(kept);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
     float v;
-    read_f32(ctx, kept, &v, 1);
+    tu_read_f32(ctx, kept, &v, 1);
     assert_true(v == -3);
     /* a step later, the kept tensor feeds new ops as a graph input */
     loom_tensor *again = loom_add(ctx, kept, x);
     loom_tensor_retain(again);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
-    read_f32(ctx, again, &v, 1);
+    tu_read_f32(ctx, again, &v, 1);
     assert_true(v == 0);
     assert_int_equal(loom_tensor_read(ctx, dropped, &v, sizeof v), LOOM_STATUS_STALE_HANDLE);
     loom_context_clear_error(ctx);
@@ -340,7 +336,7 @@ static void run_assign_updates_in_place(bool eager) {
         assert_int_equal(loom_mark_step(ctx), LOOM_OK);
         if (step == 0) { /* after one step: exactly the values after one update */
             float one[3];
-            read_f32(ctx, w, one, 3);
+            tu_read_f32(ctx, w, one, 3);
             for (int i = 0; i < 3; i++)
                 assert_true(fabsf(one[i] - (0.8f * w0[i] + 0.2f * target[i])) < 1e-6f);
         }
@@ -350,7 +346,7 @@ static void run_assign_updates_in_place(bool eager) {
         }
     }
     float got[3];
-    read_f32(ctx, w, got, 3);
+    tu_read_f32(ctx, w, got, 3);
     for (int i = 0; i < 3; i++) /* converged to the target, 0.8^50 of the way left */
         assert_true(fabsf(got[i] - target[i]) < 1e-4f);
     /* written back into its own buffer: no new buffer per step */
@@ -360,7 +356,7 @@ static void run_assign_updates_in_place(bool eager) {
     assert_int_equal(cur, 2 * 64); /* just w and t: the update is written in place */
     /* a read after an assignment sees the new value, computed on demand */
     assert_int_equal(loom_assign(ctx, w, loom_neg(ctx, t)), LOOM_OK);
-    read_f32(ctx, w, got, 3);
+    tu_read_f32(ctx, w, got, 3);
     assert_true(got[0] == -0.5f && got[1] == -0.25f && got[2] == 1);
     /* bad assignments */
     loom_tensor *r = loom_neg(ctx, w);

@@ -9,25 +9,11 @@
 #include "test_util.h"
 #include "loom/nn.h"
 
-static loom_context *make_ctx(bool eager) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.eager = eager;
-    loom_context *ctx = NULL;
-    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
-    return ctx;
-}
-
 static void fill(float *p, int64_t n, uint64_t seed) {
     for (int64_t i = 0; i < n; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
         p[i] = (float)((double)(seed >> 11) * 0x1.0p-53 * 2 - 1);
     }
-}
-
-static void read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
-    if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
-        fail_msg("%s", loom_context_error_message(ctx));
 }
 
 /* ---- conv2d ---------------------------------------------------------------------------- */
@@ -62,7 +48,7 @@ static void naive_conv(const conv_case *cc, const float *x, const float *w, cons
 }
 
 static void check_conv(const conv_case *cc, bool eager) {
-    loom_context *ctx = make_ctx(eager);
+    loom_context *ctx = tu_context(eager);
     int64_t oh = (cc->h + 2 * cc->pad[0] - cc->dil[0] * (cc->kh - 1) - 1) / cc->stride[0] + 1;
     int64_t ow = (cc->w + 2 * cc->pad[1] - cc->dil[1] * (cc->kw - 1) - 1) / cc->stride[1] + 1;
     int64_t nx = cc->n * cc->c * cc->h * cc->w, nw = cc->o * (cc->c / cc->groups) * cc->kh * cc->kw;
@@ -87,7 +73,7 @@ static void check_conv(const conv_case *cc, bool eager) {
     assert_int_equal(s[1], cc->o);
     assert_int_equal(s[2], oh);
     assert_int_equal(s[3], ow);
-    read_f32(ctx, ty, y, (size_t)ny);
+    tu_read_f32(ctx, ty, y, (size_t)ny);
     for (int64_t i = 0; i < ny; i++)
         if (fabs(y[i] - ref[i]) > 1e-5 * (1 + fabs(ref[i])))
             fail_msg("conv2d y[%lld] = %g, expected %g", (long long)i, y[i], ref[i]);
@@ -119,7 +105,7 @@ static void test_conv2d_matches_naive_loops(void **state) {
 /* ---- pooling --------------------------------------------------------------------------- */
 
 static void check_pool(bool is_max, bool eager) {
-    loom_context *ctx = make_ctx(eager);
+    loom_context *ctx = tu_context(eager);
     enum { N = 2, C = 3, H = 7, W = 6 };
     int64_t k[2] = {3, 2}, st[2] = {2, 2}, pd[2] = {1, 1};
     int64_t oh = (H + 2 * pd[0] - k[0]) / st[0] + 1, ow = (W + 2 * pd[1] - k[1]) / st[1] + 1;
@@ -131,7 +117,7 @@ static void check_pool(bool is_max, bool eager) {
         fail_msg("%s", loom_context_error_message(ctx));
     assert_int_equal(oh, 4);
     assert_int_equal(ow, 4);
-    read_f32(ctx, ty, y, (size_t)(N * C * oh * ow));
+    tu_read_f32(ctx, ty, y, (size_t)(N * C * oh * ow));
     for (int64_t nc = 0; nc < N * C; nc++)
         for (int64_t i = 0; i < oh; i++)
             for (int64_t j = 0; j < ow; j++) {
@@ -165,16 +151,16 @@ static void test_max_and_avg_pool_match_naive_loops(void **state) {
 static void test_cross_entropy_matches_hand_computed_values(void **state) {
     (void)state;
     for (int e = 0; e < 2; e++) {
-        loom_context *ctx = make_ctx(e == 0);
+        loom_context *ctx = tu_context(e == 0);
         float logits[6] = {1, 2, 3, 0, 0, 5};
         int64_t labels[2] = {2, 0};
         loom_tensor *tl = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, logits);
         loom_tensor *ty = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){2}, labels);
         double l0 = log(exp(1) + exp(2) + exp(3)) - 3, l1 = log(2 + exp(5)) - 0;
         float none[2], sum, mean;
-        read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_NONE), none, 2);
-        read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_SUM), &sum, 1);
-        read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_MEAN), &mean, 1);
+        tu_read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_NONE), none, 2);
+        tu_read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_SUM), &sum, 1);
+        tu_read_f32(ctx, loom_cross_entropy(ctx, tl, ty, LOOM_REDUCTION_MEAN), &mean, 1);
         assert_float_equal(none[0], l0, 1e-6);
         assert_float_equal(none[1], l1, 1e-5);
         assert_float_equal(sum, l0 + l1, 1e-5);
@@ -182,11 +168,11 @@ static void test_cross_entropy_matches_hand_computed_values(void **state) {
         /* an out-of-range label is ignored: not counted in the mean */
         int64_t bad[2] = {2, -100};
         loom_tensor *tb = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){2}, bad);
-        read_f32(ctx, loom_cross_entropy(ctx, tl, tb, LOOM_REDUCTION_MEAN), &mean, 1);
+        tu_read_f32(ctx, loom_cross_entropy(ctx, tl, tb, LOOM_REDUCTION_MEAN), &mean, 1);
         assert_float_equal(mean, l0, 1e-6);
         float sm[6], lsm[6];
-        read_f32(ctx, loom_softmax(ctx, tl, 1), sm, 6);
-        read_f32(ctx, loom_log_softmax(ctx, tl, 1), lsm, 6);
+        tu_read_f32(ctx, loom_softmax(ctx, tl, 1), sm, 6);
+        tu_read_f32(ctx, loom_log_softmax(ctx, tl, 1), lsm, 6);
         for (int i = 0; i < 6; i++)
             assert_float_equal(logf(sm[i]), lsm[i], 1e-5);
         assert_float_equal(sm[0] + sm[1] + sm[2], 1, 1e-6);
@@ -200,7 +186,7 @@ static void test_cross_entropy_matches_hand_computed_values(void **state) {
 static void test_argmax_takes_the_first_maximum_and_one_hot_marks_labels(void **state) {
     (void)state;
     for (int e = 0; e < 2; e++) {
-        loom_context *ctx = make_ctx(e == 0);
+        loom_context *ctx = tu_context(e == 0);
         float x[8] = {1, 5, 5, 0, -1, -3, -1, -2};
         loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 4}, x);
         int64_t am[2], am0[4];
@@ -215,7 +201,7 @@ static void test_argmax_takes_the_first_maximum_and_one_hot_marks_labels(void **
         int32_t lab[3] = {2, 0, 7};
         loom_tensor *tl = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 1, (int64_t[]){3}, lab);
         float oh[9];
-        read_f32(ctx, loom_one_hot(ctx, tl, 3, LOOM_DTYPE_F32), oh, 9);
+        tu_read_f32(ctx, loom_one_hot(ctx, tl, 3, LOOM_DTYPE_F32), oh, 9);
         const float want[9] = {0, 0, 1, 1, 0, 0, 0, 0, 0};
         for (int i = 0; i < 9; i++)
             assert_float_equal(oh[i], want[i], 0);
@@ -230,7 +216,7 @@ static void test_argmax_takes_the_first_maximum_and_one_hot_marks_labels(void **
 static void test_batch_norm_normalises_and_updates_running_stats(void **state) {
     (void)state;
     for (int e = 0; e < 2; e++) {
-        loom_context *ctx = make_ctx(e == 0);
+        loom_context *ctx = tu_context(e == 0);
         /* x [2, 2, 1, 2]: channel 0 holds {1, 2, 3, 4}, channel 1 holds {0, 0, 4, 4} */
         float x[8] = {1, 2, 0, 0, 3, 4, 4, 4};
         float rm0[2] = {0, 0}, rv0[2] = {1, 1}, wv[2] = {2, 1}, bv[2] = {0, 1};
@@ -243,9 +229,9 @@ static void test_batch_norm_normalises_and_updates_running_stats(void **state) {
         loom_tensor_retain(y);
         assert_int_equal(loom_mark_step(ctx), LOOM_OK);
         float yv[8], m[2], v[2];
-        read_f32(ctx, y, yv, 8);
-        read_f32(ctx, rm, m, 2);
-        read_f32(ctx, rv, v, 2);
+        tu_read_f32(ctx, y, yv, 8);
+        tu_read_f32(ctx, rm, m, 2);
+        tu_read_f32(ctx, rv, v, 2);
         /* channel 0: mean 2.5, biased var 1.25; channel 1: mean 2, var 4 (unbiased 5.333) */
         double s0 = 1 / sqrt(1.25);
         assert_float_equal(yv[0], 2 * (1 - 2.5) * s0, 1e-5);
@@ -259,7 +245,7 @@ static void test_batch_norm_normalises_and_updates_running_stats(void **state) {
         loom_tensor_release(y);
         /* eval mode uses the running statistics */
         float ye[8];
-        read_f32(ctx, loom_batch_norm(ctx, tx, rm, rv, NULL, NULL, false, 0.1, 0.0), ye, 8);
+        tu_read_f32(ctx, loom_batch_norm(ctx, tx, rm, rv, NULL, NULL, false, 0.1, 0.0), ye, 8);
         assert_float_equal(ye[0], (1 - m[0]) / sqrt(v[0]), 1e-5);
         loom_tensor *all[] = {tx, rm, rv, w, b};
         for (int i = 0; i < 5; i++)
@@ -270,12 +256,12 @@ static void test_batch_norm_normalises_and_updates_running_stats(void **state) {
 
 static void test_layer_norm_gives_zero_mean_unit_variance_rows(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(false);
+    loom_context *ctx = tu_context(false);
     float x[12];
     fill(x, 12, 9);
     loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){3, 4}, x);
     float y[12];
-    read_f32(ctx, loom_layer_norm(ctx, tx, 1, NULL, NULL, 0.0), y, 12);
+    tu_read_f32(ctx, loom_layer_norm(ctx, tx, 1, NULL, NULL, 0.0), y, 12);
     for (int r = 0; r < 3; r++) {
         double m = 0, v = 0;
         for (int i = 0; i < 4; i++)
@@ -298,14 +284,14 @@ static void test_dropout_is_deterministic_per_seed_and_scales_survivors(void **s
     for (int i = 0; i < N; i++)
         ones[i] = 1;
     for (int e = 0; e < 2; e++) {
-        loom_context *ctx = make_ctx(e == 0);
+        loom_context *ctx = tu_context(e == 0);
         loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){N}, ones);
         int64_t s1 = 11, s2 = 12;
         loom_tensor *k1 = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &s1);
         loom_tensor *k2 = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &s2);
-        read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k1, 0), a, N);
-        read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k1, 0), b, N);
-        read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k2, 0), c, N);
+        tu_read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k1, 0), a, N);
+        tu_read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k1, 0), b, N);
+        tu_read_f32(ctx, loom_dropout(ctx, x, 0.25, true, k2, 0), c, N);
         int kept = 0, same = 0;
         for (int i = 0; i < N; i++) {
             assert_true(a[i] == 0 || fabsf(a[i] - 1 / 0.75f) < 1e-6f);
@@ -315,7 +301,7 @@ static void test_dropout_is_deterministic_per_seed_and_scales_survivors(void **s
         }
         assert_in_range(kept, N * 0.75 - 150, N * 0.75 + 150);
         assert_true(same < N - 100); /* another seed, another mask */
-        read_f32(ctx, loom_dropout(ctx, x, 0.25, false, NULL, 0), c, N); /* eval: identity */
+        tu_read_f32(ctx, loom_dropout(ctx, x, 0.25, false, NULL, 0), c, N); /* eval: identity */
         assert_float_equal(c[0], 1, 0);
         assert_float_equal(c[N - 1], 1, 0);
         loom_tensor_release(x);
@@ -331,7 +317,7 @@ static void test_dropout_is_deterministic_per_seed_and_scales_survivors(void **s
 
 static void test_embedding_picks_rows(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(false);
+    loom_context *ctx = tu_context(false);
     float table[8] = {0, 1, 10, 11, 20, 21, 30, 31};
     int64_t idx[4] = {3, 0, 3, 2};
     loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){4, 2}, table);
@@ -341,7 +327,7 @@ static void test_embedding_picks_rows(void **state) {
     assert_int_equal(loom_tensor_shape(e, s), LOOM_OK);
     assert_int_equal(s[2], 2);
     float out[8];
-    read_f32(ctx, e, out, 8);
+    tu_read_f32(ctx, e, out, 8);
     const float want[8] = {30, 31, 0, 1, 30, 31, 20, 21};
     for (int k = 0; k < 8; k++)
         assert_float_equal(out[k], want[k], 0);
@@ -352,7 +338,7 @@ static void test_embedding_picks_rows(void **state) {
 
 static void test_nn_ops_reject_bad_arguments_with_clear_messages(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     float v[64] = {0};
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 1, 4, 4}, v);
     loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 3, 3}, v);
@@ -377,7 +363,7 @@ static void test_nn_ops_reject_bad_arguments_with_clear_messages(void **state) {
     loom_context_clear_error(ctx);
     /* still usable */
     float out[16];
-    read_f32(ctx, loom_relu(ctx, m), out, 16);
+    tu_read_f32(ctx, loom_relu(ctx, m), out, 16);
     assert_float_equal(out[3], 0, 0);
     loom_tensor_release(x);
     loom_tensor_release(w);

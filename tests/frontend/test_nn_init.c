@@ -9,15 +9,6 @@
 #include "frontend/frontend.h"
 #include "loom/nn.h"
 
-static loom_context *make_ctx(void) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.dump_dir = NULL;
-    loom_context *ctx = NULL;
-    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
-    return ctx;
-}
-
 /* Reads a long-lived f32 tensor of numel elements into a new malloc'd array. */
 static float *read_all(loom_context *ctx, loom_tensor *t, int64_t *out_numel) {
     int64_t n = 0;
@@ -88,7 +79,7 @@ static void test_rng_uniform_and_normal_have_the_right_moments(void **state) {
 
 static void test_param_uniform_stays_in_bounds_with_uniform_moments(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     loom_rng r;
     loom_rng_init(&r, 1);
     int64_t shape[2] = {256, 256};
@@ -114,7 +105,7 @@ static void test_param_uniform_stays_in_bounds_with_uniform_moments(void **state
 
 static void test_param_uniform_never_rounds_up_to_hi(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     loom_rng r;
     loom_rng_init(&r, 3);
     /* an interval one f32 step wide: the upper half of draws would round to hi */
@@ -131,7 +122,7 @@ static void test_param_uniform_never_rounds_up_to_hi(void **state) {
 
 static void test_param_normal_has_the_requested_mean_and_std(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     loom_rng r;
     loom_rng_init(&r, 2);
     loom_tensor *t = loom_param_normal(ctx, 1, (int64_t[]){100000}, 3.0, 0.5, &r);
@@ -154,7 +145,7 @@ static void test_param_normal_has_the_requested_mean_and_std(void **state) {
 
 static void test_same_seed_gives_the_same_parameter_and_another_seed_differs(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     loom_tensor *ts[3];
     uint64_t seeds[3] = {5, 5, 6};
     for (int k = 0; k < 3; k++) {
@@ -179,7 +170,7 @@ static void test_same_seed_gives_the_same_parameter_and_another_seed_differs(voi
 
 static void test_param_full_fills_every_element_including_scalars(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     loom_tensor *t = loom_param_full(ctx, 3, (int64_t[]){2, 1, 3}, -2.5);
     int64_t n;
     float *v = read_all(ctx, t, &n);
@@ -211,7 +202,7 @@ static void expect_error(loom_context *ctx, loom_tensor *t, const char *message)
 
 static void test_param_functions_reject_invalid_arguments(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     int32_t live0 = ctx->n_live_tensors;
     loom_rng r;
     loom_rng_init(&r, 1);
@@ -253,7 +244,7 @@ static void expect_uniform_bound(loom_context *ctx, loom_tensor *t, double bound
 
 static void test_linear_init_uses_pytorch_bounds_and_shapes(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     int32_t live0 = ctx->n_live_tensors;
     loom_rng r;
     loom_rng_init(&r, 42);
@@ -290,7 +281,7 @@ static void test_linear_init_uses_pytorch_bounds_and_shapes(void **state) {
 
 static void test_linear_forward_computes_x_times_weight_transposed_plus_bias(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     loom_rng r;
     loom_rng_init(&r, 9);
     loom_nn_linear fc;
@@ -328,7 +319,7 @@ static void test_linear_forward_computes_x_times_weight_transposed_plus_bias(voi
 
 static void test_conv2d_init_bounds_by_fan_in_over_the_kernel(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     int32_t live0 = ctx->n_live_tensors;
     loom_rng r;
     loom_rng_init(&r, 11);
@@ -355,7 +346,7 @@ static void test_conv2d_init_bounds_by_fan_in_over_the_kernel(void **state) {
 
 static void test_batch_norm2d_init_gives_ones_zeros_and_pytorch_defaults(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     int32_t live0 = ctx->n_live_tensors;
     loom_nn_batch_norm2d bn;
     assert_int_equal(loom_nn_batch_norm2d_init(ctx, &bn, 5), LOOM_OK);
@@ -382,7 +373,7 @@ static void test_batch_norm2d_init_gives_ones_zeros_and_pytorch_defaults(void **
 
 static void test_module_inits_reject_invalid_arguments_and_leave_the_module_zeroed(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx();
+    loom_context *ctx = tu_context(false);
     int32_t live0 = ctx->n_live_tensors;
     loom_rng r;
     loom_rng_init(&r, 1);

@@ -19,16 +19,6 @@ static const float G[STEPS][N] = {
     {-1.0f, 0.5f, 0.25f, 0.0625f},
 };
 
-static loom_context *make_ctx(bool eager) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.dump_dir = NULL;
-    o.eager = eager;
-    loom_context *ctx = NULL;
-    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
-    return ctx;
-}
-
 static loom_tensor *vec(loom_context *ctx, const float *v) {
     loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){N}, v);
     assert_non_null(t);
@@ -127,7 +117,7 @@ static void expect_state(loom_context *ctx, loom_optim *opt, loom_tensor *p,
 
 /* Three steps of the optimizer against the reference, on the interpreter or the JIT. */
 static void run_against_reference(const loom_optim_options *o, bool eager) {
-    loom_context *ctx = make_ctx(eager);
+    loom_context *ctx = tu_context(eager);
     int32_t live0 = ctx->n_live_tensors;
     loom_tensor *p = vec(ctx, P0);
     loom_optim *opt = NULL;
@@ -257,7 +247,7 @@ static void snapshot(loom_context *ctx, loom_optim *opt, loom_tensor *p, float *
 }
 
 static void run_found_inf(const loom_optim_options *o, bool eager) {
-    loom_context *ctx = make_ctx(eager);
+    loom_context *ctx = tu_context(eager);
     loom_tensor *p = vec(ctx, P0);
     loom_optim *opt = NULL;
     assert_int_equal(loom_optim_create(ctx, o, 1, &p, &opt), LOOM_OK);
@@ -308,7 +298,7 @@ static void test_found_inf_skips_every_update_and_the_step_count(void **state) {
 
 static void test_nan_found_inf_also_skips(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(false);
+    loom_context *ctx = tu_context(false);
     loom_tensor *p = vec(ctx, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
@@ -328,7 +318,7 @@ static void test_nan_found_inf_also_skips(void **state) {
 /* ---- learning rate ----------------------------------------------------------------------- */
 
 static void run_set_lr(loom_optim_kind kind) {
-    loom_context *ctx = make_ctx(false);
+    loom_context *ctx = tu_context(false);
     loom_tensor *p = vec(ctx, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, kind);
@@ -366,7 +356,7 @@ static void test_set_lr_changes_the_update_without_recompiling(void **state) {
 
 static void test_set_lr_rejects_negative_and_non_finite_rates(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     loom_tensor *p = vec(ctx, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_SGD);
@@ -388,7 +378,7 @@ static void test_set_lr_rejects_negative_and_non_finite_rates(void **state) {
 
 static void test_null_grads_leave_their_parameter_and_state_untouched(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(false);
+    loom_context *ctx = tu_context(false);
     loom_tensor *ps[2] = {vec(ctx, P0), vec(ctx, G[0])};
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
@@ -427,7 +417,7 @@ static void test_null_grads_leave_their_parameter_and_state_untouched(void **sta
 
 static void test_step_rejects_mismatched_grads_and_found_inf_without_recording(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     loom_tensor *p = vec(ctx, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_SGD);
@@ -486,7 +476,7 @@ static void expect_rejected(loom_context *ctx, const loom_optim_options *o, int3
 
 static void test_create_rejects_invalid_options_with_clear_messages(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     int32_t live0 = ctx->n_live_tensors;
     loom_tensor *p = vec(ctx, P0);
     loom_optim_options o;
@@ -563,7 +553,7 @@ static void test_options_init_gives_pytorch_defaults(void **state) {
 
 static void test_state_names_follow_pytorch_state_dict_keys(void **state) {
     (void)state;
-    loom_context *ctx = make_ctx(true);
+    loom_context *ctx = tu_context(true);
     loom_tensor *ps[2] = {vec(ctx, P0),
                           loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, G[0])};
     const char *names[4];

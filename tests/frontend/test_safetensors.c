@@ -113,16 +113,6 @@ static void expect_parse(const char *header, const void *data, size_t data_len, 
     expect_parse_bytes(b, len, st, what);
 }
 
-static loom_context *new_ctx(bool eager) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.dump_dir = NULL;
-    o.eager = eager;
-    loom_context *ctx = NULL;
-    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
-    return ctx;
-}
-
 static loom_tensor *f32(loom_context *ctx, int32_t rank, const int64_t *shape, const float *v) {
     loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, rank, shape, v);
     assert_non_null(t);
@@ -198,7 +188,7 @@ static const sample samples[] = {
 #define N_SAMPLES ((int32_t)(sizeof samples / sizeof samples[0]))
 
 static void run_round_trip(bool eager) {
-    loom_context *ctx = new_ctx(eager);
+    loom_context *ctx = tu_context(eager);
     loom_named_tensor src[N_SAMPLES], dst[N_SAMPLES];
     uint8_t zeros[64] = {0};
     for (int32_t i = 0; i < N_SAMPLES; i++) {
@@ -273,7 +263,7 @@ static void test_every_dtype_round_trips_bit_exact_on_the_jit(void **state) {
 
 static void test_a_saved_file_has_the_reference_writers_bytes_exactly(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     float b[2] = {1.0f, -2.0f};
     int64_t a = 7;
     uint8_t q[3] = {1, 0, 1};
@@ -317,7 +307,7 @@ static void test_a_file_laid_out_by_the_reference_writer_loads(void **state) {
     assert_non_null(dir);
     char path[512];
     snprintf(path, sizeof path, "%s/safetensors/reference.safetensors", dir);
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     uint8_t zeros[64] = {0};
     loom_named_tensor ts[8] = {
         {"model.embed.weight",
@@ -666,7 +656,7 @@ static void expect_f32(loom_context *ctx, loom_tensor *t, const float *want, siz
 
 static void test_load_of_a_missing_name_reports_it_and_assigns_nothing(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     const char *path = write_wb(ctx, "wb1.safetensors");
     float z[4] = {0};
     loom_named_tensor ts[2] = {{"w", f32(ctx, 2, (int64_t[]){2, 2}, z)},
@@ -687,7 +677,7 @@ static void test_load_of_a_missing_name_reports_it_and_assigns_nothing(void **st
 
 static void test_load_rejects_dtype_and_shape_mismatches(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     const char *path = write_wb(ctx, "wb2.safetensors");
     float z[4] = {0};
     double zd[4] = {0};
@@ -733,7 +723,7 @@ static void test_load_rejects_dtype_and_shape_mismatches(void **state) {
 
 static void test_strict_load_rejects_tensors_the_caller_did_not_list(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     const char *path = write_wb(ctx, "wb3.safetensors");
     float z[4] = {0};
     loom_named_tensor ts[1] = {{"w", f32(ctx, 2, (int64_t[]){2, 2}, z)}};
@@ -753,7 +743,7 @@ static void test_strict_load_rejects_tensors_the_caller_did_not_list(void **stat
 
 static void test_load_of_a_corrupt_or_missing_file_names_the_path(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     float z[4] = {0};
     loom_named_tensor ts[1] = {{"w", f32(ctx, 1, (int64_t[]){4}, z)}};
     loom_status st = loom_safetensors_load(ctx, tmp_path("absent.safetensors"), 1, ts, false);
@@ -788,7 +778,7 @@ static void test_load_of_a_corrupt_or_missing_file_names_the_path(void **state) 
 
 static void test_a_failed_save_leaves_the_previous_file_intact(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     const char *path = write_wb(ctx, "keep.safetensors");
     size_t len0;
     uint8_t *before = read_bytes(path, &len0);
@@ -839,7 +829,7 @@ static void test_a_failed_save_leaves_the_previous_file_intact(void **state) {
 
 static void test_save_rejects_bad_names_and_handles(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     float v[2] = {1, 2};
     loom_tensor *t = f32(ctx, 1, (int64_t[]){2}, v);
     const char *path = tmp_path("names.safetensors");
@@ -863,7 +853,7 @@ static void test_save_rejects_bad_names_and_handles(void **state) {
     loom_named_tensor stale[1] = {{"x", dead}};
     loom_status st = loom_safetensors_save(ctx, path, 1, stale);
     expect_ctx_error(ctx, st, LOOM_STATUS_STALE_HANDLE, WHAT("tensor 'x': the handle is stale"));
-    loom_context *other = new_ctx(true);
+    loom_context *other = tu_context(true);
     loom_tensor *foreign = f32(other, 1, (int64_t[]){2}, v);
     loom_named_tensor wrong[1] = {{"x", foreign}};
     st = loom_safetensors_save(ctx, path, 1, wrong);
@@ -889,7 +879,7 @@ static void test_save_rejects_bad_names_and_handles(void **state) {
 
 static void test_save_computes_pending_values_in_one_graph(void **state) {
     (void)state;
-    loom_context *ctx = new_ctx(true);
+    loom_context *ctx = tu_context(true);
     float v[3] = {1, -2, 3.5f};
     loom_tensor *x = f32(ctx, 1, (int64_t[]){3}, v);
     loom_tensor *w = f32(ctx, 1, (int64_t[]){3}, v);
@@ -976,7 +966,7 @@ static void test_out_of_memory_anywhere_in_save_fails_cleanly(void **state) {
 
 static void test_out_of_memory_anywhere_in_load_fails_cleanly(void **state) {
     (void)state;
-    loom_context *writer = new_ctx(true);
+    loom_context *writer = tu_context(true);
     const char *path = write_wb(writer, "oom_load.safetensors");
     loom_context_destroy(writer);
     int64_t failures = 0;
