@@ -44,7 +44,10 @@
  *    affine function they need as a leaf while the nest is planned, which keeps the dims it
  *    reads unmerged: iota (the index along its axis), rand_uniform (its row-major index,
  *    hashed), pad (the index along each padded axis: the operand, always an arg, is loaded
- *    at the clamped position and selected against the pad value).
+ *    at the clamped position and selected against the pad value). An elementwise nest's
+ *    innermost loop is split where pads without interior padding enter or leave their
+ *    operand along it: in each part such a pad is a plain contiguous load or its constant
+ *    (the conv backward's sum of nine shifted pads vectorizes, ~3.5x faster).
  *  - A concat is always its kernel's root (fusion.c): one nest per operand over its part
  *    of the result, in which the concat reads that operand alone at an offset; the task
  *    range [lo, hi) runs over the nests one after the other.
@@ -52,6 +55,7 @@
  * Values live in a compute type: f32 for f32, f16 and bf16 (16-bit results are rounded
  * after every node, as the interpreter stores them), f64, i32, i64, i1 for bool. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <mlir-c/Dialect/Linalg.h>
@@ -70,6 +74,8 @@ enum {
     MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
     TASK_WORK = 32768, /* elements (or multiply-adds) a task should do at least */
+    PAD_CUTS_MAX = 64, /* pad ranges recorded per nest (more: the rest are not split at) */
+    PAD_PARTS_MAX = 16, /* loops an innermost loop is split into at most */
 };
 
 #define R LOOM_MAX_RANK
@@ -140,6 +146,16 @@ typedef struct kc {
     imap bound_map;
     MlirValue bound_v;
     int64_t extent, grain;
+    /* Pads' ranges along the nest's dims, recorded while planning (pad_axis_range): nest
+     * index j of dim cut_dim reads the operand where cut_lo <= j < cut_hi. The innermost
+     * loop is split at them so each pad is wholly operand or wholly pad value in a part. */
+    int32_t n_cuts;
+    int8_t cut_dim[PAD_CUTS_MAX];
+    int64_t cut_lo[PAD_CUTS_MAX], cut_hi[PAD_CUTS_MAX];
+    /* While emitting one part of a split innermost loop: nest dim in_dim stays in
+     * [in_lo, in_hi) (in_dim -1: no such knowledge). */
+    int32_t in_dim;
+    int64_t in_lo, in_hi;
 } kc;
 
 /* ---- scratch ------------------------------------------------------------------------------ */
@@ -598,6 +614,21 @@ static loom_status eval_rand(kc *c, int32_t id, const imap *map, MlirValue *out)
     return LOOM_OK;
 }
 
+/* Where along the nest dim of pad n's axis k (read at map) the operand is read, [*lo, *hi),
+ * when that axis has no interior padding and moves one per step of its dim; false else.
+ * (Interior pads, the max pool's backward, are left to the selects: split by parity their
+ * stride-2 stores became scatters, 1.5-2x slower.) */
+static bool pad_axis_range(const loom_ir_node *n, const loom_ir_node *x, const imap *map, int32_t k,
+                           int64_t *lo, int64_t *hi) {
+    if (map->dim[k] < 0 || map->scale[k] != 1 || n->attrs.step[k] != 0)
+        return false;
+    if (lo) { /* result index j + off, operand index j + off - low */
+        *lo = n->attrs.start[k] - map->off[k];
+        *hi = *lo + x->shape[k];
+    }
+    return true;
+}
+
 /* pad: the operand (always read from its buffer) at a clamped index where the result index
  * lands on an operand element, the pad value elsewhere. Unpadded axes stay affine. */
 static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) {
@@ -625,8 +656,14 @@ static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) 
         for (int32_t k = 0; k < n->rank && st == LOOM_OK; k++) {
             int64_t S[R];
             axis_strides(map, k, S);
-            if (padded[k])
-                st = add_leaf_s(c, S);
+            if (!padded[k])
+                continue;
+            st = add_leaf_s(c, S);
+            if (pad_axis_range(n, x, map, k, NULL, NULL) && c->n_cuts < PAD_CUTS_MAX) {
+                int32_t i = c->n_cuts++;
+                c->cut_dim[i] = map->dim[k];
+                pad_axis_range(n, x, map, k, &c->cut_lo[i], &c->cut_hi[i]);
+            }
         }
         return st;
     }
@@ -639,6 +676,17 @@ static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) 
     MlirValue fill = loom_ir_dtype_is_float(n->dtype)
                          ? cg_cf(b, ct, loom_ir_load_f64(buf, n->dtype, 0))
                          : cg_ci(b, ct, loom_ir_load_i64(buf, n->dtype, 0));
+    /* in the part of a split innermost loop, the innermost axis is known in or out of range */
+    bool known_in[R] = {false};
+    for (int32_t k = 0; k < n->rank && !empty; k++) {
+        int64_t jlo, jhi;
+        if (!padded[k] || c->in_dim < 0 || map->dim[k] != c->in_dim ||
+            !pad_axis_range(n, x, map, k, &jlo, &jhi))
+            continue;
+        if (c->in_hi <= jlo || c->in_lo >= jhi)
+            empty = true; /* the pad value all along this part */
+        known_in[k] = c->in_lo >= jlo && c->in_hi <= jhi;
+    }
     if (empty) {
         *out = fill;
         return LOOM_OK;
@@ -659,6 +707,10 @@ static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) 
         /* o = result index - low; an operand element where o >= 0, o % (interior + 1) == 0
          * and o / (interior + 1) < extent */
         int64_t step = n->attrs.step[k] + 1, ext = x->shape[k];
+        if (known_in[k]) { /* o is the operand index: contiguous along the loop, no clamp */
+            off = cg_iadd(b, off, cg_imul_c(b, o, xst[k]));
+            continue;
+        }
         MlirValue zero = cg_idx(b, 0);
         MlirValue q = step > 1 ? cg_bin(b, "arith.divsi", o, cg_idx(b, step)) : o;
         MlirValue h = cg_bin(b, "arith.andi", cg_cmpi(b, CG_I_SGE, o, zero),
@@ -973,6 +1025,7 @@ static loom_status plan_nest(kc *c, nest *ns, int32_t n_sinks, const sink *sinks
     c->collect = true;
     c->ns = ns; /* its extents (concat reads them); its groups are what is planned here */
     c->s->n_leaves = 0;
+    c->n_cuts = 0;
     int32_t mark = memo_mark(c);
     loom_status st = LOOM_OK;
     MlirValue unused;
@@ -1139,7 +1192,48 @@ typedef struct ew_nest {
     sink sinks[64];
     int32_t n_sinks;
     int64_t inner, blk, nb, count; /* count: task indices (outer * nb), 0 when empty */
+    /* the innermost loop's parts [part[i], part[i + 1]) (n_parts 0: one loop, unsplit) */
+    int32_t n_parts;
+    int64_t part[PAD_PARTS_MAX + 1];
 } ew_nest;
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Splits the innermost loop (when unblocked) where pads read along it enter or leave their
+ * operand: in each part every such pad is all operand (a contiguous load, no clamp, no
+ * select) or all pad value. The conv backward's sum of nine pads is then a plain vector
+ * sum over the middle part. */
+static void plan_pad_parts(kc *c, ew_nest *e) {
+    e->n_parts = 0;
+    int32_t ng = e->ns.n_groups;
+    if (ng == 0 || e->nb != 1 || c->n_cuts == 0)
+        return;
+    int32_t d = e->ns.g_last[ng - 1];
+    int64_t at[2 * PAD_CUTS_MAX + 2];
+    int32_t n = 0;
+    at[n++] = 0;
+    at[n++] = e->inner;
+    for (int32_t i = 0; i < c->n_cuts; i++) {
+        if (c->cut_dim[i] != d)
+            continue;
+        if (c->cut_lo[i] > 0 && c->cut_lo[i] < e->inner)
+            at[n++] = c->cut_lo[i];
+        if (c->cut_hi[i] > 0 && c->cut_hi[i] < e->inner)
+            at[n++] = c->cut_hi[i];
+    }
+    qsort(at, (size_t)n, sizeof at[0], cmp_i64);
+    int32_t u = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (u == 0 || at[i] != at[u - 1])
+            at[u++] = at[i];
+    if (u - 1 > PAD_PARTS_MAX)
+        return; /* too many parts: one loop with per-element selects */
+    e->n_parts = u - 1;
+    memcpy(e->part, at, (size_t)u * sizeof at[0]);
+}
 
 static loom_status plan_ew_nest(kc *c, ew_nest *e) {
     loom_status st = plan_nest(c, &e->ns, e->n_sinks, e->sinks);
@@ -1156,6 +1250,7 @@ static loom_status plan_ew_nest(kc *c, ew_nest *e) {
     for (int32_t gi = 0; gi + 1 < ng; gi++)
         outer *= e->ns.g_ext[gi];
     e->count = numel > 0 && e->n_sinks > 0 ? outer * e->nb : 0;
+    plan_pad_parts(c, e);
     return LOOM_OK;
 }
 
@@ -1194,11 +1289,22 @@ static loom_status emit_ew_nest(kc *c, ew_nest *e, int64_t base) {
         for (int32_t gi = 0; gi + 1 < ng; gi++)
             outer_groups[gi] = gi;
         delinearize(c, q, ng - 1, outer_groups);
-        cg_for in;
-        cg_for_begin(b, &in, j0, j1, 0, NULL);
-        c->gv[ng - 1] = in.iv;
-        st = emit_sinks(c, e->n_sinks, e->sinks);
-        cg_for_end(b, &in, 0, NULL);
+        st = LOOM_OK;
+        c->in_dim = e->n_parts > 0 ? e->ns.g_last[ng - 1] : -1;
+        for (int32_t p = 0; p < (e->n_parts > 0 ? e->n_parts : 1) && st == LOOM_OK; p++) {
+            if (e->n_parts > 0) {
+                c->in_lo = e->part[p];
+                c->in_hi = e->part[p + 1];
+                j0 = cg_idx(b, c->in_lo);
+                j1 = cg_idx(b, c->in_hi);
+            }
+            cg_for in;
+            cg_for_begin(b, &in, j0, j1, 0, NULL);
+            c->gv[ng - 1] = in.iv;
+            st = emit_sinks(c, e->n_sinks, e->sinks);
+            cg_for_end(b, &in, 0, NULL);
+        }
+        c->in_dim = -1;
     }
     cg_for_end(b, &l, 0, NULL);
     return st;
@@ -1955,6 +2061,7 @@ static kc *kc_new(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k, c
     c->s = s;
     c->d = d;
     c->bound = -1;
+    c->in_dim = -1;
     return c;
 }
 

@@ -148,6 +148,71 @@ static void test_pad_converts_the_value_to_the_integer_dtype(void **state) {
     assert_memory_equal(y, want, sizeof want);
 }
 
+/* A sum of pads along the innermost axis, as the backward of im2col's slices: six windows
+ * (low 0..1 rows, 0..2 columns) of [3, W] padded to [4, W + 2] with 0, one [4, W] padded
+ * by a column each side with 0.5, and one with interior 1 on the columns. The JIT splits the
+ * column loop where the windows start and end; edges (W 1, 2) and odd widths included. */
+enum { PSUM_PADS = 8 };
+
+static float psum_x(int p, int i) {
+    return (float)((i * 7 + p * 3) % 13 - 6) + 0.25f * (float)p;
+}
+
+/* pad p's operand shape, low, high and interior (columns only for the interior) */
+static void psum_geom(int64_t w, int p, int64_t *shape, int64_t *lo, int64_t *hi,
+                      int64_t *in) {
+    in[0] = in[1] = 0;
+    if (p < 6) {
+        shape[0] = 3, shape[1] = w;
+        lo[0] = p / 3, lo[1] = p % 3, hi[0] = 1 - lo[0], hi[1] = 2 - lo[1];
+    } else if (p == 6) {
+        shape[0] = 4, shape[1] = w, lo[0] = hi[0] = 0, lo[1] = hi[1] = 1;
+    } else { /* 2e - 1 + high = w + 2 */
+        shape[0] = 4, shape[1] = (w + 2) / 2, lo[0] = hi[0] = lo[1] = 0, in[1] = 1;
+        hi[1] = w + 3 - 2 * shape[1];
+    }
+}
+
+static loom_tensor *build_pad_sum(loom_context *ctx, const void *ud) {
+    int64_t w = *(const int64_t *)ud;
+    loom_tensor *sum = NULL;
+    for (int p = 0; p < PSUM_PADS; p++) {
+        int64_t shape[2], lo[2], hi[2], in[2];
+        psum_geom(w, p, shape, lo, hi, in);
+        float v[4 * 26];
+        for (int i = 0; i < shape[0] * shape[1]; i++)
+            v[i] = psum_x(p, i);
+        loom_tensor *x = host_f32(ctx, 2, shape, v);
+        loom_tensor *t = loom_pad(ctx, x, lo, hi, in, p == 6 ? 0.5 : 0.0);
+        loom_tensor_release(x);
+        sum = sum ? loom_add(ctx, sum, t) : t;
+    }
+    return sum;
+}
+
+static void test_a_sum_of_pads_along_the_innermost_axis_matches_hand_values(void **state) {
+    (void)state;
+    static const int64_t widths[] = {1, 2, 5, 24};
+    for (size_t k = 0; k < LEN(widths); k++) {
+        int64_t w = widths[k], ow = w + 2;
+        float y[4 * 26], want[4 * 26] = {0};
+        run_both(build_pad_sum, &w, y, (size_t)(4 * ow) * sizeof(float));
+        for (int p = 0; p < PSUM_PADS; p++) {
+            int64_t shape[2], lo[2], hi[2], in[2];
+            psum_geom(w, p, shape, lo, hi, in);
+            for (int64_t r = 0; r < 4; r++)
+                for (int64_t c = 0; c < ow; c++) {
+                    int64_t xr = r - lo[0], xc = c - lo[1];
+                    bool hit = xr >= 0 && xr < shape[0] && xc >= 0 && xc % (in[1] + 1) == 0 &&
+                               xc / (in[1] + 1) < shape[1];
+                    want[r * ow + c] += hit ? psum_x(p, (int)(xr * shape[1] + xc / (in[1] + 1)))
+                                            : (p == 6 ? 0.5f : 0.0f);
+                }
+        }
+        expect_f32(y, want, (size_t)(4 * ow));
+    }
+}
+
 /* ---- concat ------------------------------------------------------------------------------- */
 
 static loom_tensor *build_concat3(loom_context *ctx, const void *ud) {
@@ -482,6 +547,7 @@ int main(void) {
         cmocka_unit_test(test_slice_without_strides_takes_a_contiguous_window),
         cmocka_unit_test(test_pad_with_interior_gaps_and_uneven_edges),
         cmocka_unit_test(test_pad_converts_the_value_to_the_integer_dtype),
+        cmocka_unit_test(test_a_sum_of_pads_along_the_innermost_axis_matches_hand_values),
         cmocka_unit_test(test_concat_of_three_operands_along_a_middle_axis),
         cmocka_unit_test(test_iota_counts_along_each_axis_in_every_numeric_dtype),
         cmocka_unit_test(test_iota_fuses_into_a_reduction_as_a_one_hot_mask),
