@@ -400,6 +400,16 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
                       fmt_type(t, sizeof t, dx, rx, sx));
         return NULL;
     }
+    if (st[0] == k[0] && st[1] == k[1] && !pd[0] && !pd[1] && sx[2] % k[0] == 0 &&
+        sx[3] % k[1] == 0) {
+        /* Windows that tile x exactly: x as [N, C, OH, KH, OW, KW] reduced over the window
+         * axes, one reduction forward and one elementwise pass backward (strided slices
+         * would come back as interior pads, which cost several passes). */
+        loom_tensor *tiles = loom_reshape_at(
+            ctx, x, 6, (int64_t[]){sx[0], sx[1], o[0], k[0], o[1], k[1]}, file, line);
+        return is_max ? loom_max_at(ctx, tiles, 2, (int32_t[]){3, 5}, false, file, line)
+                      : loom_mean_at(ctx, tiles, 2, (int32_t[]){3, 5}, false, file, line);
+    }
     loom_tensor *win[MAX_WINDOW];
     if (!windows(ctx, x, sx, k, st, pd, one, is_max ? -INFINITY : 0.0, o, win, file, line))
         return NULL;

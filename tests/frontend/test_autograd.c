@@ -260,6 +260,9 @@ static loom_tensor *b_conv_groups(loom_context *ctx, loom_tensor *const *in) {
 static loom_tensor *b_max_pool(loom_context *ctx, loom_tensor *const *in) {
     return loom_max_pool2d(ctx, in[0], (int64_t[]){2, 2}, (int64_t[]){1, 2}, (int64_t[]){1, 0});
 }
+static loom_tensor *b_max_pool_tiled(loom_context *ctx, loom_tensor *const *in) {
+    return loom_max_pool2d(ctx, in[0], (int64_t[]){2, 2}, NULL, NULL);
+}
 static loom_tensor *b_avg_pool(loom_context *ctx, loom_tensor *const *in) {
     return loom_avg_pool2d(ctx, in[0], (int64_t[]){2, 3}, NULL, NULL);
 }
@@ -301,6 +304,7 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
     check_grad("conv2d groups", 2, cg, b_conv_groups, 1e-6);
     spec pl = {S4(1, 2, 4, 4), -1, 1};
     check_grad("max_pool2d", 1, &pl, b_max_pool, 1e-6);
+    check_grad("max_pool2d, windows tiling x", 1, &pl, b_max_pool_tiled, 1e-6);
     spec ap = {S4(1, 2, 4, 6), -1, 1};
     check_grad("avg_pool2d", 1, &ap, b_avg_pool, 1e-6);
     spec bn[3] = {{S4(3, 2, 2, 2), -1, 1}, {S1(2), 0.5, 1.5}, {S1(2), -1, 1}};

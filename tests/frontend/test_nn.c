@@ -104,19 +104,27 @@ static void test_conv2d_matches_naive_loops(void **state) {
 
 /* ---- pooling --------------------------------------------------------------------------- */
 
-static void check_pool(bool is_max, bool eager) {
+/* tiled: windows that tile x exactly (kernel == stride, no padding), computed as a
+ * reduction over window axes; otherwise overlapping, padded windows (strided slices). */
+static void check_pool(bool is_max, bool eager, bool tiled) {
     loom_context *ctx = tu_context(eager);
     enum { N = 2, C = 3, H = 7, W = 6 };
     int64_t k[2] = {3, 2}, st[2] = {2, 2}, pd[2] = {1, 1};
-    int64_t oh = (H + 2 * pd[0] - k[0]) / st[0] + 1, ow = (W + 2 * pd[1] - k[1]) / st[1] + 1;
+    if (tiled) { /* 2x2 windows over a 6x6 image */
+        k[0] = 2;
+        st[0] = 2;
+        pd[0] = pd[1] = 0;
+    }
+    const int64_t h = tiled ? H - 1 : H; /* tiled: 6x6, a multiple of the 2x2 window */
+    int64_t oh = (h + 2 * pd[0] - k[0]) / st[0] + 1, ow = (W + 2 * pd[1] - k[1]) / st[1] + 1;
     float x[N * C * H * W], y[N * C * 4 * 4];
     fill(x, N * C * H * W, 5);
-    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, H, W}, x);
+    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, h, W}, x);
     loom_tensor *ty = is_max ? loom_max_pool2d(ctx, tx, k, st, pd) : loom_avg_pool2d(ctx, tx, k, st, pd);
     if (!ty)
         fail_msg("%s", loom_context_error_message(ctx));
-    assert_int_equal(oh, 4);
-    assert_int_equal(ow, 4);
+    assert_int_equal(oh, tiled ? 3 : 4);
+    assert_int_equal(ow, tiled ? 3 : 4);
     tu_read_f32(ctx, ty, y, (size_t)(N * C * oh * ow));
     for (int64_t nc = 0; nc < N * C; nc++)
         for (int64_t i = 0; i < oh; i++)
@@ -125,9 +133,9 @@ static void check_pool(bool is_max, bool eager) {
                 for (int64_t p = 0; p < k[0]; p++)
                     for (int64_t q = 0; q < k[1]; q++) {
                         int64_t hi = i * st[0] - pd[0] + p, wi = j * st[1] - pd[1] + q;
-                        double v = hi < 0 || hi >= H || wi < 0 || wi >= W
+                        double v = hi < 0 || hi >= h || wi < 0 || wi >= W
                                        ? (is_max ? -INFINITY : 0)
-                                       : x[(nc * H + hi) * W + wi];
+                                       : x[(nc * h + hi) * W + wi];
                         acc = is_max ? fmax(acc, v) : acc + v;
                     }
                 if (!is_max)
@@ -140,10 +148,12 @@ static void check_pool(bool is_max, bool eager) {
 
 static void test_max_and_avg_pool_match_naive_loops(void **state) {
     (void)state;
-    check_pool(true, true);
-    check_pool(true, false);
-    check_pool(false, true);
-    check_pool(false, false);
+    for (int tiled = 0; tiled < 2; tiled++) {
+        check_pool(true, true, tiled);
+        check_pool(true, false, tiled);
+        check_pool(false, true, tiled);
+        check_pool(false, false, tiled);
+    }
 }
 
 /* ---- losses and labels ----------------------------------------------------------------- */
