@@ -122,17 +122,34 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
         }
         total *= d;
     }
-    payload = malloc(total ? (size_t)total : 1);
-    if (!payload) {
-        st = loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
-                     "%s: out of memory for %" PRIu64 " bytes", path, total);
-        goto done;
+    /* The buffer grows with the bytes that actually arrive (doubling from 16 MiB), so a
+     * truncated or hostile header claiming gigabytes costs no more memory than the file
+     * holds (found by fuzz/fuzz_idx: a 30-byte file asked for 30 GB up front). */
+    size_t cap = total < (16u << 20) ? (size_t)total : (16u << 20), have = 0;
+    payload = malloc(cap ? cap : 1);
+    for (;;) {
+        if (!payload) {
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+                                 "%s: out of memory for %zu of %" PRIu64 " bytes", path, cap,
+                                 total);
+            goto done;
+        }
+        got = read_full(f, payload + have, cap - have);
+        if (got < 0) {
+            st = gz_fault(f, path, err, err_size);
+            goto done;
+        }
+        have += (size_t)got;
+        if (have < cap || have == total)
+            break; /* the end of the data, or all of it */
+        size_t next = cap > total / 2 ? (size_t)total : cap * 2;
+        uint8_t *grown = realloc(payload, next);
+        if (!grown)
+            free(payload);
+        payload = grown;
+        cap = next;
     }
-    got = read_full(f, payload, (size_t)total);
-    if (got < 0) {
-        st = gz_fault(f, path, err, err_size);
-        goto done;
-    }
+    got = (int64_t)have;
     if ((uint64_t)got < total) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                      "%s: truncated: expected %" PRIu64 " bytes, got %" PRIu64, path,

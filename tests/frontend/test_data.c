@@ -185,6 +185,21 @@ static void test_load_rejects_truncated_image_file_naming_it(void **state) {
     expect_load_error(ph, lbl, LOOM_STATUS_CORRUPT_DATA, ph, "truncated");
 }
 
+static void test_a_header_claiming_terabytes_is_truncation_not_an_allocation(void **state) {
+    (void)state;
+    /* 4G-1 images of 1000x1000 pixels in a 40-byte file: found by fuzz/fuzz_idx, which
+     * made the reader ask for the claimed size up front (here ~4 PB: OUT_OF_MEMORY). */
+    uint8_t buf[64];
+    size_t len = idx_bytes(buf, 0x803, 3, (uint32_t[]){0xFFFFFFFFu, 1000, 1000}, pixels3, 18);
+    const char *p = tmp_path("huge");
+    write_plain(p, buf, len);
+    const char *lbl = write_labels("lbl_huge", false, 3, labels3);
+    expect_load_error(p, lbl, LOOM_STATUS_CORRUPT_DATA, p, "truncated: expected");
+    const char *pg = tmp_path("huge.gz");
+    write_gzip(pg, buf, len);
+    expect_load_error(pg, lbl, LOOM_STATUS_CORRUPT_DATA, pg, "truncated: expected");
+}
+
 static void test_load_rejects_a_cut_gzip_stream(void **state) {
     (void)state;
     const char *img = write_images3("img.gz", true);
@@ -566,6 +581,9 @@ int main(void) {
                                         setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_load_rejects_truncated_image_file_naming_it, setup_dir,
                                         teardown_dir),
+        cmocka_unit_test_setup_teardown(
+            test_a_header_claiming_terabytes_is_truncation_not_an_allocation, setup_dir,
+            teardown_dir),
         cmocka_unit_test_setup_teardown(test_load_rejects_a_cut_gzip_stream, setup_dir,
                                         teardown_dir),
         cmocka_unit_test_setup_teardown(test_load_rejects_bad_magic_naming_the_file, setup_dir,
