@@ -13,8 +13,7 @@
 #include <loom/optim.h>
 
 #include "bench_util.h"
-
-#define MAX_PARAMS 8
+#include "../examples/fashion_models.h"
 
 typedef struct config {
     const char *name;
@@ -33,69 +32,6 @@ typedef struct args {
     bool selected[N_CONFIGS];
 } args;
 
-typedef struct net {
-    bool cnn;
-    loom_nn_linear fc[3];
-    loom_nn_conv2d conv[2];
-    int32_t n;
-    loom_tensor *params[MAX_PARAMS];
-} net;
-
-/* The models of examples/fashion_mnist.c (same layers and PyTorch initialisation). */
-static loom_status net_init(loom_context *ctx, net *m, bool cnn) {
-    *m = (net){.cnn = cnn};
-    loom_rng rng;
-    loom_rng_init(&rng, 0);
-    loom_status st;
-    if (!cnn) {
-        if ((st = loom_nn_linear_init(ctx, &m->fc[0], 784, 512, true, &rng)) ||
-            (st = loom_nn_linear_init(ctx, &m->fc[1], 512, 512, true, &rng)) ||
-            (st = loom_nn_linear_init(ctx, &m->fc[2], 512, 10, true, &rng)))
-            return st;
-        for (int i = 0; i < 3; i++) {
-            m->params[m->n++] = m->fc[i].weight;
-            m->params[m->n++] = m->fc[i].bias;
-        }
-        return LOOM_OK;
-    }
-    if ((st = loom_nn_conv2d_init(ctx, &m->conv[0], 1, 32, 3, 3, true, &rng)) ||
-        (st = loom_nn_conv2d_init(ctx, &m->conv[1], 32, 64, 3, 3, true, &rng)) ||
-        (st = loom_nn_linear_init(ctx, &m->fc[0], 9216, 128, true, &rng)) ||
-        (st = loom_nn_linear_init(ctx, &m->fc[1], 128, 10, true, &rng)))
-        return st;
-    for (int i = 0; i < 2; i++) {
-        m->params[m->n++] = m->conv[i].weight;
-        m->params[m->n++] = m->conv[i].bias;
-    }
-    for (int i = 0; i < 2; i++) {
-        m->params[m->n++] = m->fc[i].weight;
-        m->params[m->n++] = m->fc[i].bias;
-    }
-    return LOOM_OK;
-}
-
-static void net_deinit(net *m) {
-    for (int i = 0; i < 3; i++)
-        loom_nn_linear_deinit(&m->fc[i]);
-    for (int i = 0; i < 2; i++)
-        loom_nn_conv2d_deinit(&m->conv[i]);
-}
-
-static loom_tensor *net_forward(loom_context *ctx, const net *m, loom_tensor *x, int64_t b) {
-    if (!m->cnn) {
-        loom_tensor *h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], x));
-        h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[1], h));
-        return loom_nn_linear_forward(ctx, &m->fc[2], h);
-    }
-    loom_tensor *h = loom_reshape(ctx, x, 4, (int64_t[]){b, 1, 28, 28});
-    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[0], h));
-    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[1], h));
-    h = loom_max_pool2d(ctx, h, (int64_t[]){2, 2}, NULL, NULL);
-    h = loom_reshape(ctx, h, 2, (int64_t[]){b, 9216});
-    h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], h));
-    return loom_nn_linear_forward(ctx, &m->fc[1], h);
-}
-
 typedef struct result {
     double samples_per_sec, first_step_ms, compile_ms, first_loss;
     size_t peak_device_bytes;
@@ -104,13 +40,14 @@ typedef struct result {
 
 /* One training step as the example runs it: upload the batch, forward, cross-entropy,
  * backward, optimizer update, mark_step (asynchronous). */
-static loom_status train_step(loom_context *ctx, const net *m, loom_optim *opt, const float *xs,
-                              const int64_t *ys, int64_t b, loom_tensor **out_loss) {
+static loom_status train_step(loom_context *ctx, const model *m, loom_tensor *const *params,
+                              loom_optim *opt, const float *xs, const int64_t *ys, int64_t b,
+                              loom_tensor **out_loss) {
     loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){b, 784}, xs);
     loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){b}, ys);
-    loom_tensor *loss = loom_cross_entropy(ctx, net_forward(ctx, m, x, b), y, LOOM_REDUCTION_MEAN);
+    loom_tensor *loss = loom_cross_entropy(ctx, model_forward(ctx, m, x, b), y, LOOM_REDUCTION_MEAN);
     loom_tensor *grads[MAX_PARAMS] = {NULL};
-    if (loss && loom_backward(ctx, loss, m->n, m->params, grads) == LOOM_OK)
+    if (loss && loom_backward(ctx, loss, m->n_params, params, grads) == LOOM_OK)
         loom_optim_step(opt, grads, NULL);
     if (out_loss)
         loom_tensor_retain(loss);
@@ -137,7 +74,8 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     if (!ctx)
         return fail(NULL, c->name, "context");
     int rc = 1;
-    net m = {0};
+    model m = {0};
+    loom_tensor *params[MAX_PARAMS];
     loom_optim *opt = NULL;
     const int64_t b = c->batch;
     float *xs = malloc(sizeof(float) * (size_t)(b * 784));
@@ -162,10 +100,11 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         s = s * 6364136223846793005u + 1442695040888963407u;
         ys[i] = (int64_t)((s >> 33) % 10);
     }
-    if (net_init(ctx, &m, c->cnn) != LOOM_OK) {
+    if (model_init(ctx, &m, c->cnn ? MODEL_CNN : MODEL_MLP, 28, 28, 0) != LOOM_OK) {
         rc = fail(ctx, c->name, "model");
         goto out;
     }
+    model_tensors(&m, params);
     loom_optim_kind kind = !strcmp(a->optimizer, "adam")    ? LOOM_OPTIM_ADAM
                            : !strcmp(a->optimizer, "adamw") ? LOOM_OPTIM_ADAMW
                                                             : LOOM_OPTIM_SGD;
@@ -174,7 +113,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     oo.lr = kind == LOOM_OPTIM_SGD ? 0.01 : 0.001;
     if (kind == LOOM_OPTIM_SGD)
         oo.momentum = 0.9;
-    if (loom_optim_create(ctx, &oo, m.n, m.params, &opt) != LOOM_OK) {
+    if (loom_optim_create(ctx, &oo, m.n_params, params, &opt) != LOOM_OK) {
         rc = fail(ctx, c->name, "optimizer");
         goto out;
     }
@@ -182,7 +121,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     /* First step: trace, compile (CompileTime), run; its loss checks the setup. */
     loom_tensor *loss = NULL;
     double t0 = bench_now();
-    if (train_step(ctx, &m, opt, xs, ys, b, &loss) != LOOM_OK ||
+    if (train_step(ctx, &m, params, opt, xs, ys, b, &loss) != LOOM_OK ||
         loom_context_sync(ctx) != LOOM_OK) {
         loom_tensor_release(loss);
         rc = fail(ctx, c->name, "first step");
@@ -201,7 +140,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         /* The interpreter runs each step on this thread: time them one by one. */
         for (samples = 0; samples < a->interp_steps; samples++) {
             t0 = bench_now();
-            if (train_step(ctx, &m, opt, xs, ys, b, NULL) != LOOM_OK ||
+            if (train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK ||
                 loom_context_sync(ctx) != LOOM_OK) {
                 rc = fail(ctx, c->name, "interpreter step");
                 goto out;
@@ -210,7 +149,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         }
     } else {
         for (int i = 0; i < a->warmup; i++) {
-            if (train_step(ctx, &m, opt, xs, ys, b, NULL) != LOOM_OK) {
+            if (train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
                 rc = fail(ctx, c->name, "warm-up step");
                 goto out;
             }
@@ -224,7 +163,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
             }
             t0 = bench_now();
             for (int i = 0; i < a->steps; i++) {
-                if (train_step(ctx, &m, opt, xs, ys, b, NULL) != LOOM_OK) {
+                if (train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
                     rc = fail(ctx, c->name, "step");
                     goto out;
                 }
@@ -248,7 +187,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     rc = 0;
 out:
     loom_optim_destroy(opt);
-    net_deinit(&m);
+    model_deinit(&m);
     loom_context_destroy(ctx);
     free(t);
     free(ys);

@@ -16,14 +16,14 @@
 #include <loom/optim.h>
 #include <loom/safetensors.h>
 
+#include "fashion_models.h"
+
 #define PROG "fashion_mnist"
 #define EXIT_USAGE 2
-#define MAX_PARAMS 8
 /* 10000 test images split evenly, so evaluation compiles one graph. */
 #define EVAL_BATCH 500
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 
-typedef enum model_kind { MODEL_MLP, MODEL_CNN } model_kind;
 
 typedef struct options {
     model_kind model;
@@ -37,14 +37,6 @@ typedef struct options {
     const char *init_path, *save_path, *data_dir;
 } options;
 
-typedef struct model {
-    model_kind kind;
-    loom_nn_linear fc[3];   /* mlp: fc1..fc3; cnn: fc1, fc2 */
-    loom_nn_conv2d conv[2]; /* cnn: conv1, conv2 */
-    int64_t rows, cols;
-    int32_t n_params;
-    loom_named_tensor params[MAX_PARAMS]; /* PyTorch state_dict names, module order */
-} model;
 
 /* ---- command line ---------------------------------------------------------------------- */
 
@@ -245,71 +237,6 @@ static int parse_args(int argc, char **argv, options *o) {
 
 /* ---- model ----------------------------------------------------------------------------- */
 
-static void add_param(model *m, const char *name, loom_tensor *t) {
-    m->params[m->n_params++] = (loom_named_tensor){name, t};
-}
-
-static loom_status model_init(loom_context *ctx, model *m, model_kind kind, int64_t rows,
-                              int64_t cols, uint64_t seed) {
-    *m = (model){.kind = kind, .rows = rows, .cols = cols};
-    loom_rng rng;
-    loom_rng_init(&rng, seed);
-    loom_status st;
-    if (kind == MODEL_MLP) {
-        if ((st = loom_nn_linear_init(ctx, &m->fc[0], rows * cols, 512, true, &rng)) ||
-            (st = loom_nn_linear_init(ctx, &m->fc[1], 512, 512, true, &rng)) ||
-            (st = loom_nn_linear_init(ctx, &m->fc[2], 512, 10, true, &rng)))
-            return st;
-        add_param(m, "fc1.weight", m->fc[0].weight);
-        add_param(m, "fc1.bias", m->fc[0].bias);
-        add_param(m, "fc2.weight", m->fc[1].weight);
-        add_param(m, "fc2.bias", m->fc[1].bias);
-        add_param(m, "fc3.weight", m->fc[2].weight);
-        add_param(m, "fc3.bias", m->fc[2].bias);
-        return LOOM_OK;
-    }
-    /* Two valid 3x3 convolutions then a 2x2 pool: 28x28 -> 26 -> 24 -> 12, 64*12*12 = 9216. */
-    int64_t flat = 64 * ((rows - 4) / 2) * ((cols - 4) / 2);
-    if ((st = loom_nn_conv2d_init(ctx, &m->conv[0], 1, 32, 3, 3, true, &rng)) ||
-        (st = loom_nn_conv2d_init(ctx, &m->conv[1], 32, 64, 3, 3, true, &rng)) ||
-        (st = loom_nn_linear_init(ctx, &m->fc[0], flat, 128, true, &rng)) ||
-        (st = loom_nn_linear_init(ctx, &m->fc[1], 128, 10, true, &rng)))
-        return st;
-    add_param(m, "conv1.weight", m->conv[0].weight);
-    add_param(m, "conv1.bias", m->conv[0].bias);
-    add_param(m, "conv2.weight", m->conv[1].weight);
-    add_param(m, "conv2.bias", m->conv[1].bias);
-    add_param(m, "fc1.weight", m->fc[0].weight);
-    add_param(m, "fc1.bias", m->fc[0].bias);
-    add_param(m, "fc2.weight", m->fc[1].weight);
-    add_param(m, "fc2.bias", m->fc[1].bias);
-    return LOOM_OK;
-}
-
-static void model_deinit(model *m) {
-    for (int i = 0; i < 3; i++)
-        loom_nn_linear_deinit(&m->fc[i]);
-    for (int i = 0; i < 2; i++)
-        loom_nn_conv2d_deinit(&m->conv[i]);
-    m->n_params = 0;
-}
-
-/* Logits [n, 10] of images x [n, rows*cols]. */
-static loom_tensor *model_forward(loom_context *ctx, const model *m, loom_tensor *x, int64_t n) {
-    if (m->kind == MODEL_MLP) {
-        loom_tensor *h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], x));
-        h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[1], h));
-        return loom_nn_linear_forward(ctx, &m->fc[2], h);
-    }
-    loom_tensor *h = loom_reshape(ctx, x, 4, (int64_t[]){n, 1, m->rows, m->cols});
-    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[0], h));
-    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[1], h));
-    h = loom_max_pool2d(ctx, h, (int64_t[]){2, 2}, NULL, NULL);
-    h = loom_reshape(ctx, h, 2, (int64_t[]){n, -1}); /* flatten: channel-major, as PyTorch */
-    h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], h));
-    return loom_nn_linear_forward(ctx, &m->fc[1], h);
-}
-
 /* ---- progress -------------------------------------------------------------------------- */
 
 static double now_s(void) {
@@ -412,9 +339,7 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
     if (o->optimizer == LOOM_OPTIM_SGD)
         oo.momentum = o->momentum;
     loom_tensor *params[MAX_PARAMS];
-    for (int32_t i = 0; i < m->n_params; i++)
-        params[i] = m->params[i].tensor;
-    if (loom_optim_create(ctx, &oo, m->n_params, params, &opt) != LOOM_OK) {
+    if (loom_optim_create(ctx, &oo, model_tensors(m, params), params, &opt) != LOOM_OK) {
         rc = runtime_error(ctx, "creating the optimizer");
         goto out;
     }
