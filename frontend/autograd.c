@@ -148,6 +148,21 @@ static int64_t numel_of(const ag *a, int32_t x) {
     return loom_ir_numel(nd(a, x)->rank, nd(a, x)->shape);
 }
 
+/* A slice or pad (op) of x with attrs start/step, giving node `like`'s shape. */
+static int32_t moved_like(ag *a, loom_ir_op op, int32_t x, int32_t like, const int64_t *start,
+                          const int64_t *step) {
+    if (x < 0)
+        return -1;
+    const loom_ir_node *l = nd(a, like);
+    int64_t shape[LOOM_MAX_RANK];
+    memcpy(shape, l->shape, sizeof shape);
+    loom_ir_node_desc d = {.op = op, .n_inputs = 1, .inputs = &x, .rank = l->rank,
+                           .shape = shape};
+    memcpy(d.attrs.start, start, (size_t)l->rank * sizeof *start);
+    memcpy(d.attrs.step, step, (size_t)l->rank * sizeof *step);
+    return emit(a, &d);
+}
+
 /* Elements a transpose of x would move: none when x is itself a transpose (it cancels). */
 static int64_t cost_mT(const ag *a, int32_t x) {
     return is_swap_last(nd(a, x)) ? 0 : numel_of(a, x);
@@ -315,46 +330,29 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
         return bin(a, LOOM_IR_OP_DIV, bin(a, LOOM_IR_OP_MUL, gb, m), cnt);
     }
     case LOOM_IR_OP_SLICE: { /* scatter g back: pad with start below, stride-1 between */
-        const loom_ir_node *xn = nd(a, x);
-        loom_ir_node_desc d = {.op = LOOM_IR_OP_PAD, .n_inputs = 1, .inputs = &g,
-                               .rank = xn->rank};
-        int64_t shape[LOOM_MAX_RANK];
-        memcpy(shape, xn->shape, sizeof shape);
-        d.shape = shape;
+        int64_t low[LOOM_MAX_RANK], interior[LOOM_MAX_RANK];
         for (int32_t i = 0; i < n.rank; i++) {
-            d.attrs.start[i] = n.attrs.start[i];
-            d.attrs.step[i] = n.attrs.step[i] - 1;
+            low[i] = n.attrs.start[i];
+            interior[i] = n.attrs.step[i] - 1;
         }
-        return emit(a, &d);
+        return moved_like(a, LOOM_IR_OP_PAD, g, x, low, interior);
     }
     case LOOM_IR_OP_PAD: { /* the operand's elements sit at low + i * (interior + 1) */
-        const loom_ir_node *xn = nd(a, x);
-        loom_ir_node_desc d = {.op = LOOM_IR_OP_SLICE, .n_inputs = 1, .inputs = &g,
-                               .rank = xn->rank};
-        int64_t shape[LOOM_MAX_RANK];
-        memcpy(shape, xn->shape, sizeof shape);
-        d.shape = shape;
+        int64_t start[LOOM_MAX_RANK], stride[LOOM_MAX_RANK];
         for (int32_t i = 0; i < n.rank; i++) {
-            d.attrs.start[i] = n.attrs.start[i];
-            d.attrs.step[i] = n.attrs.step[i] + 1;
+            start[i] = n.attrs.start[i];
+            stride[i] = n.attrs.step[i] + 1;
         }
-        return emit(a, &d);
+        return moved_like(a, LOOM_IR_OP_SLICE, g, x, start, stride);
     }
     case LOOM_IR_OP_CONCAT: { /* operand k's slab of g */
-        int64_t off = 0;
+        int64_t start[LOOM_MAX_RANK] = {0}, stride[LOOM_MAX_RANK];
         int32_t ax = (int32_t)n.attrs.index;
         for (int32_t j = 0; j < k; j++)
-            off += nd(a, n.inputs[j])->shape[ax];
-        const loom_ir_node *xn = nd(a, n.inputs[k]);
-        loom_ir_node_desc d = {.op = LOOM_IR_OP_SLICE, .n_inputs = 1, .inputs = &g,
-                               .rank = xn->rank};
-        int64_t shape[LOOM_MAX_RANK];
-        memcpy(shape, xn->shape, sizeof shape);
-        d.shape = shape;
+            start[ax] += nd(a, n.inputs[j])->shape[ax];
         for (int32_t i = 0; i < n.rank; i++)
-            d.attrs.step[i] = 1;
-        d.attrs.start[ax] = off;
-        return emit(a, &d);
+            stride[i] = 1;
+        return moved_like(a, LOOM_IR_OP_SLICE, g, n.inputs[k], start, stride);
     }
     case LOOM_IR_OP_MATMUL: {
         /* C = A B: dA = G B^T = (B G^T)^T, dB = A^T G = (G^T A)^T. Each form materialises
