@@ -830,6 +830,67 @@ static void test_broadcasts_of_rows_columns_and_scalars(void **state) {
     fx_deinit(&f);
 }
 
+/* A leaf read with a stride along the innermost loop and contiguously along an outer one
+ * makes the nest run in tiles of 16 of that outer group (lower_kernel.c): unrolled when
+ * the group's extent is a multiple of 16 and the kernel is small, a loop with a partial
+ * last tile otherwise. Each case against the interpreter, on 2 threads. */
+static void test_transposed_nests_are_tiled(void **state) {
+    (void)state;
+    { /* [48, 80] -> [80, 48]: whole tiles, unrolled */
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(48, 80));
+        int32_t r = transpose(&f, x, 2, (int32_t[]){1, 0});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        fill_all(&f, -3, 3, true);
+        check_with(&f, 2, 0, 0, "2-D transpose");
+        fx_deinit(&f);
+    }
+    { /* a batch of [37, 50] -> [50, 37]: 50 is 3 tiles and a partial one */
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 3, S(3, 37, 50));
+        int32_t r = transpose(&f, x, 3, (int32_t[]){0, 2, 1});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+        fill_all(&f, -3, 3, true);
+        check_with(&f, 2, 0, 0, "batched transpose, partial tile");
+        fx_deinit(&f);
+    }
+    { /* fused: tanh(x^T * y + 0.5) - y with y read in order, and x^T itself a result;
+       * more nodes than are unrolled, so whole tiles in a loop */
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(32, 64));
+        int32_t y = input(&f, LOOM_DTYPE_F32, 2, S(64, 32));
+        int32_t t = transpose(&f, x, 2, (int32_t[]){1, 0});
+        int32_t v = op2(&f, LOOM_IR_OP_MUL, t, y);
+        for (int i = 0; i < 8; i++)
+            v = op2(&f, LOOM_IR_OP_ADD, op1(&f, LOOM_IR_OP_TANH, v),
+                    cst(&f, LOOM_DTYPE_F32, 2, S(64, 32), 0.5));
+        int32_t r = op2(&f, LOOM_IR_OP_SUB, v, y);
+        output(&f, t);
+        output(&f, r);
+        kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, t, r);
+        assert_true(f.plan.kernels[0].n_nodes > 8);
+        fill_all(&f, -2, 2, false);
+        check_with(&f, 2, 1e-5, 1e-5, "fused transposed nest");
+        fx_deinit(&f);
+    }
+    { /* 16-bit values: [16, 48] -> [48, 16] in bf16, then to f32 */
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_BF16, 2, S(16, 48));
+        int32_t r = cast(&f, transpose(&f, x, 2, (int32_t[]){1, 0}), LOOM_DTYPE_F32);
+        output(&f, r);
+        kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, r - 1, r);
+        fill_all(&f, -3, 3, false);
+        check_with(&f, 2, 0, 0, "bf16 transpose");
+        fx_deinit(&f);
+    }
+}
+
 static void test_a_64_op_fused_chain_is_one_kernel(void **state) {
     (void)state;
     fx f;
@@ -1330,6 +1391,7 @@ int main(void) {
         cmocka_unit_test(test_f16_and_bf16_chains_round_every_node_like_the_interpreter),
         cmocka_unit_test(test_odd_sizes_from_scalars_to_large_vectors),
         cmocka_unit_test(test_broadcasts_of_rows_columns_and_scalars),
+        cmocka_unit_test(test_transposed_nests_are_tiled),
         cmocka_unit_test(test_a_64_op_fused_chain_is_one_kernel),
         cmocka_unit_test(test_results_of_another_shape_are_written_by_a_side_nest),
         cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),
