@@ -29,9 +29,10 @@
  *     Nothing is dynamic, so nothing needs masks or peeling, and every piece vectorizes
  *     with static vector shapes.
  *  3. Big pieces are tiled for the caches (loops n, k, m) and, with enough rows, B is
- *     packed per RN-wide panel into a stack buffer (plan_piece). Every piece is then tiled
- *     for registers ([RM, RN, 1]: an RM x RN block of C lives in vector registers over the
- *     whole k loop) and vectorized.
+ *     packed per RN-wide panel into a stack buffer; when B's rows are far apart (a column
+ *     block of a very wide B), its whole Kc x Nc tile is packed instead (plan_piece).
+ *     Every piece is then tiled for registers ([RM, RN, 1]: an RM x RN block of C lives in
+ *     vector registers over the whole k loop) and vectorized.
  *  4. Once per function: contractions become outer products (one broadcast of A and RM
  *     FMAs per k), memref aliases are folded, CSE runs (without it the C block's reads and
  *     writes are not recognised as loop invariant: 65 instead of 170 GFLOP/s), the C block's
@@ -56,10 +57,11 @@ enum {
     NC_TARGET = 256,
     MC_TARGET = 256,
     MC_UNTILED_MAX = 512,
-    BIG_K_OR_N = 512,   /* K or N above this: big */
-    BIG_KN = 512 * 512, /* or K x N at least this (B at least 1 MB, L2's size) ... */
-    BIG_KN_MIN_M = 128, /* ... with at least this many rows */
-    PACK_MIN_M = 256,   /* rows that reuse a packed panel of B enough to pay for packing */
+    BIG_K_OR_N = 512,     /* K or N above this: big */
+    BIG_KN = 512 * 512,   /* or K x N at least this (B at least 1 MB, L2's size) ... */
+    BIG_KN_MIN_M = 128,   /* ... with at least this many rows */
+    PACK_MIN_M = 256,     /* rows that reuse a packed panel of B enough to pay for packing */
+    PACK_TILE_LDB = 8192, /* B's rows this far apart: its whole cache tile is packed */
 };
 
 typedef struct mm_tiles {
@@ -71,6 +73,7 @@ typedef struct mm_op {
     MlirOperation op;
     bool batch;
     int64_t m, n, k; /* the batch extent is irrelevant to the schedule */
+    int64_t ldb;     /* elements between rows of B */
 } mm_op;
 
 /* ---- host ISA -------------------------------------------------------------------------- */
@@ -117,7 +120,7 @@ static bool op_named(MlirOperation op, const char *name) {
 
 /* A static-shaped f32 memref of the given rank whose innermost stride is 1 (else the
  * vector loads would be gathers: such a matmul is left to the generic lowering). */
-static bool fast_memref(MlirType t, intptr_t rank, int64_t *shape) {
+static bool fast_memref(MlirType t, intptr_t rank, int64_t *shape, int64_t *ld) {
     if (!mlirTypeIsAMemRef(t) || !mlirShapedTypeHasStaticShape(t) ||
         mlirShapedTypeGetRank(t) != rank || !mlirTypeIsAF32(mlirShapedTypeGetElementType(t)))
         return false;
@@ -125,6 +128,7 @@ static bool fast_memref(MlirType t, intptr_t rank, int64_t *shape) {
     if (mlirLogicalResultIsFailure(mlirMemRefTypeGetStridesAndOffset(t, strides, &offset)) ||
         strides[rank - 1] != 1)
         return false;
+    *ld = strides[rank - 2];
     for (intptr_t i = 0; i < rank; i++) {
         shape[i] = mlirShapedTypeGetDimSize(t, i);
         if (shape[i] < 1)
@@ -149,17 +153,17 @@ static bool qualifies(MlirOperation op, mm_op *out) {
     if (mlirOperationGetNumOperands(op) != 3 || mlirOperationGetNumResults(op) != 0)
         return false;
     intptr_t rank = batch ? 3 : 2;
-    int64_t a[3], b[3], c[3];
-    if (!fast_memref(mlirValueGetType(mlirOperationGetOperand(op, 0)), rank, a) ||
-        !fast_memref(mlirValueGetType(mlirOperationGetOperand(op, 1)), rank, b) ||
-        !fast_memref(mlirValueGetType(mlirOperationGetOperand(op, 2)), rank, c))
+    int64_t a[3], b[3], c[3], lda, ldb, ldc;
+    if (!fast_memref(mlirValueGetType(mlirOperationGetOperand(op, 0)), rank, a, &lda) ||
+        !fast_memref(mlirValueGetType(mlirOperationGetOperand(op, 1)), rank, b, &ldb) ||
+        !fast_memref(mlirValueGetType(mlirOperationGetOperand(op, 2)), rank, c, &ldc))
         return false;
     intptr_t o = batch ? 1 : 0; /* index of the M dimension */
     if (batch && !(a[0] == b[0] && a[0] == c[0]))
         return false;
     if (a[o] != c[o] || a[o + 1] != b[o] || b[o + 1] != c[o + 1] || !inside_func(op))
         return false; /* the verifier would reject it; not ours to report */
-    *out = (mm_op){op, batch, a[o], b[o + 1], a[o + 1]};
+    *out = (mm_op){op, batch, a[o], b[o + 1], a[o + 1], ldb};
     return true;
 }
 
@@ -452,14 +456,22 @@ static MlirValue t_promote_b(tb *b, MlirValue h) {
 }
 
 /* Phase 1 for one static piece. Large pieces are tiled for the caches (loops n, k, m: a
- * Kc x Nc block of B and an Mc x Kc block of A stay in L2). With many rows, B is then
- * packed per RN-wide panel: copied into a contiguous Kc x RN buffer that all of the
- * piece's rows read. Unpacked, B's rows lie N floats apart: at N = 2048 a panel maps onto
- * a few cache sets and 2048^3 ran at 160 instead of 195 GFLOP/s. With few rows (codegen's
- * 32-row blocks) the copy costs more than it saves: 32-row blocks of 1024^3 ran at 145
- * packed and 184 unpacked. Small pieces go straight to the register tiles. */
-static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, const seg *sm, const seg *sn,
-                       const seg *sk) {
+ * Kc x Nc block of B and an Mc x Kc block of A stay in L2). When B's rows lie at least
+ * PACK_TILE_LDB floats apart (a column block of a matrix far wider than the piece:
+ * conv2's im2col columns [288, 36864]), each row of the Kc x Nc tile is a separate page
+ * and the tile is not in any cache: its reads miss one short row after another, and the
+ * rows map onto a few cache sets. The whole tile is then copied into a contiguous buffer
+ * first, a row (Nc floats) at a time: conv2's W[64,288] x cols ran at 315 instead of 225
+ * GFLOP/s, its column gradient [288,64] x [64,36864] at 308 instead of 215. (Where B is
+ * in cache the copy costs more than it saves: 64x784x512 at 2 threads went from 420 to
+ * 360 when packed this way.) Otherwise, with many rows, B is packed per RN-wide panel:
+ * copied into a contiguous Kc x RN buffer that all of the piece's rows read. Unpacked,
+ * B's rows lie N floats apart: at N = 2048 a panel maps onto a few cache sets and 2048^3
+ * ran at 160 instead of 195 GFLOP/s. With few rows (codegen's 32-row blocks) the copy
+ * costs more than it saves: 32-row blocks of 1024^3 ran at 145 packed and 184 unpacked.
+ * Small pieces go straight to the register tiles. */
+static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, int64_t ldb, const seg *sm,
+                       const seg *sn, const seg *sk) {
     /* A cache tile as large as the piece would only add a one-trip loop. */
     int64_t mc = sm->cache < sm->size ? sm->cache : 0, nc = sn->cache < sn->size ? sn->cache : 0,
             kc = sk->cache < sk->size ? sk->cache : 0;
@@ -468,12 +480,23 @@ static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, const seg *sm, c
         return;
     }
     bool pack = sm->size >= PACK_MIN_M;
+    MlirValue cache_loop = {NULL};
     if (batch) {
         int64_t sizes[4] = {1, mc, nc, kc}, order[4] = {0, 2, 3, 1};
         h = t_tile(b, h, 4, sizes, order);
     } else {
         int64_t sizes[3] = {mc, nc, kc}, order[3] = {1, 2, 0};
-        h = t_tile(b, h, 3, sizes, order);
+        MlirOperation t = t_tile_op(b, h, 3, sizes, order);
+        h = result(t, 0);
+        cache_loop = result(t, 1);
+    }
+    if (!batch && ldb >= PACK_TILE_LDB) {
+        h = t_promote_b(b, h);
+        MlirValue copy = t_match_in(b, cache_loop, "linalg.copy");
+        plan_add(p, (work){h, false, batch, sm->reg, sn->reg});
+        plan_add(p, (work){copy, true, batch, 0, 0});
+        p->packed = true;
+        return;
     }
     if (!pack) {
         plan_add(p, (work){h, false, batch, sm->reg, sn->reg});
@@ -519,7 +542,7 @@ static void plan_matmul(tb *b, plan *p, MlirValue h, const mm_op *m, mm_tiles t)
         MlirValue by_m[3];
         split_segments(b, by_n[i], dm, n_m, ms, by_m);
         for (int32_t j = 0; j < n_m; j++)
-            plan_piece(b, p, by_m[j], m->batch, &ms[j], &ns[i], &ks);
+            plan_piece(b, p, by_m[j], m->batch, m->ldb, &ms[j], &ns[i], &ks);
     }
 }
 

@@ -319,6 +319,13 @@ static void test_schedules_a_1000_cubed_matmul_with_cache_tiles_and_remainders(v
     run_f32_case(&MATMUL("mm_37x1000x1009", 37, 1000, 1009));
 }
 
+/* B's rows 8200 floats apart: each cache tile of B is packed whole (K in two tiles of 150,
+ * N in 32 tiles of 256 and a piece of 8). */
+static void test_schedules_a_wide_matmul_packing_whole_tiles_of_b(void **state) {
+    (void)state;
+    run_f32_case(&MATMUL("mm_40x8200x300", 40, 8200, 300));
+}
+
 static void test_schedules_an_mlp_layer_with_k_784_and_n_10(void **state) {
     (void)state;
     run_f32_case(&MATMUL("mm_64x512x784", 64, 512, 784));
@@ -470,6 +477,7 @@ int main(void) {
         cmocka_unit_test(test_schedules_a_100x257x33_matmul_with_remainders_in_m_and_n),
         cmocka_unit_test(test_schedules_a_256x256x256_matmul),
         cmocka_unit_test(test_schedules_a_1000_cubed_matmul_with_cache_tiles_and_remainders),
+        cmocka_unit_test(test_schedules_a_wide_matmul_packing_whole_tiles_of_b),
         cmocka_unit_test(test_schedules_an_mlp_layer_with_k_784_and_n_10),
         cmocka_unit_test(test_schedules_batched_matmuls),
         cmocka_unit_test(test_schedules_matmuls_on_views_with_a_dynamic_offset),
