@@ -20,9 +20,11 @@
  *    instead, the tile innermost (transposed_group).
  *  - REDUCTION: the nest is the reduce operand's dims. When its innermost dim is reduced,
  *    the outer loop runs over the kept elements and nested loops accumulate in a scalar
- *    (vectorized as a reduction after jit.c marks the add reassociable). When the innermost
- *    dim is kept (column sums), a tile of RED_TILE outputs accumulates in a stack buffer
- *    and the innermost loop runs across the tile, contiguous. Float sums accumulate in f64
+ *    (vectorized as a reduction after jit.c marks the add reassociable); a max over a few
+ *    elements (a pool's window) is instead unrolled under a loop over the innermost kept
+ *    dim, which LLVM vectorizes across outputs. When the innermost dim is kept (column
+ *    sums), a tile of RED_TILE outputs accumulates in a stack buffer and the innermost
+ *    loop runs across the tile, contiguous. Float sums accumulate in f64
  *    (the interpreter's order differs, its precision does not: results match to the last
  *    bit or so), max in the compute type, integers in their own width (wrapping, as the
  *    interpreter's int64 sums stored narrow). Prologue results are stored inside the
@@ -68,6 +70,8 @@ enum {
     BLOCK_MAX = 16384, /* innermost elementwise extent above which it is split in blocks */
     BLOCK = 8192,
     RED_TILE = 1024,   /* outputs per tile of a reduction over outer dims */
+    RED_UNROLL_MAX = 16,      /* reduced elements per output unrolled under a kept loop ... */
+    RED_UNROLL_MIN_INNER = 8, /* ... when that loop is at least this long */
     MM_ROWS_MIN = 32,  /* output rows per matmul task: at least (unless M is smaller) */
     MM_ROWS_MAX = 128, /* and at most (B streams once per block: bigger blocks reuse it) */
     MM_TASKS_MIN = 16, /* fewer (batch, row block) tasks than this: split the columns too */
@@ -1541,6 +1545,41 @@ static loom_status emit_red_epilogue(kc *c, red_plan *rp, MlirValue acc) {
     return emit_sinks(c, rp->n_epi, rp->epi);
 }
 
+/* The small-reduction form: task = the kept groups but the innermost kept one, which is
+ * the inner loop; per output the reduced elements are folded in unrolled, in row-major
+ * order (as the loops would). LLVM then vectorizes the inner loop across outputs (with
+ * gathers, x being strided along it): a 2x2 max pool over [64,64,24,24] ran 2.2x faster
+ * than as a loop per output, whose NaN-propagating max does not vectorize. */
+static loom_status small_reduction(kc *c, red_plan *rp, const int32_t *kgroups, int32_t nk,
+                                   const int32_t *rgroups, int32_t nr) {
+    cg_b *b = c->b;
+    const nest *ns = c->ns;
+    int32_t tg = kgroups[nk - 1];
+    cg_for lo, li;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    delinearize(c, lo.iv, nk - 1, kgroups);
+    cg_for_begin(b, &li, cg_idx(b, 0), cg_idx(b, ns->g_ext[tg]), 0, NULL);
+    c->gv[tg] = li.iv;
+    MlirValue acc = red_init(b, &rp->ops);
+    loom_status st = LOOM_OK;
+    for (int64_t r = 0; r < rp->n_red && st == LOOM_OK; r++) {
+        int64_t q = r;
+        for (int32_t i = nr - 1; i >= 0; i--) {
+            int64_t e = ns->g_ext[rgroups[i]];
+            c->gv[rgroups[i]] = cg_idx(b, q % e);
+            q /= e;
+        }
+        st = emit_red_body(c, rp, acc, &acc);
+    }
+    for (int32_t i = 0; i < nr; i++)
+        c->gv[rgroups[i]] = (MlirValue){NULL};
+    if (st == LOOM_OK)
+        st = emit_red_epilogue(c, rp, acc);
+    cg_for_end(b, &li, 0, NULL);
+    cg_for_end(b, &lo, 0, NULL);
+    return st;
+}
+
 static loom_status lower_reduction(kc *c) {
     const loom_ir_graph *g = c->g;
     int32_t root_id = c->k->root;
@@ -1634,7 +1673,19 @@ static loom_status lower_reduction(kc *c) {
     }
     int64_t n_out = loom_ir_numel(root->rank, root->shape);
     int64_t tile = 1, ntiles = 1, outer = 1;
-    if (inner_kept) {
+    /* A max over a few elements per output under a kept dim (a max pool's windows): the
+     * kept dim becomes the inner loop and the reduction is unrolled inside it
+     * (small_reduction). Not for sums: their loop per output is cheap, and vectorized
+     * across outputs they read through gathers (the 2x2 pool's tie counts: 400 us as loops,
+     * 650 us as gathers; the max pool itself: 1200 us as loops, 540 us as gathers). */
+    bool small = !inner_kept && nk > 0 && root->op == LOOM_IR_OP_REDUCE_MAX &&
+                 rp->n_red <= RED_UNROLL_MAX && ns.g_ext[kgroups[nk - 1]] >= RED_UNROLL_MIN_INNER;
+    if (small) {
+        for (int32_t i = 0; i + 1 < nk; i++)
+            outer *= ns.g_ext[kgroups[i]];
+        c->extent = n_out > 0 ? outer : 1;
+        c->grain = grain_for(rp->n_red * ns.g_ext[kgroups[nk - 1]]);
+    } else if (inner_kept) {
         int64_t t = ns.g_ext[kgroups[nk - 1]];
         tile = t < RED_TILE ? t : RED_TILE;
         ntiles = ceil_div(t, tile);
@@ -1654,6 +1705,10 @@ static loom_status lower_reduction(kc *c) {
     clear_gv(c);
     rp->ops.fsum = root->op != LOOM_IR_OP_REDUCE_MAX && loom_ir_dtype_is_float(root->dtype);
     rp->ops.acc_t = rp->ops.fsum ? b->f64 : compute_type(b, root->dtype);
+    if (small) {
+        st = small_reduction(c, rp, kgroups, nk, rgroups, nr);
+        goto done;
+    }
     if (!inner_kept) {
         cg_for lo;
         cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);

@@ -1018,6 +1018,39 @@ static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **sta
             }
 }
 
+/* A max over a few elements per output with the innermost dim reduced (a pool's windows)
+ * is unrolled under the loop over the innermost kept dim (lower_kernel.c small_reduction).
+ * With a stored prologue, an epilogue, NaN and infinities (max propagates NaN), on 2 threads:
+ * 2x2 windows as in a max pool, 3x3 windows with keepdim, and a 1-D case. */
+static void test_max_over_small_windows_is_unrolled(void **state) {
+    (void)state;
+    static const struct {
+        int32_t rank;
+        int64_t shape[6];
+        uint32_t axes;
+        bool keep;
+    } cases[] = {
+        {6, {3, 5, 10, 2, 12, 2}, (1u << 3) | (1u << 5), false},
+        {6, {2, 7, 4, 3, 9, 3}, (1u << 3) | (1u << 5), true},
+        {2, {40, 5}, 1u << 1, false},
+    };
+    for (size_t i = 0; i < LEN(cases); i++) {
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, cases[i].rank, cases[i].shape);
+        int32_t p = op1(&f, LOOM_IR_OP_NEG, x); /* prologue, also a result */
+        int32_t r = reduce(&f, LOOM_IR_OP_REDUCE_MAX, p, cases[i].axes, cases[i].keep);
+        const loom_ir_node *rn = node(&f, r);
+        int32_t e = op2(&f, LOOM_IR_OP_MUL, r, cst(&f, LOOM_DTYPE_F32, rn->rank, rn->shape, 2.0));
+        output(&f, e);
+        output(&f, p);
+        kernel(&f, LOOM_IR_KERNEL_REDUCTION, r, 3, (int32_t[]){p, r, e});
+        fill_all(&f, -5, 5, true);
+        check_with(&f, 2, 0, 0, "max over small windows");
+        fx_deinit(&f);
+    }
+}
+
 static void test_reductions_read_transposed_and_broadcast_operands(void **state) {
     (void)state;
     for (uint32_t axes = 1; axes < 8; axes++) {
@@ -1397,6 +1430,7 @@ int main(void) {
         cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),
         cmocka_unit_test(test_zero_sized_tensors_compile_and_write_nothing),
         cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
+        cmocka_unit_test(test_max_over_small_windows_is_unrolled),
         cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),
         cmocka_unit_test(test_integer_sums_wrap_and_maxima_are_exact),
         cmocka_unit_test(test_matmuls_of_odd_and_batched_shapes),
