@@ -156,6 +156,8 @@ UNARY_CASE(cast, loom_cast(ctx, loom_mul(ctx, loom_cast(ctx, in[0], LOOM_DTYPE_F
                                          loom_scalar(ctx, LOOM_DTYPE_F32, 3.0)),
                            LOOM_DTYPE_F64))
 UNARY_CASE(broadcast, loom_mul(ctx, in[0], in[1])) /* [3,1] * [4] -> [3,4] */
+/* a new leading unit axis (its gradient is a reshape, no sum) and a repeated axis */
+UNARY_CASE(broadcast_unit, loom_exp(ctx, loom_broadcast(ctx, in[0], 4, (int64_t[]){1, 3, 5, 4})))
 UNARY_CASE(reshape, loom_exp(ctx, loom_reshape(ctx, in[0], 2, (int64_t[]){3, 4})))
 UNARY_CASE(permute, loom_mul(ctx, loom_permute(ctx, in[0], (int32_t[]){2, 0, 1}), in[1]))
 UNARY_CASE(sum, loom_exp(ctx, loom_sum(ctx, in[0], 1, (int32_t[]){1}, false)))
@@ -206,6 +208,8 @@ static void test_movement_and_reduction_vjps_match_finite_differences(void **sta
     (void)state;
     spec bc[2] = {{S2(3, 1), -1, 1}, {S1(4), -1, 1}};
     check_grad("broadcast", 2, bc, b_broadcast, 1e-6);
+    spec bu = {S3(3, 1, 4), -1, 1};
+    check_grad("broadcast_unit", 1, &bu, b_broadcast_unit, 1e-6);
     spec r1 = {S3(2, 3, 2), -1, 1};
     check_grad("reshape", 1, &r1, b_reshape, 1e-6);
     spec pm[2] = {{S3(2, 3, 4), -1, 1}, {S3(4, 2, 3), -1, 1}};
