@@ -329,10 +329,9 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
         return NULL;
     }
     /* im2col as graph ops: with x as [C, N, H, W], each of the KH*KW windows is a strided
-     * slice [C, N, OH, OW]; given a leading axis by broadcast (a reshape would force the
-     * slice into memory) they concatenate into cols [KH*KW, C, N*OH*OW] in one pass, and
-     * one GEMM per group with the weight laid out to match, [O, KH, KW, C/groups], gives
-     * [O, N*OH*OW]. */
+     * slice [C, N, OH, OW]; they concatenate along C into cols [KH*KW*C, N, OH, OW] in one
+     * pass (the layout of [KH*KW, C, N*OH*OW]), and one GEMM per group with the weight laid
+     * out to match, [O, KH, KW, C/groups], gives [O, N*OH*OW]. */
     int64_t n = sx[0], c = sx[1], oc = sw[0], kk = k[0] * k[1], l = n * o[0] * o[1];
     int64_t cg = c / groups, og = oc / groups;
     loom_tensor *xt = loom_permute_at(ctx, x, (int32_t[]){1, 0, 2, 3}, file, line);
@@ -340,8 +339,6 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
     int64_t sxt[2] = {c, n};
     if (!windows(ctx, xt, sxt, k, st, pd, dl, 0.0, o, win, file, line))
         return NULL;
-    for (int64_t i = 0; i < kk; i++)
-        win[i] = loom_broadcast_at(ctx, win[i], 5, (int64_t[]){1, c, n, o[0], o[1]}, file, line);
     loom_tensor *cols = kk == 1 ? win[0] : loom_concat_at(ctx, (int32_t)kk, win, 0, file, line);
     loom_tensor *w = loom_permute_at(ctx, weight, (int32_t[]){0, 2, 3, 1}, file, line);
     if (groups == 1) {
