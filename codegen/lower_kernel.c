@@ -47,8 +47,8 @@
  *    index arithmetic like a transpose. Values computed from the index itself register the
  *    affine function they need as a leaf while the nest is planned, which keeps the dims it
  *    reads unmerged: iota (the index along its axis), rand_uniform (its row-major index,
- *    hashed), pad (the index along each padded axis: the operand, always an arg, is loaded
- *    at the clamped position and selected against the pad value). An elementwise nest's
+ *    hashed), pad (the index along each padded axis: the operand, an arg or a slice of one,
+ *    is loaded at the clamped position and selected against the pad value). An elementwise nest's
  *    innermost loop is split where pads without interior padding enter or leave their
  *    operand along it: in each part such a pad is a plain contiguous load or its constant
  *    (the conv backward's sum of nine shifted pads vectorizes, ~3.5x faster).
@@ -637,29 +637,57 @@ static bool pad_axis_range(const loom_ir_node *n, const loom_ir_node *x, const i
     return true;
 }
 
-/* pad: the operand (always read from its buffer) at a clamped index where the result index
- * lands on an operand element, the pad value elsewhere. Unpadded axes stay affine. */
+/* off + (start + step * q) * stride: index q of a view at start, step along a buffer axis
+ * `stride` elements apart. */
+static MlirValue add_view_index(cg_b *b, MlirValue off, MlirValue q, int64_t start, int64_t step,
+                                int64_t stride) {
+    return cg_iadd(b, off, cg_iadd(b, cg_imul_c(b, q, step * stride), cg_idx(b, start * stride)));
+}
+
+/* pad: the operand at a clamped index where the result index lands on an operand element,
+ * the pad value elsewhere. Unpadded axes stay affine. The operand is read from its buffer,
+ * or it is a slice in the kernel (fusion.c: a pad view) and its own operand's buffer is
+ * read at start + step * the clamped index. */
 static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) {
     const loom_ir_node *n = &c->g->nodes[id];
-    int32_t xid = n->inputs[0];
+    int32_t xid = n->inputs[0], sid = xid; /* sid: the node whose buffer is read */
     const loom_ir_node *x = &c->g->nodes[xid];
-    if (c->s->buf_of[xid] < 0)
-        return bad_plan(c, id, "a pad whose operand is not read from a buffer");
+    int64_t vstart[R], vstep[R]; /* x index k is buffer index vstart[k] + vstep[k] * it */
+    for (int32_t k = 0; k < R; k++) {
+        vstart[k] = 0;
+        vstep[k] = 1;
+    }
+    if (c->s->buf_of[xid] < 0) {
+        if (x->op != LOOM_IR_OP_SLICE || c->s->buf_of[x->inputs[0]] < 0)
+            return bad_plan(c, id,
+                            "a pad whose operand is neither read from a buffer nor a "
+                            "slice of one");
+        sid = x->inputs[0];
+        for (int32_t k = 0; k < x->rank; k++) {
+            vstart[k] = x->attrs.start[k];
+            vstep[k] = x->attrs.step[k];
+        }
+    }
+    const loom_ir_node *src = &c->g->nodes[sid];
     bool padded[R];
-    imap xm; /* the operand's unpadded axes */
+    imap xm; /* the buffer's index along the operand's unpadded axes */
     map_none(&xm);
     loom_status st = LOOM_OK;
     for (int32_t k = 0; k < n->rank; k++) {
         padded[k] = n->attrs.start[k] != 0 || n->shape[k] != x->shape[k];
-        if (!padded[k] && x->shape[k] != 1) {
+        if (padded[k])
+            continue;
+        if (x->shape[k] != 1) {
             xm.dim[k] = map->dim[k];
-            xm.off[k] = map->off[k];
-            xm.scale[k] = map->scale[k];
+            xm.off[k] = vstart[k] + vstep[k] * map->off[k];
+            xm.scale[k] = vstep[k] * map->scale[k];
+        } else {
+            xm.off[k] = vstart[k];
         }
     }
     bool empty = loom_ir_numel(x->rank, x->shape) == 0;
     if (c->collect) {
-        if (!empty && (st = add_leaf(c, x, &xm)) != LOOM_OK)
+        if (!empty && (st = add_leaf(c, src, &xm)) != LOOM_OK)
             return st;
         for (int32_t k = 0; k < n->rank && st == LOOM_OK; k++) {
             int64_t S[R];
@@ -700,9 +728,9 @@ static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) 
         return LOOM_OK;
     }
     int64_t xst[R];
-    row_major(x, xst);
+    row_major(src, xst);
     MlirValue off, hit = {NULL};
-    if ((st = offset_of(c, xid, &xm, &off)) != LOOM_OK)
+    if ((st = offset_of(c, sid, &xm, &off)) != LOOM_OK)
         return st;
     for (int32_t k = 0; k < n->rank; k++) {
         if (!padded[k])
@@ -716,7 +744,7 @@ static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) 
          * and o / (interior + 1) < extent */
         int64_t step = n->attrs.step[k] + 1, ext = x->shape[k];
         if (known_in[k]) { /* o is the operand index: contiguous along the loop, no clamp */
-            off = cg_iadd(b, off, cg_imul_c(b, o, xst[k]));
+            off = add_view_index(b, off, o, vstart[k], vstep[k], xst[k]);
             continue;
         }
         MlirValue zero = cg_idx(b, 0);
@@ -729,9 +757,9 @@ static loom_status eval_pad(kc *c, int32_t id, const imap *map, MlirValue *out) 
         hit = mlirValueIsNull(hit) ? h : cg_bin(b, "arith.andi", hit, h);
         q = cg_select(b, cg_cmpi(b, CG_I_SLT, q, zero), zero, q);
         q = cg_select(b, cg_cmpi(b, CG_I_SGT, q, cg_idx(b, ext - 1)), cg_idx(b, ext - 1), q);
-        off = cg_iadd(b, off, cg_imul_c(b, q, xst[k]));
+        off = add_view_index(b, off, q, vstart[k], vstep[k], xst[k]);
     }
-    MlirValue v = load_val(b, x->dtype, c->bufs[c->s->buf_of[xid]], off);
+    MlirValue v = load_val(b, x->dtype, c->bufs[c->s->buf_of[sid]], off);
     *out = mlirValueIsNull(hit) ? v : cg_select(b, hit, v, fill);
     return LOOM_OK;
 }

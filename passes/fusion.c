@@ -13,7 +13,9 @@
  * stride), so it costs nothing but index arithmetic.
  *
  * Ops whose operands are not read at an affine index: a PAD reads its operand from a buffer
- * (clamped index, then a select with the pad value), so its operand never joins it. A CONCAT
+ * (clamped index, then a select with the pad value), so its operand never joins it, except
+ * a SLICE all of whose users are pads of one kernel: it joins that kernel as a view (codegen
+ * composes it into each pad's index) and its own operand stays in a buffer. A CONCAT
  * is always the root of its own ELEMENTWISE kernel, which codegen splits into one loop nest
  * per operand (each operand then is read at an offset map: one pass over memory); its
  * operands join it, and it never joins its users (nor a reduction as an epilogue).
@@ -66,6 +68,7 @@ typedef struct fmap {
 typedef struct fnode {
     int32_t kernel; /* fusion kernel id, -1 for inputs, constants, reshapes */
     int8_t space;
+    bool pad_view; /* a slice read only by pads of its kernel, through its operand's buffer */
     fmap map;
 } fnode;
 
@@ -196,8 +199,8 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
     for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
         int32_t u = s->users[e];
         int32_t ku = s->fn[u].kernel;
-        if (ku < 0 || (target >= 0 && ku != target))
-            return -1; /* a reshape reads it, or two kernels do */
+        if (ku < 0 || (target >= 0 && ku != target) || s->fn[u].pad_view)
+            return -1; /* a reshape reads it, or two kernels do, or pads read it through u */
         const loom_ir_node *un = &g->nodes[u];
         for (int32_t q = 0; q < un->n_inputs; q++) { /* each operand position reading i */
             if (un->inputs[q] != i)
@@ -256,6 +259,37 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
     return target;
 }
 
+/* The kernel of the pads that are all of slice i's users, or -1: the slice joins it as a
+ * view, each pad reading the slice's operand (which stays in a buffer) at the slice's
+ * index (the gradient of a concat feeding the gradients of strided windows: conv2d). */
+static int32_t pad_view_target(const fuse_state *s, int32_t i) {
+    const loom_ir_graph *g = s->g;
+    if (g->nodes[i].op != LOOM_IR_OP_SLICE || s->is_output[i])
+        return -1;
+    int32_t target = -1;
+    for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
+        int32_t u = s->users[e], ku = s->fn[u].kernel;
+        if (g->nodes[u].op != LOOM_IR_OP_PAD || ku < 0 || (target >= 0 && ku != target))
+            return -1;
+        target = ku;
+    }
+    return target;
+}
+
+/* Loop op i joins its users' kernel (join_target) or starts a new one. */
+static void place_loop_op(fuse_state *s, int32_t i, fnode *f) {
+    int8_t space = SPACE_OUT;
+    fmap map;
+    int32_t k = join_target(s, i, &space, &map);
+    if (k >= 0) {
+        f->kernel = k;
+        f->space = space;
+        f->map = map;
+    } else {
+        f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
+    }
+}
+
 /* Rule 1: one sweep from the last node to the first, so every user is placed first. */
 static void group_producers(fuse_state *s) {
     const loom_ir_graph *g = s->g;
@@ -264,6 +298,7 @@ static void group_producers(fuse_state *s) {
         fnode *f = &s->fn[i];
         f->kernel = -1;
         f->space = SPACE_OUT;
+        f->pad_view = false;
         identity_map(n, &f->map);
         switch (loom_ir_op_table[n->op].kind) {
         case LOOM_IR_KIND_SOURCE:
@@ -283,6 +318,13 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_CONTRACTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i); break;
         case LOOM_IR_KIND_CONCAT: f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i); break;
         case LOOM_IR_KIND_SLICE:
+            if ((f->kernel = pad_view_target(s, i)) >= 0) {
+                f->space = s->fn[s->users[s->user_start[i]]].space;
+                f->pad_view = true;
+            } else {
+                place_loop_op(s, i, f);
+            }
+            break;
         case LOOM_IR_KIND_PAD:
         case LOOM_IR_KIND_IOTA:
         case LOOM_IR_KIND_RAND:
@@ -293,19 +335,7 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_SELECT:
         case LOOM_IR_KIND_CAST:
         case LOOM_IR_KIND_BROADCAST:
-        case LOOM_IR_KIND_TRANSPOSE: {
-            int8_t space = SPACE_OUT;
-            fmap map;
-            int32_t k = join_target(s, i, &space, &map);
-            if (k >= 0) {
-                f->kernel = k;
-                f->space = space;
-                f->map = map;
-            } else {
-                f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
-            }
-            break;
-        }
+        case LOOM_IR_KIND_TRANSPOSE: place_loop_op(s, i, f); break;
         case LOOM_IR_KIND_COUNT_: break;
         }
     }
@@ -355,6 +385,8 @@ static void try_epilogue(fuse_state *s, int32_t e) {
     for (int32_t m = 0; m < ke->n_members; m++) {
         int32_t u = s->members[ke->first_member + m];
         const loom_ir_node *un = &g->nodes[u];
+        if (s->fn[u].pad_view)
+            return; /* its operand must stay in a buffer */
         for (int32_t q = 0; q < un->n_inputs; q++) {
             int32_t o = un->inputs[q];
             if (s->fn[o].kernel != target)

@@ -891,6 +891,58 @@ static void test_transposed_nests_are_tiled(void **state) {
     }
 }
 
+static int32_t slice_of(fx *f, int32_t x, const int64_t *shape, const int64_t *start,
+                        const int64_t *step) {
+    return add(f, (loom_ir_node_desc){
+                      .op = LOOM_IR_OP_SLICE,
+                      .n_inputs = 1,
+                      .inputs = &x,
+                      .rank = 2,
+                      .shape = shape,
+                      .attrs = {.start = {start[0], start[1]}, .step = {step[0], step[1]}}});
+}
+
+static int32_t pad_of(fx *f, int32_t x, const int64_t *shape, const int64_t *low,
+                      const int64_t *interior, double value) {
+    return add(f, (loom_ir_node_desc){.op = LOOM_IR_OP_PAD,
+                                      .n_inputs = 1,
+                                      .inputs = &x,
+                                      .rank = 2,
+                                      .shape = shape,
+                                      .attrs = {.start = {low[0], low[1]},
+                                                .step = {interior[0], interior[1]},
+                                                .value = value}});
+}
+
+/* A slice read only by pads joins their kernel as a view (fusion.c): each pad reads the
+ * slice's operand buffer at start + step * its clamped index. Plain, strided, interior-
+ * padded and single-row slices, summed, against the interpreter on 2 threads. */
+static void test_pads_read_through_slices_of_a_buffer(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(9, 40));
+    int32_t e = op1(&f, LOOM_IR_OP_EXP, x);
+    int32_t s1 = slice_of(&f, e, S(3, 40), S(0, 0), S(1, 1));
+    int32_t s2 = slice_of(&f, e, S(3, 13), S(3, 1), S(2, 3));
+    int32_t s3 = slice_of(&f, e, S(1, 38), S(8, 2), S(1, 1));
+    int32_t p1 = pad_of(&f, s1, S(5, 42), S(1, 1), S(0, 0), 0.0);
+    int32_t p2 = pad_of(&f, s2, S(5, 42), S(2, 3), S(0, 2), 0.5);
+    int32_t p3 = pad_of(&f, s3, S(5, 42), S(4, 2), S(0, 0), -1.0);
+    /* a single row, padded along the columns only: its row is a constant index */
+    int32_t s4 = slice_of(&f, e, S(1, 40), S(5, 0), S(1, 1));
+    int32_t p4 = shaped(&f, LOOM_IR_OP_BROADCAST, pad_of(&f, s4, S(1, 42), S(0, 1), S(0, 0), 2.0),
+                        2, S(5, 42));
+    int32_t r =
+        op2(&f, LOOM_IR_OP_ADD, op2(&f, LOOM_IR_OP_ADD, op2(&f, LOOM_IR_OP_ADD, p1, p2), p3), p4);
+    output(&f, r);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, e, 1, &e);
+    kernel_range(&f, LOOM_IR_KERNEL_ELEMENTWISE, s1, r);
+    fill_all(&f, -2, 2, false);
+    check_with(&f, 2, 1e-6, 1e-5, "pads through slices");
+    fx_deinit(&f);
+}
+
 static void test_a_64_op_fused_chain_is_one_kernel(void **state) {
     (void)state;
     fx f;
@@ -1425,6 +1477,7 @@ int main(void) {
         cmocka_unit_test(test_odd_sizes_from_scalars_to_large_vectors),
         cmocka_unit_test(test_broadcasts_of_rows_columns_and_scalars),
         cmocka_unit_test(test_transposed_nests_are_tiled),
+        cmocka_unit_test(test_pads_read_through_slices_of_a_buffer),
         cmocka_unit_test(test_a_64_op_fused_chain_is_one_kernel),
         cmocka_unit_test(test_results_of_another_shape_are_written_by_a_side_nest),
         cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),

@@ -433,6 +433,30 @@ static void test_fusion_reads_a_pads_operand_from_a_buffer_and_recomputes_the_pa
     deinit_both(&g, &p);
 }
 
+static void test_fusion_lets_pads_read_through_slices_of_a_buffer(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[6,8]\n"
+              "  %1 = exp %0 : f32[6,8]\n"
+              "  %2 = slice %1 {start = [0, 0], stride = [1, 1]} : f32[3,8]\n"
+              "  %3 = slice %1 {start = [3, 1], stride = [1, 2]} : f32[3,4]\n"
+              "  %4 = pad %2 {low = [1, 0], interior = [0, 0], value = 0} : f32[5,8]\n"
+              "  %5 = pad %3 {low = [1, 0], interior = [0, 1], value = 0} : f32[5,8]\n"
+              "  %6 = add %4, %5 : f32[5,8]\n"
+              "  %7 = slice %1 {start = [0, 0], stride = [1, 1]} : f32[2,8]\n"
+              "  %8 = pad %7 {low = [0, 0], interior = [0, 0], value = 0} : f32[5,8]\n"
+              "  %9 = neg %7 : f32[2,8]\n"
+              "  return %6, %8, %9\n}\n");
+    loom_ir_plan p;
+    fuse_ok(&g, &p);
+    /* %2 and %3 are read only by pads: they join them as views of %1's buffer; %7 is also
+     * read by the neg, so it is materialized and the pad reads its buffer */
+    assert_string_equal(plan_str(&p), "E{1}<-{0}->{1} | E{2 3 4 5 6}<-{1}->{6} | E{7}<-{1}->{7} | "
+                                      "E{8}<-{7}->{8} | E{9}<-{7}->{9}");
+    deinit_both(&g, &p);
+}
+
 static void test_fusion_makes_a_concat_the_root_of_its_own_kernel(void **state) {
     (void)state;
     loom_ir_graph g;
@@ -1471,6 +1495,7 @@ int main(void) {
         cmocka_unit_test(test_fusion_treats_a_reshape_as_a_view_between_kernels),
         cmocka_unit_test(test_fusion_fuses_slices_and_iota_into_their_consumer),
         cmocka_unit_test(test_fusion_reads_a_pads_operand_from_a_buffer_and_recomputes_the_pad),
+        cmocka_unit_test(test_fusion_lets_pads_read_through_slices_of_a_buffer),
         cmocka_unit_test(test_fusion_makes_a_concat_the_root_of_its_own_kernel),
         cmocka_unit_test(test_fusion_plans_dead_code_graphs_without_outputs_and_empty_graphs),
         cmocka_unit_test(test_memplan_reuses_the_arena_along_a_chain_of_matmuls),
