@@ -24,9 +24,9 @@
  *    elements (a pool's window) is instead unrolled under a loop over the innermost kept
  *    dim, which LLVM vectorizes across outputs. When the innermost dim is kept (column
  *    sums), a tile of RED_TILE outputs accumulates in a stack buffer and the innermost
- *    loop runs across the tile, contiguous. Float sums accumulate in f64
- *    (the interpreter's order differs, its precision does not: results match to the last
- *    bit or so), max in the compute type, integers in their own width (wrapping, as the
+ *    loop runs across the tile, contiguous. Float sums accumulate in f64 (the
+ *    interpreter's order differs, its precision does not: results match to the last bit
+ *    or so), max in the compute type, integers in their own width (wrapping, as the
  *    interpreter's int64 sums stored narrow). Prologue results are stored inside the
  *    accumulation loop (each operand element is visited exactly once), epilogue results
  *    after it.
@@ -48,8 +48,8 @@
  *    affine function they need as a leaf while the nest is planned, which keeps the dims it
  *    reads unmerged: iota (the index along its axis), rand_uniform (its row-major index,
  *    hashed), pad (the index along each padded axis: the operand, an arg or a slice of one,
- *    is loaded at the clamped position and selected against the pad value). An elementwise nest's
- *    innermost loop is split where pads without interior padding enter or leave their
+ *    is loaded at the clamped position and selected against the pad value). An elementwise
+ *    nest's innermost loop is split where pads without interior padding enter or leave their
  *    operand along it: in each part such a pad is a plain contiguous load or its constant
  *    (the conv backward's sum of nine shifted pads vectorizes, ~3.5x faster).
  *  - A concat is always its kernel's root (fusion.c): one nest per operand over its part

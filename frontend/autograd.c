@@ -195,8 +195,8 @@ static int32_t unreduce(ag *a, int32_t g, const loom_ir_node *n, int32_t x) {
 }
 
 /* Sums g (of a broadcast's result shape) down to operand x's shape. Axes of extent 1 in g
- * need no sum, only the reshape: conv2d's im2col puts a leading unit axis on each of its
- * windows, and summing over it copied every window's gradient (3 ms for conv2). */
+ * need no sum, only the reshape: a reduction over them is a copy (when conv2d's im2col gave
+ * its windows a leading unit axis, those copies cost 3 ms of a CNN step). */
 static int32_t unbroadcast(ag *a, int32_t g, int32_t x) {
     const loom_ir_node *xn = nd(a, x), *gn = nd(a, g);
     int32_t off = gn->rank - xn->rank;
