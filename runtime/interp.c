@@ -116,54 +116,53 @@ static void run_constant(const loom_ir_node *n, void *dst) {
         loom_ir_store_f64(dst, n->dtype, i, n->attrs.value);
 }
 
+/* Result element idx (row-major over n's shape) is operand element base + sum_i idx[i] *
+ * stride[i]: every movement op that reads its operand at an affine index. */
+static void gather(const loom_ir_node *n, const void *src, void *dst, int64_t base,
+                   const int64_t *stride) {
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    size_t es = loom_dtype_size(n->dtype);
+    int64_t idx[LOOM_MAX_RANK] = {0};
+    for (int64_t e = 0; e < count; e++) {
+        int64_t s = base;
+        for (int32_t i = 0; i < n->rank; i++)
+            s += idx[i] * stride[i];
+        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
+        next_index(n->rank, n->shape, idx);
+    }
+}
+
 /* numpy broadcast: the operand's axes align with the result's last axes; an operand
  * extent of 1 repeats along that axis. */
 static void run_broadcast(const loom_ir_node *n, const loom_ir_node *x, const void *src,
                           void *dst) {
-    int64_t count = loom_ir_numel(n->rank, n->shape);
-    size_t es = loom_dtype_size(n->dtype);
-    int64_t xstride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    int64_t xstride[LOOM_MAX_RANK], stride[LOOM_MAX_RANK] = {0};
     row_major_strides(x->rank, x->shape, xstride);
     int32_t off = n->rank - x->rank;
-    for (int64_t e = 0; e < count; e++) {
-        int64_t s = 0;
-        for (int32_t i = 0; i < x->rank; i++)
-            if (x->shape[i] != 1)
-                s += idx[off + i] * xstride[i];
-        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
-        next_index(n->rank, n->shape, idx);
-    }
+    for (int32_t i = 0; i < x->rank; i++)
+        stride[off + i] = x->shape[i] != 1 ? xstride[i] : 0;
+    gather(n, src, dst, 0, stride);
 }
 
 /* Result axis i is operand axis perm[i]. */
 static void run_transpose(const loom_ir_node *n, const loom_ir_node *x, const void *src,
                           void *dst) {
-    int64_t count = loom_ir_numel(n->rank, n->shape);
-    size_t es = loom_dtype_size(n->dtype);
-    int64_t xstride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    int64_t xstride[LOOM_MAX_RANK], stride[LOOM_MAX_RANK];
     row_major_strides(x->rank, x->shape, xstride);
-    for (int64_t e = 0; e < count; e++) {
-        int64_t s = 0;
-        for (int32_t i = 0; i < n->rank; i++)
-            s += idx[i] * xstride[n->attrs.perm[i]];
-        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
-        next_index(n->rank, n->shape, idx);
-    }
+    for (int32_t i = 0; i < n->rank; i++)
+        stride[i] = xstride[n->attrs.perm[i]];
+    gather(n, src, dst, 0, stride);
 }
 
 /* Result element idx is operand element start + stride * idx (per axis). */
 static void run_slice(const loom_ir_node *n, const loom_ir_node *x, const void *src, void *dst) {
-    int64_t count = loom_ir_numel(n->rank, n->shape);
-    size_t es = loom_dtype_size(n->dtype);
-    int64_t xstride[LOOM_MAX_RANK], idx[LOOM_MAX_RANK] = {0};
+    int64_t xstride[LOOM_MAX_RANK], stride[LOOM_MAX_RANK], base = 0;
     row_major_strides(x->rank, x->shape, xstride);
-    for (int64_t e = 0; e < count; e++) {
-        int64_t s = 0;
-        for (int32_t i = 0; i < n->rank; i++)
-            s += (n->attrs.start[i] + n->attrs.step[i] * idx[i]) * xstride[i];
-        memcpy((char *)dst + (size_t)e * es, (const char *)src + (size_t)s * es, es);
-        next_index(n->rank, n->shape, idx);
+    for (int32_t i = 0; i < n->rank; i++) {
+        base += n->attrs.start[i] * xstride[i];
+        stride[i] = n->attrs.step[i] * xstride[i];
     }
+    gather(n, src, dst, base, stride);
 }
 
 /* Every element is the pad value (stored in the dtype, as a constant is), then operand
