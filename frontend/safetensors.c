@@ -338,6 +338,42 @@ static loom_status parse_count(st_parser *p, const char *who, int64_t *out) {
     return LOOM_OK;
 }
 
+/* ---- objects: '{' is consumed, then members "key": value separated by ',' up to '}' ---- */
+
+/* Consumes the '}' of an empty object; false when a member follows. */
+static bool empty_object(st_parser *p) {
+    if (!at(p, '}'))
+        return false;
+    p->pos++;
+    return true;
+}
+
+/* A member's key (`what` names it in errors) and its ':'. */
+static loom_status parse_key(st_parser *p, const char *what, char **key, size_t *klen) {
+    loom_status st = parse_string(p, what, key, klen);
+    if (st != LOOM_OK)
+        return st;
+    if (!at(p, ':'))
+        return expected(p, "':'");
+    p->pos++;
+    return LOOM_OK;
+}
+
+/* After a member's value: ',' (*more: another member follows) or the object's '}'. */
+static loom_status end_member(st_parser *p, bool *more) {
+    if (at(p, ',')) {
+        p->pos++;
+        *more = true;
+        return LOOM_OK;
+    }
+    if (at(p, '}')) {
+        p->pos++;
+        *more = false;
+        return LOOM_OK;
+    }
+    return expected(p, "',' or '}'");
+}
+
 /* An array of at most max counts; *out_n gets how many there were, max + 1 when more. */
 static loom_status parse_counts(st_parser *p, const char *who, const char *key, int32_t max,
                                 int64_t *vals, int32_t *out_n) {
@@ -430,60 +466,44 @@ static loom_status parse_entry(st_parser *p, st_tensor *e) {
     bool has_dtype = false, has_shape = false, has_offsets = false;
     int64_t offs[3] = {0, 0, 0};
     loom_status st;
-    if (at(p, '}')) {
-        p->pos++;
-    } else {
-        for (;;) {
-            char *key;
-            size_t klen;
-            if ((st = parse_string(p, "a key", &key, &klen)) != LOOM_OK)
-                return st;
-            if (!at(p, ':'))
-                return expected(p, "':'");
-            p->pos++;
-            bool *seen;
-            if (str_is(key, klen, "dtype"))
-                seen = &has_dtype;
-            else if (str_is(key, klen, "shape"))
-                seen = &has_shape;
-            else if (str_is(key, klen, "data_offsets"))
-                seen = &has_offsets;
-            else
-                return bad(p,
-                           "%s: unknown key \"%.40s\" (an entry has dtype, shape and "
-                           "data_offsets)",
-                           who, key);
-            if (*seen)
-                return bad(p, "%s: key \"%s\" appears twice", who, key);
-            *seen = true;
-            if (seen == &has_dtype) {
-                st = parse_dtype(p, who, e);
-            } else if (seen == &has_shape) {
-                st = parse_counts(p, who, "shape", LOOM_MAX_RANK, e->shape, &e->rank);
-                if (st == LOOM_OK && e->rank > LOOM_MAX_RANK)
-                    return bad(p, "%s: shape has more than %d dimensions (Loom's maximum rank)",
-                               who, LOOM_MAX_RANK);
-            } else {
-                int32_t k = 0;
-                st = parse_counts(p, who, "data_offsets", 2, offs, &k);
-                if (st == LOOM_OK && k != 2)
-                    return bad(p, "%s: data_offsets has %s entries, needs 2 [begin, end]", who,
-                               k > 2    ? "more than 2"
-                               : k == 1 ? "1"
-                                        : "0");
-            }
-            if (st != LOOM_OK)
-                return st;
-            if (at(p, ',')) {
-                p->pos++;
-                continue;
-            }
-            if (at(p, '}')) {
-                p->pos++;
-                break;
-            }
-            return expected(p, "',' or '}'");
+    for (bool more = !empty_object(p); more;) {
+        char *key;
+        size_t klen;
+        if ((st = parse_key(p, "a key", &key, &klen)) != LOOM_OK)
+            return st;
+        bool *seen;
+        if (str_is(key, klen, "dtype"))
+            seen = &has_dtype;
+        else if (str_is(key, klen, "shape"))
+            seen = &has_shape;
+        else if (str_is(key, klen, "data_offsets"))
+            seen = &has_offsets;
+        else
+            return bad(p,
+                       "%s: unknown key \"%.40s\" (an entry has dtype, shape and "
+                       "data_offsets)",
+                       who, key);
+        if (*seen)
+            return bad(p, "%s: key \"%s\" appears twice", who, key);
+        *seen = true;
+        if (seen == &has_dtype) {
+            st = parse_dtype(p, who, e);
+        } else if (seen == &has_shape) {
+            st = parse_counts(p, who, "shape", LOOM_MAX_RANK, e->shape, &e->rank);
+            if (st == LOOM_OK && e->rank > LOOM_MAX_RANK)
+                return bad(p, "%s: shape has more than %d dimensions (Loom's maximum rank)", who,
+                           LOOM_MAX_RANK);
+        } else {
+            int32_t k = 0;
+            st = parse_counts(p, who, "data_offsets", 2, offs, &k);
+            if (st == LOOM_OK && k != 2)
+                return bad(p, "%s: data_offsets has %s entries, needs 2 [begin, end]", who,
+                           k > 2    ? "more than 2"
+                           : k == 1 ? "1"
+                                    : "0");
         }
+        if (st != LOOM_OK || (st = end_member(p, &more)) != LOOM_OK)
+            return st;
     }
     if (!has_dtype || !has_shape || !has_offsets)
         return bad(p, "%s: no \"%s\"", who,
@@ -531,23 +551,14 @@ static loom_status parse_metadata(st_parser *p) {
     if (!at(p, '{'))
         return bad(p, "__metadata__ is not an object of strings");
     p->pos++;
-    if (at(p, '}')) {
-        p->pos++;
-        return LOOM_OK;
-    }
     st_span *keys = NULL;
     int32_t n = 0, cap = 0;
     loom_status st = LOOM_OK;
-    for (;;) {
+    for (bool more = !empty_object(p); more && st == LOOM_OK;) {
         char *key, *val;
         size_t klen, vlen;
-        if ((st = parse_string(p, "a key", &key, &klen)) != LOOM_OK)
+        if ((st = parse_key(p, "a key", &key, &klen)) != LOOM_OK)
             break;
-        if (!at(p, ':')) {
-            st = expected(p, "':'");
-            break;
-        }
-        p->pos++;
         if (!at(p, '"')) {
             st = bad(p, "__metadata__: the value of \"%.60s\" is not a string", key);
             break;
@@ -559,16 +570,7 @@ static loom_status parse_metadata(st_parser *p) {
             break;
         }
         keys[n++] = (st_span){key, klen};
-        if (at(p, ',')) {
-            p->pos++;
-            continue;
-        }
-        if (at(p, '}')) {
-            p->pos++;
-            break;
-        }
-        st = expected(p, "',' or '}'");
-        break;
+        st = end_member(p, &more);
     }
     if (st == LOOM_OK) {
         qsort(keys, (size_t)n, sizeof *keys, cmp_span);
@@ -588,45 +590,30 @@ static loom_status parse_header(st_parser *p) {
     p->pos = 1;
     bool has_meta = false;
     loom_status st;
-    if (at(p, '}')) {
-        p->pos++;
-    } else {
-        for (;;) {
-            char *key;
-            size_t klen;
-            if ((st = parse_string(p, "a tensor name", &key, &klen)) != LOOM_OK)
-                return st;
-            if (!at(p, ':'))
-                return expected(p, "':'");
-            p->pos++;
-            if (str_is(key, klen, "__metadata__")) {
-                if (has_meta)
-                    return bad(p, "__metadata__ appears twice");
-                has_meta = true;
-                st = parse_metadata(p);
-            } else {
-                if (memchr(key, 0, klen))
-                    return bad(p, "tensor '%s\\u0000...': a name with a NUL character", key);
-                loom_safetensors *f = p->f;
-                if (!loom_ir_grow(p->a, (void **)&f->t, &f->cap, f->n + 1, sizeof *f->t))
-                    return loom_fe_set_err(p->err, p->err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
-                st_tensor *e = &f->t[f->n++];
-                memset(e, 0, sizeof *e);
-                e->name = key;
-                st = parse_entry(p, e);
-            }
-            if (st != LOOM_OK)
-                return st;
-            if (at(p, ',')) {
-                p->pos++;
-                continue;
-            }
-            if (at(p, '}')) {
-                p->pos++;
-                break;
-            }
-            return expected(p, "',' or '}'");
+    for (bool more = !empty_object(p); more;) {
+        char *key;
+        size_t klen;
+        if ((st = parse_key(p, "a tensor name", &key, &klen)) != LOOM_OK)
+            return st;
+        if (str_is(key, klen, "__metadata__")) {
+            if (has_meta)
+                return bad(p, "__metadata__ appears twice");
+            has_meta = true;
+            st = parse_metadata(p);
+        } else {
+            if (memchr(key, 0, klen))
+                return bad(p, "tensor '%s\\u0000...': a name with a NUL character", key);
+            loom_safetensors *f = p->f;
+            if (!loom_ir_grow(p->a, (void **)&f->t, &f->cap, f->n + 1, sizeof *f->t))
+                return loom_fe_set_err(p->err, p->err_size, LOOM_STATUS_OUT_OF_MEMORY,
+                                       "out of memory");
+            st_tensor *e = &f->t[f->n++];
+            memset(e, 0, sizeof *e);
+            e->name = key;
+            st = parse_entry(p, e);
         }
+        if (st != LOOM_OK || (st = end_member(p, &more)) != LOOM_OK)
+            return st;
     }
     skip_ws(p); /* the format pads with spaces; JSON allows any whitespace */
     if (p->pos < p->n)
