@@ -604,20 +604,20 @@ static loom_status eval_rand(kc *c, int32_t id, const imap *map, MlirValue *out)
         return st;
     i = cg_conv(b, "arith.index_cast", i, b->i64);
     MlirValue z = cg_bin(b, "arith.muli", cg_bin(b, "arith.addi", i, cg_ci(b, b->i64, 1)),
-                         cg_ci(b, b->i64, (int64_t)0x9E3779B97F4A7C15ull));
+                         cg_ci(b, b->i64, (int64_t)LOOM_IR_RAND_GAMMA));
     z = cg_bin(b, "arith.addi", seed, z);
-    static const uint64_t mul[2] = {0xBF58476D1CE4E5B9ull, 0x94D049BB133111EBull};
-    static const int64_t shift[3] = {30, 27, 31};
+    static const uint64_t mul[2] = {LOOM_IR_RAND_M1, LOOM_IR_RAND_M2};
+    static const int64_t shift[3] = {LOOM_IR_RAND_S1, LOOM_IR_RAND_S2, LOOM_IR_RAND_S3};
     for (int r = 0; r < 3; r++) {
         z = cg_bin(b, "arith.xori", z, cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, shift[r])));
         if (r < 2)
             z = cg_bin(b, "arith.muli", z, cg_ci(b, b->i64, (int64_t)mul[r]));
     }
-    z = cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, 40));
+    z = cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, 64 - LOOM_IR_RAND_BITS));
     bool f64 = n->dtype == LOOM_DTYPE_F64;
     MlirType ft = f64 ? b->f64 : b->f32;
     MlirValue v = cg_conv(b, "arith.uitofp", z, ft);
-    v = cg_bin(b, "arith.mulf", v, cg_cf(b, ft, 0x1p-24));
+    v = cg_bin(b, "arith.mulf", v, cg_cf(b, ft, ldexp(1.0, -LOOM_IR_RAND_BITS)));
     *out = is_16(n->dtype) ? round16(b, n->dtype, v) : v;
     return LOOM_OK;
 }

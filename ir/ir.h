@@ -135,6 +135,16 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op);
  * times 2^-24. In [0, 1) and exact in f32, so every executor can match it bit for bit. */
 double loom_ir_rand_uniform(int64_t seed, int64_t i);
 
+/* SplitMix64's constants, for codegen to emit the same steps: z = state; z = (z ^ z >> S1)
+ * * M1; z = (z ^ z >> S2) * M2; z ^= z >> S3; then the top LOOM_IR_RAND_BITS bits. */
+#define LOOM_IR_RAND_GAMMA 0x9E3779B97F4A7C15ull
+#define LOOM_IR_RAND_M1 0xBF58476D1CE4E5B9ull
+#define LOOM_IR_RAND_M2 0x94D049BB133111EBull
+#define LOOM_IR_RAND_S1 30
+#define LOOM_IR_RAND_S2 27
+#define LOOM_IR_RAND_S3 31
+#define LOOM_IR_RAND_BITS 24
+
 /* ---- memory ---------------------------------------------------------------------------- */
 
 void *loom_ir_alloc(const loom_allocator *a, size_t size);

@@ -246,9 +246,9 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
 }
 
 double loom_ir_rand_uniform(int64_t seed, int64_t i) {
-    uint64_t z = (uint64_t)seed + ((uint64_t)i + 1u) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 40) * 0x1p-24;
+    uint64_t z = (uint64_t)seed + ((uint64_t)i + 1u) * LOOM_IR_RAND_GAMMA;
+    z = (z ^ (z >> LOOM_IR_RAND_S1)) * LOOM_IR_RAND_M1;
+    z = (z ^ (z >> LOOM_IR_RAND_S2)) * LOOM_IR_RAND_M2;
+    z ^= z >> LOOM_IR_RAND_S3;
+    return ldexp((double)(z >> (64 - LOOM_IR_RAND_BITS)), -LOOM_IR_RAND_BITS);
 }
