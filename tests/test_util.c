@@ -86,14 +86,20 @@ const char *tu_output_list(const loom_ir_graph *g) {
     return buf;
 }
 
-loom_context *tu_context(bool eager) {
+loom_context *tu_context_alloc(bool eager, test_alloc *ta) {
     loom_context_options o;
     loom_context_options_init(&o);
     o.dump_dir = NULL;
     o.eager = eager;
+    if (ta)
+        o.allocator = test_alloc_make(ta);
     loom_context *ctx = NULL;
     assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
     return ctx;
+}
+
+loom_context *tu_context(bool eager) {
+    return tu_context_alloc(eager, NULL);
 }
 
 void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {

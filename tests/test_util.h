@@ -32,6 +32,10 @@ loom_allocator test_alloc_make(test_alloc *ta);
  * LOOM_DUMP says; fails the test if it cannot be created. */
 loom_context *tu_context(bool eager);
 
+/* The same with every allocation through ta (NULL: the system allocator). The context is
+ * created before the caller arms ta->fail_at. */
+loom_context *tu_context_alloc(bool eager, test_alloc *ta);
+
 /* Reads n floats of t into out, failing the test with the context's message on error. */
 void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n);
 

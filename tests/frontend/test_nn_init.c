@@ -425,12 +425,7 @@ static void test_module_inits_fail_cleanly_out_of_memory(void **state) {
     (void)state;
     for (int64_t fail_at = 1;; fail_at++) {
         test_alloc ta = {0};
-        loom_context_options co;
-        loom_context_options_init(&co);
-        co.dump_dir = NULL;
-        co.allocator = test_alloc_make(&ta);
-        loom_context *ctx = NULL;
-        assert_int_equal(loom_context_create(&co, &ctx), LOOM_OK);
+        loom_context *ctx = tu_context_alloc(false, &ta);
         int32_t live0 = ctx->n_live_tensors;
         ta.fail_at = ta.n_allocs + fail_at;
         loom_rng r;

@@ -608,13 +608,7 @@ static void test_create_and_step_fail_cleanly_out_of_memory(void **state) {
     (void)state;
     for (int64_t fail_at = 1;; fail_at++) {
         test_alloc ta = {0};
-        loom_context_options co;
-        loom_context_options_init(&co);
-        co.dump_dir = NULL;
-        co.eager = true;
-        co.allocator = test_alloc_make(&ta);
-        loom_context *ctx = NULL;
-        assert_int_equal(loom_context_create(&co, &ctx), LOOM_OK);
+        loom_context *ctx = tu_context_alloc(true, &ta);
         loom_tensor *p = vec(ctx, P0), *g = vec(ctx, G[0]);
         int32_t live0 = ctx->n_live_tensors;
         ta.fail_at = ta.n_allocs + fail_at;

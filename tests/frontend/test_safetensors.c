@@ -922,13 +922,7 @@ static void test_out_of_memory_anywhere_in_save_fails_cleanly(void **state) {
     int64_t failures = 0;
     for (int64_t k = 1; k < 400; k++) {
         test_alloc ta = {0};
-        loom_context_options o;
-        loom_context_options_init(&o);
-        o.dump_dir = NULL;
-        o.eager = true;
-        o.allocator = test_alloc_make(&ta);
-        loom_context *ctx = NULL;
-        assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+        loom_context *ctx = tu_context_alloc(true, &ta);
         float v[4] = {1, 2, 3, 4};
         loom_tensor *a = f32(ctx, 1, (int64_t[]){4}, v);
         loom_tensor *b = f32(ctx, 2, (int64_t[]){2, 2}, v);
@@ -972,13 +966,7 @@ static void test_out_of_memory_anywhere_in_load_fails_cleanly(void **state) {
     int64_t failures = 0;
     for (int64_t k = 1; k < 400; k++) {
         test_alloc ta = {0};
-        loom_context_options o;
-        loom_context_options_init(&o);
-        o.dump_dir = NULL;
-        o.eager = true;
-        o.allocator = test_alloc_make(&ta);
-        loom_context *ctx = NULL;
-        assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+        loom_context *ctx = tu_context_alloc(true, &ta);
         float z[4] = {0};
         loom_named_tensor ts[2] = {{"w", f32(ctx, 2, (int64_t[]){2, 2}, z)},
                                    {"b", f32(ctx, 1, (int64_t[]){2}, z)}};

@@ -15,12 +15,7 @@ static loom_tensor *step(loom_context *ctx, loom_tensor *x, loom_tensor *w, loom
 static void test_1000_identical_steps_compile_once_with_flat_memory(void **state) {
     (void)state;
     test_alloc ta = {0};
-    loom_context_options opts;
-    loom_context_options_init(&opts);
-    opts.dump_dir = NULL;
-    opts.allocator = test_alloc_make(&ta);
-    loom_context *ctx = NULL;
-    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
+    loom_context *ctx = tu_context_alloc(false, &ta);
     float xs[8 * 16], ws[16 * 4], bs[4] = {0.1f, -0.1f, 0.2f, 0};
     for (int i = 0; i < 8 * 16; i++)
         xs[i] = (float)((i * 37) % 11) / 11.0f - 0.5f;
