@@ -38,27 +38,6 @@ typedef struct result {
     int64_t kernels;
 } result;
 
-/* One training step as the example runs it: upload the batch, forward, cross-entropy,
- * backward, optimizer update, mark_step (asynchronous). */
-static loom_status train_step(loom_context *ctx, const model *m, loom_tensor *const *params,
-                              loom_optim *opt, const float *xs, const int64_t *ys, int64_t b,
-                              loom_tensor **out_loss) {
-    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){b, 784}, xs);
-    loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){b}, ys);
-    loom_tensor *loss = loom_cross_entropy(ctx, model_forward(ctx, m, x, b), y, LOOM_REDUCTION_MEAN);
-    loom_tensor *grads[MAX_PARAMS] = {NULL};
-    if (loss && loom_backward(ctx, loss, m->n_params, params, grads) == LOOM_OK)
-        loom_optim_step(opt, grads, NULL);
-    if (out_loss)
-        loom_tensor_retain(loss);
-    loom_status st = loom_mark_step(ctx);
-    loom_tensor_release(x);
-    loom_tensor_release(y);
-    if (out_loss)
-        *out_loss = loss;
-    return st;
-}
-
 static int fail(loom_context *ctx, const char *cfg, const char *what) {
     fprintf(stderr, "bench_train: %s: %s: %s\n", cfg, what,
             ctx ? loom_context_error_message(ctx) : "cannot create a context");
@@ -121,7 +100,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     /* First step: trace, compile (CompileTime), run; its loss checks the setup. */
     loom_tensor *loss = NULL;
     double t0 = bench_now();
-    if (train_step(ctx, &m, params, opt, xs, ys, b, &loss) != LOOM_OK ||
+    if (model_train_step(ctx, &m, params, opt, xs, ys, b, &loss) != LOOM_OK ||
         loom_context_sync(ctx) != LOOM_OK) {
         loom_tensor_release(loss);
         rc = fail(ctx, c->name, "first step");
@@ -140,7 +119,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         /* The interpreter runs each step on this thread: time them one by one. */
         for (samples = 0; samples < a->interp_steps; samples++) {
             t0 = bench_now();
-            if (train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK ||
+            if (model_train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK ||
                 loom_context_sync(ctx) != LOOM_OK) {
                 rc = fail(ctx, c->name, "interpreter step");
                 goto out;
@@ -149,7 +128,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         }
     } else {
         for (int i = 0; i < a->warmup; i++) {
-            if (train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
+            if (model_train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
                 rc = fail(ctx, c->name, "warm-up step");
                 goto out;
             }
@@ -163,7 +142,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
             }
             t0 = bench_now();
             for (int i = 0; i < a->steps; i++) {
-                if (train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
+                if (model_train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
                     rc = fail(ctx, c->name, "step");
                     goto out;
                 }

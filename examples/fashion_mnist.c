@@ -358,7 +358,6 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
                 (long long)o->batch_size, (long long)loom_dataset_count(ds));
         goto out;
     }
-    const int64_t features = m->rows * m->cols;
     progress p = {.tty = isatty(STDERR_FILENO) == 1,
                   .quiet = o->json,
                   .last = now_s(),
@@ -377,24 +376,11 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
         const int64_t *yb;
         int64_t n;
         for (int64_t b = 0; loom_batches_next(it, &xb, &yb, &n); b++) {
-            loom_tensor *x =
-                loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, features}, xb);
-            loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, yb);
-            loom_tensor *logits = model_forward(ctx, m, x, n);
-            loom_tensor *loss = loom_cross_entropy(ctx, logits, y, LOOM_REDUCTION_MEAN);
-            loom_tensor *grads[MAX_PARAMS] = {NULL};
-            if (loss)
-                loom_backward(ctx, loss, m->n_params, params, grads);
             if (o->cosine) /* a device scalar: a new value never recompiles */
                 loom_optim_set_lr(opt, 0.5 * o->lr * (1 + cos(3.14159265358979323846 * (double)step /
                                                                  (double)total_steps)));
-            if (loom_context_error(ctx) == LOOM_OK)
-                loom_optim_step(opt, grads, NULL);
-            loom_tensor_retain(loss);
-            loom_status st = loom_mark_step(ctx);
-            /* The step holds what it reads: the host copies can go. */
-            loom_tensor_release(x);
-            loom_tensor_release(y);
+            loom_tensor *loss = NULL;
+            loom_status st = model_train_step(ctx, m, params, opt, xb, yb, n, &loss);
             if (st != LOOM_OK || !loss) {
                 loom_tensor_release(loss);
                 progress_clear(&p);

@@ -6,6 +6,7 @@
 #define LOOM_EXAMPLES_FASHION_MODELS_H
 
 #include <loom/nn.h>
+#include <loom/optim.h>
 #include <loom/safetensors.h>
 
 #define MAX_PARAMS 8
@@ -91,6 +92,31 @@ static loom_tensor *model_forward(loom_context *ctx, const model *m, loom_tensor
     h = loom_reshape(ctx, h, 2, (int64_t[]){n, -1}); /* flatten: channel-major, as PyTorch */
     h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], h));
     return loom_nn_linear_forward(ctx, &m->fc[1], h);
+}
+
+/* One training step on a batch of n images xs [n, rows*cols] with labels ys: upload,
+ * forward, mean cross-entropy, backward, optimizer update, then mark_step (asynchronous).
+ * With out_loss, the loss is retained for the caller (NULL when it could not be built). */
+static loom_status model_train_step(loom_context *ctx, const model *m, loom_tensor *const *params,
+                                    loom_optim *opt, const float *xs, const int64_t *ys, int64_t n,
+                                    loom_tensor **out_loss) {
+    loom_tensor *x =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, m->rows * m->cols}, xs);
+    loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, ys);
+    loom_tensor *loss =
+        loom_cross_entropy(ctx, model_forward(ctx, m, x, n), y, LOOM_REDUCTION_MEAN);
+    loom_tensor *grads[MAX_PARAMS] = {NULL};
+    if (loss && loom_backward(ctx, loss, m->n_params, params, grads) == LOOM_OK)
+        loom_optim_step(opt, grads, NULL);
+    if (out_loss)
+        loom_tensor_retain(loss);
+    loom_status st = loom_mark_step(ctx);
+    /* The step holds what it reads: the host copies can go. */
+    loom_tensor_release(x);
+    loom_tensor_release(y);
+    if (out_loss)
+        *out_loss = loss;
+    return st;
 }
 
 #endif
