@@ -69,21 +69,21 @@
 enum {
     BLOCK_MAX = 16384, /* innermost elementwise extent above which it is split in blocks */
     BLOCK = 8192,
-    RED_TILE = 1024,   /* outputs per tile of a reduction over outer dims */
+    RED_TILE = 1024,          /* outputs per tile of a reduction over outer dims */
     RED_UNROLL_MAX = 16,      /* reduced elements per output unrolled under a kept loop ... */
     RED_UNROLL_MIN_INNER = 8, /* ... when that loop is at least this long */
-    MM_ROWS_MIN = 32,  /* output rows per matmul task: at least (unless M is smaller) */
-    MM_ROWS_MAX = 128, /* and at most (B streams once per block: bigger blocks reuse it) */
-    MM_TASKS_MIN = 16, /* fewer (batch, row block) tasks than this: split the columns too */
-    MM_COLS_MIN = 256, /* columns per matmul task: at least (the schedule's cache tile Nc) */
-    MM_WIDE_N = 4096,  /* N from which columns are split (below: slower, the MLP's 512 15%) */
+    MM_ROWS_MIN = 32,         /* output rows per matmul task: at least (unless M is smaller) */
+    MM_ROWS_MAX = 128,        /* and at most (B streams once per block: bigger blocks reuse it) */
+    MM_TASKS_MIN = 16,        /* fewer (batch, row block) tasks than this: split the columns too */
+    MM_COLS_MIN = 256,        /* columns per matmul task: at least (the schedule's cache tile Nc) */
+    MM_WIDE_N = 4096,       /* N from which columns are split (below: slower, the MLP's 512 15%) */
     MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
-    TASK_WORK = 32768, /* elements (or multiply-adds) a task should do at least */
-    PAD_CUTS_MAX = 64, /* pad ranges recorded per nest (more: the rest are not split at) */
-    PAD_PARTS_MAX = 16, /* loops an innermost loop is split into at most */
-    TRANSPOSE_TILE = 16, /* a transposed nest's tile (a cache line of f32) */
-    TRANSPOSE_UNROLL = 8, /* its tile is unrolled in kernels of at most this many nodes */
+    TASK_WORK = 32768,      /* elements (or multiply-adds) a task should do at least */
+    PAD_CUTS_MAX = 64,      /* pad ranges recorded per nest (more: the rest are not split at) */
+    PAD_PARTS_MAX = 16,     /* loops an innermost loop is split into at most */
+    TRANSPOSE_TILE = 16,    /* a transposed nest's tile (a cache line of f32) */
+    TRANSPOSE_UNROLL = 8,   /* its tile is unrolled in kernels of at most this many nodes */
 };
 
 #define R LOOM_MAX_RANK
@@ -782,8 +782,9 @@ static loom_status eval_concat(kc *c, int32_t id, const imap *map, MlirValue *ou
         }
         at += e;
     }
-    return unsupported(c, id, "a concat read across the boundary of its operands (codegen "
-                              "lowers a concat only as its kernel's root)");
+    return unsupported(c, id,
+                       "a concat read across the boundary of its operands (codegen "
+                       "lowers a concat only as its kernel's root)");
 }
 
 /* Evaluates node id at map (emit), or walks it recording leaves (plan). */
@@ -2049,11 +2050,10 @@ static loom_status lower_matmul(kc *c) {
         cg_b *bb = b;
         cg_for li, lk, lj;
         cg_for_begin(bb, &li, i0, i1, 0, NULL);
-        MlirValue crow = scratch ? cg_bin(bb, "arith.subi",
-                                          cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0),
-                                                    mp->cols),
-                                          jc)
-                                 : cg_iadd(bb, cbase, cg_imul_c(bb, li.iv, mp->N));
+        MlirValue crow =
+            scratch ? cg_bin(bb, "arith.subi",
+                             cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->cols), jc)
+                    : cg_iadd(bb, cbase, cg_imul_c(bb, li.iv, mp->N));
         cg_for_begin(bb, &lj, j0, j1, 0, NULL);
         MlirValue zero =
             loom_ir_dtype_is_float(mp->dt) ? cg_cf(bb, mp->acc_t, 0.0) : cg_ci(bb, mp->acc_t, 0);
@@ -2086,11 +2086,10 @@ static loom_status lower_matmul(kc *c) {
         cg_for_begin(b, &li, i0, i1, 0, NULL);
         if (mp->ns.dim_group[r - 2] >= 0)
             c->gv[mp->ns.dim_group[r - 2]] = li.iv;
-        MlirValue crow = scratch ? cg_bin(b, "arith.subi",
-                                         cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0),
-                                                   mp->cols),
-                                         jc)
-                                 : cg_iadd(b, cbase, cg_imul_c(b, li.iv, mp->N));
+        MlirValue crow =
+            scratch ? cg_bin(b, "arith.subi",
+                             cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0), mp->cols), jc)
+                    : cg_iadd(b, cbase, cg_imul_c(b, li.iv, mp->N));
         cg_for_begin(b, &lj, j0, j1, 0, NULL);
         if (mp->ns.dim_group[r - 1] >= 0)
             c->gv[mp->ns.dim_group[r - 1]] = lj.iv;

@@ -24,7 +24,6 @@
 #define EVAL_BATCH 500
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 
-
 typedef struct options {
     model_kind model;
     int64_t epochs, batch_size, limit_steps, log_every;
@@ -36,7 +35,6 @@ typedef struct options {
     bool cosine; /* --lr-schedule cosine */
     const char *init_path, *save_path, *data_dir;
 } options;
-
 
 /* ---- command line ---------------------------------------------------------------------- */
 
@@ -153,8 +151,8 @@ static int parse_args(int argc, char **argv, options *o) {
             snprintf(name, sizeof name, "%s", arg);
         }
         static const char *const valued[] = {
-            "--model",       "--epochs",       "--batch-size", "--lr",   "--optimizer",
-            "--momentum",    "--weight-decay", "--seed",       "--init", "--save",
+            "--model",       "--epochs",       "--batch-size", "--lr",          "--optimizer",
+            "--momentum",    "--weight-decay", "--seed",       "--init",        "--save",
             "--limit-steps", "--log-every",    "--data-dir",   "--lr-schedule",
         };
         bool known = false;
@@ -377,8 +375,9 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
         int64_t n;
         for (int64_t b = 0; loom_batches_next(it, &xb, &yb, &n); b++) {
             if (o->cosine) /* a device scalar: a new value never recompiles */
-                loom_optim_set_lr(opt, 0.5 * o->lr * (1 + cos(3.14159265358979323846 * (double)step /
-                                                                 (double)total_steps)));
+                loom_optim_set_lr(opt, 0.5 * o->lr *
+                                           (1 + cos(3.14159265358979323846 * (double)step /
+                                                    (double)total_steps)));
             loom_tensor *loss = NULL;
             loom_status st = model_train_step(ctx, m, params, opt, xb, yb, n, &loss);
             if (st != LOOM_OK || !loss) {

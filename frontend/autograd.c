@@ -41,8 +41,7 @@ static int32_t emit(ag *a, const loom_ir_node_desc *desc) {
     if (loom_ir_graph_add(&a->ctx->trace, &dd, &id, &d) != LOOM_OK) {
         /* An inference failure here is Loom's own bug (a VJP rule built a bad node). */
         loom_fe_error(a->ctx, d.code, a->loc.file, a->loc.line, "backward",
-                      "building the gradient of %s: %s",
-                      loom_ir_op_name(desc->op), d.msg);
+                      "building the gradient of %s: %s", loom_ir_op_name(desc->op), d.msg);
         a->failed = true;
         return -1;
     }
@@ -76,8 +75,10 @@ static int32_t full_like(ag *a, int32_t like, double v) {
     const loom_ir_node *n = nd(a, like);
     int64_t shape[LOOM_MAX_RANK];
     memcpy(shape, n->shape, sizeof shape);
-    return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT, .dtype = n->dtype,
-                                        .rank = n->rank, .shape = shape,
+    return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_CONSTANT,
+                                        .dtype = n->dtype,
+                                        .rank = n->rank,
+                                        .shape = shape,
                                         .attrs = {.value = v}});
 }
 
@@ -86,8 +87,8 @@ static int32_t shaped(ag *a, loom_ir_op op, int32_t x, int32_t rank, const int64
         return -1;
     int64_t s[LOOM_MAX_RANK];
     memcpy(s, shape, (size_t)rank * sizeof *s);
-    return emit(a, &(loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = rank,
-                                        .shape = s});
+    return emit(
+        a, &(loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = rank, .shape = s});
 }
 
 /* x reshaped or broadcast (op) to the shape of node `like`; x itself when it has it. */
@@ -115,15 +116,16 @@ static int32_t cast_to(ag *a, int32_t x, loom_dtype dt) {
         return -1;
     if (nd(a, x)->dtype == dt)
         return x;
-    return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_CAST, .n_inputs = 1, .inputs = &x,
-                                        .dtype = dt});
+    return emit(
+        a, &(loom_ir_node_desc){.op = LOOM_IR_OP_CAST, .n_inputs = 1, .inputs = &x, .dtype = dt});
 }
 
 static int32_t reduce(ag *a, loom_ir_op op, int32_t x, uint32_t axes, bool keepdim) {
     if (x < 0)
         return -1;
-    return emit(a, &(loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x,
-                                        .attrs = {.axes = axes, .keepdim = keepdim}});
+    return emit(
+        a, &(loom_ir_node_desc){
+               .op = op, .n_inputs = 1, .inputs = &x, .attrs = {.axes = axes, .keepdim = keepdim}});
 }
 
 static int32_t transpose(ag *a, int32_t x, const int32_t *perm) {
@@ -156,8 +158,7 @@ static int32_t moved_like(ag *a, loom_ir_op op, int32_t x, int32_t like, const i
     const loom_ir_node *l = nd(a, like);
     int64_t shape[LOOM_MAX_RANK];
     memcpy(shape, l->shape, sizeof shape);
-    loom_ir_node_desc d = {.op = op, .n_inputs = 1, .inputs = &x, .rank = l->rank,
-                           .shape = shape};
+    loom_ir_node_desc d = {.op = op, .n_inputs = 1, .inputs = &x, .rank = l->rank, .shape = shape};
     memcpy(d.attrs.start, start, (size_t)l->rank * sizeof *start);
     memcpy(d.attrs.step, step, (size_t)l->rank * sizeof *step);
     return emit(a, &d);
@@ -256,8 +257,8 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
         int32_t phi_cdf = sel(a, bin(a, LOOM_IR_OP_NE, x, zero), bin(a, LOOM_IR_OP_DIV, id, x),
                               full_like(a, x, 0.5));
         int32_t x2 = bin(a, LOOM_IR_OP_MUL, x, x);
-        int32_t pdf = bin(a, LOOM_IR_OP_MUL, un(a, LOOM_IR_OP_EXP, bin(a, LOOM_IR_OP_MUL, x2,
-                                                                         full_like(a, x, -0.5))),
+        int32_t pdf = bin(a, LOOM_IR_OP_MUL,
+                          un(a, LOOM_IR_OP_EXP, bin(a, LOOM_IR_OP_MUL, x2, full_like(a, x, -0.5))),
                           full_like(a, x, 0.39894228040143267794));
         int32_t d = bin(a, LOOM_IR_OP_ADD, phi_cdf, bin(a, LOOM_IR_OP_MUL, x, pdf));
         return bin(a, LOOM_IR_OP_MUL, g, d);
@@ -399,8 +400,12 @@ LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const ch
     const loom_ir_node *xn = &ctx->trace.nodes[x];
     int64_t shape[LOOM_MAX_RANK];
     memcpy(shape, xn->shape, sizeof shape);
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_RESHAPE, .n_inputs = 1, .inputs = &x,
-                              .rank = xn->rank, .shape = shape, .loc = {file, line}};
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_RESHAPE,
+                              .n_inputs = 1,
+                              .inputs = &x,
+                              .rank = xn->rank,
+                              .shape = shape,
+                              .loc = {file, line}};
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     int32_t id;
@@ -437,7 +442,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
         return LOOM_STATUS_INVALID_ARGUMENT;
     if (!loss || n < 1 || !wrt || !out_grads)
         return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                             !loss ? "loss is NULL (from an earlier failed op?)"
+                             !loss   ? "loss is NULL (from an earlier failed op?)"
                              : n < 1 ? "n must be >= 1, got %d"
                                      : "wrt or out_grads is NULL",
                              (int)n);
@@ -459,8 +464,8 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < n && st == LOOM_OK; i++) {
         if (!wrt[i]) {
-            st = loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                               "wrt[%d] is NULL", (int)i);
+            st = loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "wrt[%d] is NULL",
+                               (int)i);
             break;
         }
         loom_fe_tensor *t = loom_fe_tensor_get(ctx, wrt[i], file, line, op);
@@ -494,8 +499,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
                 char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
                 st = loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                                    "out_grads[%d] is %s but wrt[%d] is %s", (int)i,
-                                   loom_ir_format_type(ta, sizeof ta, o->dtype, o->rank,
-                                                       o->shape),
+                                   loom_ir_format_type(ta, sizeof ta, o->dtype, o->rank, o->shape),
                                    (int)i, loom_ir_format_type(tb, sizeof tb, dt, rank, shape));
             }
         }
@@ -559,9 +563,8 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             int32_t gnode = w <= loss_node && grad[w] >= 0 ? grad[w] : full_like(&a, w, 0.0);
             if (out_grads[i] && gnode >= 0) {
                 loom_fe_tensor *o = loom_fe_tensor_get(ctx, out_grads[i], file, line, op);
-                int32_t on = o ? loom_fe_tensor_node(ctx, (int32_t)(o - ctx->tensors), file,
-                                                     line, op)
-                               : -1;
+                int32_t on =
+                    o ? loom_fe_tensor_node(ctx, (int32_t)(o - ctx->tensors), file, line, op) : -1;
                 gnode = on < 0 ? -1 : bin(&a, LOOM_IR_OP_ADD, on, gnode);
                 a.failed = a.failed || gnode < 0;
             }

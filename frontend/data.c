@@ -62,9 +62,9 @@ static loom_status gz_fault(gzFile f, const char *path, char *err, size_t err_si
     const char *msg = gzerror(f, &code);
     if (code == Z_ERRNO)
         return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: read failed: %s", path,
-                       strerror(errno));
-    return loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: corrupt gzip stream: %s", path,
-                   msg ? msg : "unknown error");
+                               strerror(errno));
+    return loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: corrupt gzip stream: %s",
+                           path, msg ? msg : "unknown error");
 }
 
 /* Reads one IDX file: magic, n_dims big-endian uint32 dimensions, then the uint8 payload.
@@ -76,7 +76,7 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     gzFile f = gzopen(path, "rb");
     if (!f)
         return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
-                       errno ? strerror(errno) : "out of memory");
+                               errno ? strerror(errno) : "out of memory");
     loom_status st = LOOM_OK;
     uint8_t *payload = NULL;
     uint8_t header[4 + 4 * 3];
@@ -93,15 +93,16 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     }
     uint32_t m = got >= 4 ? be32(header) : 0;
     if (got >= 4 && m != magic) {
-        st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "%s: bad magic 0x%08" PRIx32 ": expected 0x%08" PRIx32 " (%s IDX file)", path,
-                     m, magic, magic == IDX_MAGIC_IMAGES ? "uint8 3-d image" : "uint8 1-d label");
+        st = loom_fe_set_err(
+            err, err_size, LOOM_STATUS_CORRUPT_DATA,
+            "%s: bad magic 0x%08" PRIx32 ": expected 0x%08" PRIx32 " (%s IDX file)", path, m, magic,
+            magic == IDX_MAGIC_IMAGES ? "uint8 3-d image" : "uint8 1-d label");
         goto done;
     }
     if ((size_t)got < header_size) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "%s: truncated: expected at least %zu header bytes, got %" PRId64, path,
-                     header_size, got);
+                             "%s: truncated: expected at least %zu header bytes, got %" PRId64,
+                             path, header_size, got);
         goto done;
     }
     /* Each dim < 2^32, so the running product is checked against SIZE_MAX and INT64_MAX
@@ -111,13 +112,14 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
         uint64_t d = be32(header + 4 + 4 * i);
         dims[i] = (int64_t)d;
         if (i > 0 && d == 0) {
-            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: dimension %d is 0", path, i);
+            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA, "%s: dimension %d is 0",
+                                 path, i);
             goto done;
         }
         uint64_t limit = (uint64_t)(SIZE_MAX < INT64_MAX ? SIZE_MAX : INT64_MAX) - header_size;
         if (d != 0 && total > limit / d) {
             st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                         "%s: dimensions too large: size overflows", path);
+                                 "%s: dimensions too large: size overflows", path);
             goto done;
         }
         total *= d;
@@ -129,9 +131,9 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     payload = malloc(cap ? cap : 1);
     for (;;) {
         if (!payload) {
-            st = loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
-                                 "%s: out of memory for %zu of %" PRIu64 " bytes", path, cap,
-                                 total);
+            st =
+                loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+                                "%s: out of memory for %zu of %" PRIu64 " bytes", path, cap, total);
             goto done;
         }
         got = read_full(f, payload + have, cap - have);
@@ -152,8 +154,8 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     got = (int64_t)have;
     if ((uint64_t)got < total) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "%s: truncated: expected %" PRIu64 " bytes, got %" PRIu64, path,
-                     (uint64_t)header_size + total, (uint64_t)header_size + (uint64_t)got);
+                             "%s: truncated: expected %" PRIu64 " bytes, got %" PRIu64, path,
+                             (uint64_t)header_size + total, (uint64_t)header_size + (uint64_t)got);
         goto done;
     }
     uint8_t extra[1];
@@ -164,8 +166,8 @@ static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_
     }
     if (got > 0) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "%s: trailing bytes after the expected %" PRIu64 " bytes", path,
-                     (uint64_t)header_size + total);
+                             "%s: trailing bytes after the expected %" PRIu64 " bytes", path,
+                             (uint64_t)header_size + total);
         goto done;
     }
     /* A gzip stream cut inside its trailer still yields every byte; zlib flags it. */
@@ -191,10 +193,10 @@ loom_status loom_dataset_load_idx(const char *images_path, const char *labels_pa
         *out = NULL;
     if (!images_path || !labels_path || !out)
         return loom_fe_set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT,
-                       "loom_dataset_load_idx: %s is NULL",
-                       !images_path   ? "images_path"
-                       : !labels_path ? "labels_path"
-                                      : "out");
+                               "loom_dataset_load_idx: %s is NULL",
+                               !images_path   ? "images_path"
+                               : !labels_path ? "labels_path"
+                                              : "out");
     int64_t idims[3], ldims[1];
     uint8_t *images = NULL, *labels = NULL;
     loom_status st = read_idx(images_path, IDX_MAGIC_IMAGES, 3, idims, &images, err, err_size);
@@ -209,15 +211,15 @@ loom_status loom_dataset_load_idx(const char *images_path, const char *labels_pa
         free(images);
         free(labels);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                       "%s: %" PRId64 " labels, but %s has %" PRId64 " images", labels_path,
-                       ldims[0], images_path, idims[0]);
+                               "%s: %" PRId64 " labels, but %s has %" PRId64 " images", labels_path,
+                               ldims[0], images_path, idims[0]);
     }
     loom_dataset *ds = malloc(sizeof *ds);
     if (!ds) {
         free(images);
         free(labels);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
-                       "loom_dataset_load_idx: out of memory");
+                               "loom_dataset_load_idx: out of memory");
     }
     *ds = (loom_dataset){
         .count = idims[0], .rows = idims[1], .cols = idims[2], .images = images, .labels = labels};

@@ -78,8 +78,8 @@ struct loom_context {
     int32_t n_assigned, cap_assigned;
     int32_t *aliases;      /* scratch: per root, the trace input it is written into, or -1 */
     int32_t cap_aliases;
-    uint8_t *detached;     /* per trace node: 1 = gradient barrier (loom_detach); valid for
-                              nodes below n_detached when detached_step == step */
+    uint8_t *detached; /* per trace node: 1 = gradient barrier (loom_detach); valid for
+                          nodes below n_detached when detached_step == step */
     int32_t n_detached, cap_detached;
     int64_t detached_step;
 

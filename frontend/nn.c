@@ -9,8 +9,8 @@
 #include "loom/nn.h"
 
 /* Type of a handle, or false after recording the error (NULL: sticky, no new error). */
-static bool type_of(loom_context *ctx, loom_tensor *t, const char *what, const char *file,
-                    int line, const char *op, loom_dtype *dt, int32_t *rank, int64_t *shape) {
+static bool type_of(loom_context *ctx, loom_tensor *t, const char *what, const char *file, int line,
+                    const char *op, loom_dtype *dt, int32_t *rank, int64_t *shape) {
     if (!t) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                       "%s is NULL (from an earlier failed op?)", what);
@@ -63,8 +63,8 @@ static bool check_vec(loom_context *ctx, loom_tensor *t, const char *what, loom_
     if (d == dt && r == rank && memcmp(s, shape, (size_t)rank * sizeof *s) == 0)
         return true;
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
-    loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "%s must be %s, got %s",
-                  what, fmt_type(ta, sizeof ta, dt, rank, shape), fmt_type(tb, sizeof tb, d, r, s));
+    loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "%s must be %s, got %s", what,
+                  fmt_type(ta, sizeof ta, dt, rank, shape), fmt_type(tb, sizeof tb, d, r, s));
     return false;
 }
 
@@ -203,17 +203,17 @@ LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logi
     loom_tensor *ls = loom_log_softmax_at(ctx, logits, 1, file, line);
     loom_tensor *oh = loom_one_hot_at(ctx, labels, sl[1], dl, file, line);
     /* nll per row; labels outside [0, C) match no class and contribute 0 */
-    loom_tensor *nll = loom_neg_at(
-        ctx, loom_sum_at(ctx, loom_mul_at(ctx, ls, oh, file, line), 1, (int32_t[]){1}, false,
-                         file, line),
-        file, line);
+    loom_tensor *nll = loom_neg_at(ctx,
+                                   loom_sum_at(ctx, loom_mul_at(ctx, ls, oh, file, line), 1,
+                                               (int32_t[]){1}, false, file, line),
+                                   file, line);
     switch (reduction) {
     case LOOM_REDUCTION_NONE: return nll;
     case LOOM_REDUCTION_SUM: return loom_sum_at(ctx, nll, 0, NULL, false, file, line);
     case LOOM_REDUCTION_MEAN: {
         /* divided by the number of valid labels, as PyTorch with ignore_index */
-        loom_tensor *count = loom_detach_at(ctx, loom_sum_at(ctx, oh, 0, NULL, false, file, line),
-                                            file, line);
+        loom_tensor *count =
+            loom_detach_at(ctx, loom_sum_at(ctx, oh, 0, NULL, false, file, line), file, line);
         return loom_div_at(ctx, loom_sum_at(ctx, nll, 0, NULL, false, file, line), count, file,
                            line);
     }
@@ -239,12 +239,11 @@ LOOM_API loom_tensor *loom_argmax_at(loom_context *ctx, loom_tensor *x, int32_t 
     /* The first index holding the maximum: -max(-(x == max ? i : n)) over the axis. */
     loom_tensor *m = loom_max_at(ctx, x, 1, &axis, true, file, line);
     loom_tensor *ids = loom_iota_at(ctx, LOOM_DTYPE_I64, r, s, axis, file, line);
-    loom_tensor *cand =
-        loom_select_at(ctx, loom_eq_at(ctx, x, m, file, line), ids,
-                       loom_full_at(ctx, LOOM_DTYPE_I64, 0, NULL, (double)s[axis], file, line),
-                       file, line);
-    loom_tensor *best = loom_max_at(ctx, loom_neg_at(ctx, cand, file, line), 1, &axis, false,
-                                    file, line);
+    loom_tensor *cand = loom_select_at(
+        ctx, loom_eq_at(ctx, x, m, file, line), ids,
+        loom_full_at(ctx, LOOM_DTYPE_I64, 0, NULL, (double)s[axis], file, line), file, line);
+    loom_tensor *best =
+        loom_max_at(ctx, loom_neg_at(ctx, cand, file, line), 1, &axis, false, file, line);
     return loom_neg_at(ctx, best, file, line);
 }
 
@@ -256,8 +255,8 @@ static bool pair(loom_context *ctx, const int64_t *p, int64_t dflt, int64_t min,
     out[1] = p ? p[1] : dflt;
     if (out[0] < min || out[1] < min) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "%s {%lld, %lld} must be >= %lld", what, (long long)out[0],
-                      (long long)out[1], (long long)min);
+                      "%s {%lld, %lld} must be >= %lld", what, (long long)out[0], (long long)out[1],
+                      (long long)min);
         return false;
     }
     return true;
@@ -281,10 +280,9 @@ static bool windows(loom_context *ctx, loom_tensor *x, const int64_t *s, const i
                         NULL, fill, file, line);
     for (int64_t i = 0; i < k[0]; i++)
         for (int64_t j = 0; j < k[1]; j++)
-            out[i * k[1] + j] =
-                loom_slice_at(ctx, x, (int64_t[]){0, 0, i * dl[0], j * dl[1]},
-                              (int64_t[]){s[0], s[1], o[0], o[1]},
-                              (int64_t[]){1, 1, st[0], st[1]}, file, line);
+            out[i * k[1] + j] = loom_slice_at(ctx, x, (int64_t[]){0, 0, i * dl[0], j * dl[1]},
+                                              (int64_t[]){s[0], s[1], o[0], o[1]},
+                                              (int64_t[]){1, 1, st[0], st[1]}, file, line);
     return loom_context_error(ctx) == LOOM_OK;
 }
 
@@ -352,10 +350,9 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
     }
     loom_tensor *y = loom_matmul_at(ctx, w, cols, file, line); /* [(G,) Og, N*OH*OW] */
     if (bias) {
-        loom_tensor *b = loom_reshape_at(ctx, bias, groups == 1 ? 2 : 3,
-                                         groups == 1 ? (int64_t[]){oc, 1}
-                                                     : (int64_t[]){groups, og, 1},
-                                         file, line);
+        loom_tensor *b = loom_reshape_at(
+            ctx, bias, groups == 1 ? 2 : 3,
+            groups == 1 ? (int64_t[]){oc, 1} : (int64_t[]){groups, og, 1}, file, line);
         y = loom_add_at(ctx, y, b, file, line);
     }
     y = loom_reshape_at(ctx, y, 4, (int64_t[]){oc, n, o[0], o[1]}, file, line);
@@ -388,8 +385,7 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
     }
     int64_t o[2] = {out_extent(sx[2], pd[0], k[0], 1, st[0]),
                     out_extent(sx[3], pd[1], k[1], 1, st[1])};
-    if (o[0] < 1 || o[1] < 1 || 2 * pd[0] > k[0] || 2 * pd[1] > k[1] ||
-        k[0] * k[1] > MAX_WINDOW) {
+    if (o[0] < 1 || o[1] < 1 || 2 * pd[0] > k[0] || 2 * pd[1] > k[1] || k[0] * k[1] > MAX_WINDOW) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                       "kernel {%lld, %lld} with padding {%lld, %lld} does not fit %s (padding "
                       "may be at most half the kernel)",
@@ -447,8 +443,7 @@ static loom_tensor *channel_view(loom_context *ctx, loom_tensor *t, int32_t r, i
 LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
                                          loom_tensor *running_mean, loom_tensor *running_var,
                                          loom_tensor *weight, loom_tensor *bias, bool training,
-                                         double momentum, double eps, const char *file,
-                                         int line) {
+                                         double momentum, double eps, const char *file, int line) {
     static const char op[] = "batch_norm";
     loom_dtype dt;
     int32_t r;
@@ -456,8 +451,7 @@ LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
     if (!ctx || !type_of(ctx, x, "x", file, line, op, &dt, &r, s))
         return NULL;
     char t[LOOM_IR_TYPE_STR_MAX];
-    if (r < 2 || !loom_ir_dtype_is_float(dt) || !(eps >= 0) || !(momentum >= 0) ||
-        momentum > 1) {
+    if (r < 2 || !loom_ir_dtype_is_float(dt) || !(eps >= 0) || !(momentum >= 0) || momentum > 1) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                       "needs float x [N, C, ...], eps >= 0 and momentum in [0, 1]: x %s, eps %g, "
                       "momentum %g",
@@ -489,24 +483,24 @@ LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
         var = loom_mean_at(ctx, loom_mul_at(ctx, d, d, file, line), na, axes, true, file, line);
         if (running_mean && running_var) {
             double unbias = count > 1 ? (double)count / (double)(count - 1) : 1.0;
-            loom_tensor *m1 = loom_reshape_at(ctx, loom_detach_at(ctx, mean, file, line), 1, &c,
-                                              file, line);
-            loom_tensor *v1 = loom_reshape_at(ctx, loom_detach_at(ctx, var, file, line), 1, &c,
-                                              file, line);
+            loom_tensor *m1 =
+                loom_reshape_at(ctx, loom_detach_at(ctx, mean, file, line), 1, &c, file, line);
+            loom_tensor *v1 =
+                loom_reshape_at(ctx, loom_detach_at(ctx, var, file, line), 1, &c, file, line);
             loom_tensor *keep = loom_full_at(ctx, dt, 0, NULL, 1.0 - momentum, file, line);
-            loom_assign_at(ctx, running_mean,
-                           loom_add_at(ctx, loom_mul_at(ctx, running_mean, keep, file, line),
-                                       loom_mul_at(ctx, m1,
-                                                   loom_full_at(ctx, dt, 0, NULL, momentum,
-                                                                file, line),
-                                                   file, line),
-                                       file, line),
-                           file, line);
+            loom_assign_at(
+                ctx, running_mean,
+                loom_add_at(ctx, loom_mul_at(ctx, running_mean, keep, file, line),
+                            loom_mul_at(ctx, m1,
+                                        loom_full_at(ctx, dt, 0, NULL, momentum, file, line), file,
+                                        line),
+                            file, line),
+                file, line);
             loom_assign_at(ctx, running_var,
                            loom_add_at(ctx, loom_mul_at(ctx, running_var, keep, file, line),
                                        loom_mul_at(ctx, v1,
-                                                   loom_full_at(ctx, dt, 0, NULL,
-                                                                momentum * unbias, file, line),
+                                                   loom_full_at(ctx, dt, 0, NULL, momentum * unbias,
+                                                                file, line),
                                                    file, line),
                                        file, line),
                            file, line);
@@ -551,14 +545,13 @@ LOOM_API loom_tensor *loom_layer_norm_at(loom_context *ctx, loom_tensor *x, int3
         axes[i] = r - n_norm + i;
     loom_tensor *mean = loom_mean_at(ctx, x, n_norm, axes, true, file, line);
     loom_tensor *d = loom_sub_at(ctx, x, mean, file, line);
-    loom_tensor *var = loom_mean_at(ctx, loom_mul_at(ctx, d, d, file, line), n_norm, axes, true,
-                                    file, line);
+    loom_tensor *var =
+        loom_mean_at(ctx, loom_mul_at(ctx, d, d, file, line), n_norm, axes, true, file, line);
     loom_tensor *y = loom_mul_at(
         ctx, d,
-        loom_rsqrt_at(ctx,
-                      loom_add_at(ctx, var, loom_full_at(ctx, dt, 0, NULL, eps, file, line), file,
-                                  line),
-                      file, line),
+        loom_rsqrt_at(
+            ctx, loom_add_at(ctx, var, loom_full_at(ctx, dt, 0, NULL, eps, file, line), file, line),
+            file, line),
         file, line);
     if (weight)
         y = loom_mul_at(ctx, y, weight, file, line);
@@ -599,22 +592,20 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
     if (p == 1)
         return loom_mul_at(ctx, x, zero, file, line);
     /* Streams are spread far apart in the counter space of loom_rand_uniform's generator. */
-    loom_tensor *key = loom_add_at(
-        ctx, seed,
-        loom_full_at(ctx, LOOM_DTYPE_I64, 0, NULL, (double)(stream * (INT64_C(1) << 40)), file,
-                     line),
-        file, line);
+    loom_tensor *key = loom_add_at(ctx, seed,
+                                   loom_full_at(ctx, LOOM_DTYPE_I64, 0, NULL,
+                                                (double)(stream * (INT64_C(1) << 40)), file, line),
+                                   file, line);
     loom_tensor *u = loom_rand_uniform_at(ctx, key, dt, r, s, file, line);
-    loom_tensor *keep = loom_ge_at(ctx, u, loom_full_at(ctx, dt, 0, NULL, p, file, line), file,
-                                   line);
-    loom_tensor *scaled =
-        loom_mul_at(ctx, x, loom_full_at(ctx, dt, 0, NULL, 1.0 / (1.0 - p), file, line), file,
-                    line);
+    loom_tensor *keep =
+        loom_ge_at(ctx, u, loom_full_at(ctx, dt, 0, NULL, p, file, line), file, line);
+    loom_tensor *scaled = loom_mul_at(
+        ctx, x, loom_full_at(ctx, dt, 0, NULL, 1.0 / (1.0 - p), file, line), file, line);
     return loom_select_at(ctx, keep, scaled, zero, file, line);
 }
 
-LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices,
-                                        loom_tensor *table, const char *file, int line) {
+LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices, loom_tensor *table,
+                                        const char *file, int line) {
     static const char op[] = "embedding";
     loom_dtype di, dt;
     int32_t ri, rt;

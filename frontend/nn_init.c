@@ -216,8 +216,8 @@ LOOM_API loom_tensor *loom_nn_conv2d_forward_at(loom_context *ctx, const loom_nn
                       "the module is NULL or not initialised");
         return NULL;
     }
-    return loom_conv2d_at(ctx, x, m->weight, m->bias, m->stride, m->padding, m->dilation,
-                          m->groups, file, line);
+    return loom_conv2d_at(ctx, x, m->weight, m->bias, m->stride, m->padding, m->dilation, m->groups,
+                          file, line);
 }
 
 LOOM_API void loom_nn_conv2d_deinit(loom_nn_conv2d *m) {
@@ -251,9 +251,8 @@ LOOM_API loom_status loom_nn_batch_norm2d_init(loom_context *ctx, loom_nn_batch_
 }
 
 LOOM_API loom_tensor *loom_nn_batch_norm2d_forward_at(loom_context *ctx,
-                                                      const loom_nn_batch_norm2d *m,
-                                                      loom_tensor *x, bool training,
-                                                      const char *file, int line) {
+                                                      const loom_nn_batch_norm2d *m, loom_tensor *x,
+                                                      bool training, const char *file, int line) {
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {
@@ -261,8 +260,8 @@ LOOM_API loom_tensor *loom_nn_batch_norm2d_forward_at(loom_context *ctx,
                       "the module is NULL or not initialised");
         return NULL;
     }
-    return loom_batch_norm_at(ctx, x, m->running_mean, m->running_var, m->weight, m->bias,
-                              training, m->momentum, m->eps, file, line);
+    return loom_batch_norm_at(ctx, x, m->running_mean, m->running_var, m->weight, m->bias, training,
+                              m->momentum, m->eps, file, line);
 }
 
 LOOM_API void loom_nn_batch_norm2d_deinit(loom_nn_batch_norm2d *m) {

@@ -414,8 +414,8 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
 #define TYPE_OF(buf, x) loom_ir_format_type(buf, sizeof buf, (x)->dtype, (x)->rank, (x)->shape)
 
 LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int64_t *start,
-                                    const int64_t *size, const int64_t *stride,
-                                    const char *file, int line) {
+                                    const int64_t *size, const int64_t *stride, const char *file,
+                                    int line) {
     static const char op[] = "slice";
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, op))
@@ -427,8 +427,12 @@ LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int
                       !start ? "start" : "size", TYPE_OF(t, x));
         return NULL;
     }
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_SLICE, .n_inputs = 1, .inputs = &node,
-                              .rank = x->rank, .shape = size, .loc = {file, line}};
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_SLICE,
+                              .n_inputs = 1,
+                              .inputs = &node,
+                              .rank = x->rank,
+                              .shape = size,
+                              .loc = {file, line}};
     for (int32_t i = 0; i < x->rank; i++) {
         int64_t st = stride ? stride[i] : 1, ext = x->shape[i];
         const char *why = NULL;
@@ -462,8 +466,12 @@ LOOM_API loom_tensor *loom_pad_at(loom_context *ctx, loom_tensor *a, const int64
         return NULL;
     const loom_ir_node *x = node_of(ctx, node);
     char t[LOOM_IR_TYPE_STR_MAX];
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_PAD, .n_inputs = 1, .inputs = &node,
-                              .rank = x->rank, .attrs = {.value = value}, .loc = {file, line}};
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_PAD,
+                              .n_inputs = 1,
+                              .inputs = &node,
+                              .rank = x->rank,
+                              .attrs = {.value = value},
+                              .loc = {file, line}};
     int64_t out[LOOM_MAX_RANK];
     for (int32_t i = 0; i < x->rank; i++) {
         int64_t lo = low ? low[i] : 0, hi = high ? high[i] : 0, in = interior ? interior[i] : 0;
@@ -499,8 +507,9 @@ LOOM_API loom_tensor *loom_concat_at(loom_context *ctx, int32_t n, loom_tensor *
         return NULL;
     if (n < 1 || !ts) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      n < 1 ? "needs at least one tensor, got %d" : "the tensor list is NULL "
-                                                                    "(n = %d)",
+                      n < 1 ? "needs at least one tensor, got %d"
+                            : "the tensor list is NULL "
+                              "(n = %d)",
                       (int)n);
         return NULL;
     }
@@ -535,8 +544,11 @@ LOOM_API loom_tensor *loom_concat_at(loom_context *ctx, int32_t n, loom_tensor *
             goto done;
         }
     }
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_CONCAT, .n_inputs = n, .inputs = nodes,
-                              .attrs = {.index = ax}, .loc = {file, line}};
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_CONCAT,
+                              .n_inputs = n,
+                              .inputs = nodes,
+                              .attrs = {.index = ax},
+                              .loc = {file, line}};
     result = finish(ctx, &desc, op);
 done:
     if (nodes != small)
@@ -545,8 +557,7 @@ done:
 }
 
 LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
-                                   const int64_t *shape, int32_t axis, const char *file,
-                                   int line) {
+                                   const int64_t *shape, int32_t axis, const char *file, int line) {
     static const char op[] = "iota";
     if (!ctx || !check_target(ctx, rank, shape, file, line, op))
         return NULL;
@@ -564,14 +575,18 @@ LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t 
                       loom_ir_format_type(t, sizeof t, dtype, rank, shape));
         return NULL;
     }
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_IOTA, .dtype = dtype, .rank = rank,
-                              .shape = shape, .attrs = {.index = ax}, .loc = {file, line}};
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_IOTA,
+                              .dtype = dtype,
+                              .rank = rank,
+                              .shape = shape,
+                              .attrs = {.index = ax},
+                              .loc = {file, line}};
     return finish(ctx, &desc, op);
 }
 
-LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
-                                           loom_dtype dtype, int32_t rank, const int64_t *shape,
-                                           const char *file, int line) {
+LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed, loom_dtype dtype,
+                                           int32_t rank, const int64_t *shape, const char *file,
+                                           int line) {
     static const char op[] = "rand_uniform";
     int32_t node;
     if (!ctx || !operands(ctx, 1, &seed, &node, file, line, op) ||
@@ -590,7 +605,12 @@ LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
                       loom_ir_dtype_valid(dtype) ? loom_dtype_name(dtype) : "(invalid)");
         return NULL;
     }
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_RAND_UNIFORM, .n_inputs = 1, .inputs = &node,
-                              .dtype = dtype, .rank = rank, .shape = shape, .loc = {file, line}};
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_RAND_UNIFORM,
+                              .n_inputs = 1,
+                              .inputs = &node,
+                              .dtype = dtype,
+                              .rank = rank,
+                              .shape = shape,
+                              .loc = {file, line}};
     return finish(ctx, &desc, op);
 }

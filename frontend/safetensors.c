@@ -55,7 +55,6 @@ struct loom_safetensors {
     int32_t n, cap;
 };
 
-
 /* Length of the valid UTF-8 sequence at s (n bytes available), or 0: no overlong forms,
  * no surrogates, nothing above U+10FFFF (RFC 3629). */
 static size_t utf8_len(const uint8_t *s, size_t n) {
@@ -425,9 +424,10 @@ static loom_status parse_dtype(st_parser *p, const char *who, st_tensor *e) {
         }
     for (size_t k = 0; k < sizeof st_unsupported / sizeof *st_unsupported; k++)
         if (str_is(s, len, st_unsupported[k])) {
-            loom_fe_set_err(p->err, p->err_size, LOOM_STATUS_UNSUPPORTED,
-                    "%s: unsupported dtype %s (Loom reads F64, F32, F16, BF16, I64, I32, BOOL)",
-                    who, st_unsupported[k]);
+            loom_fe_set_err(
+                p->err, p->err_size, LOOM_STATUS_UNSUPPORTED,
+                "%s: unsupported dtype %s (Loom reads F64, F32, F16, BF16, I64, I32, BOOL)", who,
+                st_unsupported[k]);
             return LOOM_STATUS_UNSUPPORTED;
         }
     return bad(p, "%s: unknown dtype \"%.40s\"", who, s);
@@ -641,7 +641,8 @@ static loom_status check_layout(loom_safetensors *f, char *err, size_t err_size)
         return f->data_len == 0
                    ? LOOM_OK
                    : loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                             "the header lists no tensors but %zu data bytes follow", f->data_len);
+                                     "the header lists no tensors but %zu data bytes follow",
+                                     f->data_len);
     const st_tensor **order = loom_ir_alloc(&f->alloc, (size_t)f->n * sizeof *order);
     if (!order)
         return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -653,22 +654,23 @@ static loom_status check_layout(loom_safetensors *f, char *err, size_t err_size)
     for (int32_t k = 0; k < f->n && st == LOOM_OK; k++) {
         const st_tensor *e = order[k];
         if (e->begin < cur)
-            st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                         "tensor '%.120s': data_offsets [%zu, %zu] overlap tensor '%.120s' at "
-                         "[%zu, %zu]",
-                         e->name, e->begin, e->end, order[k - 1]->name, order[k - 1]->begin,
-                         order[k - 1]->end);
+            st = loom_fe_set_err(
+                err, err_size, LOOM_STATUS_CORRUPT_DATA,
+                "tensor '%.120s': data_offsets [%zu, %zu] overlap tensor '%.120s' at "
+                "[%zu, %zu]",
+                e->name, e->begin, e->end, order[k - 1]->name, order[k - 1]->begin,
+                order[k - 1]->end);
         else if (e->begin > cur)
             st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                         "data bytes [%zu, %zu) belong to no tensor (a gap before tensor "
-                         "'%.120s')",
-                         cur, e->begin, e->name);
+                                 "data bytes [%zu, %zu) belong to no tensor (a gap before tensor "
+                                 "'%.120s')",
+                                 cur, e->begin, e->name);
         cur = e->end;
     }
     if (st == LOOM_OK && cur != f->data_len)
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "data bytes [%zu, %zu) belong to no tensor (after tensor '%.120s')", cur,
-                     f->data_len, order[f->n - 1]->name);
+                             "data bytes [%zu, %zu) belong to no tensor (after tensor '%.120s')",
+                             cur, f->data_len, order[f->n - 1]->name);
     loom_ir_free(&f->alloc, order, (size_t)f->n * sizeof *order);
     return st;
 }
@@ -691,20 +693,22 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
     uint64_t hlen = 0;
     if (len < 8) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "truncated: %zu bytes, too short for the 8-byte header size", len);
+                             "truncated: %zu bytes, too short for the 8-byte header size", len);
         goto fail;
     }
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | image[i];
     if (hlen > ST_MAX_HEADER) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "header size %" PRIu64 " is over the limit of %u bytes", hlen, ST_MAX_HEADER);
+                             "header size %" PRIu64 " is over the limit of %u bytes", hlen,
+                             ST_MAX_HEADER);
         goto fail;
     }
     if (hlen > len - 8) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                     "truncated: header size %" PRIu64 " but only %zu bytes follow the size field",
-                     hlen, len - 8);
+                             "truncated: header size %" PRIu64
+                             " but only %zu bytes follow the size field",
+                             hlen, len - 8);
         goto fail;
     }
     f->data = image + 8 + hlen;
@@ -723,7 +727,7 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
     for (int32_t i = 1; i < f->n; i++)
         if (strcmp(f->t[i - 1].name, f->t[i].name) == 0) {
             st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                         "tensor '%.120s' appears twice in the header", f->t[i].name);
+                                 "tensor '%.120s' appears twice in the header", f->t[i].name);
             goto fail;
         }
     if ((st = check_layout(f, err, err_size)) != LOOM_OK)
@@ -736,8 +740,8 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
         for (size_t k = e->begin; k < e->end; k++)
             if (f->data[k] > 1) {
                 st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                             "tensor '%.120s': BOOL element %zu is %u, not 0 or 1", e->name,
-                             k - e->begin, f->data[k]);
+                                     "tensor '%.120s': BOOL element %zu is %u, not 0 or 1", e->name,
+                                     k - e->begin, f->data[k]);
                 goto fail;
             }
     }
@@ -754,29 +758,30 @@ static loom_status st_read_file(const char *path, const loom_allocator *a, uint8
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
-                       strerror(errno));
+                               strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
         close(fd);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot stat: %s", path,
-                       strerror(e));
+                               strerror(e));
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
-                       S_ISDIR(sb.st_mode) ? "is a directory" : "is not a regular file");
+                               S_ISDIR(sb.st_mode) ? "is a directory" : "is not a regular file");
     }
     if ((uint64_t)sb.st_size > SIZE_MAX - 1) {
         close(fd);
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: too large to read", path);
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: too large to read",
+                               path);
     }
     size_t len = (size_t)sb.st_size, size = len ? len : 1;
     uint8_t *buf = loom_ir_alloc(a, size);
     if (!buf) {
         close(fd);
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: out of memory for %zu bytes",
-                       path, len);
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+                               "%s: out of memory for %zu bytes", path, len);
     }
     size_t done = 0;
     while (done < len) {
@@ -788,7 +793,7 @@ static loom_status st_read_file(const char *path, const loom_allocator *a, uint8
             close(fd);
             loom_ir_free(a, buf, size);
             return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
-                           e ? strerror(e) : "the file shrank while being read");
+                                   e ? strerror(e) : "the file shrank while being read");
         }
         done += (size_t)r;
     }
@@ -819,13 +824,13 @@ LOOM_API loom_status loom_safetensors_parse(const void *data, size_t len, loom_s
         *out = NULL;
     if (!out || (!data && len > 0))
         return loom_fe_set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT, "%s is NULL",
-                       out ? "data" : "out");
+                               out ? "data" : "out");
     loom_allocator a = loom_allocator_system();
     size_t size = len ? len : 1;
     uint8_t *image = loom_ir_alloc(&a, size);
     if (!image)
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory for %zu bytes",
-                       len);
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+                               "out of memory for %zu bytes", len);
     if (len)
         memcpy(image, data, len);
     return st_parse_image(&a, image, len, size, out, err, err_size);
@@ -837,7 +842,7 @@ LOOM_API loom_status loom_safetensors_open(const char *path, loom_safetensors **
         *out = NULL;
     if (!path || !out)
         return loom_fe_set_err(err, err_size, LOOM_STATUS_INVALID_ARGUMENT, "%s is NULL",
-                       path ? "out" : "path");
+                               path ? "out" : "path");
     loom_allocator a = loom_allocator_system();
     return st_open(path, &a, out, err, err_size);
 }
@@ -941,7 +946,7 @@ static loom_status st_layout(const loom_allocator *a, int32_t n, st_item *items,
         if (it->bytes > SIZE_MAX / 2 - off) {
             loom_ir_sbuf_deinit(&sb);
             return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
-                           "the tensors hold more bytes than fit in memory");
+                                   "the tensors hold more bytes than fit in memory");
         }
         it->offset = off;
         loom_ir_sbuf_append(&sb, ",", 1);
@@ -962,8 +967,8 @@ static loom_status st_layout(const loom_allocator *a, int32_t n, st_item *items,
     uint8_t *buf = loom_ir_alloc(a, total);
     if (!buf) {
         loom_ir_sbuf_deinit(&sb);
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "out of memory for %zu bytes",
-                       total);
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
+                               "out of memory for %zu bytes", total);
     }
     for (int i = 0; i < 8; i++)
         buf[i] = (uint8_t)((uint64_t)hlen >> (8 * i));

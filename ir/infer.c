@@ -252,8 +252,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
                                         (long long)(low < 0 ? low : interior));
             /* high = out - low - (ext - 1) * (interior + 1) - 1 (ext > 0) must be >= 0 */
             bool ok = low <= out &&
-                      (ext == 0 || (out - low >= 1 &&
-                                    ext - 1 <= (out - low - 1) / (interior + 1)));
+                      (ext == 0 || (out - low >= 1 && ext - 1 <= (out - low - 1) / (interior + 1)));
             if (!ok)
                 return loom_ir_diag_set(d, BAD,
                                         "axis %d: extent %lld of %s with low %lld and interior "

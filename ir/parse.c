@@ -447,9 +447,8 @@ typedef enum attr_id {
     ATTR_AXIS,     /* concat, iota */
     ATTR_COUNT_
 } attr_id;
-static const char *const attr_names[ATTR_COUNT_] = {"index", "value",  "perm", "axes",
-                                                    "keepdim", "start", "stride", "low",
-                                                    "interior", "axis"};
+static const char *const attr_names[ATTR_COUNT_] = {
+    "index", "value", "perm", "axes", "keepdim", "start", "stride", "low", "interior", "axis"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;

@@ -698,8 +698,8 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
         return false;
     /* A broadcast, transpose, slice, pad, concat or rand_uniform of anything derived from
      * the input would read it at another index than the one written (a broadcast constant is
-     * fine). Kernel nodes are in graph
-     * order, so one forward sweep marks what depends on the input. */
+     * fine). Kernel nodes are in graph order, so one forward sweep marks what depends on the
+     * input. */
     uint64_t dep_small[8] = {0};
     if (kn->n_nodes > 64 * 8)
         return false; /* large kernels: stay on the copy path rather than allocate */
@@ -716,8 +716,8 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
         dep_small[j / 64] |= (uint64_t)1 << (j % 64);
         loom_ir_kind kind = loom_ir_op_table[nd->op].kind;
         if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE ||
-            kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD ||
-            kind == LOOM_IR_KIND_CONCAT || kind == LOOM_IR_KIND_RAND)
+            kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD || kind == LOOM_IR_KIND_CONCAT ||
+            kind == LOOM_IR_KIND_RAND)
             return false;
     }
     for (int32_t a = 0; a < kn->n_args; a++)

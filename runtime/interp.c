@@ -185,8 +185,7 @@ static void run_pad(const loom_ir_node *n, const loom_ir_node *x, const void *sr
 
 /* For each index of the axes before `axis` (outer), the operands' blocks follow each other:
  * operand k contributes its extent along axis times the extents after it. */
-static void run_concat(const loom_ir_graph *g, const loom_ir_node *n, const slot *srcs,
-                       void *dst) {
+static void run_concat(const loom_ir_graph *g, const loom_ir_node *n, const slot *srcs, void *dst) {
     int32_t axis = (int32_t)n->attrs.index;
     size_t es = loom_dtype_size(n->dtype);
     int64_t outer = loom_ir_numel(axis, n->shape);
@@ -332,7 +331,6 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
 }
 
 /* ---- the interpreter loop ----------------------------------------------------------------- */
-
 
 static void release_slot(const loom_allocator *a, slot *s) {
     if (s->owned)

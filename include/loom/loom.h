@@ -318,8 +318,8 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
  * size[] (a's rank entries each). stride may be NULL (all 1); strides are >= 1, and
  * start + stride * (size - 1) must lie inside a. Any dtype. */
 LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int64_t *start,
-                                    const int64_t *size, const int64_t *stride,
-                                    const char *file, int line);
+                                    const int64_t *size, const int64_t *stride, const char *file,
+                                    int line);
 #define loom_slice(...) loom_slice_at(__VA_ARGS__, __FILE__, __LINE__)
 /* Pads with `value`: low[i] elements before axis i, high[i] after, interior[i] between
  * adjacent elements (as XLA's pad). low/high may be NULL (0) and interior NULL (0); all
@@ -344,9 +344,9 @@ LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t 
  * interpreter give identical bits and a changing seed never recompiles. seed is an i64
  * scalar tensor (usually a graph input set per step). f16/bf16 results are that value
  * rounded to nearest, so values just below 1 can round to 1.0 there. */
-LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
-                                           loom_dtype dtype, int32_t rank, const int64_t *shape,
-                                           const char *file, int line);
+LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed, loom_dtype dtype,
+                                           int32_t rank, const int64_t *shape, const char *file,
+                                           int line);
 #define loom_rand_uniform(...) loom_rand_uniform_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* ---- metrics --------------------------------------------------------------------------- *

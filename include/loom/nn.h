@@ -48,8 +48,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
 
 /* The value of t as a new step-scoped tensor through which loom_backward passes no
  * gradient (torch.Tensor.detach / jax.lax.stop_gradient). Costs nothing at run time. */
-LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const char *file,
-                                     int line);
+LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const char *file, int line);
 #define loom_detach(...) loom_detach_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* ---- functional ops -------------------------------------------------------------------- */
@@ -117,8 +116,7 @@ LOOM_API loom_tensor *loom_avg_pool2d_at(loom_context *ctx, loom_tensor *x, cons
 LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
                                          loom_tensor *running_mean, loom_tensor *running_var,
                                          loom_tensor *weight, loom_tensor *bias, bool training,
-                                         double momentum, double eps, const char *file,
-                                         int line);
+                                         double momentum, double eps, const char *file, int line);
 #define loom_batch_norm(...) loom_batch_norm_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Layer norm over the last n_norm axes; weight/bias of those axes' shape or NULL. */
@@ -138,8 +136,8 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
 
 /* Rows of table [V, D] picked by integer indices [...] -> [..., D] (differentiable in
  * table, as torch.nn.functional.embedding). */
-LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices,
-                                        loom_tensor *table, const char *file, int line);
+LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices, loom_tensor *table,
+                                        const char *file, int line);
 #define loom_embedding(...) loom_embedding_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* ---- parameters and their initialisation ----------------------------------------------- */
@@ -164,10 +162,10 @@ LOOM_API loom_tensor *loom_param_full(loom_context *ctx, int32_t rank, const int
                                       double value);
 
 /* Modules. The forward functions are macros over `_at` forms that record the caller's
- * location, as the ops do. Each init creates f32 parameters with PyTorch's default initialisation and
- * returns LOOM_OK or the context's error (the module is then zeroed and owns nothing);
- * deinit releases them (accepts a zeroed module). Parameter names in PyTorch's state_dict
- * are the member names ("weight", "bias", "running_mean", "running_var"). */
+ * location, as the ops do. Each init creates f32 parameters with PyTorch's default initialisation
+ * and returns LOOM_OK or the context's error (the module is then zeroed and owns nothing); deinit
+ * releases them (accepts a zeroed module). Parameter names in PyTorch's state_dict are the member
+ * names ("weight", "bias", "running_mean", "running_var"). */
 typedef struct loom_nn_linear {
     loom_tensor *weight; /* [out, in], U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform a=sqrt(5)) */
     loom_tensor *bias;   /* [out] or NULL, U(-1/sqrt(in), 1/sqrt(in)) */
@@ -197,17 +195,16 @@ LOOM_API loom_tensor *loom_nn_conv2d_forward_at(loom_context *ctx, const loom_nn
 LOOM_API void loom_nn_conv2d_deinit(loom_nn_conv2d *m);
 
 typedef struct loom_nn_batch_norm2d {
-    loom_tensor *weight, *bias;             /* [C]: ones, zeros */
+    loom_tensor *weight, *bias;              /* [C]: ones, zeros */
     loom_tensor *running_mean, *running_var; /* [C]: zeros, ones (buffers, not parameters) */
-    double momentum, eps;                   /* 0.1, 1e-5 */
+    double momentum, eps;                    /* 0.1, 1e-5 */
 } loom_nn_batch_norm2d;
 LOOM_API loom_status loom_nn_batch_norm2d_init(loom_context *ctx, loom_nn_batch_norm2d *m,
                                                int64_t channels);
 LOOM_API loom_tensor *loom_nn_batch_norm2d_forward_at(loom_context *ctx,
-                                                      const loom_nn_batch_norm2d *m,
-                                                      loom_tensor *x, bool training,
-                                                      const char *file, int line);
-#define loom_nn_batch_norm2d_forward(...)                                                      \
+                                                      const loom_nn_batch_norm2d *m, loom_tensor *x,
+                                                      bool training, const char *file, int line);
+#define loom_nn_batch_norm2d_forward(...)                                                          \
     loom_nn_batch_norm2d_forward_at(__VA_ARGS__, __FILE__, __LINE__)
 LOOM_API void loom_nn_batch_norm2d_deinit(loom_nn_batch_norm2d *m);
 

@@ -83,9 +83,8 @@ typedef struct loom_optim loom_optim;
  * parameter, an unknown kind, lr < 0 or not finite, momentum < 0, nesterov without momentum
  * or with dampening, betas outside [0, 1), eps < 0, weight_decay < 0), STALE_HANDLE,
  * OUT_OF_MEMORY. Errors are also recorded in ctx. */
-LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o,
-                                       int32_t n, loom_tensor *const *params,
-                                       loom_optim **out);
+LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o, int32_t n,
+                                       loom_tensor *const *params, loom_optim **out);
 /* Destroys the optimizer and its state tensors. Accepts NULL. */
 LOOM_API void loom_optim_destroy(loom_optim *opt);
 

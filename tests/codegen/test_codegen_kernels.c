@@ -526,7 +526,10 @@ static void check_op_f32(loom_ir_op op) {
         break;
     case LOOM_IR_OP_SLICE: /* strided rows and columns, fused into a neg */
         x = input(&f, F, 2, S(33, 70));
-        y = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = 2,
+        y = add(&f, (loom_ir_node_desc){.op = op,
+                                        .n_inputs = 1,
+                                        .inputs = &x,
+                                        .rank = 2,
                                         .shape = S(16, 22),
                                         .attrs = {.start = {1, 3}, .step = {2, 3}}});
         r = op1(&f, LOOM_IR_OP_NEG, y);
@@ -535,7 +538,10 @@ static void check_op_f32(loom_ir_op op) {
         break;
     case LOOM_IR_OP_PAD: /* low 1 / high 1 rows, low 2 / interior 1 / high 1 columns */
         x = input(&f, F, 2, S(33, 7));
-        y = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .rank = 2,
+        y = add(&f, (loom_ir_node_desc){.op = op,
+                                        .n_inputs = 1,
+                                        .inputs = &x,
+                                        .rank = 2,
                                         .shape = S(35, 16),
                                         .attrs = {.start = {1, 2}, .step = {0, 1}, .value = 0.5}});
         r = op1(&f, LOOM_IR_OP_NEG, y);
@@ -545,24 +551,26 @@ static void check_op_f32(loom_ir_op op) {
     case LOOM_IR_OP_CONCAT: { /* three operands along the inner axis, one computed */
         int32_t in[3] = {input(&f, F, 2, S(5, 7)), input(&f, F, 2, S(5, 3)), -1};
         in[2] = op1(&f, LOOM_IR_OP_NEG, input(&f, F, 2, S(5, 11)));
-        r = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 3, .inputs = in,
-                                        .attrs = {.index = 1}});
+        r = add(&f,
+                (loom_ir_node_desc){.op = op, .n_inputs = 3, .inputs = in, .attrs = {.index = 1}});
         output(&f, r);
         kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){in[2], r});
         break;
     }
     case LOOM_IR_OP_IOTA: /* along axis 0, added to an input */
         x = input(&f, F, 2, S(33, 7));
-        y = add(&f, (loom_ir_node_desc){.op = op, .dtype = F, .rank = 2, .shape = S(33, 7),
-                                        .attrs = {.index = 0}});
+        y = add(&f, (loom_ir_node_desc){
+                        .op = op, .dtype = F, .rank = 2, .shape = S(33, 7), .attrs = {.index = 0}});
         r = op2(&f, LOOM_IR_OP_ADD, x, y);
         output(&f, r);
         kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 2, (int32_t[]){y, r});
         break;
     case LOOM_IR_OP_RAND_UNIFORM:
         x = input(&f, LOOM_DTYPE_I64, 0, NULL);
-        r = add(&f, (loom_ir_node_desc){.op = op, .n_inputs = 1, .inputs = &x, .dtype = F,
-                                        .rank = 2, .shape = S(33, 70)});
+        r = add(
+            &f,
+            (loom_ir_node_desc){
+                .op = op, .n_inputs = 1, .inputs = &x, .dtype = F, .rank = 2, .shape = S(33, 70)});
         output(&f, r);
         kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
         rtol = 0.0;
@@ -1196,8 +1204,8 @@ static void test_matmuls_of_odd_and_batched_shapes(void **state) {
  * matmul schedule (f32) and the plain loops with a scratch accumulator (f16, bf16). */
 static void test_wide_matmuls_with_few_rows_split_their_columns_across_tasks(void **state) {
     (void)state;
-    check_matmul(2, S(32, 9), S(9, 4100), LOOM_DTYPE_F32, false); /* 12 x 320 + 260 */
-    check_matmul(2, S(40, 9), S(9, 4096), LOOM_DTYPE_F32, true);  /* 16 blocks of 256 */
+    check_matmul(2, S(32, 9), S(9, 4100), LOOM_DTYPE_F32, false);       /* 12 x 320 + 260 */
+    check_matmul(2, S(40, 9), S(9, 4096), LOOM_DTYPE_F32, true);        /* 16 blocks of 256 */
     check_matmul(3, S(2, 520, 8), S(2, 8, 4100), LOOM_DTYPE_F32, true); /* 264 + 256 rows */
     check_matmul(2, S(20, 9), S(9, 4100), LOOM_DTYPE_F16, true);
     check_matmul(2, S(3, 5), S(5, 4500), LOOM_DTYPE_BF16, false);

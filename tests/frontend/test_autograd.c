@@ -124,15 +124,29 @@ static void check_grad(const char *name, int n_in, const spec *sp, build_fn f, d
     loom_context_destroy(ctx);
 }
 
-#define S1(a) 1, {a}
-#define S2(a, b) 2, {a, b}
-#define S3(a, b, c) 3, {a, b, c}
-#define S4(a, b, c, d) 4, {a, b, c, d}
+#define S1(a)                                                                                      \
+    1, {                                                                                           \
+        a                                                                                          \
+    }
+#define S2(a, b)                                                                                   \
+    2, {                                                                                           \
+        a, b                                                                                       \
+    }
+#define S3(a, b, c)                                                                                \
+    3, {                                                                                           \
+        a, b, c                                                                                    \
+    }
+#define S4(a, b, c, d)                                                                             \
+    4, {                                                                                           \
+        a, b, c, d                                                                                 \
+    }
 
 /* ---- per-op rules ---------------------------------------------------------------------- */
 
-#define UNARY_CASE(fname, expr)                                                                \
-    static loom_tensor *b_##fname(loom_context *ctx, loom_tensor *const *in) { return expr; }
+#define UNARY_CASE(fname, expr)                                                                    \
+    static loom_tensor *b_##fname(loom_context *ctx, loom_tensor *const *in) {                     \
+        return expr;                                                                               \
+    }
 UNARY_CASE(neg, loom_neg(ctx, in[0]))
 UNARY_CASE(abs, loom_abs(ctx, in[0]))
 UNARY_CASE(exp, loom_exp(ctx, in[0]))
@@ -152,8 +166,9 @@ UNARY_CASE(maximum, loom_maximum(ctx, in[0], in[1]))
 UNARY_CASE(minimum, loom_minimum(ctx, in[0], in[1]))
 UNARY_CASE(select, loom_select(ctx, loom_gt(ctx, in[0], in[1]), loom_mul(ctx, in[0], in[0]),
                                loom_exp(ctx, in[1])))
-UNARY_CASE(cast, loom_cast(ctx, loom_mul(ctx, loom_cast(ctx, in[0], LOOM_DTYPE_F32),
-                                         loom_scalar(ctx, LOOM_DTYPE_F32, 3.0)),
+UNARY_CASE(cast, loom_cast(ctx,
+                           loom_mul(ctx, loom_cast(ctx, in[0], LOOM_DTYPE_F32),
+                                    loom_scalar(ctx, LOOM_DTYPE_F32, 3.0)),
                            LOOM_DTYPE_F64))
 UNARY_CASE(broadcast, loom_mul(ctx, in[0], in[1])) /* [3,1] * [4] -> [3,4] */
 /* a new leading unit axis (its gradient is a reshape, no sum) and a repeated axis */
@@ -167,9 +182,9 @@ UNARY_CASE(max, loom_max(ctx, in[0], 1, (int32_t[]){-1}, false))
 UNARY_CASE(matmul, loom_matmul(ctx, in[0], in[1]))
 UNARY_CASE(matmul_vec, loom_matmul(ctx, in[0], in[1])) /* [2,3,4] x [4] */
 UNARY_CASE(slice, loom_exp(ctx, loom_slice(ctx, in[0], (int64_t[]){1, 0}, (int64_t[]){2, 3},
-                                            (int64_t[]){2, 2})))
+                                           (int64_t[]){2, 2})))
 UNARY_CASE(pad, loom_exp(ctx, loom_pad(ctx, in[0], (int64_t[]){1, 0}, (int64_t[]){0, 2},
-                                        (int64_t[]){1, 1}, 0.5)))
+                                       (int64_t[]){1, 1}, 0.5)))
 UNARY_CASE(concat, loom_exp(ctx, loom_concat(ctx, 3, (loom_tensor *[]){in[0], in[1], in[0]}, 1)))
 UNARY_CASE(reuse, loom_mul(ctx, loom_tanh(ctx, in[0]), loom_add(ctx, in[0], in[0])))
 
@@ -180,9 +195,9 @@ static void test_every_elementwise_vjp_matches_finite_differences(void **state) 
         const char *name;
         build_fn f;
         spec s;
-    } un[] = {{"neg", b_neg, any},     {"abs", b_abs, any},         {"exp", b_exp, any},
-              {"log", b_log, pos},     {"sqrt", b_sqrt, pos},       {"rsqrt", b_rsqrt, pos},
-              {"tanh", b_tanh, any},   {"sigmoid", b_sigmoid, any}, {"relu", b_relu, any},
+    } un[] = {{"neg", b_neg, any},   {"abs", b_abs, any},         {"exp", b_exp, any},
+              {"log", b_log, pos},   {"sqrt", b_sqrt, pos},       {"rsqrt", b_rsqrt, pos},
+              {"tanh", b_tanh, any}, {"sigmoid", b_sigmoid, any}, {"relu", b_relu, any},
               {"gelu", b_gelu, any}};
     for (size_t i = 0; i < sizeof un / sizeof un[0]; i++)
         check_grad(un[i].name, 1, &un[i].s, un[i].f, 1e-6);
@@ -357,8 +372,8 @@ static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void 
     loom_tensor *l1 = loom_sum(ctx, loom_mul(ctx, x, x), 0, NULL, false);
     assert_int_equal(loom_backward(ctx, l1, 2, (loom_tensor *[]){x, z}, g), LOOM_OK);
     loom_tensor *first = g[0];
-    loom_tensor *l2 = loom_sum(ctx, loom_mul(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 3)), 0,
-                               NULL, false);
+    loom_tensor *l2 =
+        loom_sum(ctx, loom_mul(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 3)), 0, NULL, false);
     assert_int_equal(loom_backward(ctx, l2, 2, (loom_tensor *[]){x, z}, g), LOOM_OK);
     float a[2], b[2], c[2];
     tu_read_f32(ctx, first, a, 2);
@@ -423,8 +438,8 @@ static void mlp_grads(bool eager, float *out_w1, float *out_b2) {
         loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){C}, b2),
     };
     loom_tensor *h = loom_relu(ctx, loom_linear(ctx, tx, p[0], p[1]));
-    loom_tensor *loss = loom_cross_entropy(ctx, loom_linear(ctx, h, p[2], p[3]), ty,
-                                           LOOM_REDUCTION_MEAN);
+    loom_tensor *loss =
+        loom_cross_entropy(ctx, loom_linear(ctx, h, p[2], p[3]), ty, LOOM_REDUCTION_MEAN);
     loom_tensor *g[4] = {0};
     assert_int_equal(loom_backward(ctx, loss, 4, p, g), LOOM_OK);
     tu_read_f32(ctx, g[0], out_w1, H * IN);

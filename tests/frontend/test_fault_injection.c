@@ -84,10 +84,11 @@ static loom_status train_step(loom_context *ctx, float *out_w) {
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
     loom_optim *opt = NULL;
-    loom_status st = p[0] && p[1] ? loom_optim_create(ctx, &o, 2, p, &opt) : loom_context_error(ctx);
+    loom_status st =
+        p[0] && p[1] ? loom_optim_create(ctx, &o, 2, p, &opt) : loom_context_error(ctx);
     if (st == LOOM_OK) {
-        loom_tensor *loss = loom_cross_entropy(ctx, loom_linear(ctx, x, p[0], p[1]), y,
-                                               LOOM_REDUCTION_MEAN);
+        loom_tensor *loss =
+            loom_cross_entropy(ctx, loom_linear(ctx, x, p[0], p[1]), y, LOOM_REDUCTION_MEAN);
         loom_tensor *g[2] = {NULL, NULL};
         st = loom_backward(ctx, loss, 2, p, g);
         if (st == LOOM_OK)

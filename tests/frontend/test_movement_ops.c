@@ -37,8 +37,7 @@ static void run_both(build_fn build, const void *ud, void *out, size_t bytes) {
         loom_tensor_retain(r);
         if (loom_mark_step(ctx) != LOOM_OK ||
             loom_tensor_read(ctx, r, mode == 0 ? out : jit, bytes) != LOOM_OK)
-            fail_msg("%s: %s", mode == 0 ? "interpreter" : "JIT",
-                     loom_context_error_message(ctx));
+            fail_msg("%s: %s", mode == 0 ? "interpreter" : "JIT", loom_context_error_message(ctx));
         if (mode == 1) /* the JIT really compiled the step */
             assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
         loom_tensor_release(r);
@@ -124,10 +123,9 @@ static void test_pad_with_interior_gaps_and_uneven_edges(void **state) {
     (void)state;
     float y[21];
     run_both(build_pad, NULL, y, sizeof y);
-    expect_f32(y,
-               (const float[]){9, 9, 9, 9, 9, 9, 9, /* low row */
-                               1, 9, 2, 9, 3, 9, 9, /* interior gaps, then high 2 */
-                               4, 9, 5, 9, 6, 9, 9},
+    expect_f32(y, (const float[]){9, 9, 9, 9, 9, 9, 9, /* low row */
+                                  1, 9, 2, 9, 3, 9, 9, /* interior gaps, then high 2 */
+                                  4, 9, 5, 9, 6, 9, 9},
                21);
 }
 
@@ -159,8 +157,7 @@ static float psum_x(int p, int i) {
 }
 
 /* pad p's operand shape, low, high and interior (columns only for the interior) */
-static void psum_geom(int64_t w, int p, int64_t *shape, int64_t *lo, int64_t *hi,
-                      int64_t *in) {
+static void psum_geom(int64_t w, int p, int64_t *shape, int64_t *lo, int64_t *hi, int64_t *in) {
     in[0] = in[1] = 0;
     if (p < 6) {
         shape[0] = 3, shape[1] = w;
@@ -231,9 +228,8 @@ static void test_concat_of_three_operands_along_a_middle_axis(void **state) {
     (void)state;
     float y[24];
     run_both(build_concat3, NULL, y, sizeof y);
-    expect_f32(y,
-               (const float[]){1, 2, -10, -11, -12, -13, 0, 1, 2,  3,  4,  5, /* batch 0 */
-                               3, 4, -14, -15, -16, -17, 6, 7, 8, 9, 10, 11},
+    expect_f32(y, (const float[]){1, 2, -10, -11, -12, -13, 0, 1, 2, 3, 4,  5, /* batch 0 */
+                                  3, 4, -14, -15, -16, -17, 6, 7, 8, 9, 10, 11},
                24);
 }
 
@@ -274,9 +270,9 @@ static loom_tensor *build_iota_onehot_sum(loom_context *ctx, const void *ud) {
     (void)ud; /* one-hot rows from labels, summed with weights: a cross-entropy's pattern */
     loom_tensor *labels =
         loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, SH(4, 1), (const int32_t[]){2, 0, 4, 1});
-    loom_tensor *w = host_f32(ctx, 2, SH(4, 5), (const float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
-                                                              10, 11, 12, 13, 14, 15, 16, 17, 18,
-                                                              19});
+    loom_tensor *w =
+        host_f32(ctx, 2, SH(4, 5), (const float[]){0,  1,  2,  3,  4,  5,  6,  7,  8,  9,
+                                                   10, 11, 12, 13, 14, 15, 16, 17, 18, 19});
     loom_tensor *hot = loom_eq(ctx, loom_iota(ctx, LOOM_DTYPE_I32, 2, SH(4, 5), 1), labels);
     loom_tensor *picked = loom_select(ctx, hot, w, loom_scalar(ctx, LOOM_DTYPE_F32, 0));
     loom_tensor *r = loom_sum(ctx, picked, 1, (int32_t[]){1}, false);
@@ -409,11 +405,11 @@ static loom_tensor *build_im2col(loom_context *ctx, const void *ud) {
     loom_tensor *taps[9];
     for (int dy = 0; dy < 3; dy++)
         for (int dx = 0; dx < 3; dx++)
-            taps[dy * 3 + dx] = loom_broadcast(
-                ctx, loom_slice(ctx, p, SH(0, 0, dy, dx), SH(CC, NN, HH, WW), NULL), 5,
-                SH(1, CC, NN, HH, WW));
-    loom_tensor *cols = loom_reshape(ctx, loom_concat(ctx, 9, taps, 0), 2,
-                                     SH(9 * CC, NN * HH * WW));
+            taps[dy * 3 + dx] =
+                loom_broadcast(ctx, loom_slice(ctx, p, SH(0, 0, dy, dx), SH(CC, NN, HH, WW), NULL),
+                               5, SH(1, CC, NN, HH, WW));
+    loom_tensor *cols =
+        loom_reshape(ctx, loom_concat(ctx, 9, taps, 0), 2, SH(9 * CC, NN * HH * WW));
     loom_tensor *r = loom_matmul(ctx, wt, cols);
     loom_tensor_release(x);
     loom_tensor_release(wt);
@@ -437,8 +433,8 @@ static void test_conv2d_by_im2col_matches_the_direct_convolution(void **state) {
                         }
                     float got = y[((k * NN + n) * HH + h) * WW + w];
                     if (got != (float)want)
-                        fail_msg("k %d n %d h %d w %d: got %g, want %g", k, n, h, w,
-                                 (double)got, want);
+                        fail_msg("k %d n %d h %d w %d: got %g, want %g", k, n, h, w, (double)got,
+                                 want);
                 }
 }
 
@@ -498,8 +494,8 @@ static void test_builders_reject_bad_arguments_with_clear_messages(void **state)
     loom_tensor *x = host_f32(ctx, 2, SH(4, 3), iota12);
     EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(0, 3), SH(1, 1), NULL), "slice: axis 1 of f32[4,3]",
                  "start is outside");
-    EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(1, 0), SH(2, 1), SH(0, 1)), "slice:",
-                 "stride must be >= 1");
+    EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(1, 0), SH(2, 1), SH(0, 1)),
+                 "slice:", "stride must be >= 1");
     EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(1, 0), SH(2, 2), SH(3, 2)), "slice: axis 0",
                  "past the end", "extent 4");
     EXPECT_ERROR(ctx, loom_slice(ctx, x, SH(0, 0), SH(-1, 1), NULL), "size is negative");
@@ -508,8 +504,8 @@ static void test_builders_reject_bad_arguments_with_clear_messages(void **state)
                  "must be >= 0");
     EXPECT_ERROR(ctx, loom_pad(ctx, x, NULL, NULL, SH(-2, 0), 0.0), "pad:", "interior -2");
     loom_tensor *y = host_f32(ctx, 2, SH(4, 2), iota12);
-    loom_tensor *z = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, SH(4, 3),
-                                           (const int32_t[12]){0});
+    loom_tensor *z =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, SH(4, 3), (const int32_t[12]){0});
     EXPECT_ERROR(ctx, loom_concat(ctx, 2, (loom_tensor *[]){x, y}, 0), "concat: tensor 1 is",
                  "f32[4,2]", "f32[4,3]");
     EXPECT_ERROR(ctx, loom_concat(ctx, 2, (loom_tensor *[]){x, z}, 1), "concat:", "i32[4,3]");
@@ -518,8 +514,7 @@ static void test_builders_reject_bad_arguments_with_clear_messages(void **state)
     EXPECT_ERROR(ctx, loom_concat(ctx, 0, (loom_tensor *[]){x}, 0), "at least one tensor");
     EXPECT_ERROR(ctx, loom_concat(ctx, 2, NULL, 0), "concat: the tensor list is NULL");
     EXPECT_ERROR(ctx, loom_iota(ctx, LOOM_DTYPE_BOOL, 1, SH(3), 0), "iota: dtype bool");
-    EXPECT_ERROR(ctx, loom_iota(ctx, LOOM_DTYPE_I32, 2, SH(3, 2), 2), "iota: axis 2",
-                 "i32[3,2]");
+    EXPECT_ERROR(ctx, loom_iota(ctx, LOOM_DTYPE_I32, 2, SH(3, 2), 2), "iota: axis 2", "i32[3,2]");
     EXPECT_ERROR(ctx, loom_rand_uniform(ctx, x, LOOM_DTYPE_F32, 1, SH(3)),
                  "rand_uniform: seed must be an i64 scalar", "f32[4,3]");
     int64_t sv = 1;

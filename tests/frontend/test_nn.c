@@ -53,14 +53,15 @@ static void check_conv(const conv_case *cc, bool eager) {
     int64_t ow = (cc->w + 2 * cc->pad[1] - cc->dil[1] * (cc->kw - 1) - 1) / cc->stride[1] + 1;
     int64_t nx = cc->n * cc->c * cc->h * cc->w, nw = cc->o * (cc->c / cc->groups) * cc->kh * cc->kw;
     int64_t ny = cc->n * cc->o * oh * ow;
-    float *x = malloc((size_t)nx * 4), *w = malloc((size_t)nw * 4), b[64], *y = malloc((size_t)ny * 4);
+    float *x = malloc((size_t)nx * 4), *w = malloc((size_t)nw * 4), b[64],
+          *y = malloc((size_t)ny * 4);
     double *ref = malloc((size_t)ny * 8);
     fill(x, nx, 1);
     fill(w, nw, 2);
     fill(b, cc->o, 3);
     naive_conv(cc, x, w, cc->bias ? b : NULL, oh, ow, ref);
-    loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4,
-                                            (int64_t[]){cc->n, cc->c, cc->h, cc->w}, x);
+    loom_tensor *tx =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){cc->n, cc->c, cc->h, cc->w}, x);
     loom_tensor *tw = loom_tensor_from_host(
         ctx, LOOM_DTYPE_F32, 4, (int64_t[]){cc->o, cc->c / cc->groups, cc->kh, cc->kw}, w);
     loom_tensor *tb = cc->bias ? loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, &cc->o, b) : NULL;
@@ -120,7 +121,8 @@ static void check_pool(bool is_max, bool eager, bool tiled) {
     float x[N * C * H * W], y[N * C * 4 * 4];
     fill(x, N * C * H * W, 5);
     loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, h, W}, x);
-    loom_tensor *ty = is_max ? loom_max_pool2d(ctx, tx, k, st, pd) : loom_avg_pool2d(ctx, tx, k, st, pd);
+    loom_tensor *ty =
+        is_max ? loom_max_pool2d(ctx, tx, k, st, pd) : loom_avg_pool2d(ctx, tx, k, st, pd);
     if (!ty)
         fail_msg("%s", loom_context_error_message(ctx));
     assert_int_equal(oh, tiled ? 3 : 4);

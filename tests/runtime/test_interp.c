@@ -671,9 +671,9 @@ static void test_transpose_permutes_axes(void **state) {
 
 static int32_t movement(tg *t, loom_ir_op op, int32_t n, const int32_t *in, int32_t rank,
                         const int64_t *shape, loom_ir_attrs at) {
-    return add_node(t, (loom_ir_node_desc){
-                           .op = op, .n_inputs = n, .inputs = in, .rank = rank, .shape = shape,
-                           .attrs = at});
+    return add_node(
+        t, (loom_ir_node_desc){
+               .op = op, .n_inputs = n, .inputs = in, .rank = rank, .shape = shape, .attrs = at});
 }
 
 static void test_slice_takes_strided_windows(void **state) {
@@ -682,11 +682,15 @@ static void test_slice_takes_strided_windows(void **state) {
     tg_init(&t);
     int32_t x = input(&t, LOOM_DTYPE_I32, 2, S(3, 5)); /* x[i][j] = 10i + j */
     /* rows 0 and 2, columns 1 and 4 */
-    output(&t, movement(&t, LOOM_IR_OP_SLICE, 1, &x, 2, S(2, 2),
-                        (loom_ir_attrs){.start = {0, 1}, .step = {2, 3}}), -1);
+    output(&t,
+           movement(&t, LOOM_IR_OP_SLICE, 1, &x, 2, S(2, 2),
+                    (loom_ir_attrs){.start = {0, 1}, .step = {2, 3}}),
+           -1);
     /* row 1 only, columns 2..4 */
-    output(&t, movement(&t, LOOM_IR_OP_SLICE, 1, &x, 2, S(1, 3),
-                        (loom_ir_attrs){.start = {1, 2}, .step = {1, 1}}), -1);
+    output(&t,
+           movement(&t, LOOM_IR_OP_SLICE, 1, &x, 2, S(1, 3),
+                    (loom_ir_attrs){.start = {1, 2}, .step = {1, 1}}),
+           -1);
     int32_t a[15], y0[4], y1[3];
     for (int32_t i = 0; i < 15; i++)
         a[i] = 10 * (i / 5) + i % 5;
@@ -702,8 +706,10 @@ static void test_pad_places_elements_with_low_and_interior_gaps(void **state) {
     tg_init(&t);
     int32_t x = input(&t, LOOM_DTYPE_F32, 2, S(2, 2));
     /* axis 0: low 1, high 0; axis 1: low 0, interior 1, high 1 -> [3, 4] */
-    output(&t, movement(&t, LOOM_IR_OP_PAD, 1, &x, 2, S(3, 4),
-                        (loom_ir_attrs){.start = {1, 0}, .step = {0, 1}, .value = -1}), -1);
+    output(&t,
+           movement(&t, LOOM_IR_OP_PAD, 1, &x, 2, S(3, 4),
+                    (loom_ir_attrs){.start = {1, 0}, .step = {0, 1}, .value = -1}),
+           -1);
     float a[4] = {1, 2, 3, 4}, y[12];
     run_graph(&t, (const void *[]){a}, (void *[]){y});
     EXPECT_F32(y, 0, -1, -1, -1, -1, 1, -1, 2, -1, 3, -1, 4, -1);
@@ -730,12 +736,20 @@ static void test_iota_counts_along_its_axis(void **state) {
     (void)state;
     tg t;
     tg_init(&t);
-    output(&t, add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_IOTA, .dtype = LOOM_DTYPE_I32,
-                                                .rank = 2, .shape = S(2, 3),
-                                                .attrs = {.index = 0}}), -1);
-    output(&t, add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_IOTA, .dtype = LOOM_DTYPE_F32,
-                                                .rank = 2, .shape = S(2, 3),
-                                                .attrs = {.index = 1}}), -1);
+    output(&t,
+           add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_IOTA,
+                                            .dtype = LOOM_DTYPE_I32,
+                                            .rank = 2,
+                                            .shape = S(2, 3),
+                                            .attrs = {.index = 0}}),
+           -1);
+    output(&t,
+           add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_IOTA,
+                                            .dtype = LOOM_DTYPE_F32,
+                                            .rank = 2,
+                                            .shape = S(2, 3),
+                                            .attrs = {.index = 1}}),
+           -1);
     int32_t y0[6];
     float y1[6];
     run_graph(&t, NULL, (void *[]){y0, y1});
@@ -749,9 +763,14 @@ static void test_rand_uniform_is_splitmix64_of_seed_and_index(void **state) {
     tg t;
     tg_init(&t);
     int32_t seed = input(&t, LOOM_DTYPE_I64, 0, NULL);
-    output(&t, add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_RAND_UNIFORM, .n_inputs = 1,
-                                                .inputs = &seed, .dtype = LOOM_DTYPE_F64,
-                                                .rank = 1, .shape = S(3)}), -1);
+    output(&t,
+           add_node(&t, (loom_ir_node_desc){.op = LOOM_IR_OP_RAND_UNIFORM,
+                                            .n_inputs = 1,
+                                            .inputs = &seed,
+                                            .dtype = LOOM_DTYPE_F64,
+                                            .rank = 1,
+                                            .shape = S(3)}),
+           -1);
     int64_t sv = 0;
     double y[3];
     run_graph(&t, (const void *[]){&sv}, (void *[]){y});
