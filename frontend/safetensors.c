@@ -572,7 +572,7 @@ static loom_status parse_metadata(st_parser *p) {
         keys[n++] = (st_span){key, klen};
         st = end_member(p, &more);
     }
-    if (st == LOOM_OK) {
+    if (st == LOOM_OK && n > 1) { /* an empty object has no keys array to sort */
         qsort(keys, (size_t)n, sizeof *keys, cmp_span);
         for (int32_t i = 1; i < n; i++)
             if (cmp_span(&keys[i - 1], &keys[i]) == 0) {
