@@ -5,6 +5,7 @@
 #include <limits.h>
 
 #include "ir/ir.h"
+#include "loom/amp.h"
 #include "runtime/runtime.h"
 
 /* A tensor handle is not a pointer: it packs the owning context's registry id, the slot
@@ -78,6 +79,9 @@ struct loom_context {
     int32_t n_assigned, cap_assigned;
     int32_t *aliases;      /* scratch: per root, the trace input it is written into, or -1 */
     int32_t cap_aliases;
+    /* autocast scopes (loom_autocast_begin): each open scope's dtype, innermost last */
+    loom_dtype autocast_stack[LOOM_AUTOCAST_MAX_DEPTH];
+    int32_t autocast_depth;
     uint8_t *detached; /* per trace node: 1 = gradient barrier (loom_detach); valid for
                           nodes below n_detached when detached_step == step */
     int32_t n_detached, cap_detached;
