@@ -21,7 +21,8 @@
 
 typedef struct ag {
     loom_context *ctx;
-    loom_ir_loc loc; /* of the node being differentiated */
+    loom_ir_loc loc;     /* of the node being differentiated */
+    loom_dtype autocast; /* and its autocast tag: its VJP runs at its precision */
     bool failed;
 } ag;
 
@@ -38,6 +39,8 @@ static int32_t emit(ag *a, const loom_ir_node_desc *desc) {
     int32_t id;
     loom_ir_node_desc dd = *desc;
     dd.loc = a->loc;
+    if (loom_ir_op_table[dd.op].kind != LOOM_IR_KIND_SOURCE)
+        dd.attrs.autocast = a->autocast;
     if (loom_ir_graph_add(&a->ctx->trace, &dd, &id, &d) != LOOM_OK) {
         /* An inference failure here is Loom's own bug (a VJP rule built a bad node). */
         loom_fe_error(a->ctx, d.code, a->loc.file, a->loc.line, "backward",
@@ -517,7 +520,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             st = loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
     }
     if (st == LOOM_OK) {
-        ag a = {.ctx = ctx, .loc = {file, line}};
+        ag a = {.ctx = ctx, .loc = {file, line}, .autocast = LOOM_DTYPE_F32};
         memset(needs, 0, nbytes);
         for (int32_t i = 0; i < total; i++)
             grad[i] = -1;
@@ -539,6 +542,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             if (grad[i] < 0 || !needs[i])
                 continue;
             a.loc = nd(&a, i)->loc;
+            a.autocast = nd(&a, i)->attrs.autocast;
             int32_t nin = nd(&a, i)->n_inputs;
             for (int32_t k = 0; k < nin && !a.failed; k++) {
                 int32_t in = nd(&a, i)->inputs[k];
@@ -557,6 +561,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
         }
         /* Hand out the results: zeros where the loss does not depend on wrt[i]. */
         a.loc = (loom_ir_loc){file, line};
+        a.autocast = LOOM_DTYPE_F32;
         int32_t *res = wnode; /* reused: per i, the gradient node */
         for (int32_t i = 0; i < n && !a.failed; i++) {
             int32_t w = wnode[i];

@@ -156,3 +156,25 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     loom_ir_graph_deinit(&g);
     return st;
 }
+
+loom_status loom_fe_interp_build(const loom_ir_graph *cut, uint64_t hash, const loom_allocator *a,
+                                 loom_rt_executable **out_exe, loom_ir_diag *d) {
+    *out_exe = NULL;
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, a);
+    static const loom_pass *const autocast[] = {&loom_pass_autocast};
+    loom_status st = loom_ir_graph_copy(&g, cut);
+    if (st != LOOM_OK)
+        st = loom_ir_diag_set(d, st, "out of memory copying the graph");
+    if (st == LOOM_OK)
+        st = loom_pass_run_pipeline(&g, autocast, 1, NULL, d);
+    if (st == LOOM_OK && (st = loom_rt_interp_executable_create(&g, hash, a, out_exe)) != LOOM_OK)
+        loom_ir_diag_set(d, st, "creating the interpreter's executable");
+    if (st == LOOM_OK && (st = loom_ir_graph_copy(&(*out_exe)->graph, cut)) != LOOM_OK) {
+        loom_rt_executable_destroy(*out_exe);
+        *out_exe = NULL;
+        loom_ir_diag_set(d, st, "out of memory");
+    }
+    loom_ir_graph_deinit(&g);
+    return st;
+}

@@ -159,6 +159,12 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
                               struct loom_rt_pool *pool, const loom_allocator *a,
                               loom_rt_metrics *m, loom_rt_executable **out_exe, loom_ir_diag *d);
 
+/* Builds the reference interpreter's executable for a cut graph: the autocast pass first
+ * (the interpreter runs what the JIT runs), the graph as traced kept for the cache.
+ * Errors: OUT_OF_MEMORY, INVALID_ARGUMENT, with the message in d. */
+loom_status loom_fe_interp_build(const loom_ir_graph *cut, uint64_t hash, const loom_allocator *a,
+                                 loom_rt_executable **out_exe, loom_ir_diag *d);
+
 /* ---- step.c ---- */
 /* Computes the given tensors (slots) now: cuts their graph from the trace, looks it up in
  * the cache (building on a miss), runs it and stores the results in the tensors. */

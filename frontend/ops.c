@@ -24,12 +24,17 @@ static bool operands(loom_context *ctx, int32_t n, loom_tensor *const *hs, int32
     return true;
 }
 
-/* Appends a node to the trace; -1 after recording the inference error. */
+/* Appends a node to the trace, tagged with the autocast scope in force (sources carry no
+ * tag: there is nothing to run in another precision); -1 after recording the inference
+ * error. */
 static int32_t record(loom_context *ctx, const loom_ir_node_desc *desc, const char *op) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     int32_t id;
-    if (loom_ir_graph_add(&ctx->trace, desc, &id, &d) != LOOM_OK) {
+    loom_ir_node_desc tagged = *desc;
+    if (loom_ir_op_table[desc->op].kind != LOOM_IR_KIND_SOURCE)
+        tagged.attrs.autocast = loom_autocast_dtype(ctx);
+    if (loom_ir_graph_add(&ctx->trace, &tagged, &id, &d) != LOOM_OK) {
         loom_fe_error(ctx, d.code, desc->loc.file, desc->loc.line, op, "%s", d.msg);
         return -1;
     }

@@ -73,7 +73,7 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
         }
     }
     if (st == LOOM_STATUS_UNSUPPORTED)
-        st = loom_rt_interp_executable_create(&ctx->cut, hash, &ctx->alloc, &exe);
+        st = loom_fe_interp_build(&ctx->cut, hash, &ctx->alloc, &exe, &d);
     if (st == LOOM_OK)
         st = loom_rt_cache_insert(&ctx->cache, exe);
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_COMPILE_TIME, loom_rt_now_ns() - compile_t0);

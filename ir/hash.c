@@ -22,6 +22,8 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
         mix(s, (uint64_t)n->shape[i]);
     for (int32_t i = 0; i < n->n_inputs; i++)
         mix(s, (uint64_t)(uint32_t)n->inputs[i]);
+    if (n->attrs.autocast != LOOM_DTYPE_F32)
+        mix(s, 0xac00u | (uint64_t)n->attrs.autocast);
     switch (loom_ir_op_table[n->op].attrs) {
     case LOOM_IR_ATTRS_NONE: break;
     case LOOM_IR_ATTRS_INDEX: mix(s, (uint64_t)n->attrs.index); break;
@@ -68,6 +70,8 @@ uint64_t loom_ir_graph_hash(const loom_ir_graph *g) {
 }
 
 bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
+    if (a->attrs.autocast != b->attrs.autocast)
+        return false;
     switch (loom_ir_op_table[a->op].attrs) {
     case LOOM_IR_ATTRS_NONE: return true;
     case LOOM_IR_ATTRS_INDEX: return a->attrs.index == b->attrs.index;

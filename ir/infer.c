@@ -82,6 +82,10 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
     }
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX], tc[LOOM_IR_TYPE_STR_MAX];
     loom_status st;
+    loom_dtype ac = desc->attrs.autocast;
+    if (ac != LOOM_DTYPE_F32 && ac != LOOM_DTYPE_BF16 && ac != LOOM_DTYPE_F16)
+        return loom_ir_diag_set(d, BAD, "autocast dtype %s is not bf16 or f16",
+                                loom_ir_dtype_valid(ac) ? loom_dtype_name(ac) : "(invalid)");
     switch (info->kind) {
     case LOOM_IR_KIND_SOURCE:
         if (!loom_ir_dtype_valid(desc->dtype))

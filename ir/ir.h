@@ -238,6 +238,10 @@ typedef struct loom_ir_attrs {
     bool keepdim;                 /* AXES */
     int64_t start[LOOM_MAX_RANK]; /* SLICE: start; PAD: low */
     int64_t step[LOOM_MAX_RANK];  /* SLICE: stride (>= 1); PAD: interior (>= 0) */
+    /* Every op: the autocast scope it was recorded in (bf16 or f16; f32 = none). Printed as
+     * `autocast = bf16`, hashed and compared like the op's own attributes; the autocast pass
+     * turns it into casts and clears it (passes.h). */
+    loom_dtype autocast;
 } loom_ir_attrs;
 
 typedef struct loom_ir_node {

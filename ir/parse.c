@@ -445,10 +445,12 @@ typedef enum attr_id {
     ATTR_LOW,      /* pad */
     ATTR_INTERIOR, /* pad */
     ATTR_AXIS,     /* concat, iota */
+    ATTR_AUTOCAST, /* every op */
     ATTR_COUNT_
 } attr_id;
-static const char *const attr_names[ATTR_COUNT_] = {
-    "index", "value", "perm", "axes", "keepdim", "start", "stride", "low", "interior", "axis"};
+static const char *const attr_names[ATTR_COUNT_] = {"index",    "value", "perm",    "axes",
+                                                    "keepdim",  "start", "stride",  "low",
+                                                    "interior", "axis",  "autocast"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
@@ -493,11 +495,10 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
 /* '{' name '=' value (',' name '=' value)* '}' */
 static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
     const char *opname = loom_ir_op_name(op);
-    attr_id ids[3];
+    attr_id ids[4];
     int n_ids = attr_set(loom_ir_op_table[op].attrs, ids);
     char b[DESC_MAX];
-    if (n_ids == 0)
-        return fail_tok(p, &p->tok, "%s takes no attributes", opname);
+    ids[n_ids++] = ATTR_AUTOCAST; /* any op may carry an autocast tag */
     lex(p); /* '{' */
     for (;;) {
         token t = p->tok;
@@ -574,6 +575,16 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
                 return false;
             pa->attrs.index = v;
             break;
+        case ATTR_AUTOCAST: {
+            loom_dtype dt = p->tok.kind == TOK_IDENT ? loom_ir_dtype_from_name(p->tok.s, p->tok.len)
+                                                     : LOOM_DTYPE_COUNT_;
+            if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16)
+                return fail_tok(p, &p->tok, "expected bf16 or f16 as the autocast dtype, got %s",
+                                describe(&p->tok, b, sizeof b));
+            pa->attrs.autocast = dt;
+            lex(p);
+            break;
+        }
         case ATTR_COUNT_: return false; /* excluded above */
         }
         if (p->tok.kind != TOK_COMMA)

@@ -34,23 +34,25 @@ static void put_quoted(loom_ir_writer *p, const char *s) {
     loom_ir_writer_put(p, "\"", 1);
 }
 
-static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+/* The op's own attributes, without braces; false when it has none. */
+static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
     switch (loom_ir_op_table[n->op].attrs) {
-    case LOOM_IR_ATTRS_NONE: return;
-    case LOOM_IR_ATTRS_INDEX: loom_ir_writer_printf(p, " {index = %lld}", (long long)n->attrs.index); return;
+    case LOOM_IR_ATTRS_NONE: return false;
+    case LOOM_IR_ATTRS_INDEX:
+        loom_ir_writer_printf(p, "index = %lld", (long long)n->attrs.index);
+        return true;
     case LOOM_IR_ATTRS_VALUE:
-        loom_ir_writer_puts(p, " {value = ");
+        loom_ir_writer_puts(p, "value = ");
         put_double(p, n->attrs.value);
-        loom_ir_writer_puts(p, "}");
-        return;
+        return true;
     case LOOM_IR_ATTRS_PERM:
-        loom_ir_writer_puts(p, " {perm = [");
+        loom_ir_writer_puts(p, "perm = [");
         for (int32_t i = 0; i < n->rank && i < LOOM_MAX_RANK; i++)
             loom_ir_writer_printf(p, i ? ", %d" : "%d", (int)n->attrs.perm[i]);
-        loom_ir_writer_puts(p, "]}");
-        return;
+        loom_ir_writer_puts(p, "]");
+        return true;
     case LOOM_IR_ATTRS_AXES: {
-        loom_ir_writer_puts(p, " {axes = [");
+        loom_ir_writer_puts(p, "axes = [");
         bool first = true;
         for (int32_t i = 0; i < 32; i++) {
             if (n->attrs.axes & (1u << i)) {
@@ -58,14 +60,14 @@ static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
                 first = false;
             }
         }
-        loom_ir_writer_printf(p, "], keepdim = %s}", n->attrs.keepdim ? "true" : "false");
-        return;
+        loom_ir_writer_printf(p, "], keepdim = %s", n->attrs.keepdim ? "true" : "false");
+        return true;
     }
     case LOOM_IR_ATTRS_SLICE:
     case LOOM_IR_ATTRS_PAD: {
         bool pad = loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_PAD;
         int32_t rank = n->rank < 0 ? 0 : n->rank > LOOM_MAX_RANK ? LOOM_MAX_RANK : n->rank;
-        loom_ir_writer_puts(p, pad ? " {low = [" : " {start = [");
+        loom_ir_writer_puts(p, pad ? "low = [" : "start = [");
         for (int32_t i = 0; i < rank; i++)
             loom_ir_writer_printf(p, i ? ", %lld" : "%lld", (long long)n->attrs.start[i]);
         loom_ir_writer_puts(p, pad ? "], interior = [" : "], stride = [");
@@ -76,14 +78,27 @@ static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
             loom_ir_writer_puts(p, ", value = ");
             put_double(p, n->attrs.value);
         }
-        loom_ir_writer_puts(p, "}");
-        return;
+        return true;
     }
     case LOOM_IR_ATTRS_AXIS:
-        loom_ir_writer_printf(p, " {axis = %lld}", (long long)n->attrs.index);
-        return;
-    case LOOM_IR_ATTRS_COUNT_: return;
+        loom_ir_writer_printf(p, "axis = %lld", (long long)n->attrs.index);
+        return true;
+    case LOOM_IR_ATTRS_COUNT_: return false;
     }
+    return false;
+}
+
+/* " {attributes, autocast = bf16}", or nothing when the node has neither. */
+static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+    bool tagged = n->attrs.autocast != LOOM_DTYPE_F32;
+    if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_NONE && !tagged)
+        return;
+    loom_ir_writer_puts(p, " {");
+    bool body = put_attr_body(p, n);
+    if (tagged)
+        loom_ir_writer_printf(p, "%sautocast = %s", body ? ", " : "",
+                              loom_dtype_name(n->attrs.autocast));
+    loom_ir_writer_puts(p, "}");
 }
 
 static void put_node(loom_ir_writer *p, int32_t id, const loom_ir_node *n) {

@@ -4,7 +4,8 @@
 
 #include "passes.h"
 
-static const loom_pass *const all_passes[] = {&loom_pass_dce, &loom_pass_cse, &loom_pass_fold};
+static const loom_pass *const all_passes[] = {&loom_pass_autocast, &loom_pass_dce, &loom_pass_cse,
+                                              &loom_pass_fold};
 
 const loom_pass *loom_pass_find(const char *name) {
     for (size_t i = 0; i < sizeof all_passes / sizeof all_passes[0]; i++)
@@ -97,8 +98,9 @@ loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts
     if (!g || !plan)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "build plan: %s is NULL",
                                 !g ? "the graph" : "the plan");
-    static const loom_pass *const pipeline[] = {&loom_pass_dce, &loom_pass_cse, &loom_pass_fold};
-    loom_status st = loom_pass_run_pipeline(g, pipeline, 3, opts, d);
+    static const loom_pass *const pipeline[] = {&loom_pass_autocast, &loom_pass_dce, &loom_pass_cse,
+                                                &loom_pass_fold};
+    loom_status st = loom_pass_run_pipeline(g, pipeline, 4, opts, d);
     if (st != LOOM_OK)
         return st;
     if ((st = loom_pass_fuse(g, plan, d)) != LOOM_OK)

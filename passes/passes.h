@@ -32,6 +32,12 @@ const loom_pass *loom_pass_find(const char *name);
  * pass is unknown). *out_n gets the count; the array is static. */
 const loom_pass *const *loom_pass_all(int32_t *out_n);
 
+/* Autocast: turns the autocast tags of the frontend's scopes (attrs.autocast) into casts by
+ * each op's autocast class and clears them; outputs keep their recorded dtypes. The rules are
+ * at the top of passes/autocast.c and in include/loom/amp.h. A graph without tags is left
+ * untouched (changed = false). Errors: OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_autocast;
+
 /* Dead-code elimination: drops nodes no output depends on (graph inputs stay). */
 extern const loom_pass loom_pass_dce;
 
@@ -72,8 +78,8 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: dce, cse, fold through loom_pass_run_pipeline (opts
- * may be NULL; its dumps and verify_each apply), then fusion, memory planning and
+/* The default JIT pipeline in one call: autocast, dce, cse, fold through loom_pass_run_pipeline
+ * (opts may be NULL; its dumps and verify_each apply), then fusion, memory planning and
  * loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller) describes
  * the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0
  * into in1), a cast of one input to its own dtype is appended so that a kernel copies it

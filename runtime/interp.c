@@ -530,9 +530,16 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
 
 /* ---- executable ----------------------------------------------------------------------------- */
 
+/* The graph it runs is its own: the caller may replace base.graph, which the cache compares,
+ * by the graph as traced (the frontend runs the autocast pass before interpreting). */
+typedef struct interp_exe {
+    loom_rt_executable base;
+    loom_ir_graph run;
+} interp_exe;
+
 static loom_status interp_exe_run(loom_rt_executable *exe, loom_rt_buffer *const *inputs,
                                   loom_rt_buffer *const *outputs, loom_ir_diag *d) {
-    const loom_ir_graph *g = &exe->graph;
+    const loom_ir_graph *g = &((interp_exe *)exe)->run;
     int32_t n_in = g->n_graph_inputs, n_out = g->n_outputs;
     size_t bytes = (size_t)(n_in + n_out) * sizeof(void *);
     void **ptrs = loom_ir_alloc(&exe->alloc, bytes);
@@ -575,7 +582,8 @@ static void interp_exe_destroy(loom_rt_executable *exe) {
         return;
     loom_allocator a = exe->alloc;
     loom_ir_graph_deinit(&exe->graph);
-    loom_ir_free(&a, exe, sizeof *exe);
+    loom_ir_graph_deinit(&((interp_exe *)exe)->run);
+    loom_ir_free(&a, exe, sizeof(interp_exe));
 }
 
 static const loom_rt_executable_vtable interp_exe_vtable = {
@@ -589,13 +597,17 @@ loom_status loom_rt_interp_executable_create(const loom_ir_graph *g, uint64_t ha
     if (!g || !a || !out_exe)
         return LOOM_STATUS_INVALID_ARGUMENT;
     *out_exe = NULL;
-    loom_rt_executable *exe = loom_ir_alloc(a, sizeof *exe);
-    if (!exe)
+    interp_exe *ie = loom_ir_alloc(a, sizeof *ie);
+    if (!ie)
         return LOOM_STATUS_OUT_OF_MEMORY;
+    loom_rt_executable *exe = &ie->base;
     *exe = (loom_rt_executable){.vt = &interp_exe_vtable, .alloc = *a, .hash = hash,
                                 .host_thread_only = true};
     loom_ir_graph_init(&exe->graph, a);
+    loom_ir_graph_init(&ie->run, a);
     loom_status st = loom_ir_graph_copy(&exe->graph, g);
+    if (st == LOOM_OK)
+        st = loom_ir_graph_copy(&ie->run, g);
     if (st != LOOM_OK) {
         interp_exe_destroy(exe);
         return st;

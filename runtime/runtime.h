@@ -124,7 +124,9 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
                                const void *const *inputs, void *const *outputs,
                                loom_ir_diag *d);
 
-/* An executable that runs g on the reference interpreter (g is copied). Errors:
+/* An executable that runs g on the reference interpreter (g is copied, twice: once as the
+ * graph it runs, once as exe->graph, which the cache compares and the caller may replace by
+ * the graph as traced when g was derived from it). Errors:
  * INVALID_ARGUMENT, OUT_OF_MEMORY. Destroy with loom_rt_executable_destroy. */
 loom_status loom_rt_interp_executable_create(const loom_ir_graph *g, uint64_t hash,
                                              const loom_allocator *a,

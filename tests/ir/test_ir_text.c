@@ -384,6 +384,9 @@ static void test_hash_changes_with_every_structural_difference(void **state) {
         {"output", "return %4 {alias = 0}, %5", "return %4 {alias = 0}, %4"},
         {"output count", "return %4 {alias = 0}, %5", "return %4 {alias = 0}"},
         {"alias", "return %4 {alias = 0}", "return %4"},
+        {"autocast tag", "sub %0, %1 :", "sub %0, %1 {autocast = bf16} :"},
+        {"autocast tag on an op with attributes", "keepdim = false}",
+         "keepdim = false, autocast = f16}"},
     };
     loom_ir_graph base, other;
     loom_ir_graph_init(&base, &sys);
@@ -401,6 +404,37 @@ static void test_hash_changes_with_every_structural_difference(void **state) {
     }
     loom_ir_graph_deinit(&other);
     loom_ir_graph_deinit(&base);
+}
+
+/* The tag prints after the op's own attributes, parses back, and tags differ by dtype. */
+static void test_autocast_tags_round_trip_and_hash_by_dtype(void **state) {
+    (void)state;
+    static const char text[] =
+        "loom.graph {\n"
+        "  %0 = input {index = 0} : f32[2,3]\n"
+        "  %1 = transpose %0 {perm = [1, 0], autocast = bf16} : f32[3,2]\n"
+        "  %2 = matmul %0, %1 {autocast = bf16} : f32[2,2]\n"
+        "  %3 = reduce_sum %2 {axes = [1], keepdim = false, autocast = f16} : f32[2]\n"
+        "  return %3\n"
+        "}\n";
+    loom_ir_graph g, other;
+    loom_ir_graph_init(&g, &sys);
+    loom_ir_graph_init(&other, &sys);
+    parse_ok(&g, text);
+    assert_int_equal(g.nodes[0].attrs.autocast, LOOM_DTYPE_F32);
+    assert_int_equal(g.nodes[2].attrs.autocast, LOOM_DTYPE_BF16);
+    assert_int_equal(g.nodes[3].attrs.autocast, LOOM_DTYPE_F16);
+    char *printed = print_to_string(&g);
+    assert_string_equal(printed, text);
+    char *f16 =
+        replace_all(text, "matmul %0, %1 {autocast = bf16}", "matmul %0, %1 {autocast = f16}");
+    parse_ok(&other, f16);
+    assert_int_not_equal(loom_ir_graph_hash(&g), loom_ir_graph_hash(&other));
+    assert_false(loom_ir_graph_equal(&g, &other));
+    free(f16);
+    free(printed);
+    loom_ir_graph_deinit(&other);
+    loom_ir_graph_deinit(&g);
 }
 
 static void test_locations_do_not_change_the_hash(void **state) {
@@ -446,8 +480,12 @@ static void test_parse_errors_name_line_and_column(void **state) {
          "unknown attribute 'prem' for transpose"},
         {PRE "  %1 = transpose %x : f32[3,2]\n  return\n}\n", 3, 8,
          "transpose needs attribute 'perm'"},
-        {PRE "  %1 = neg %x {perm = [0]} : f32[2,3]\n  return\n}\n", 3, 15,
-         "neg takes no attributes"},
+        {PRE "  %1 = neg %x {perm = [0]} : f32[2,3]\n  return\n}\n", 3, 16,
+         "unknown attribute 'perm' for neg"},
+        {PRE "  %1 = neg %x {autocast = f64} : f32[2,3]\n  return\n}\n", 3, 27,
+         "expected bf16 or f16 as the autocast dtype, got 'f64'"},
+        {PRE "  %1 = neg %x {autocast = bf16, autocast = f16} : f32[2,3]\n  return\n}\n", 3, 33,
+         "attribute 'autocast' is given twice"},
         {PRE "  %1 = transpose %x {perm = [1]} : f32[3,2]\n  return\n}\n", 3, 29,
          "perm has 1 entries, but the operand has rank 2"},
         {PRE "  %1 = matmul %x, %x : f32[2,3]\n  return\n}\n", 3, 8,
@@ -457,8 +495,7 @@ static void test_parse_errors_name_line_and_column(void **state) {
         {"  \n// only a comment", 2, 18, "expected 'loom.graph', got end of input"},
         {PRE "  %1 = neg %x : f32[2,3] loc(\"a\\qb.c\":3)\n  return\n}\n", 3, 32,
          "bad escape '\\q' in string (use \\\", \\\\ or \\xHH)"},
-        {PRE "  %1 = neg %x : f32[2,3] loc(\"ab.c:3)\n  return\n}\n", 3, 30,
-         "unterminated string"},
+        {PRE "  %1 = neg %x : f32[2,3] loc(\"ab.c:3)\n  return\n}\n", 3, 30, "unterminated string"},
         {PRE "  %1 = input {index = 1} : f32[99999999999999999999]\n  return\n}\n", 3, 32,
          "integer '99999999999999999999' is too large"},
         {PRE "  %1 = input {index = 1} : f32[1,1,1,1,1,1,1,1,1]\n  return\n}\n", 3, 48,
@@ -474,8 +511,8 @@ static void test_parse_errors_name_line_and_column(void **state) {
          "unexpected 'x' after the graph"},
         {PRE "  %1 = neg %x : f32[2,3]\n  \xff\n", 4, 3, "unexpected byte 0xff"},
         {PRE "  }\n", 3, 3, "missing 'return' before '}'"},
-        {PRE "  %1 = reduce_sum %x {axes = [1, 1], keepdim = true} : f32[2,1]\n  return\n}\n",
-         3, 30, "axis 1 is listed twice"},
+        {PRE "  %1 = reduce_sum %x {axes = [1, 1], keepdim = true} : f32[2,1]\n  return\n}\n", 3,
+         30, "axis 1 is listed twice"},
         {PRE "  %1 = input {index = 2147483648} : f32[]\n  return\n}\n", 3, 23,
          "2147483648 is out of range for an input index (0..2147483647)"},
     };
@@ -675,6 +712,7 @@ int main(void) {
         cmocka_unit_test(test_file_names_with_quotes_and_control_bytes_round_trip),
         cmocka_unit_test(test_parse_accepts_names_comments_and_free_layout),
         cmocka_unit_test(test_hash_changes_with_every_structural_difference),
+        cmocka_unit_test(test_autocast_tags_round_trip_and_hash_by_dtype),
         cmocka_unit_test(test_locations_do_not_change_the_hash),
         cmocka_unit_test(test_parse_errors_name_line_and_column),
         cmocka_unit_test(test_verify_failures_pass_through_the_parser),
