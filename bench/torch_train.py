@@ -231,7 +231,8 @@ def train_fashion_mnist(args):
                 idx = order[b * args.batch_size:(b + 1) * args.batch_size]
                 xb, yb = x_train[idx], y_train[idx]
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
+            with autocast(args):
+                loss = F.cross_entropy(model(xb), yb)
             loss.backward()
             opt.step()
             if sched is not None:
@@ -263,11 +264,17 @@ def train_fashion_mnist(args):
     # As the C example: timed from the end of the first step, which the others follow.
     sps = (step - 1) * args.batch_size / elapsed if step > 1 and elapsed > 0 else 0.0
     print(json.dumps({"side": "torch", "model": args.model, "optimizer": args.optimizer,
+                      "amp": args.amp,
                       "batch_size": args.batch_size, "epochs": args.epochs, "steps": step,
                       "final_loss": None if final_loss is None else round(final_loss, 6),
                       "test_accuracy": round(acc, 4), "samples_per_sec": round(sps, 1),
                       "threads": torch.get_num_threads(),
                       "peak_rss_bytes": peak_rss_bytes()}))
+
+
+def autocast(args):
+    """The forward's autocast scope: bf16 on the CPU, or a no-op."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16")
 
 
 # ---- synthetic benchmark -----------------------------------------------------------------------
@@ -288,7 +295,8 @@ def bench_one(args, name):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        with autocast(args):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -306,7 +314,7 @@ def bench_one(args, name):
         rates.append(args.steps * batch / (time.perf_counter() - t))
     rate = max(rates) if args.best else statistics.median(rates)
     return {"side": "torch", "config": name, "model": kind, "batch": batch,
-            "threads": torch.get_num_threads(), "optimizer": args.optimizer,
+            "threads": torch.get_num_threads(), "optimizer": args.optimizer, "amp": args.amp,
             "samples_per_sec": round(rate, 1), "step_ms": round(batch / rate * 1e3, 3),
             "first_step_ms": round(first_ms, 2), "first_loss": round(float(loss0), 6),
             "peak_rss_bytes": peak_rss_bytes(),
@@ -327,7 +335,7 @@ def run_bench(args):
         cmd = [sys.executable, os.path.abspath(__file__), "--bench", "--bench-one",
                "--config", name, "--threads", str(args.threads), "--runs", str(args.runs),
                "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--optimizer", args.optimizer, "--seed", str(args.seed)]
+               "--optimizer", args.optimizer, "--seed", str(args.seed), "--amp", args.amp]
         for flag, v in (("--lr", args.lr), ("--momentum", args.momentum),
                         ("--weight-decay", args.weight_decay)):
             if v is not None:
@@ -357,6 +365,10 @@ def main():
     p.add_argument("--momentum", type=float)
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--amp", choices=["none", "bf16"], default="none",
+                   help="mixed precision: torch.autocast('cpu', dtype=torch.bfloat16) around the "
+                        "forward and the loss (PyTorch 1.13's CPU autocast has no f16, and bf16 "
+                        "needs no GradScaler)")
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--init", metavar="FILE.safetensors")
     p.add_argument("--save", metavar="FILE.safetensors")
