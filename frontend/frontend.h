@@ -140,6 +140,14 @@ loom_status loom_fe_set_err(char *err, size_t err_size, loom_status s, const cha
 /* Whether trace node `node` was marked by loom_detach in the current step. */
 bool loom_fe_is_detached(const loom_context *ctx, int32_t node);
 
+/* ---- optim.c ---- */
+/* Checks that found_inf (not NULL) is one float or bool element; records STALE_HANDLE or
+ * INVALID_ARGUMENT (naming op) otherwise and returns the context's error. */
+loom_status loom_fe_check_found_inf(loom_context *ctx, loom_tensor *found_inf, const char *op);
+/* A checked found_inf as a bool scalar, true when non-zero or NaN (PyTorch's
+ * `if (*found_inf)`); NULL after recording an error. */
+loom_tensor *loom_fe_found_inf_flag(loom_context *ctx, loom_tensor *found_inf);
+
 /* ---- compile.c ---- */
 typedef struct loom_fe_jit_options {
     int32_t compile_threads;

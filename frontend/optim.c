@@ -245,19 +245,29 @@ static loom_status check_step(loom_optim *opt, loom_tensor *const *grads, loom_t
         }
         *out_any = true;
     }
-    if (found_inf) {
-        const loom_fe_tensor *f = get(ctx, found_inf, op);
-        if (!f)
-            return ctx->err;
-        if (loom_ir_numel(f->rank, f->shape) != 1 ||
-            (f->dtype != LOOM_DTYPE_BOOL && !loom_ir_dtype_is_float(f->dtype))) {
-            char tf[LOOM_IR_TYPE_STR_MAX];
-            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, f->loc.file, f->loc.line, op,
-                                 "found_inf must be one float or bool element, got %s",
-                                 loom_ir_format_type(tf, sizeof tf, f->dtype, f->rank, f->shape));
-        }
+    return found_inf ? loom_fe_check_found_inf(ctx, found_inf, op) : LOOM_OK;
+}
+
+loom_status loom_fe_check_found_inf(loom_context *ctx, loom_tensor *found_inf, const char *op) {
+    const loom_fe_tensor *f = get(ctx, found_inf, op);
+    if (!f)
+        return ctx->err;
+    if (loom_ir_numel(f->rank, f->shape) != 1 ||
+        (f->dtype != LOOM_DTYPE_BOOL && !loom_ir_dtype_is_float(f->dtype))) {
+        char tf[LOOM_IR_TYPE_STR_MAX];
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, f->loc.file, f->loc.line, op,
+                             "found_inf must be one float or bool element, got %s",
+                             loom_ir_format_type(tf, sizeof tf, f->dtype, f->rank, f->shape));
     }
     return LOOM_OK;
+}
+
+loom_tensor *loom_fe_found_inf_flag(loom_context *ctx, loom_tensor *found_inf) {
+    loom_tensor *f = loom_reshape(ctx, found_inf, 0, NULL);
+    loom_dtype fdt = LOOM_DTYPE_BOOL;
+    loom_tensor_dtype(found_inf, &fdt);
+    /* non-zero (NaN included) means skip */
+    return fdt == LOOM_DTYPE_BOOL ? f : loom_ne(ctx, f, loom_scalar(ctx, fdt, 0.0));
 }
 
 /* Shared per-step scalars, recorded once per loom_optim_step (f64 unless noted). */
@@ -283,13 +293,8 @@ static void record_step_scalars(loom_optim *opt, loom_tensor *found_inf, step_sc
     loom_context *ctx = opt->ctx;
     const loom_optim_options *o = &opt->o;
     memset(s, 0, sizeof *s);
-    if (found_inf) {
-        loom_tensor *f = loom_reshape(ctx, found_inf, 0, NULL);
-        loom_dtype fdt = LOOM_DTYPE_BOOL;
-        loom_tensor_dtype(found_inf, &fdt);
-        /* non-zero (NaN included) means skip */
-        s->skip = fdt == LOOM_DTYPE_BOOL ? f : loom_ne(ctx, f, loom_scalar(ctx, fdt, 0.0));
-    }
+    if (found_inf)
+        s->skip = loom_fe_found_inf_flag(ctx, found_inf);
     loom_tensor *advanced = loom_add(ctx, opt->step, loom_scalar(ctx, LOOM_DTYPE_F32, 1.0));
     s->step_new = keep_if_skipped(ctx, s, opt->step, advanced);
     s->lr = opt->lr;
