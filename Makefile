@@ -6,16 +6,16 @@ all:
 
 demo:
 	scripts/setup.sh
-	./build/examples/fashion_mnist --model mlp --epochs 1 --lr 0.05 --lr-schedule cosine
+	./build/examples/fashion_mnist --model mlp --epochs 1 --lr 0.05 --lr-schedule cosine --amp bf16
 
 test:
 	scripts/setup.sh --asan
 	meson test -C build --print-errorlogs
-	meson test -C build-asan --print-errorlogs --no-suite tools
+	meson test -C build-asan --print-errorlogs --no-suite tools --no-suite examples
 
 test-valgrind:
 	scripts/setup.sh
-	meson test -C build --setup=valgrind --print-errorlogs --no-suite tools
+	meson test -C build --setup=valgrind --print-errorlogs --no-suite tools --no-suite examples
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

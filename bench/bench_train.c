@@ -29,6 +29,7 @@ typedef struct args {
     int runs, steps, warmup, interp_steps;
     bool best, json;
     const char *optimizer;
+    loom_dtype amp; /* LOOM_DTYPE_F32: none */
     bool selected[N_CONFIGS];
 } args;
 
@@ -56,6 +57,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     model m = {0};
     loom_tensor *params[MAX_PARAMS];
     loom_optim *opt = NULL;
+    loom_grad_scaler *scaler = NULL;
     const int64_t b = c->batch;
     float *xs = malloc(sizeof(float) * (size_t)(b * 784));
     int64_t *ys = malloc(sizeof(int64_t) * (size_t)b);
@@ -96,11 +98,20 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         rc = fail(ctx, c->name, "optimizer");
         goto out;
     }
+    /* AMP as the example runs it: f16 with PyTorch's dynamic loss scale, bf16 without. */
+    loom_grad_scaler_options so;
+    loom_grad_scaler_options_init(&so);
+    so.enabled = a->amp == LOOM_DTYPE_F16;
+    if (loom_grad_scaler_create(ctx, &so, &scaler) != LOOM_OK) {
+        rc = fail(ctx, c->name, "loss scaler");
+        goto out;
+    }
+    model_amp amp = {.dtype = a->amp, .scaler = scaler};
 
     /* First step: trace, compile (CompileTime), run; its loss checks the setup. */
     loom_tensor *loss = NULL;
     double t0 = bench_now();
-    if (model_train_step(ctx, &m, params, opt, xs, ys, b, &loss) != LOOM_OK ||
+    if (model_train_step(ctx, &m, params, opt, &amp, xs, ys, b, &loss) != LOOM_OK ||
         loom_context_sync(ctx) != LOOM_OK) {
         loom_tensor_release(loss);
         rc = fail(ctx, c->name, "first step");
@@ -119,7 +130,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         /* The interpreter runs each step on this thread: time them one by one. */
         for (samples = 0; samples < a->interp_steps; samples++) {
             t0 = bench_now();
-            if (model_train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK ||
+            if (model_train_step(ctx, &m, params, opt, &amp, xs, ys, b, NULL) != LOOM_OK ||
                 loom_context_sync(ctx) != LOOM_OK) {
                 rc = fail(ctx, c->name, "interpreter step");
                 goto out;
@@ -128,7 +139,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
         }
     } else {
         for (int i = 0; i < a->warmup; i++) {
-            if (model_train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
+            if (model_train_step(ctx, &m, params, opt, &amp, xs, ys, b, NULL) != LOOM_OK) {
                 rc = fail(ctx, c->name, "warm-up step");
                 goto out;
             }
@@ -142,7 +153,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
             }
             t0 = bench_now();
             for (int i = 0; i < a->steps; i++) {
-                if (model_train_step(ctx, &m, params, opt, xs, ys, b, NULL) != LOOM_OK) {
+                if (model_train_step(ctx, &m, params, opt, &amp, xs, ys, b, NULL) != LOOM_OK) {
                     rc = fail(ctx, c->name, "step");
                     goto out;
                 }
@@ -165,6 +176,7 @@ static int measure(const args *a, const config *c, bool eager, result *r) {
     loom_device_memory(ctx, &cur, &r->peak_device_bytes);
     rc = 0;
 out:
+    loom_grad_scaler_destroy(scaler);
     loom_optim_destroy(opt);
     model_deinit(&m);
     loom_context_destroy(ctx);
@@ -177,7 +189,8 @@ out:
 static void usage(FILE *f) {
     fprintf(f, "Usage: bench_train [--threads N] [--runs N] [--steps N] [--warmup N]\n"
                "                   [--interp-steps N] [--config mlp64,mlp256,cnn64]\n"
-               "                   [--optimizer sgd|adam|adamw] [--best] [--json]\n"
+               "                   [--optimizer sgd|adam|adamw] [--amp none|bf16|f16] [--best]\n"
+               "                   [--json]\n"
                "  --threads N       device threads (default LOOM_NUM_THREADS, else all cores)\n"
                "  --runs N          timed runs, the median is reported (default 7)\n"
                "  --steps N         back-to-back steps per timed run (default 20)\n"
@@ -185,6 +198,8 @@ static void usage(FILE *f) {
                "  --interp-steps N  steps on the reference interpreter (default 2; 0: skip)\n"
                "  --config LIST     which configurations (default all)\n"
                "  --optimizer K     sgd (lr 0.01, momentum 0.9; default), adam or adamw (lr 1e-3)\n"
+               "  --amp M           mixed precision as the example's --amp: bf16, or f16 with a\n"
+               "                    dynamic loss scale (default none)\n"
                "  --best            report the best run rather than the median (noisy machines)\n"
                "  --json            one JSON line per configuration instead of the table\n");
 }
@@ -232,6 +247,12 @@ static int parse(int argc, char **argv, args *a) {
         } else if (!strcmp(f, "--optimizer") &&
                    (!strcmp(v, "sgd") || !strcmp(v, "adam") || !strcmp(v, "adamw"))) {
             a->optimizer = v, i++;
+        } else if (!strcmp(f, "--amp") &&
+                   (!strcmp(v, "none") || !strcmp(v, "bf16") || !strcmp(v, "f16"))) {
+            a->amp = !strcmp(v, "bf16")  ? LOOM_DTYPE_BF16
+                     : !strcmp(v, "f16") ? LOOM_DTYPE_F16
+                                         : LOOM_DTYPE_F32;
+            i++;
         } else if (!strcmp(f, "--config")) {
             char buf[128];
             snprintf(buf, sizeof buf, "%s", v);
@@ -279,12 +300,13 @@ int main(int argc, char **argv) {
             return 1;
         if (a.json) {
             printf("{\"side\":\"loom\",\"config\":\"%s\",\"model\":\"%s\",\"batch\":%lld,"
-                   "\"threads\":%d,\"optimizer\":\"%s\",\"samples_per_sec\":%.1f,"
+                   "\"threads\":%d,\"optimizer\":\"%s\",\"amp\":\"%s\",\"samples_per_sec\":%.1f,"
                    "\"step_ms\":%.3f,\"first_step_ms\":%.2f,\"compile_ms\":%.2f,"
                    "\"kernels\":%lld,\"first_loss\":%.6f,\"peak_device_memory_bytes\":%zu,"
                    "\"interp_samples_per_sec\":%.2f}\n",
                    c->name, c->cnn ? "cnn" : "mlp", (long long)c->batch, (int)a.threads,
-                   a.optimizer, jit.samples_per_sec, 1e3 * (double)c->batch / jit.samples_per_sec,
+                   a.optimizer, a.amp == LOOM_DTYPE_F32 ? "none" : loom_dtype_name(a.amp),
+                   jit.samples_per_sec, 1e3 * (double)c->batch / jit.samples_per_sec,
                    jit.first_step_ms, jit.compile_ms, (long long)jit.kernels, jit.first_loss,
                    jit.peak_device_bytes, interp.samples_per_sec);
         } else {

@@ -34,7 +34,12 @@ typedef struct options {
     bool shuffle, eager, json;
     bool cosine; /* --lr-schedule cosine */
     const char *init_path, *save_path, *data_dir;
+    loom_dtype amp;          /* --amp: LOOM_DTYPE_F32 for none */
+    int loss_scale;          /* --loss-scale: LS_* */
+    double loss_scale_value; /* LS_STATIC's scale */
 } options;
+
+enum { LS_DEFAULT, LS_DYNAMIC, LS_OFF, LS_STATIC };
 
 /* ---- command line ---------------------------------------------------------------------- */
 
@@ -63,6 +68,14 @@ static void usage(FILE *f) {
             "  --init FILE            start from these weights (safetensors, names as PyTorch's)\n"
             "  --save FILE            write the trained weights (safetensors) after training\n"
             "  --limit-steps N        stop training after N steps in total\n"
+            "  --amp none|bf16|f16    mixed precision (default none): the forward runs under\n"
+            "                         autocast, matmuls and convolutions in 16-bit with f32\n"
+            "                         accumulation, softmax and the loss in f32; weights and\n"
+            "                         their gradients stay f32\n"
+            "  --loss-scale dynamic|off|X   loss scaling (default dynamic for f16, off\n"
+            "                         otherwise): dynamic is PyTorch's GradScaler (2^16, x2\n"
+            "                         every 2000 clean steps, x0.5 on overflow); X a fixed\n"
+            "                         scale. Overflowing steps are skipped on the device\n"
             "  --eager                run every step on the reference interpreter (slow; a check)\n"
             "  --log-every N          print `step=<n> loss=<value>` to stdout for every n that\n"
             "                         is a multiple of N: n counts batches from 0 over all\n"
@@ -151,9 +164,10 @@ static int parse_args(int argc, char **argv, options *o) {
             snprintf(name, sizeof name, "%s", arg);
         }
         static const char *const valued[] = {
-            "--model",       "--epochs",       "--batch-size", "--lr",          "--optimizer",
-            "--momentum",    "--weight-decay", "--seed",       "--init",        "--save",
-            "--limit-steps", "--log-every",    "--data-dir",   "--lr-schedule",
+            "--model",     "--epochs",      "--batch-size",   "--lr",
+            "--optimizer", "--momentum",    "--weight-decay", "--seed",
+            "--init",      "--save",        "--limit-steps",  "--log-every",
+            "--data-dir",  "--lr-schedule", "--amp",          "--loss-scale",
         };
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
@@ -220,8 +234,31 @@ static int parse_args(int argc, char **argv, options *o) {
             o->save_path = val;
         } else if (!strcmp(name, "--data-dir")) {
             o->data_dir = val;
+        } else if (!strcmp(name, "--amp")) {
+            if (!strcmp(val, "none"))
+                o->amp = LOOM_DTYPE_F32;
+            else if (!strcmp(val, "bf16"))
+                o->amp = LOOM_DTYPE_BF16;
+            else if (!strcmp(val, "f16"))
+                o->amp = LOOM_DTYPE_F16;
+            else
+                return usage_error("--amp must be none, bf16 or f16, not '%s'", val);
+        } else if (!strcmp(name, "--loss-scale")) {
+            if (!strcmp(val, "dynamic"))
+                o->loss_scale = LS_DYNAMIC;
+            else if (!strcmp(val, "off"))
+                o->loss_scale = LS_OFF;
+            else if (parse_real(val, &o->loss_scale_value) && o->loss_scale_value > 0 &&
+                     o->loss_scale_value <= 3.4e38)
+                o->loss_scale = LS_STATIC;
+            else
+                return usage_error("--loss-scale must be dynamic, off or a number > 0 that f32 "
+                                   "holds, not '%s'",
+                                   val);
         }
     }
+    if (o->loss_scale == LS_DEFAULT)
+        o->loss_scale = o->amp == LOOM_DTYPE_F16 ? LS_DYNAMIC : LS_OFF;
     if (o->momentum_set && o->optimizer != LOOM_OPTIM_SGD)
         return usage_error("--momentum applies to --optimizer sgd only");
     if (!o->lr_set)
@@ -293,6 +330,7 @@ static int runtime_error(loom_context *ctx, const char *what) {
 
 typedef struct train_result {
     int64_t steps;
+    int64_t skipped;   /* steps the loss scaler skipped for inf/NaN gradients */
     double final_loss; /* NAN when no step ran */
     double samples_per_sec;
 } train_result;
@@ -321,8 +359,21 @@ static int take_loss(loom_context *ctx, const options *o, loom_tensor **loss, in
     return 0;
 }
 
-static int train(loom_context *ctx, const options *o, const model *m, const loom_dataset *ds,
-                 train_result *res) {
+/* The optimizer's step counter (clean steps only), read from the device: one sync. */
+static int64_t optimizer_steps(loom_context *ctx, const loom_optim *opt) {
+    const char *names[4];
+    loom_tensor *state[4];
+    int32_t n = loom_optim_state(opt, 0, names, state);
+    for (int32_t i = 0; i < n; i++) {
+        float v;
+        if (!strcmp(names[i], "step") && loom_tensor_read(ctx, state[i], &v, sizeof v) == LOOM_OK)
+            return (int64_t)v;
+    }
+    return -1;
+}
+
+static int train(loom_context *ctx, const options *o, const model *m, const model_amp *amp,
+                 const loom_dataset *ds, train_result *res) {
     int rc = 1;
     loom_optim *opt = NULL;
     loom_batches *it = NULL;
@@ -379,7 +430,7 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
                                            (1 + cos(3.14159265358979323846 * (double)step /
                                                     (double)total_steps)));
             loom_tensor *loss = NULL;
-            loom_status st = model_train_step(ctx, m, params, opt, xb, yb, n, &loss);
+            loom_status st = model_train_step(ctx, m, params, opt, amp, xb, yb, n, &loss);
             if (st != LOOM_OK || !loss) {
                 loom_tensor_release(loss);
                 progress_clear(&p);
@@ -439,6 +490,10 @@ static int train(loom_context *ctx, const options *o, const model *m, const loom
         now_s() - t_rate - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
     progress_clear(&p);
     res->steps = step;
+    if (loom_grad_scaler_is_enabled(amp->scaler)) {
+        int64_t clean = optimizer_steps(ctx, opt);
+        res->skipped = clean >= 0 ? step - clean : 0;
+    }
     res->final_loss = last_loss;
     /* From the first launch (its compile done) to the end: every step ran in that time. */
     res->samples_per_sec = elapsed > 0 ? (double)step * (double)o->batch_size / elapsed : 0;
@@ -452,7 +507,8 @@ out:
 
 /* Counts correct predictions in the graph (an i64 counter updated by assign), so the host
  * reads one number at the end. */
-static int evaluate(loom_context *ctx, const model *m, const loom_dataset *ds, double *out_acc) {
+static int evaluate(loom_context *ctx, const model *m, loom_dtype amp, const loom_dataset *ds,
+                    double *out_acc) {
     int rc = 1;
     loom_batches *it = NULL;
     int64_t zero = 0, total = 0, correct = 0;
@@ -475,7 +531,12 @@ static int evaluate(loom_context *ctx, const model *m, const loom_dataset *ds, d
         loom_tensor *x =
             loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, m->rows * m->cols}, xb);
         loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, yb);
-        loom_tensor *pred = loom_argmax(ctx, model_forward(ctx, m, x, n), 1);
+        if (amp != LOOM_DTYPE_F32) /* evaluated as trained */
+            loom_autocast_begin(ctx, amp);
+        loom_tensor *logits = model_forward(ctx, m, x, n);
+        if (amp != LOOM_DTYPE_F32)
+            loom_autocast_end(ctx);
+        loom_tensor *pred = loom_argmax(ctx, logits, 1);
         loom_tensor *hits =
             loom_sum(ctx, loom_cast(ctx, loom_eq(ctx, pred, y), LOOM_DTYPE_I64), 0, NULL, false);
         if (hits)
@@ -516,8 +577,52 @@ static loom_dataset *load_split(const char *dir, const char *split) {
     return ds;
 }
 
+/* The checkpoint: the model's parameters, then (with a loss scaler) the scaler's state under
+ * "scaler." as PyTorch's scaler.state_dict() keys. Returns the count; out has room for
+ * MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX, names for the scaler's prefixed names. */
+static int32_t checkpoint_list(const model *m, const loom_grad_scaler *scaler, char names[][48],
+                               loom_named_tensor *out) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < m->n_params; i++)
+        out[n++] = m->params[i];
+    const char *keys[LOOM_GRAD_SCALER_STATE_MAX];
+    loom_tensor *state[LOOM_GRAD_SCALER_STATE_MAX];
+    int32_t k = loom_grad_scaler_state(scaler, keys, state);
+    for (int32_t i = 0; i < k; i++) {
+        snprintf(names[i], 48, "scaler.%s", keys[i]);
+        out[n++] = (loom_named_tensor){names[i], state[i]};
+    }
+    return n;
+}
+
+/* --init: the parameters, and the scaler's state when the file has it and this run scales
+ * the loss (a file without it leaves the scaler at its defaults). */
+static loom_status load_checkpoint(loom_context *ctx, const char *path, const model *m,
+                                   const loom_grad_scaler *scaler) {
+    char names[LOOM_GRAD_SCALER_STATE_MAX][48], err[256];
+    loom_named_tensor list[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
+    loom_safetensors *f = NULL;
+    bool has_scaler = false;
+    if (loom_safetensors_open(path, &f, err, sizeof err) == LOOM_OK) {
+        has_scaler = loom_safetensors_find(f, "scaler.scale") >= 0;
+        loom_safetensors_close(f);
+    } /* else the load below reports the problem */
+    bool with_scaler = has_scaler && loom_grad_scaler_is_enabled(scaler);
+    if (has_scaler && !with_scaler)
+        fprintf(stderr,
+                PROG ": note: --init %s: ignoring its loss scaler state (no loss "
+                     "scaling in this run)\n",
+                path);
+    int32_t n = checkpoint_list(m, with_scaler ? scaler : NULL, names, list);
+    return loom_safetensors_load(ctx, path, n, list, !has_scaler || with_scaler);
+}
+
 static const char *const model_names[] = {"mlp", "cnn"};
 static const char *const optim_names[] = {"sgd", "adam", "adamw"};
+
+static const char *amp_name(loom_dtype amp) {
+    return amp == LOOM_DTYPE_F32 ? "none" : loom_dtype_name(amp);
+}
 
 int main(int argc, char **argv) {
     options o;
@@ -529,6 +634,7 @@ int main(int argc, char **argv) {
     loom_context *ctx = NULL;
     model m = {0};
     loom_dataset *train_ds = NULL, *test_ds = NULL;
+    loom_grad_scaler *scaler = NULL;
     train_result tr = {.final_loss = NAN};
     double acc = 0;
 
@@ -557,30 +663,55 @@ int main(int argc, char **argv) {
         rc = runtime_error(ctx, "creating the model");
         goto out;
     }
+    loom_grad_scaler_options so;
+    loom_grad_scaler_options_init(&so);
+    so.enabled = o.loss_scale != LS_OFF;
+    if (o.loss_scale == LS_STATIC)
+        so.init_scale = o.loss_scale_value;
+    if (loom_grad_scaler_create(ctx, &so, &scaler) != LOOM_OK) {
+        rc = runtime_error(ctx, "creating the loss scaler");
+        goto out;
+    }
+    model_amp amp = {.dtype = o.amp, .scaler = scaler, .static_scale = o.loss_scale == LS_STATIC};
     /* The loaded values land in a step of their own, so the training step's graph is the
      * same from its first batch on (one compile). */
-    if (o.init_path &&
-        (loom_safetensors_load(ctx, o.init_path, m.n_params, m.params, true) != LOOM_OK ||
-         loom_mark_step(ctx) != LOOM_OK)) {
+    if (o.init_path && (load_checkpoint(ctx, o.init_path, &m, scaler) != LOOM_OK ||
+                        loom_mark_step(ctx) != LOOM_OK)) {
         rc = runtime_error(ctx, "--init");
         goto out;
     }
     if (!o.json)
-        printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s%s\n",
+        printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s, amp %s%s"
+               "%s\n",
                model_names[o.model], (int)m.n_params, (long long)loom_dataset_count(train_ds),
                (long long)loom_dataset_count(test_ds), optim_names[o.optimizer], o.lr,
-               o.cosine ? " (cosine schedule)" : "", co.eager ? ", reference interpreter" : "");
+               o.cosine ? " (cosine schedule)" : "", amp_name(o.amp),
+               o.loss_scale == LS_DYNAMIC  ? " (dynamic loss scale)"
+               : o.loss_scale == LS_STATIC ? " (static loss scale)"
+                                           : "",
+               co.eager ? ", reference interpreter" : "");
     fflush(stdout); /* before the progress lines on stderr, also when stdout is a pipe */
-    if (o.epochs > 0 && (rc = train(ctx, &o, &m, train_ds, &tr)) != 0)
+    if (o.epochs > 0 && (rc = train(ctx, &o, &m, &amp, train_ds, &tr)) != 0)
         goto out;
     rc = 1;
-    if (o.save_path && loom_safetensors_save(ctx, o.save_path, m.n_params, m.params) != LOOM_OK) {
+    char ck_names[LOOM_GRAD_SCALER_STATE_MAX][48];
+    loom_named_tensor ck[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
+    if (o.save_path &&
+        loom_safetensors_save(ctx, o.save_path, checkpoint_list(&m, scaler, ck_names, ck), ck) !=
+            LOOM_OK) {
         rc = runtime_error(ctx, "--save");
         goto out;
     }
-    if ((rc = evaluate(ctx, &m, test_ds, &acc)) != 0)
+    if ((rc = evaluate(ctx, &m, o.amp, test_ds, &acc)) != 0)
         goto out;
     rc = 1;
+    /* The final loss scale (a read of the device's scalar), null without loss scaling. */
+    char scale[32] = "null";
+    float scale_v;
+    if (loom_grad_scaler_is_enabled(scaler) &&
+        loom_tensor_read(ctx, loom_grad_scaler_scale_tensor(scaler), &scale_v, sizeof scale_v) ==
+            LOOM_OK)
+        snprintf(scale, sizeof scale, "%g", (double)scale_v);
 
     size_t mem_now = 0, mem_peak = 0;
     loom_device_memory(ctx, &mem_now, &mem_peak);
@@ -592,17 +723,20 @@ int main(int argc, char **argv) {
             snprintf(loss, sizeof loss, "%.6f", tr.final_loss);
         else
             snprintf(loss, sizeof loss, "null");
-        printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"batch_size\":%lld,\"epochs\":%lld,"
-               "\"steps\":%lld,\"final_loss\":%s,\"test_accuracy\":%.4f,"
-               "\"samples_per_sec\":%.1f,\"compile_time_ms\":%.1f,"
-               "\"peak_device_memory_bytes\":%zu}\n",
-               model_names[o.model], optim_names[o.optimizer], (long long)o.batch_size,
-               (long long)o.epochs, (long long)tr.steps, loss, acc, tr.samples_per_sec, compile_ms,
-               mem_peak);
+        printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"amp\":\"%s\",\"batch_size\":%lld,"
+               "\"epochs\":%lld,\"steps\":%lld,\"skipped_steps\":%lld,\"final_loss\":%s,"
+               "\"loss_scale\":%s,\"test_accuracy\":%.4f,\"samples_per_sec\":%.1f,"
+               "\"compile_time_ms\":%.1f,\"peak_device_memory_bytes\":%zu}\n",
+               model_names[o.model], optim_names[o.optimizer], amp_name(o.amp),
+               (long long)o.batch_size, (long long)o.epochs, (long long)tr.steps,
+               (long long)tr.skipped, loss, scale, acc, tr.samples_per_sec, compile_ms, mem_peak);
     } else {
         if (tr.steps > 0)
             printf("trained %lld steps, final loss %.4f, %.0f samples/s (after the compile)\n",
                    (long long)tr.steps, tr.final_loss, tr.samples_per_sec);
+        if (loom_grad_scaler_is_enabled(scaler))
+            printf("loss scale %s, %lld of %lld steps skipped for inf/NaN gradients\n", scale,
+                   (long long)tr.skipped, (long long)tr.steps);
         printf("test accuracy: %.4f\n", acc);
         printf("compile time %.1f ms, peak device memory %.1f MB\n", compile_ms,
                (double)mem_peak / 1e6);
@@ -613,6 +747,7 @@ int main(int argc, char **argv) {
     }
     rc = 0;
 out:
+    loom_grad_scaler_destroy(scaler);
     model_deinit(&m);
     loom_context_destroy(ctx);
     loom_dataset_destroy(test_ds);

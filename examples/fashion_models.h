@@ -5,6 +5,7 @@
 #ifndef LOOM_EXAMPLES_FASHION_MODELS_H
 #define LOOM_EXAMPLES_FASHION_MODELS_H
 
+#include <loom/amp.h>
 #include <loom/nn.h>
 #include <loom/optim.h>
 #include <loom/safetensors.h>
@@ -94,20 +95,44 @@ static loom_tensor *model_forward(loom_context *ctx, const model *m, loom_tensor
     return loom_nn_linear_forward(ctx, &m->fc[1], h);
 }
 
+/* Mixed precision of a training step: the forward's autocast dtype (LOOM_DTYPE_F32: off)
+ * and a loss scaler (NULL or disabled: none), whose scale is updated after each step unless
+ * static_scale (a fixed scale that still skips overflowing steps). */
+typedef struct model_amp {
+    loom_dtype dtype;
+    loom_grad_scaler *scaler;
+    bool static_scale;
+} model_amp;
+
 /* One training step on a batch of n images xs [n, rows*cols] with labels ys: upload,
- * forward, mean cross-entropy, backward, optimizer update, then mark_step (asynchronous).
- * With out_loss, the loss is retained for the caller (NULL when it could not be built). */
+ * forward (under autocast with amp), mean cross-entropy, backward (of the scaled loss),
+ * unscale and overflow check, optimizer update (skipped on overflow, in the graph), scale
+ * update, then mark_step (asynchronous). amp may be NULL (fp32). With out_loss, the loss
+ * (unscaled) is retained for the caller (NULL when it could not be built). */
 static loom_status model_train_step(loom_context *ctx, const model *m, loom_tensor *const *params,
-                                    loom_optim *opt, const float *xs, const int64_t *ys, int64_t n,
-                                    loom_tensor **out_loss) {
+                                    loom_optim *opt, const model_amp *amp, const float *xs,
+                                    const int64_t *ys, int64_t n, loom_tensor **out_loss) {
     loom_tensor *x =
         loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, m->rows * m->cols}, xs);
     loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, ys);
+    bool autocast = amp && amp->dtype != LOOM_DTYPE_F32;
+    loom_grad_scaler *scaler = amp ? amp->scaler : NULL;
+    if (autocast)
+        loom_autocast_begin(ctx, amp->dtype);
     loom_tensor *loss =
         loom_cross_entropy(ctx, model_forward(ctx, m, x, n), y, LOOM_REDUCTION_MEAN);
+    if (autocast)
+        loom_autocast_end(ctx);
     loom_tensor *grads[MAX_PARAMS] = {NULL};
-    if (loss && loom_backward(ctx, loss, m->n_params, params, grads) == LOOM_OK)
-        loom_optim_step(opt, grads, NULL);
+    loom_tensor *scaled =
+        loom_grad_scaler_is_enabled(scaler) ? loom_grad_scaler_scale(scaler, loss) : loss;
+    if (scaled && loom_backward(ctx, scaled, m->n_params, params, grads) == LOOM_OK) {
+        loom_tensor *found_inf = loom_grad_scaler_is_enabled(scaler)
+                                     ? loom_grad_scaler_unscale(scaler, m->n_params, grads)
+                                     : NULL;
+        if (loom_optim_step(opt, grads, found_inf) == LOOM_OK && found_inf && !amp->static_scale)
+            loom_grad_scaler_update(scaler, found_inf);
+    }
     if (out_loss)
         loom_tensor_retain(loss);
     loom_status st = loom_mark_step(ctx);
