@@ -31,6 +31,7 @@ typedef struct loom_fe_tensor {
     int64_t node_step;
     int32_t input_node;   /* the INPUT node reading buf in the trace, when input_step == step */
     int64_t input_step;
+    int64_t assigned_step; /* the step whose list of assigned tensors holds this slot */
     loom_ir_loc loc;      /* the user call that created it (file is a static string) */
     int32_t next_free;
 } loom_fe_tensor;
@@ -175,8 +176,11 @@ loom_status loom_fe_interp_build(const loom_ir_graph *cut, uint64_t hash, const 
 
 /* ---- step.c ---- */
 /* Computes the given tensors (slots) now: cuts their graph from the trace, looks it up in
- * the cache (building on a miss), runs it and stores the results in the tensors. */
-loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots);
+ * the cache (building on a miss), runs it and stores the results in the tensors. whole_step
+ * (mark_step only: every pending value is computed) lets an assigned tensor be written into
+ * its own buffer; a partial compute (a read, a save) gives it a new buffer instead, since ops
+ * still pending may read the old value from the old one. */
+loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots, bool whole_step);
 /* Ends the current step: frees dead op results, releases the trace's inputs. */
 void loom_fe_end_step(loom_context *ctx);
 /* Waits for the step in flight, releases what it held and, if it failed, records its error

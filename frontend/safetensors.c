@@ -1101,7 +1101,7 @@ static loom_status compute_pending(loom_context *ctx, int32_t n, const st_item *
     loom_status st = LOOM_OK;
     if (m > 0) {
         loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FORCED_READS, 1);
-        st = loom_fe_compute(ctx, m, slots);
+        st = loom_fe_compute(ctx, m, slots, false);
         if (st == LOOM_OK)
             st = loom_fe_finish_inflight(ctx);
     }

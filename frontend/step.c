@@ -177,6 +177,8 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
         loom_rt_buffer_retain(t->buf); /* one reference for the tensor, one for the job */
         t->node = -1;
         t->node_step = -1;
+        if (g->outputs[k].alias < 0) /* a new buffer: the trace's input reads the old one */
+            t->input_step = -1;
         f->slots[k] = slots[k];
         f->gens[k] = t->gen;
     }
@@ -197,7 +199,7 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
     return ctx->sync ? loom_fe_finish_inflight(ctx) : LOOM_OK;
 }
 
-loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots) {
+loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots, bool whole_step) {
     /* One step in flight: the previous one finishes first (and its executable cannot be
      * evicted by this step's compile while it runs). */
     loom_fe_finish_inflight(ctx);
@@ -210,11 +212,13 @@ loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots) 
                       sizeof *ctx->aliases))
         return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
     /* A tensor that had a value read in this step and gets a new one (an assignment) is
-     * written back into its own buffer: the output aliases that graph input (donation). */
+     * written back into its own buffer: the output aliases that graph input (donation). Only
+     * when the whole step runs: after a partial compute, ops still pending may read the old
+     * value through that input. */
     for (int32_t k = 0; k < n; k++) {
         const loom_fe_tensor *t = &ctx->tensors[slots[k]];
         ctx->roots[k] = t->node;
-        ctx->aliases[k] = t->buf && t->input_step == ctx->step
+        ctx->aliases[k] = whole_step && t->buf && t->input_step == ctx->step
                               ? (int32_t)ctx->trace.nodes[t->input_node].attrs.index
                               : -1;
     }
@@ -270,7 +274,7 @@ LOOM_API loom_status loom_mark_step(loom_context *ctx) {
                 ctx->root_tensors[n++] = ctx->assigned[k];
         }
         if (n > 0)
-            st = loom_fe_compute(ctx, n, ctx->root_tensors);
+            st = loom_fe_compute(ctx, n, ctx->root_tensors, true);
     }
     loom_fe_end_step(ctx);
     /* The first error of the step wins over the execution status: it is the cause. */

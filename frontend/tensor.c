@@ -74,13 +74,14 @@ int32_t loom_fe_tensor_new(loom_context *ctx) {
     t->node_step = -1;
     t->input_node = -1;
     t->input_step = -1;
+    t->assigned_step = -1;
     ctx->n_live_tensors++;
     return slot;
 }
 
 void loom_fe_tensor_free(loom_context *ctx, int32_t slot) {
     loom_fe_tensor *t = &ctx->tensors[slot];
-    if (!t->step_owned && t->node_step == ctx->step) {
+    if (t->assigned_step == ctx->step) {
         /* A long-lived tensor released with an assignment pending: nothing is left to write
          * into, and the slot's next tenant must not inherit the entry. */
         for (int32_t k = 0; k < ctx->n_assigned; k++)
@@ -233,7 +234,7 @@ LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *h, void *d
                                  "tensor has no value: the step that should have computed it "
                                  "failed");
         loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FORCED_READS, 1);
-        loom_status st = loom_fe_compute(ctx, 1, &slot);
+        loom_status st = loom_fe_compute(ctx, 1, &slot, false);
         if (st == LOOM_OK)
             st = loom_fe_finish_inflight(ctx);
         if (st != LOOM_OK)
@@ -350,11 +351,14 @@ LOOM_API loom_status loom_assign_at(loom_context *ctx, loom_tensor *dst, loom_te
     if (node < 0)
         return ctx->err;
     d = &ctx->tensors[dslot]; /* tensor_node may not move slots, but stay safe */
-    if (d->node_step != ctx->step) { /* first assignment this step: remember it */
+    /* First assignment this step: remember it (once, even when a read computed an earlier
+     * assignment of this step in between). */
+    if (d->assigned_step != ctx->step) {
         if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->assigned, &ctx->cap_assigned,
                           ctx->n_assigned + 1, sizeof *ctx->assigned))
             return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
         ctx->assigned[ctx->n_assigned++] = dslot;
+        d->assigned_step = ctx->step;
     }
     d->node = node;
     d->node_step = ctx->step;

@@ -125,8 +125,9 @@ LOOM_API loom_tensor *loom_grad_scaler_scale(loom_grad_scaler *s, loom_tensor *l
  * the gradient's dtype (f32, f16, bf16 or f64). The array slot is overwritten without
  * releasing the tensor it held: a caller owning that tensor keeps its own copy of the
  * handle. NULL entries are skipped. Returns found_inf, a step-scoped f32 scalar: 1.0 when
- * any element of any incoming (still scaled) gradient is inf, -inf or NaN, else 0.0
- * (PyTorch checks the values before multiplying them).
+ * any element of any incoming (still scaled) gradient is inf, -inf or NaN, else 0.0 (also
+ * with no or only empty gradients). PyTorch checks the values before multiplying them, so
+ * with a scale below 1 a finite gradient that overflows when unscaled is not flagged.
  * Cost: one reduction pass per gradient (the check; the per-gradient flags combine with a
  * max in the reductions' epilogues). The check does not wait for the product, so the
  * product fuses into its consumers, such as the optimizer's update; it gets a pass of its
@@ -148,7 +149,9 @@ LOOM_API loom_tensor *loom_grad_scaler_unscale(loom_grad_scaler *s, int32_t n, l
  * one element, f32/f16/bf16/f64 or bool (normally loom_grad_scaler_unscale's result; sum
  * several optimizers' flags first, as PyTorch's update does). Disabled scaler: does
  * nothing and returns LOOM_OK. Errors (recorded, nothing assigned): INVALID_ARGUMENT (NULL
- * scaler or found_inf, found_inf not one float/bool element), STALE_HANDLE, OUT_OF_MEMORY. */
+ * found_inf, found_inf not one float/bool element; a NULL scaler is returned, not
+ * recorded), STALE_HANDLE, OUT_OF_MEMORY (only an OUT_OF_MEMORY in assigning the tracker,
+ * after the scale, leaves one of the two assigned). */
 LOOM_API loom_status loom_grad_scaler_update(loom_grad_scaler *s, loom_tensor *found_inf);
 
 /* The scale (f32 scalar) and the growth tracker (i32 scalar): long-lived state tensors,

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "loom/amp.h"
 #include "loom/nn.h"
 #include "loom/optim.h"
 
@@ -72,8 +73,10 @@ static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(
     assert_true(failures >= 20); /* the sweep really covered the program's allocations */
 }
 
-/* One training step: linear + cross-entropy, backward, an Adam update of both parameters. */
-static loom_status train_step(loom_context *ctx, float *out_w) {
+/* One training step: linear + cross-entropy, backward, an Adam update of both parameters;
+ * with amp, through a GradScaler (scale, unscale, the update skipped on found_inf, the
+ * scale's update). */
+static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
     const float xs[6] = {1, 2, 3, -4, -5, -6}, ws[6] = {0.1f, 0.2f, -0.3f, 0.4f, 0.5f, -0.6f};
     const float bs[2] = {0.5f, -0.5f};
     const int64_t ys[2] = {1, 0};
@@ -84,20 +87,34 @@ static loom_status train_step(loom_context *ctx, float *out_w) {
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
     loom_optim *opt = NULL;
+    loom_grad_scaler *scaler = NULL;
+    loom_grad_scaler_options so;
+    loom_grad_scaler_options_init(&so);
+    so.enabled = amp;
     loom_status st =
         p[0] && p[1] ? loom_optim_create(ctx, &o, 2, p, &opt) : loom_context_error(ctx);
+    if (st == LOOM_OK)
+        st = loom_grad_scaler_create(ctx, &so, &scaler);
     if (st == LOOM_OK) {
         loom_tensor *loss =
             loom_cross_entropy(ctx, loom_linear(ctx, x, p[0], p[1]), y, LOOM_REDUCTION_MEAN);
         loom_tensor *g[2] = {NULL, NULL};
-        st = loom_backward(ctx, loss, 2, p, g);
+        st = loom_backward(ctx, loom_grad_scaler_scale(scaler, loss), 2, p, g);
+        loom_tensor *found = NULL;
+        if (st == LOOM_OK && amp) {
+            found = loom_grad_scaler_unscale(scaler, 2, g);
+            st = loom_context_error(ctx);
+        }
         if (st == LOOM_OK)
-            st = loom_optim_step(opt, g, NULL);
+            st = loom_optim_step(opt, g, found);
+        if (st == LOOM_OK)
+            st = loom_grad_scaler_update(scaler, found);
         if (st == LOOM_OK)
             st = loom_mark_step(ctx);
         if (st == LOOM_OK)
             st = loom_tensor_read(ctx, p[0], out_w, 6 * sizeof *out_w);
     }
+    loom_grad_scaler_destroy(scaler);
     loom_optim_destroy(opt);
     loom_tensor_release(x);
     loom_tensor_release(y);
@@ -106,12 +123,11 @@ static loom_status train_step(loom_context *ctx, float *out_w) {
     return st != LOOM_OK ? st : loom_context_error(ctx);
 }
 
-static void test_a_training_step_survives_every_failed_allocation(void **state) {
-    (void)state;
+static void training_step_survives_every_failed_allocation(bool amp) {
     float want[6];
     loom_context *ref = NULL;
     assert_int_equal(loom_context_create(NULL, &ref), LOOM_OK);
-    assert_int_equal(train_step(ref, want), LOOM_OK);
+    assert_int_equal(train_step(ref, amp, want), LOOM_OK);
     loom_context_destroy(ref);
     int64_t n;
     int failures = 0;
@@ -127,7 +143,7 @@ static void test_a_training_step_survives_every_failed_allocation(void **state) 
             continue;
         }
         float w[6] = {0};
-        loom_status st = train_step(ctx, w);
+        loom_status st = train_step(ctx, amp, w);
         if (ta.n_failed == 0) {
             assert_int_equal(st, LOOM_OK);
             assert_memory_equal(w, want, sizeof w);
@@ -141,7 +157,7 @@ static void test_a_training_step_survives_every_failed_allocation(void **state) 
                      loom_status_name(st), loom_context_error_message(ctx));
         ta.fail_at = 0;
         loom_context_clear_error(ctx);
-        if ((st = train_step(ctx, w)) != LOOM_OK)
+        if ((st = train_step(ctx, amp, w)) != LOOM_OK)
             fail_msg("after failing allocation %lld, the next step fails: %s", (long long)n,
                      loom_context_error_message(ctx));
         assert_memory_equal(w, want, sizeof w);
@@ -153,10 +169,21 @@ static void test_a_training_step_survives_every_failed_allocation(void **state) 
     assert_true(failures >= 50);
 }
 
+static void test_a_training_step_survives_every_failed_allocation(void **state) {
+    (void)state;
+    training_step_survives_every_failed_allocation(false);
+}
+
+static void test_an_amp_training_step_survives_every_failed_allocation(void **state) {
+    (void)state;
+    training_step_survives_every_failed_allocation(true);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers),
         cmocka_unit_test(test_a_training_step_survives_every_failed_allocation),
+        cmocka_unit_test(test_an_amp_training_step_survives_every_failed_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

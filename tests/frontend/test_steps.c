@@ -121,11 +121,60 @@ static void test_releasing_an_assigned_tensor_drops_its_pending_write(void **sta
     loom_context_destroy(ctx);
 }
 
+/* A read in the middle of a step computes a pending assignment; the step then goes on. */
+static void run_read_between_assignments(bool eager) {
+    loom_context *ctx = tu_context(eager);
+    float one = 1, ten = 10, got = 0;
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &one);
+    loom_tensor *old = loom_mul(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 10.0));
+    loom_tensor_retain(old);
+    assert_int_equal(loom_assign(ctx, x, loom_add(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 1))),
+                     LOOM_OK);
+    tu_read_f32(ctx, x, &got, 1);
+    assert_true(got == 2);
+    /* assigned again in the same step: one pending write, from the value read */
+    assert_int_equal(loom_assign(ctx, x, loom_mul(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 3))),
+                     LOOM_OK);
+    loom_tensor *later = loom_add(ctx, x, loom_scalar(ctx, LOOM_DTYPE_F32, 0.5));
+    loom_tensor_retain(later);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    tu_read_f32(ctx, x, &got, 1);
+    assert_true(got == 6);
+    tu_read_f32(ctx, later, &got, 1);
+    assert_true(got == 6.5f);
+    /* ops recorded before the assignment read the old value, although the read computed
+     * the new one first */
+    tu_read_f32(ctx, old, &got, 1);
+    assert_true(got == 10);
+    /* a tensor released after a read computed its assignment leaves no pending write for
+     * the next tenant of its slot */
+    assert_int_equal(loom_assign(ctx, x, loom_neg(ctx, x)), LOOM_OK);
+    tu_read_f32(ctx, x, &got, 1);
+    assert_true(got == -6);
+    loom_tensor_release(x);
+    loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &ten);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    tu_read_f32(ctx, y, &got, 1);
+    assert_true(got == 10);
+    loom_tensor_release(y);
+    loom_tensor_release(old);
+    loom_tensor_release(later);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_a_read_between_assignments_neither_duplicates_nor_leaks_the_write(void **state) {
+    (void)state;
+    run_read_between_assignments(true);
+    run_read_between_assignments(false);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_1000_identical_steps_compile_once_with_flat_memory),
         cmocka_unit_test(test_a_new_shape_misses_and_other_source_lines_hit),
         cmocka_unit_test(test_releasing_an_assigned_tensor_drops_its_pending_write),
+        cmocka_unit_test(test_a_read_between_assignments_neither_duplicates_nor_leaks_the_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
