@@ -14,7 +14,23 @@ enum {
     MM_WIDE_N = 4096,       /* N from which columns are split (below: slower, the MLP's 512 15%) */
     MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
+    MK_MR = 8,              /* bf16 microkernel: rows of its C tile ... */
+    MK_NR = 32,             /* ... and columns (2 vectors of 16 f32: 16 accumulators) */
+    MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 bf16 pairs) */
 };
+
+/* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
+ * integers); 16-bit matmuls pack each task's operands first, evaluating them (so a cast
+ * into the matmul costs no pass of its own): PACK_F32 converts to f32 for the f32 schedule,
+ * PACK_BF16 packs bf16 pairs for the vdpbf16ps microkernel. */
+typedef enum mm_kind { MM_PLAIN, MM_PACK_F32, MM_PACK_BF16 } mm_kind;
+
+static mm_kind mm_kind_of(loom_dtype dt) {
+    if (!is_16(dt))
+        return MM_PLAIN;
+    return dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16 ? MM_PACK_BF16
+                                                                              : MM_PACK_F32;
+}
 
 /* ---- MATMUL ------------------------------------------------------------------------------- */
 
@@ -28,10 +44,14 @@ typedef struct mm_plan {
     int32_t n_epi;
     nest ns; /* the root's dims, one group per dim */
     bool linalg;
+    mm_kind kind;
+    nest ons[2];          /* packed kinds: the operands' dims, one group per dim */
+    int64_t mbp, nbp, kp; /* PACK_BF16: padded rows and columns of a task, K in pairs */
 } mm_plan;
 
 static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t N) {
-    return root->dtype == LOOM_DTYPE_F32 && M >= 8 && K >= 8 && N >= 8;
+    return (root->dtype == LOOM_DTYPE_F32 || mm_kind_of(root->dtype) == MM_PACK_F32) && M >= 8 &&
+           K >= 8 && N >= 8;
 }
 
 /* Columns per task for a matmul of N columns whose (batch, row block) tasks number tasks:
@@ -91,10 +111,12 @@ static void emit_mm_block_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValu
                                  MlirValue p, MlirValue i0, MlirValue j0, MlirValue crow0,
                                  int64_t mb, int64_t nb) {
     cg_b *b = c->b;
-    MlirValue aoff = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, mp->M), i0), mp->K);
-    MlirValue boff = cg_iadd(b, cg_imul_c(b, p, mp->K * mp->N), j0);
+    bool packed = mp->kind == MM_PACK_F32; /* a: rows x K, bm: K x cols of the task */
+    MlirValue aoff =
+        packed ? cg_idx(b, 0) : cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, mp->M), i0), mp->K);
+    MlirValue boff = packed ? cg_idx(b, 0) : cg_iadd(b, cg_imul_c(b, p, mp->K * mp->N), j0);
     MlirValue av = view2d(b, a, aoff, mb, mp->K, mp->K);
-    MlirValue bv = view2d(b, bm, boff, mp->K, nb, mp->N);
+    MlirValue bv = view2d(b, bm, boff, mp->K, nb, packed ? mp->cols : mp->N);
     MlirValue cv = view2d(b, cm, crow0, mb, nb, mp->cstride);
     MlirValue fill[2] = {cg_cf(b, b->f32, 0.0), cv};
     linalg_named(b, "linalg.fill", 1, fill, 2);
@@ -121,14 +143,214 @@ static void emit_mm_rows_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValue
     cg_if_end(b, &f);
 }
 
+/* One malloc'd 1-D buffer of n elements of t per call (freed at the end). */
+static MlirValue alloc_buf(cg_b *b, MlirType t, int64_t n) {
+    MlirType mt = mlirMemRefTypeContiguousGet(t, 1, &n, mlirAttributeGetNull());
+    MlirNamedAttribute seg =
+        cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
+    return mlirOperationGetResult(cg_op(b, "memref.alloc", 0, NULL, 1, &mt, 1, &seg), 0);
+}
+
+/* Operand q (0: A, 1: B) at (row, col) of its last two axes and batch p, in f32 (rounded
+ * to the matmul's 16-bit dtype, as its producers store it), in the operand's nest. */
+static loom_status eval_operand(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue row,
+                                MlirValue col, MlirValue *out) {
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    const nest *ns = &mp->ons[q];
+    int32_t r = ns->n_dims;
+    c->ns = ns;
+    cg_clear_gv(c);
+    int32_t bgroups[R], nbg = 0;
+    for (int32_t d = 0; d < r - 2; d++)
+        if (ns->dim_group[d] >= 0)
+            bgroups[nbg++] = ns->dim_group[d];
+    if (nbg > 0)
+        cg_delinearize(c, p, nbg, bgroups);
+    if (ns->dim_group[r - 2] >= 0)
+        c->gv[ns->dim_group[r - 2]] = row;
+    if (ns->dim_group[r - 1] >= 0)
+        c->gv[ns->dim_group[r - 1]] = col;
+    imap map;
+    cg_identity_map(ns, &map);
+    int32_t mark = cg_memo_mark(c);
+    loom_status st = cg_eval(c, root->inputs[q], &map, out);
+    cg_memo_pop(c, mark);
+    return st;
+}
+
+/* PACK_F32: a task's rows of A into af[(i - i0) * K + k] (q 0), or its columns of B into
+ * bf[k * cols + (j - j0)] (q 1), converted to f32. */
+static loom_status pack_f32(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
+                            MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
+    cg_b *b = c->b;
+    cg_for lo, lin;
+    MlirValue v;
+    if (q == 0) {
+        cg_for_begin(b, &lo, i0, i1, 0, NULL);
+        MlirValue row = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->K);
+        cg_for_begin(b, &lin, cg_idx(b, 0), cg_idx(b, mp->K), 0, NULL);
+        loom_status st = eval_operand(c, mp, 0, p, lo.iv, lin.iv, &v);
+        if (st != LOOM_OK)
+            return st;
+        cg_store(b, v, buf, cg_iadd(b, row, lin.iv));
+    } else {
+        cg_for_begin(b, &lo, cg_idx(b, 0), cg_idx(b, mp->K), 0, NULL);
+        MlirValue row = cg_bin(b, "arith.subi", cg_imul_c(b, lo.iv, mp->cols), j0);
+        cg_for_begin(b, &lin, j0, j1, 0, NULL);
+        loom_status st = eval_operand(c, mp, 1, p, lo.iv, lin.iv, &v);
+        if (st != LOOM_OK)
+            return st;
+        cg_store(b, v, buf, cg_iadd(b, row, lin.iv));
+    }
+    cg_for_end(b, &lin, 0, NULL);
+    cg_for_end(b, &lo, 0, NULL);
+    return LOOM_OK;
+}
+
+/* Two bf16 (f32 values already rounded to bf16) as one i32: lo in the low half. */
+static MlirValue bf16_pair(cg_b *b, MlirValue lo, MlirValue hi) {
+    MlirValue l =
+        cg_bin(b, "arith.shrui", cg_conv(b, "arith.bitcast", lo, b->i32), cg_ci(b, b->i32, 16));
+    MlirValue h = cg_bin(b, "arith.andi", cg_conv(b, "arith.bitcast", hi, b->i32),
+                         cg_ci(b, b->i32, (int32_t)0xffff0000u));
+    return cg_bin(b, "arith.ori", l, h);
+}
+
+/* Stores 0 at buf[base + i * stride + j] for i in [i_lo, i_hi), j in [j_lo, j_hi) (pads). */
+static void zero_fill(cg_b *b, MlirValue buf, MlirValue i_lo, MlirValue i_hi, int64_t stride,
+                      MlirValue j_lo, MlirValue j_hi) {
+    cg_for li, lj;
+    cg_for_begin(b, &li, i_lo, i_hi, 0, NULL);
+    MlirValue row = cg_imul_c(b, li.iv, stride);
+    cg_for_begin(b, &lj, j_lo, j_hi, 0, NULL);
+    cg_store(b, cg_ci(b, b->i32, 0), buf, cg_iadd(b, row, lj.iv));
+    cg_for_end(b, &lj, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+}
+
+/* Packs the pair (k = 2kp, 2kp + 1) of operand q at (i, k) / (k, j), the second element
+ * 0 past K. fixed: the position along the other axis. */
+static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue fixed,
+                             MlirValue kp, bool odd_tail, MlirValue *out) {
+    cg_b *b = c->b;
+    MlirValue k0 = cg_imul_c(b, kp, 2), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
+    loom_status st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k0, &lo)
+                            : eval_operand(c, mp, 1, p, k0, fixed, &lo);
+    if (st != LOOM_OK)
+        return st;
+    if (odd_tail)
+        hi = cg_cf(b, b->f32, 0.0);
+    else if ((st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k1, &hi)
+                          : eval_operand(c, mp, 1, p, k1, fixed, &hi)) != LOOM_OK)
+        return st;
+    *out = bf16_pair(b, lo, hi);
+    return LOOM_OK;
+}
+
+/* PACK_BF16: A's rows into ap[(i - i0) * kp + kk] (q 0: bf16 pairs along K, rows padded
+ * to mbp with zeros), or B's columns into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l]
+ * holds the pair of column j0 + 16 pn + l (VNNI layout, columns padded to nbp with zeros). */
+static loom_status pack_bf16(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
+                             MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
+    cg_b *b = c->b;
+    loom_status st;
+    int64_t kfull = mp->K / 2;
+    MlirValue zero = cg_idx(b, 0), v;
+    for (int pass = 0; pass < 1 + (mp->K % 2); pass++) { /* full pairs, then an odd tail */
+        MlirValue klo = cg_idx(b, pass ? kfull : 0), khi = cg_idx(b, pass ? kfull + 1 : kfull);
+        cg_for lo, lin;
+        if (q == 0) {
+            cg_for_begin(b, &lo, i0, i1, 0, NULL);
+            MlirValue arow = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->kp);
+            cg_for_begin(b, &lin, klo, khi, 0, NULL);
+            if ((st = pack_pair(c, mp, 0, p, lo.iv, lin.iv, pass == 1, &v)) != LOOM_OK)
+                return st;
+            cg_store(b, v, buf, cg_iadd(b, arow, lin.iv));
+        } else {
+            cg_for_begin(b, &lo, klo, khi, 0, NULL);
+            cg_for_begin(b, &lin, j0, j1, 0, NULL);
+            MlirValue jj = cg_bin(b, "arith.subi", lin.iv, j0);
+            MlirValue pn = cg_bin(b, "arith.divui", jj, cg_idx(b, MK_PANEL));
+            MlirValue l = cg_bin(b, "arith.remui", jj, cg_idx(b, MK_PANEL));
+            MlirValue at =
+                cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, pn, mp->kp), lo.iv), MK_PANEL), l);
+            if ((st = pack_pair(c, mp, 1, p, lin.iv, lo.iv, pass == 1, &v)) != LOOM_OK)
+                return st;
+            cg_store(b, v, buf, at);
+        }
+        cg_for_end(b, &lin, 0, NULL);
+        cg_for_end(b, &lo, 0, NULL);
+    }
+    if (q == 0) { /* pad rows of A */
+        zero_fill(b, buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp), mp->kp, zero,
+                  cg_idx(b, mp->kp));
+        return LOOM_OK;
+    }
+    /* pad columns of B (panel by panel, one row of 16 per pair) */
+    cg_for lj, lk;
+    cg_for_begin(b, &lj, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, mp->nbp), 0, NULL);
+    MlirValue pn = cg_bin(b, "arith.divui", lj.iv, cg_idx(b, MK_PANEL));
+    MlirValue l = cg_bin(b, "arith.remui", lj.iv, cg_idx(b, MK_PANEL));
+    MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mp->kp * MK_PANEL), l);
+    cg_for_begin(b, &lk, zero, cg_idx(b, mp->kp), 0, NULL);
+    cg_store(b, cg_ci(b, b->i32, 0), buf, cg_iadd(b, base, cg_imul_c(b, lk.iv, MK_PANEL)));
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &lj, 0, NULL);
+    return LOOM_OK;
+}
+
+/* PACK_BF16 product of the packed task: cs[i * nbp + j] = sum_k A[i, k] B[k, j] over tiles
+ * of MK_MR x MK_NR, each a loop over K's pairs holding 16 accumulators in registers: per
+ * pair, two panel vectors of B, one broadcast pair of A per row, 16 vdpbf16ps. The tiles of
+ * a column strip run one after the other, so its B panels stay in cache. */
+static void emit_bf16_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp, MlirValue cs,
+                            MlirValue mb, MlirValue nb) {
+    cg_b *b = c->b;
+    enum { NV = MK_NR / MK_PANEL, NACC = MK_MR * NV };
+    MlirType vi = cg_vec_t(16, b->i32), vf = cg_vec_t(16, b->f32);
+    MlirValue n_jt =
+        cg_bin(b, "arith.divui", cg_iadd(b, nb, cg_idx(b, MK_NR - 1)), cg_idx(b, MK_NR));
+    MlirValue n_it =
+        cg_bin(b, "arith.divui", cg_iadd(b, mb, cg_idx(b, MK_MR - 1)), cg_idx(b, MK_MR));
+    cg_for ljt, lit, lk;
+    cg_for_begin(b, &ljt, cg_idx(b, 0), n_jt, 0, NULL);
+    cg_for_begin(b, &lit, cg_idx(b, 0), n_it, 0, NULL);
+    MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf), init[NACC];
+    for (int i = 0; i < NACC; i++)
+        init[i] = zero;
+    MlirValue arow0 = cg_imul_c(b, lit.iv, MK_MR * mp->kp);
+    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * mp->kp * MK_PANEL);
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, mp->kp), NACC, init);
+    MlirValue bv[NV], acc[NACC];
+    for (int v = 0; v < NV; v++)
+        bv[v] = cg_vload(
+            b, vi, bp,
+            cg_iadd(b, bpan0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, v * mp->kp)), MK_PANEL)));
+    for (int i = 0; i < MK_MR; i++) {
+        MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * mp->kp))));
+        MlirValue av = cg_vbroadcast(b, a, vi);
+        for (int v = 0; v < NV; v++)
+            acc[i * NV + v] = cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v]);
+    }
+    cg_for_end(b, &lk, NACC, acc);
+    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MK_MR * mp->nbp), cg_imul_c(b, ljt.iv, MK_NR));
+    for (int i = 0; i < MK_MR; i++)
+        for (int v = 0; v < NV; v++)
+            cg_vstore(b, cg_for_result(&lk, i * NV + v), cs,
+                      cg_iadd(b, c0, cg_idx(b, i * mp->nbp + v * MK_PANEL)));
+    cg_for_end(b, &lit, 0, NULL);
+    cg_for_end(b, &ljt, 0, NULL);
+}
+
 loom_status cg_lower_matmul(kc *c) {
     const loom_ir_graph *g = c->g;
     int32_t root_id = c->k->root;
     const loom_ir_node *root = &g->nodes[root_id];
     if (root->n_inputs != 2 || root->rank < 2)
         return cg_bad_plan(c, root_id, "a matmul without two operands of rank >= 2");
+    mm_kind kind = mm_kind_of(root->dtype);
     for (int32_t i = 0; i < 2; i++)
-        if (c->s->buf_of[root->inputs[i]] < 0)
+        if (c->s->buf_of[root->inputs[i]] < 0 && kind == MM_PLAIN)
             return cg_unsupported(c, root->inputs[i],
                                   "a matmul operand computed inside the matmul's kernel (codegen "
                                   "reads matmul operands from buffers: fuse producers elsewhere)");
@@ -171,6 +393,19 @@ loom_status cg_lower_matmul(kc *c) {
     mp->cols = mm_cols(mp->P * mp->nbm, mp->N);
     mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
+    mp->kind = kind;
+    mp->mbp = ceil_div(mp->rows, MK_MR) * MK_MR;
+    mp->nbp = ceil_div(mp->cols, MK_NR) * MK_NR;
+    mp->kp = ceil_div(mp->K, 2);
+    for (int32_t q = 0; q < 2 && kind != MM_PLAIN; q++) {
+        const loom_ir_node *on = &g->nodes[root->inputs[q]];
+        cg_nest_init(&mp->ons[q], on->rank, on->shape);
+        mp->ons[q].no_merge = true;
+        sink sk = {.node = root->inputs[q], .store = false};
+        cg_identity_map(&mp->ons[q], &sk.map);
+        if ((st = cg_plan_nest(c, &mp->ons[q], 1, &sk)) != LOOM_OK)
+            goto done;
+    }
 
     cg_nest_init(&mp->ns, root->rank, root->shape);
     mp->ns.no_merge = true;
@@ -215,17 +450,29 @@ loom_status cg_lower_matmul(kc *c) {
     c->ns = &mp->ns;
     cg_clear_gv(c);
     mp->acc_t = is_16(mp->dt) ? b->f32 : cg_compute_type(b, mp->dt);
-    MlirValue A = c->bufs[c->s->buf_of[root->inputs[0]]];
-    MlirValue B = c->bufs[c->s->buf_of[root->inputs[1]]];
+    MlirValue A = {NULL}, B = {NULL};
+    if (mp->kind == MM_PLAIN) {
+        A = c->bufs[c->s->buf_of[root->inputs[0]]];
+        B = c->bufs[c->s->buf_of[root->inputs[1]]];
+    }
     MlirValue C;
-    bool scratch = mp->acc_res < 0;
-    mp->cstride = scratch ? mp->cols : mp->N;
+    bool scratch = mp->acc_res < 0, bf = mp->kind == MM_PACK_BF16;
+    mp->cstride = bf ? mp->nbp : scratch ? mp->cols : mp->N;
+    /* packed A and B, and which (batch, column block) B holds (-1: none yet) */
+    MlirValue packs[3] = {{NULL}, {NULL}, {NULL}};
+    if (mp->kind == MM_PACK_F32) {
+        packs[0] = alloc_buf(b, b->f32, mp->rows * mp->K);
+        packs[1] = alloc_buf(b, b->f32, mp->K * mp->cols);
+    } else if (bf) {
+        packs[0] = alloc_buf(b, b->i32, mp->mbp * mp->kp);
+        packs[1] = alloc_buf(b, b->i32, mp->kp * mp->nbp);
+    }
+    if (mp->kind != MM_PLAIN) {
+        packs[2] = alloc_buf(b, b->i64, 1);
+        cg_store(b, cg_ci(b, b->i64, -1), packs[2], cg_idx(b, 0));
+    }
     if (scratch) { /* one malloc'd block of rows x cols per call, freed at the end */
-        int64_t n = mp->rows * mp->cols;
-        MlirType t = mlirMemRefTypeContiguousGet(mp->acc_t, 1, &n, mlirAttributeGetNull());
-        MlirNamedAttribute seg =
-            cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
-        C = mlirOperationGetResult(cg_op(b, "memref.alloc", 0, NULL, 1, &t, 1, &seg), 0);
+        C = alloc_buf(b, mp->acc_t, bf ? mp->mbp * mp->nbp : mp->rows * mp->cols);
     } else {
         C = c->bufs[c->s->res_of[mp->acc_res]];
     }
@@ -244,7 +491,31 @@ loom_status cg_lower_matmul(kc *c) {
     /* C[i, j] is at crow(i) + j - jc: the block's columns start at 0 in scratch */
     MlirValue cbase = scratch ? cg_idx(b, 0) : cg_imul_c(b, cg_imul_c(b, p, mp->M), mp->N);
     MlirValue jc = j0;
-    if (mp->linalg) {
+    if (mp->kind != MM_PLAIN) {
+        A = packs[0];
+        B = packs[1];
+        st = bf ? pack_bf16(c, mp, 0, A, p, i0, i1, j0, j1)
+                : pack_f32(c, mp, 0, A, p, i0, i1, j0, j1);
+        if (st != LOOM_OK)
+            goto done;
+        /* B's columns once per (batch, column block) of the call's consecutive tasks */
+        MlirValue key =
+            cg_conv(b, "arith.index_cast", cg_iadd(b, cg_imul_c(b, p, mp->nbn), jb), b->i64);
+        cg_if f;
+        cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, packs[2], cg_idx(b, 0)), key));
+        st = bf ? pack_bf16(c, mp, 1, B, p, i0, i1, j0, j1)
+                : pack_f32(c, mp, 1, B, p, i0, i1, j0, j1);
+        if (st != LOOM_OK)
+            goto done;
+        cg_store(b, key, packs[2], cg_idx(b, 0));
+        cg_if_end(b, &f);
+        c->ns = &mp->ns;
+        cg_clear_gv(c);
+    }
+    if (bf) {
+        emit_bf16_tiles(c, mp, A, B, C, cg_bin(b, "arith.subi", i1, i0),
+                        cg_bin(b, "arith.subi", j1, j0));
+    } else if (mp->linalg) {
         MlirValue crow0 =
             scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);
         int64_t nfull = mp->N / mp->cols, nrem = mp->N % mp->cols;
@@ -266,21 +537,26 @@ loom_status cg_lower_matmul(kc *c) {
         cg_for_begin(bb, &li, i0, i1, 0, NULL);
         MlirValue crow =
             scratch ? cg_bin(bb, "arith.subi",
-                             cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->cols), jc)
+                             cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->cstride), jc)
                     : cg_iadd(bb, cbase, cg_imul_c(bb, li.iv, mp->N));
         cg_for_begin(bb, &lj, j0, j1, 0, NULL);
         MlirValue zero =
             loom_ir_dtype_is_float(mp->dt) ? cg_cf(bb, mp->acc_t, 0.0) : cg_ci(bb, mp->acc_t, 0);
         cg_store(bb, zero, C, cg_iadd(bb, crow, lj.iv));
         cg_for_end(bb, &lj, 0, NULL);
-        MlirValue arow = cg_imul_c(bb, cg_iadd(bb, cg_imul_c(bb, p, mp->M), li.iv), mp->K);
-        MlirValue bbase = cg_imul_c(bb, p, mp->K * mp->N);
+        /* packed: A rows from i0 at stride K, B rows of cols from column j0, in f32 */
+        bool pk = mp->kind == MM_PACK_F32;
+        MlirValue arow = pk ? cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->K)
+                            : cg_imul_c(bb, cg_iadd(bb, cg_imul_c(bb, p, mp->M), li.iv), mp->K);
+        MlirValue bbase =
+            pk ? cg_bin(bb, "arith.subi", cg_idx(bb, 0), j0) : cg_imul_c(bb, p, mp->K * mp->N);
+        loom_dtype adt = pk ? LOOM_DTYPE_F32 : an->dtype;
+        loom_dtype bdt = pk ? LOOM_DTYPE_F32 : g->nodes[root->inputs[1]].dtype;
         cg_for_begin(bb, &lk, cg_idx(bb, 0), cg_idx(bb, mp->K), 0, NULL);
-        MlirValue av = cg_load_val(bb, an->dtype, A, cg_iadd(bb, arow, lk.iv));
-        MlirValue brow = cg_iadd(bb, bbase, cg_imul_c(bb, lk.iv, mp->N));
+        MlirValue av = cg_load_val(bb, adt, A, cg_iadd(bb, arow, lk.iv));
+        MlirValue brow = cg_iadd(bb, bbase, cg_imul_c(bb, lk.iv, pk ? mp->cols : mp->N));
         cg_for_begin(bb, &lj, j0, j1, 0, NULL);
-        MlirValue bv =
-            cg_load_val(bb, g->nodes[root->inputs[1]].dtype, B, cg_iadd(bb, brow, lj.iv));
+        MlirValue bv = cg_load_val(bb, bdt, B, cg_iadd(bb, brow, lj.iv));
         MlirValue ci = cg_iadd(bb, crow, lj.iv);
         bool fl = loom_ir_dtype_is_float(mp->dt);
         MlirValue prod = cg_bin(bb, fl ? "arith.mulf" : "arith.muli", av, bv);
@@ -303,7 +579,7 @@ loom_status cg_lower_matmul(kc *c) {
             c->gv[mp->ns.dim_group[r - 2]] = li.iv;
         MlirValue crow =
             scratch ? cg_bin(b, "arith.subi",
-                             cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0), mp->cols), jc)
+                             cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0), mp->cstride), jc)
                     : cg_iadd(b, cbase, cg_imul_c(b, li.iv, mp->N));
         cg_for_begin(b, &lj, j0, j1, 0, NULL);
         if (mp->ns.dim_group[r - 1] >= 0)
@@ -317,6 +593,9 @@ loom_status cg_lower_matmul(kc *c) {
     cg_for_end(b, &lo, 0, NULL);
     if (scratch)
         cg_op(b, "memref.dealloc", 1, &C, 0, NULL, 0, NULL);
+    for (int32_t q = 0; q < 3; q++)
+        if (!mlirValueIsNull(packs[q]))
+            cg_op(b, "memref.dealloc", 1, &packs[q], 0, NULL, 0, NULL);
 done:
     loom_ir_free(&c->s->alloc, mp, sizeof *mp);
     return st;
