@@ -14,8 +14,9 @@ enum {
     MM_WIDE_N = 4096,       /* N from which columns are split (below: slower, the MLP's 512 15%) */
     MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
-    MK_MR = 8,              /* bf16 microkernel: rows of its C tile ... */
-    MK_NR = 32,             /* ... and columns (2 vectors of 16 f32: 16 accumulators) */
+    MK_ACC = 16,            /* bf16 microkernel: accumulators (vectors of 16 f32) in its C
+                             * tile of 8 rows x 32 columns, or 16 x 16 for at most 16 columns
+                             * (a classifier's N = 10 would waste 22 of 32) */
     MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 bf16 pairs) */
 };
 
@@ -47,6 +48,7 @@ typedef struct mm_plan {
     mm_kind kind;
     nest ons[2];          /* packed kinds: the operands' dims, one group per dim */
     int64_t mbp, nbp, kp; /* PACK_BF16: padded rows and columns of a task, K in pairs */
+    int64_t mr, nv;       /* PACK_BF16: rows and 16-column panels of the C tile */
 } mm_plan;
 
 static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t N) {
@@ -266,20 +268,29 @@ static loom_status pack_bf16(kc *c, const mm_plan *mp, int32_t q, MlirValue buf,
             if ((st = pack_pair(c, mp, 0, p, lo.iv, lin.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
             cg_store(b, v, buf, cg_iadd(b, arow, lin.iv));
+            cg_for_end(b, &lin, 0, NULL);
+            cg_for_end(b, &lo, 0, NULL);
         } else {
+            /* for each pair row, panel by panel: 16 contiguous columns in, 16 pairs out */
+            cg_for lp;
+            MlirValue npn =
+                cg_bin(b, "arith.divui",
+                       cg_iadd(b, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, MK_PANEL - 1)),
+                       cg_idx(b, MK_PANEL));
             cg_for_begin(b, &lo, klo, khi, 0, NULL);
-            cg_for_begin(b, &lin, j0, j1, 0, NULL);
-            MlirValue jj = cg_bin(b, "arith.subi", lin.iv, j0);
-            MlirValue pn = cg_bin(b, "arith.divui", jj, cg_idx(b, MK_PANEL));
-            MlirValue l = cg_bin(b, "arith.remui", jj, cg_idx(b, MK_PANEL));
-            MlirValue at =
-                cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, pn, mp->kp), lo.iv), MK_PANEL), l);
+            cg_for_begin(b, &lp, cg_idx(b, 0), npn, 0, NULL);
+            MlirValue jp = cg_iadd(b, j0, cg_imul_c(b, lp.iv, MK_PANEL));
+            MlirValue at0 =
+                cg_bin(b, "arith.subi",
+                       cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->kp), lo.iv), MK_PANEL), jp);
+            cg_for_begin(b, &lin, jp, cg_imin(b, cg_iadd(b, jp, cg_idx(b, MK_PANEL)), j1), 0, NULL);
             if ((st = pack_pair(c, mp, 1, p, lin.iv, lo.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
-            cg_store(b, v, buf, at);
+            cg_store(b, v, buf, cg_iadd(b, at0, lin.iv));
+            cg_for_end(b, &lin, 0, NULL);
+            cg_for_end(b, &lp, 0, NULL);
+            cg_for_end(b, &lo, 0, NULL);
         }
-        cg_for_end(b, &lin, 0, NULL);
-        cg_for_end(b, &lo, 0, NULL);
     }
     if (q == 0) { /* pad rows of A */
         zero_fill(b, buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp), mp->kp, zero,
@@ -300,41 +311,40 @@ static loom_status pack_bf16(kc *c, const mm_plan *mp, int32_t q, MlirValue buf,
 }
 
 /* PACK_BF16 product of the packed task: cs[i * nbp + j] = sum_k A[i, k] B[k, j] over tiles
- * of MK_MR x MK_NR, each a loop over K's pairs holding 16 accumulators in registers: per
- * pair, two panel vectors of B, one broadcast pair of A per row, 16 vdpbf16ps. The tiles of
+ * of mr x 16 nv, each a loop over K's pairs holding 16 accumulators in registers: per
+ * pair, nv panel vectors of B, one broadcast pair of A per row, 16 vdpbf16ps. The tiles of
  * a column strip run one after the other, so its B panels stay in cache. */
 static void emit_bf16_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp, MlirValue cs,
                             MlirValue mb, MlirValue nb) {
     cg_b *b = c->b;
-    enum { NV = MK_NR / MK_PANEL, NACC = MK_MR * NV };
+    enum { NACC = MK_ACC };
+    const int64_t MR = mp->mr, NV = mp->nv, NR = NV * MK_PANEL;
     MlirType vi = cg_vec_t(16, b->i32), vf = cg_vec_t(16, b->f32);
-    MlirValue n_jt =
-        cg_bin(b, "arith.divui", cg_iadd(b, nb, cg_idx(b, MK_NR - 1)), cg_idx(b, MK_NR));
-    MlirValue n_it =
-        cg_bin(b, "arith.divui", cg_iadd(b, mb, cg_idx(b, MK_MR - 1)), cg_idx(b, MK_MR));
+    MlirValue n_jt = cg_bin(b, "arith.divui", cg_iadd(b, nb, cg_idx(b, NR - 1)), cg_idx(b, NR));
+    MlirValue n_it = cg_bin(b, "arith.divui", cg_iadd(b, mb, cg_idx(b, MR - 1)), cg_idx(b, MR));
     cg_for ljt, lit, lk;
     cg_for_begin(b, &ljt, cg_idx(b, 0), n_jt, 0, NULL);
     cg_for_begin(b, &lit, cg_idx(b, 0), n_it, 0, NULL);
     MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf), init[NACC];
     for (int i = 0; i < NACC; i++)
         init[i] = zero;
-    MlirValue arow0 = cg_imul_c(b, lit.iv, MK_MR * mp->kp);
+    MlirValue arow0 = cg_imul_c(b, lit.iv, MR * mp->kp);
     MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * mp->kp * MK_PANEL);
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, mp->kp), NACC, init);
-    MlirValue bv[NV], acc[NACC];
+    MlirValue bv[2], acc[NACC];
     for (int v = 0; v < NV; v++)
         bv[v] = cg_vload(
             b, vi, bp,
             cg_iadd(b, bpan0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, v * mp->kp)), MK_PANEL)));
-    for (int i = 0; i < MK_MR; i++) {
+    for (int i = 0; i < MR; i++) {
         MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * mp->kp))));
         MlirValue av = cg_vbroadcast(b, a, vi);
         for (int v = 0; v < NV; v++)
             acc[i * NV + v] = cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v]);
     }
     cg_for_end(b, &lk, NACC, acc);
-    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MK_MR * mp->nbp), cg_imul_c(b, ljt.iv, MK_NR));
-    for (int i = 0; i < MK_MR; i++)
+    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * mp->nbp), cg_imul_c(b, ljt.iv, NR));
+    for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++)
             cg_vstore(b, cg_for_result(&lk, i * NV + v), cs,
                       cg_iadd(b, c0, cg_idx(b, i * mp->nbp + v * MK_PANEL)));
@@ -394,8 +404,10 @@ loom_status cg_lower_matmul(kc *c) {
     mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
     mp->kind = kind;
-    mp->mbp = ceil_div(mp->rows, MK_MR) * MK_MR;
-    mp->nbp = ceil_div(mp->cols, MK_NR) * MK_NR;
+    mp->nv = mp->cols <= MK_PANEL ? 1 : 2;
+    mp->mr = MK_ACC / mp->nv;
+    mp->mbp = ceil_div(mp->rows, mp->mr) * mp->mr;
+    mp->nbp = ceil_div(mp->cols, mp->nv * MK_PANEL) * mp->nv * MK_PANEL;
     mp->kp = ceil_div(mp->K, 2);
     for (int32_t q = 0; q < 2 && kind != MM_PLAIN; q++) {
         const loom_ir_node *on = &g->nodes[root->inputs[q]];
