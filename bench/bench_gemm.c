@@ -494,7 +494,7 @@ static void loom_mm_build(loom_mm *mm, const loom_allocator *al, loom_dtype dt, 
                                            .results = ids + 3};
     mm->plan.n_kernels = 1;
     mm->plan.node_kernel[im] = 0;
-    loom_cg_options opts = {.compile_threads = 1};
+    loom_cg_options opts = {.compile_threads = 1, .dump_dir = getenv("BENCH_DUMP"), .dump_prefix = loom_dtype_name(dt)};
     double t0 = now_s();
     if (loom_cg_compile(&mm->g, &mm->plan, &opts, &mm->code, &mm->k, &d) != LOOM_OK)
         die("compiling the matmul", d.msg);
