@@ -171,11 +171,11 @@ bool loom_cg_host_has_fma(void);
 bool loom_cg_host_has(const char *feature);
 
 /* How 16-bit (bf16, f16) matmuls are computed. AVX512BF16: bf16 only, B packed in pairs and
- * vdpbf16ps; F32: operands converted to f32 while packed, then the f32 schedule (every
- * machine; f16 always). Chosen by the host's features; LOOM_MATMUL_ISA=avx512bf16 | f32 |
- * amx forces one (a path this CPU cannot run, and amx, which is not implemented, print one
- * warning and use F32; the f32 tiles avx512 | avx2 | generic imply F32). Read at each
- * compile; loom_cg_target_key includes the variable. */
+ * vdpbf16ps; F32: operands converted to f32 while packed, then an FMA microkernel of
+ * 16-lane vectors (every machine, though tuned for AVX-512; f16 always). Chosen by the host's
+ * features; LOOM_MATMUL_ISA=avx512bf16 | f32 | amx forces one (a path this CPU cannot run, and amx,
+ * which is not implemented, print one warning and use F32; the f32 tiles avx512 | avx2 | generic
+ * imply F32). Read at each compile; loom_cg_target_key includes the variable. */
 typedef enum cg_mm16 { CG_MM16_F32, CG_MM16_AVX512BF16, CG_MM16_COUNT_ } cg_mm16;
 cg_mm16 loom_cg_mm16_path(void);
 

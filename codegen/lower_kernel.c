@@ -43,7 +43,7 @@
  *    the operands (a cast or transpose fused into the kernel costs no pass of its own;
  *    B is packed once per column block of a call's consecutive tasks): in bf16 pairs for
  *    the vdpbf16ps microkernel (8 x 32 or 16 x 16 C tiles, 16 accumulators) where the
- *    CPU has AVX512-BF16, else converted to f32 for the f32 schedule (lower_matmul.c).
+ *    CPU has AVX512-BF16, else converted to f32 for an FMA microkernel of the same tiles.
  *  - Results whose shape is not the kernel's iteration space (rare: a small value fused
  *    into a kernel over a larger one) are computed by a separate nest that only the task
  *    starting at lo == 0 runs.

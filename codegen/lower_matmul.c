@@ -17,13 +17,14 @@ enum {
     MK_ACC = 16,            /* bf16 microkernel: accumulators (vectors of 16 f32) in its C
                              * tile of 8 rows x 32 columns, or 16 x 16 for at most 16 columns
                              * (a classifier's N = 10 would waste 22 of 32) */
-    MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 bf16 pairs) */
+    MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
 };
 
 /* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
  * integers); 16-bit matmuls pack each task's operands first, evaluating them (so a cast
- * into the matmul costs no pass of its own): PACK_F32 converts to f32 for the f32 schedule,
- * PACK_BF16 packs bf16 pairs for the vdpbf16ps microkernel. */
+ * into the matmul costs no pass of its own), for a register-tiled microkernel: PACK_F32
+ * converts them to f32 (vcvtph2ps for f16) for an FMA microkernel, PACK_BF16 packs bf16
+ * pairs for the vdpbf16ps one. */
 typedef enum mm_kind { MM_PLAIN, MM_PACK_F32, MM_PACK_BF16 } mm_kind;
 
 static mm_kind mm_kind_of(loom_dtype dt) {
@@ -48,12 +49,12 @@ typedef struct mm_plan {
     mm_kind kind;
     nest ons[2];          /* packed kinds: the operands' dims, one group per dim */
     int64_t mbp, nbp, kp; /* PACK_BF16: padded rows and columns of a task, K in pairs */
-    int64_t mr, nv;       /* PACK_BF16: rows and 16-column panels of the C tile */
+    int64_t mr, nv;       /* packed kinds: rows and 16-column panels of the C tile */
+    int64_t pk;           /* packed kinds: elements of K per packed element (2: bf16 pairs) */
 } mm_plan;
 
 static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t N) {
-    return (root->dtype == LOOM_DTYPE_F32 || mm_kind_of(root->dtype) == MM_PACK_F32) && M >= 8 &&
-           K >= 8 && N >= 8;
+    return root->dtype == LOOM_DTYPE_F32 && M >= 8 && K >= 8 && N >= 8;
 }
 
 /* Columns per task for a matmul of N columns whose (batch, row block) tasks number tasks:
@@ -113,12 +114,10 @@ static void emit_mm_block_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValu
                                  MlirValue p, MlirValue i0, MlirValue j0, MlirValue crow0,
                                  int64_t mb, int64_t nb) {
     cg_b *b = c->b;
-    bool packed = mp->kind == MM_PACK_F32; /* a: rows x K, bm: K x cols of the task */
-    MlirValue aoff =
-        packed ? cg_idx(b, 0) : cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, mp->M), i0), mp->K);
-    MlirValue boff = packed ? cg_idx(b, 0) : cg_iadd(b, cg_imul_c(b, p, mp->K * mp->N), j0);
+    MlirValue aoff = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, mp->M), i0), mp->K);
+    MlirValue boff = cg_iadd(b, cg_imul_c(b, p, mp->K * mp->N), j0);
     MlirValue av = view2d(b, a, aoff, mb, mp->K, mp->K);
-    MlirValue bv = view2d(b, bm, boff, mp->K, nb, packed ? mp->cols : mp->N);
+    MlirValue bv = view2d(b, bm, boff, mp->K, nb, mp->N);
     MlirValue cv = view2d(b, cm, crow0, mb, nb, mp->cstride);
     MlirValue fill[2] = {cg_cf(b, b->f32, 0.0), cv};
     linalg_named(b, "linalg.fill", 1, fill, 2);
@@ -180,35 +179,6 @@ static loom_status eval_operand(kc *c, const mm_plan *mp, int32_t q, MlirValue p
     return st;
 }
 
-/* PACK_F32: a task's rows of A into af[(i - i0) * K + k] (q 0), or its columns of B into
- * bf[k * cols + (j - j0)] (q 1), converted to f32. */
-static loom_status pack_f32(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
-                            MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
-    cg_b *b = c->b;
-    cg_for lo, lin;
-    MlirValue v;
-    if (q == 0) {
-        cg_for_begin(b, &lo, i0, i1, 0, NULL);
-        MlirValue row = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->K);
-        cg_for_begin(b, &lin, cg_idx(b, 0), cg_idx(b, mp->K), 0, NULL);
-        loom_status st = eval_operand(c, mp, 0, p, lo.iv, lin.iv, &v);
-        if (st != LOOM_OK)
-            return st;
-        cg_store(b, v, buf, cg_iadd(b, row, lin.iv));
-    } else {
-        cg_for_begin(b, &lo, cg_idx(b, 0), cg_idx(b, mp->K), 0, NULL);
-        MlirValue row = cg_bin(b, "arith.subi", cg_imul_c(b, lo.iv, mp->cols), j0);
-        cg_for_begin(b, &lin, j0, j1, 0, NULL);
-        loom_status st = eval_operand(c, mp, 1, p, lo.iv, lin.iv, &v);
-        if (st != LOOM_OK)
-            return st;
-        cg_store(b, v, buf, cg_iadd(b, row, lin.iv));
-    }
-    cg_for_end(b, &lin, 0, NULL);
-    cg_for_end(b, &lo, 0, NULL);
-    return LOOM_OK;
-}
-
 /* Two bf16 (f32 values already rounded to bf16) as one i32: lo in the low half. */
 static MlirValue bf16_pair(cg_b *b, MlirValue lo, MlirValue hi) {
     MlirValue l =
@@ -218,28 +188,35 @@ static MlirValue bf16_pair(cg_b *b, MlirValue lo, MlirValue hi) {
     return cg_bin(b, "arith.ori", l, h);
 }
 
-/* Stores 0 at buf[base + i * stride + j] for i in [i_lo, i_hi), j in [j_lo, j_hi) (pads). */
-static void zero_fill(cg_b *b, MlirValue buf, MlirValue i_lo, MlirValue i_hi, int64_t stride,
-                      MlirValue j_lo, MlirValue j_hi) {
+/* The packed element 0 (i32 pairs of bf16, or f32). */
+static MlirValue pack_zero(cg_b *b, const mm_plan *mp) {
+    return mp->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+}
+
+/* Stores zero at buf[i * stride + j] for i in [i_lo, i_hi), j in [j_lo, j_hi) (pads). */
+static void zero_fill(cg_b *b, MlirValue zero, MlirValue buf, MlirValue i_lo, MlirValue i_hi,
+                      int64_t stride, MlirValue j_lo, MlirValue j_hi) {
     cg_for li, lj;
     cg_for_begin(b, &li, i_lo, i_hi, 0, NULL);
     MlirValue row = cg_imul_c(b, li.iv, stride);
     cg_for_begin(b, &lj, j_lo, j_hi, 0, NULL);
-    cg_store(b, cg_ci(b, b->i32, 0), buf, cg_iadd(b, row, lj.iv));
+    cg_store(b, zero, buf, cg_iadd(b, row, lj.iv));
     cg_for_end(b, &lj, 0, NULL);
     cg_for_end(b, &li, 0, NULL);
 }
 
-/* Packs the pair (k = 2kp, 2kp + 1) of operand q at (i, k) / (k, j), the second element
- * 0 past K. fixed: the position along the other axis. */
+/* The packed element kp of operand q at (i, k) / (k, j) (fixed: the position along the
+ * other axis): PACK_BF16 the pair k = 2kp, 2kp + 1 (the second 0 past K), PACK_F32 k = kp. */
 static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue fixed,
                              MlirValue kp, bool odd_tail, MlirValue *out) {
     cg_b *b = c->b;
-    MlirValue k0 = cg_imul_c(b, kp, 2), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
+    MlirValue k0 = cg_imul_c(b, kp, mp->pk), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
     loom_status st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k0, &lo)
                             : eval_operand(c, mp, 1, p, k0, fixed, &lo);
-    if (st != LOOM_OK)
+    if (st != LOOM_OK || mp->pk == 1) {
+        *out = lo;
         return st;
+    }
     if (odd_tail)
         hi = cg_cf(b, b->f32, 0.0);
     else if ((st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k1, &hi)
@@ -249,16 +226,17 @@ static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, M
     return LOOM_OK;
 }
 
-/* PACK_BF16: A's rows into ap[(i - i0) * kp + kk] (q 0: bf16 pairs along K, rows padded
- * to mbp with zeros), or B's columns into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l]
- * holds the pair of column j0 + 16 pn + l (VNNI layout, columns padded to nbp with zeros). */
-static loom_status pack_bf16(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
-                             MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
+/* A's rows into ap[(i - i0) * kp + kk] (q 0: rows padded to mbp with zeros), or B's columns
+ * into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l] holds element kk of column
+ * j0 + 16 pn + l (columns padded to nbp with zeros); an element is a pair of bf16 along K
+ * (PACK_BF16: B in the VNNI layout) or one f32. */
+static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
+                               MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
     cg_b *b = c->b;
     loom_status st;
-    int64_t kfull = mp->K / 2;
+    int64_t kfull = mp->K / mp->pk;
     MlirValue zero = cg_idx(b, 0), v;
-    for (int pass = 0; pass < 1 + (mp->K % 2); pass++) { /* full pairs, then an odd tail */
+    for (int pass = 0; pass < 1 + (mp->K % mp->pk); pass++) { /* full pairs, an odd tail */
         MlirValue klo = cg_idx(b, pass ? kfull : 0), khi = cg_idx(b, pass ? kfull + 1 : kfull);
         cg_for lo, lin;
         if (q == 0) {
@@ -293,8 +271,8 @@ static loom_status pack_bf16(kc *c, const mm_plan *mp, int32_t q, MlirValue buf,
         }
     }
     if (q == 0) { /* pad rows of A */
-        zero_fill(b, buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp), mp->kp, zero,
-                  cg_idx(b, mp->kp));
+        zero_fill(b, pack_zero(b, mp), buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp),
+                  mp->kp, zero, cg_idx(b, mp->kp));
         return LOOM_OK;
     }
     /* pad columns of B (panel by panel, one row of 16 per pair) */
@@ -304,22 +282,22 @@ static loom_status pack_bf16(kc *c, const mm_plan *mp, int32_t q, MlirValue buf,
     MlirValue l = cg_bin(b, "arith.remui", lj.iv, cg_idx(b, MK_PANEL));
     MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mp->kp * MK_PANEL), l);
     cg_for_begin(b, &lk, zero, cg_idx(b, mp->kp), 0, NULL);
-    cg_store(b, cg_ci(b, b->i32, 0), buf, cg_iadd(b, base, cg_imul_c(b, lk.iv, MK_PANEL)));
+    cg_store(b, pack_zero(b, mp), buf, cg_iadd(b, base, cg_imul_c(b, lk.iv, MK_PANEL)));
     cg_for_end(b, &lk, 0, NULL);
     cg_for_end(b, &lj, 0, NULL);
     return LOOM_OK;
 }
 
-/* PACK_BF16 product of the packed task: cs[i * nbp + j] = sum_k A[i, k] B[k, j] over tiles
- * of mr x 16 nv, each a loop over K's pairs holding 16 accumulators in registers: per
+/* The product of the packed task (PACK_BF16, PACK_F32): cs[i * nbp + j] = sum_k A[i, k] B[k, j]
+ * over tiles of mr x 16 nv, each a loop over K's pairs holding 16 accumulators in registers: per
  * pair, nv panel vectors of B, one broadcast pair of A per row, 16 vdpbf16ps. The tiles of
  * a column strip run one after the other, so its B panels stay in cache. */
-static void emit_bf16_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp, MlirValue cs,
-                            MlirValue mb, MlirValue nb) {
+static void emit_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp, MlirValue cs,
+                       MlirValue mb, MlirValue nb) {
     cg_b *b = c->b;
     enum { NACC = MK_ACC };
     const int64_t MR = mp->mr, NV = mp->nv, NR = NV * MK_PANEL;
-    MlirType vi = cg_vec_t(16, b->i32), vf = cg_vec_t(16, b->f32);
+    MlirType vi = cg_vec_t(16, mp->pk == 2 ? b->i32 : b->f32), vf = cg_vec_t(16, b->f32);
     MlirValue n_jt = cg_bin(b, "arith.divui", cg_iadd(b, nb, cg_idx(b, NR - 1)), cg_idx(b, NR));
     MlirValue n_it = cg_bin(b, "arith.divui", cg_iadd(b, mb, cg_idx(b, MR - 1)), cg_idx(b, MR));
     cg_for ljt, lit, lk;
@@ -340,7 +318,8 @@ static void emit_bf16_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp
         MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * mp->kp))));
         MlirValue av = cg_vbroadcast(b, a, vi);
         for (int v = 0; v < NV; v++)
-            acc[i * NV + v] = cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v]);
+            acc[i * NV + v] = mp->pk == 2 ? cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v])
+                                          : cg_fma(b, av, bv[v], lk.iter[i * NV + v]);
     }
     cg_for_end(b, &lk, NACC, acc);
     MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * mp->nbp), cg_imul_c(b, ljt.iv, NR));
@@ -408,7 +387,8 @@ loom_status cg_lower_matmul(kc *c) {
     mp->mr = MK_ACC / mp->nv;
     mp->mbp = ceil_div(mp->rows, mp->mr) * mp->mr;
     mp->nbp = ceil_div(mp->cols, mp->nv * MK_PANEL) * mp->nv * MK_PANEL;
-    mp->kp = ceil_div(mp->K, 2);
+    mp->pk = kind == MM_PACK_BF16 ? 2 : 1;
+    mp->kp = ceil_div(mp->K, mp->pk);
     for (int32_t q = 0; q < 2 && kind != MM_PLAIN; q++) {
         const loom_ir_node *on = &g->nodes[root->inputs[q]];
         cg_nest_init(&mp->ons[q], on->rank, on->shape);
@@ -468,16 +448,14 @@ loom_status cg_lower_matmul(kc *c) {
         B = c->bufs[c->s->buf_of[root->inputs[1]]];
     }
     MlirValue C;
-    bool scratch = mp->acc_res < 0, bf = mp->kind == MM_PACK_BF16;
+    bool scratch = mp->acc_res < 0, bf = mp->kind != MM_PLAIN;
     mp->cstride = bf ? mp->nbp : scratch ? mp->cols : mp->N;
     /* packed A and B, and which (batch, column block) B holds (-1: none yet) */
     MlirValue packs[3] = {{NULL}, {NULL}, {NULL}};
-    if (mp->kind == MM_PACK_F32) {
-        packs[0] = alloc_buf(b, b->f32, mp->rows * mp->K);
-        packs[1] = alloc_buf(b, b->f32, mp->K * mp->cols);
-    } else if (bf) {
-        packs[0] = alloc_buf(b, b->i32, mp->mbp * mp->kp);
-        packs[1] = alloc_buf(b, b->i32, mp->kp * mp->nbp);
+    if (bf) {
+        MlirType et = mp->pk == 2 ? b->i32 : b->f32;
+        packs[0] = alloc_buf(b, et, mp->mbp * mp->kp);
+        packs[1] = alloc_buf(b, et, mp->kp * mp->nbp);
     }
     if (mp->kind != MM_PLAIN) {
         packs[2] = alloc_buf(b, b->i64, 1);
@@ -506,8 +484,7 @@ loom_status cg_lower_matmul(kc *c) {
     if (mp->kind != MM_PLAIN) {
         A = packs[0];
         B = packs[1];
-        st = bf ? pack_bf16(c, mp, 0, A, p, i0, i1, j0, j1)
-                : pack_f32(c, mp, 0, A, p, i0, i1, j0, j1);
+        st = pack_panels(c, mp, 0, A, p, i0, i1, j0, j1);
         if (st != LOOM_OK)
             goto done;
         /* B's columns once per (batch, column block) of the call's consecutive tasks */
@@ -515,8 +492,7 @@ loom_status cg_lower_matmul(kc *c) {
             cg_conv(b, "arith.index_cast", cg_iadd(b, cg_imul_c(b, p, mp->nbn), jb), b->i64);
         cg_if f;
         cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, packs[2], cg_idx(b, 0)), key));
-        st = bf ? pack_bf16(c, mp, 1, B, p, i0, i1, j0, j1)
-                : pack_f32(c, mp, 1, B, p, i0, i1, j0, j1);
+        st = pack_panels(c, mp, 1, B, p, i0, i1, j0, j1);
         if (st != LOOM_OK)
             goto done;
         cg_store(b, key, packs[2], cg_idx(b, 0));
@@ -525,8 +501,8 @@ loom_status cg_lower_matmul(kc *c) {
         cg_clear_gv(c);
     }
     if (bf) {
-        emit_bf16_tiles(c, mp, A, B, C, cg_bin(b, "arith.subi", i1, i0),
-                        cg_bin(b, "arith.subi", j1, j0));
+        emit_tiles(c, mp, A, B, C, cg_bin(b, "arith.subi", i1, i0),
+                   cg_bin(b, "arith.subi", j1, j0));
     } else if (mp->linalg) {
         MlirValue crow0 =
             scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);
@@ -556,19 +532,14 @@ loom_status cg_lower_matmul(kc *c) {
             loom_ir_dtype_is_float(mp->dt) ? cg_cf(bb, mp->acc_t, 0.0) : cg_ci(bb, mp->acc_t, 0);
         cg_store(bb, zero, C, cg_iadd(bb, crow, lj.iv));
         cg_for_end(bb, &lj, 0, NULL);
-        /* packed: A rows from i0 at stride K, B rows of cols from column j0, in f32 */
-        bool pk = mp->kind == MM_PACK_F32;
-        MlirValue arow = pk ? cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->K)
-                            : cg_imul_c(bb, cg_iadd(bb, cg_imul_c(bb, p, mp->M), li.iv), mp->K);
-        MlirValue bbase =
-            pk ? cg_bin(bb, "arith.subi", cg_idx(bb, 0), j0) : cg_imul_c(bb, p, mp->K * mp->N);
-        loom_dtype adt = pk ? LOOM_DTYPE_F32 : an->dtype;
-        loom_dtype bdt = pk ? LOOM_DTYPE_F32 : g->nodes[root->inputs[1]].dtype;
+        MlirValue arow = cg_imul_c(bb, cg_iadd(bb, cg_imul_c(bb, p, mp->M), li.iv), mp->K);
+        MlirValue bbase = cg_imul_c(bb, p, mp->K * mp->N);
         cg_for_begin(bb, &lk, cg_idx(bb, 0), cg_idx(bb, mp->K), 0, NULL);
-        MlirValue av = cg_load_val(bb, adt, A, cg_iadd(bb, arow, lk.iv));
-        MlirValue brow = cg_iadd(bb, bbase, cg_imul_c(bb, lk.iv, pk ? mp->cols : mp->N));
+        MlirValue av = cg_load_val(bb, an->dtype, A, cg_iadd(bb, arow, lk.iv));
+        MlirValue brow = cg_iadd(bb, bbase, cg_imul_c(bb, lk.iv, mp->N));
         cg_for_begin(bb, &lj, j0, j1, 0, NULL);
-        MlirValue bv = cg_load_val(bb, bdt, B, cg_iadd(bb, brow, lj.iv));
+        MlirValue bv =
+            cg_load_val(bb, g->nodes[root->inputs[1]].dtype, B, cg_iadd(bb, brow, lj.iv));
         MlirValue ci = cg_iadd(bb, crow, lj.iv);
         bool fl = loom_ir_dtype_is_float(mp->dt);
         MlirValue prod = cg_bin(bb, fl ? "arith.mulf" : "arith.muli", av, bv);
