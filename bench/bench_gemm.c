@@ -494,7 +494,8 @@ static void loom_mm_build(loom_mm *mm, const loom_allocator *al, loom_dtype dt, 
                                            .results = ids + 3};
     mm->plan.n_kernels = 1;
     mm->plan.node_kernel[im] = 0;
-    loom_cg_options opts = {.compile_threads = 1, .dump_dir = getenv("BENCH_DUMP"), .dump_prefix = loom_dtype_name(dt)};
+    loom_cg_options opts = {
+        .compile_threads = 1, .dump_dir = getenv("BENCH_DUMP"), .dump_prefix = loom_dtype_name(dt)};
     double t0 = now_s();
     if (loom_cg_compile(&mm->g, &mm->plan, &opts, &mm->code, &mm->k, &d) != LOOM_OK)
         die("compiling the matmul", d.msg);
@@ -523,7 +524,9 @@ static void dnnl_check(dnnl_status_t st, const char *what) {
         die("oneDNN", what);
 }
 
-static void dnnl_mm_build(dnnl_mm *dm, loom_dtype dt, const shape *sh, void *a, void *b, void *c) {
+/* false (and nothing to destroy) when oneDNN has no matmul of dt on this CPU (f16 without
+ * AVX512-FP16 or AMX-FP16). */
+static bool dnnl_mm_build(dnnl_mm *dm, loom_dtype dt, const shape *sh, void *a, void *b, void *c) {
     dnnl_data_type_t t = dt == LOOM_DTYPE_BF16  ? dnnl_bf16
                          : dt == LOOM_DTYPE_F16 ? dnnl_f16
                                                 : dnnl_f32;
@@ -537,8 +540,11 @@ static void dnnl_mm_build(dnnl_mm *dm, loom_dtype dt, const shape *sh, void *a, 
     dnnl_matmul_desc_t desc;
     dnnl_check(dnnl_matmul_desc_init(&desc, &md[0], &md[1], NULL, &md[2]), "matmul desc");
     dnnl_primitive_desc_t pd;
-    dnnl_check(dnnl_primitive_desc_create(&pd, &desc, NULL, dm->engine, NULL),
-               "no matmul for this dtype on this CPU");
+    if (dnnl_primitive_desc_create(&pd, &desc, NULL, dm->engine, NULL) != dnnl_success) {
+        dnnl_stream_destroy(dm->stream);
+        dnnl_engine_destroy(dm->engine);
+        return false;
+    }
     const char *impl = NULL;
     dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
     snprintf(dm->impl, sizeof dm->impl, "%s", impl ? impl : "?");
@@ -547,6 +553,7 @@ static void dnnl_mm_build(dnnl_mm *dm, loom_dtype dt, const shape *sh, void *a, 
     void *ptr[3] = {a, b, c};
     for (int i = 0; i < 3; i++)
         dnnl_check(dnnl_memory_create(&dm->mem[i], &md[i], dm->engine, ptr[i]), "memory");
+    return true;
 }
 
 static void dnnl_mm_run(void *ud) {
@@ -619,11 +626,15 @@ static void run_16bit(const options *o) {
 #ifdef LOOM_BENCH_HAVE_DNNL
             dnnl_mm dm;
             void *d16 = aligned_alloc(64, ((size_t)(sh->m * sh->n) * 2 + 63) / 64 * 64);
-            dnnl_mm_build(&dm, o->dtype, sh, a16, b16, d16);
-            omp_set_num_threads(threads);
-            rs[2] = (runner){&p, NULL, threads, false, dnnl_mm_run, &dm};
-            n = 3;
-            impl = dm.impl;
+            bool have_dnnl = dnnl_mm_build(&dm, o->dtype, sh, a16, b16, d16);
+            if (have_dnnl) {
+                omp_set_num_threads(threads);
+                rs[2] = (runner){&p, NULL, threads, false, dnnl_mm_run, &dm};
+                n = 3;
+                impl = dm.impl;
+            } else {
+                impl = "oneDNN has no such matmul on this CPU";
+            }
 #endif
             loom_mm_run(&lm);
             for (int64_t i = 0; i < sh->m * sh->n; i++)
@@ -641,7 +652,8 @@ static void run_16bit(const options *o) {
                    rate[0] / rate[1], lm.compile_ms, err, impl, err > tol ? "  WRONG" : "");
             fflush(stdout);
 #ifdef LOOM_BENCH_HAVE_DNNL
-            dnnl_mm_destroy(&dm);
+            if (have_dnnl)
+                dnnl_mm_destroy(&dm);
             free(d16);
 #endif
             loom_mm_destroy(&lm);
