@@ -17,6 +17,7 @@ enum {
     MK_ACC = 16,            /* bf16 microkernel: accumulators (vectors of 16 f32) in its C
                              * tile of 8 rows x 32 columns, or 16 x 16 for at most 16 columns
                              * (a classifier's N = 10 would waste 22 of 32) */
+    MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
     MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
 };
 
@@ -380,6 +381,13 @@ loom_status cg_lower_matmul(kc *c) {
     mp->rows = mp->M < rows ? (mp->M > 0 ? mp->M : 1) : rows;
     mp->nbm = ceil_div(mp->M, mp->rows);
     mp->cols = mm_cols(mp->P * mp->nbm, mp->N);
+    if (kind != MM_PLAIN && mp->P * mp->nbm < MM_TASKS_MIN && mp->N >= 2 * MK_COLS_MIN) {
+        /* few row blocks: tasks of column blocks too, so that each thread packs only the
+         * columns of B it multiplies (64x512x512 spent as long packing B as using it) */
+        int64_t nbn = ceil_div(MM_TASKS_MIN, mp->P * mp->nbm);
+        nbn = nbn > mp->N / MK_COLS_MIN ? mp->N / MK_COLS_MIN : nbn;
+        mp->cols = ceil_div(ceil_div(mp->N, nbn), MK_COLS_MIN) * MK_COLS_MIN;
+    }
     mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
     mp->kind = kind;
@@ -468,12 +476,20 @@ loom_status cg_lower_matmul(kc *c) {
     }
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    /* task = (p * nbm + ib) * nbn + jb: a row block's column blocks are adjacent tasks */
-    MlirValue nbnv = cg_idx(b, mp->nbn), nbmv = cg_idx(b, mp->nbm);
-    MlirValue pib = mp->nbn > 1 ? cg_bin(b, "arith.divui", lo.iv, nbnv) : lo.iv;
-    MlirValue jb = mp->nbn > 1 ? cg_bin(b, "arith.remui", lo.iv, nbnv) : cg_idx(b, 0);
-    MlirValue p = mp->nbm > 1 ? cg_bin(b, "arith.divui", pib, nbmv) : pib;
-    MlirValue ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", pib, nbmv) : cg_idx(b, 0);
+    /* task = (p * nbm + ib) * nbn + jb: a row block's column blocks are adjacent tasks;
+     * packed kinds: (p * nbn + jb) * nbm + ib, a column block's row blocks (one packed B) */
+    MlirValue nbnv = cg_idx(b, mp->nbn), nbmv = cg_idx(b, mp->nbm), p, ib, jb;
+    if (mp->kind == MM_PLAIN) {
+        MlirValue pib = mp->nbn > 1 ? cg_bin(b, "arith.divui", lo.iv, nbnv) : lo.iv;
+        jb = mp->nbn > 1 ? cg_bin(b, "arith.remui", lo.iv, nbnv) : cg_idx(b, 0);
+        p = mp->nbm > 1 ? cg_bin(b, "arith.divui", pib, nbmv) : pib;
+        ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", pib, nbmv) : cg_idx(b, 0);
+    } else {
+        MlirValue pjb = mp->nbm > 1 ? cg_bin(b, "arith.divui", lo.iv, nbmv) : lo.iv;
+        ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", lo.iv, nbmv) : cg_idx(b, 0);
+        p = mp->nbn > 1 ? cg_bin(b, "arith.divui", pjb, nbnv) : pjb;
+        jb = mp->nbn > 1 ? cg_bin(b, "arith.remui", pjb, nbnv) : cg_idx(b, 0);
+    }
     MlirValue i0 = cg_imul_c(b, ib, mp->rows);
     MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, mp->rows)), cg_idx(b, mp->M));
     MlirValue j0 = cg_imul_c(b, jb, mp->cols);
