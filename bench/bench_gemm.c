@@ -626,9 +626,9 @@ static void run_16bit(const options *o) {
 #ifdef LOOM_BENCH_HAVE_DNNL
             dnnl_mm dm;
             void *d16 = aligned_alloc(64, ((size_t)(sh->m * sh->n) * 2 + 63) / 64 * 64);
+            omp_set_num_threads(threads); /* before the primitive: it sizes its split */
             bool have_dnnl = dnnl_mm_build(&dm, o->dtype, sh, a16, b16, d16);
             if (have_dnnl) {
-                omp_set_num_threads(threads);
                 rs[2] = (runner){&p, NULL, threads, false, dnnl_mm_run, &dm};
                 n = 3;
                 impl = dm.impl;
