@@ -1,5 +1,7 @@
 /* GEMM benchmark: Loom's scheduled fp32 matmul kernel (MLIR transform schedule, then the
- * JIT fast path of TOOLCHAIN.md) against OpenBLAS cblas_sgemm, at 1 and 2 threads. */
+ * JIT fast path of TOOLCHAIN.md) against OpenBLAS cblas_sgemm, at 1 and 2 threads; with
+ * --dtype bf16|f16, Loom's 16-bit matmul kernels (codegen's own, as a step compiles them)
+ * against oneDNN's matmul of that dtype and Loom's f32 matmul kernel of the same shape. */
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Dialect/Linalg.h>
@@ -24,8 +26,14 @@
 #ifdef LOOM_BENCH_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
+#ifdef LOOM_BENCH_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+void omp_set_num_threads(int n); /* oneDNN's OpenMP runtime (libgomp) */
+#endif
 
+#include "codegen/codegen.h"
 #include "codegen/matmul_schedule.h"
+#include "ir/plan.h"
 #include "runtime/kernel.h"
 
 /* TOOLCHAIN.md's cheap LLVM pipeline (LICM matters); --o3 uses default<O3> instead. */
@@ -60,6 +68,7 @@ typedef struct options {
     int64_t rows; /* rows per kernel call; 0: M / threads */
     shape shapes[32];
     int n_shapes;
+    loom_dtype dtype; /* F32: the fp32 benchmark; BF16, F16: the 16-bit one */
 } options;
 
 static double now_s(void) {
@@ -318,10 +327,16 @@ typedef struct runner {
     loom_rt_pool *pool;
     int threads;
     bool blas;
+    void (*run)(void *ud); /* when set: runs the whole product (16-bit benchmark) */
+    void *ud;
 } runner;
 
 static void run_once(runner *r) {
     problem *p = r->p;
+    if (r->run) {
+        r->run(r->ud);
+        return;
+    }
 #ifdef LOOM_BENCH_HAVE_OPENBLAS
     if (r->blas) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)p->m, (int)p->n, (int)p->k,
@@ -366,8 +381,8 @@ static void let_blas_threads_sleep(const runner *r) {
  * see the same machine (other processes, clock changes): the median, or the best sample
  * with `best` (the undisturbed speed on a shared machine). */
 static void measure(runner *rs, int n, int runs, bool best, double *out) {
-    int64_t reps[2];
-    double rates[2][64];
+    int64_t reps[3];
+    double rates[3][64];
     if (runs > 64)
         runs = 64;
     for (int i = 0; i < n; i++) {
@@ -417,25 +432,258 @@ static double check(const problem *p) {
     return worst;
 }
 
+/* ---- 16-bit matmuls: Loom's codegen against oneDNN ------------------------------------------ */
+
+/* One matmul kernel compiled by Loom's codegen as a step would (a graph A x B, one MATMUL
+ * kernel), run over its tasks by the runtime's pool. */
+typedef struct loom_mm {
+    loom_ir_graph g;
+    loom_ir_plan plan;
+    loom_cg_code *code;
+    loom_rt_kernel k;
+    void *bufs[3];
+    loom_rt_pool *pool;
+    double compile_ms;
+} loom_mm;
+
+static void loom_mm_chunk(void *ud, int64_t lo, int64_t hi) {
+    loom_mm *mm = ud;
+    mm->k.fn(mm->bufs, lo, hi);
+}
+
+static void loom_mm_run(void *ud) {
+    loom_mm *mm = ud;
+    if (!mm->pool)
+        mm->k.fn(mm->bufs, 0, mm->k.extent);
+    else
+        loom_rt_pool_parallel_for(mm->pool, mm->k.extent, mm->k.grain, loom_mm_chunk, mm);
+}
+
+static void loom_mm_build(loom_mm *mm, const loom_allocator *al, loom_dtype dt, const shape *sh,
+                          void *a, void *b, void *c, loom_rt_pool *pool) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    loom_ir_graph_init(&mm->g, al);
+    loom_ir_plan_init(&mm->plan, al);
+    int32_t ia, ib, im;
+    loom_ir_node_desc in = {.op = LOOM_IR_OP_INPUT, .dtype = dt, .rank = 2};
+    in.shape = (const int64_t[]){sh->m, sh->k};
+    if (loom_ir_graph_add(&mm->g, &in, &ia, &d) != LOOM_OK)
+        die("building the graph", d.msg);
+    in.shape = (const int64_t[]){sh->k, sh->n};
+    in.attrs.index = 1;
+    if (loom_ir_graph_add(&mm->g, &in, &ib, &d) != LOOM_OK)
+        die("building the graph", d.msg);
+    loom_ir_node_desc mmd = {.op = LOOM_IR_OP_MATMUL, .n_inputs = 2, .inputs = (int32_t[]){ia, ib}};
+    if (loom_ir_graph_add(&mm->g, &mmd, &im, &d) != LOOM_OK ||
+        loom_ir_graph_add_output(&mm->g, im, -1) != LOOM_OK ||
+        loom_ir_plan_reset(&mm->plan, &mm->g) != LOOM_OK)
+        die("building the graph", d.msg);
+    int32_t *ids = loom_ir_arena_alloc(&mm->plan.arena, 4 * sizeof(int32_t));
+    if (!ids || !loom_ir_grow(&mm->plan.alloc, (void **)&mm->plan.kernels, &mm->plan.cap_kernels, 1,
+                              sizeof(loom_ir_kernel)))
+        die("out of memory", NULL);
+    ids[0] = im, ids[1] = ia, ids[2] = ib, ids[3] = im;
+    mm->plan.kernels[0] = (loom_ir_kernel){.kind = LOOM_IR_KERNEL_MATMUL,
+                                           .root = im,
+                                           .n_nodes = 1,
+                                           .nodes = ids,
+                                           .n_args = 2,
+                                           .args = ids + 1,
+                                           .n_results = 1,
+                                           .results = ids + 3};
+    mm->plan.n_kernels = 1;
+    mm->plan.node_kernel[im] = 0;
+    loom_cg_options opts = {
+        .compile_threads = 1, .dump_dir = getenv("BENCH_DUMP"), .dump_prefix = loom_dtype_name(dt)};
+    double t0 = now_s();
+    if (loom_cg_compile(&mm->g, &mm->plan, &opts, &mm->code, &mm->k, &d) != LOOM_OK)
+        die("compiling the matmul", d.msg);
+    mm->compile_ms = (now_s() - t0) * 1e3;
+    mm->bufs[0] = a, mm->bufs[1] = b, mm->bufs[2] = c;
+    mm->pool = pool;
+}
+
+static void loom_mm_destroy(loom_mm *mm) {
+    loom_cg_code_destroy(mm->code);
+    loom_ir_plan_deinit(&mm->plan);
+    loom_ir_graph_deinit(&mm->g);
+}
+
+#ifdef LOOM_BENCH_HAVE_DNNL
+typedef struct dnnl_mm {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    dnnl_primitive_t prim;
+    dnnl_memory_t mem[3];
+    char impl[64];
+} dnnl_mm;
+
+static void dnnl_check(dnnl_status_t st, const char *what) {
+    if (st != dnnl_success)
+        die("oneDNN", what);
+}
+
+/* false (and nothing to destroy) when oneDNN has no matmul of dt on this CPU (f16 without
+ * AVX512-FP16 or AMX-FP16). */
+static bool dnnl_mm_build(dnnl_mm *dm, loom_dtype dt, const shape *sh, void *a, void *b, void *c) {
+    dnnl_data_type_t t = dt == LOOM_DTYPE_BF16  ? dnnl_bf16
+                         : dt == LOOM_DTYPE_F16 ? dnnl_f16
+                                                : dnnl_f32;
+    dnnl_check(dnnl_engine_create(&dm->engine, dnnl_cpu, 0), "engine");
+    dnnl_check(dnnl_stream_create(&dm->stream, dm->engine, dnnl_stream_default_flags), "stream");
+    dnnl_memory_desc_t md[3];
+    dnnl_dims_t da = {sh->m, sh->k}, db = {sh->k, sh->n}, dc = {sh->m, sh->n};
+    dnnl_check(dnnl_memory_desc_init_by_tag(&md[0], 2, da, t, dnnl_ab), "A");
+    dnnl_check(dnnl_memory_desc_init_by_tag(&md[1], 2, db, t, dnnl_ab), "B");
+    dnnl_check(dnnl_memory_desc_init_by_tag(&md[2], 2, dc, t, dnnl_ab), "C");
+    dnnl_matmul_desc_t desc;
+    dnnl_check(dnnl_matmul_desc_init(&desc, &md[0], &md[1], NULL, &md[2]), "matmul desc");
+    dnnl_primitive_desc_t pd;
+    if (dnnl_primitive_desc_create(&pd, &desc, NULL, dm->engine, NULL) != dnnl_success) {
+        dnnl_stream_destroy(dm->stream);
+        dnnl_engine_destroy(dm->engine);
+        return false;
+    }
+    const char *impl = NULL;
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    snprintf(dm->impl, sizeof dm->impl, "%s", impl ? impl : "?");
+    dnnl_check(dnnl_primitive_create(&dm->prim, pd), "primitive");
+    dnnl_primitive_desc_destroy(pd);
+    void *ptr[3] = {a, b, c};
+    for (int i = 0; i < 3; i++)
+        dnnl_check(dnnl_memory_create(&dm->mem[i], &md[i], dm->engine, ptr[i]), "memory");
+    return true;
+}
+
+static void dnnl_mm_run(void *ud) {
+    dnnl_mm *dm = ud;
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, dm->mem[0]}, {DNNL_ARG_WEIGHTS, dm->mem[1]}, {DNNL_ARG_DST, dm->mem[2]}};
+    dnnl_check(dnnl_primitive_execute(dm->prim, dm->stream, 3, args), "execute");
+    dnnl_check(dnnl_stream_wait(dm->stream), "wait");
+}
+
+static void dnnl_mm_destroy(dnnl_mm *dm) {
+    for (int i = 0; i < 3; i++)
+        dnnl_memory_destroy(dm->mem[i]);
+    dnnl_primitive_destroy(dm->prim);
+    dnnl_stream_destroy(dm->stream);
+    dnnl_engine_destroy(dm->engine);
+}
+#endif
+
+/* n random values rounded to dt, stored as dt (raw) and as f32 (for the reference). */
+static void *random_16(loom_dtype dt, int64_t n, uint64_t seed, float **out_f32) {
+    float *f = random_matrix(n, seed);
+    void *raw = aligned_alloc(64, ((size_t)n * 2 + 63) / 64 * 64);
+    if (!raw)
+        die("out of memory", NULL);
+    for (int64_t i = 0; i < n; i++) {
+        loom_ir_store_f64(raw, dt, i, f[i]);
+        f[i] = (float)loom_ir_load_f64(raw, dt, i);
+    }
+    *out_f32 = f;
+    return raw;
+}
+
+static void run_16bit(const options *o) {
+    const char *dn = loom_dtype_name(o->dtype);
+    printf("GEMM %s (f32 accumulation), C = A x B (row-major), GFLOP/s, %s of %d runs (in "
+           "turns)\n",
+           dn, o->best ? "best" : "median", o->runs);
+    char *cpu = LLVMGetHostCPUName();
+    const char *isa = getenv("LOOM_MATMUL_ISA");
+    printf("host CPU (LLVM): %s; LOOM_MATMUL_ISA=%s\n", cpu, isa ? isa : "(unset: by CPU)");
+    LLVMDisposeMessage(cpu);
+#ifndef LOOM_BENCH_HAVE_DNNL
+    printf("oneDNN: not found at build time; Loom only\n");
+#endif
+    printf("%-16s %-8s %3s %9s %9s %7s %9s %7s %9s %8s  %s\n", "MxNxK", "", "thr", "Loom", "oneDNN",
+           "ratio", "Loom f32", "x f32", "compile", "error", "oneDNN impl");
+    loom_allocator sys = loom_allocator_system();
+    for (int s = 0; s < o->n_shapes; s++) {
+        const shape *sh = &o->shapes[s];
+        for (int t = 0; t < o->n_threads; t++) {
+            int threads = o->threads[t];
+            problem p = {sh->m, sh->n, sh->k, NULL, NULL, NULL, NULL, 1};
+            void *a16 = random_16(o->dtype, sh->m * sh->k, 1, &p.a);
+            void *b16 = random_16(o->dtype, sh->k * sh->n, 2, &p.b);
+            void *c16 = aligned_alloc(64, ((size_t)(sh->m * sh->n) * 2 + 63) / 64 * 64);
+            float *c32 = random_matrix(sh->m * sh->n, 3);
+            p.c = random_matrix(sh->m * sh->n, 4);
+            loom_rt_pool *pool = NULL;
+            if (threads > 1 && loom_rt_pool_create(threads, &sys, &pool) != LOOM_OK)
+                die("cannot create the thread pool", NULL);
+            loom_mm lm, lf;
+            loom_mm_build(&lm, &sys, o->dtype, sh, a16, b16, c16, pool);
+            loom_mm_build(&lf, &sys, LOOM_DTYPE_F32, sh, p.a, p.b, c32, pool);
+            runner rs[3] = {{&p, pool, threads, false, loom_mm_run, &lm},
+                            {&p, pool, threads, false, loom_mm_run, &lf},
+                            {&p, NULL, threads, false, NULL, NULL}};
+            int n = 2;
+            const char *impl = "-";
+#ifdef LOOM_BENCH_HAVE_DNNL
+            dnnl_mm dm;
+            void *d16 = aligned_alloc(64, ((size_t)(sh->m * sh->n) * 2 + 63) / 64 * 64);
+            omp_set_num_threads(threads); /* before the primitive: it sizes its split */
+            bool have_dnnl = dnnl_mm_build(&dm, o->dtype, sh, a16, b16, d16);
+            if (have_dnnl) {
+                rs[2] = (runner){&p, NULL, threads, false, dnnl_mm_run, &dm};
+                n = 3;
+                impl = dm.impl;
+            } else {
+                impl = "oneDNN has no such matmul on this CPU";
+            }
+#endif
+            loom_mm_run(&lm);
+            for (int64_t i = 0; i < sh->m * sh->n; i++)
+                p.c[i] = (float)loom_ir_load_f64(c16, o->dtype, i);
+            double err = check(&p);
+            double rate[3] = {0, 0, NAN};
+            measure(rs, n, o->runs, o->best, rate);
+            char dims[48];
+            snprintf(dims, sizeof dims, "%lldx%lldx%lld", (long long)sh->m, (long long)sh->n,
+                     (long long)sh->k);
+            /* inputs are exact in 16 bits; the output's rounding: 2^-8 (bf16), 2^-11 (f16) */
+            double tol = o->dtype == LOOM_DTYPE_BF16 ? 8e-3 : 1e-3;
+            printf("%-16s %-8s %3d %9.1f %9.1f %7.2f %9.1f %7.2f %7.1fms %8.1e  %s%s\n", dims,
+                   sh->note, threads, rate[0], rate[2], rate[0] / rate[2], rate[1],
+                   rate[0] / rate[1], lm.compile_ms, err, impl, err > tol ? "  WRONG" : "");
+            fflush(stdout);
+#ifdef LOOM_BENCH_HAVE_DNNL
+            if (have_dnnl)
+                dnnl_mm_destroy(&dm);
+            free(d16);
+#endif
+            loom_mm_destroy(&lm);
+            loom_mm_destroy(&lf);
+            loom_rt_pool_destroy(pool);
+            free(a16), free(b16), free(c16), free(c32), free(p.a), free(p.b), free(p.c);
+        }
+    }
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 
 static void usage(void) {
     fprintf(stderr,
             "usage: bench_gemm [--runs N] [--best] [--threads LIST] [--rows R] [--shape MxNxK]... "
             "[--o3] "
-            "[--no-avx512]\n"
+            "[--no-avx512] [--dtype f32|bf16|f16]\n"
             "  --runs N       timed runs per measurement, median reported (default 7, >= 5)\n"
             "  --rows R       rows per kernel call (codegen's row blocks; default M / threads)\n"
             "  --best         report the best run instead of the median (noisy machines)\n"
             "  --threads L    comma-separated thread counts (default 1,2)\n"
             "  --shape MxNxK  a shape to run instead of the default set (repeatable)\n"
             "  --o3           LLVM default<O3> instead of TOOLCHAIN.md's cheap pipeline\n"
-            "  --no-avx512    compile for the host without AVX-512 (AVX2 register tiles)\n");
+            "  --no-avx512    compile for the host without AVX-512 (AVX2 register tiles)\n"
+            "  --dtype T      bf16, f16: Loom's 16-bit matmuls against oneDNN's (default f32)\n");
     exit(2);
 }
 
 static void parse_args(int argc, char **argv, options *o) {
-    *o = (options){.runs = 7, .threads = {1, 2}, .n_threads = 2};
+    *o = (options){.runs = 7, .threads = {1, 2}, .n_threads = 2, .dtype = LOOM_DTYPE_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--runs") == 0 && i + 1 < argc) {
@@ -469,6 +717,14 @@ static void parse_args(int argc, char **argv, options *o) {
             o->o3 = true;
         } else if (strcmp(a, "--no-avx512") == 0) {
             o->no_avx512 = true;
+        } else if (strcmp(a, "--dtype") == 0 && i + 1 < argc) {
+            const char *t = argv[++i];
+            o->dtype = strcmp(t, "bf16") == 0  ? LOOM_DTYPE_BF16
+                       : strcmp(t, "f16") == 0 ? LOOM_DTYPE_F16
+                       : strcmp(t, "f32") == 0 ? LOOM_DTYPE_F32
+                                               : LOOM_DTYPE_COUNT_;
+            if (o->dtype == LOOM_DTYPE_COUNT_)
+                usage();
         } else {
             usage();
         }
@@ -484,6 +740,10 @@ int main(int argc, char **argv) {
     parse_args(argc, argv, &o);
     if (o.no_avx512 && !getenv("LOOM_MATMUL_ISA"))
         setenv("LOOM_MATMUL_ISA", "avx2", 1);
+    if (o.dtype != LOOM_DTYPE_F32) {
+        run_16bit(&o);
+        return 0;
+    }
     mlirRegisterAllPasses();
     jit j = {0};
     jit_init(&j, &o);
@@ -532,7 +792,8 @@ int main(int argc, char **argv) {
             loom_rt_pool *pool = NULL;
             if (threads > 1 && loom_rt_pool_create(threads, &sys, &pool) != LOOM_OK)
                 die("cannot create the thread pool", NULL);
-            runner rs[2] = {{&p, pool, threads, false}, {&p, NULL, threads, true}};
+            runner rs[2] = {{&p, pool, threads, false, NULL, NULL},
+                            {&p, NULL, threads, true, NULL, NULL}};
             run_once(&rs[0]);
             double err = check(&p);
             double rate[2] = {0, NAN};

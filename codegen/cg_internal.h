@@ -25,6 +25,7 @@ typedef struct cg_b {
     MlirBlock block;
     MlirType index, i1, i8, i16, i32, i64, f16, f32, f64;
     uint32_t libm_declared; /* bit per cg_libm function already declared in module */
+    bool dpbf16_declared;   /* the vdpbf16ps intrinsic is declared in module */
     bool fma;               /* the host has fused multiply-add (math.fma is one instruction) */
 } cg_b;
 
@@ -87,7 +88,7 @@ void cg_store(cg_b *b, MlirValue v, MlirValue mem, MlirValue i);
 
 /* scf.for over [lb, ub) with step 1 and n_iter loop-carried values (<= 4). After begin, ops
  * go into the body; end yields and moves back after the loop. */
-#define CG_MAX_ITER 4
+#define CG_MAX_ITER 24
 typedef struct cg_for {
     MlirOperation op;
     MlirBlock parent;
@@ -110,6 +111,17 @@ void cg_if_end(cg_b *b, cg_if *f);
 /* f64 libm functions without an MLIR math lowering to an intrinsic. */
 typedef enum cg_libm { CG_LIBM_TANH, CG_LIBM_ERF, CG_LIBM_COUNT_ } cg_libm;
 MlirValue cg_call_libm(cg_b *b, cg_libm fn, MlirValue x);
+
+/* vector dialect on 1-D memrefs: a vector of n elements of elem; load/store at index i. */
+MlirType cg_vec_t(int64_t n, MlirType elem);
+MlirValue cg_vload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i);
+void cg_vstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i);
+MlirValue cg_vbroadcast(cg_b *b, MlirValue x, MlirType vt);
+MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt);
+/* acc + pairwise bf16 dot products (llvm.x86.avx512bf16.dpbf16ps.512, vdpbf16ps): acc is
+ * vector<16xf32>, a and bv vector<16xi32> each holding 16 pairs of bf16 (low half first).
+ * Only for hosts with AVX512-BF16. */
+MlirValue cg_dpbf16(cg_b *b, MlirValue acc, MlirValue a, MlirValue bv);
 
 /* ---- vectorizable f32 math (math_approx.c) ------------------------------------------------
  * Polynomial approximations built from arith ops only (no calls), so LLVM's loop vectorizer
@@ -155,6 +167,17 @@ const char *loom_cg_host_features(void);
 /* Whether the host has fma; LOOM_CG_FMA=0 in the environment says no (tests use it to
  * cover the code path of hosts without). */
 bool loom_cg_host_has_fma(void);
+/* Whether LLVM's host feature string enables feature (a name without '+', "avx512bf16"). */
+bool loom_cg_host_has(const char *feature);
+
+/* How 16-bit (bf16, f16) matmuls are computed. AVX512BF16: bf16 only, B packed in pairs and
+ * vdpbf16ps; F32: operands converted to f32 while packed, then an FMA microkernel of
+ * 16-lane vectors (every machine, though tuned for AVX-512; f16 always). Chosen by the host's
+ * features; LOOM_MATMUL_ISA=avx512bf16 | f32 | amx forces one (a path this CPU cannot run, and amx,
+ * which is not implemented, print one warning and use F32; the f32 tiles avx512 | avx2 | generic
+ * imply F32). Read at each compile; loom_cg_target_key includes the variable. */
+typedef enum cg_mm16 { CG_MM16_F32, CG_MM16_AVX512BF16, CG_MM16_COUNT_ } cg_mm16;
+cg_mm16 loom_cg_mm16_path(void);
 
 typedef struct cg_kernel_rec {
     char name[32];

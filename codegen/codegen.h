@@ -39,15 +39,20 @@ typedef struct loom_cg_options {
  * approximations (relative error at most 2.5e-7, 2.5e-7, 3e-7, 4e-7 and 1e-6, checked by
  * the tests over dense sweeps; about 1, 1, 1.3, 2.6 and 6 ulp); f32 matmuls
  * accumulate in f32 (the interpreter in double); float sums accumulate in f64 in another
- * order. What codegen refuses (UNSUPPORTED): a matmul operand computed inside the matmul's
- * own kernel, a reshape inside a kernel, a reduction or matmul that is not its kernel's
+ * order. 16-bit matmuls accumulate in f32 and round once (vdpbf16ps on AVX512-BF16 for
+ * bf16, else operands converted to f32 while packed; see loom_cg_target_key). What codegen
+ * refuses (UNSUPPORTED): an operand of an f32/f64/integer matmul computed inside the
+ * matmul's own kernel (16-bit matmuls evaluate theirs while packing), a reshape inside a kernel, a reduction or matmul that is not its kernel's
  * root, an epilogue result whose shape is not the reduced value's / the product's.
  * Kernels assume that no result buffer overlaps an arg buffer of the same kernel.
  *
  * Memory comes from g's allocator (used under a lock by the compile threads). Thread-safe:
  * several compiles may run at once, and kernels are reentrant. Environment:
  * LOOM_CG_TIMING=1 prints each compile's phase times to stderr; LOOM_CG_FMA=0 makes the
- * math polynomials avoid fused multiply-add (the path of hosts without it, for tests). */
+ * math polynomials avoid fused multiply-add (the path of hosts without it, for tests);
+ * LOOM_MATMUL_ISA forces a matmul path: avx512 | avx2 | generic (f32 register tiles),
+ * avx512bf16 | f32 | amx (16-bit matmuls; one the CPU lacks, and amx, not implemented yet,
+ * warn once on stderr and fall back to f32). */
 loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
                             const loom_cg_options *opts, loom_cg_code **out_code,
                             loom_rt_kernel *out_kernels, loom_ir_diag *d);
@@ -68,8 +73,9 @@ loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
 
 /* What compiled code depends on besides the graph, for cache keys: LLVM version, target
  * triple, host CPU name, the enabled host features and codegen's own format version, e.g.
- * "llvm-19.1.7;x86_64-pc-linux-gnu;znver5;+avx,+avx2,...;cg1" (about 550 characters on an
- * AVX-512 machine). Stable for a process; never NULL. */
+ * "llvm-19.1.7;x86_64-pc-linux-gnu;znver5;+avx,+avx2,...;cg1;build-...;mm-auto" (about 600
+ * characters on an AVX-512 machine; the last field is LOOM_MATMUL_ISA, sanitized, or "auto").
+ * Never NULL; valid until the calling thread's next call. */
 const char *loom_cg_target_key(void);
 
 #endif

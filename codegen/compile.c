@@ -45,7 +45,8 @@
 #include "matmul_schedule.h"
 
 static const char *const mlir_pipeline =
-    "builtin.module(convert-scf-to-cf,convert-math-to-llvm,convert-arith-to-llvm,"
+    "builtin.module(convert-scf-to-cf,convert-vector-to-llvm,convert-math-to-llvm,"
+    "convert-arith-to-llvm,"
     "finalize-memref-to-llvm,convert-func-to-llvm{use-bare-ptr-memref-call-conv=1},"
     "convert-cf-to-llvm,reconcile-unrealized-casts)";
 /* modules holding linalg matmuls (and what the matmul schedule leaves: vector ops, affine
@@ -141,7 +142,6 @@ static MlirLogicalResult on_diagnostic(MlirDiagnostic diag, void *ud) {
     return mlirLogicalResultSuccess();
 }
 
-
 static loom_status worker_init(worker *w, compile_state *cs, loom_ir_diag *d) {
     memset(w, 0, sizeof *w);
     w->cs = cs;
@@ -151,7 +151,8 @@ static loom_status worker_init(worker *w, compile_state *cs, loom_ir_diag *d) {
     mlirContextAppendDialectRegistry(w->ctx, reg);
     mlirDialectRegistryDestroy(reg);
     /* load only what the builders use; passes load their own dependent dialects */
-    static const char *const dialects[] = {"func", "arith", "math", "memref", "scf", "linalg"};
+    static const char *const dialects[] = {"func", "arith",  "math",  "memref",
+                                           "scf",  "linalg", "vector"};
     for (size_t i = 0; i < sizeof dialects / sizeof dialects[0]; i++)
         mlirContextGetOrLoadDialect(w->ctx, mlirStringRefCreateFromCString(dialects[i]));
     mlirRegisterAllLLVMTranslations(w->ctx);
@@ -276,7 +277,8 @@ static loom_status lower_module(worker *w, job *jb, MlirModule *module, bool *ha
     if (failed)
         return mlir_failed(w, jb, "lowering to the LLVM dialect");
     if (w->cs->dumping)
-        mlirOperationPrint(mlirModuleGetOperation(*module), cg_print_to_sbuf, &jb->dump[DUMP_LOWERED]);
+        mlirOperationPrint(mlirModuleGetOperation(*module), cg_print_to_sbuf,
+                           &jb->dump[DUMP_LOWERED]);
     return LOOM_OK;
 }
 

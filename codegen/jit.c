@@ -2,6 +2,7 @@
  * object files the compile threads emitted (or a cache blob's), its kernels looked up by
  * name; the self-describing blob for the disk cache; the host target description. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,9 +98,60 @@ bool loom_cg_host_has_fma(void) {
     return false;
 }
 
+bool loom_cg_host_has(const char *feature) {
+    loom_cg_init_once();
+    size_t n = strlen(feature);
+    for (const char *p = host_features; (p = strstr(p, feature)) != NULL; p += n)
+        if (p > host_features && p[-1] == '+' && (p - 1 == host_features || p[-2] == ',') &&
+            (p[n] == ',' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
+static atomic_int mm16_warned; /* bit per cg_mm16 fallback already reported */
+
+static void mm16_warn(int bit, const char *what) {
+    if (!(atomic_fetch_or(&mm16_warned, 1 << bit) & (1 << bit)))
+        fprintf(stderr, "loom: LOOM_MATMUL_ISA=%s: %s; 16-bit matmuls use the f32 path\n",
+                getenv("LOOM_MATMUL_ISA"), what);
+}
+
+cg_mm16 loom_cg_mm16_path(void) {
+    bool bf16 = loom_cg_host_has("avx512bf16") && loom_cg_host_has("avx512f");
+    const char *forced = getenv("LOOM_MATMUL_ISA");
+    if (!forced || !forced[0])
+        return bf16 ? CG_MM16_AVX512BF16 : CG_MM16_F32;
+    if (strcmp(forced, "avx512bf16") == 0) {
+        if (bf16)
+            return CG_MM16_AVX512BF16;
+        mm16_warn(0, "this CPU has no AVX512-BF16");
+        return CG_MM16_F32;
+    }
+    if (strcmp(forced, "amx") == 0) {
+        mm16_warn(1, loom_cg_host_has("amx-bf16") ? "the AMX path is not implemented yet"
+                                                  : "this CPU has no AMX-BF16");
+        return CG_MM16_F32;
+    }
+    /* f32, and the f32 register tiles (avx512, avx2, generic): converted to f32 */
+    return CG_MM16_F32;
+}
+
 const char *loom_cg_target_key(void) {
     loom_cg_init_once();
-    return target_key;
+    /* the forced matmul ISA shapes the code: part of the key (a short, sanitized copy) */
+    static _Thread_local char key[sizeof target_key + 32];
+    const char *forced = getenv("LOOM_MATMUL_ISA");
+    char isa[17] = "auto";
+    if (forced && forced[0]) {
+        size_t i = 0;
+        for (; forced[i] && i + 1 < sizeof isa; i++) {
+            char ch = forced[i];
+            isa[i] = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') ? ch : '_';
+        }
+        isa[i] = '\0';
+    }
+    snprintf(key, sizeof key, "%s;mm-%s", target_key, isa);
+    return key;
 }
 
 /* ---- code objects ------------------------------------------------------------------------- */

@@ -26,7 +26,9 @@ void cg_b_init(cg_b *b, MlirContext ctx, MlirModule module) {
     b->fma = loom_cg_host_has_fma();
 }
 
-void cg_print_to_sbuf(MlirStringRef s, void *ud) { loom_ir_sbuf_append(ud, s.data, s.length); }
+void cg_print_to_sbuf(MlirStringRef s, void *ud) {
+    loom_ir_sbuf_append(ud, s.data, s.length);
+}
 
 MlirNamedAttribute cg_named(cg_b *b, const char *name, MlirAttribute attr) {
     return mlirNamedAttributeGet(mlirIdentifierGet(b->ctx, str(name)), attr);
@@ -220,25 +222,67 @@ void cg_if_end(cg_b *b, cg_if *f) {
     b->block = f->parent;
 }
 
+/* func.func private @name(fty) at the top of b's module. */
+static void declare_func(cg_b *b, const char *name, MlirType fty) {
+    MlirNamedAttribute attrs[3] = {
+        cg_named(b, "sym_name", mlirStringAttrGet(b->ctx, str(name))),
+        cg_named(b, "function_type", mlirTypeAttrGet(fty)),
+        cg_named(b, "sym_visibility", mlirStringAttrGet(b->ctx, str("private"))),
+    };
+    MlirRegion body = mlirRegionCreate();
+    MlirOperationState st = mlirOperationStateGet(str("func.func"), b->loc);
+    mlirOperationStateAddAttributes(&st, 3, attrs);
+    mlirOperationStateAddOwnedRegions(&st, 1, &body);
+    MlirBlock mod = mlirModuleGetBody(b->module);
+    mlirBlockInsertOwnedOperation(mod, 0, mlirOperationCreate(&st));
+}
+
+static MlirValue call(cg_b *b, const char *name, intptr_t n, const MlirValue *args, MlirType t) {
+    MlirNamedAttribute callee = cg_named(b, "callee", mlirFlatSymbolRefAttrGet(b->ctx, str(name)));
+    return mlirOperationGetResult(cg_op(b, "func.call", n, args, 1, &t, 1, &callee), 0);
+}
+
 MlirValue cg_call_libm(cg_b *b, cg_libm fn, MlirValue x) {
     static const char *const names[CG_LIBM_COUNT_] = {"tanh", "erf"};
     if (!(b->libm_declared & (1u << fn))) {
         /* func.func private @tanh(f64) -> f64, resolved against the process's libm */
-        MlirType fty = mlirFunctionTypeGet(b->ctx, 1, &b->f64, 1, &b->f64);
-        MlirNamedAttribute attrs[3] = {
-            cg_named(b, "sym_name", mlirStringAttrGet(b->ctx, str(names[fn]))),
-            cg_named(b, "function_type", mlirTypeAttrGet(fty)),
-            cg_named(b, "sym_visibility", mlirStringAttrGet(b->ctx, str("private"))),
-        };
-        MlirRegion body = mlirRegionCreate();
-        MlirOperationState st = mlirOperationStateGet(str("func.func"), b->loc);
-        mlirOperationStateAddAttributes(&st, 3, attrs);
-        mlirOperationStateAddOwnedRegions(&st, 1, &body);
-        MlirBlock mod = mlirModuleGetBody(b->module);
-        mlirBlockInsertOwnedOperation(mod, 0, mlirOperationCreate(&st));
+        declare_func(b, names[fn], mlirFunctionTypeGet(b->ctx, 1, &b->f64, 1, &b->f64));
         b->libm_declared |= 1u << fn;
     }
-    MlirNamedAttribute callee =
-        cg_named(b, "callee", mlirFlatSymbolRefAttrGet(b->ctx, str(names[fn])));
-    return mlirOperationGetResult(cg_op(b, "func.call", 1, &x, 1, &b->f64, 1, &callee), 0);
+    return call(b, names[fn], 1, &x, b->f64);
+}
+
+MlirType cg_vec_t(int64_t n, MlirType elem) {
+    return mlirVectorTypeGet(1, &n, elem);
+}
+
+MlirValue cg_vload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i) {
+    MlirValue ops[2] = {mem, i};
+    return mlirOperationGetResult(cg_op(b, "vector.load", 2, ops, 1, &vt, 0, NULL), 0);
+}
+
+void cg_vstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i) {
+    MlirValue ops[3] = {v, mem, i};
+    cg_op(b, "vector.store", 3, ops, 0, NULL, 0, NULL);
+}
+
+MlirValue cg_vbroadcast(cg_b *b, MlirValue x, MlirType vt) {
+    return cg_v(b, "vector.broadcast", 1, &x, vt);
+}
+
+MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt) {
+    return cg_v(b, "vector.bitcast", 1, &v, vt);
+}
+
+MlirValue cg_dpbf16(cg_b *b, MlirValue acc, MlirValue a, MlirValue bv) {
+    /* a declaration named after the intrinsic becomes the intrinsic in LLVM IR */
+    static const char name[] = "llvm.x86.avx512bf16.dpbf16ps.512";
+    MlirType vf = cg_vec_t(16, b->f32), vb = cg_vec_t(32, mlirBF16TypeGet(b->ctx));
+    if (!b->dpbf16_declared) {
+        MlirType in[3] = {vf, vb, vb};
+        declare_func(b, name, mlirFunctionTypeGet(b->ctx, 3, in, 1, &vf));
+        b->dpbf16_declared = true;
+    }
+    MlirValue args[3] = {acc, cg_vbitcast(b, a, vb), cg_vbitcast(b, bv, vb)};
+    return call(b, name, 3, args, vf);
 }

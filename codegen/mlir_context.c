@@ -29,16 +29,18 @@ loom_status loom_cg_mlir_smoke(loom_ir_sbuf *out_text, loom_ir_diag *d) {
     MlirBlock block = mlirBlockCreate(2, args, arg_locs);
     mlirRegionAppendOwnedBlock(body, block);
     b.block = block; /* the body: x + y, returned */
-    MlirValue sum = cg_bin(&b, "arith.addf", mlirBlockGetArgument(block, 0),
-                           mlirBlockGetArgument(block, 1));
+    MlirValue sum =
+        cg_bin(&b, "arith.addf", mlirBlockGetArgument(block, 0), mlirBlockGetArgument(block, 1));
     cg_op(&b, "func.return", 1, &sum, 0, NULL, 0, NULL);
 
     MlirNamedAttribute attrs[2] = {
-        cg_named(&b, "sym_name", mlirStringAttrGet(ctx, mlirStringRefCreateFromCString("loom_smoke"))),
+        cg_named(&b, "sym_name",
+                 mlirStringAttrGet(ctx, mlirStringRefCreateFromCString("loom_smoke"))),
         cg_named(&b, "function_type",
                  mlirTypeAttrGet(mlirFunctionTypeGet(ctx, 2, args, 1, &b.f32))),
     };
-    MlirOperationState fn = mlirOperationStateGet(mlirStringRefCreateFromCString("func.func"), b.loc);
+    MlirOperationState fn =
+        mlirOperationStateGet(mlirStringRefCreateFromCString("func.func"), b.loc);
     mlirOperationStateAddAttributes(&fn, 2, attrs);
     mlirOperationStateAddOwnedRegions(&fn, 1, &body);
     mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), mlirOperationCreate(&fn));

@@ -236,10 +236,12 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             int32_t o = nd->inputs[q];
             bool inside = sorted_contains(kn->nodes, kn->n_nodes, o);
             s->used_by[o] = k;
-            if (inside && kind == LOOM_IR_KIND_CONTRACTION)
+            if (inside && kind == LOOM_IR_KIND_CONTRACTION &&
+                !loom_ir_matmul_operand_fuses(g, n, o))
                 return fail(d, n,
                             "kernel %d (%s): matmul %%%d computes its operand %%%d; a "
-                            "matmul's operands are args",
+                            "matmul's operands are args (but casts and transposes into a "
+                            "16-bit one)",
                             (int)k, kname, (int)n, (int)o);
             if (!inside && s->arg_of[o] != k)
                 return fail(d, n,
@@ -479,6 +481,16 @@ static loom_status check_arena_overlap(const loom_ir_plan *p, const loom_ir_grap
     return LOOM_OK;
 }
 
+bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t operand) {
+    if (mm < 0 || mm >= g->n_nodes || operand < 0 || operand >= g->n_nodes)
+        return false;
+    loom_dtype dt = g->nodes[mm].dtype;
+    loom_ir_op op = g->nodes[operand].op;
+    return loom_ir_op_table[g->nodes[mm].op].kind == LOOM_IR_KIND_CONTRACTION &&
+           (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) &&
+           (op == LOOM_IR_OP_CAST || op == LOOM_IR_OP_TRANSPOSE);
+}
+
 loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d) {
     if (!p || !g)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "plan verify: %s is NULL",
@@ -674,7 +686,8 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
 }
 
 static bool same_type_shape(const loom_ir_node *a, const loom_ir_node *b) {
-    return a->rank == b->rank && memcmp(a->shape, b->shape, (size_t)a->rank * sizeof a->shape[0]) == 0;
+    return a->rank == b->rank &&
+           memcmp(a->shape, b->shape, (size_t)a->rank * sizeof a->shape[0]) == 0;
 }
 
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,

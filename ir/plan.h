@@ -11,9 +11,10 @@
  *    (The fold pass turns a reshape of a constant into a constant.)
  *  - A kernel's `nodes` are in graph order and include its root and any constants it uses.
  *    Its `args` are the values it reads from buffers: INPUT nodes, results of earlier
- *    kernels, or RESHAPEs of those. Its `results` are the nodes it computes whose values
- *    are used outside it (by later kernels, or as graph outputs). Kernels are in an order
- *    where every arg is available before its reader runs.
+ *    kernels, or RESHAPEs of those (a matmul's operands are args, except casts and
+ *    transposes feeding a 16-bit matmul: loom_ir_matmul_operand_fuses). Its `results` are
+ *    the nodes it computes whose values are used outside it (by later kernels, or as graph
+ *    outputs). Kernels are in an order where every arg is available before its reader runs.
  *  - Every materialized value (kernel results, INPUT nodes; RESHAPEs through their
  *    operand) has a placement. A graph output whose node a kernel computes is placed in
  *    that OUTPUT buffer, unless the output aliases a graph input (donation) or the node is
@@ -94,6 +95,11 @@ void loom_ir_plan_init(loom_ir_plan *p, const loom_allocator *a);
 void loom_ir_plan_deinit(loom_ir_plan *p);
 /* Empties p and sizes its per-node arrays for g (every node_kernel -1, no placements). */
 loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
+/* Whether `operand` (an operand of matmul node `mm`) may be computed inside mm's kernel:
+ * 16-bit (bf16, f16) matmuls evaluate their operands while packing them, so a CAST (the
+ * autocast of an f32 weight) or a TRANSPOSE feeding one joins it instead of costing a
+ * pass over memory of its own. Every other matmul operand is an arg. */
+bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t operand);
 /* Whether output `output` of g, which aliases a graph input, may be written by its kernel
  * straight into the donated input's buffer: the kernel is ELEMENTWISE with the output as
  * its root and no broadcast, transpose, slice, pad, concat or rand_uniform of the input

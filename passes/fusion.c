@@ -24,10 +24,16 @@
  *  1. Producers join their consumers (one sweep from the last node to the first). A loop op
  *     joins the kernel of its users when all of them are in that one kernel, they all see it
  *     in the same space through the same map, and
- *       - no user is a matmul (a matmul's operands are always materialized), and
- *       - if it is a graph output (then it is also written: a result), it is not in a
- *         reduction's prologue, and it has as many elements as its space, so each element
- *         is written exactly once.
+ *       - no user is a matmul (a matmul's operands are materialized), except that a CAST
+ *         or TRANSPOSE whose only user is a 16-bit matmul joins it in that operand's own
+ *         space (SPACE_OPERAND + q): codegen evaluates it while packing the operand, so
+ *         the autocast's cast(W f32 -> bf16), transposed or not, costs no pass over memory
+ *         of its own. Only casts and transposes join such a space (codegen recomputes
+ *         what joins it for each block it packs), and
+ *       - it is not a graph output when it joins a space other than its kernel's output
+ *         space, and
+ *       - if it is a graph output (then it is also written: a result), it has as many
+ *         elements as its space, so each element is written exactly once.
  *     (A PAD or an IOTA may be read through several maps: recomputing it costs no more than
  *     reading it from a buffer would.)
  *     A loop op used by a reshape, by several kernels, or by none becomes the root of a new
@@ -55,7 +61,8 @@
 
 #include "passes.h"
 
-enum { SPACE_OUT = 0, SPACE_IN = 1 };
+/* SPACE_OPERAND + q: operand q of a 16-bit matmul, in that operand's shape (packing). */
+enum { SPACE_OUT = 0, SPACE_IN = 1, SPACE_OPERAND = 2 };
 
 /* Axis i of a node is read at off[i] + scale[i] * (space axis dim[i]) (just off[i] when
  * dim[i] is -1; then scale[i] is 0). */
@@ -178,6 +185,8 @@ static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32
 
 static const loom_ir_node *space_node(const fuse_state *s, const fkernel *k, int8_t space) {
     const loom_ir_node *root = &s->g->nodes[k->root];
+    if (space >= SPACE_OPERAND)
+        return &s->g->nodes[root->inputs[space - SPACE_OPERAND]];
     return space == SPACE_IN ? &s->g->nodes[root->inputs[0]] : root;
 }
 
@@ -207,8 +216,17 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
                 continue;
             int8_t space = SPACE_OUT;
             fmap map;
+            /* in a matmul's operand space only casts and transposes are evaluated */
+            if (s->fn[u].space >= SPACE_OPERAND && own != LOOM_IR_KIND_CAST &&
+                own != LOOM_IR_KIND_TRANSPOSE)
+                return -1;
             switch (loom_ir_op_table[un->op].kind) {
-            case LOOM_IR_KIND_CONTRACTION: return -1;
+            case LOOM_IR_KIND_CONTRACTION:
+                if (!loom_ir_matmul_operand_fuses(g, u, i))
+                    return -1;
+                space = (int8_t)(SPACE_OPERAND + q);
+                identity_map(&g->nodes[i], &map);
+                break;
             case LOOM_IR_KIND_REDUCTION: /* the root: i is its operand, the prologue's space */
                 space = SPACE_IN;
                 identity_map(&g->nodes[i], &map);
@@ -252,7 +270,7 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
     if (s->is_output[i]) {
         const loom_ir_node *n = &g->nodes[i];
         const loom_ir_node *sp = space_node(s, &s->kernels[target], *out_space);
-        if (*out_space == SPACE_IN ||
+        if (*out_space != SPACE_OUT ||
             loom_ir_numel(n->rank, n->shape) != loom_ir_numel(sp->rank, sp->shape))
             return -1;
     }

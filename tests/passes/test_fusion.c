@@ -199,6 +199,45 @@ static void test_fusion_gives_matmul_bias_relu_one_kernel_per_layer(void **state
     deinit_both(&g, &p);
 }
 
+static void test_fusion_joins_casts_and_transposes_into_a_16_bit_matmul(void **state) {
+    (void)state;
+    /* autocast's linear: x and W cast to bf16, W transposed: the casts and the transpose
+     * are evaluated while the matmul packs its operands (no bf16 copy is written) */
+    loom_ir_graph g;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,8]\n"
+              "  %1 = input {index = 1} : f32[16,8]\n"
+              "  %2 = cast %0 : bf16[4,8]\n"
+              "  %3 = cast %1 : bf16[16,8]\n"
+              "  %4 = transpose %3 {perm = [1, 0]} : bf16[8,16]\n"
+              "  %5 = matmul %2, %4 : bf16[4,16]\n"
+              "  %6 = relu %5 : bf16[4,16]\n"
+              "  return %6\n}\n");
+    loom_ir_plan p;
+    fuse_ok(&g, &p);
+    assert_string_equal(plan_str(&p), "M{2 3 4 5 6}<-{0 1}->{6}");
+    deinit_both(&g, &p);
+
+    /* an f32 matmul reads its operands from buffers; so does a bf16 one whose cast is
+     * also an output, and one whose operand is any other op (the exp is computed once) */
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[4,8]\n"
+              "  %1 = input {index = 1} : f32[8,16]\n"
+              "  %2 = transpose %1 {perm = [1, 0]} : f32[16,8]\n"
+              "  %3 = matmul %0, %1 : f32[4,16]\n"
+              "  %4 = cast %0 : bf16[4,8]\n"
+              "  %5 = cast %1 : bf16[8,16]\n"
+              "  %6 = matmul %4, %5 : bf16[4,16]\n"
+              "  %7 = exp %5 : bf16[8,16]\n"
+              "  %8 = matmul %4, %7 : bf16[4,16]\n"
+              "  return %3, %4, %6, %8, %2\n}\n");
+    fuse_ok(&g, &p);
+    assert_string_equal(plan_str(&p), "E{2}<-{1}->{2} | M{3}<-{0 1}->{3} | E{4}<-{0}->{4} | "
+                                      "E{5}<-{1}->{5} | M{6}<-{4 5}->{6} | E{7}<-{5}->{7} | "
+                                      "M{8}<-{4 7}->{8}");
+    deinit_both(&g, &p);
+}
+
 static void test_fusion_keeps_a_matmul_whose_result_is_needed_elsewhere_apart(void **state) {
     (void)state;
     /* the pre-activation %4 is needed by the sum too: the matmul takes no epilogue, %4 is
@@ -1484,6 +1523,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fusion_makes_a_64_op_elementwise_chain_one_kernel),
         cmocka_unit_test(test_fusion_gives_matmul_bias_relu_one_kernel_per_layer),
+        cmocka_unit_test(test_fusion_joins_casts_and_transposes_into_a_16_bit_matmul),
         cmocka_unit_test(test_fusion_keeps_a_matmul_whose_result_is_needed_elsewhere_apart),
         cmocka_unit_test(test_fusion_puts_the_chain_feeding_a_reduction_in_its_prologue),
         cmocka_unit_test(test_fusion_puts_ops_on_a_reduced_value_in_its_epilogue),

@@ -1,0 +1,154 @@
+/* Internals of the kernel lowering shared by its files (lower_kernel.c: scratch, errors,
+ * nests and entry points; lower_eval.c: dtypes and per-element evaluation of fused nodes;
+ * lower_elementwise.c, lower_reduction.c, lower_matmul.c: one kernel kind each). How a
+ * kernel becomes loops is described at the top of lower_kernel.c. */
+#ifndef LOOM_CODEGEN_LOWER_INTERNAL_H
+#define LOOM_CODEGEN_LOWER_INTERNAL_H
+
+#include <string.h>
+
+#include "cg_internal.h"
+
+enum {
+    TASK_WORK = 32768, /* elements (or multiply-adds) a task should do at least */
+    PAD_CUTS_MAX = 64, /* pad ranges recorded per nest (more: the rest are not split at) */
+};
+
+#define R LOOM_MAX_RANK
+
+/* Where a node's axes are read: axis i at off[i] + scale[i] * (nest dim dim[i]), or at
+ * off[i] when dim[i] is -1 (then scale[i] is 0). Every field is always written (memo keys
+ * compare whole maps). */
+typedef struct imap {
+    int8_t dim[R];
+    int64_t off[R];
+    int64_t scale[R];
+} imap;
+
+typedef struct memo_ent {
+    int32_t node;
+    uint32_t key;
+    int32_t prev; /* the node's previous entry */
+    imap map;
+    MlirValue v;
+} memo_ent;
+
+typedef struct leaf {
+    int64_t s[R];
+} leaf;
+
+struct cg_scratch {
+    loom_allocator alloc;
+    int32_t n_nodes;
+    int32_t *buf_of; /* per node: its buffer index as an arg, -1 */
+    int32_t *res_of; /* per node: its buffer index as a result, -1 */
+    uint8_t *in_kernel;
+    uint8_t *dep_root; /* depends on the kernel's root (reduction / matmul epilogue) */
+    int32_t *memo_head;
+    memo_ent *memo;
+    int32_t n_memo, cap_memo;
+    leaf *leaves;
+    int32_t n_leaves, cap_leaves;
+};
+
+/* An iteration space and its loops: dims, and groups of merged dims (one loop each). */
+typedef struct nest {
+    int32_t n_dims;
+    int64_t ext[R];
+    bool red[R];
+    bool no_merge; /* one group per dim (the matmul epilogue has fixed loops) */
+    int32_t n_groups;
+    int32_t g_last[R]; /* innermost dim of the group */
+    int64_t g_ext[R];
+    bool g_red[R];
+    int32_t dim_group[R]; /* -1 for extent-1 dims */
+} nest;
+
+typedef struct kc {
+    const loom_ir_graph *g;
+    const loom_ir_kernel *k;
+    int32_t kid;
+    cg_scratch *s;
+    loom_ir_diag *d;
+    bool emit;    /* false: plan only (no MLIR) */
+    bool collect; /* record leaves while walking */
+    bool use_linalg;
+    cg_b *b;
+    MlirValue bufs[2 * 1024]; /* unused past n_args + n_results */
+    MlirValue lo, hi;
+    const nest *ns;  /* the nest values are evaluated in */
+    MlirValue gv[R]; /* loop value of each group in scope */
+    int32_t bound;   /* node whose value is supplied (reduced value, matmul product) */
+    imap bound_map;
+    MlirValue bound_v;
+    int64_t extent, grain;
+    /* Pads' ranges along the nest's dims, recorded while planning (pad_axis_range): nest
+     * index j of dim cut_dim reads the operand where cut_lo <= j < cut_hi. The innermost
+     * loop is split at them so each pad is wholly operand or wholly pad value in a part. */
+    int32_t n_cuts;
+    int8_t cut_dim[PAD_CUTS_MAX];
+    int64_t cut_lo[PAD_CUTS_MAX], cut_hi[PAD_CUTS_MAX];
+    /* While emitting one part of a split innermost loop: nest dim in_dim stays in
+     * [in_lo, in_hi) (in_dim -1: no such knowledge). */
+    int32_t in_dim;
+    int64_t in_lo, in_hi;
+} kc;
+
+typedef struct sink {
+    int32_t node;
+    imap map;
+    bool store; /* written to its result buffer (otherwise only evaluated) */
+} sink;
+
+/* Which results the main nest stores; the others get a side nest each. */
+typedef enum side_mode {
+    SIDE_ELEMENTWISE, /* results not of the root's shape */
+    SIDE_REDUCTION,   /* results that are neither epilogue nor of the operand's shape */
+    SIDE_MATMUL,      /* results that do not depend on the product */
+    SIDE_CONCAT,      /* results but the concat root */
+} side_mode;
+
+static inline bool is_16(loom_dtype dt) {
+    return dt == LOOM_DTYPE_F16 || dt == LOOM_DTYPE_BF16;
+}
+
+static inline int64_t ceil_div(int64_t a, int64_t b) {
+    return b > 0 ? (a + b - 1) / b : 0;
+}
+
+static inline bool same_shape(const loom_ir_node *a, const loom_ir_node *b) {
+    return a->rank == b->rank && memcmp(a->shape, b->shape, (size_t)a->rank * sizeof(int64_t)) == 0;
+}
+
+/* ---- errors, nests (lower_kernel.c) ---- */
+loom_status cg_unsupported(kc *c, int32_t id, const char *why);
+loom_status cg_bad_plan(kc *c, int32_t id, const char *why);
+loom_status cg_oom(kc *c);
+void cg_nest_init(nest *ns, int32_t rank, const int64_t *shape);
+void cg_identity_map(const nest *ns, imap *map);
+loom_status cg_plan_nest(kc *c, nest *ns, int32_t n_sinks, const sink *sinks);
+loom_status cg_emit_sinks(kc *c, int32_t n_sinks, const sink *sinks);
+void cg_delinearize(kc *c, MlirValue q, int32_t n, const int32_t *groups);
+void cg_clear_gv(kc *c);
+loom_status cg_side_nests(kc *c, const loom_ir_node *space, side_mode mode);
+int64_t cg_grain_for(int64_t work_per_iter);
+
+/* ---- memo, dtypes, evaluation of fused nodes (lower_eval.c) ---- */
+void cg_map_none(imap *m);
+int32_t cg_memo_mark(kc *c);
+void cg_memo_pop(kc *c, int32_t mark);
+MlirType cg_storage_type(cg_b *b, loom_dtype dt);
+MlirType cg_compute_type(cg_b *b, loom_dtype dt);
+MlirValue cg_round16(cg_b *b, loom_dtype dt, MlirValue v);
+MlirValue cg_load_val(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off);
+void cg_store_val(cg_b *b, loom_dtype dt, MlirValue v, MlirValue mem, MlirValue off);
+loom_status cg_add_leaf(kc *c, const loom_ir_node *n, const imap *map);
+loom_status cg_offset_of(kc *c, int32_t id, const imap *map, MlirValue *out);
+loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out);
+
+/* ---- one kernel kind each (lower_elementwise.c, lower_reduction.c, lower_matmul.c) ---- */
+loom_status cg_lower_elementwise(kc *c);
+loom_status cg_lower_reduction(kc *c);
+loom_status cg_lower_matmul(kc *c);
+
+#endif

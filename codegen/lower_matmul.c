@@ -1,0 +1,614 @@
+/* Lowering of MATMUL kernels: tasks over (batch, row block, column block), the product as
+ * plain loops or a linalg.matmul for the matmul schedule, then the fused epilogue. */
+#include <string.h>
+
+#include <mlir-c/Dialect/Linalg.h>
+
+#include "lower_internal.h"
+
+enum {
+    MM_ROWS_MIN = 32,       /* output rows per matmul task: at least (unless M is smaller) */
+    MM_ROWS_MAX = 128,      /* and at most (B streams once per block: bigger blocks reuse it) */
+    MM_TASKS_MIN = 16,      /* fewer (batch, row block) tasks than this: split the columns too */
+    MM_COLS_MIN = 256,      /* columns per matmul task: at least (the schedule's cache tile Nc) */
+    MM_WIDE_N = 4096,       /* N from which columns are split (below: slower, the MLP's 512 15%) */
+    MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
+    MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
+    MK_ACC = 16,            /* bf16 microkernel: accumulators (vectors of 16 f32) in its C
+                             * tile of 8 rows x 32 columns, or 16 x 16 for at most 16 columns
+                             * (a classifier's N = 10 would waste 22 of 32) */
+    MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
+    MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
+};
+
+/* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
+ * integers); 16-bit matmuls pack each task's operands first, evaluating them (so a cast
+ * into the matmul costs no pass of its own), for a register-tiled microkernel: PACK_F32
+ * converts them to f32 (vcvtph2ps for f16) for an FMA microkernel, PACK_BF16 packs bf16
+ * pairs for the vdpbf16ps one. */
+typedef enum mm_kind { MM_PLAIN, MM_PACK_F32, MM_PACK_BF16 } mm_kind;
+
+static mm_kind mm_kind_of(loom_dtype dt) {
+    if (!is_16(dt))
+        return MM_PLAIN;
+    return dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16 ? MM_PACK_BF16
+                                                                              : MM_PACK_F32;
+}
+
+/* ---- MATMUL ------------------------------------------------------------------------------- */
+
+typedef struct mm_plan {
+    int64_t P, M, K, N, nbm, rows, nbn, cols;
+    int64_t cstride; /* elements between rows of C: N, or cols in the scratch block */
+    loom_dtype dt;
+    MlirType acc_t;
+    int32_t acc_res; /* result node whose buffer holds the products, -1: scratch */
+    sink epi[64];
+    int32_t n_epi;
+    nest ns; /* the root's dims, one group per dim */
+    bool linalg;
+    mm_kind kind;
+    nest ons[2];          /* packed kinds: the operands' dims, one group per dim */
+    int64_t mbp, nbp, kp; /* PACK_BF16: padded rows and columns of a task, K in pairs */
+    int64_t mr, nv;       /* packed kinds: rows and 16-column panels of the C tile */
+    int64_t pk;           /* packed kinds: elements of K per packed element (2: bf16 pairs) */
+} mm_plan;
+
+static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t N) {
+    return root->dtype == LOOM_DTYPE_F32 && M >= 8 && K >= 8 && N >= 8;
+}
+
+/* Columns per task for a matmul of N columns whose (batch, row block) tasks number tasks:
+ * N unless the tasks are too few to share among threads. */
+static int64_t mm_cols(int64_t tasks, int64_t N) {
+    if (tasks >= MM_TASKS_MIN || N < MM_WIDE_N)
+        return N > 0 ? N : 1;
+    int64_t nbn = ceil_div(MM_TASKS_MIN, tasks);
+    if (nbn > N / MM_COLS_MIN)
+        nbn = N / MM_COLS_MIN;
+    int64_t start = ceil_div(ceil_div(N, nbn), 16) * 16;
+    /* a divisor of N (no remainder block: one static linalg.matmul instead of two) */
+    for (int64_t c = start; c >= start / 2 && c >= MM_COLS_MIN; c -= 16)
+        if (N % c == 0)
+            return c;
+    return ceil_div(start, 64) * 64 < N ? ceil_div(start, 64) * 64 : N;
+}
+
+/* A rows x cols view of flat at off whose rows are stride elements apart. */
+static MlirValue view2d(cg_b *b, MlirValue flat, MlirValue off, int64_t rows, int64_t cols,
+                        int64_t stride) {
+    int64_t strides[2] = {stride, 1}, shape[2] = {rows, cols};
+    MlirAttribute layout =
+        mlirStridedLayoutAttrGet(b->ctx, mlirShapedTypeGetDynamicStrideOrOffset(), 2, strides);
+    MlirType elem = mlirShapedTypeGetElementType(mlirValueGetType(flat));
+    MlirType t = mlirMemRefTypeGet(elem, 2, shape, layout, mlirAttributeGetNull());
+    int64_t dyn = mlirShapedTypeGetDynamicStrideOrOffset();
+    MlirNamedAttribute attrs[4] = {
+        cg_named(b, "operandSegmentSizes",
+                 mlirDenseI32ArrayGet(b->ctx, 4, (int32_t[]){1, 1, 0, 0})),
+        cg_named(b, "static_offsets", mlirDenseI64ArrayGet(b->ctx, 1, &dyn)),
+        cg_named(b, "static_sizes", mlirDenseI64ArrayGet(b->ctx, 2, shape)),
+        cg_named(b, "static_strides", mlirDenseI64ArrayGet(b->ctx, 2, strides)),
+    };
+    MlirValue ops[2] = {flat, off};
+    return mlirOperationGetResult(cg_op(b, "memref.reinterpret_cast", 2, ops, 1, &t, 4, attrs), 0);
+}
+
+/* A named linalg op on memrefs (no results), its body region filled by MLIR. */
+static void linalg_named(cg_b *b, const char *name, int32_t n_in, const MlirValue *ops,
+                         int32_t n_ops) {
+    MlirNamedAttribute seg = cg_named(
+        b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){n_in, n_ops - n_in}));
+    MlirRegion region = mlirRegionCreate();
+    MlirOperationState st = mlirOperationStateGet(mlirStringRefCreateFromCString(name), b->loc);
+    mlirOperationStateAddOperands(&st, n_ops, ops);
+    mlirOperationStateAddAttributes(&st, 1, &seg);
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    MlirOperation op = mlirOperationCreate(&st);
+    mlirLinalgFillBuiltinNamedOpRegion(op);
+    mlirBlockAppendOwnedOperation(b->block, op);
+}
+
+/* C[rows i0..i0+mb, cols j0..j0+nb) = A x B for one block, with static shapes (linalg
+ * path); crow0 is the block's first element in C. */
+static void emit_mm_block_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValue bm, MlirValue cm,
+                                 MlirValue p, MlirValue i0, MlirValue j0, MlirValue crow0,
+                                 int64_t mb, int64_t nb) {
+    cg_b *b = c->b;
+    MlirValue aoff = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, mp->M), i0), mp->K);
+    MlirValue boff = cg_iadd(b, cg_imul_c(b, p, mp->K * mp->N), j0);
+    MlirValue av = view2d(b, a, aoff, mb, mp->K, mp->K);
+    MlirValue bv = view2d(b, bm, boff, mp->K, nb, mp->N);
+    MlirValue cv = view2d(b, cm, crow0, mb, nb, mp->cstride);
+    MlirValue fill[2] = {cg_cf(b, b->f32, 0.0), cv};
+    linalg_named(b, "linalg.fill", 1, fill, 2);
+    MlirValue mm[3] = {av, bv, cv};
+    linalg_named(b, "linalg.matmul", 2, mm, 3);
+}
+
+/* The linalg block for a task's rows (full or the last, shorter block), nb columns. */
+static void emit_mm_rows_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValue bm, MlirValue cm,
+                                MlirValue p, MlirValue ib, MlirValue i0, MlirValue j0,
+                                MlirValue crow0, int64_t nb) {
+    cg_b *b = c->b;
+    int64_t full = mp->M / mp->rows, rem = mp->M % mp->rows;
+    if (!rem) {
+        emit_mm_block_linalg(c, mp, a, bm, cm, p, i0, j0, crow0, mp->rows, nb);
+        return;
+    }
+    cg_if f;
+    cg_if_begin(b, &f, cg_cmpi(b, CG_I_ULT, ib, cg_idx(b, full)));
+    emit_mm_block_linalg(c, mp, a, bm, cm, p, i0, j0, crow0, mp->rows, nb);
+    cg_if_end(b, &f);
+    cg_if_begin(b, &f, cg_cmpi(b, CG_I_EQ, ib, cg_idx(b, full)));
+    emit_mm_block_linalg(c, mp, a, bm, cm, p, i0, j0, crow0, rem, nb);
+    cg_if_end(b, &f);
+}
+
+/* One malloc'd 1-D buffer of n elements of t per call (freed at the end). */
+static MlirValue alloc_buf(cg_b *b, MlirType t, int64_t n) {
+    MlirType mt = mlirMemRefTypeContiguousGet(t, 1, &n, mlirAttributeGetNull());
+    MlirNamedAttribute seg =
+        cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
+    return mlirOperationGetResult(cg_op(b, "memref.alloc", 0, NULL, 1, &mt, 1, &seg), 0);
+}
+
+/* Operand q (0: A, 1: B) at (row, col) of its last two axes and batch p, in f32 (rounded
+ * to the matmul's 16-bit dtype, as its producers store it), in the operand's nest. */
+static loom_status eval_operand(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue row,
+                                MlirValue col, MlirValue *out) {
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    const nest *ns = &mp->ons[q];
+    int32_t r = ns->n_dims;
+    c->ns = ns;
+    cg_clear_gv(c);
+    int32_t bgroups[R], nbg = 0;
+    for (int32_t d = 0; d < r - 2; d++)
+        if (ns->dim_group[d] >= 0)
+            bgroups[nbg++] = ns->dim_group[d];
+    if (nbg > 0)
+        cg_delinearize(c, p, nbg, bgroups);
+    if (ns->dim_group[r - 2] >= 0)
+        c->gv[ns->dim_group[r - 2]] = row;
+    if (ns->dim_group[r - 1] >= 0)
+        c->gv[ns->dim_group[r - 1]] = col;
+    imap map;
+    cg_identity_map(ns, &map);
+    int32_t mark = cg_memo_mark(c);
+    loom_status st = cg_eval(c, root->inputs[q], &map, out);
+    cg_memo_pop(c, mark);
+    return st;
+}
+
+/* Two bf16 (f32 values already rounded to bf16) as one i32: lo in the low half. */
+static MlirValue bf16_pair(cg_b *b, MlirValue lo, MlirValue hi) {
+    MlirValue l =
+        cg_bin(b, "arith.shrui", cg_conv(b, "arith.bitcast", lo, b->i32), cg_ci(b, b->i32, 16));
+    MlirValue h = cg_bin(b, "arith.andi", cg_conv(b, "arith.bitcast", hi, b->i32),
+                         cg_ci(b, b->i32, (int32_t)0xffff0000u));
+    return cg_bin(b, "arith.ori", l, h);
+}
+
+/* The packed element 0 (i32 pairs of bf16, or f32). */
+static MlirValue pack_zero(cg_b *b, const mm_plan *mp) {
+    return mp->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+}
+
+/* Stores zero at buf[i * stride + j] for i in [i_lo, i_hi), j in [j_lo, j_hi) (pads). */
+static void zero_fill(cg_b *b, MlirValue zero, MlirValue buf, MlirValue i_lo, MlirValue i_hi,
+                      int64_t stride, MlirValue j_lo, MlirValue j_hi) {
+    cg_for li, lj;
+    cg_for_begin(b, &li, i_lo, i_hi, 0, NULL);
+    MlirValue row = cg_imul_c(b, li.iv, stride);
+    cg_for_begin(b, &lj, j_lo, j_hi, 0, NULL);
+    cg_store(b, zero, buf, cg_iadd(b, row, lj.iv));
+    cg_for_end(b, &lj, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+}
+
+/* The packed element kp of operand q at (i, k) / (k, j) (fixed: the position along the
+ * other axis): PACK_BF16 the pair k = 2kp, 2kp + 1 (the second 0 past K), PACK_F32 k = kp. */
+static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue fixed,
+                             MlirValue kp, bool odd_tail, MlirValue *out) {
+    cg_b *b = c->b;
+    MlirValue k0 = cg_imul_c(b, kp, mp->pk), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
+    loom_status st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k0, &lo)
+                            : eval_operand(c, mp, 1, p, k0, fixed, &lo);
+    if (st != LOOM_OK || mp->pk == 1) {
+        *out = lo;
+        return st;
+    }
+    if (odd_tail)
+        hi = cg_cf(b, b->f32, 0.0);
+    else if ((st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k1, &hi)
+                          : eval_operand(c, mp, 1, p, k1, fixed, &hi)) != LOOM_OK)
+        return st;
+    *out = bf16_pair(b, lo, hi);
+    return LOOM_OK;
+}
+
+/* A's rows into ap[(i - i0) * kp + kk] (q 0: rows padded to mbp with zeros), or B's columns
+ * into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l] holds element kk of column
+ * j0 + 16 pn + l (columns padded to nbp with zeros); an element is a pair of bf16 along K
+ * (PACK_BF16: B in the VNNI layout) or one f32. */
+static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
+                               MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
+    cg_b *b = c->b;
+    loom_status st;
+    int64_t kfull = mp->K / mp->pk;
+    MlirValue zero = cg_idx(b, 0), v;
+    for (int pass = 0; pass < 1 + (mp->K % mp->pk); pass++) { /* full pairs, an odd tail */
+        MlirValue klo = cg_idx(b, pass ? kfull : 0), khi = cg_idx(b, pass ? kfull + 1 : kfull);
+        cg_for lo, lin;
+        if (q == 0) {
+            cg_for_begin(b, &lo, i0, i1, 0, NULL);
+            MlirValue arow = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->kp);
+            cg_for_begin(b, &lin, klo, khi, 0, NULL);
+            if ((st = pack_pair(c, mp, 0, p, lo.iv, lin.iv, pass == 1, &v)) != LOOM_OK)
+                return st;
+            cg_store(b, v, buf, cg_iadd(b, arow, lin.iv));
+            cg_for_end(b, &lin, 0, NULL);
+            cg_for_end(b, &lo, 0, NULL);
+        } else {
+            /* for each pair row, panel by panel: 16 contiguous columns in, 16 pairs out */
+            cg_for lp;
+            MlirValue npn =
+                cg_bin(b, "arith.divui",
+                       cg_iadd(b, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, MK_PANEL - 1)),
+                       cg_idx(b, MK_PANEL));
+            cg_for_begin(b, &lo, klo, khi, 0, NULL);
+            cg_for_begin(b, &lp, cg_idx(b, 0), npn, 0, NULL);
+            MlirValue jp = cg_iadd(b, j0, cg_imul_c(b, lp.iv, MK_PANEL));
+            MlirValue at0 =
+                cg_bin(b, "arith.subi",
+                       cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->kp), lo.iv), MK_PANEL), jp);
+            cg_for_begin(b, &lin, jp, cg_imin(b, cg_iadd(b, jp, cg_idx(b, MK_PANEL)), j1), 0, NULL);
+            if ((st = pack_pair(c, mp, 1, p, lin.iv, lo.iv, pass == 1, &v)) != LOOM_OK)
+                return st;
+            cg_store(b, v, buf, cg_iadd(b, at0, lin.iv));
+            cg_for_end(b, &lin, 0, NULL);
+            cg_for_end(b, &lp, 0, NULL);
+            cg_for_end(b, &lo, 0, NULL);
+        }
+    }
+    if (q == 0) { /* pad rows of A */
+        zero_fill(b, pack_zero(b, mp), buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp),
+                  mp->kp, zero, cg_idx(b, mp->kp));
+        return LOOM_OK;
+    }
+    /* pad columns of B (panel by panel, one row of 16 per pair) */
+    cg_for lj, lk;
+    cg_for_begin(b, &lj, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, mp->nbp), 0, NULL);
+    MlirValue pn = cg_bin(b, "arith.divui", lj.iv, cg_idx(b, MK_PANEL));
+    MlirValue l = cg_bin(b, "arith.remui", lj.iv, cg_idx(b, MK_PANEL));
+    MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mp->kp * MK_PANEL), l);
+    cg_for_begin(b, &lk, zero, cg_idx(b, mp->kp), 0, NULL);
+    cg_store(b, pack_zero(b, mp), buf, cg_iadd(b, base, cg_imul_c(b, lk.iv, MK_PANEL)));
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &lj, 0, NULL);
+    return LOOM_OK;
+}
+
+/* The product of the packed task (PACK_BF16, PACK_F32): cs[i * nbp + j] = sum_k A[i, k] B[k, j]
+ * over tiles of mr x 16 nv, each a loop over K's pairs holding 16 accumulators in registers: per
+ * pair, nv panel vectors of B, one broadcast pair of A per row, 16 vdpbf16ps. The tiles of
+ * a column strip run one after the other, so its B panels stay in cache. */
+static void emit_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp, MlirValue cs,
+                       MlirValue mb, MlirValue nb) {
+    cg_b *b = c->b;
+    enum { NACC = MK_ACC };
+    const int64_t MR = mp->mr, NV = mp->nv, NR = NV * MK_PANEL;
+    MlirType vi = cg_vec_t(16, mp->pk == 2 ? b->i32 : b->f32), vf = cg_vec_t(16, b->f32);
+    MlirValue n_jt = cg_bin(b, "arith.divui", cg_iadd(b, nb, cg_idx(b, NR - 1)), cg_idx(b, NR));
+    MlirValue n_it = cg_bin(b, "arith.divui", cg_iadd(b, mb, cg_idx(b, MR - 1)), cg_idx(b, MR));
+    cg_for ljt, lit, lk;
+    cg_for_begin(b, &ljt, cg_idx(b, 0), n_jt, 0, NULL);
+    cg_for_begin(b, &lit, cg_idx(b, 0), n_it, 0, NULL);
+    MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf), init[NACC];
+    for (int i = 0; i < NACC; i++)
+        init[i] = zero;
+    MlirValue arow0 = cg_imul_c(b, lit.iv, MR * mp->kp);
+    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * mp->kp * MK_PANEL);
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, mp->kp), NACC, init);
+    MlirValue bv[2], acc[NACC];
+    for (int v = 0; v < NV; v++)
+        bv[v] = cg_vload(
+            b, vi, bp,
+            cg_iadd(b, bpan0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, v * mp->kp)), MK_PANEL)));
+    for (int i = 0; i < MR; i++) {
+        MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * mp->kp))));
+        MlirValue av = cg_vbroadcast(b, a, vi);
+        for (int v = 0; v < NV; v++)
+            acc[i * NV + v] = mp->pk == 2 ? cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v])
+                                          : cg_fma(b, av, bv[v], lk.iter[i * NV + v]);
+    }
+    cg_for_end(b, &lk, NACC, acc);
+    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * mp->nbp), cg_imul_c(b, ljt.iv, NR));
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV; v++)
+            cg_vstore(b, cg_for_result(&lk, i * NV + v), cs,
+                      cg_iadd(b, c0, cg_idx(b, i * mp->nbp + v * MK_PANEL)));
+    cg_for_end(b, &lit, 0, NULL);
+    cg_for_end(b, &ljt, 0, NULL);
+}
+
+loom_status cg_lower_matmul(kc *c) {
+    const loom_ir_graph *g = c->g;
+    int32_t root_id = c->k->root;
+    const loom_ir_node *root = &g->nodes[root_id];
+    if (root->n_inputs != 2 || root->rank < 2)
+        return cg_bad_plan(c, root_id, "a matmul without two operands of rank >= 2");
+    mm_kind kind = mm_kind_of(root->dtype);
+    for (int32_t i = 0; i < 2; i++)
+        if (c->s->buf_of[root->inputs[i]] < 0 && kind == MM_PLAIN)
+            return cg_unsupported(c, root->inputs[i],
+                                  "a matmul operand computed inside the matmul's kernel (codegen "
+                                  "reads matmul operands from buffers: fuse producers elsewhere)");
+    if (root->dtype == LOOM_DTYPE_BOOL)
+        return cg_unsupported(c, root_id, "a bool matmul");
+    mm_plan *mp = loom_ir_alloc(&c->s->alloc, sizeof *mp);
+    if (!mp)
+        return cg_oom(c);
+    memset(mp, 0, sizeof *mp);
+    loom_status st = LOOM_OK;
+    const loom_ir_node *an = &g->nodes[root->inputs[0]];
+    int32_t r = root->rank;
+    mp->P = loom_ir_numel(r - 2, root->shape);
+    mp->M = an->shape[r - 2];
+    mp->K = an->shape[r - 1];
+    mp->N = root->shape[r - 1];
+    mp->dt = root->dtype;
+    /* about 8 blocks per batch when M allows (tasks for the pool), in multiples of 8 */
+    int64_t rows = mp->M / 8 / 8 * 8;
+    rows = rows < MM_ROWS_MIN ? MM_ROWS_MIN : rows > MM_ROWS_MAX ? MM_ROWS_MAX : rows;
+    /* wide products get their tasks from column blocks: then rows as tall as allowed, in
+     * blocks of about equal height (each row block streams and packs all of B once; the
+     * schedule tiles the rows for the caches itself). conv2's W[64,288] x cols[288,36864]
+     * ran 25% faster in one 64-row block than in two of 32, the gradient of its columns
+     * [288,64] x [64,36864] 15% faster in one 288-row block than in three of 96. Only
+     * when the columns do get split (a scratch accumulator holds rows x cols). */
+    if (mp->N >= MM_WIDE_N && mp->M > 0 &&
+        mp->P * ceil_div(mp->M, MM_WIDE_ROWS_MAX) < MM_TASKS_MIN) {
+        rows = ceil_div(ceil_div(mp->M, ceil_div(mp->M, MM_WIDE_ROWS_MAX)), 8) * 8;
+    } else if (mp->K * mp->N >= MM_B_STREAMS && mp->M > 0) {
+        /* a B bigger than the caches streams from memory once per row block: fewer, taller
+         * blocks, still 4 (tasks for 4 threads). conv2's weight gradient [288,36864] x
+         * [36864,64] (B 9 MB) ran 8% faster in 4 blocks than in 9 of 32 rows (18% in 2). */
+        int64_t quarter = ceil_div(ceil_div(mp->M, 4), 8) * 8;
+        quarter = quarter > MM_WIDE_ROWS_MAX ? MM_WIDE_ROWS_MAX : quarter;
+        rows = quarter > rows ? quarter : rows;
+    }
+    mp->rows = mp->M < rows ? (mp->M > 0 ? mp->M : 1) : rows;
+    mp->nbm = ceil_div(mp->M, mp->rows);
+    mp->cols = mm_cols(mp->P * mp->nbm, mp->N);
+    if (kind != MM_PLAIN && mp->P * mp->nbm < MM_TASKS_MIN && mp->N >= 2 * MK_COLS_MIN) {
+        /* few row blocks: tasks of column blocks too, so that each thread packs only the
+         * columns of B it multiplies (64x512x512 spent as long packing B as using it) */
+        int64_t nbn = ceil_div(MM_TASKS_MIN, mp->P * mp->nbm);
+        nbn = nbn > mp->N / MK_COLS_MIN ? mp->N / MK_COLS_MIN : nbn;
+        mp->cols = ceil_div(ceil_div(mp->N, nbn), MK_COLS_MIN) * MK_COLS_MIN;
+    }
+    mp->nbn = ceil_div(mp->N, mp->cols);
+    mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
+    mp->kind = kind;
+    mp->nv = mp->cols <= MK_PANEL ? 1 : 2;
+    mp->mr = MK_ACC / mp->nv;
+    mp->mbp = ceil_div(mp->rows, mp->mr) * mp->mr;
+    mp->nbp = ceil_div(mp->cols, mp->nv * MK_PANEL) * mp->nv * MK_PANEL;
+    mp->pk = kind == MM_PACK_BF16 ? 2 : 1;
+    mp->kp = ceil_div(mp->K, mp->pk);
+    for (int32_t q = 0; q < 2 && kind != MM_PLAIN; q++) {
+        const loom_ir_node *on = &g->nodes[root->inputs[q]];
+        cg_nest_init(&mp->ons[q], on->rank, on->shape);
+        mp->ons[q].no_merge = true;
+        sink sk = {.node = root->inputs[q], .store = false};
+        cg_identity_map(&mp->ons[q], &sk.map);
+        if ((st = cg_plan_nest(c, &mp->ons[q], 1, &sk)) != LOOM_OK)
+            goto done;
+    }
+
+    cg_nest_init(&mp->ns, root->rank, root->shape);
+    mp->ns.no_merge = true;
+    c->bound = root_id;
+    cg_identity_map(&mp->ns, &c->bound_map);
+    /* the accumulator: the root's own buffer when it has the accumulator's type, else an
+     * epilogue result's of the same type and shape (overwritten in place), else scratch */
+    bool own = mp->dt == LOOM_DTYPE_F32 || mp->dt == LOOM_DTYPE_F64 || mp->dt == LOOM_DTYPE_I32 ||
+               mp->dt == LOOM_DTYPE_I64;
+    mp->acc_res = own && c->s->res_of[root_id] >= 0 ? root_id : -1;
+    for (int32_t i = 0; i < c->k->n_results; i++) {
+        int32_t id = c->k->results[i];
+        const loom_ir_node *n = &g->nodes[id];
+        if (!c->s->dep_root[id])
+            continue;
+        if (!same_shape(n, root)) {
+            st = cg_unsupported(c, id, "a matmul epilogue result whose shape is not the product's");
+            goto done;
+        }
+        if (mp->acc_res < 0 && own && n->dtype == mp->dt)
+            mp->acc_res = id;
+        if (id == root_id && mp->acc_res == root_id)
+            continue; /* written by the product loop itself */
+        if (mp->n_epi == 64) {
+            st = cg_unsupported(c, id, "more than 64 epilogue results");
+            goto done;
+        }
+        mp->epi[mp->n_epi] = (sink){.node = id, .store = true};
+        cg_identity_map(&mp->ns, &mp->epi[mp->n_epi++].map);
+    }
+    if ((st = cg_side_nests(c, root, SIDE_MATMUL)) != LOOM_OK)
+        goto done;
+    if ((st = cg_plan_nest(c, &mp->ns, mp->n_epi, mp->epi)) != LOOM_OK)
+        goto done;
+    int64_t numel = loom_ir_numel(root->rank, root->shape);
+    c->extent = numel > 0 ? mp->P * mp->nbm * mp->nbn : 1;
+    c->grain = cg_grain_for(mp->rows * mp->cols * (mp->K > 0 ? mp->K : 1));
+    if (!c->emit || numel == 0)
+        goto done;
+
+    cg_b *b = c->b;
+    c->ns = &mp->ns;
+    cg_clear_gv(c);
+    mp->acc_t = is_16(mp->dt) ? b->f32 : cg_compute_type(b, mp->dt);
+    MlirValue A = {NULL}, B = {NULL};
+    if (mp->kind == MM_PLAIN) {
+        A = c->bufs[c->s->buf_of[root->inputs[0]]];
+        B = c->bufs[c->s->buf_of[root->inputs[1]]];
+    }
+    MlirValue C;
+    bool scratch = mp->acc_res < 0, bf = mp->kind != MM_PLAIN;
+    mp->cstride = bf ? mp->nbp : scratch ? mp->cols : mp->N;
+    /* packed A and B, and which (batch, column block) B holds (-1: none yet) */
+    MlirValue packs[3] = {{NULL}, {NULL}, {NULL}};
+    if (bf) {
+        MlirType et = mp->pk == 2 ? b->i32 : b->f32;
+        packs[0] = alloc_buf(b, et, mp->mbp * mp->kp);
+        packs[1] = alloc_buf(b, et, mp->kp * mp->nbp);
+    }
+    if (mp->kind != MM_PLAIN) {
+        packs[2] = alloc_buf(b, b->i64, 1);
+        cg_store(b, cg_ci(b, b->i64, -1), packs[2], cg_idx(b, 0));
+    }
+    if (scratch) { /* one malloc'd block of rows x cols per call, freed at the end */
+        C = alloc_buf(b, mp->acc_t, bf ? mp->mbp * mp->nbp : mp->rows * mp->cols);
+    } else {
+        C = c->bufs[c->s->res_of[mp->acc_res]];
+    }
+    cg_for lo;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    /* task = (p * nbm + ib) * nbn + jb: a row block's column blocks are adjacent tasks;
+     * packed kinds: (p * nbn + jb) * nbm + ib, a column block's row blocks (one packed B) */
+    MlirValue nbnv = cg_idx(b, mp->nbn), nbmv = cg_idx(b, mp->nbm), p, ib, jb;
+    if (mp->kind == MM_PLAIN) {
+        MlirValue pib = mp->nbn > 1 ? cg_bin(b, "arith.divui", lo.iv, nbnv) : lo.iv;
+        jb = mp->nbn > 1 ? cg_bin(b, "arith.remui", lo.iv, nbnv) : cg_idx(b, 0);
+        p = mp->nbm > 1 ? cg_bin(b, "arith.divui", pib, nbmv) : pib;
+        ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", pib, nbmv) : cg_idx(b, 0);
+    } else {
+        MlirValue pjb = mp->nbm > 1 ? cg_bin(b, "arith.divui", lo.iv, nbmv) : lo.iv;
+        ib = mp->nbm > 1 ? cg_bin(b, "arith.remui", lo.iv, nbmv) : cg_idx(b, 0);
+        p = mp->nbn > 1 ? cg_bin(b, "arith.divui", pjb, nbnv) : pjb;
+        jb = mp->nbn > 1 ? cg_bin(b, "arith.remui", pjb, nbnv) : cg_idx(b, 0);
+    }
+    MlirValue i0 = cg_imul_c(b, ib, mp->rows);
+    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, mp->rows)), cg_idx(b, mp->M));
+    MlirValue j0 = cg_imul_c(b, jb, mp->cols);
+    MlirValue j1 = cg_imin(b, cg_iadd(b, j0, cg_idx(b, mp->cols)), cg_idx(b, mp->N));
+    /* C[i, j] is at crow(i) + j - jc: the block's columns start at 0 in scratch */
+    MlirValue cbase = scratch ? cg_idx(b, 0) : cg_imul_c(b, cg_imul_c(b, p, mp->M), mp->N);
+    MlirValue jc = j0;
+    if (mp->kind != MM_PLAIN) {
+        A = packs[0];
+        B = packs[1];
+        st = pack_panels(c, mp, 0, A, p, i0, i1, j0, j1);
+        if (st != LOOM_OK)
+            goto done;
+        /* B's columns once per (batch, column block) of the call's consecutive tasks */
+        MlirValue key =
+            cg_conv(b, "arith.index_cast", cg_iadd(b, cg_imul_c(b, p, mp->nbn), jb), b->i64);
+        cg_if f;
+        cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, packs[2], cg_idx(b, 0)), key));
+        st = pack_panels(c, mp, 1, B, p, i0, i1, j0, j1);
+        if (st != LOOM_OK)
+            goto done;
+        cg_store(b, key, packs[2], cg_idx(b, 0));
+        cg_if_end(b, &f);
+        c->ns = &mp->ns;
+        cg_clear_gv(c);
+    }
+    if (bf) {
+        emit_tiles(c, mp, A, B, C, cg_bin(b, "arith.subi", i1, i0),
+                   cg_bin(b, "arith.subi", j1, j0));
+    } else if (mp->linalg) {
+        MlirValue crow0 =
+            scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);
+        int64_t nfull = mp->N / mp->cols, nrem = mp->N % mp->cols;
+        if (nrem) {
+            cg_if f;
+            cg_if_begin(b, &f, cg_cmpi(b, CG_I_ULT, jb, cg_idx(b, nfull)));
+            emit_mm_rows_linalg(c, mp, A, B, C, p, ib, i0, j0, crow0, mp->cols);
+            cg_if_end(b, &f);
+            cg_if_begin(b, &f, cg_cmpi(b, CG_I_EQ, jb, cg_idx(b, nfull)));
+            emit_mm_rows_linalg(c, mp, A, B, C, p, ib, i0, j0, crow0, nrem);
+            cg_if_end(b, &f);
+        } else {
+            emit_mm_rows_linalg(c, mp, A, B, C, p, ib, i0, j0, crow0, mp->cols);
+        }
+    } else {
+        /* for i: C[i,:] = 0; for k: C[i,:] += A[i,k] * B[k,:] */
+        cg_b *bb = b;
+        cg_for li, lk, lj;
+        cg_for_begin(bb, &li, i0, i1, 0, NULL);
+        MlirValue crow =
+            scratch ? cg_bin(bb, "arith.subi",
+                             cg_imul_c(bb, cg_bin(bb, "arith.subi", li.iv, i0), mp->cstride), jc)
+                    : cg_iadd(bb, cbase, cg_imul_c(bb, li.iv, mp->N));
+        cg_for_begin(bb, &lj, j0, j1, 0, NULL);
+        MlirValue zero =
+            loom_ir_dtype_is_float(mp->dt) ? cg_cf(bb, mp->acc_t, 0.0) : cg_ci(bb, mp->acc_t, 0);
+        cg_store(bb, zero, C, cg_iadd(bb, crow, lj.iv));
+        cg_for_end(bb, &lj, 0, NULL);
+        MlirValue arow = cg_imul_c(bb, cg_iadd(bb, cg_imul_c(bb, p, mp->M), li.iv), mp->K);
+        MlirValue bbase = cg_imul_c(bb, p, mp->K * mp->N);
+        cg_for_begin(bb, &lk, cg_idx(bb, 0), cg_idx(bb, mp->K), 0, NULL);
+        MlirValue av = cg_load_val(bb, an->dtype, A, cg_iadd(bb, arow, lk.iv));
+        MlirValue brow = cg_iadd(bb, bbase, cg_imul_c(bb, lk.iv, mp->N));
+        cg_for_begin(bb, &lj, j0, j1, 0, NULL);
+        MlirValue bv =
+            cg_load_val(bb, g->nodes[root->inputs[1]].dtype, B, cg_iadd(bb, brow, lj.iv));
+        MlirValue ci = cg_iadd(bb, crow, lj.iv);
+        bool fl = loom_ir_dtype_is_float(mp->dt);
+        MlirValue prod = cg_bin(bb, fl ? "arith.mulf" : "arith.muli", av, bv);
+        cg_store(bb, cg_bin(bb, fl ? "arith.addf" : "arith.addi", cg_load(bb, C, ci), prod), C, ci);
+        cg_for_end(bb, &lj, 0, NULL);
+        cg_for_end(bb, &lk, 0, NULL);
+        cg_for_end(bb, &li, 0, NULL);
+    }
+    if (mp->n_epi > 0) {
+        /* epilogue over the block's rows: batch indices from p, then i, j */
+        int32_t bgroups[R], nbg = 0;
+        for (int32_t d = 0; d < r - 2; d++)
+            if (mp->ns.dim_group[d] >= 0)
+                bgroups[nbg++] = mp->ns.dim_group[d];
+        if (nbg > 0)
+            cg_delinearize(c, p, nbg, bgroups);
+        cg_for li, lj;
+        cg_for_begin(b, &li, i0, i1, 0, NULL);
+        if (mp->ns.dim_group[r - 2] >= 0)
+            c->gv[mp->ns.dim_group[r - 2]] = li.iv;
+        MlirValue crow =
+            scratch ? cg_bin(b, "arith.subi",
+                             cg_imul_c(b, cg_bin(b, "arith.subi", li.iv, i0), mp->cstride), jc)
+                    : cg_iadd(b, cbase, cg_imul_c(b, li.iv, mp->N));
+        cg_for_begin(b, &lj, j0, j1, 0, NULL);
+        if (mp->ns.dim_group[r - 1] >= 0)
+            c->gv[mp->ns.dim_group[r - 1]] = lj.iv;
+        MlirValue acc = cg_load(b, C, cg_iadd(b, crow, lj.iv));
+        c->bound_v = is_16(mp->dt) ? cg_round16(b, mp->dt, acc) : acc;
+        st = cg_emit_sinks(c, mp->n_epi, mp->epi);
+        cg_for_end(b, &lj, 0, NULL);
+        cg_for_end(b, &li, 0, NULL);
+    }
+    cg_for_end(b, &lo, 0, NULL);
+    if (scratch)
+        cg_op(b, "memref.dealloc", 1, &C, 0, NULL, 0, NULL);
+    for (int32_t q = 0; q < 3; q++)
+        if (!mlirValueIsNull(packs[q]))
+            cg_op(b, "memref.dealloc", 1, &packs[q], 0, NULL, 0, NULL);
+done:
+    loom_ir_free(&c->s->alloc, mp, sizeof *mp);
+    return st;
+}
+
+bool loom_cg_kernel_uses_linalg(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k) {
+    const loom_ir_kernel *kr = &plan->kernels[k];
+    if (kr->kind != LOOM_IR_KERNEL_MATMUL || kr->root < 0 || kr->root >= g->n_nodes)
+        return false;
+    const loom_ir_node *root = &g->nodes[kr->root];
+    if (root->op != LOOM_IR_OP_MATMUL || root->rank < 2 || root->n_inputs != 2)
+        return false;
+    const loom_ir_node *an = &g->nodes[root->inputs[0]];
+    return mm_linalg_ok(root, an->shape[root->rank - 2], an->shape[root->rank - 1],
+                        root->shape[root->rank - 1]) &&
+           loom_ir_numel(root->rank, root->shape) > 0;
+}

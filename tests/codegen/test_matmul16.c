@@ -1,0 +1,347 @@
+/* 16-bit (bf16, f16) matmul kernels on every path this CPU has (LOOM_MATMUL_ISA forces
+ * each): against an f64 reference of the 16-bit inputs on odd and batched shapes, with
+ * fused epilogues, and with the casts of f32 operands fused into the matmul's packing
+ * against the unfused interpreter. Paths the CPU lacks are skipped, saying why. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#include "codegen/codegen.h"
+#include "passes/passes.h"
+#include "runtime/runtime.h"
+
+#define S(...) ((const int64_t[]){__VA_ARGS__})
+
+static loom_allocator sys;
+
+/* ---- paths -------------------------------------------------------------------------------- */
+
+/* Whether the target key (the enabled host features) lists +feature. */
+static bool host_has(const char *feature) {
+    char want[64];
+    snprintf(want, sizeof want, "+%s,", feature);
+    return strstr(loom_cg_target_key(), want) != NULL;
+}
+
+typedef struct isa_path {
+    const char *name; /* LOOM_MATMUL_ISA */
+    const char *feature;
+} isa_path;
+
+static const isa_path paths[] = {
+    {"avx512bf16", "avx512bf16"}, /* bf16 through vdpbf16ps; f16 converted to f32 */
+    {"f32", NULL},                /* every machine: operands converted to f32 */
+};
+
+/* Forces path p for the compiles that follow; false (after cmocka's skip message) when
+ * the CPU cannot run it. */
+static bool use_path(const isa_path *p) {
+    if (p->feature && !host_has(p->feature)) {
+        print_message("skipping LOOM_MATMUL_ISA=%s: this CPU has no %s\n", p->name, p->feature);
+        return false;
+    }
+    setenv("LOOM_MATMUL_ISA", p->name, 1);
+    return true;
+}
+
+/* ---- graphs, plans, runs ------------------------------------------------------------------ */
+
+typedef struct case_io {
+    void *in[64];
+    void *out[64];
+} case_io;
+
+/* Random values in [-1, 1] for every graph input, stored in its dtype. */
+static void fill_inputs(const loom_ir_graph *g, case_io *io, uint64_t seed) {
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op != LOOM_IR_OP_INPUT)
+            continue;
+        int64_t count = loom_ir_numel(n->rank, n->shape);
+        void *buf = calloc(tu_node_bytes(n) + 1, 1);
+        for (int64_t e = 0; e < count; e++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            loom_ir_store_f64(buf, n->dtype, e, (double)(seed >> 11) / 4503599627370496.0 - 1.0);
+        }
+        io->in[n->attrs.index] = buf;
+    }
+    for (int32_t o = 0; o < g->n_outputs; o++)
+        io->out[o] = calloc(tu_node_bytes(&g->nodes[g->outputs[o].node]) + 1, 1);
+}
+
+static void free_io(const loom_ir_graph *g, case_io *io) {
+    for (int32_t i = 0; i < g->n_graph_inputs; i++)
+        free(io->in[i]);
+    for (int32_t o = 0; o < g->n_outputs; o++)
+        free(io->out[o]);
+}
+
+/* Fuses g, compiles its plan and runs every kernel over its tasks in 3 calls. Every kernel
+ * here reads graph inputs and writes graph outputs only. Returns the plan's kernel count. */
+static int32_t compile_and_run(const loom_ir_graph *g, case_io *io) {
+    loom_ir_plan plan;
+    loom_ir_plan_init(&plan, &sys);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_pass_fuse(g, &plan, &d) != LOOM_OK || loom_pass_plan_memory(g, &plan, &d) != LOOM_OK ||
+        loom_ir_plan_verify(&plan, g, &d) != LOOM_OK)
+        fail_msg("plan: %s", d.msg);
+    loom_rt_kernel *ks = calloc((size_t)plan.n_kernels + 1, sizeof *ks);
+    loom_cg_code *code = NULL;
+    loom_cg_options opts = {.compile_threads = 2};
+    if (loom_cg_compile(g, &plan, &opts, &code, ks, &d) != LOOM_OK)
+        fail_msg("compile: %s", d.msg);
+    for (int32_t k = 0; k < plan.n_kernels; k++) {
+        const loom_ir_kernel *kr = &plan.kernels[k];
+        void *bufs[64];
+        assert_true(kr->n_args + kr->n_results <= 64);
+        for (int32_t i = 0; i < kr->n_args; i++) {
+            const loom_ir_node *a = &g->nodes[kr->args[i]];
+            assert_int_equal(a->op, LOOM_IR_OP_INPUT);
+            bufs[i] = io->in[a->attrs.index];
+        }
+        for (int32_t i = 0; i < kr->n_results; i++) {
+            int32_t o = 0;
+            while (o < g->n_outputs && g->outputs[o].node != kr->results[i])
+                o++;
+            assert_true(o < g->n_outputs);
+            bufs[kr->n_args + i] = io->out[o];
+        }
+        for (int c = 0; c < 3; c++) {
+            int64_t lo = ks[k].extent * c / 3, hi = ks[k].extent * (c + 1) / 3;
+            if (lo < hi)
+                ks[k].fn(bufs, lo, hi);
+        }
+    }
+    int32_t n = plan.n_kernels;
+    loom_cg_code_destroy(code);
+    free(ks);
+    loom_ir_plan_deinit(&plan);
+    return n;
+}
+
+/* Unit roundoff of a 16-bit dtype: its results are rounded once, from f32. */
+static double unit16(loom_dtype dt) {
+    return dt == LOOM_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+}
+
+/* Checks out (the product of a and b, [P,M,N]) against an f64 sum of the 16-bit inputs:
+ * within one rounding to dt plus an f32 accumulation's error (K steps of 2^-24, on the sum
+ * of |a||b|). */
+static void check_product(loom_dtype dt, int64_t P, int64_t M, int64_t N, int64_t K, const void *a,
+                          const void *b, const void *out, const char *what) {
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double ref = 0, mag = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double t = loom_ir_load_f64(a, dt, (p * M + i) * K + k) *
+                               loom_ir_load_f64(b, dt, (p * K + k) * N + j);
+                    ref += t;
+                    mag += fabs(t);
+                }
+                double got = loom_ir_load_f64(out, dt, (p * M + i) * N + j);
+                double tol = unit16(dt) * fabs(ref) + 2.0 * (double)K * 0x1p-24 * mag + 1e-30;
+                if (!(fabs(got - ref) <= tol))
+                    fail_msg("%s: [%lld,%lld,%lld] = %.9g, want %.9g (tolerance %.3g)", what,
+                             (long long)p, (long long)i, (long long)j, got, ref, tol);
+            }
+}
+
+/* ---- products against f64 ------------------------------------------------------------------ */
+
+typedef struct mm_shape {
+    int64_t P, M, N, K;
+} mm_shape;
+
+/* Many independent matmuls in one graph (one compile): each its own kernel. */
+static void check_shapes(loom_dtype dt, const mm_shape *shapes, int n, const char *path) {
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &sys);
+    for (int s = 0; s < n; s++) {
+        const mm_shape *sh = &shapes[s];
+        bool batched = sh->P > 1;
+        int32_t r = batched ? 3 : 2;
+        int32_t a = tu_input(&g, dt, r, batched ? S(sh->P, sh->M, sh->K) : S(sh->M, sh->K));
+        int32_t b = tu_input(&g, dt, r, batched ? S(sh->P, sh->K, sh->N) : S(sh->K, sh->N));
+        int32_t m =
+            tu_add(&g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){a, b}, 0, 0, NULL, (loom_ir_attrs){0});
+        tu_output(&g, m, -1);
+    }
+    case_io io = {0};
+    fill_inputs(&g, &io, 7);
+    assert_int_equal(compile_and_run(&g, &io), n);
+    for (int s = 0; s < n; s++) {
+        const mm_shape *sh = &shapes[s];
+        char what[128];
+        snprintf(what, sizeof what, "%s %s matmul P%lld M%lld N%lld K%lld", path,
+                 loom_dtype_name(dt), (long long)sh->P, (long long)sh->M, (long long)sh->N,
+                 (long long)sh->K);
+        check_product(dt, sh->P, sh->M, sh->N, sh->K, io.in[2 * s], io.in[2 * s + 1], io.out[s],
+                      what);
+    }
+    free_io(&g, &io);
+    loom_ir_graph_deinit(&g);
+}
+
+static void test_16_bit_matmuls_match_f64_on_odd_and_batched_shapes_on_each_path(void **state) {
+    (void)state;
+    /* M, N and K each take every value of odd[] (two Latin squares), plus larger blocks,
+     * several tasks of rows and columns, and batches */
+    static const int64_t odd[] = {1, 15, 17, 33, 65, 129};
+    mm_shape shapes[40];
+    int n = 0;
+    for (int i = 0; i < 6; i++) {
+        shapes[n++] = (mm_shape){1, odd[i], odd[(i + 1) % 6], odd[(i + 3) % 6]};
+        shapes[n++] = (mm_shape){1, odd[i], odd[(i + 4) % 6], odd[(i + 2) % 6]};
+        shapes[n++] = (mm_shape){1, odd[i], odd[i], odd[(i + 5) % 6]};
+    }
+    shapes[n++] = (mm_shape){1, 1, 1, 1};
+    shapes[n++] = (mm_shape){1, 256, 200, 300};
+    shapes[n++] = (mm_shape){1, 130, 520, 70};
+    shapes[n++] = (mm_shape){1, 40, 4100, 9}; /* columns split across tasks */
+    shapes[n++] = (mm_shape){3, 17, 33, 65};
+    shapes[n++] = (mm_shape){2, 129, 15, 1};
+    int ran = 0;
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (!use_path(&paths[p]))
+            continue;
+        check_shapes(LOOM_DTYPE_BF16, shapes, n, paths[p].name);
+        check_shapes(LOOM_DTYPE_F16, shapes, n, paths[p].name);
+        ran++;
+    }
+    unsetenv("LOOM_MATMUL_ISA");
+    assert_true(ran >= 1); /* the f32 path runs everywhere */
+}
+
+static void test_amx_path_runs_where_the_cpu_has_amx(void **state) {
+    (void)state;
+    if (!host_has("amx-bf16")) {
+        print_message("skipping: this CPU has no AMX-BF16\n");
+        skip();
+    }
+    /* Loom has no AMX kernels yet: forcing amx must warn and fall back, never fault */
+    setenv("LOOM_MATMUL_ISA", "amx", 1);
+    mm_shape sh = {1, 33, 65, 17};
+    check_shapes(LOOM_DTYPE_BF16, &sh, 1, "amx (falls back to f32)");
+    unsetenv("LOOM_MATMUL_ISA");
+}
+
+static void test_forcing_a_path_the_cpu_lacks_falls_back_to_f32(void **state) {
+    (void)state;
+    /* amx where there is none (or where Loom has no AMX kernel): a warning, the f32 path */
+    setenv("LOOM_MATMUL_ISA", "amx", 1);
+    mm_shape sh = {1, 17, 33, 15};
+    check_shapes(LOOM_DTYPE_BF16, &sh, 1, "amx forced");
+    /* the forced path is part of the cache key: objects of one path never serve another */
+    char key[8192];
+    snprintf(key, sizeof key, "%s", loom_cg_target_key());
+    assert_non_null(strstr(key, ";mm-amx"));
+    setenv("LOOM_MATMUL_ISA", "f32", 1);
+    assert_non_null(strstr(loom_cg_target_key(), ";mm-f32"));
+    assert_string_not_equal(key, loom_cg_target_key());
+    unsetenv("LOOM_MATMUL_ISA");
+    assert_non_null(strstr(loom_cg_target_key(), ";mm-auto"));
+}
+
+/* ---- epilogues and fused casts ------------------------------------------------------------ */
+
+/* Checks every output of g computed by compile_and_run against the interpreter, within two
+ * roundings to dt plus f32 accumulation over K on operands of magnitude <= 1. */
+static void check_against_interpreter(const loom_ir_graph *g, loom_dtype dt, int64_t K,
+                                      int32_t want_kernels, const char *what) {
+    case_io io = {0}, ref = {0};
+    fill_inputs(g, &io, 11);
+    fill_inputs(g, &ref, 11);
+    assert_int_equal(compile_and_run(g, &io), want_kernels);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_rt_interp_run(g, &sys, (const void *const *)ref.in, ref.out, &d) != LOOM_OK)
+        fail_msg("interp: %s", d.msg);
+    for (int32_t o = 0; o < g->n_outputs; o++) {
+        const loom_ir_node *n = &g->nodes[g->outputs[o].node];
+        for (int64_t e = 0; e < loom_ir_numel(n->rank, n->shape); e++) {
+            double got = loom_ir_load_f64(io.out[o], n->dtype, e);
+            double want = loom_ir_load_f64(ref.out[o], n->dtype, e);
+            double tol = 2.0 * unit16(dt) * (fabs(want) + 1.0) + 2.0 * (double)K * 0x1p-24 * K;
+            if (!(fabs(got - want) <= tol))
+                fail_msg("%s: output %d [%lld] = %.9g, want %.9g", what, (int)o, (long long)e, got,
+                         want);
+        }
+    }
+    free_io(g, &io);
+    free_io(g, &ref);
+}
+
+/* Builds a one-kernel case of dtype dt into g; returns its K. */
+typedef int64_t (*build_fn)(loom_ir_graph *g, loom_dtype dt);
+
+/* Runs the case built by build in bf16 and f16 on every path the CPU has. */
+static void on_each_path(build_fn build, const char *name) {
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (!use_path(&paths[p]))
+            continue;
+        for (int t = 0; t < 2; t++) {
+            loom_dtype dt = t ? LOOM_DTYPE_F16 : LOOM_DTYPE_BF16;
+            loom_ir_graph g;
+            loom_ir_graph_init(&g, &sys);
+            int64_t K = build(&g, dt);
+            char what[96];
+            snprintf(what, sizeof what, "%s %s %s", paths[p].name, loom_dtype_name(dt), name);
+            check_against_interpreter(&g, dt, K, 1, what);
+            loom_ir_graph_deinit(&g);
+        }
+    }
+    unsetenv("LOOM_MATMUL_ISA");
+}
+
+static int64_t build_bias_relu(loom_ir_graph *g, loom_dtype dt) {
+    loom_ir_attrs none = {0};
+    int32_t x = tu_input(g, dt, 2, S(33, 65));
+    int32_t w = tu_input(g, dt, 2, S(65, 47));
+    int32_t bias = tu_input(g, dt, 1, S(47));
+    int32_t m = tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, w}, 0, 0, NULL, none);
+    int32_t bb = tu_add(g, LOOM_IR_OP_BROADCAST, 1, &bias, 0, 2, S(33, 47), none);
+    int32_t s = tu_add(g, LOOM_IR_OP_ADD, 2, (int32_t[]){m, bb}, 0, 0, NULL, none);
+    tu_output(g, tu_add(g, LOOM_IR_OP_RELU, 1, &s, 0, 0, NULL, none), -1);
+    return 65;
+}
+
+static void test_16_bit_matmuls_fuse_bias_and_relu_epilogues(void **state) {
+    (void)state;
+    on_each_path(build_bias_relu, "matmul + bias + relu");
+}
+
+/* autocast's linear: relu(cast(x) @ transpose(cast(W))), x and W in f32 */
+static int64_t build_cast_linear(loom_ir_graph *g, loom_dtype dt) {
+    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+    int32_t x = tu_input(g, LOOM_DTYPE_F32, 2, S(70, 33));
+    int32_t w = tu_input(g, LOOM_DTYPE_F32, 2, S(129, 33));
+    int32_t xc = tu_add(g, LOOM_IR_OP_CAST, 1, &x, dt, 0, NULL, none);
+    int32_t wc = tu_add(g, LOOM_IR_OP_CAST, 1, &w, dt, 0, NULL, none);
+    int32_t wt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &wc, 0, 0, NULL, perm);
+    int32_t m = tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){xc, wt}, 0, 0, NULL, none);
+    tu_output(g, tu_add(g, LOOM_IR_OP_RELU, 1, &m, 0, 0, NULL, none), -1);
+    return 33;
+}
+
+static void test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel(void **state) {
+    (void)state;
+    /* one kernel (no pass writing a 16-bit copy), equal to the unfused interpreter */
+    on_each_path(build_cast_linear, "cast-in-matmul");
+}
+
+int main(void) {
+    sys = loom_allocator_system();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_16_bit_matmuls_match_f64_on_odd_and_batched_shapes_on_each_path),
+        cmocka_unit_test(test_amx_path_runs_where_the_cpu_has_amx),
+        cmocka_unit_test(test_forcing_a_path_the_cpu_lacks_falls_back_to_f32),
+        cmocka_unit_test(test_16_bit_matmuls_fuse_bias_and_relu_epilogues),
+        cmocka_unit_test(test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
