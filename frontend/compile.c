@@ -40,10 +40,11 @@ static void after_pass(const char *name, bool changed, const loom_ir_graph *g, v
     loom_ir_sbuf_deinit(&sb);
 }
 
-/* Cache key: everything compiled code depends on besides the graph. */
+/* Cache key: everything compiled code depends on besides the graph: this build of Loom (its
+ * passes and codegen), the target and the codegen options. */
 static void cache_key(char *buf, size_t n, uint64_t hash) {
-    snprintf(buf, n, "graph=%016" PRIx64 ";loom=%s;%s", hash, LOOM_VERSION_STRING,
-             loom_cg_target_key());
+    snprintf(buf, n, "graph=%016" PRIx64 ";loom=%s;build=%s;%s", hash, LOOM_VERSION_STRING,
+             loom_rt_build_id(), loom_cg_target_key());
 }
 
 /* Compiled code for plan: from the disk cache when it holds a valid entry, else compiled

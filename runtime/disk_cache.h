@@ -18,6 +18,11 @@
 #include "ir/ir.h"
 
 #define LOOM_RT_DISK_CACHE_VERSION 1u
+
+/* The GNU build ID (hex) of the binary this code is linked into, "none" when it has none:
+ * part of every cache key, so code compiled by one build of Loom is never loaded by
+ * another. Computed once; thread-safe. */
+const char *loom_rt_build_id(void);
 #define LOOM_RT_DISK_CACHE_EXT ".loomobj"
 
 /* Stores len bytes of data under key (a NUL-terminated string, not empty) in dir, creating

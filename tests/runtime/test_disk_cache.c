@@ -391,6 +391,40 @@ static void test_out_of_memory_leaks_nothing(void **state) {
 
 /* ---- default folder ----------------------------------------------------------------------- */
 
+/* The build ID keys the cache by build: it is this executable's, read back from its ELF
+ * notes by readelf's rules (hex digits of the GNU note), and stable within the process. */
+static void test_build_id_is_the_binarys_gnu_build_id(void **state) {
+    (void)state;
+    const char *id = loom_rt_build_id();
+    assert_non_null(id);
+    size_t n = strlen(id);
+    if (strcmp(id, "none") == 0) {
+        print_message("this toolchain links without --build-id: cache keys cannot tell builds "
+                      "apart\n");
+        skip();
+    }
+    assert_true(n >= 16 && n % 2 == 0);
+    for (size_t i = 0; i < n; i++)
+        assert_non_null(strchr("0123456789abcdef", id[i]));
+    /* the same bytes the linker wrote: compare with the note in /proc/self/exe */
+    FILE *f = fopen("/proc/self/exe", "rb");
+    assert_non_null(f);
+    static unsigned char image[64 << 20];
+    size_t len = fread(image, 1, sizeof image, f);
+    fclose(f);
+    unsigned char raw[64];
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v;
+        assert_int_equal(sscanf(id + 2 * i, "%2x", &v), 1);
+        raw[i] = (unsigned char)v;
+    }
+    bool found = false;
+    for (size_t off = 0; off + 16 + n / 2 <= len && !found; off++) /* "GNU\0" then the ID */
+        found = memcmp(image + off, "GNU", 4) == 0 && memcmp(image + off + 4, raw, n / 2) == 0;
+    assert_true(found);
+    assert_ptr_equal(loom_rt_build_id(), id);
+}
+
 static void test_default_dir_follows_the_environment(void **state) {
     (void)state;
     char buf[256];
@@ -436,6 +470,7 @@ int main(void) {
         T(test_put_under_a_regular_file_fails_and_get_misses),
         T(test_bad_arguments_are_rejected),
         T(test_out_of_memory_leaks_nothing),
+        cmocka_unit_test(test_build_id_is_the_binarys_gnu_build_id),
         cmocka_unit_test(test_default_dir_follows_the_environment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
