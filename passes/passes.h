@@ -38,6 +38,13 @@ const loom_pass *const *loom_pass_all(int32_t *out_n);
  * untouched (changed = false). Errors: OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_autocast;
 
+/* Private casts for 16-bit matmuls: a cast of an f32 value to bf16/f16 that several 16-bit
+ * matmuls read (directly or through a transpose), and nothing else, is copied for each of
+ * them right before it, so that each evaluates it while packing its operand instead of
+ * fusion materializing a shared value (a pass over memory). Runs after CSE. Errors:
+ * OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_matmul_casts;
+
 /* Dead-code elimination: drops nodes no output depends on (graph inputs stay). */
 extern const loom_pass loom_pass_dce;
 
@@ -78,7 +85,7 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: autocast, dce, cse, fold through loom_pass_run_pipeline
+/* The default JIT pipeline in one call: autocast, dce, cse, fold, matmul-casts through loom_pass_run_pipeline
  * (opts may be NULL; its dumps and verify_each apply), then fusion, memory planning and
  * loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller) describes
  * the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0

@@ -277,6 +277,45 @@ static void test_each_parameter_is_cast_once_for_forward_and_backward(void **sta
     loom_context_destroy(ctx);
 }
 
+/* "A cast never costs a pass over memory of its own": in the JIT's plan of a bf16 step no
+ * kernel exists for a 16-bit cast (each is fused into its producer, its consumer, or the
+ * packing of every matmul that reads it), and the plan has no more kernels than fp32's. */
+static void test_no_kernel_is_spent_on_a_16_bit_cast(void **state) {
+    (void)state;
+    int kernels[2];
+    for (int k = 0; k < 2; k++) {
+        loom_context *ctx = tu_context(true);
+        mlp m = mlp_make(ctx);
+        loom_tensor *grads[4];
+        mlp_step(ctx, &m, k ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, grads);
+        int32_t roots[4];
+        for (int i = 0; i < 4; i++)
+            roots[i] = loom_fe_tensor_get(ctx, grads[i], __FILE__, __LINE__, "test")->node;
+        loom_ir_graph g;
+        loom_ir_graph_init(&g, &ctx->alloc);
+        assert_int_equal(loom_ir_graph_extract(&g, &ctx->trace, 4, roots, NULL, false, NULL),
+                         LOOM_OK);
+        loom_ir_plan plan;
+        loom_ir_plan_init(&plan, &ctx->alloc);
+        loom_pass_options o = {.verify_each = true};
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        assert_int_equal(loom_pass_build_plan(&g, &o, &plan, &d), LOOM_OK);
+        for (int32_t j = 0; j < plan.n_kernels; j++) {
+            const loom_ir_node *root = &g.nodes[plan.kernels[j].root];
+            if (root->op == LOOM_IR_OP_CAST && root->dtype != LOOM_DTYPE_F32)
+                print_error("kernel %d is a cast to %s\n", (int)j, loom_dtype_name(root->dtype));
+            assert_false(root->op == LOOM_IR_OP_CAST && root->dtype != LOOM_DTYPE_F32);
+        }
+        kernels[k] = plan.n_kernels;
+        loom_ir_plan_deinit(&plan);
+        loom_ir_graph_deinit(&g);
+        mlp_free(&m);
+        loom_context_destroy(ctx);
+    }
+    assert_true(kernels[1] <= kernels[0]);
+}
+
 /* ---- values ------------------------------------------------------------------------------ */
 
 static void expect_close(const mlp_result *a, const mlp_result *b, double rtol, double atol,
@@ -320,6 +359,7 @@ int main(void) {
         cmocka_unit_test(test_backward_runs_each_vjp_at_its_forward_precision),
         cmocka_unit_test(test_amp_compiles_its_own_graph_and_nothing_else_recompiles),
         cmocka_unit_test(test_each_parameter_is_cast_once_for_forward_and_backward),
+        cmocka_unit_test(test_no_kernel_is_spent_on_a_16_bit_cast),
         cmocka_unit_test(test_16_bit_steps_match_the_interpreter_and_stay_near_fp32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
