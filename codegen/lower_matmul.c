@@ -18,6 +18,7 @@ enum {
                              * tile of 8 rows x 32 columns, or 16 x 16 for at most 16 columns
                              * (a classifier's N = 10 would waste 22 of 32) */
     MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
+    MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
     MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
 };
 
@@ -381,10 +382,11 @@ loom_status cg_lower_matmul(kc *c) {
     mp->rows = mp->M < rows ? (mp->M > 0 ? mp->M : 1) : rows;
     mp->nbm = ceil_div(mp->M, mp->rows);
     mp->cols = mm_cols(mp->P * mp->nbm, mp->N);
-    if (kind != MM_PLAIN && mp->P * mp->nbm < MM_TASKS_MIN && mp->N >= 2 * MK_COLS_MIN) {
+    if (kind != MM_PLAIN && mp->P * mp->nbm < MK_SPLIT_BELOW && mp->N >= 2 * MK_COLS_MIN) {
         /* few row blocks: tasks of column blocks too, so that each thread packs only the
-         * columns of B it multiplies (64x512x512 spent as long packing B as using it) */
-        int64_t nbn = ceil_div(MM_TASKS_MIN, mp->P * mp->nbm);
+         * columns of B it multiplies (64x512x512 spent as long packing B as using it); not
+         * with more row blocks, as each column block packs A's rows again */
+        int64_t nbn = ceil_div(2 * MK_SPLIT_BELOW, mp->P * mp->nbm);
         nbn = nbn > mp->N / MK_COLS_MIN ? mp->N / MK_COLS_MIN : nbn;
         mp->cols = ceil_div(ceil_div(mp->N, nbn), MK_COLS_MIN) * MK_COLS_MIN;
     }
