@@ -116,9 +116,15 @@ LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_ten
 /* ---- softmax family --------------------------------------------------------------------- */
 
 /* x - max(x, axis) with the max detached (it only shifts for stability: its gradient
- * contributions cancel exactly, so building them would be wasted work). */
+ * contributions cancel exactly, so building them would be wasted work). Under autocast, x is
+ * first cast to the dtype it was recorded with (f32), which the autocast pass keeps: the
+ * softmax family is on torch.autocast's fp32 list, and its max and shift must not run in the
+ * 16-bit dtype a matmul hands it. */
 static loom_tensor *shifted(loom_context *ctx, loom_tensor *x, int32_t axis, const char *file,
                             int line) {
+    loom_dtype dt;
+    if (loom_autocast_dtype(ctx) != LOOM_DTYPE_F32 && loom_tensor_dtype(x, &dt) == LOOM_OK)
+        x = loom_cast_at(ctx, x, dt, file, line);
     loom_tensor *m = loom_max_at(ctx, x, 1, &axis, true, file, line);
     return loom_sub_at(ctx, x, loom_detach_at(ctx, m, file, line), file, line);
 }

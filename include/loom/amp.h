@@ -15,8 +15,10 @@
  *  - lower precision (matmul, and so linear and conv2d): f32 operands are cast to the scope's
  *    dtype and the result has that dtype; the products accumulate in f32. A bias added to
  *    such a result (linear's, conv2d's) joins it, as PyTorch's addmm and conv do;
- *  - fp32 (exp, log, pow, reductions, and so softmax, log_softmax, the norms' statistics and
- *    the losses): 16-bit operands are cast to f32;
+ *  - fp32 (exp, log, pow, rsqrt, sums and means, and so the norms' statistics and the
+ *    losses; softmax and log_softmax cast their input to f32 themselves): 16-bit operands
+ *    are cast to f32. A max runs in its operand's dtype (it is exact): max_pool2d of bf16
+ *    is bf16;
  *  - promote (add, mul, select, concat, compares, ...): operands of mixed float dtypes are
  *    cast to the widest, tagged or not (PyTorch's type promotion);
  *  - every other op runs in the dtype its operands now have (relu of bf16 is bf16).
