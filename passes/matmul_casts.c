@@ -51,12 +51,12 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     *out_changed = false;
     /* readers[c]: how many matmul operand slots read cast c through packing (directly or
      * through a transpose); others[x]: whether anything else reads x (or it is an output) */
-    size_t bytes = (size_t)g->n_nodes * sizeof(int32_t);
+    const size_t n0 = (size_t)g->n_nodes, bytes = n0 * sizeof(int32_t); /* g is replaced */
     int32_t *readers = loom_ir_alloc(&g->alloc, bytes);
-    uint8_t *others = loom_ir_alloc(&g->alloc, (size_t)g->n_nodes);
+    uint8_t *others = loom_ir_alloc(&g->alloc, n0);
     if (!readers || !others) {
         loom_ir_free(&g->alloc, readers, bytes);
-        loom_ir_free(&g->alloc, others, (size_t)g->n_nodes);
+        loom_ir_free(&g->alloc, others, n0);
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     }
     for (int32_t i = 0; i < g->n_nodes; i++)
@@ -147,7 +147,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         }
     }
     loom_ir_free(&g->alloc, readers, bytes);
-    loom_ir_free(&g->alloc, others, (size_t)g->n_nodes);
+    loom_ir_free(&g->alloc, others, n0);
     return st;
 }
 

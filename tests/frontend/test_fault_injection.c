@@ -74,8 +74,9 @@ static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(
 }
 
 /* One training step: linear + cross-entropy, backward, an Adam update of both parameters;
- * with amp, through a GradScaler (scale, unscale, the update skipped on found_inf, the
- * scale's update). */
+ * with amp, the forward under bf16 autocast (so the autocast and matmul-casts passes run)
+ * and through a GradScaler (scale, unscale, the update skipped on found_inf, the scale's
+ * update). */
 static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
     const float xs[6] = {1, 2, 3, -4, -5, -6}, ws[6] = {0.1f, 0.2f, -0.3f, 0.4f, 0.5f, -0.6f};
     const float bs[2] = {0.5f, -0.5f};
@@ -96,8 +97,12 @@ static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
     if (st == LOOM_OK)
         st = loom_grad_scaler_create(ctx, &so, &scaler);
     if (st == LOOM_OK) {
+        if (amp)
+            loom_autocast_begin(ctx, LOOM_DTYPE_BF16);
         loom_tensor *loss =
             loom_cross_entropy(ctx, loom_linear(ctx, x, p[0], p[1]), y, LOOM_REDUCTION_MEAN);
+        if (amp)
+            loom_autocast_end(ctx);
         loom_tensor *g[2] = {NULL, NULL};
         st = loom_backward(ctx, loom_grad_scaler_scale(scaler, loss), 2, p, g);
         loom_tensor *found = NULL;
