@@ -12,9 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "frontend/frontend.h"
 #include "loom/dist.h"
 #include "runtime/comm.h"
-#include "runtime/runtime.h"
+#include "runtime/kernel.h"
 
 static int rank_, checks, failures;
 
@@ -252,6 +253,24 @@ static int run_collectives(int n, const char *backend) {
     /* One machine: the local rank is the rank. */
     CHECK(loom_dist_local_rank() == rank_ && loom_dist_local_size() == n, "local rank %d of %d",
           loom_dist_local_rank(), loom_dist_local_size());
+
+    /* The context's default device and threads follow the local rank. */
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = true;
+    o.cache_dir = "";
+    loom_context *ctx = NULL;
+    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    if (ctx) {
+        char want[16];
+        snprintf(want, sizeof want, "npu:%d", rank_);
+        CHECK(strcmp(ctx->device->name, want) == 0, "device %s, expected %s", ctx->device->name,
+              want);
+        CHECK(loom_rt_pool_threads(ctx->pool) == loom_rt_default_threads_shared(n),
+              "threads %d, expected %d", loom_rt_pool_threads(ctx->pool),
+              loom_rt_default_threads_shared(n));
+        loom_context_destroy(ctx);
+    }
 
     check_allreduce(c, n);
     check_nonblocking(c, n);

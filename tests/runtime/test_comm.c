@@ -1,14 +1,18 @@
 /* Tests of the communicator in one process: the self backend's collectives on every dtype,
  * argument errors, the deadline wait and a failed communicator (through a backend that never
  * completes), the backend and timeout choices from options and environment, the public
- * loom_dist_* API. The multi-process tests are tests/runtime/comm_ranks.c under mpiexec. */
+ * loom_dist_* API, and the device and threads a context takes from the local rank. The
+ * multi-process tests are tests/runtime/comm_ranks.c under mpiexec. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "frontend/frontend.h"
 #include "loom/dist.h"
 #include "runtime/comm.h"
 #include "runtime/runtime.h"
+#include "runtime/kernel.h"
 #include "test_util.h"
 
 static const char *const dist_vars[] = {
@@ -520,6 +524,51 @@ static void test_dist_init_reports_bad_settings(void **state) {
     }
 }
 
+/* ---- the context's device and threads ---------------------------------------------------------
+ */
+
+static void expect_context(const char *device, int32_t threads, const char *want_device,
+                           int32_t want_threads) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.device = device;
+    o.num_threads = threads;
+    o.cache_dir = "";
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    assert_string_equal(ctx->device->name, want_device);
+    assert_int_equal(loom_rt_pool_threads(ctx->pool), want_threads);
+    loom_context_destroy(ctx);
+}
+
+static void test_a_context_takes_the_local_ranks_device_and_share_of_cores(void **state) {
+    (void)state;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int32_t online = cores < 1 ? 1 : cores > 1024 ? 1024 : (int32_t)cores;
+    int32_t half = online / 2 > 0 ? online / 2 : 1;
+    assert_int_equal(loom_rt_default_threads_shared(1), online);
+    assert_int_equal(loom_rt_default_threads_shared(2), half);
+    assert_int_equal(loom_rt_default_threads_shared(4096), 1);
+
+    /* Not distributed: npu:0 with every core, as before. */
+    expect_context(NULL, 0, "npu:0", online);
+
+    /* Local rank 1 of 2 on this machine (a self communicator dressed up as one). */
+    loom_rt_comm *c = self_comm();
+    c->local_rank = 1;
+    c->local_size = 2;
+    loom_rt_comm_set_world(c);
+    expect_context(NULL, 0, "npu:1", half);
+    expect_context("npu:0", 1, "npu:0", 1); /* explicit choices win */
+    setenv("LOOM_NUM_THREADS", "3", 1);
+    expect_context(NULL, 0, "npu:1", 3);
+    assert_int_equal(loom_rt_default_threads_shared(2), 3);
+    unsetenv("LOOM_NUM_THREADS");
+    loom_rt_comm_set_world(NULL);
+    destroy_ok(c);
+    expect_context(NULL, 0, "npu:0", online);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_without_a_launcher_the_communicator_is_rank_0_of_1, clean_env),
@@ -540,6 +589,8 @@ int main(void) {
                                clean_env),
         cmocka_unit_test_setup(test_dist_init_is_idempotent_and_finalize_undoes_it, clean_env),
         cmocka_unit_test_setup(test_dist_init_reports_bad_settings, clean_env),
+        cmocka_unit_test_setup(test_a_context_takes_the_local_ranks_device_and_share_of_cores,
+                               clean_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
