@@ -1,12 +1,13 @@
 /* Multi-process communicator checks, one process per rank, started by run_comm_ranks.sh
  * under mpiexec (or alone). Every rank checks every collective against values computed by
- * hand from the rank count; prints "rank R of N: K checks passed" or each failure, and exits
- * 0 or 1.
+ * hand from the rank count (and waits from a second thread); prints "rank R of N: K checks passed"
+ * or each failure, and exits 0 or 1.
  *
  *   comm_ranks collectives N BACKEND   every collective on N ranks, backend "self" or "mpi"
  *   comm_ranks timeout                 rank 0 waits in a barrier rank 1 never joins
  *   comm_ranks die                     rank 1 exits(3) while rank 0 waits in a barrier */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,43 @@ static void check_nonblocking(loom_rt_comm *c, int n) {
     CHECK(atomic_load(&c->pending) == 0, "pending %d", atomic_load(&c->pending));
 }
 
+/* A wait on another thread than the one that started the collective, as the device's
+ * stream thread will wait on what the host started. */
+typedef struct waiter {
+    loom_rt_comm_request *req;
+    loom_status st;
+    loom_ir_diag d;
+} waiter;
+
+static void *wait_on_thread(void *arg) {
+    waiter *w = arg;
+    loom_ir_diag_init(&w->d);
+    w->st = loom_rt_comm_wait(w->req, &w->d);
+    return NULL;
+}
+
+/* Two threads waiting at once (MPI_THREAD_SERIALIZED: Loom's lock keeps their MPI calls
+ * apart), then a blocking all-reduce made entirely on a second thread. Both collectives are
+ * posted by this thread first, so every rank posts them in the same order. */
+static void check_threads(loom_rt_comm *c, int n) {
+    loom_ir_diag d;
+    double x[2] = {rank_ + 1.0, -1.0};
+    int64_t y[1] = {rank_};
+    waiter w = {0};
+    loom_rt_comm_request *ry = NULL;
+    CHECK_OK(loom_rt_comm_allreduce_start(c, x, 2, LOOM_DTYPE_F64, LOOM_REDUCE_SUM, 1, &w.req, &d));
+    CHECK_OK(loom_rt_comm_allreduce_start(c, y, 1, LOOM_DTYPE_I64, LOOM_REDUCE_MIN, 1, &ry, &d));
+    if (!w.req || !ry)
+        return;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, wait_on_thread, &w) == 0, "pthread_create");
+    CHECK_OK(loom_rt_comm_wait(ry, &d));
+    pthread_join(t, NULL);
+    CHECK(w.st == LOOM_OK, "wait on a thread: %s", w.d.msg);
+    CHECK(x[0] == n * (n + 1) / 2.0 && x[1] == -n, "f64 sum from a thread: %g %g", x[0], x[1]);
+    CHECK(y[0] == 0, "i64 min: %lld", (long long)y[0]);
+}
+
 static void check_broadcast_and_allgather(loom_rt_comm *c, int n) {
     loom_ir_diag d;
     for (int root = 0; root < n; root++) {
@@ -274,6 +312,7 @@ static int run_collectives(int n, const char *backend) {
 
     check_allreduce(c, n);
     check_nonblocking(c, n);
+    check_threads(c, n);
     check_broadcast_and_allgather(c, n);
     check_errors(c, n);
     CHECK(loom_dist_barrier() == LOOM_OK, "barrier: %s", loom_dist_error_message());
