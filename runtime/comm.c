@@ -252,9 +252,8 @@ static loom_status check_comm(loom_rt_comm *c, const char *what, loom_ir_diag *d
     return LOOM_OK;
 }
 
-static loom_status check_buffer(loom_rt_comm *c, const char *what, const void *buf,
-                                const char *buf_name, size_t count, loom_dtype dt,
-                                loom_ir_diag *d) {
+static loom_status check_buffer(const char *what, const void *buf, const char *buf_name,
+                                size_t count, loom_dtype dt, loom_ir_diag *d) {
     if (!dtype_ok(dt))
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "dist: %s: unknown dtype %d", what,
                                 (int)dt);
@@ -315,10 +314,10 @@ static const char *describe(const loom_rt_comm_request *r, char *buf, size_t siz
         break;
     case LOOM_RT_COMM_BROADCAST:
     case LOOM_RT_COMM_ALLGATHER:
-    case LOOM_RT_COMM_KIND_COUNT_:
         snprintf(buf, size, "%s #%llu (%s x%zu)", kind_names[r->kind], (unsigned long long)r->seq,
                  loom_dtype_name(r->dtype), r->count);
         break;
+    case LOOM_RT_COMM_KIND_COUNT_: snprintf(buf, size, "?"); break;
     }
     return buf;
 }
@@ -482,7 +481,7 @@ loom_status loom_rt_comm_allreduce_start(loom_rt_comm *c, void *buf, size_t coun
     *out_req = NULL;
     loom_status st = check_comm(c, "allreduce", d);
     if (st == LOOM_OK)
-        st = check_buffer(c, "allreduce", buf, "buf", count, dt, d);
+        st = check_buffer("allreduce", buf, "buf", count, dt, d);
     if (st != LOOM_OK)
         return st;
     if ((unsigned)op >= LOOM_REDUCE_COUNT_)
@@ -538,7 +537,7 @@ loom_status loom_rt_comm_broadcast(loom_rt_comm *c, void *buf, size_t count, loo
                                    int32_t root, loom_ir_diag *d) {
     loom_status st = check_comm(c, "broadcast", d);
     if (st == LOOM_OK)
-        st = check_buffer(c, "broadcast", buf, "buf", count, dt, d);
+        st = check_buffer("broadcast", buf, "buf", count, dt, d);
     if (st != LOOM_OK)
         return st;
     if (root < 0 || root >= c->size)
@@ -554,7 +553,7 @@ loom_status loom_rt_comm_allgather(loom_rt_comm *c, const void *send, void *recv
                                    loom_dtype dt, loom_ir_diag *d) {
     loom_status st = check_comm(c, "allgather", d);
     if (st == LOOM_OK)
-        st = check_buffer(c, "allgather", send ? send : recv, send ? "send" : "recv", count, dt, d);
+        st = check_buffer("allgather", send ? send : recv, send ? "send" : "recv", count, dt, d);
     if (st != LOOM_OK)
         return st;
     if (count > 0 && !recv)

@@ -264,6 +264,11 @@ static void check_errors(loom_rt_comm *c, int n) {
                 LOOM_STATUS_INVALID_ARGUMENT, "recv is NULL");
     CHECK_OK(loom_rt_comm_barrier(c, &d));
     CHECK(!atomic_load(&c->failed), "argument errors failed the communicator");
+    /* Zero elements (and no buffer) is a valid collective on every rank. */
+    CHECK_OK(loom_rt_comm_allreduce(c, NULL, 0, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 0.5, &d));
+    CHECK_OK(loom_rt_comm_allreduce(c, NULL, 0, LOOM_DTYPE_I64, LOOM_REDUCE_MAX, 1, &d));
+    CHECK_OK(loom_rt_comm_broadcast(c, NULL, 0, LOOM_DTYPE_F32, n - 1, &d));
+    CHECK_OK(loom_rt_comm_allgather(c, NULL, NULL, 0, LOOM_DTYPE_I32, &d));
 }
 
 static int run_collectives(int n, const char *backend) {
