@@ -15,7 +15,7 @@ test:
 
 test-valgrind:
 	scripts/setup.sh
-	meson test -C build --setup=valgrind --print-errorlogs --no-suite tools --no-suite examples
+	meson test -C build --setup=valgrind --print-errorlogs --no-suite tools --no-suite examples --no-suite mpi
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

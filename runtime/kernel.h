@@ -34,6 +34,10 @@ void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain
                                void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud);
 /* The default thread count: LOOM_NUM_THREADS if set and valid, else the online cores. */
 int32_t loom_rt_default_threads(void);
+/* The same for one of `sharers` processes sharing the machine (the local ranks of a
+ * distributed job): LOOM_NUM_THREADS if set and valid, else online cores / sharers, at
+ * least 1. */
+int32_t loom_rt_default_threads_shared(int32_t sharers);
 
 /* ---- program executables ------------------------------------------------------------------ */
 

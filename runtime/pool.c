@@ -288,7 +288,9 @@ void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain
     }
 }
 
-int32_t loom_rt_default_threads(void) {
+int32_t loom_rt_default_threads(void) { return loom_rt_default_threads_shared(1); }
+
+int32_t loom_rt_default_threads_shared(int32_t sharers) {
     const char *env = getenv("LOOM_NUM_THREADS");
     if (env && *env >= '0' && *env <= '9') {
         char *end = NULL;
@@ -298,6 +300,8 @@ int32_t loom_rt_default_threads(void) {
             return (int32_t)v;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (sharers > 1)
+        cores /= sharers;
     if (cores < 1)
         return 1;
     return cores > POOL_MAX_THREADS ? POOL_MAX_THREADS : (int32_t)cores;

@@ -110,10 +110,12 @@ typedef struct loom_tensor loom_tensor;
 
 typedef struct loom_context_options {
     loom_allocator allocator; /* default: loom_allocator_system() */
-    const char *device;       /* "npu:0" (default) */
+    const char *device;       /* "npu:N"; NULL (default): "npu:<local rank>" under
+                                 loom_dist_init (loom/dist.h), else "npu:0" */
     bool eager;               /* run every step on the reference interpreter (LOOM_EAGER=1) */
     const char *dump_dir;     /* write every graph cut by mark_step here (LOOM_DUMP) */
-    int32_t num_threads;      /* the device's threads; 0: LOOM_NUM_THREADS, else all cores */
+    int32_t num_threads;      /* the device's threads; 0: LOOM_NUM_THREADS, else all cores
+                                 (cores / local size under loom_dist_init) */
     bool sync;                /* mark_step waits for the step to finish (LOOM_SYNC=1) */
     const char *cache_dir;    /* compiled code cache: NULL: LOOM_CACHE_DIR, else
                                  $XDG_CACHE_HOME/loom or ~/.cache/loom; "": no disk cache */
