@@ -634,6 +634,9 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_CONCAT:
     case LOOM_IR_OP_IOTA:
     case LOOM_IR_OP_RAND_UNIFORM: return cg_bad_plan(c, id, "evaluated by eval, not apply");
+    case LOOM_IR_OP_ALL_REDUCE: /* fusion refuses graphs with collectives (UNSUPPORTED) */
+    case LOOM_IR_OP_BROADCAST_FROM:
+    case LOOM_IR_OP_ALL_GATHER: return cg_unsupported(c, id, "a collective");
     case LOOM_IR_OP_SLICE:
     case LOOM_IR_OP_CONSTANT:
     case LOOM_IR_OP_NEG:
@@ -795,6 +798,9 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_REDUCE_MEAN:
     case LOOM_IR_OP_REDUCE_MAX:
     case LOOM_IR_OP_MATMUL:
+    case LOOM_IR_OP_ALL_REDUCE:
+    case LOOM_IR_OP_BROADCAST_FROM:
+    case LOOM_IR_OP_ALL_GATHER:
     case LOOM_IR_OP_COUNT_: return cg_bad_plan(c, id, "unreachable op");
     }
     *out = round ? cg_round16(b, dt, v) : v;

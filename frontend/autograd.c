@@ -213,6 +213,24 @@ static int32_t unbroadcast(ag *a, int32_t g, int32_t x) {
     return reshape_like(a, g, x);
 }
 
+/* Ops without a gradient rule (collectives other than a sum all-reduce): an error naming the
+ * op at the user's forward line. */
+static int32_t no_vjp(ag *a, const loom_ir_node *n) {
+    if (!a->failed) {
+        char t[LOOM_IR_TYPE_STR_MAX];
+        loom_ir_format_type(t, sizeof t, n->dtype, n->rank, n->shape);
+        if (n->op == LOOM_IR_OP_ALL_REDUCE)
+            loom_fe_error(a->ctx, LOOM_STATUS_UNSUPPORTED, a->loc.file, a->loc.line, "backward",
+                          "all_reduce {reduce = %s} of %s has no gradient rule (only sum has)",
+                          loom_ir_reduce_op_name(n->attrs.index), t);
+        else
+            loom_fe_error(a->ctx, LOOM_STATUS_UNSUPPORTED, a->loc.file, a->loc.line, "backward",
+                          "%s of %s has no gradient rule", loom_ir_op_name(n->op), t);
+    }
+    a->failed = true;
+    return -1;
+}
+
 /* d(out)/d(input k) * g for node `id` (whose gradient is g); -1 on failure. */
 static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
     loom_ir_node n = *nd(a, id); /* by value: emitting may move the node array */
@@ -229,6 +247,15 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
     case LOOM_IR_OP_LE:
     case LOOM_IR_OP_GT:
     case LOOM_IR_OP_GE: return -1; /* never reached: no float operand needs it */
+    case LOOM_IR_OP_ALL_REDUCE:    /* y = s * sum_r x_r: each rank's x_r gets s * sum_r g_r */
+        if (n.attrs.index == LOOM_REDUCE_SUM) {
+            loom_ir_node_desc dd = {
+                .op = LOOM_IR_OP_ALL_REDUCE, .n_inputs = 1, .inputs = &g, .attrs = n.attrs};
+            return emit(a, &dd);
+        }
+        return no_vjp(a, &n);
+    case LOOM_IR_OP_BROADCAST_FROM:
+    case LOOM_IR_OP_ALL_GATHER: return no_vjp(a, &n);
     case LOOM_IR_OP_NEG: return un(a, LOOM_IR_OP_NEG, g);
     case LOOM_IR_OP_ABS: {
         int32_t zero = full_like(a, x, 0.0);

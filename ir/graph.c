@@ -24,6 +24,12 @@ loom_ir_op loom_ir_op_from_name(const char *name, size_t len) {
     return LOOM_IR_OP_COUNT_;
 }
 
+const char *loom_ir_reduce_op_name(int64_t op) {
+    static const char *const names[LOOM_REDUCE_COUNT_] = {
+        [LOOM_REDUCE_SUM] = "sum", [LOOM_REDUCE_MAX] = "max", [LOOM_REDUCE_MIN] = "min"};
+    return op >= 0 && op < LOOM_REDUCE_COUNT_ ? names[op] : "?";
+}
+
 bool loom_ir_op_is_elementwise(loom_ir_op op) {
     if ((unsigned)op >= LOOM_IR_OP_COUNT_)
         return false;
@@ -45,6 +51,7 @@ bool loom_ir_op_is_elementwise(loom_ir_op op) {
     case LOOM_IR_KIND_CONCAT:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
+    case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return false;
@@ -261,6 +268,7 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
     case LOOM_IR_KIND_PAD:
     case LOOM_IR_KIND_CONCAT:
     case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_COLLECTIVE: /* communication, not arithmetic */
     case LOOM_IR_KIND_COUNT_: break;
     }
     return 0;

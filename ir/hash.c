@@ -51,6 +51,15 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
         }
         break;
     case LOOM_IR_ATTRS_AXIS: mix(s, (uint64_t)n->attrs.index); break;
+    case LOOM_IR_ATTRS_REDUCE: { /* the op and the scale; never the rank */
+        uint64_t bits;
+        memcpy(&bits, &n->attrs.value, sizeof bits);
+        mix(s, (uint64_t)n->attrs.index);
+        mix(s, bits);
+        break;
+    }
+    case LOOM_IR_ATTRS_ROOT:
+    case LOOM_IR_ATTRS_WORLD: mix(s, (uint64_t)n->attrs.index); break;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
 }
@@ -87,6 +96,11 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
         return memcmp(a->attrs.start, b->attrs.start, (size_t)a->rank * sizeof(int64_t)) == 0 &&
                memcmp(a->attrs.step, b->attrs.step, (size_t)a->rank * sizeof(int64_t)) == 0;
     case LOOM_IR_ATTRS_AXIS: return a->attrs.index == b->attrs.index;
+    case LOOM_IR_ATTRS_REDUCE:
+        return a->attrs.index == b->attrs.index &&
+               memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
+    case LOOM_IR_ATTRS_ROOT:
+    case LOOM_IR_ATTRS_WORLD: return a->attrs.index == b->attrs.index;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return false;

@@ -1,5 +1,7 @@
 /* Shape and dtype inference: the one place that knows each op kind's typing rules. The
  * frontend calls it to validate user calls; the verifier calls it to re-check graphs. */
+#include <math.h>
+
 #include "ir.h"
 
 #define TYPE(buf, node) loom_ir_format_type(buf, sizeof buf, (node)->dtype, (node)->rank, (node)->shape)
@@ -316,6 +318,42 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
             return st;
         set_desc_type(desc, desc->dtype, out_rank, out_shape, out_dtype);
         return LOOM_OK;
+    case LOOM_IR_KIND_COLLECTIVE: {
+        const loom_ir_node *x = in[0];
+        copy_type(x, out_dtype, out_rank, out_shape);
+        int64_t a = desc->attrs.index;
+        if (desc->op == LOOM_IR_OP_ALL_REDUCE) {
+            double scale = desc->attrs.value;
+            if (a < 0 || a >= LOOM_REDUCE_COUNT_)
+                return loom_ir_diag_set(d, BAD, "reduce op %lld is not sum, max or min",
+                                        (long long)a);
+            if (!isfinite(scale))
+                return loom_ir_diag_set(d, BAD, "scale %g is not finite", scale);
+            if (x->dtype == LOOM_DTYPE_BOOL && a == LOOM_REDUCE_SUM)
+                return loom_ir_diag_set(d, BAD, "a sum of %s is not defined (use max or min)",
+                                        TYPE(ta, x));
+            if (!loom_ir_dtype_is_float(x->dtype) && scale != 1.0)
+                return loom_ir_diag_set(d, BAD, "scale %g on %s: only float dtypes scale", scale,
+                                        TYPE(ta, x));
+            return LOOM_OK;
+        }
+        if (desc->op == LOOM_IR_OP_BROADCAST_FROM) {
+            if (a < 0 || a > INT32_MAX)
+                return loom_ir_diag_set(d, BAD, "root rank %lld is out of range", (long long)a);
+            return LOOM_OK;
+        }
+        /* all_gather: the world size is an attribute, as shapes are static */
+        if (a < 1 || a > INT32_MAX)
+            return loom_ir_diag_set(d, BAD, "world size %lld is out of range (>= 1)", (long long)a);
+        if (x->rank < 1)
+            return loom_ir_diag_set(d, BAD, "gathers along axis 0, but the operand %s is a scalar",
+                                    TYPE(ta, x));
+        if (x->shape[0] > 0 && a > INT64_MAX / 16 / x->shape[0])
+            return loom_ir_diag_set(d, BAD, "shape has too many elements");
+        out_shape[0] = x->shape[0] * a;
+        loom_ir_node_desc res = {.rank = *out_rank, .shape = out_shape};
+        return check_shape(&res, d);
+    }
     case LOOM_IR_KIND_COUNT_:
         break;
     }

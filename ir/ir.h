@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "loom/dist.h" /* loom_reduce_op */
 #include "loom/loom.h"
 
 /* ---- op table -------------------------------------------------------------------------- */
@@ -31,6 +32,7 @@ typedef enum loom_ir_kind {
     LOOM_IR_KIND_CONCAT,      /* movement: n operands joined along attrs.index */
     LOOM_IR_KIND_IOTA,        /* no operands: the index along attrs.index */
     LOOM_IR_KIND_RAND,        /* (seed) -> counter-based random numbers of the node's type */
+    LOOM_IR_KIND_COLLECTIVE,  /* across ranks through the communicator (runtime/comm.h) */
     LOOM_IR_KIND_COUNT_
 } loom_ir_kind;
 
@@ -56,13 +58,16 @@ enum {
 
 typedef enum loom_ir_attrs_kind {
     LOOM_IR_ATTRS_NONE,
-    LOOM_IR_ATTRS_INDEX, /* attrs.index: which graph input */
-    LOOM_IR_ATTRS_VALUE, /* attrs.value: the fill value */
-    LOOM_IR_ATTRS_PERM,  /* attrs.perm[rank] */
-    LOOM_IR_ATTRS_AXES,  /* attrs.axes bitmask over the operand's axes, attrs.keepdim */
-    LOOM_IR_ATTRS_SLICE, /* attrs.start[rank] (start), attrs.step[rank] (stride >= 1) */
-    LOOM_IR_ATTRS_PAD,   /* attrs.start[rank] (low), attrs.step[rank] (interior), attrs.value */
-    LOOM_IR_ATTRS_AXIS,  /* attrs.index: one axis (concat, iota) */
+    LOOM_IR_ATTRS_INDEX,  /* attrs.index: which graph input */
+    LOOM_IR_ATTRS_VALUE,  /* attrs.value: the fill value */
+    LOOM_IR_ATTRS_PERM,   /* attrs.perm[rank] */
+    LOOM_IR_ATTRS_AXES,   /* attrs.axes bitmask over the operand's axes, attrs.keepdim */
+    LOOM_IR_ATTRS_SLICE,  /* attrs.start[rank] (start), attrs.step[rank] (stride >= 1) */
+    LOOM_IR_ATTRS_PAD,    /* attrs.start[rank] (low), attrs.step[rank] (interior), attrs.value */
+    LOOM_IR_ATTRS_AXIS,   /* attrs.index: one axis (concat, iota) */
+    LOOM_IR_ATTRS_REDUCE, /* attrs.index: loom_reduce_op, attrs.value: scale (all_reduce) */
+    LOOM_IR_ATTRS_ROOT,   /* attrs.index: the root rank (broadcast_from) */
+    LOOM_IR_ATTRS_WORLD,  /* attrs.index: the world size (all_gather) */
     LOOM_IR_ATTRS_COUNT_
 } loom_ir_attrs_kind;
 
@@ -89,6 +94,9 @@ extern const loom_ir_op_info loom_ir_op_table[LOOM_IR_OP_COUNT_];
 const char *loom_ir_op_name(loom_ir_op op);
 loom_ir_op loom_ir_op_from_name(const char *name, size_t len);
 bool loom_ir_op_is_elementwise(loom_ir_op op);
+/* An all_reduce's combining op as the text format spells it ("sum", "max", "min"); "?" out
+ * of range. */
+const char *loom_ir_reduce_op_name(int64_t op);
 
 /* ---- dtypes ---------------------------------------------------------------------------- */
 
@@ -245,8 +253,8 @@ typedef struct loom_ir_loc {
 } loom_ir_loc;
 
 typedef struct loom_ir_attrs {
-    int64_t index;                /* INDEX, AXIS */
-    double value;                 /* VALUE, PAD (the fill value) */
+    int64_t index;                /* INDEX, AXIS, REDUCE (the op), ROOT, WORLD */
+    double value;                 /* VALUE, PAD (the fill value), REDUCE (the scale) */
     int32_t perm[LOOM_MAX_RANK];  /* PERM */
     uint32_t axes;                /* AXES: bit i set = axis i of the operand is reduced */
     bool keepdim;                 /* AXES */
@@ -366,6 +374,9 @@ typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);
  *     %7 = pad %0 {low = [1, 0], interior = [0, 1], value = 0} : f32[4,5]
  *     %8 = concat %0, %3 {axis = 0} : f32[4,3]
  *     %9 = iota {axis = 1} : i64[2,3]
+ *     %10 = all_reduce %3 {reduce = sum, scale = 0.5} : f32[2,3]
+ *     %11 = broadcast_from %0 {root = 0} : f32[2,3]
+ *     %12 = all_gather %0 {world = 2} : f32[4,3]
  *     return %3 {alias = 0}, %5
  *   }
  * Every node states its result type; for cast, broadcast, reshape, input, constant, iota and

@@ -446,11 +446,15 @@ typedef enum attr_id {
     ATTR_INTERIOR, /* pad */
     ATTR_AXIS,     /* concat, iota */
     ATTR_AUTOCAST, /* every op */
+    ATTR_REDUCE,   /* all_reduce */
+    ATTR_SCALE,    /* all_reduce */
+    ATTR_ROOT,     /* broadcast_from */
+    ATTR_WORLD,    /* all_gather */
     ATTR_COUNT_
 } attr_id;
-static const char *const attr_names[ATTR_COUNT_] = {"index",    "value", "perm",    "axes",
-                                                    "keepdim",  "start", "stride",  "low",
-                                                    "interior", "axis",  "autocast"};
+static const char *const attr_names[ATTR_COUNT_] = {
+    "index",    "value", "perm",     "axes",   "keepdim", "start", "stride", "low",
+    "interior", "axis",  "autocast", "reduce", "scale",   "root",  "world"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
@@ -487,6 +491,12 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
         ids[2] = ATTR_VALUE;
         return 3;
     case LOOM_IR_ATTRS_AXIS: ids[0] = ATTR_AXIS; return 1;
+    case LOOM_IR_ATTRS_REDUCE:
+        ids[0] = ATTR_REDUCE;
+        ids[1] = ATTR_SCALE;
+        return 2;
+    case LOOM_IR_ATTRS_ROOT: ids[0] = ATTR_ROOT; return 1;
+    case LOOM_IR_ATTRS_WORLD: ids[0] = ATTR_WORLD; return 1;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return 0;
@@ -572,6 +582,32 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
             break;
         case ATTR_AXIS:
             if (!parse_int(p, LOOM_MAX_RANK - 1, "an axis", &v))
+                return false;
+            pa->attrs.index = v;
+            break;
+        case ATTR_REDUCE: {
+            int64_t r = LOOM_REDUCE_COUNT_;
+            for (int64_t k = 0; k < LOOM_REDUCE_COUNT_ && p->tok.kind == TOK_IDENT; k++)
+                if (tok_is(&p->tok, loom_ir_reduce_op_name(k)))
+                    r = k;
+            if (r == LOOM_REDUCE_COUNT_)
+                return fail_tok(p, &p->tok, "expected sum, max or min as the reduce op, got %s",
+                                describe(&p->tok, b, sizeof b));
+            pa->attrs.index = r;
+            lex(p);
+            break;
+        }
+        case ATTR_SCALE:
+            if (!parse_double(p, &pa->attrs.value))
+                return false;
+            break;
+        case ATTR_ROOT:
+            if (!parse_int(p, INT32_MAX, "a root rank", &v))
+                return false;
+            pa->attrs.index = v;
+            break;
+        case ATTR_WORLD:
+            if (!parse_int(p, INT32_MAX, "a world size", &v))
                 return false;
             pa->attrs.index = v;
             break;

@@ -221,6 +221,9 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         case LOOM_IR_KIND_CONCAT:
         case LOOM_IR_KIND_IOTA:
         case LOOM_IR_KIND_RAND: break;
+        case LOOM_IR_KIND_COLLECTIVE:
+            return fail(d, n, "kernel %d (%s): %s %%%d is a collective, which no kernel computes",
+                        (int)k, kname, loom_ir_op_name(nd->op), (int)n);
         case LOOM_IR_KIND_COUNT_:
             return fail(d, n, "kernel %d: %%%d has an unknown op", (int)k, (int)n);
         }

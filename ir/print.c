@@ -83,6 +83,16 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
     case LOOM_IR_ATTRS_AXIS:
         loom_ir_writer_printf(p, "axis = %lld", (long long)n->attrs.index);
         return true;
+    case LOOM_IR_ATTRS_REDUCE:
+        loom_ir_writer_printf(p, "reduce = %s, scale = ", loom_ir_reduce_op_name(n->attrs.index));
+        put_double(p, n->attrs.value);
+        return true;
+    case LOOM_IR_ATTRS_ROOT:
+        loom_ir_writer_printf(p, "root = %lld", (long long)n->attrs.index);
+        return true;
+    case LOOM_IR_ATTRS_WORLD:
+        loom_ir_writer_printf(p, "world = %lld", (long long)n->attrs.index);
+        return true;
     case LOOM_IR_ATTRS_COUNT_: return false;
     }
     return false;

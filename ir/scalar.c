@@ -193,6 +193,9 @@ loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op) {
     case LOOM_IR_OP_CONCAT:
     case LOOM_IR_OP_IOTA: /* computed from the index, not from operands */
     case LOOM_IR_OP_RAND_UNIFORM:
+    case LOOM_IR_OP_ALL_REDUCE: /* across ranks, not per element */
+    case LOOM_IR_OP_BROADCAST_FROM:
+    case LOOM_IR_OP_ALL_GATHER:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;
@@ -240,6 +243,9 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
     case LOOM_IR_OP_CONCAT:
     case LOOM_IR_OP_IOTA: /* computed from the index, not from operands */
     case LOOM_IR_OP_RAND_UNIFORM:
+    case LOOM_IR_OP_ALL_REDUCE: /* across ranks, not per element */
+    case LOOM_IR_OP_BROADCAST_FROM:
+    case LOOM_IR_OP_ALL_GATHER:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;

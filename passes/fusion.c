@@ -167,6 +167,7 @@ static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32
     case LOOM_IR_KIND_RESHAPE:
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_COUNT_:
         for (int32_t i = 0; i < on->rank; i++) {
             om->dim[i] = um->dim[i];
@@ -254,6 +255,7 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
             case LOOM_IR_KIND_IOTA:
             case LOOM_IR_KIND_SOURCE:
             case LOOM_IR_KIND_RESHAPE:
+            case LOOM_IR_KIND_COLLECTIVE:
             case LOOM_IR_KIND_COUNT_: return -1;
             }
             if (target < 0) {
@@ -354,6 +356,7 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_CAST:
         case LOOM_IR_KIND_BROADCAST:
         case LOOM_IR_KIND_TRANSPOSE: place_loop_op(s, i, f); break;
+        case LOOM_IR_KIND_COLLECTIVE: /* refused by loom_pass_fuse before placing */
         case LOOM_IR_KIND_COUNT_: break;
         }
     }
@@ -549,6 +552,14 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
     int32_t n = g->n_nodes;
     if (n == 0)
         return LOOM_OK;
+    /* Collectives are no kernel's work and the program has no host step for them yet: the
+     * frontend runs such graphs on the reference interpreter (it calls the communicator). */
+    for (int32_t i = 0; i < n; i++)
+        if (loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_COLLECTIVE)
+            return loom_ir_diag_set(d, LOOM_STATUS_UNSUPPORTED,
+                                    "fuse: %%%d = %s is a collective, which compiled steps do "
+                                    "not run yet",
+                                    (int)i, loom_ir_op_name(g->nodes[i].op));
     int64_t n_edges = 0;
     for (int32_t i = 0; i < n; i++)
         n_edges += g->nodes[i].n_inputs;

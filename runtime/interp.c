@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "comm.h"
 #include "runtime.h"
 
 /* ---- index helpers ------------------------------------------------------------------------ */
@@ -330,6 +331,62 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
     return LOOM_OK;
 }
 
+/* Collectives go through the world communicator (the self backend when loom_dist_init was
+ * never called: one rank). The value is copied into dst first, as the communicator works in
+ * place; a failure names the node, its op and the user's source location. */
+static loom_status run_collective(const loom_ir_graph *g, int32_t i, const void *src, void *dst,
+                                  loom_ir_diag *d) {
+    const loom_ir_node *n = &g->nodes[i];
+    const loom_ir_node *x = &g->nodes[n->inputs[0]];
+    size_t count = (size_t)loom_ir_numel(x->rank, x->shape);
+    size_t bytes = loom_ir_node_bytes(x);
+    loom_rt_comm *c = loom_rt_comm_world();
+    int32_t world = c ? c->size : 1, rank = c ? c->rank : 0;
+    loom_ir_diag sub;
+    loom_ir_diag_init(&sub);
+    loom_status st = LOOM_OK;
+    if (n->op == LOOM_IR_OP_ALL_REDUCE) {
+        if (bytes)
+            memcpy(dst, src, bytes);
+        if (c)
+            st = loom_rt_comm_allreduce(c, dst, count, n->dtype, (loom_reduce_op)n->attrs.index,
+                                        n->attrs.value, &sub);
+        else if (n->attrs.value != 1.0) /* one rank: the reduction is the value itself */
+            for (size_t k = 0; k < count; k++)
+                loom_ir_store_f64(dst, n->dtype, (int64_t)k,
+                                  n->attrs.value * loom_ir_load_f64(dst, n->dtype, (int64_t)k));
+    } else if (n->op == LOOM_IR_OP_BROADCAST_FROM) {
+        if (n->attrs.index >= world) {
+            st = loom_ir_diag_set(&sub, LOOM_STATUS_INVALID_ARGUMENT,
+                                  "root %lld is not a rank of a world of %d",
+                                  (long long)n->attrs.index, (int)world);
+        } else {
+            if (bytes)
+                memcpy(dst, src, bytes);
+            if (c)
+                st = loom_rt_comm_broadcast(c, dst, count, n->dtype, (int32_t)n->attrs.index, &sub);
+        }
+    } else { /* all_gather */
+        if (n->attrs.index != world)
+            st = loom_ir_diag_set(&sub, LOOM_STATUS_INVALID_ARGUMENT,
+                                  "the graph gathers from %lld ranks, but the world has %d",
+                                  (long long)n->attrs.index, (int)world);
+        else if (c)
+            st = loom_rt_comm_allgather(c, src, dst, count, n->dtype, &sub);
+        else if (bytes)
+            memcpy((char *)dst + (size_t)rank * bytes, src, bytes);
+    }
+    if (st == LOOM_OK)
+        return LOOM_OK;
+    char t[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
+    if (n->loc.file)
+        return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: %s", n->loc.file, (int)n->loc.line,
+                                (int)i, loom_ir_op_name(n->op), t, sub.msg);
+    return loom_ir_diag_set(d, st, "%%%d = %s of %s: %s", (int)i, loom_ir_op_name(n->op), t,
+                            sub.msg);
+}
+
 /* ---- the interpreter loop ----------------------------------------------------------------- */
 
 static void release_slot(const loom_allocator *a, slot *s) {
@@ -394,6 +451,9 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_CONCAT: run_concat(g, n, slots, dst); return LOOM_OK;
     case LOOM_IR_OP_IOTA: run_iota(n, dst); return LOOM_OK;
     case LOOM_IR_OP_RAND_UNIFORM: run_rand_uniform(n, src[0], dst); return LOOM_OK;
+    case LOOM_IR_OP_ALL_REDUCE:
+    case LOOM_IR_OP_BROADCAST_FROM:
+    case LOOM_IR_OP_ALL_GATHER: return run_collective(g, i, src[0], dst, d);
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);
@@ -458,6 +518,12 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
         slots[i].last_use = -1;
     for (int32_t o = 0; o < g->n_outputs; o++)
         slots[g->outputs[o].node].last_use = INT32_MAX;
+    /* Collectives run on every rank even when nothing reads them: each rank's graph is the
+     * same, but skipping one here would still break the order the peers rely on. */
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        if ((loom_ir_op_table[g->nodes[i].op].flags & LOOM_IR_OPF_SIDE_EFFECT) &&
+            slots[i].last_use < 0)
+            slots[i].last_use = i;
     for (int32_t i = g->n_nodes - 1; i >= 0; i--) {
         if (slots[i].last_use < 0)
             continue;

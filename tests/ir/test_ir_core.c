@@ -247,6 +247,13 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
             desc.shape = sh23;
             want = "bf16[2,3]";
             break;
+        case LOOM_IR_KIND_COLLECTIVE: /* max-reduce scaled by 0.5, root 1, or world 2 */
+            desc.n_inputs = 1;
+            desc.inputs = un;
+            desc.attrs.index = op == LOOM_IR_OP_ALL_GATHER ? 2 : 1;
+            desc.attrs.value = op == LOOM_IR_OP_ALL_REDUCE ? 0.5 : 0.0;
+            want = op == LOOM_IR_OP_ALL_GATHER ? "f32[4,3]" : "f32[2,3]";
+            break;
         case LOOM_IR_KIND_COUNT_:
             break;
         }

@@ -155,6 +155,14 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
         r = add(g, op, 1, &seed, LOOM_DTYPE_F32, 2, s423 + 1, none, "model.c", 30);
         break;
     }
+    case LOOM_IR_KIND_COLLECTIVE: /* min-reduce scaled by 0.25, root 2, or world 3 */
+        r = add(g, op, 1, &x, dt, 0, NULL,
+                (loom_ir_attrs){.index = op == LOOM_IR_OP_ALL_REDUCE   ? LOOM_REDUCE_MIN
+                                         : op == LOOM_IR_OP_ALL_GATHER ? 3
+                                                                       : 2,
+                                .value = op == LOOM_IR_OP_ALL_REDUCE ? 0.25 : 0.0},
+                "model.c", 31);
+        break;
     case LOOM_IR_KIND_COUNT_:
         fail();
     }

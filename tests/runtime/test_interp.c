@@ -780,6 +780,86 @@ static void test_rand_uniform_is_splitmix64_of_seed_and_index(void **state) {
     tg_deinit(&t);
 }
 
+/* Collectives on one rank (no loom_dist_init: the world is this process alone). */
+static int32_t collective(tg *t, loom_ir_op op, int32_t x, int64_t index, double value) {
+    return add_node(
+        t, (loom_ir_node_desc){
+               .op = op, .n_inputs = 1, .inputs = &x, .attrs = {.index = index, .value = value}});
+}
+
+static void test_all_reduce_of_one_rank_is_the_scaled_value(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F32, 2, S(2, 2));
+    int32_t i = input(&t, LOOM_DTYPE_I32, 1, S(3));
+    output(&t, collective(&t, LOOM_IR_OP_ALL_REDUCE, x, LOOM_REDUCE_SUM, 0.5), -1);
+    output(&t, collective(&t, LOOM_IR_OP_ALL_REDUCE, x, LOOM_REDUCE_MAX, -2.0), -1);
+    output(&t, collective(&t, LOOM_IR_OP_ALL_REDUCE, i, LOOM_REDUCE_MIN, 1.0), -1);
+    float xs[4] = {1, -2, 3.5f, 0}, ys[4], ym[4];
+    int32_t is[3] = {7, -8, 9}, yi[3];
+    run_graph(&t, (const void *[]){xs, is}, (void *[]){ys, ym, yi});
+    EXPECT_F32(ys, 0, 0.5f, -1, 1.75f, 0);
+    EXPECT_F32(ym, 0, -2, 4, -7, -0.0f);
+    EXPECT_I32(yi, 7, -8, 9);
+    tg_deinit(&t);
+}
+
+static void test_broadcast_from_rank_0_of_one_is_the_value(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_I64, 1, S(3));
+    output(&t, collective(&t, LOOM_IR_OP_BROADCAST_FROM, x, 0, 0.0), -1);
+    int64_t xs[3] = {1, INT64_MIN, 3}, y[3];
+    run_graph(&t, (const void *[]){xs}, (void *[]){y});
+    EXPECT_I64(y, 1, INT64_MIN, 3);
+    tg_deinit(&t);
+}
+
+static void test_all_gather_of_one_rank_is_a_copy(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F64, 2, S(2, 1));
+    int32_t gth = collective(&t, LOOM_IR_OP_ALL_GATHER, x, 1, 0.0);
+    expect_type(&t, gth, LOOM_DTYPE_F64, 2, S(2, 1));
+    output(&t, gth, -1);
+    double xs[2] = {0.25, -3}, y[2];
+    run_graph(&t, (const void *[]){xs}, (void *[]){y});
+    EXPECT_F64(y, 0, 0.25, -3);
+    tg_deinit(&t);
+}
+
+/* A graph built for another world size, or a root outside this one, is an error that names
+ * the node's op and location, never a hang or a silent copy. */
+static void test_collectives_for_another_world_fail_with_the_op_and_location(void **state) {
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        tg t;
+        tg_init(&t);
+        int32_t x = input(&t, LOOM_DTYPE_F32, 1, S(2));
+        loom_ir_op op = k == 0 ? LOOM_IR_OP_ALL_GATHER : LOOM_IR_OP_BROADCAST_FROM;
+        int32_t c = add_node(&t, (loom_ir_node_desc){.op = op,
+                                                     .n_inputs = 1,
+                                                     .inputs = &x,
+                                                     .attrs = {.index = 2},
+                                                     .loc = {"train.c", 42}});
+        output(&t, c, -1);
+        float xs[2] = {1, 2}, y[4];
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        loom_allocator sys = loom_allocator_system();
+        assert_int_equal(loom_rt_interp_run(&t.g, &sys, (const void *[]){xs}, (void *[]){y}, &d),
+                         LOOM_STATUS_INVALID_ARGUMENT);
+        assert_non_null(strstr(d.msg, "train.c:42"));
+        assert_non_null(strstr(d.msg, loom_ir_op_name(op)));
+        assert_non_null(strstr(d.msg, k == 0 ? "gathers from 2 ranks, but the world has 1"
+                                             : "root 2 is not a rank of a world of 1"));
+        tg_deinit(&t);
+    }
+}
+
 static void test_reduce_sum_over_axis_sets(void **state) {
     (void)state;
     tg t;
@@ -1317,6 +1397,9 @@ static const struct op_case {
     OP_CASE(CONCAT, test_concat_joins_three_operands_along_the_middle_axis),
     OP_CASE(IOTA, test_iota_counts_along_its_axis),
     OP_CASE(RAND_UNIFORM, test_rand_uniform_is_splitmix64_of_seed_and_index),
+    OP_CASE(ALL_REDUCE, test_all_reduce_of_one_rank_is_the_scaled_value),
+    OP_CASE(BROADCAST_FROM, test_broadcast_from_rank_0_of_one_is_the_value),
+    OP_CASE(ALL_GATHER, test_all_gather_of_one_rank_is_a_copy),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");
@@ -1335,6 +1418,7 @@ static void test_every_op_has_a_test_case(void **state) {
 
 static const struct CMUnitTest other_tests[] = {
     cmocka_unit_test(test_every_op_has_a_test_case),
+    cmocka_unit_test(test_collectives_for_another_world_fail_with_the_op_and_location),
     cmocka_unit_test(test_cast_to_bool_is_nonzero),
     cmocka_unit_test(test_cast_between_ints_floats_and_16_bit_floats),
     cmocka_unit_test(test_reduce_sum_of_rank3_over_axes_0_and_2),
