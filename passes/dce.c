@@ -1,4 +1,5 @@
-/* Dead-code elimination: keep what the outputs depend on, and the graph's inputs. */
+/* Dead-code elimination: keep what the outputs and the ops with side effects (collectives)
+ * depend on, and the graph's inputs. */
 #include "passes.h"
 
 static loom_status dce_run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
@@ -12,8 +13,12 @@ static loom_status dce_run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d)
         if (!live)
             return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     }
-    for (int32_t i = 0; i < g->n_nodes; i++)
-        live[i] = g->nodes[i].op == LOOM_IR_OP_INPUT;
+    int32_t n_effects = 0; /* side-effect nodes: roots besides the outputs */
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        bool effect = (loom_ir_op_table[g->nodes[i].op].flags & LOOM_IR_OPF_SIDE_EFFECT) != 0;
+        live[i] = g->nodes[i].op == LOOM_IR_OP_INPUT || effect;
+        n_effects += effect;
+    }
     for (int32_t o = 0; o < g->n_outputs; o++)
         live[g->outputs[o].node] = 1;
     for (int32_t i = g->n_nodes - 1; i >= 0; i--)
@@ -31,8 +36,9 @@ static loom_status dce_run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d)
     loom_ir_graph_init(&out, &g->alloc);
     int32_t roots_small[64], aliases_small[64];
     int32_t *roots = roots_small, *aliases = aliases_small;
-    size_t bytes = (size_t)g->n_outputs * sizeof(int32_t);
-    if (g->n_outputs > 64) {
+    int32_t n_roots = g->n_outputs + n_effects;
+    size_t bytes = (size_t)n_roots * sizeof(int32_t);
+    if (n_roots > 64) {
         roots = loom_ir_alloc(&g->alloc, bytes);
         aliases = loom_ir_alloc(&g->alloc, bytes);
     }
@@ -42,7 +48,15 @@ static loom_status dce_run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d)
             roots[o] = g->outputs[o].node;
             aliases[o] = g->outputs[o].alias;
         }
-        st = loom_ir_graph_extract(&out, g, g->n_outputs, roots, aliases, true, NULL);
+        int32_t r = g->n_outputs;
+        for (int32_t i = 0; i < g->n_nodes; i++)
+            if (loom_ir_op_table[g->nodes[i].op].flags & LOOM_IR_OPF_SIDE_EFFECT) {
+                roots[r] = i;
+                aliases[r++] = -1;
+            }
+        st = loom_ir_graph_extract(&out, g, n_roots, roots, aliases, true, NULL);
+        if (st == LOOM_OK)
+            out.n_outputs = g->n_outputs; /* the extra roots were kept, not returned */
     }
     if (roots != roots_small) {
         loom_ir_free(&g->alloc, roots, bytes);

@@ -414,6 +414,55 @@ static void test_hash_changes_with_every_structural_difference(void **state) {
     loom_ir_graph_deinit(&base);
 }
 
+/* Collectives hash by op, dtype, shape, reduce op, scale, root and world size, never by the
+ * rank (which no graph holds: every rank's graph is the same text, so the same hash). */
+static void test_collectives_round_trip_and_hash_by_their_attributes(void **state) {
+    (void)state;
+    static const char base_text[] =
+        "loom.graph {\n"
+        "  %0 = input {index = 0} : f32[2,3]\n"
+        "  %1 = all_reduce %0 {reduce = sum, scale = 0.5} : f32[2,3] loc(\"dp.c\":7)\n"
+        "  %2 = broadcast_from %1 {root = 0} : f32[2,3]\n"
+        "  %3 = all_gather %2 {world = 2} : f32[4,3]\n"
+        "  return %1 {alias = 0}, %3\n"
+        "}\n";
+    static const struct {
+        const char *what, *from, *to;
+    } variants[] = {
+        {"reduce op", "reduce = sum", "reduce = max"},
+        {"scale", "scale = 0.5", "scale = 0.25"},
+        {"negative zero scale", "scale = 0.5", "scale = -0"},
+        {"root", "root = 0", "root = 1"},
+        {"world size", "{world = 2} : f32[4,3]", "{world = 3} : f32[6,3]"},
+        {"dtype", "f32", "bf16"},
+        {"shape", "3]", "5]"},
+    };
+    loom_ir_graph base, other;
+    loom_ir_graph_init(&base, &sys);
+    loom_ir_graph_init(&other, &sys);
+    parse_ok(&base, base_text);
+    assert_round_trips(&base);
+    char *printed = print_to_string(&base);
+    assert_non_null(strstr(printed, "all_reduce %0 {reduce = sum, scale = 0.5} : f32[2,3]"));
+    free(printed);
+    uint64_t h0 = loom_ir_graph_hash(&base);
+    char *moved = replace_all(base_text, "\"dp.c\":7", "\"other.c\":99");
+    parse_ok(&other, moved); /* locations are not hashed */
+    assert_int_equal(loom_ir_graph_hash(&other), h0);
+    free(moved);
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        char *text = replace_all(base_text, variants[i].from, variants[i].to);
+        parse_ok(&other, text);
+        if (loom_ir_graph_hash(&other) == h0 || loom_ir_graph_equal(&base, &other))
+            print_error("variant '%s' did not change the hash\n", variants[i].what);
+        assert_int_not_equal(loom_ir_graph_hash(&other), h0);
+        assert_false(loom_ir_graph_equal(&base, &other));
+        free(text);
+    }
+    loom_ir_graph_deinit(&other);
+    loom_ir_graph_deinit(&base);
+}
+
 /* The tag prints after the op's own attributes, parses back, and tags differ by dtype. */
 static void test_autocast_tags_round_trip_and_hash_by_dtype(void **state) {
     (void)state;
@@ -498,6 +547,18 @@ static void test_parse_errors_name_line_and_column(void **state) {
          "perm has 1 entries, but the operand has rank 2"},
         {PRE "  %1 = matmul %x, %x : f32[2,3]\n  return\n}\n", 3, 8,
          "matmul: inner dimensions differ: f32[2,3] x f32[2,3]"},
+        {PRE "  %1 = all_reduce %x {reduce = mean, scale = 1} : f32[2,3]\n  return\n}\n", 3, 32,
+         "expected sum, max or min as the reduce op, got 'mean'"},
+        {PRE "  %1 = all_reduce %x {reduce = sum} : f32[2,3]\n  return\n}\n", 3, 8,
+         "all_reduce needs attribute 'scale'"},
+        {PRE "  %1 = all_reduce %x {reduce = sum, scale = inf} : f32[2,3]\n  return\n}\n", 3, 8,
+         "all_reduce: scale inf is not finite"},
+        {PRE "  %1 = all_gather %x {world = 0} : f32[0,3]\n  return\n}\n", 3, 8,
+         "all_gather: world size 0 is out of range (>= 1)"},
+        {PRE "  %1 = all_gather %x {world = 2} : f32[2,3]\n  return\n}\n", 3, 36,
+         "declared type f32[2,3] but the operands give f32[4,3]"},
+        {PRE "  %1 = broadcast_from %x {root = -1} : f32[2,3]\n  return\n}\n", 3, 34,
+         "expected a root rank, got '-'"},
         {PRE "  %1 = neg %x : f32[2", 3, 22, "expected ',' or ']' in the shape, got end of input"},
         {"", 1, 1, "expected 'loom.graph', got end of input"},
         {"  \n// only a comment", 2, 18, "expected 'loom.graph', got end of input"},
@@ -723,6 +784,7 @@ int main(void) {
         cmocka_unit_test(test_autocast_tags_round_trip_and_hash_by_dtype),
         cmocka_unit_test(test_locations_do_not_change_the_hash),
         cmocka_unit_test(test_parse_errors_name_line_and_column),
+        cmocka_unit_test(test_collectives_round_trip_and_hash_by_their_attributes),
         cmocka_unit_test(test_verify_failures_pass_through_the_parser),
         cmocka_unit_test(test_every_truncation_is_a_parse_error),
         cmocka_unit_test(test_parse_survives_every_allocation_failure),

@@ -169,6 +169,35 @@ static void test_cse_merges_identical_nodes_and_keeps_the_first(void **state) {
     loom_ir_graph_deinit(&g);
 }
 
+/* Collectives have side effects: two identical all_reduces are two collectives every rank
+ * runs, and one that no output reads still runs. */
+static void test_cse_and_dce_keep_every_collective(void **state) {
+    (void)state;
+    loom_ir_graph g, h;
+    parse(&g, "loom.graph {\n"
+              "  %0 = input {index = 0} : f32[2,3]\n"
+              "  %1 = all_reduce %0 {reduce = sum, scale = 0.5} : f32[2,3]\n"
+              "  %2 = all_reduce %0 {reduce = sum, scale = 0.5} : f32[2,3]\n"
+              "  %3 = broadcast_from %0 {root = 0} : f32[2,3]\n"
+              "  %4 = all_gather %0 {world = 1} : f32[2,3]\n"
+              "  %5 = exp %0 : f32[2,3]\n" /* dead: dropped */
+              "  %6 = neg %4 : f32[2,3]\n" /* reads a collective, but dead: dropped */
+              "  return %1, %2\n}\n");
+    bool changed;
+    run_checked(&loom_pass_cse, &g, &h, &changed);
+    assert_false(changed);
+    assert_int_equal(h.n_nodes, 7);
+    loom_ir_graph_deinit(&h);
+    run_checked(&loom_pass_dce, &g, &h, &changed);
+    assert_true(changed);
+    assert_string_equal(node_list(&h),
+                        "input#0,all_reduce(0),all_reduce(0),broadcast_from(0),all_gather(0)");
+    assert_string_equal(tu_output_list(&h), "%1,%2");
+    assert_false(run_pass(&loom_pass_dce, &h));
+    loom_ir_graph_deinit(&h);
+    loom_ir_graph_deinit(&g);
+}
+
 static void test_cse_merges_commutative_ops_with_swapped_operands(void **state) {
     (void)state;
     loom_ir_graph g, h;
@@ -789,6 +818,7 @@ int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cse_merges_identical_nodes_and_keeps_the_first),
+        cmocka_unit_test(test_cse_and_dce_keep_every_collective),
         cmocka_unit_test(test_cse_merges_commutative_ops_with_swapped_operands),
         cmocka_unit_test(test_cse_does_not_merge_different_attrs_types_or_operands),
         cmocka_unit_test(test_cse_leaves_a_graph_without_duplicates_untouched),
