@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "frontend.h"
+#include "loom/dist.h"
 
 /* Resolves operands to trace nodes. NULL operands: NULL result, recording an error only if
  * none is recorded yet (so the first failure in an expression is the one reported). */
@@ -618,4 +619,83 @@ LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
                               .shape = shape,
                               .loc = {file, line}};
     return finish(ctx, &desc, op);
+}
+
+/* ---- collectives (loom/dist.h) --------------------------------------------------------------- */
+
+static loom_tensor *collective(loom_context *ctx, loom_ir_op opc, loom_tensor *x, int64_t index,
+                               double value, const char *file, int line) {
+    const char *op = loom_ir_op_name(opc);
+    int32_t node;
+    if (!ctx || !operands(ctx, 1, &x, &node, file, line, op))
+        return NULL;
+    loom_ir_node_desc desc = {.op = opc,
+                              .n_inputs = 1,
+                              .inputs = &node,
+                              .loc = {file, line},
+                              .attrs = {.index = index, .value = value}};
+    return finish(ctx, &desc, op);
+}
+
+LOOM_API loom_tensor *loom_all_reduce_at(loom_context *ctx, loom_tensor *x, loom_reduce_op op,
+                                         double scale, const char *file, int line) {
+    return collective(ctx, LOOM_IR_OP_ALL_REDUCE, x, (int64_t)op, scale, file, line);
+}
+
+LOOM_API loom_tensor *loom_broadcast_from_at(loom_context *ctx, loom_tensor *x, int32_t root,
+                                             const char *file, int line) {
+    int32_t world = loom_dist_world_size();
+    if (ctx && x && (root < 0 || root >= world)) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, "broadcast_from",
+                      "root %d is not a rank of this job (world size %d)", (int)root, (int)world);
+        return NULL;
+    }
+    return collective(ctx, LOOM_IR_OP_BROADCAST_FROM, x, root, 0.0, file, line);
+}
+
+LOOM_API loom_tensor *loom_all_gather_at(loom_context *ctx, loom_tensor *x, const char *file,
+                                         int line) {
+    return collective(ctx, LOOM_IR_OP_ALL_GATHER, x, loom_dist_world_size(), 0.0, file, line);
+}
+
+LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, loom_tensor **grads,
+                                                 const char *file, int line) {
+    const char *op = "allreduce_gradients";
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (n < 0 || (n > 0 && !grads))
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                             n < 0 ? "n is negative (%d)" : "grads is NULL for n = %d", (int)n);
+    /* Check every gradient before recording anything: on failure no entry is replaced. */
+    for (int32_t i = 0; i < n; i++) {
+        if (!grads[i])
+            continue;
+        int32_t node;
+        if (!operands(ctx, 1, &grads[i], &node, file, line, op))
+            return ctx->err;
+        const loom_ir_node *g = node_of(ctx, node);
+        if (!loom_ir_dtype_is_float(g->dtype)) {
+            char t[LOOM_IR_TYPE_STR_MAX];
+            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                                 "grads[%d] is %s, not floating point", (int)i,
+                                 loom_ir_format_type(t, sizeof t, g->dtype, g->rank, g->shape));
+        }
+    }
+    /* The results are collected first so that a failure leaves grads as given. */
+    size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(loom_tensor *);
+    loom_tensor **out = loom_ir_alloc(&ctx->alloc, bytes);
+    if (!out)
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
+    double scale = 1.0 / (double)loom_dist_world_size();
+    loom_status st = LOOM_OK;
+    for (int32_t i = 0; i < n && st == LOOM_OK; i++) {
+        out[i] =
+            grads[i] ? loom_all_reduce_at(ctx, grads[i], LOOM_REDUCE_SUM, scale, file, line) : NULL;
+        if (grads[i] && !out[i])
+            st = ctx->err != LOOM_OK ? ctx->err : LOOM_STATUS_INTERNAL;
+    }
+    if (st == LOOM_OK && n > 0)
+        memcpy(grads, out, (size_t)n * sizeof *grads);
+    loom_ir_free(&ctx->alloc, out, bytes);
+    return st;
 }

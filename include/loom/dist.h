@@ -135,6 +135,55 @@ LOOM_API loom_status loom_dist_barrier(void);
  * pending: wait for them first; nothing is finalized). */
 LOOM_API loom_status loom_dist_finalize(void);
 
+/* ---- collectives as graph ops ------------------------------------------------------------
+ *
+ * Recorded like any op (nothing runs until loom_mark_step) and executed inside the step, in
+ * graph order, through the world communicator (the self backend when loom_dist_init was
+ * never called: world size 1). Every rank must record the same collectives in the same order
+ * with the same shapes and dtypes; the graph (and its hash) holds no rank, so every rank
+ * compiles the same step. The results are step-scoped tensors, as every op's. Collectives are
+ * never merged by CSE nor dropped by DCE. A step containing one currently runs on the
+ * reference interpreter (the JIT does not compile collectives yet; the step prints a note
+ * once per graph). Errors from the communicator (COMM_ERROR: timeout, a dead peer) surface
+ * at the step's sync point (loom_mark_step / loom_tensor_read) as the context's error, naming
+ * the op and its source line. Op builder errors (recorded, NULL returned) follow loom.h's
+ * rules: a NULL operand gives NULL without a new error. */
+
+/* scale * op(x of every rank), of x's dtype and shape. Dtypes: any float, i32, i64 (sum,
+ * max, min) and bool (max: any, min: all). 16-bit floats are reduced in f32 and rounded once.
+ * scale must be finite, and 1 for integer and bool dtypes. Backward (loom_backward): the
+ * gradient of a sum is the all_reduce (sum, same scale) of the incoming gradient; max and min
+ * have no gradient rule (backward through them fails with UNSUPPORTED naming the op).
+ * Errors: INVALID_ARGUMENT (bad op, scale or dtype), STALE_HANDLE, OUT_OF_MEMORY. */
+LOOM_API loom_tensor *loom_all_reduce_at(loom_context *ctx, loom_tensor *x, loom_reduce_op op,
+                                         double scale, const char *file, int line);
+#define loom_all_reduce(...) loom_all_reduce_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* Rank root's x on every rank (any dtype and shape). root must be in [0, world size).
+ * No gradient rule. Errors: INVALID_ARGUMENT (root out of range), STALE_HANDLE,
+ * OUT_OF_MEMORY. */
+LOOM_API loom_tensor *loom_broadcast_from_at(loom_context *ctx, loom_tensor *x, int32_t root,
+                                             const char *file, int line);
+#define loom_broadcast_from(...) loom_broadcast_from_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* The ranks' x concatenated along axis 0 in rank order: [world * n, ...] for x of shape
+ * [n, ...] (rank >= 1, any dtype). The world size (loom_dist_world_size() when recorded) is
+ * part of the graph, as shapes are static. No gradient rule. Errors: INVALID_ARGUMENT
+ * (scalar x), STALE_HANDLE, OUT_OF_MEMORY. */
+LOOM_API loom_tensor *loom_all_gather_at(loom_context *ctx, loom_tensor *x, const char *file,
+                                         int line);
+#define loom_all_gather(...) loom_all_gather_at(__VA_ARGS__, __FILE__, __LINE__)
+
+/* DDP's gradient averaging: each non-NULL grads[i] (a float tensor, normally from
+ * loom_backward) is replaced by loom_all_reduce(ctx, grads[i], LOOM_REDUCE_SUM,
+ * 1.0 / world size), one op per gradient in array order (the same order on every rank; a
+ * later pass may bucket them). NULL entries stay NULL. grads may be NULL when n is 0. On
+ * failure no entry is replaced. Errors (recorded and returned): INVALID_ARGUMENT (n < 0,
+ * NULL grads, a gradient that is not floating point), STALE_HANDLE, OUT_OF_MEMORY. */
+LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, loom_tensor **grads,
+                                                 const char *file, int line);
+#define loom_allreduce_gradients(...) loom_allreduce_gradients_at(__VA_ARGS__, __FILE__, __LINE__)
+
 /* The message of the most recent failed loom_dist_* call ("" if none yet), naming the
  * operation and the rank, e.g. "barrier #3 on rank 1 of 2 did not complete within 300 s
  * (LOOM_DIST_TIMEOUT_S): ...". Borrowed, valid until the next loom_dist_* call. */

@@ -1,7 +1,8 @@
 /* Multi-process communicator checks, one process per rank, started by run_comm_ranks.sh
  * under mpiexec (or alone). Every rank checks every collective against values computed by
- * hand from the rank count (and waits from a second thread); prints "rank R of N: K checks passed"
- * or each failure, and exits 0 or 1.
+ * hand from the rank count (and waits from a second thread), then the collective graph ops
+ * (all_reduce, broadcast_from, all_gather) through loom_mark_step; prints "rank R of N: K checks
+ * passed" or each failure, and exits 0 or 1.
  *
  *   comm_ranks collectives N BACKEND   every collective on N ranks, backend "self" or "mpi"
  *   comm_ranks timeout                 rank 0 waits in a barrier rank 1 never joins
@@ -271,6 +272,65 @@ static void check_errors(loom_rt_comm *c, int n) {
     CHECK_OK(loom_rt_comm_allgather(c, NULL, NULL, 0, LOOM_DTYPE_I32, &d));
 }
 
+/* The collectives as graph ops (loom/dist.h) through a real loom_mark_step on every rank, in
+ * f32, bf16 and i32, with a compiling context (the step falls back to the interpreter) and an
+ * eager one. Values are small integers: exact in bf16 after the scale. */
+static void check_graph_ops(int n) {
+    static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_I32};
+    for (int eager = 0; eager < 2; eager++) {
+        for (int k = 0; k < 3; k++) {
+            loom_dtype dt = dts[k];
+            bool fl = dt != LOOM_DTYPE_I32;
+            loom_context_options o;
+            loom_context_options_init(&o);
+            o.eager = eager;
+            o.cache_dir = "";
+            loom_context *ctx = NULL;
+            CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+            if (!ctx)
+                continue;
+            unsigned char in[N_ELEMS * 4];
+            for (int i = 0; i < N_ELEMS; i++)
+                loom_ir_store_f64(in, dt, i, value(rank_, i));
+            const int64_t shape[1] = {N_ELEMS};
+            loom_tensor *x = loom_tensor_from_host(ctx, dt, 1, shape, in);
+            static const loom_reduce_op ops[] = {LOOM_REDUCE_SUM, LOOM_REDUCE_MAX, LOOM_REDUCE_MIN};
+            const double scales[] = {fl ? 0.5 : 1.0, fl ? -2.0 : 1.0, 1.0};
+            loom_tensor *r[5];
+            for (int j = 0; j < 3; j++)
+                r[j] = loom_all_reduce(ctx, x, ops[j], scales[j]);
+            r[3] = loom_broadcast_from(ctx, x, n - 1);
+            r[4] = loom_all_gather(ctx, x);
+            for (int j = 0; j < 5; j++)
+                loom_tensor_retain(r[j]);
+            CHECK(loom_mark_step(ctx) == LOOM_OK, "%s %s step: %s", loom_dtype_name(dt),
+                  eager ? "eager" : "jit", loom_context_error_message(ctx));
+            unsigned char out[N_ELEMS * 3 * 4];
+            size_t es = loom_dtype_size(dt);
+            for (int j = 0; j < 5; j++) {
+                int64_t count = j == 4 ? (int64_t)N_ELEMS * n : N_ELEMS;
+                loom_status st = loom_tensor_read(ctx, r[j], out, (size_t)count * es);
+                CHECK(st == LOOM_OK, "read %d: %s", j, loom_context_error_message(ctx));
+                for (int64_t i = 0; st == LOOM_OK && i < count; i++) {
+                    int e = (int)(i % N_ELEMS);
+                    double want = j < 3    ? scales[j] * expected(ops[j], n, e)
+                                  : j == 3 ? value(n - 1, e)
+                                           : value((int)(i / N_ELEMS), e);
+                    double got = loom_ir_load_f64(out, dt, i);
+                    CHECK(got == want, "%s %s %s element %lld: got %g, expected %g",
+                          j < 3    ? loom_rt_reduce_op_name(ops[j])
+                          : j == 3 ? "broadcast_from"
+                                   : "all_gather",
+                          loom_dtype_name(dt), eager ? "eager" : "jit", (long long)i, got, want);
+                }
+                loom_tensor_release(r[j]);
+            }
+            loom_tensor_release(x);
+            loom_context_destroy(ctx);
+        }
+    }
+}
+
 static int run_collectives(int n, const char *backend) {
     loom_ir_diag d;
     /* Before init: rank 0 of 1, and collectives refuse. */
@@ -320,6 +380,7 @@ static int run_collectives(int n, const char *backend) {
     check_threads(c, n);
     check_broadcast_and_allgather(c, n);
     check_errors(c, n);
+    check_graph_ops(n);
     CHECK(loom_dist_barrier() == LOOM_OK, "barrier: %s", loom_dist_error_message());
     CHECK(loom_dist_finalize() == LOOM_OK, "finalize: %s", loom_dist_error_message());
     CHECK(strcmp(loom_dist_backend_name(), "none") == 0, "after finalize: %s",

@@ -1,6 +1,7 @@
 #!/bin/sh
-# The communicator across processes, as TAP: every collective on 1 rank without a launcher
-# (self), as an MPI singleton (LOOM_DIST=mpi), and under mpiexec -n 1, 2 and 3; a barrier
+# The communicator across processes, as TAP: every collective (on the communicator and as
+# graph ops through loom_mark_step) on 1 rank without a launcher (self), as an MPI singleton
+# (LOOM_DIST=mpi), and under mpiexec -n 1, 2 and 3; a barrier
 # that one rank never joins (bounded by LOOM_DIST_TIMEOUT_S, with a message); a rank that
 # dies (mpiexec ends the job).
 # Usage: run_comm_ranks.sh /path/to/comm_ranks MPIEXEC|"" HAVE_MPI(0|1)
