@@ -6,7 +6,8 @@
  *
  *   comm_ranks collectives N BACKEND   every collective on N ranks, backend "self" or "mpi"
  *   comm_ranks timeout                 rank 0 waits in a barrier rank 1 never joins
- *   comm_ranks die                     rank 1 exits(3) while rank 0 waits in a barrier */
+ *   comm_ranks die                     rank 1 exits(3) while rank 0 waits in a barrier
+ *   comm_ranks step_timeout            rank 0's step all-reduces, rank 1 never does */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -396,16 +397,25 @@ static int run_collectives(int n, const char *backend) {
 
 /* Rank 0 waits in a barrier that rank 1 never joins: with LOOM_DIST_TIMEOUT_S=0.5 it must
  * fail within about that long, name the barrier and the rank, and fail everything after. */
-static int run_timeout(void) {
+/* Joins the job; every rank but 0 sleeps (mpiexec ends it once rank 0 exits non-zero) and
+ * gets 0 to exit with; rank 0 gets 2 and goes on; 1 if the join failed. */
+static int join_and_park_other_ranks(void) {
     if (loom_dist_init(NULL) != LOOM_OK) {
         fprintf(stderr, "loom_dist_init: %s\n", loom_dist_error_message());
         return 1;
     }
     rank_ = loom_dist_rank();
     if (rank_ != 0) {
-        sleep(20); /* mpiexec ends this rank once rank 0 exits non-zero */
+        sleep(20);
         return 0;
     }
+    return 2;
+}
+
+static int run_timeout(void) {
+    int joined = join_and_park_other_ranks();
+    if (joined != 2)
+        return joined;
     int64_t t0 = loom_rt_now_ns();
     loom_status st = loom_dist_barrier();
     double waited = (double)(loom_rt_now_ns() - t0) / 1e9;
@@ -426,6 +436,46 @@ static int run_timeout(void) {
     printf("rank 0 of 2: %d checks passed, %d failed\n", checks - failures, failures);
     /* Exit non-zero as a program should after a COMM_ERROR; 42 tells the script the checks
      * above passed. */
+    return failures ? 1 : 42;
+}
+
+/* The same inside a step: rank 0's all_reduce graph op is never joined; loom_mark_step
+ * fails with COMM_ERROR naming the op and this file's line, within LOOM_DIST_TIMEOUT_S. */
+static int run_step_timeout(void) {
+    int joined = join_and_park_other_ranks();
+    if (joined != 2)
+        return joined;
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.cache_dir = "";
+    loom_context *ctx = NULL;
+    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    if (!ctx)
+        return 1;
+    const float xs[2] = {1, 2};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, xs);
+    int line = __LINE__ + 1;
+    loom_tensor *y = loom_all_reduce(ctx, x, LOOM_REDUCE_SUM, 0.5);
+    loom_tensor_retain(y);
+    int64_t t0 = loom_rt_now_ns();
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK) /* the step may run asynchronously: its error surfaces at the sync */
+        st = loom_context_sync(ctx);
+    double waited = (double)(loom_rt_now_ns() - t0) / 1e9;
+    const char *msg = loom_context_error_message(ctx);
+    fprintf(stderr, "rank 0: step: %s after %.2f s: %s\n", loom_status_name(st), waited, msg);
+    char where[64];
+    snprintf(where, sizeof where, "comm_ranks.c:%d", line);
+    CHECK(st == LOOM_STATUS_COMM_ERROR, "step: %s", loom_status_name(st));
+    CHECK(strstr(msg, where) && strstr(msg, "all_reduce of f32[2]") &&
+              strstr(msg, "did not complete within 0.5 s"),
+          "message: %s", msg);
+    CHECK(waited < 5.0, "waited %.2f s", waited);
+    loom_tensor_release(y);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+    loom_dist_finalize();
+    printf("rank 0 of 2: %d checks passed, %d failed\n", checks - failures, failures);
     return failures ? 1 : 42;
 }
 
@@ -452,6 +502,8 @@ int main(int argc, char **argv) {
         return run_timeout();
     if (strcmp(mode, "die") == 0)
         return run_die();
-    fprintf(stderr, "usage: comm_ranks collectives N self|mpi | timeout | die\n");
+    if (strcmp(mode, "step_timeout") == 0)
+        return run_step_timeout();
+    fprintf(stderr, "usage: comm_ranks collectives N self|mpi | timeout | die | step_timeout\n");
     return 2;
 }

@@ -3,7 +3,7 @@
 # graph ops through loom_mark_step) on 1 rank without a launcher (self), as an MPI singleton
 # (LOOM_DIST=mpi), and under mpiexec -n 1, 2 and 3; a barrier
 # that one rank never joins (bounded by LOOM_DIST_TIMEOUT_S, with a message); a rank that
-# dies (mpiexec ends the job).
+# dies (mpiexec ends the job); a step whose all_reduce one rank never joins.
 # Usage: run_comm_ranks.sh /path/to/comm_ranks MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -43,11 +43,12 @@ run() {
     if [ $rc -eq "$want" ]; then ok "$name"; else echo "# exit $rc, expected $want" >>"$TMP/err"; not_ok "$name"; fi
 }
 
-echo "1..7"
+echo "1..8"
 run "no launcher: the self backend, rank 0 of 1" 0 "$PROG" collectives 1 self
 
 if [ "$HAVE_MPI" != 1 ]; then
-    for t in "MPI singleton" "mpiexec -n 1" "mpiexec -n 2" "mpiexec -n 3" "timeout" "a rank dies"; do
+    for t in "MPI singleton" "mpiexec -n 1" "mpiexec -n 2" "mpiexec -n 3" "timeout" "step timeout" \
+        "a rank dies"; do
         skip "$t" "built without MPI"
     done
     exit $((failed > 0))
@@ -57,7 +58,7 @@ LOOM_DIST=mpi run "LOOM_DIST=mpi without a launcher: an MPI singleton, rank 0 of
     "$PROG" collectives 1 mpi
 
 if [ -z "$MPIEXEC" ]; then
-    for t in "mpiexec -n 1" "mpiexec -n 2" "mpiexec -n 3" "timeout" "a rank dies"; do
+    for t in "mpiexec -n 1" "mpiexec -n 2" "mpiexec -n 3" "timeout" "step timeout" "a rank dies"; do
         skip "$t" "mpiexec not found"
     done
     exit $((failed > 0))
@@ -93,6 +94,19 @@ if [ $rc -eq 42 ] && [ $took -lt 15 ] &&
 else
     echo "# exit $rc after $took s" >>"$TMP/err"
     not_ok "a barrier one rank never joins fails within LOOM_DIST_TIMEOUT_S, naming it"
+fi
+
+# The same inside a step: rank 0's all_reduce graph op is never joined; loom_mark_step (or the
+# sync after it) fails with COMM_ERROR naming the op and its source line.
+start=$(date +%s)
+LOOM_DIST_TIMEOUT_S=0.5 timeout $GUARD "$MPIEXEC" -n 2 "$PROG" step_timeout >"$TMP/out" 2>"$TMP/err"
+rc=$?
+took=$(($(date +%s) - start))
+if [ $rc -eq 42 ] && [ $took -lt 15 ] && grep -q "checks passed, 0 failed" "$TMP/out"; then
+    ok "an all_reduce in a step that one rank never joins fails the step, naming the op ($took s)"
+else
+    echo "# exit $rc after $took s" >>"$TMP/err"
+    not_ok "an all_reduce in a step that one rank never joins fails the step, naming the op"
 fi
 
 # Rank 1 exits(3) while rank 0 waits (default timeout, 300 s): mpiexec ends the job with a
