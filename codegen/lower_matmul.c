@@ -228,6 +228,15 @@ static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, M
     return LOOM_OK;
 }
 
+/* Whether the matmul's B is a transpose of its last two axes (a weight gradient's dy^T, a
+ * linear layer's W^T): its K runs along the rows of what the transpose reads. */
+static bool b_transposed(const kc *c) {
+    const loom_ir_node *bn = &c->g->nodes[c->g->nodes[c->k->root].inputs[1]];
+    int32_t r = bn->rank;
+    return bn->op == LOOM_IR_OP_TRANSPOSE && r >= 2 && bn->attrs.perm[r - 1] == r - 2 &&
+           bn->attrs.perm[r - 2] == r - 1;
+}
+
 /* A's rows into ap[(i - i0) * kp + kk] (q 0: rows padded to mbp with zeros), or B's columns
  * into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l] holds element kk of column
  * j0 + 16 pn + l (columns padded to nbp with zeros); an element is a pair of bf16 along K
@@ -250,6 +259,34 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
             cg_store(b, v, buf, cg_iadd(b, arow, lin.iv));
             cg_for_end(b, &lin, 0, NULL);
             cg_for_end(b, &lo, 0, NULL);
+        } else if (b_transposed(c)) {
+            /* B = transpose(S) with S [N, K] row-major: read along S's rows (K) innermost,
+             * in blocks of K so that the panels' rows being written stay in L1. Element by
+             * element across columns read a cache line of each of 16 rows of S per pair. */
+            enum { KBLK = 64 };
+            int64_t k_lo = pass ? kfull : 0, k_hi = pass ? kfull + 1 : kfull;
+            cg_for lb, lp, lk;
+            cg_for_begin(b, &lb, zero, cg_idx(b, (k_hi - k_lo + KBLK - 1) / KBLK), 0, NULL);
+            MlirValue kb0 = cg_iadd(b, cg_idx(b, k_lo), cg_imul_c(b, lb.iv, KBLK));
+            MlirValue kb1 = cg_imin(b, cg_iadd(b, kb0, cg_idx(b, KBLK)), cg_idx(b, k_hi));
+            MlirValue npn =
+                cg_bin(b, "arith.divui",
+                       cg_iadd(b, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, MK_PANEL - 1)),
+                       cg_idx(b, MK_PANEL));
+            cg_for_begin(b, &lp, zero, npn, 0, NULL);
+            MlirValue jp = cg_iadd(b, j0, cg_imul_c(b, lp.iv, MK_PANEL));
+            cg_for_begin(b, &lin, jp, cg_imin(b, cg_iadd(b, jp, cg_idx(b, MK_PANEL)), j1), 0, NULL);
+            MlirValue col = cg_bin(b, "arith.subi", lin.iv, jp);
+            cg_for_begin(b, &lk, kb0, kb1, 0, NULL);
+            if ((st = pack_pair(c, mp, 1, p, lin.iv, lk.iv, pass == 1, &v)) != LOOM_OK)
+                return st;
+            MlirValue at = cg_iadd(
+                b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->kp), lk.iv), MK_PANEL), col);
+            cg_store(b, v, buf, at);
+            cg_for_end(b, &lk, 0, NULL);
+            cg_for_end(b, &lin, 0, NULL);
+            cg_for_end(b, &lp, 0, NULL);
+            cg_for_end(b, &lb, 0, NULL);
         } else {
             /* for each pair row, panel by panel: 16 contiguous columns in, 16 pairs out */
             cg_for lp;

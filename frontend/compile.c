@@ -145,6 +145,12 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         if (st != LOOM_OK)
             loom_ir_diag_set(d, st, "out of memory creating the program");
     }
+    if (st == LOOM_OK && o->profile &&
+        (st = loom_rt_program_profile(*out_exe, o->profile, &plan, &g)) != LOOM_OK) {
+        loom_rt_executable_destroy(*out_exe);
+        *out_exe = NULL;
+        loom_ir_diag_set(d, st, "out of memory profiling the program");
+    }
     /* The cache compares executables by the graph as traced, not as optimized. */
     if (st == LOOM_OK && (st = loom_ir_graph_copy(&(*out_exe)->graph, cut)) != LOOM_OK) {
         loom_rt_executable_destroy(*out_exe);

@@ -44,6 +44,8 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     opts->dump_dir = dump && *dump ? dump : NULL;
     const char *sync = getenv("LOOM_SYNC");
     opts->sync = sync && *sync && strcmp(sync, "0") != 0;
+    const char *profile = getenv("LOOM_PROFILE");
+    opts->profile = profile && *profile && strcmp(profile, "0") != 0;
 }
 
 static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
@@ -75,6 +77,8 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->free_head = -1;
     ctx->eager = opts->eager;
     ctx->sync = opts->sync;
+    ctx->profiling = opts->profile;
+    loom_rt_profile_init(&ctx->profile, &ctx->alloc);
     loom_rt_metrics_init(&ctx->metrics);
     loom_ir_graph_init(&ctx->trace, &ctx->alloc);
     loom_ir_graph_init(&ctx->cut, &ctx->alloc);
@@ -122,6 +126,22 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     return LOOM_OK;
 }
 
+/* How many kernels LOOM_PROFILE prints at exit. */
+#define PROFILE_TOP 25
+
+static void write_stderr(const char *chunk, size_t len, void *ud) {
+    (void)ud;
+    fwrite(chunk, 1, len, stderr);
+}
+
+static void print_profile(loom_context *ctx) {
+    const char *env = getenv("LOOM_PROFILE"); /* "all": every kernel */
+    int32_t top = env && strcmp(env, "all") == 0 ? 0 : PROFILE_TOP;
+    if (loom_rt_profile_report(&ctx->profile, ctx->metrics.total[LOOM_RT_METRIC_EXECUTE_TIME], top,
+                               LOOM_REPORT_FORMAT_TEXT, write_stderr, NULL) != LOOM_OK)
+        fprintf(stderr, "loom: LOOM_PROFILE: out of memory printing the profile\n");
+}
+
 LOOM_API void loom_context_destroy(loom_context *ctx) {
     if (!ctx)
         return;
@@ -129,6 +149,8 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
         atomic_store(&registry[ctx->id], NULL);
     if (ctx->stream)
         loom_fe_finish_inflight(ctx);
+    if (ctx->profiling)
+        print_profile(ctx);
     loom_rt_stream_destroy(ctx->stream);
     loom_rt_pool_destroy(ctx->pool);
     for (int32_t i = 0; i < ctx->n_tensors; i++)
@@ -156,6 +178,7 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
     if (ctx->cache_dir)
         loom_ir_free(a, ctx->cache_dir, strlen(ctx->cache_dir) + 1);
     loom_rt_cache_deinit(&ctx->cache);
+    loom_rt_profile_deinit(&ctx->profile);
     loom_ir_graph_deinit(&ctx->trace);
     loom_ir_graph_deinit(&ctx->cut);
     loom_rt_device_destroy(ctx->device);
@@ -230,6 +253,16 @@ LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_fo
     if (!ctx || !write || (unsigned)format >= LOOM_REPORT_FORMAT_COUNT_)
         return LOOM_STATUS_INVALID_ARGUMENT;
     return loom_rt_metrics_report(&ctx->metrics, format, write, ud);
+}
+
+LOOM_API loom_status loom_profile_report(loom_context *ctx, loom_report_format format,
+                                         void (*write)(const char *chunk, size_t len, void *ud),
+                                         void *ud) {
+    if (!ctx || !write || (unsigned)format >= LOOM_REPORT_FORMAT_COUNT_)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    loom_fe_finish_inflight(ctx); /* its kernels' times are written on the stream */
+    return loom_rt_profile_report(&ctx->profile, ctx->metrics.total[LOOM_RT_METRIC_EXECUTE_TIME],
+                                  PROFILE_TOP, format, write, ud);
 }
 
 LOOM_API loom_status loom_device_memory(const loom_context *ctx, size_t *out_current,

@@ -64,6 +64,8 @@ struct loom_context {
     char *dump_dir; /* NULL: no dumps */
     char *cache_dir; /* NULL: no disk cache */
     bool verify_passes;
+    bool profiling;          /* LOOM_PROFILE: programs time their kernels into `profile` */
+    loom_rt_profile profile; /* kept until destroy, which prints it when profiling */
 
     /* the current step */
     int64_t step;
@@ -157,6 +159,7 @@ typedef struct loom_fe_jit_options {
     const char *cache_dir;   /* NULL: no disk cache */
     const char *dump_dir;    /* NULL: no dumps */
     const char *dump_prefix; /* "stepNNNNNN-<hash>" */
+    loom_rt_profile *profile; /* NULL: kernels are not timed (LOOM_PROFILE) */
 } loom_fe_jit_options;
 
 struct loom_rt_pool;

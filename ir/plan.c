@@ -580,7 +580,7 @@ loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, l
 
 /* ---- printing ----------------------------------------------------------------------------- */
 
-static const char *kernel_kind_name(loom_ir_kernel_kind k) {
+const char *loom_ir_kernel_kind_name(loom_ir_kernel_kind k) {
     switch (k) {
     case LOOM_IR_KERNEL_ELEMENTWISE: return "elementwise";
     case LOOM_IR_KERNEL_REDUCTION: return "reduction";
@@ -609,6 +609,22 @@ static void put_placement(loom_ir_writer *w, const loom_ir_placement *pl) {
     loom_ir_writer_printf(w, " (%zu bytes)", pl->bytes);
 }
 
+void loom_ir_kernel_cost(const loom_ir_kernel *kn, const loom_ir_graph *g, double *out_flops,
+                         double *out_bytes) {
+    double flops = 0, bytes = 0;
+    for (int32_t j = 0; j < kn->n_nodes; j++)
+        if (kn->nodes[j] >= 0 && kn->nodes[j] < g->n_nodes)
+            flops += loom_ir_node_flops(g, &g->nodes[kn->nodes[j]]);
+    for (int32_t j = 0; j < kn->n_args + kn->n_results; j++) {
+        int32_t x = j < kn->n_args ? kn->args[j] : kn->results[j - kn->n_args];
+        if (x >= 0 && x < g->n_nodes)
+            bytes += (double)loom_ir_numel(g->nodes[x].rank, g->nodes[x].shape) *
+                     (double)loom_dtype_size(g->nodes[x].dtype);
+    }
+    *out_flops = flops;
+    *out_bytes = bytes;
+}
+
 loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
                                loom_ir_write_fn write, void *ud) {
     if (!p || !g || !write || p->n_nodes != g->n_nodes)
@@ -622,8 +638,8 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
     for (int32_t k = 0; k < p->n_kernels; k++) {
         const loom_ir_kernel *kn = &p->kernels[k];
         bool root_ok = kn->root >= 0 && kn->root < g->n_nodes;
-        loom_ir_writer_printf(&w, "kernel %d: %s, root %%%d", (int)k, kernel_kind_name(kn->kind),
-                              (int)kn->root);
+        loom_ir_writer_printf(&w, "kernel %d: %s, root %%%d", (int)k,
+                              loom_ir_kernel_kind_name(kn->kind), (int)kn->root);
         if (root_ok)
             loom_ir_writer_printf(&w, " (%s)", loom_ir_op_name(g->nodes[kn->root].op));
         loom_ir_writer_puts(&w, "\n");
@@ -647,17 +663,8 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
         }
         put_ids(&w, "args", kn->args, kn->n_args);
         put_ids(&w, "results", kn->results, kn->n_results);
-        /* what the kernel costs: arithmetic, and bytes it reads and writes once each */
-        double flops = 0, bytes = 0;
-        for (int32_t j = 0; j < kn->n_nodes; j++)
-            if (kn->nodes[j] >= 0 && kn->nodes[j] < g->n_nodes)
-                flops += loom_ir_node_flops(g, &g->nodes[kn->nodes[j]]);
-        for (int32_t j = 0; j < kn->n_args + kn->n_results; j++) {
-            int32_t x = j < kn->n_args ? kn->args[j] : kn->results[j - kn->n_args];
-            if (x >= 0 && x < g->n_nodes)
-                bytes += (double)loom_ir_numel(g->nodes[x].rank, g->nodes[x].shape) *
-                         (double)loom_dtype_size(g->nodes[x].dtype);
-        }
+        double flops, bytes;
+        loom_ir_kernel_cost(kn, g, &flops, &bytes);
         loom_ir_writer_printf(&w, "    cost: %.0f flops, %.0f bytes moved\n", flops, bytes);
         total_flops += flops;
         total_bytes += bytes;

@@ -91,6 +91,9 @@ typedef struct loom_ir_plan {
     size_t peak_bytes;        /* planned peak: arena + outputs that do not alias inputs */
 } loom_ir_plan;
 
+/* "elementwise", "reduction", "matmul" ("?" out of range); a static string. */
+const char *loom_ir_kernel_kind_name(loom_ir_kernel_kind k);
+
 void loom_ir_plan_init(loom_ir_plan *p, const loom_allocator *a);
 void loom_ir_plan_deinit(loom_ir_plan *p);
 /* Empties p and sizes its per-node arrays for g (every node_kernel -1, no placements). */
@@ -108,6 +111,11 @@ bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t op
  * input afterwards (no later kernel, no copy). Needs the kernels (fusion's part) only. */
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
                                       int32_t output);
+/* What kernel kn of a plan for g costs per run, as the plan's printout says: the estimated
+ * arithmetic of its nodes (loom_ir_node_flops) and the bytes of its args and results, each
+ * read or written once. */
+void loom_ir_kernel_cost(const loom_ir_kernel *kn, const loom_ir_graph *g, double *out_flops,
+                         double *out_bytes);
 /* Checks the rules above. Errors: VERIFY_FAILED with a message naming kernel and node. */
 loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d);
 /* Human-readable summary for dumps: one block per kernel (kind, root, nodes with their

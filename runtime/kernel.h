@@ -62,4 +62,14 @@ loom_status loom_rt_program_create(const loom_ir_graph *g, uint64_t hash, const 
 loom_status loom_rt_program_prepare(loom_rt_executable *exe, loom_rt_device *dev,
                                     loom_ir_diag *d);
 
+/* Times every kernel of a program executable from now on, each run adding to new entries
+ * of prof (one per kernel, owned by prof, so they outlive exe) described from plan and g
+ * (the plan exe was created from and its graph): kind, root op, its source location, and
+ * the plan's flops and bytes per call. Off (the default), a run costs one branch per
+ * kernel more. Once per executable (later calls are no-ops), on the host thread, before
+ * the executable is handed to a stream. Executables of other kinds: no-op.
+ * Errors: INVALID_ARGUMENT (NULL, or plan does not match exe), OUT_OF_MEMORY. */
+loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *prof,
+                                    const loom_ir_plan *plan, const loom_ir_graph *g);
+
 #endif

@@ -1,6 +1,7 @@
 /* Program executables: run a plan's compiled kernels on the thread pool over the caller's
  * buffers and a scratch arena cached between runs, then the plan's copies. */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kernel.h"
@@ -41,6 +42,7 @@ typedef struct program {
     size_t arena_bytes;
     loom_rt_buffer *arena; /* kept between runs; NULL until the first run or prepare */
     atomic_bool running;   /* catches overlapping runs, which would share arena and bufs */
+    loom_rt_profile_kernel *prof; /* per kernel, owned by the profile; NULL: not timed */
 } program;
 
 /* n elements of size each from a (NULL for n == 0); false on out-of-memory. */
@@ -265,7 +267,14 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
     for (int32_t k = 0; k < p->n_kernels; k++) {
         const prog_kernel *pk = &p->kernels[k];
         kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
+        if (!p->prof) {
+            loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
+            continue;
+        }
+        int64_t t0 = loom_rt_now_ns();
         loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
+        p->prof[k].total_ns += loom_rt_now_ns() - t0;
+        p->prof[k].calls++;
     }
     /* In plan order: the planner orders copies so none overwrites a donated input that a
      * later copy still reads. memmove: an output aliasing its own input is a no-op copy. */
@@ -348,4 +357,45 @@ loom_status loom_rt_program_prepare(loom_rt_executable *exe, loom_rt_device *dev
     loom_status st = ensure_arena(p, dev, d);
     atomic_store(&p->running, false);
     return st;
+}
+
+/* "file.c:88" for loc (its basename), "" when unknown. */
+static void format_loc(char *buf, size_t n, loom_ir_loc loc) {
+    buf[0] = '\0';
+    if (!loc.file)
+        return;
+    const char *base = strrchr(loc.file, '/');
+    snprintf(buf, n, "%s:%d", base ? base + 1 : loc.file, (int)loc.line);
+}
+
+loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *prof,
+                                    const loom_ir_plan *plan, const loom_ir_graph *g) {
+    if (!exe || !prof || !plan || !g || plan->n_nodes != g->n_nodes)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (exe->vt != &program_vtable)
+        return LOOM_OK;
+    program *p = (program *)exe;
+    if (plan->n_kernels != p->n_kernels)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (p->prof || p->n_kernels == 0)
+        return LOOM_OK;
+    loom_rt_profile_kernel *e = loom_rt_profile_add(prof, p->n_kernels);
+    if (!e)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    for (int32_t k = 0; k < p->n_kernels; k++) {
+        const loom_ir_kernel *kn = &plan->kernels[k];
+        e[k].program = exe->hash;
+        e[k].index = k;
+        loom_ir_kernel_cost(kn, g, &e[k].flops, &e[k].bytes);
+        snprintf(e[k].kind, sizeof e[k].kind, "%s", loom_ir_kernel_kind_name(kn->kind));
+        if (kn->root < 0 || kn->root >= g->n_nodes)
+            continue;
+        const loom_ir_node *r = &g->nodes[kn->root];
+        char ty[LOOM_IR_TYPE_STR_MAX];
+        loom_ir_format_type(ty, sizeof ty, r->dtype, r->rank, r->shape);
+        snprintf(e[k].root, sizeof e[k].root, "%s %s", loom_ir_op_name(r->op), ty);
+        format_loc(e[k].loc, sizeof e[k].loc, r->loc);
+    }
+    p->prof = e;
+    return LOOM_OK;
 }

@@ -32,6 +32,40 @@ loom_status loom_rt_metrics_report(const loom_rt_metrics *m, loom_report_format 
 /* Monotonic clock in nanoseconds. */
 int64_t loom_rt_now_ns(void);
 
+/* ---- kernel profile (LOOM_PROFILE) ---------------------------------------------------- */
+
+/* One kernel of one program: its times summed over every run, and what it is. Written by
+ * the program's runs (on the stream's thread), read by reports on the host thread once no
+ * run is in flight. */
+typedef struct loom_rt_profile_kernel {
+    int64_t total_ns, calls;
+    double flops, bytes; /* per call: the plan's cost (bytes = its args and results once) */
+    uint64_t program;    /* the program's graph hash, as in its LOOM_DUMP file names */
+    int32_t index;       /* the kernel's index in the program's plan */
+    char kind[16];       /* "matmul" */
+    char root[LOOM_IR_TYPE_STR_MAX + 32]; /* the root node: "matmul bf16[64,576]" */
+    char loc[128];                        /* its source "file.c:88" (basename), "" if unknown */
+} loom_rt_profile_kernel;
+
+/* The kernels of every program created while profiling, in blocks the profile owns (a
+ * program's entries outlive it, so times of evicted programs still count). Not
+ * thread-safe: blocks are added and reports made on the host thread. */
+typedef struct loom_rt_profile {
+    loom_allocator alloc;
+    struct loom_rt_profile_block *blocks; /* newest first */
+} loom_rt_profile;
+
+void loom_rt_profile_init(loom_rt_profile *p, const loom_allocator *a);
+void loom_rt_profile_deinit(loom_rt_profile *p);
+/* n zeroed entries owned by p until deinit; NULL on out-of-memory (or n < 1). */
+loom_rt_profile_kernel *loom_rt_profile_add(loom_rt_profile *p, int32_t n);
+/* Kernels that ran, by total time (largest first; ties by program and index). Text: the
+ * top `top` kernels (all if top <= 0) and a total line comparing the kernels' time with
+ * execute_ns (the ExecuteTime of the same steps); JSON: every kernel. Errors:
+ * OUT_OF_MEMORY (nothing written). */
+loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns, int32_t top,
+                                   loom_report_format format, loom_ir_write_fn write, void *ud);
+
 /* ---- devices ----------------------------------------------------------------------------- */
 
 typedef struct loom_rt_device loom_rt_device;

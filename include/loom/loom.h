@@ -119,14 +119,16 @@ typedef struct loom_context_options {
     bool sync;                /* mark_step waits for the step to finish (LOOM_SYNC=1) */
     const char *cache_dir;    /* compiled code cache: NULL: LOOM_CACHE_DIR, else
                                  $XDG_CACHE_HOME/loom or ~/.cache/loom; "": no disk cache */
+    bool profile;             /* time every compiled kernel and print the slowest to stderr
+                                 at destroy (LOOM_PROFILE=1; loom_profile_report) */
 } loom_context_options;
 
 /* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP,
- * LOOM_SYNC; num_threads 0 and cache_dir NULL leave LOOM_NUM_THREADS and LOOM_CACHE_DIR
- * to be read when the context is created). A context calls its allocator only from
- * the thread using the context (steps that would allocate while running, such as the
- * interpreter's, run on that thread); one allocator shared by contexts used from several
- * threads must be thread-safe. */
+ * LOOM_SYNC, LOOM_PROFILE; num_threads 0 and cache_dir NULL leave LOOM_NUM_THREADS and
+ * LOOM_CACHE_DIR to be read when the context is created). A context calls its allocator
+ * only from the thread using the context (steps that would allocate while running, such as
+ * the interpreter's, run on that thread); one allocator shared by contexts used from
+ * several threads must be thread-safe. */
 LOOM_API void loom_context_options_init(loom_context_options *opts);
 
 /* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the
@@ -371,6 +373,23 @@ typedef enum loom_report_format {
 /* Writes the metrics report through `write` in chunks (as MLIR's print callbacks do).
  * Errors: INVALID_ARGUMENT. */
 LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_format format,
+                                         void (*write)(const char *chunk, size_t len, void *ud),
+                                         void *ud);
+
+/* Writes the kernel profile through `write` in chunks: every kernel of the context's
+ * compiled steps (the interpreter's are not timed) with its time summed over all its runs
+ * (the same kernel of the same compiled graph across steps), by total time, largest first.
+ * Text (what LOOM_PROFILE=1 prints at loom_context_destroy): the 25 slowest, one line each
+ * with rank, total ms, share of all kernels' time, calls, mean us, GFLOP/s and GB/s (from
+ * the plan's flops and bytes moved, as in the LOOM_DUMP plan), kind, graph hash:kernel
+ * index (the plan dump's names), the root op with its type and the user's source line
+ * that recorded it; then a total line comparing the kernels' time with ExecuteTime.
+ * JSON: {"kernel_ns", "execute_ns", "calls", "kernels": [{"program", "index", "kind",
+ * "root", "loc", "calls", "total_ns", "flops", "bytes"}, ...]}, every kernel (flops and
+ * bytes per call). Without loom_context_options.profile nothing is timed and the list is
+ * empty. Waits for the step in flight first, as loom_context_sync does (its error, if any,
+ * is recorded in the context). Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+LOOM_API loom_status loom_profile_report(loom_context *ctx, loom_report_format format,
                                          void (*write)(const char *chunk, size_t len, void *ud),
                                          void *ud);
 

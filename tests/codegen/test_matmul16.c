@@ -334,6 +334,22 @@ static void test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel(void **stat
     on_each_path(build_cast_linear, "cast-in-matmul");
 }
 
+/* a weight gradient's x @ transpose(dy): B packed along the rows of dy, K in several blocks
+ * with a short last one and an odd tail, columns in two panels, the second partial */
+static int64_t build_transposed_b(loom_ir_graph *g, loom_dtype dt) {
+    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+    int32_t x = tu_input(g, dt, 2, S(37, 301));
+    int32_t dy = tu_input(g, dt, 2, S(29, 301));
+    int32_t dyt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &dy, 0, 0, NULL, perm);
+    tu_output(g, tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, dyt}, 0, 0, NULL, none), -1);
+    return 301;
+}
+
+static void test_a_transposed_b_is_packed_along_its_rows(void **state) {
+    (void)state;
+    on_each_path(build_transposed_b, "x @ transpose(dy)");
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -342,6 +358,7 @@ int main(void) {
         cmocka_unit_test(test_forcing_a_path_the_cpu_lacks_falls_back_to_f32),
         cmocka_unit_test(test_16_bit_matmuls_fuse_bias_and_relu_epilogues),
         cmocka_unit_test(test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel),
+        cmocka_unit_test(test_a_transposed_b_is_packed_along_its_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

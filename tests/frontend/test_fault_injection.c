@@ -1,7 +1,10 @@
 /* Fault injection: fail the N-th allocation of a small program, for every N until the
  * program no longer allocates that many times. Each failure must surface as
  * OUT_OF_MEMORY, leak nothing, and leave the context usable. */
+#include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_util.h"
 #include "loom/amp.h"
@@ -26,8 +29,14 @@ static loom_status program(loom_context *ctx, float *out_sum) {
     return st != LOOM_OK ? st : loom_context_error(ctx);
 }
 
-static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(void **state) {
-    (void)state;
+static void discard(const char *chunk, size_t len, void *ud) {
+    (void)chunk;
+    *(size_t *)ud += len;
+}
+
+/* Sweeps the failing allocation over context creation and the program (with profile:
+ * also timing its kernels and reporting them). */
+static void sweep_failed_allocations(bool profile) {
     /* x.w = [[4, 5], [-11, -11]] -> +0.5 -> relu -> [[4.5, 5.5], [0, 0]] -> 10 */
     const float want = 10.0f;
     int64_t n;
@@ -38,6 +47,7 @@ static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(
         loom_context_options_init(&opts);
         opts.dump_dir = NULL;
         opts.allocator = test_alloc_make(&ta);
+        opts.profile = profile;
         loom_context *ctx = NULL;
         loom_status st = loom_context_create(&opts, &ctx);
         if (st != LOOM_OK) {
@@ -49,6 +59,11 @@ static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(
         }
         float sum = 0;
         st = program(ctx, &sum);
+        size_t written = 0;
+        if (profile && st == LOOM_OK) {
+            st = loom_profile_report(ctx, LOOM_REPORT_FORMAT_JSON, discard, &written);
+            assert_true(st == LOOM_OK ? written > 0 : written == 0);
+        }
         if (ta.n_failed == 0) { /* the program no longer reaches allocation n: done */
             assert_int_equal(st, LOOM_OK);
             assert_true(sum == want);
@@ -58,19 +73,42 @@ static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(
         }
         failures++;
         assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
-        assert_non_null(strstr(loom_context_error_message(ctx), "out of memory"));
+        if (written == 0 && loom_context_error(ctx) != LOOM_OK) /* not the report's failure */
+            assert_non_null(strstr(loom_context_error_message(ctx), "out of memory"));
         /* the context stays usable: the same program now succeeds */
         ta.fail_at = 0;
         loom_context_clear_error(ctx);
         sum = 0;
         assert_int_equal(program(ctx, &sum), LOOM_OK);
         assert_true(sum == want);
+        if (profile)
+            assert_int_equal(loom_profile_report(ctx, LOOM_REPORT_FORMAT_TEXT, discard, &written),
+                             LOOM_OK);
         loom_context_destroy(ctx);
         assert_int_equal(ta.live_bytes, 0);
         assert_int_equal(ta.live_blocks, 0);
     }
     assert_true(n < 10000);
     assert_true(failures >= 20); /* the sweep really covered the program's allocations */
+}
+
+static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(void **state) {
+    (void)state;
+    sweep_failed_allocations(false);
+}
+
+static void test_profiling_survives_every_failed_allocation(void **state) {
+    (void)state;
+    /* each context prints its profile when destroyed: not into the test's log */
+    fflush(stderr);
+    int saved = dup(2), null = open("/dev/null", O_WRONLY);
+    assert_true(saved >= 0 && null >= 0);
+    dup2(null, 2);
+    sweep_failed_allocations(true);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(null);
 }
 
 /* One training step: linear + cross-entropy, backward, an Adam update of both parameters;
@@ -187,6 +225,7 @@ static void test_an_amp_training_step_survives_every_failed_allocation(void **st
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers),
+        cmocka_unit_test(test_profiling_survives_every_failed_allocation),
         cmocka_unit_test(test_a_training_step_survives_every_failed_allocation),
         cmocka_unit_test(test_an_amp_training_step_survives_every_failed_allocation),
     };

@@ -2,6 +2,8 @@
  * recovery from corrupt files and unwritable folders, and asynchronous execution (a step
  * runs while the next is traced; its errors surface at the next sync point). */
 #include <dirent.h>
+#include <glob.h>
+#include <inttypes.h>
 #include <math.h>
 #include <semaphore.h>
 #include <stdio.h>
@@ -239,12 +241,208 @@ static void test_steps_run_while_the_next_is_traced_and_errors_surface_at_sync(v
     sem_destroy(&gate);
 }
 
+/* ---- LOOM_PROFILE: per-kernel times ---------------------------------------------------- */
+
+static void append(const char *chunk, size_t len, void *ud) {
+    loom_ir_sbuf_write(chunk, len, ud);
+}
+
+static char *profile_of(loom_context *ctx, loom_report_format format, loom_ir_sbuf *sb) {
+    static loom_allocator sys; /* the sbuf keeps a pointer to it */
+    sys = loom_allocator_system();
+    loom_ir_sbuf_init(sb, &sys);
+    assert_int_equal(loom_profile_report(ctx, format, append, sb), LOOM_OK);
+    assert_false(sb->oom);
+    return sb->data;
+}
+
+/* relu(x @ w) * 2 summed over rows, then the mean of that: a matmul and reductions. */
+static loom_status profiled_step(loom_context *ctx, loom_tensor *x, loom_tensor *w, float *out) {
+    loom_tensor *h = loom_relu(ctx, loom_matmul(ctx, x, w));
+    loom_tensor *r = loom_sum(ctx, loom_mul(ctx, h, loom_scalar(ctx, LOOM_DTYPE_F32, 2)), 1,
+                              (int32_t[]){1}, false);
+    loom_tensor *y = loom_mean(ctx, r, 1, (int32_t[]){0}, false);
+    loom_tensor_retain(y);
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK)
+        st = loom_tensor_read(ctx, y, out, sizeof *out);
+    loom_tensor_release(y);
+    return st;
+}
+
+typedef struct profiled_kernel {
+    char program[17], kind[16], loc[128];
+    int index;
+    int64_t calls, total_ns;
+    double flops, bytes;
+} profiled_kernel;
+
+/* The kernels of a JSON profile, in report order; returns how many. */
+static int parse_profile(const char *json, profiled_kernel *out, int max) {
+    int n = 0;
+    for (const char *p = strstr(json, "{\"program\""); p && n < max;
+         p = strstr(p + 1, "{\"program\"")) {
+        profiled_kernel *k = &out[n];
+        int used = 0;
+        assert_int_equal(sscanf(p,
+                                "{\"program\":\"%16[0-9a-f]\",\"index\":%d,\"kind\":\"%15[a-z]\","
+                                "\"root\":\"%*[^\"]\",\"loc\":\"%127[^\"]\",\"calls\":%" SCNd64
+                                ",\"total_ns\":%" SCNd64 ",\"flops\":%lf,\"bytes\":%lf}%n",
+                                k->program, &k->index, k->kind, k->loc, &k->calls, &k->total_ns,
+                                &k->flops, &k->bytes, &used),
+                         8);
+        assert_true(used > 0);
+        n++;
+    }
+    return n;
+}
+
+/* The "cost:" line of kernel `index` in the plan dump of program `hash` under dir. */
+static void plan_cost(const char *dir, const char *hash, int index, double *flops, double *bytes) {
+    char pattern[4096];
+    snprintf(pattern, sizeof pattern, "%s/step*-%s.plan.txt", dir, hash);
+    glob_t gl;
+    assert_int_equal(glob(pattern, 0, NULL, &gl), 0);
+    FILE *f = fopen(gl.gl_pathv[0], "r");
+    globfree(&gl);
+    assert_non_null(f);
+    char line[1024];
+    int current = -1;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        int k;
+        if (sscanf(line, "kernel %d:", &k) == 1)
+            current = k;
+        else if (current == index &&
+                 sscanf(line, " cost: %lf flops, %lf bytes moved", flops, bytes) == 2)
+            found = true;
+    }
+    fclose(f);
+    assert_true(found);
+}
+
+/* A JIT context without the disk cache, profiling or not, dumping into dump_dir (or not). */
+static loom_context *profiling_context(bool profile, const char *dump_dir) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = false;
+    o.cache_dir = "";
+    o.dump_dir = dump_dir;
+    o.profile = profile;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    return ctx;
+}
+
+static void test_the_profile_counts_every_kernel_run_with_the_plans_costs(void **state) {
+    (void)state;
+    char *dir = new_dir();
+    loom_context *ctx = profiling_context(true, dir);
+    float xs[32 * 48], ws[48 * 40];
+    for (int i = 0; i < 32 * 48; i++)
+        xs[i] = (float)((i * 7) % 13) / 13.0f - 0.4f;
+    for (int i = 0; i < 48 * 40; i++)
+        ws[i] = (float)((i * 5) % 11) / 11.0f - 0.5f;
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){32, 48}, xs);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){48, 40}, ws);
+    enum { STEPS = 5 };
+    float first = 0, out = 0;
+    for (int s = 0; s < STEPS; s++) {
+        assert_int_equal(profiled_step(ctx, x, w, &out), LOOM_OK);
+        if (s == 0)
+            first = out;
+        assert_true(out == first); /* timing changes nothing */
+    }
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+
+    loom_ir_sbuf sb;
+    profiled_kernel ks[16];
+    int n = parse_profile(profile_of(ctx, LOOM_REPORT_FORMAT_JSON, &sb), ks, 16);
+    int64_t kernel_ns = -1, execute_ns = -1, calls = -1;
+    assert_int_equal(
+        sscanf(sb.data, "{\"kernel_ns\":%" SCNd64 ",\"execute_ns\":%" SCNd64 ",\"calls\":%" SCNd64,
+               &kernel_ns, &execute_ns, &calls),
+        3);
+    loom_ir_sbuf_deinit(&sb);
+    assert_int_equal(n, loom_metric_total(ctx, "KernelsPerGraph"));
+    assert_true(n >= 2);
+    assert_int_equal(calls, (int64_t)n * STEPS);
+    assert_int_equal(execute_ns, loom_metric_total(ctx, "ExecuteTime"));
+    assert_true(kernel_ns > 0 && kernel_ns <= execute_ns);
+    bool seen[16] = {false}, matmul = false;
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(ks[i].calls, STEPS);
+        assert_true(ks[i].total_ns > 0);
+        if (i > 0)
+            assert_true(ks[i].total_ns <= ks[i - 1].total_ns); /* by total time */
+        assert_string_equal(ks[i].program, ks[0].program);
+        assert_true(ks[i].index >= 0 && ks[i].index < n && !seen[ks[i].index]);
+        seen[ks[i].index] = true;
+        sum += ks[i].total_ns;
+        double flops = -1, bytes = -1;
+        plan_cost(dir, ks[i].program, ks[i].index, &flops, &bytes);
+        assert_true(ks[i].flops == flops && ks[i].bytes == bytes);
+        assert_non_null(strstr(ks[i].loc, "test_jit.c:"));
+        if (strcmp(ks[i].kind, "matmul") == 0) {
+            matmul = true;
+            assert_true(ks[i].flops >= 2.0 * 32 * 48 * 40); /* plus its relu epilogue */
+            assert_true(ks[i].bytes >= 4.0 * (32 * 48 + 48 * 40));
+        }
+    }
+    assert_true(matmul);
+    assert_int_equal(sum, kernel_ns);
+
+    /* the text names the table's columns, the source line and the total */
+    const char *text = profile_of(ctx, LOOM_REPORT_FORMAT_TEXT, &sb);
+    assert_non_null(strstr(text, "rank  total ms"));
+    assert_non_null(strstr(text, "GFLOP/s"));
+    assert_non_null(strstr(text, "matmul f32[32,40]"));
+    assert_non_null(strstr(text, "test_jit.c:"));
+    assert_non_null(strstr(text, "\ntotal: "));
+    loom_ir_sbuf_deinit(&sb);
+    assert_int_equal(loom_profile_report(NULL, LOOM_REPORT_FORMAT_TEXT, append, &sb),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_profile_report(ctx, LOOM_REPORT_FORMAT_COUNT_, append, &sb),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_context_destroy(ctx);
+    remove_dir(dir);
+}
+
+static void test_nothing_is_timed_without_profiling(void **state) {
+    (void)state;
+    loom_context *ctx = profiling_context(false, NULL);
+    float xs[4 * 3] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, ws[3 * 2] = {1, 0, 0, 1, 1, 1};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){4, 3}, xs);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){3, 2}, ws);
+    float out = 0;
+    for (int s = 0; s < 3; s++)
+        assert_int_equal(profiled_step(ctx, x, w, &out), LOOM_OK);
+    /* rows of x @ w: (1+3, 2+3), (4+6, 5+6), ...; relu keeps them; 2 * row sums, mean */
+    assert_true(fabsf(out - 2.0f * (9 + 21 + 33 + 45) / 4) < 1e-4f);
+    loom_ir_sbuf sb;
+    const char *json = profile_of(ctx, LOOM_REPORT_FORMAT_JSON, &sb);
+    char want[128];
+    snprintf(want, sizeof want,
+             "{\"kernel_ns\":0,\"execute_ns\":%" PRId64 ",\"calls\":0,\"kernels\":[]}\n",
+             loom_metric_total(ctx, "ExecuteTime"));
+    assert_string_equal(json, want);
+    loom_ir_sbuf_deinit(&sb);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_second_process_hits_the_disk_cache),
         cmocka_unit_test(test_a_corrupt_cache_file_is_detected_and_recompiled),
         cmocka_unit_test(test_an_unusable_cache_dir_does_not_fail_the_step),
         cmocka_unit_test(test_steps_run_while_the_next_is_traced_and_errors_surface_at_sync),
+        cmocka_unit_test(test_the_profile_counts_every_kernel_run_with_the_plans_costs),
+        cmocka_unit_test(test_nothing_is_timed_without_profiling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
