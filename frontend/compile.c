@@ -100,6 +100,19 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     return LOOM_OK;
 }
 
+/* The cache compares executables by the graph as traced, not as rewritten by the passes:
+ * *exe's graph becomes a copy of cut. On failure *exe is destroyed and NULL. */
+static loom_status keep_traced_graph(loom_rt_executable **exe, const loom_ir_graph *cut,
+                                     loom_ir_diag *d) {
+    loom_status st = loom_ir_graph_copy(&(*exe)->graph, cut);
+    if (st != LOOM_OK) {
+        loom_rt_executable_destroy(*exe);
+        *exe = NULL;
+        loom_ir_diag_set(d, st, "out of memory");
+    }
+    return st;
+}
+
 loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loom_fe_jit_options *o,
                               loom_rt_pool *pool, const loom_allocator *a, loom_rt_metrics *m,
                               loom_rt_executable **out_exe, loom_ir_diag *d) {
@@ -151,12 +164,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         *out_exe = NULL;
         loom_ir_diag_set(d, st, "out of memory profiling the program");
     }
-    /* The cache compares executables by the graph as traced, not as optimized. */
-    if (st == LOOM_OK && (st = loom_ir_graph_copy(&(*out_exe)->graph, cut)) != LOOM_OK) {
-        loom_rt_executable_destroy(*out_exe);
-        *out_exe = NULL;
-        loom_ir_diag_set(d, st, "out of memory");
-    }
+    if (st == LOOM_OK)
+        st = keep_traced_graph(out_exe, cut, d);
     loom_cg_code_destroy(code);
     loom_ir_free(a, kernels, kernels_bytes);
     loom_ir_plan_deinit(&plan);
@@ -177,11 +186,8 @@ loom_status loom_fe_interp_build(const loom_ir_graph *cut, uint64_t hash, const 
         st = loom_pass_run_pipeline(&g, autocast, 1, NULL, d);
     if (st == LOOM_OK && (st = loom_rt_interp_executable_create(&g, hash, a, out_exe)) != LOOM_OK)
         loom_ir_diag_set(d, st, "creating the interpreter's executable");
-    if (st == LOOM_OK && (st = loom_ir_graph_copy(&(*out_exe)->graph, cut)) != LOOM_OK) {
-        loom_rt_executable_destroy(*out_exe);
-        *out_exe = NULL;
-        loom_ir_diag_set(d, st, "out of memory");
-    }
+    if (st == LOOM_OK)
+        st = keep_traced_graph(out_exe, cut, d);
     loom_ir_graph_deinit(&g);
     return st;
 }
