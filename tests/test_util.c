@@ -102,6 +102,17 @@ loom_context *tu_context(bool eager) {
     return tu_context_alloc(eager, NULL);
 }
 
+loom_tensor *tu_f32(loom_context *ctx, int64_t n, const float *v) {
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, n > 0 ? 1 : 0, &n, v);
+    if (!t)
+        fail_msg("tensor from host: %s", loom_context_error_message(ctx));
+    return t;
+}
+
+loom_tensor *tu_scalar_f32(loom_context *ctx, float v) {
+    return tu_f32(ctx, 0, &v);
+}
+
 void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
     if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
         fail_msg("%s", loom_context_error_message(ctx));

@@ -36,6 +36,12 @@ loom_context *tu_context(bool eager);
  * created before the caller arms ta->fail_at. */
 loom_context *tu_context_alloc(bool eager, test_alloc *ta);
 
+/* A long-lived f32 tensor [n] (n > 0) or scalar (n == 0: v[0]) holding a copy of v; fails
+ * the test when it cannot be made. */
+loom_tensor *tu_f32(loom_context *ctx, int64_t n, const float *v);
+/* A long-lived f32 scalar holding v. */
+loom_tensor *tu_scalar_f32(loom_context *ctx, float v);
+
 /* Reads n floats of t into out, failing the test with the context's message on error. */
 void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n);
 

@@ -22,18 +22,6 @@
 static const float P0[N] = {1.0f, -0.5f, 0.25f, 2.0f};
 static const float G0[N] = {0.5f, -0.25f, 1.0f, -2.0f};
 
-static loom_tensor *vec(loom_context *ctx, const float *v) {
-    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){N}, v);
-    assert_non_null(t);
-    return t;
-}
-
-static loom_tensor *scalar_f32(loom_context *ctx, float v) {
-    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &v);
-    assert_non_null(t);
-    return t;
-}
-
 static loom_grad_scaler *make_scaler(loom_context *ctx, double init_scale, int32_t interval) {
     loom_grad_scaler_options o;
     loom_grad_scaler_options_init(&o);
@@ -154,7 +142,7 @@ static void run_unscale_values(bool eager) {
         g16[i] = loom_ir_f32_to_f16(g32[i] == 1e30f ? 60000.0f : g32[i]);
         gbf[i] = loom_ir_f32_to_bf16(g32[i]);
     }
-    loom_tensor *orig[4] = {vec(ctx, g32), NULL,
+    loom_tensor *orig[4] = {tu_f32(ctx, N, g32), NULL,
                             loom_tensor_from_host(ctx, LOOM_DTYPE_F16, 1, (int64_t[]){N}, g16),
                             loom_tensor_from_host(ctx, LOOM_DTYPE_BF16, 1, (int64_t[]){N}, gbf)};
     loom_tensor *grads[4];
@@ -198,9 +186,9 @@ static void test_unscale_multiplies_by_the_f32_reciprocal_of_the_scale(void **st
 static float found_with(loom_context *ctx, loom_grad_scaler *s, loom_dtype dt, float bad) {
     float g[N] = {1, 2, 3, 4};
     g[2] = bad;
-    loom_tensor *clean = vec(ctx, G0), *other;
+    loom_tensor *clean = tu_f32(ctx, N, G0), *other;
     if (dt == LOOM_DTYPE_F32) {
-        other = vec(ctx, g);
+        other = tu_f32(ctx, N, g);
     } else {
         uint16_t h[N];
         for (int i = 0; i < N; i++)
@@ -231,7 +219,7 @@ static void run_found_inf(bool eager) {
      * may overflow when unscaled without being flagged */
     loom_grad_scaler *half = make_scaler(ctx, 0.5, 2000);
     float huge[N] = {3e38f, 1, 2, 3}, got[N];
-    loom_tensor *g = vec(ctx, huge), *grads[1] = {g};
+    loom_tensor *g = tu_f32(ctx, N, huge), *grads[1] = {g};
     loom_tensor *found_huge = loom_grad_scaler_unscale(half, 1, grads);
     assert_true(read_f32(ctx, found_huge) == 0.0f);
     tu_read_f32(ctx, grads[0], got, N);
@@ -272,7 +260,7 @@ static void test_unscale_finds_inf_minus_inf_and_nan_in_any_gradient(void **stat
 /* ---- update -------------------------------------------------------------------------- */
 
 static void update_with(loom_context *ctx, loom_grad_scaler *s, float flag) {
-    loom_tensor *f = scalar_f32(ctx, flag);
+    loom_tensor *f = tu_scalar_f32(ctx, flag);
     assert_int_equal(loom_grad_scaler_update(s, f), LOOM_OK);
     if (loom_mark_step(ctx) != LOOM_OK) {
         print_error("%s\n", loom_context_error_message(ctx));
@@ -335,7 +323,7 @@ static void run_no_growth_to_inf(bool eager) {
     o.growth_interval = 1;
     loom_grad_scaler *t = NULL;
     assert_int_equal(loom_grad_scaler_create(ctx, &o, &t), LOOM_OK);
-    loom_tensor *f = scalar_f32(ctx, 0.0f);
+    loom_tensor *f = tu_scalar_f32(ctx, 0.0f);
     assert_int_equal(loom_grad_scaler_update(t, f), LOOM_OK);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
     expect_scaler(ctx, t, (float)(3.0 * 1.1), 0);
@@ -380,7 +368,7 @@ static void amp_step(loom_context *ctx, loom_grad_scaler *s, loom_optim *opt, lo
     if (poison != 0) {
         float pv[N] = {0};
         pv[1] = poison;
-        loom_tensor *pt = vec(ctx, pv);
+        loom_tensor *pt = tu_f32(ctx, N, pv);
         grads[0] = loom_add(ctx, grads[0], pt);
         loom_tensor_release(pt);
     }
@@ -393,7 +381,7 @@ static void amp_step(loom_context *ctx, loom_grad_scaler *s, loom_optim *opt, lo
 
 static void run_skip(loom_optim_kind kind, bool eager) {
     loom_context *ctx = tu_context(eager);
-    loom_tensor *p = vec(ctx, P0), *x = vec(ctx, G0);
+    loom_tensor *p = tu_f32(ctx, N, P0), *x = tu_f32(ctx, N, G0);
     loom_optim_options o;
     loom_optim_options_init(&o, kind);
     o.lr = 0.05;
@@ -441,7 +429,7 @@ static void test_inf_or_nan_gradients_skip_sgd_and_adamw_steps_bit_identically(v
 static void test_amp_training_steps_never_read_back_from_the_device(void **state) {
     (void)state;
     loom_context *ctx = tu_context(false);
-    loom_tensor *p = vec(ctx, P0), *x = vec(ctx, G0);
+    loom_tensor *p = tu_f32(ctx, N, P0), *x = tu_f32(ctx, N, G0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAMW);
     loom_optim *opt = NULL;
@@ -499,7 +487,7 @@ static void run_f16_underflow(bool eager) {
     uint16_t xh[N];
     for (int i = 0; i < N; i++)
         xh[i] = loom_ir_f32_to_f16(xs[i]);
-    loom_tensor *w = vec(ctx, P0);
+    loom_tensor *w = tu_f32(ctx, N, P0);
     loom_tensor *x16 = loom_tensor_from_host(ctx, LOOM_DTYPE_F16, 1, (int64_t[]){N}, xh);
     float ref[N], plain[N], scaled[N];
     f16_grad(ctx, NULL, w, x16, false, ref); /* all in f32: the reference */
@@ -542,7 +530,7 @@ static void test_a_disabled_scaler_changes_nothing(void **state) {
     assert_int_equal(loom_grad_scaler_create(ctx, &o, &s), LOOM_OK);
     assert_false(loom_grad_scaler_is_enabled(s));
     assert_int_equal(ctx->n_live_tensors, live0); /* no state */
-    loom_tensor *loss = scalar_f32(ctx, 2.0f), *g = vec(ctx, G0);
+    loom_tensor *loss = tu_scalar_f32(ctx, 2.0f), *g = tu_f32(ctx, N, G0);
     assert_ptr_equal(loom_grad_scaler_scale(s, loss), loss);
     loom_tensor *grads[2] = {g, NULL};
     assert_null(loom_grad_scaler_unscale(s, 2, grads));
@@ -698,7 +686,7 @@ static void test_bad_arguments_are_errors_and_the_context_stays_usable(void **st
     (void)state;
     loom_context *ctx = tu_context(true);
     loom_grad_scaler *s = make_scaler(ctx, 8.0, 2000);
-    loom_tensor *g = vec(ctx, G0);
+    loom_tensor *g = tu_f32(ctx, N, G0);
     /* NULL scaler: nothing to record into */
     loom_tensor *grads[1] = {g};
     assert_null(loom_grad_scaler_scale(NULL, g));
@@ -732,7 +720,7 @@ static void test_bad_arguments_are_errors_and_the_context_stays_usable(void **st
     assert_int_equal(loom_grad_scaler_update(s, i32), LOOM_STATUS_INVALID_ARGUMENT);
     expect_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, "got i32[]");
     /* stale handles: a released tensor, and a step's result after the step */
-    loom_tensor *dead = vec(ctx, G0);
+    loom_tensor *dead = tu_f32(ctx, N, G0);
     loom_tensor_release(dead);
     assert_null(loom_grad_scaler_scale(s, dead));
     expect_error(ctx, LOOM_STATUS_STALE_HANDLE, "grad_scaler_scale");
@@ -841,7 +829,7 @@ static void test_every_entry_point_fails_cleanly_out_of_memory(void **state) {
     for (int64_t fail_at = 1;; fail_at++) {
         test_alloc ta = {0};
         loom_context *ctx = tu_context_alloc(true, &ta);
-        loom_tensor *loss = scalar_f32(ctx, 2.0f), *g = vec(ctx, G0);
+        loom_tensor *loss = tu_scalar_f32(ctx, 2.0f), *g = tu_f32(ctx, N, G0);
         int32_t live0 = ctx->n_live_tensors;
         ta.fail_at = ta.n_allocs + fail_at;
         loom_grad_scaler_options o;

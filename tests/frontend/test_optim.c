@@ -19,18 +19,6 @@ static const float G[STEPS][N] = {
     {-1.0f, 0.5f, 0.25f, 0.0625f},
 };
 
-static loom_tensor *vec(loom_context *ctx, const float *v) {
-    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){N}, v);
-    assert_non_null(t);
-    return t;
-}
-
-static loom_tensor *scalar_f32(loom_context *ctx, float v) {
-    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &v);
-    assert_non_null(t);
-    return t;
-}
-
 /* ---- the reference: torch/optim/{sgd,adam,adamw}.py, single-tensor path, in double ---- */
 
 typedef struct ref_state {
@@ -119,13 +107,13 @@ static void expect_state(loom_context *ctx, loom_optim *opt, loom_tensor *p,
 static void run_against_reference(const loom_optim_options *o, bool eager) {
     loom_context *ctx = tu_context(eager);
     int32_t live0 = ctx->n_live_tensors;
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim *opt = NULL;
     assert_int_equal(loom_optim_create(ctx, o, 1, &p, &opt), LOOM_OK);
     ref_state r;
     ref_init(&r);
     for (int s = 0; s < STEPS; s++) {
-        loom_tensor *g = vec(ctx, G[s]);
+        loom_tensor *g = tu_f32(ctx, N, G[s]);
         assert_int_equal(loom_optim_step(opt, &g, NULL), LOOM_OK);
         assert_int_equal(loom_mark_step(ctx), LOOM_OK);
         loom_tensor_release(g);
@@ -231,7 +219,7 @@ static void test_adamw_decays_the_parameter_before_the_adam_step(void **state) {
 
 /* One step with found_inf (NULL, or a scalar f32/bool tensor of value `flag`). */
 static void step_with(loom_context *ctx, loom_optim *opt, const float *g_host, loom_tensor *found) {
-    loom_tensor *g = vec(ctx, g_host);
+    loom_tensor *g = tu_f32(ctx, N, g_host);
     assert_int_equal(loom_optim_step(opt, &g, found), LOOM_OK);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
     loom_tensor_release(g);
@@ -248,10 +236,10 @@ static void snapshot(loom_context *ctx, loom_optim *opt, loom_tensor *p, float *
 
 static void run_found_inf(const loom_optim_options *o, bool eager) {
     loom_context *ctx = tu_context(eager);
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim *opt = NULL;
     assert_int_equal(loom_optim_create(ctx, o, 1, &p, &opt), LOOM_OK);
-    loom_tensor *inf = scalar_f32(ctx, 1.0f), *clean = scalar_f32(ctx, 0.0f);
+    loom_tensor *inf = tu_scalar_f32(ctx, 1.0f), *clean = tu_scalar_f32(ctx, 0.0f);
     bool yes = true;
     loom_tensor *inf_bool = loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 1, (int64_t[]){1}, &yes);
     ref_state r;
@@ -299,12 +287,12 @@ static void test_found_inf_skips_every_update_and_the_step_count(void **state) {
 static void test_nan_found_inf_also_skips(void **state) {
     (void)state;
     loom_context *ctx = tu_context(false);
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
     loom_optim *opt = NULL;
     assert_int_equal(loom_optim_create(ctx, &o, 1, &p, &opt), LOOM_OK);
-    loom_tensor *nan = scalar_f32(ctx, NAN);
+    loom_tensor *nan = tu_scalar_f32(ctx, NAN);
     step_with(ctx, opt, G[0], nan);
     float got[N];
     read_vec(ctx, p, got);
@@ -319,7 +307,7 @@ static void test_nan_found_inf_also_skips(void **state) {
 
 static void run_set_lr(loom_optim_kind kind) {
     loom_context *ctx = tu_context(false);
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, kind);
     o.lr = 0.1;
@@ -357,7 +345,7 @@ static void test_set_lr_changes_the_update_without_recompiling(void **state) {
 static void test_set_lr_rejects_negative_and_non_finite_rates(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_SGD);
     loom_optim *opt = NULL;
@@ -379,7 +367,7 @@ static void test_set_lr_rejects_negative_and_non_finite_rates(void **state) {
 static void test_null_grads_leave_their_parameter_and_state_untouched(void **state) {
     (void)state;
     loom_context *ctx = tu_context(false);
-    loom_tensor *ps[2] = {vec(ctx, P0), vec(ctx, G[0])};
+    loom_tensor *ps[2] = {tu_f32(ctx, N, P0), tu_f32(ctx, N, G[0])};
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
     o.lr = 0.05;
@@ -388,7 +376,7 @@ static void test_null_grads_leave_their_parameter_and_state_untouched(void **sta
     ref_state r;
     ref_init(&r);
     for (int s = 0; s < 2; s++) {
-        loom_tensor *grads[2] = {vec(ctx, G[s]), NULL};
+        loom_tensor *grads[2] = {tu_f32(ctx, N, G[s]), NULL};
         assert_int_equal(loom_optim_step(opt, grads, NULL), LOOM_OK);
         assert_int_equal(loom_mark_step(ctx), LOOM_OK);
         loom_tensor_release(grads[0]);
@@ -418,7 +406,7 @@ static void test_null_grads_leave_their_parameter_and_state_untouched(void **sta
 static void test_step_rejects_mismatched_grads_and_found_inf_without_recording(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim_options o;
     loom_optim_options_init(&o, LOOM_OPTIM_SGD);
     o.lr = 0.1;
@@ -434,7 +422,7 @@ static void test_step_rejects_mismatched_grads_and_found_inf_without_recording(v
     assert_int_equal(loom_optim_step(opt, &g64, NULL), LOOM_STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(loom_context_error_message(ctx), "grads[0] is f64[4]"));
     loom_context_clear_error(ctx);
-    loom_tensor *g = vec(ctx, G[0]);
+    loom_tensor *g = tu_f32(ctx, N, G[0]);
     loom_tensor *two = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, P0);
     assert_int_equal(loom_optim_step(opt, &g, two), LOOM_STATUS_INVALID_ARGUMENT);
     assert_non_null(strstr(loom_context_error_message(ctx),
@@ -478,7 +466,7 @@ static void test_create_rejects_invalid_options_with_clear_messages(void **state
     (void)state;
     loom_context *ctx = tu_context(true);
     int32_t live0 = ctx->n_live_tensors;
-    loom_tensor *p = vec(ctx, P0);
+    loom_tensor *p = tu_f32(ctx, N, P0);
     loom_optim_options o;
 #define REJECT(kind, field, value, msg)                                                            \
     do {                                                                                           \
@@ -554,7 +542,7 @@ static void test_options_init_gives_pytorch_defaults(void **state) {
 static void test_state_names_follow_pytorch_state_dict_keys(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
-    loom_tensor *ps[2] = {vec(ctx, P0),
+    loom_tensor *ps[2] = {tu_f32(ctx, N, P0),
                           loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 3}, G[0])};
     const char *names[4];
     loom_tensor *ts[4];
@@ -609,7 +597,7 @@ static void test_create_and_step_fail_cleanly_out_of_memory(void **state) {
     for (int64_t fail_at = 1;; fail_at++) {
         test_alloc ta = {0};
         loom_context *ctx = tu_context_alloc(true, &ta);
-        loom_tensor *p = vec(ctx, P0), *g = vec(ctx, G[0]);
+        loom_tensor *p = tu_f32(ctx, N, P0), *g = tu_f32(ctx, N, G[0]);
         int32_t live0 = ctx->n_live_tensors;
         ta.fail_at = ta.n_allocs + fail_at;
         loom_optim_options o;
