@@ -257,19 +257,13 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         const loom_ir_node *n = &g->nodes[i];
         for (int32_t k = 0; k < n->n_inputs; k++)
             s.ops[k] = s.map[n->inputs[k]];
-        /* decide every operand's dtype from the operands as they arrive, then convert */
-        loom_dtype want[3] = {LOOM_DTYPE_COUNT_, LOOM_DTYPE_COUNT_, LOOM_DTYPE_COUNT_};
-        bool fixed = n->n_inputs <= 3;
-        for (int32_t k = 0; k < n->n_inputs && fixed; k++)
-            want[k] = wanted(&s, i, k, s.ops);
-        if (!fixed) { /* a wide concat: one promoted dtype for all */
-            loom_dtype w = wanted(&s, i, 0, s.ops);
-            for (int32_t k = 0; k < n->n_inputs; k++)
-                s.ops[k] = w == LOOM_DTYPE_COUNT_ ? s.ops[k] : convert(&s, s.ops[k], w);
+        /* Operands are converted one by one: converting one never changes what the next
+         * wants (a promotion's widest dtype stays the widest once an operand has it). */
+        for (int32_t k = 0; k < n->n_inputs && s.st == LOOM_OK; k++) {
+            loom_dtype w = wanted(&s, i, k, s.ops);
+            if (w != LOOM_DTYPE_COUNT_)
+                s.ops[k] = convert(&s, s.ops[k], w);
         }
-        for (int32_t k = 0; k < n->n_inputs && fixed; k++)
-            if (want[k] != LOOM_DTYPE_COUNT_)
-                s.ops[k] = convert(&s, s.ops[k], want[k]);
         loom_ir_attrs attrs = n->attrs;
         attrs.autocast = LOOM_DTYPE_F32;
         s.map[i] = emit(&s, &(loom_ir_node_desc){.op = n->op,
