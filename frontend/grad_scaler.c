@@ -5,6 +5,7 @@
 
 #include "frontend.h"
 #include "loom/amp.h"
+#include "loom/dist.h"
 
 struct loom_grad_scaler {
     loom_context *ctx;
@@ -209,6 +210,12 @@ LOOM_API loom_tensor *loom_grad_scaler_unscale(loom_grad_scaler *s, int32_t n,
     }
     if (ok && !found) /* no gradient, or only empty ones */
         found = loom_scalar(ctx, LOOM_DTYPE_F32, 0.0);
+    /* Data parallel: every rank must skip the same steps (and keep the same scale), so the
+     * flags are max-reduced. One rank records nothing, and its step stays compiled. */
+    if (ok && found && loom_dist_world_size() > 1) {
+        found = loom_all_reduce(ctx, found, LOOM_REDUCE_MAX, 1.0);
+        ok = found != NULL;
+    }
     if (ok && found) {
         for (int32_t i = 0; i < n; i++)
             if (grads[i])

@@ -699,3 +699,38 @@ LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, l
     loom_ir_free(&ctx->alloc, out, bytes);
     return st;
 }
+
+LOOM_API loom_status loom_broadcast_parameters_at(loom_context *ctx, int32_t n,
+                                                  loom_tensor *const *tensors, const char *file,
+                                                  int line) {
+    const char *op = "broadcast_parameters";
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (n < 0 || (n > 0 && !tensors))
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                             n < 0 ? "n is negative (%d)" : "tensors is NULL for n = %d", (int)n);
+    /* Check every entry before recording anything. */
+    for (int32_t i = 0; i < n; i++) {
+        if (!tensors[i])
+            continue;
+        const loom_fe_tensor *t = loom_fe_tensor_get(ctx, tensors[i], file, line, op);
+        if (!t)
+            return ctx->err;
+        if (t->step_owned)
+            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                                 "tensors[%d] is a result of this step; only long-lived tensors "
+                                 "can be broadcast into",
+                                 (int)i);
+    }
+    if (loom_dist_world_size() == 1)
+        return LOOM_OK;
+    for (int32_t i = 0; i < n; i++) {
+        if (!tensors[i])
+            continue;
+        loom_tensor *b = loom_broadcast_from_at(ctx, tensors[i], 0, file, line);
+        loom_status st = b ? loom_assign_at(ctx, tensors[i], b, file, line) : ctx->err;
+        if (st != LOOM_OK)
+            return st;
+    }
+    return LOOM_OK;
+}

@@ -184,6 +184,19 @@ LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, l
                                                  const char *file, int line);
 #define loom_allreduce_gradients(...) loom_allreduce_gradients_at(__VA_ARGS__, __FILE__, __LINE__)
 
+/* DDP's start-up broadcast: every non-NULL tensors[i] (long-lived: parameters, optimizer or
+ * scaler state after a load) is assigned rank 0's value (loom_broadcast_from(..., 0) then
+ * loom_assign, in array order), so every rank begins from identical state. It happens at the
+ * next loom_mark_step. With a world size of 1 nothing is recorded (the step stays compiled)
+ * and LOOM_OK is returned after the checks. NULL entries are skipped. Every entry is checked
+ * before anything is recorded. Errors (recorded and returned): INVALID_ARGUMENT (n < 0, NULL
+ * tensors, an entry that is not long-lived), STALE_HANDLE, OUT_OF_MEMORY (the only error that
+ * can leave earlier entries assigned). */
+LOOM_API loom_status loom_broadcast_parameters_at(loom_context *ctx, int32_t n,
+                                                  loom_tensor *const *tensors, const char *file,
+                                                  int line);
+#define loom_broadcast_parameters(...) loom_broadcast_parameters_at(__VA_ARGS__, __FILE__, __LINE__)
+
 /* The message of the most recent failed loom_dist_* call ("" if none yet), naming the
  * operation and the rank, e.g. "barrier #3 on rank 1 of 2 did not complete within 300 s
  * (LOOM_DIST_TIMEOUT_S): ...". Borrowed, valid until the next loom_dist_* call. */

@@ -148,12 +148,40 @@ static void test_backward_through_a_sum_all_reduce_reduces_the_gradient(void **s
     loom_context_destroy(ctx);
 }
 
+static void test_broadcast_parameters_on_one_rank_checks_and_records_nothing(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(false);
+    const float a[2] = {1.5f, -2};
+    loom_tensor *p = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, a);
+    loom_tensor *step = loom_add(ctx, p, p);
+    loom_tensor *bad[2] = {p, step};
+    assert_int_equal(loom_broadcast_parameters(ctx, 2, bad), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx),
+                           "broadcast_parameters: tensors[1] is a result of this step"));
+    loom_context_clear_error(ctx);
+    assert_int_equal(loom_broadcast_parameters(ctx, -1, bad), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "n is negative (-1)"));
+    loom_context_clear_error(ctx);
+    assert_int_equal(loom_broadcast_parameters(ctx, 1, NULL), LOOM_STATUS_INVALID_ARGUMENT);
+    loom_context_clear_error(ctx);
+    loom_tensor *ok[2] = {NULL, p};
+    assert_int_equal(loom_broadcast_parameters(ctx, 2, ok), LOOM_OK);
+    assert_int_equal(loom_broadcast_parameters(ctx, 0, NULL), LOOM_OK);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    float out[2];
+    tu_read_f32(ctx, p, out, 2); /* one rank: its own values */
+    assert_true(out[0] == 1.5f && out[1] == -2);
+    loom_tensor_release(p);
+    loom_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_collectives_on_one_rank_give_the_scaled_value_in_a_step),
         cmocka_unit_test(test_collective_builders_reject_bad_attributes_naming_op_and_line),
         cmocka_unit_test(test_allreduce_gradients_replaces_each_gradient_and_skips_null),
         cmocka_unit_test(test_backward_through_a_sum_all_reduce_reduces_the_gradient),
+        cmocka_unit_test(test_broadcast_parameters_on_one_rank_checks_and_records_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

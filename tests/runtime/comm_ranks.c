@@ -1,7 +1,8 @@
 /* Multi-process communicator checks, one process per rank, started by run_comm_ranks.sh
  * under mpiexec (or alone). Every rank checks every collective against values computed by
  * hand from the rank count (and waits from a second thread), then the collective graph ops
- * (all_reduce, broadcast_from, all_gather) through loom_mark_step; prints "rank R of N: K checks
+ * (all_reduce, broadcast_from, all_gather) through loom_mark_step, the parameter broadcast
+ * and the GradScaler's found_inf across ranks; prints "rank R of N: K checks
  * passed" or each failure, and exits 0 or 1.
  *
  *   comm_ranks collectives N BACKEND   every collective on N ranks, backend "self" or "mpi"
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "frontend/frontend.h"
+#include "loom/amp.h"
 #include "loom/dist.h"
 #include "runtime/comm.h"
 #include "runtime/kernel.h"
@@ -332,6 +334,58 @@ static void check_graph_ops(int n) {
     }
 }
 
+/* Data-parallel state: loom_broadcast_parameters gives every rank rank 0's values, and the
+ * GradScaler's found_inf is max-reduced, so when only the last rank's gradient overflows every
+ * rank skips (found_inf 1, scale backed off) and a clean step afterwards is clean on all. */
+static void check_data_parallel_state(int n) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.cache_dir = "";
+    loom_context *ctx = NULL;
+    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    if (!ctx)
+        return;
+    const float mine[2] = {(float)(rank_ + 1), -(float)(rank_ + 1)};
+    const int64_t shape[1] = {2};
+    loom_tensor *p = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, shape, mine);
+    CHECK(loom_broadcast_parameters(ctx, 1, &p) == LOOM_OK, "broadcast_parameters: %s",
+          loom_context_error_message(ctx));
+    CHECK(loom_mark_step(ctx) == LOOM_OK, "broadcast step: %s", loom_context_error_message(ctx));
+    float got[2] = {0, 0};
+    CHECK(loom_tensor_read(ctx, p, got, sizeof got) == LOOM_OK && got[0] == 1 && got[1] == -1,
+          "parameter after broadcast: %g %g, expected 1 -1", got[0], got[1]);
+
+    loom_grad_scaler_options so;
+    loom_grad_scaler_options_init(&so);
+    so.init_scale = 1024;
+    loom_grad_scaler *sc = NULL;
+    CHECK(loom_grad_scaler_create(ctx, &so, &sc) == LOOM_OK, "scaler");
+    for (int step = 0; sc && step < 2; step++) {
+        /* Step 0: only the last rank's gradient holds an inf. Step 1: every rank is clean. */
+        const float gv[2] = {2, step == 0 && rank_ == n - 1 ? INFINITY : 4};
+        loom_tensor *g = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, shape, gv);
+        loom_tensor *grads[1] = {g};
+        loom_tensor *found = loom_grad_scaler_unscale(sc, 1, grads);
+        loom_tensor_retain(found);
+        CHECK(loom_grad_scaler_update(sc, found) == LOOM_OK, "update: %s",
+              loom_context_error_message(ctx));
+        CHECK(loom_mark_step(ctx) == LOOM_OK, "scaler step %d: %s", step,
+              loom_context_error_message(ctx));
+        float f = -1, scale = -1;
+        CHECK(loom_tensor_read(ctx, found, &f, sizeof f) == LOOM_OK && f == (step == 0 ? 1 : 0),
+              "step %d found_inf %g", step, f);
+        CHECK(loom_tensor_read(ctx, loom_grad_scaler_scale_tensor(sc), &scale, sizeof scale) ==
+                      LOOM_OK &&
+                  scale == 512,
+              "step %d scale %g, expected 512 on every rank", step, scale);
+        loom_tensor_release(found);
+        loom_tensor_release(g);
+    }
+    loom_grad_scaler_destroy(sc);
+    loom_tensor_release(p);
+    loom_context_destroy(ctx);
+}
+
 static int run_collectives(int n, const char *backend) {
     loom_ir_diag d;
     /* Before init: rank 0 of 1, and collectives refuse. */
@@ -382,6 +436,7 @@ static int run_collectives(int n, const char *backend) {
     check_broadcast_and_allgather(c, n);
     check_errors(c, n);
     check_graph_ops(n);
+    check_data_parallel_state(n);
     CHECK(loom_dist_barrier() == LOOM_OK, "barrier: %s", loom_dist_error_message());
     CHECK(loom_dist_finalize() == LOOM_OK, "finalize: %s", loom_dist_error_message());
     CHECK(strcmp(loom_dist_backend_name(), "none") == 0, "after finalize: %s",
