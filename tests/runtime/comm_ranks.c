@@ -278,18 +278,25 @@ static void check_errors(loom_rt_comm *c, int n) {
 /* The collectives as graph ops (loom/dist.h) through a real loom_mark_step on every rank, in
  * f32, bf16 and i32, with a compiling context (the step falls back to the interpreter) and an
  * eager one. Values are small integers: exact in bf16 after the scale. */
+/* A context on this rank's default device without the disk cache (NULL, after a failed
+ * check, when it cannot be created). */
+static loom_context *new_context(bool eager) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = eager;
+    o.cache_dir = "";
+    loom_context *ctx = NULL;
+    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    return ctx;
+}
+
 static void check_graph_ops(int n) {
     static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_I32};
     for (int eager = 0; eager < 2; eager++) {
         for (int k = 0; k < 3; k++) {
             loom_dtype dt = dts[k];
             bool fl = dt != LOOM_DTYPE_I32;
-            loom_context_options o;
-            loom_context_options_init(&o);
-            o.eager = eager;
-            o.cache_dir = "";
-            loom_context *ctx = NULL;
-            CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+            loom_context *ctx = new_context(eager);
             if (!ctx)
                 continue;
             unsigned char in[N_ELEMS * 4];
@@ -338,11 +345,7 @@ static void check_graph_ops(int n) {
  * GradScaler's found_inf is max-reduced, so when only the last rank's gradient overflows every
  * rank skips (found_inf 1, scale backed off) and a clean step afterwards is clean on all. */
 static void check_data_parallel_state(int n) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.cache_dir = "";
-    loom_context *ctx = NULL;
-    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    loom_context *ctx = new_context(false);
     if (!ctx)
         return;
     const float mine[2] = {(float)(rank_ + 1), -(float)(rank_ + 1)};
@@ -413,12 +416,7 @@ static int run_collectives(int n, const char *backend) {
           loom_dist_local_rank(), loom_dist_local_size());
 
     /* The context's default device and threads follow the local rank. */
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.eager = true;
-    o.cache_dir = "";
-    loom_context *ctx = NULL;
-    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    loom_context *ctx = new_context(true);
     if (ctx) {
         char want[16];
         snprintf(want, sizeof want, "npu:%d", rank_);
@@ -500,11 +498,7 @@ static int run_step_timeout(void) {
     int joined = join_and_park_other_ranks();
     if (joined != 2)
         return joined;
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.cache_dir = "";
-    loom_context *ctx = NULL;
-    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
+    loom_context *ctx = new_context(false);
     if (!ctx)
         return 1;
     const float xs[2] = {1, 2};
