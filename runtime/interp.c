@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "disk_cache.h"
 #include "runtime.h"
 
 /* ---- index helpers ------------------------------------------------------------------------ */
@@ -387,6 +388,60 @@ static loom_status run_collective(const loom_ir_graph *g, int32_t i, const void 
                             sub.msg);
 }
 
+/* Before the first collective of a step on several ranks, the ranks check that they are about
+ * to run the same collectives (op, type, attributes, order): a mismatch would otherwise hang
+ * or corrupt inside MPI. One small all-reduce (max) of a digest and its negation; they agree
+ * when max == min. A rank that records no collective at all never joins, and the others get
+ * COMM_ERROR at the communicator's timeout, naming their first collective. */
+static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d) {
+    loom_rt_comm *c = loom_rt_comm_world();
+    int32_t first = -1, count = 0;
+    uint64_t h = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (loom_ir_op_table[n->op].kind != LOOM_IR_KIND_COLLECTIVE)
+            continue;
+        struct {
+            uint64_t prev;
+            int64_t op, dtype, rank, shape[LOOM_MAX_RANK], index;
+            double value;
+        } rec;
+        memset(&rec, 0, sizeof rec);
+        rec.prev = h;
+        rec.op = n->op;
+        rec.dtype = n->dtype;
+        rec.rank = n->rank;
+        for (int32_t k = 0; k < n->rank; k++)
+            rec.shape[k] = n->shape[k];
+        rec.index = n->attrs.index;
+        rec.value = n->attrs.value;
+        h = loom_rt_hash64(&rec, sizeof rec);
+        first = first < 0 ? i : first;
+        count++;
+    }
+    if (!c || c->size <= 1 || first < 0)
+        return LOOM_OK;
+    int64_t hi = (int64_t)(h >> 33), lo = (int64_t)(h & 0x7fffffffu);
+    int64_t v[4] = {hi, -hi, lo, -lo};
+    loom_ir_diag sub;
+    loom_ir_diag_init(&sub);
+    loom_status st = loom_rt_comm_allreduce(c, v, 4, LOOM_DTYPE_I64, LOOM_REDUCE_MAX, 1.0, &sub);
+    if (st == LOOM_OK && (v[0] != -v[1] || v[2] != -v[3]))
+        st = loom_ir_diag_set(&sub, LOOM_STATUS_COMM_ERROR,
+                              "rank %d of %d: this step's %d collective(s) differ from another "
+                              "rank's; every rank must record the same collectives, in the same "
+                              "order, with the same types and attributes",
+                              (int)c->rank, (int)c->size, (int)count);
+    if (st == LOOM_OK)
+        return LOOM_OK;
+    const loom_ir_node *n = &g->nodes[first], *x = &g->nodes[n->inputs[0]];
+    char t[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
+    return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: checking that the ranks agree: %s",
+                            n->loc.file ? n->loc.file : "?", (int)n->loc.line, (int)first,
+                            loom_ir_op_name(n->op), t, sub.msg);
+}
+
 /* ---- the interpreter loop ----------------------------------------------------------------- */
 
 static void release_slot(const loom_allocator *a, slot *s) {
@@ -504,6 +559,8 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
         return st;
     if (g->n_nodes == 0)
         return LOOM_OK;
+    if ((st = agree_on_collectives(g, d)) != LOOM_OK)
+        return st;
 
     size_t slots_bytes = (size_t)g->n_nodes * sizeof(slot);
     slot *slots = loom_ir_alloc(a, slots_bytes);

@@ -8,7 +8,8 @@
  *   comm_ranks collectives N BACKEND   every collective on N ranks, backend "self" or "mpi"
  *   comm_ranks timeout                 rank 0 waits in a barrier rank 1 never joins
  *   comm_ranks die                     rank 1 exits(3) while rank 0 waits in a barrier
- *   comm_ranks step_timeout            rank 0's step all-reduces, rank 1 never does */
+ *   comm_ranks step_timeout            rank 0's step all-reduces, rank 1 never does
+ *   comm_ranks mismatch                the two ranks' steps all-reduce different shapes */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -528,6 +529,42 @@ static int run_step_timeout(void) {
     return failures ? 1 : 42;
 }
 
+/* Rank 0 all-reduces f32[2], rank 1 f32[3]: both steps fail with COMM_ERROR saying the
+ * ranks' collectives differ (naming the op and this file's line), instead of hanging. */
+static int run_mismatch(void) {
+    if (loom_dist_init(NULL) != LOOM_OK || loom_dist_world_size() != 2) {
+        fprintf(stderr, "loom_dist_init: %s (needs 2 ranks)\n", loom_dist_error_message());
+        return 1;
+    }
+    rank_ = loom_dist_rank();
+    loom_context *ctx = new_context(false);
+    if (!ctx)
+        return 1;
+    const float xs[3] = {1, 2, 3};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2 + rank_}, xs);
+    int line = __LINE__ + 1;
+    loom_tensor *y = loom_all_reduce(ctx, x, LOOM_REDUCE_SUM, 1.0);
+    loom_tensor_retain(y);
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK)
+        st = loom_context_sync(ctx);
+    const char *msg = loom_context_error_message(ctx);
+    fprintf(stderr, "rank %d: step: %s: %s\n", rank_, loom_status_name(st), msg);
+    char where[64], type[32];
+    snprintf(where, sizeof where, "comm_ranks.c:%d", line);
+    snprintf(type, sizeof type, "all_reduce of f32[%d]", 2 + rank_);
+    CHECK(st == LOOM_STATUS_COMM_ERROR, "step: %s", loom_status_name(st));
+    CHECK(strstr(msg, where) && strstr(msg, type) &&
+              strstr(msg, "collective(s) differ from another rank's"),
+          "message: %s", msg);
+    loom_tensor_release(y);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+    loom_dist_finalize();
+    printf("rank %d of 2: %d checks passed, %d failed\n", rank_, checks - failures, failures);
+    return failures ? 1 : 42;
+}
+
 /* Rank 1 dies right after joining; rank 0 waits in a barrier. mpiexec must end the job. */
 static int run_die(void) {
     if (loom_dist_init(NULL) != LOOM_OK) {
@@ -553,6 +590,9 @@ int main(int argc, char **argv) {
         return run_die();
     if (strcmp(mode, "step_timeout") == 0)
         return run_step_timeout();
-    fprintf(stderr, "usage: comm_ranks collectives N self|mpi | timeout | die | step_timeout\n");
+    if (strcmp(mode, "mismatch") == 0)
+        return run_mismatch();
+    fprintf(stderr,
+            "usage: comm_ranks collectives N self|mpi | timeout | die | step_timeout | mismatch\n");
     return 2;
 }

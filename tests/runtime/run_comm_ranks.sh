@@ -3,7 +3,8 @@
 # graph ops through loom_mark_step) on 1 rank without a launcher (self), as an MPI singleton
 # (LOOM_DIST=mpi), and under mpiexec -n 1, 2 and 3; a barrier
 # that one rank never joins (bounded by LOOM_DIST_TIMEOUT_S, with a message); a rank that
-# dies (mpiexec ends the job); a step whose all_reduce one rank never joins.
+# dies (mpiexec ends the job); a step whose all_reduce one rank never joins; ranks whose
+# steps record different collectives.
 # Usage: run_comm_ranks.sh /path/to/comm_ranks MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -43,7 +44,7 @@ run() {
     if [ $rc -eq "$want" ]; then ok "$name"; else echo "# exit $rc, expected $want" >>"$TMP/err"; not_ok "$name"; fi
 }
 
-echo "1..8"
+echo "1..9"
 run "no launcher: the self backend, rank 0 of 1" 0 "$PROG" collectives 1 self
 
 if [ "$HAVE_MPI" != 1 ]; then
@@ -58,7 +59,8 @@ LOOM_DIST=mpi run "LOOM_DIST=mpi without a launcher: an MPI singleton, rank 0 of
     "$PROG" collectives 1 mpi
 
 if [ -z "$MPIEXEC" ]; then
-    for t in "mpiexec -n 1" "mpiexec -n 2" "mpiexec -n 3" "timeout" "step timeout" "a rank dies"; do
+    for t in "mpiexec -n 1" "mpiexec -n 2" "mpiexec -n 3" "timeout" "step timeout" "mismatched collectives" \
+        "a rank dies"; do
         skip "$t" "mpiexec not found"
     done
     exit $((failed > 0))
@@ -107,6 +109,19 @@ if [ $rc -eq 42 ] && [ $took -lt 15 ] && grep -q "checks passed, 0 failed" "$TMP
 else
     echo "# exit $rc after $took s" >>"$TMP/err"
     not_ok "an all_reduce in a step that one rank never joins fails the step, naming the op"
+fi
+
+# The two ranks all-reduce different shapes in one step: both steps fail at once with
+# COMM_ERROR saying so (MPI itself would corrupt or hang), and both ranks' checks pass.
+start=$(date +%s)
+timeout $GUARD "$MPIEXEC" -n 2 "$PROG" mismatch >"$TMP/out" 2>"$TMP/err"
+rc=$?
+took=$(($(date +%s) - start))
+if [ $rc -eq 42 ] && [ "$(grep -c "checks passed, 0 failed" "$TMP/out")" -eq 2 ]; then
+    ok "ranks whose steps record different collectives both fail, saying so ($took s)"
+else
+    echo "# exit $rc after $took s" >>"$TMP/err"
+    not_ok "ranks whose steps record different collectives both fail, saying so"
 fi
 
 # Rank 1 exits(3) while rank 0 waits (default timeout, 300 s): mpiexec ends the job with a
