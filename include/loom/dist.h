@@ -141,7 +141,11 @@ LOOM_API loom_status loom_dist_finalize(void);
  * graph order, through the world communicator (the self backend when loom_dist_init was
  * never called: world size 1). Every rank must record the same collectives in the same order
  * with the same shapes and dtypes; the graph (and its hash) holds no rank, so every rank
- * compiles the same step. The results are step-scoped tensors, as every op's. Collectives are
+ * compiles the same step. Before a step's first collective the ranks check that they agree
+ * (one small all-reduce of a digest of the step's collectives): when they differ, the step
+ * fails on every rank with COMM_ERROR naming the first collective and its source line. A rank
+ * whose step records no collective at all does not take part, and the others fail at the
+ * timeout. The results are step-scoped tensors, as every op's. Collectives are
  * never merged by CSE nor dropped by DCE. A step containing one currently runs on the
  * reference interpreter (the JIT does not compile collectives yet; the step prints a note
  * once per graph). Errors from the communicator (COMM_ERROR: timeout, a dead peer) surface
