@@ -1,6 +1,7 @@
 /* The reference interpreter: runs an IR graph node by node with plain C loops. It is the
  * oracle that every compiled kernel is tested against, so clarity beats speed here. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm.h"
@@ -332,6 +333,19 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
     return LOOM_OK;
 }
 
+/* A failed collective's error: the node, its op and operand type, the user's source location
+ * when known, then msg. */
+static loom_status collective_error(const loom_ir_graph *g, int32_t i, loom_status st,
+                                    const char *msg, loom_ir_diag *d) {
+    const loom_ir_node *n = &g->nodes[i], *x = &g->nodes[n->inputs[0]];
+    char t[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
+    if (n->loc.file)
+        return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: %s", n->loc.file, (int)n->loc.line,
+                                (int)i, loom_ir_op_name(n->op), t, msg);
+    return loom_ir_diag_set(d, st, "%%%d = %s of %s: %s", (int)i, loom_ir_op_name(n->op), t, msg);
+}
+
 /* Collectives go through the world communicator (the self backend when loom_dist_init was
  * never called: one rank). The value is copied into dst first, as the communicator works in
  * place; a failure names the node, its op and the user's source location. */
@@ -377,15 +391,7 @@ static loom_status run_collective(const loom_ir_graph *g, int32_t i, const void 
         else if (bytes)
             memcpy((char *)dst + (size_t)rank * bytes, src, bytes);
     }
-    if (st == LOOM_OK)
-        return LOOM_OK;
-    char t[LOOM_IR_TYPE_STR_MAX];
-    loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
-    if (n->loc.file)
-        return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: %s", n->loc.file, (int)n->loc.line,
-                                (int)i, loom_ir_op_name(n->op), t, sub.msg);
-    return loom_ir_diag_set(d, st, "%%%d = %s of %s: %s", (int)i, loom_ir_op_name(n->op), t,
-                            sub.msg);
+    return st == LOOM_OK ? LOOM_OK : collective_error(g, i, st, sub.msg, d);
 }
 
 /* Before the first collective of a step on several ranks, the ranks check that they are about
@@ -395,6 +401,8 @@ static loom_status run_collective(const loom_ir_graph *g, int32_t i, const void 
  * COMM_ERROR at the communicator's timeout, naming their first collective. */
 static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d) {
     loom_rt_comm *c = loom_rt_comm_world();
+    if (!c || c->size <= 1)
+        return LOOM_OK;
     int32_t first = -1, count = 0;
     uint64_t h = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -419,7 +427,7 @@ static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d)
         first = first < 0 ? i : first;
         count++;
     }
-    if (!c || c->size <= 1 || first < 0)
+    if (first < 0)
         return LOOM_OK;
     int64_t hi = (int64_t)(h >> 33), lo = (int64_t)(h & 0x7fffffffu);
     int64_t v[4] = {hi, -hi, lo, -lo};
@@ -434,12 +442,9 @@ static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d)
                               (int)c->rank, (int)c->size, (int)count);
     if (st == LOOM_OK)
         return LOOM_OK;
-    const loom_ir_node *n = &g->nodes[first], *x = &g->nodes[n->inputs[0]];
-    char t[LOOM_IR_TYPE_STR_MAX];
-    loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
-    return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: checking that the ranks agree: %s",
-                            n->loc.file ? n->loc.file : "?", (int)n->loc.line, (int)first,
-                            loom_ir_op_name(n->op), t, sub.msg);
+    char msg[sizeof sub.msg + 64];
+    snprintf(msg, sizeof msg, "checking that the ranks agree: %s", sub.msg);
+    return collective_error(g, first, st, msg, d);
 }
 
 /* ---- the interpreter loop ----------------------------------------------------------------- */

@@ -131,9 +131,9 @@ LOOM_API loom_tensor *loom_grad_scaler_scale(loom_grad_scaler *s, loom_tensor *l
  * with no or only empty gradients). Under loom_dist with a world size above 1, found_inf is
  * max-reduced across the ranks (loom_all_reduce, LOOM_REDUCE_MAX), so every rank skips the
  * same steps even when only one rank's gradients overflow. PyTorch checks the values before
- * multiplying them, so with a scale below 1 a finite gradient that overflows when unscaled is not
- * flagged. Cost: one reduction pass per gradient (the check; the per-gradient flags combine with a
- * max in the reductions' epilogues). The check does not wait for the product, so the
+ * multiplying them, so with a scale below 1 a finite gradient that overflows when unscaled is
+ * not flagged. Cost: one reduction pass per gradient (the check; the per-gradient flags
+ * combine with a max in the reductions' epilogues). The check does not wait for the product, so the
  * product fuses into its consumers, such as the optimizer's update; it gets a pass of its
  * own only when the unscaled gradient itself is kept (retained, assigned, read).
  * Every argument is checked before anything is recorded.
