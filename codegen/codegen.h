@@ -29,6 +29,7 @@ typedef struct loom_cg_options {
 
 /* Compiles every kernel of plan (for graph g) for the host CPU (features detected at run
  * time) into one JIT. out_kernels gets plan->n_kernels entries (function, extent, grain);
+ * COLLECTIVE kernels get no code (fn NULL, extent and grain 1): the runtime runs them;
  * *out_code owns the code they point into. Errors: UNSUPPORTED (an op or dtype codegen
  * cannot lower yet: the message names it), INTERNAL (MLIR/LLVM failed), OUT_OF_MEMORY.
  *
@@ -42,9 +43,10 @@ typedef struct loom_cg_options {
  * order. 16-bit matmuls accumulate in f32 and round once (vdpbf16ps on AVX512-BF16 for
  * bf16, else operands converted to f32 while packed; see loom_cg_target_key). What codegen
  * refuses (UNSUPPORTED): an operand of an f32/f64/integer matmul computed inside the
- * matmul's own kernel (16-bit matmuls evaluate theirs while packing), a reshape inside a kernel, a reduction or matmul that is not its kernel's
- * root, an epilogue result whose shape is not the reduced value's / the product's.
- * Kernels assume that no result buffer overlaps an arg buffer of the same kernel.
+ * matmul's own kernel (16-bit matmuls evaluate theirs while packing), a reshape inside a kernel, a
+ * reduction or matmul that is not its kernel's root, an epilogue result whose shape is not the
+ * reduced value's / the product's. Kernels assume that no result buffer overlaps an arg buffer of
+ * the same kernel.
  *
  * Memory comes from g's allocator (used under a lock by the compile threads). Thread-safe:
  * several compiles may run at once, and kernels are reentrant. Environment:
@@ -63,11 +65,12 @@ void loom_cg_code_release(void *code);
 /* The code as one self-describing blob (object file plus kernel table) for the disk cache,
  * appended to out; and the reverse. load checks the blob's structure, its checksum (which
  * covers the machine code), that it was compiled for this target (loom_cg_target_key) and
- * that it has n_kernels kernels; any mismatch is CORRUPT_DATA, never a crash. The loaded
+ * that its kernel table matches plan's kernels (the same count, code for every kernel but
+ * the COLLECTIVE ones); any mismatch is CORRUPT_DATA, never a crash. The loaded
  * code is allocated with the system allocator. Errors: CORRUPT_DATA, INTERNAL,
  * OUT_OF_MEMORY. */
 loom_status loom_cg_code_serialize(const loom_cg_code *code, loom_ir_sbuf *out, loom_ir_diag *d);
-loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
+loom_status loom_cg_code_load(const void *blob, size_t len, const loom_ir_plan *plan,
                               loom_cg_code **out_code, loom_rt_kernel *out_kernels,
                               loom_ir_diag *d);
 

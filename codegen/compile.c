@@ -226,6 +226,8 @@ static loom_status build_module(worker *w, job *jb, bool use_linalg, MlirModule 
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < jb->count && st == LOOM_OK; i++) {
         int32_t k = jb->first + i;
+        if (cs->plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)
+            continue;
         char name[48];
         snprintf(name, sizeof name, "loom_k%d_body", (int)k);
         bool lin = use_linalg && loom_cg_kernel_uses_linalg(cs->g, cs->plan, k);
@@ -384,6 +386,8 @@ static loom_status add_wrappers(worker *w, job *jb, LLVMModuleRef mod) {
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < jb->count && st == LOOM_OK; i++) {
         int32_t k = jb->first + i;
+        if (w->cs->plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)
+            continue;
         char name[48];
         snprintf(name, sizeof name, "loom_k%d_body", (int)k);
         LLVMValueRef body = LLVMGetNamedFunction(mod, name);
@@ -580,6 +584,10 @@ static void *check_main(void *ud) {
         cj->st = loom_ir_diag_set(cj->d, cj->st, "codegen: out of memory");
     for (int32_t k = 0; k < cj->plan->n_kernels && cj->st == LOOM_OK; k++) {
         cg_kernel_rec *r = &cj->recs[k];
+        if (cj->plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE) {
+            r->extent = r->grain = 1; /* no code: the runtime runs it (an empty name) */
+            continue;
+        }
         snprintf(r->name, sizeof r->name, "loom_k%d", (int)k);
         cj->st = loom_cg_kernel_check(cj->g, cj->plan, k, scratch, &r->extent, &r->grain, cj->d);
     }

@@ -267,6 +267,10 @@ loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const ui
         }
     }
     for (int32_t k = 0; k < n_kernels && st == LOOM_OK; k++) {
+        if (!code->recs[k].name[0]) { /* no code: the runtime runs this kernel itself */
+            out_kernels[k] = (loom_rt_kernel){.extent = 1, .grain = 1};
+            continue;
+        }
         LLVMOrcExecutorAddress addr = 0;
         err = LLVMOrcLLJITLookup(code->jit, &addr, code->recs[k].name);
         if (err)
@@ -392,9 +396,10 @@ static loom_status corrupt(loom_ir_diag *d, const char *what) {
     return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA, "codegen: code blob: %s", what);
 }
 
-loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
+loom_status loom_cg_code_load(const void *blob, size_t len, const loom_ir_plan *plan,
                               loom_cg_code **out_code, loom_rt_kernel *out_kernels,
                               loom_ir_diag *d) {
+    int32_t n_kernels = plan ? plan->n_kernels : -1;
     if (!out_code || (!blob && len > 0) || (!out_kernels && n_kernels > 0) || n_kernels < 0)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "codegen: bad load arguments");
     *out_code = NULL;
@@ -436,9 +441,14 @@ loom_status loom_cg_code_load(const void *blob, size_t len, int32_t n_kernels,
         uint32_t n;
         const uint8_t *name;
         uint64_t extent, grain;
-        if (!get_u32(&r, &n) || n == 0 || n >= sizeof recs[k].name || !get_bytes(&r, n, &name) ||
+        if (!get_u32(&r, &n) || n >= sizeof recs[k].name || !get_bytes(&r, n, &name) ||
             !get_u64(&r, &extent) || !get_u64(&r, &grain)) {
             st = corrupt(d, "bad kernel table");
+            break;
+        }
+        /* exactly the kernels the runtime runs itself have no code (an empty name) */
+        if ((n == 0) != (plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)) {
+            st = corrupt(d, "kernel table differs from the plan's");
             break;
         }
         memset(recs[k].name, 0, sizeof recs[k].name);

@@ -379,6 +379,9 @@ static loom_status lower(kc *c) {
                      ? cg_lower_matmul(c)
                      : cg_bad_plan(c, c->k->root, "a MATMUL kernel whose root is no matmul");
             break;
+        case LOOM_IR_KERNEL_COLLECTIVE: /* the runtime runs these on the host */
+            st = cg_bad_plan(c, c->k->root, "a COLLECTIVE kernel has no code to compile");
+            break;
         case LOOM_IR_KERNEL_COUNT_: st = cg_bad_plan(c, c->k->root, "unknown kernel kind"); break;
         }
     }

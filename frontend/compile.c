@@ -62,7 +62,7 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
         size_t len = 0;
         loom_status st = loom_rt_disk_cache_get(o->cache_dir, key, a, &blob, &len, &cd);
         if (st == LOOM_OK && blob) {
-            st = loom_cg_code_load(blob, len, plan->n_kernels, code, kernels, &cd);
+            st = loom_cg_code_load(blob, len, plan, code, kernels, &cd);
             loom_ir_free(a, blob, len + 1);
             if (st == LOOM_OK) {
                 loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_HIT, 1);

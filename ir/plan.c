@@ -114,11 +114,35 @@ typedef struct vscratch {
     bool *needed;      /* read by a node outside the kernel computing it, or an output */
 } vscratch;
 
+/* A collective kernel: collectives only, several only as a bucket of all-reduces that share
+ * dtype, reduce op and scale; it completes after itself and at most at the end. */
+static loom_status check_collective(const loom_ir_plan *p, const loom_ir_graph *g, int32_t k,
+                                    loom_ir_diag *d) {
+    const loom_ir_kernel *kn = &p->kernels[k];
+    const loom_ir_node *r = &g->nodes[kn->root];
+    for (int32_t j = 0; j < kn->n_nodes; j++) {
+        const loom_ir_node *nd = &g->nodes[kn->nodes[j]];
+        if (loom_ir_op_table[nd->op].kind != LOOM_IR_KIND_COLLECTIVE)
+            return fail(d, kn->nodes[j], "kernel %d (collective): %%%d is a %s, not a collective",
+                        (int)k, (int)kn->nodes[j], loom_ir_op_name(nd->op));
+        if (kn->n_nodes > 1 &&
+            (nd->op != LOOM_IR_OP_ALL_REDUCE || nd->op != r->op || nd->dtype != r->dtype ||
+             nd->attrs.index != r->attrs.index || nd->attrs.value != r->attrs.value))
+            return fail(d, kn->nodes[j],
+                        "kernel %d (collective): %%%d cannot share a bucket with %%%d: a bucket "
+                        "holds all_reduces of one dtype, reduce op and scale",
+                        (int)k, (int)kn->nodes[j], (int)kn->root);
+    }
+    if (kn->wait_before <= k || kn->wait_before > p->n_kernels)
+        return fail(d, kn->root,
+                    "kernel %d (collective): waited on before kernel %d, which is not after it "
+                    "and at most %d",
+                    (int)k, (int)kn->wait_before, (int)p->n_kernels);
+    return LOOM_OK;
+}
+
 static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, int32_t k,
                                 vscratch *s, loom_ir_diag *d) {
-    static const char *const kind_names[] = {"elementwise", "reduction", "matmul"};
-    _Static_assert(sizeof kind_names / sizeof kind_names[0] == LOOM_IR_KERNEL_COUNT_,
-                   "kernel kind names");
     const loom_ir_kernel *kn = &p->kernels[k];
     if ((unsigned)kn->kind >= LOOM_IR_KERNEL_COUNT_)
         return fail(d, -1, "kernel %d: unknown kind %d", (int)k, (int)kn->kind);
@@ -132,7 +156,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         if (j > 0 && n <= kn->nodes[j - 1])
             return fail(d, n, "kernel %d: nodes are not in graph order at %%%d", (int)k, (int)n);
     }
-    const char *kname = kind_names[kn->kind];
+    const char *kname = loom_ir_kernel_kind_name(kn->kind);
     if (kn->root < 0 || kn->root >= g->n_nodes ||
         !sorted_contains(kn->nodes, kn->n_nodes, kn->root))
         return fail(d, -1, "kernel %d (%s): root %%%d is not one of its nodes", (int)k, kname,
@@ -155,6 +179,12 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k, (int)kn->root,
                         loom_ir_op_name(root_op));
         break;
+    case LOOM_IR_KERNEL_COLLECTIVE: {
+        loom_status st = check_collective(p, g, k, d);
+        if (st != LOOM_OK)
+            return st;
+        break;
+    }
     case LOOM_IR_KERNEL_COUNT_: break;
     }
 
@@ -175,6 +205,13 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                         "kernel %d (%s): arg %%%d is not an input or the result of an "
                         "earlier kernel",
                         (int)k, kname, (int)a);
+        if (s->produced[b] >= 0 && p->kernels[s->produced[b]].kind == LOOM_IR_KERNEL_COLLECTIVE &&
+            k < p->kernels[s->produced[b]].wait_before)
+            return fail(d, a,
+                        "kernel %d (%s): arg %%%d is read before collective kernel %d "
+                        "completes (before kernel %d)",
+                        (int)k, kname, (int)a, (int)s->produced[b],
+                        (int)p->kernels[s->produced[b]].wait_before);
         s->last[b] = k;
         s->last[a] = k;
     }
@@ -222,8 +259,12 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         case LOOM_IR_KIND_IOTA:
         case LOOM_IR_KIND_RAND: break;
         case LOOM_IR_KIND_COLLECTIVE:
-            return fail(d, n, "kernel %d (%s): %s %%%d is a collective, which no kernel computes",
-                        (int)k, kname, loom_ir_op_name(nd->op), (int)n);
+            if (kn->kind != LOOM_IR_KERNEL_COLLECTIVE)
+                return fail(d, n,
+                            "kernel %d (%s): %s %%%d is a collective, which only collective "
+                            "kernels run",
+                            (int)k, kname, loom_ir_op_name(nd->op), (int)n);
+            break;
         case LOOM_IR_KIND_COUNT_:
             return fail(d, n, "kernel %d: %%%d has an unknown op", (int)k, (int)n);
         }
@@ -437,6 +478,23 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
             return fail(d, i, "%%%d has an unknown placement kind %d", (int)i, (int)pl->kind);
         }
     }
+    /* a bucket is reduced as one flat range: its values end to end in the arena */
+    for (int32_t k = 0; k < p->n_kernels; k++) {
+        const loom_ir_kernel *kn = &p->kernels[k];
+        if (kn->kind != LOOM_IR_KERNEL_COLLECTIVE || kn->n_results < 2)
+            continue;
+        size_t at = 0;
+        for (int32_t j = 0; j < kn->n_results; j++) {
+            int32_t r = kn->results[j];
+            const loom_ir_placement *pl = &p->placement[r];
+            if (pl->kind != LOOM_IR_BUFFER_ARENA || (j > 0 && pl->offset != at))
+                return fail(d, r,
+                            "kernel %d (collective): %%%d is not placed in the arena right "
+                            "after the bucket's previous value",
+                            (int)k, (int)r);
+            at = pl->offset + (pl->bytes + 63) / 64 * 64;
+        }
+    }
     return LOOM_OK;
 }
 
@@ -454,6 +512,9 @@ static loom_status check_arena_overlap(const loom_ir_plan *p, const loom_ir_grap
             pl->kind != LOOM_IR_BUFFER_ARENA || pl->bytes == 0)
             continue;
         int32_t first = s->produced[i], last = s->last[i] > first ? s->last[i] : first;
+        const loom_ir_kernel *pk = &p->kernels[first];
+        if (pk->kind == LOOM_IR_KERNEL_COLLECTIVE && pk->wait_before > last)
+            last = pk->wait_before; /* written when it completes */
         items[n_items++] = (arena_item){.offset = pl->offset,
                                         .end = pl->offset + pl->bytes,
                                         .first = first,
@@ -550,8 +611,12 @@ loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, l
                 s.needed[o] = true;
         }
     }
-    for (int32_t i = 0; i < n; i++)
+    /* a collective's value is always materialized: the communicator works on buffers */
+    for (int32_t i = 0; i < n; i++) {
         s.seen_in[i] = -1;
+        if (loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_COLLECTIVE)
+            s.needed[i] = true;
+    }
 
     for (int32_t k = 0; k < p->n_kernels && st == LOOM_OK; k++)
         st = check_kernel(p, g, k, &s, d);
@@ -585,6 +650,7 @@ const char *loom_ir_kernel_kind_name(loom_ir_kernel_kind k) {
     case LOOM_IR_KERNEL_ELEMENTWISE: return "elementwise";
     case LOOM_IR_KERNEL_REDUCTION: return "reduction";
     case LOOM_IR_KERNEL_MATMUL: return "matmul";
+    case LOOM_IR_KERNEL_COLLECTIVE: return "collective";
     case LOOM_IR_KERNEL_COUNT_: break;
     }
     return "?";
@@ -663,6 +729,20 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
         }
         put_ids(&w, "args", kn->args, kn->n_args);
         put_ids(&w, "results", kn->results, kn->n_results);
+        if (kn->kind == LOOM_IR_KERNEL_COLLECTIVE) {
+            size_t bucket = 0;
+            for (int32_t j = 0; j < kn->n_nodes; j++)
+                if (kn->nodes[j] >= 0 && kn->nodes[j] < g->n_nodes)
+                    bucket += loom_ir_node_bytes(&g->nodes[kn->nodes[j]]);
+            if (kn->n_nodes > 1)
+                loom_ir_writer_printf(&w, "    bucket: %d all_reduces, %zu bytes\n",
+                                      (int)kn->n_nodes, bucket);
+            if (kn->wait_before >= p->n_kernels)
+                loom_ir_writer_puts(&w, "    starts here, waited on after the last kernel\n");
+            else
+                loom_ir_writer_printf(&w, "    starts here, waited on before kernel %d\n",
+                                      (int)kn->wait_before);
+        }
         double flops, bytes;
         loom_ir_kernel_cost(kn, g, &flops, &bytes);
         loom_ir_writer_printf(&w, "    cost: %.0f flops, %.0f bytes moved\n", flops, bytes);

@@ -42,6 +42,12 @@ typedef enum loom_ir_kernel_kind {
     LOOM_IR_KERNEL_REDUCTION,
     /* a matmul (root) with an elementwise epilogue (bias, activation, cast) */
     LOOM_IR_KERNEL_MATMUL,
+    /* collectives (ops.def kind COLLECTIVE), run on the host through the communicator, not
+     * compiled: one node, or a bucket of ALL_REDUCEs with the same dtype, reduce op and
+     * scale, reduced as one flat buffer (the allreduce bucketing pass). Every node is a
+     * result and its operand an arg (never computed here). The collective starts where the
+     * kernel stands in the plan and completes before kernel `wait_before` */
+    LOOM_IR_KERNEL_COLLECTIVE,
     LOOM_IR_KERNEL_COUNT_
 } loom_ir_kernel_kind;
 
@@ -54,6 +60,10 @@ typedef struct loom_ir_kernel {
     int32_t *args;
     int32_t n_results; /* nodes whose values the kernel writes to buffers */
     int32_t *results;
+    /* COLLECTIVE: the kernel before which it completes (after this one, at most n_kernels:
+     * at the end, before the copies); every reader of its results comes at or after it.
+     * 0 for other kinds. */
+    int32_t wait_before;
 } loom_ir_kernel;
 
 typedef enum loom_ir_buffer_kind {
@@ -91,7 +101,7 @@ typedef struct loom_ir_plan {
     size_t peak_bytes;        /* planned peak: arena + outputs that do not alias inputs */
 } loom_ir_plan;
 
-/* "elementwise", "reduction", "matmul" ("?" out of range); a static string. */
+/* "elementwise", "reduction", "matmul", "collective" ("?" out of range); a static string. */
 const char *loom_ir_kernel_kind_name(loom_ir_kernel_kind k);
 
 void loom_ir_plan_init(loom_ir_plan *p, const loom_allocator *a);

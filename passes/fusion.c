@@ -41,7 +41,10 @@
  *     that a node belongs to one kernel keeps each value computed once, and a kernel reading
  *     a buffer costs one pass over memory, which is what recomputing would save.
  *     Reductions and matmuls always start kernels; a reduction's operand chain joins it as its
- *     prologue by the rule above.
+ *     prologue by the rule above. Each collective is a COLLECTIVE kernel of its own, which
+ *     the runtime runs on the host: its operand is materialized and its value is always a
+ *     result (the communicator works on buffers); it completes before the next kernel (the
+ *     allreduce bucketing pass merges and moves them).
  *  2. Epilogues (one sweep in execution order). An ELEMENTWISE kernel E whose loop space
  *     equals the reduced (or product) shape of a REDUCTION (or MATMUL) kernel T joins T when
  *     T is the latest kernel E reads from (so every other value E reads exists before T
@@ -50,8 +53,8 @@
  *     never stores an intermediate that something else needs; graph outputs excepted). Several
  *     elementwise kernels may join one reduction (sqrt(mean) and exp(mean) both fuse).
  *  3. Constants are recomputed inside every kernel that uses them (a fill is free), except
- *     where a buffer is needed: a constant that is a graph output, a matmul operand or a
- *     reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
+ *     where a buffer is needed: a constant that is a graph output, a matmul or collective
+ *     operand or a reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
  *  4. Results are the computed nodes that are graph outputs or read outside their kernel.
  *     Kernels run in the order of their roots (a merged kernel at its reduction or matmul),
  *     which is topological: every value a kernel reads is written by an earlier root.
@@ -327,7 +330,7 @@ static void group_producers(fuse_state *s) {
                 for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
                     loom_ir_kind uk = loom_ir_op_table[g->nodes[s->users[e]].op].kind;
                     needs_buffer = needs_buffer || uk == LOOM_IR_KIND_RESHAPE ||
-                                   uk == LOOM_IR_KIND_CONTRACTION;
+                                   uk == LOOM_IR_KIND_CONTRACTION || uk == LOOM_IR_KIND_COLLECTIVE;
                 }
                 if (needs_buffer)
                     s->ckernel[i] = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
@@ -356,7 +359,9 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_CAST:
         case LOOM_IR_KIND_BROADCAST:
         case LOOM_IR_KIND_TRANSPOSE: place_loop_op(s, i, f); break;
-        case LOOM_IR_KIND_COLLECTIVE: /* refused by loom_pass_fuse before placing */
+        case LOOM_IR_KIND_COLLECTIVE:
+            f->kernel = new_kernel(s, LOOM_IR_KERNEL_COLLECTIVE, i);
+            break;
         case LOOM_IR_KIND_COUNT_: break;
         }
     }
@@ -478,7 +483,9 @@ static loom_status emit(fuse_state *s, const int32_t *order, int32_t n_live) {
     for (int32_t j = 0; j < n_live; j++) {
         const fkernel *fk = &s->kernels[order[j]];
         loom_ir_kernel *kn = &plan->kernels[j];
-        *kn = (loom_ir_kernel){.kind = fk->kind, .root = fk->root};
+        *kn = (loom_ir_kernel){.kind = fk->kind,
+                               .root = fk->root,
+                               .wait_before = fk->kind == LOOM_IR_KERNEL_COLLECTIVE ? j + 1 : 0};
         const int32_t *mem = s->members + start[j];
         int32_t n_mem = start[j + 1] - start[j];
         int32_t c = fk->root;
@@ -494,10 +501,11 @@ static loom_status emit(fuse_state *s, const int32_t *order, int32_t n_live) {
             s->mark[mem[m]] = j;
         }
         /* a matmul reads its operands from buffers, constants included, even when its
-         * epilogue uses the same constant: mark those args first */
+         * epilogue uses the same constant: mark those args first; so does a collective */
         for (int32_t m = 0; m < n_mem; m++) {
             const loom_ir_node *un = &g->nodes[mem[m]];
-            if (loom_ir_op_table[un->op].kind != LOOM_IR_KIND_CONTRACTION)
+            loom_ir_kind uk = loom_ir_op_table[un->op].kind;
+            if (uk != LOOM_IR_KIND_CONTRACTION && uk != LOOM_IR_KIND_COLLECTIVE)
                 continue;
             for (int32_t q = 0; q < un->n_inputs; q++)
                 if (s->mark[un->inputs[q]] != -j - 2 && s->mark[un->inputs[q]] != j) {
@@ -522,7 +530,7 @@ static loom_status emit(fuse_state *s, const int32_t *order, int32_t n_live) {
         }
         for (int32_t m = 0; m < n_mem; m++) {
             int32_t x = mem[m];
-            bool needed = s->is_output[x] || const_kernel;
+            bool needed = s->is_output[x] || const_kernel || fk->kind == LOOM_IR_KERNEL_COLLECTIVE;
             for (int32_t e = s->user_start[x]; e < s->user_start[x + 1] && !needed; e++)
                 needed = plan->node_kernel[s->users[e]] != j;
             if (needed)
@@ -552,14 +560,6 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
     int32_t n = g->n_nodes;
     if (n == 0)
         return LOOM_OK;
-    /* Collectives are no kernel's work and the program has no host step for them yet: the
-     * frontend runs such graphs on the reference interpreter (it calls the communicator). */
-    for (int32_t i = 0; i < n; i++)
-        if (loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_COLLECTIVE)
-            return loom_ir_diag_set(d, LOOM_STATUS_UNSUPPORTED,
-                                    "fuse: %%%d = %s is a collective, which compiled steps do "
-                                    "not run yet",
-                                    (int)i, loom_ir_op_name(g->nodes[i].op));
     int64_t n_edges = 0;
     for (int32_t i = 0; i < n; i++)
         n_edges += g->nodes[i].n_inputs;

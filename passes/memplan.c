@@ -13,6 +13,11 @@
  *    filled by a copy after all kernels ran: kernels may still read the donated input until
  *    then. Outputs that are INPUT nodes or RESHAPEs are copies too.
  *  - Every other kernel result lives in the step's scratch arena.
+ *  - Collective kernels (the runtime runs them on the host) write their values when they
+ *    complete, before kernel wait_before: those values stay alive at least until then. A
+ *    bucket (several all-reduces) puts its values end to end in one arena block, each
+ *    64-byte aligned, which the communicator reduces as one range; outputs among them are
+ *    copies.
  *
  * The arena (the subtle part). Kernels run in plan order 0..K-1. A value written by kernel s
  * and last read by kernel e (directly or through reshapes) is alive over [s, e]; a value
@@ -62,6 +67,31 @@ static size_t place(const block *live, int32_t n_live, size_t size, size_t top) 
         best_at = at;
     }
     return best != SIZE_MAX ? best_at : at;
+}
+
+static size_t aligned(size_t bytes) {
+    return (bytes + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+/* Keeps live sorted by offset; grows top past the new block. */
+static void add_live(block *live, int32_t *n_live, size_t *top, size_t at, size_t size,
+                     int32_t end) {
+    if (size == 0)
+        return;
+    int32_t pos = *n_live;
+    while (pos > 0 && live[pos - 1].offset > at) {
+        live[pos] = live[pos - 1];
+        pos--;
+    }
+    live[pos] = (block){.offset = at, .size = size, .end = end};
+    (*n_live)++;
+    if (at + size > *top)
+        *top = at + size;
+}
+
+/* Whether kernel k is a bucket: several all-reduces reduced as one flat range. */
+static bool in_bucket(const loom_ir_plan *p, int32_t k) {
+    return p->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE && p->kernels[k].n_results > 1;
 }
 
 static loom_status add_copy(loom_ir_plan *p, int32_t node, int32_t output) {
@@ -177,7 +207,7 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
             st = loom_ir_diag_set(d, LOOM_STATUS_INTERNAL,
                                   "memplan: output %d (%%%d = %s) is written by no kernel", (int)o,
                                   (int)x, loom_ir_op_name(nd->op));
-        } else if (produced[x] >= 0 && !in_output[x] &&
+        } else if (produced[x] >= 0 && !in_output[x] && !in_bucket(p, produced[x]) &&
                    (g->outputs[o].alias < 0 || loom_ir_plan_can_update_in_place(p, g, o))) {
             in_output[x] = true;
             p->placement[x] = (loom_ir_placement){
@@ -210,27 +240,37 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
                 live[kept++] = live[b];
         n_live = kept;
         const loom_ir_kernel *kn = &p->kernels[k];
+        /* a bucket's values go end to end in one block, alive as long as any of them */
+        bool bucket = in_bucket(p, k);
+        size_t bucket_size = 0;
+        int32_t bucket_end = k;
+        for (int32_t r = 0; r < kn->n_results && bucket; r++) {
+            bucket_size += aligned(loom_ir_node_bytes(&g->nodes[kn->results[r]]));
+            bucket_end = last[kn->results[r]] > bucket_end ? last[kn->results[r]] : bucket_end;
+        }
+        size_t bucket_at = bucket_size > 0 ? place(live, n_live, bucket_size, top) : 0;
         for (int32_t r = 0; r < kn->n_results; r++) {
             int32_t x = kn->results[r];
             if (p->has_placement[x])
                 continue; /* in its output buffer */
             size_t vb = loom_ir_node_bytes(&g->nodes[x]);
-            size_t size = (vb + ALIGN - 1) / ALIGN * ALIGN;
-            size_t at = size > 0 ? place(live, n_live, size, top) : 0;
+            size_t size = aligned(vb);
+            size_t at = bucket ? bucket_at : size > 0 ? place(live, n_live, size, top) : 0;
             p->placement[x] =
                 (loom_ir_placement){.kind = LOOM_IR_BUFFER_ARENA, .offset = at, .bytes = vb};
             p->has_placement[x] = true;
-            if (size == 0)
+            if (bucket) {
+                bucket_at += size;
                 continue;
-            int32_t pos = n_live;
-            while (pos > 0 && live[pos - 1].offset > at) {
-                live[pos] = live[pos - 1];
-                pos--;
             }
-            live[pos] = (block){.offset = at, .size = size, .end = last[x] > k ? last[x] : k};
-            n_live++;
-            if (at + size > top)
-                top = at + size;
+            int32_t end = last[x] > k ? last[x] : k;
+            if (kn->kind == LOOM_IR_KERNEL_COLLECTIVE && kn->wait_before > end)
+                end = kn->wait_before; /* written when it completes */
+            add_live(live, &n_live, &top, at, size, end);
+        }
+        if (bucket) {
+            int32_t end = kn->wait_before > bucket_end ? kn->wait_before : bucket_end;
+            add_live(live, &n_live, &top, bucket_at - bucket_size, bucket_size, end);
         }
     }
     p->arena_bytes = top;

@@ -4,8 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "comm.h"
-#include "disk_cache.h"
+#include "collective.h"
 #include "runtime.h"
 
 /* ---- index helpers ------------------------------------------------------------------------ */
@@ -333,118 +332,22 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
     return LOOM_OK;
 }
 
-/* A failed collective's error: the node, its op and operand type, the user's source location
- * when known, then msg. */
-static loom_status collective_error(const loom_ir_graph *g, int32_t i, loom_status st,
-                                    const char *msg, loom_ir_diag *d) {
-    const loom_ir_node *n = &g->nodes[i], *x = &g->nodes[n->inputs[0]];
-    char t[LOOM_IR_TYPE_STR_MAX];
-    loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
-    if (n->loc.file)
-        return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: %s", n->loc.file, (int)n->loc.line,
-                                (int)i, loom_ir_op_name(n->op), t, msg);
-    return loom_ir_diag_set(d, st, "%%%d = %s of %s: %s", (int)i, loom_ir_op_name(n->op), t, msg);
-}
-
-/* Collectives go through the world communicator (the self backend when loom_dist_init was
- * never called: one rank). The value is copied into dst first, as the communicator works in
- * place; a failure names the node, its op and the user's source location. */
-static loom_status run_collective(const loom_ir_graph *g, int32_t i, const void *src, void *dst,
-                                  loom_ir_diag *d) {
-    const loom_ir_node *n = &g->nodes[i];
-    const loom_ir_node *x = &g->nodes[n->inputs[0]];
-    size_t count = (size_t)loom_ir_numel(x->rank, x->shape);
-    size_t bytes = loom_ir_node_bytes(x);
-    loom_rt_comm *c = loom_rt_comm_world();
-    int32_t world = c ? c->size : 1, rank = c ? c->rank : 0;
-    loom_ir_diag sub;
-    loom_ir_diag_init(&sub);
-    loom_status st = LOOM_OK;
-    if (n->op == LOOM_IR_OP_ALL_REDUCE) {
-        if (bytes)
-            memcpy(dst, src, bytes);
-        if (c)
-            st = loom_rt_comm_allreduce(c, dst, count, n->dtype, (loom_reduce_op)n->attrs.index,
-                                        n->attrs.value, &sub);
-        else if (n->attrs.value != 1.0) /* one rank: the reduction is the value itself */
-            for (size_t k = 0; k < count; k++)
-                loom_ir_store_f64(dst, n->dtype, (int64_t)k,
-                                  n->attrs.value * loom_ir_load_f64(dst, n->dtype, (int64_t)k));
-    } else if (n->op == LOOM_IR_OP_BROADCAST_FROM) {
-        if (n->attrs.index >= world) {
-            st = loom_ir_diag_set(&sub, LOOM_STATUS_INVALID_ARGUMENT,
-                                  "root %lld is not a rank of a world of %d",
-                                  (long long)n->attrs.index, (int)world);
-        } else {
-            if (bytes)
-                memcpy(dst, src, bytes);
-            if (c)
-                st = loom_rt_comm_broadcast(c, dst, count, n->dtype, (int32_t)n->attrs.index, &sub);
-        }
-    } else { /* all_gather */
-        if (n->attrs.index != world)
-            st = loom_ir_diag_set(&sub, LOOM_STATUS_INVALID_ARGUMENT,
-                                  "the graph gathers from %lld ranks, but the world has %d",
-                                  (long long)n->attrs.index, (int)world);
-        else if (c)
-            st = loom_rt_comm_allgather(c, src, dst, count, n->dtype, &sub);
-        else if (bytes)
-            memcpy((char *)dst + (size_t)rank * bytes, src, bytes);
-    }
-    return st == LOOM_OK ? LOOM_OK : collective_error(g, i, st, sub.msg, d);
-}
-
 /* Before the first collective of a step on several ranks, the ranks check that they are about
- * to run the same collectives (op, type, attributes, order): a mismatch would otherwise hang
- * or corrupt inside MPI. One small all-reduce (max) of a digest and its negation; they agree
- * when max == min. A rank that records no collective at all never joins, and the others get
- * COMM_ERROR at the communicator's timeout, naming their first collective. */
+ * to run the same collectives (collective.h): a mismatch would otherwise hang or corrupt
+ * inside MPI. */
 static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d) {
-    loom_rt_comm *c = loom_rt_comm_world();
-    if (!c || c->size <= 1)
-        return LOOM_OK;
     int32_t first = -1, count = 0;
     uint64_t h = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const loom_ir_node *n = &g->nodes[i];
         if (loom_ir_op_table[n->op].kind != LOOM_IR_KIND_COLLECTIVE)
             continue;
-        struct {
-            uint64_t prev;
-            int64_t op, dtype, rank, shape[LOOM_MAX_RANK], index;
-            double value;
-        } rec;
-        memset(&rec, 0, sizeof rec);
-        rec.prev = h;
-        rec.op = n->op;
-        rec.dtype = n->dtype;
-        rec.rank = n->rank;
-        for (int32_t k = 0; k < n->rank; k++)
-            rec.shape[k] = n->shape[k];
-        rec.index = n->attrs.index;
-        rec.value = n->attrs.value;
-        h = loom_rt_hash64(&rec, sizeof rec);
+        const loom_ir_node *x = &g->nodes[n->inputs[0]];
+        h = loom_rt_collective_digest(h, n, (size_t)loom_ir_numel(x->rank, x->shape));
         first = first < 0 ? i : first;
         count++;
     }
-    if (first < 0)
-        return LOOM_OK;
-    int64_t hi = (int64_t)(h >> 33), lo = (int64_t)(h & 0x7fffffffu);
-    int64_t v[4] = {hi, -hi, lo, -lo};
-    loom_ir_diag sub;
-    loom_ir_diag_init(&sub);
-    loom_status st = loom_rt_comm_allreduce(c, v, 4, LOOM_DTYPE_I64, LOOM_REDUCE_MAX, 1.0, &sub);
-    if (st == LOOM_OK && (v[0] != -v[1] || v[2] != -v[3]))
-        st = loom_ir_diag_set(&sub, LOOM_STATUS_COMM_ERROR,
-                              "rank %d of %d: this step's %d collective(s) differ from another "
-                              "rank's; every rank must record the same collectives, in the same "
-                              "order, with the same types and attributes",
-                              (int)c->rank, (int)c->size, (int)count);
-    if (st == LOOM_OK)
-        return LOOM_OK;
-    char msg[sizeof sub.msg + 64];
-    snprintf(msg, sizeof msg, "checking that the ranks agree: %s", sub.msg);
-    return collective_error(g, first, st, msg, d);
+    return loom_rt_collectives_agree(g, first, count, h, d);
 }
 
 /* ---- the interpreter loop ----------------------------------------------------------------- */
@@ -513,7 +416,7 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_RAND_UNIFORM: run_rand_uniform(n, src[0], dst); return LOOM_OK;
     case LOOM_IR_OP_ALL_REDUCE:
     case LOOM_IR_OP_BROADCAST_FROM:
-    case LOOM_IR_OP_ALL_GATHER: return run_collective(g, i, src[0], dst, d);
+    case LOOM_IR_OP_ALL_GATHER: return loom_rt_collective_run(g, i, src[0], dst, d);
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);

@@ -1,9 +1,13 @@
 /* Program executables: run a plan's compiled kernels on the thread pool over the caller's
- * buffers and a scratch arena cached between runs, then the plan's copies. */
+ * buffers and a scratch arena cached between runs, then the plan's copies. Its COLLECTIVE
+ * kernels run here on the host through the communicator (collective.h): an all-reduce
+ * starts where its kernel stands and is waited on before kernel wait_before, the MPI
+ * requests in flight being polled between kernels so communication overlaps them. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "collective.h"
 #include "kernel.h"
 
 /* Where a value lives, resolved at create time so a run only adds base pointers: placements
@@ -15,9 +19,22 @@ typedef struct slot {
 } slot;
 
 typedef struct prog_kernel {
-    loom_rt_kernel k;
+    loom_rt_kernel k;            /* fn NULL for a collective */
     int32_t first_slot, n_slots; /* args then results, into program.slots */
+    int32_t coll;                /* into program.colls, or -1 */
 } prog_kernel;
+
+/* A COLLECTIVE kernel: one collective, or a bucket of all-reduces whose values lie end to
+ * end from the first result's buffer (memplan), reduced as count elements in place. */
+typedef struct prog_coll {
+    int32_t kernel, node; /* node: the first collective (the bucket's attributes) */
+    int32_t n_members;    /* args, then as many results, from the kernel's first slot */
+    int32_t first_member; /* into program.coll_nodes */
+    int32_t wait_before;
+    size_t count;              /* all-reduce: elements reduced, padding between members too */
+    loom_rt_comm_request *req; /* in flight; NULL when done */
+    bool in_flight;
+} prog_coll;
 
 typedef struct prog_copy {
     slot src;
@@ -37,6 +54,15 @@ typedef struct program {
     int32_t n_slots;
     prog_copy *copies;
     int32_t n_copies;
+    prog_coll *colls;
+    int32_t n_colls;
+    /* the graph the plan is for (base.graph becomes the graph as traced, which the cache
+     * compares): its collective nodes' attributes and source lines; empty without any */
+    loom_ir_graph coll_graph;
+    int32_t *coll_nodes; /* every collective kernel's nodes, in kernel order */
+    int32_t n_coll_nodes;
+    int32_t n_in_flight;
+    uint64_t coll_digest; /* of the collectives in plan order, for loom_rt_collectives_agree */
     size_t *input_bytes;  /* per graph input: its value's size */
     size_t *output_bytes; /* per graph output */
     size_t arena_bytes;
@@ -67,9 +93,12 @@ static void program_destroy(loom_rt_executable *exe) {
     loom_ir_free(&a, p->slots, (size_t)p->n_slots * sizeof *p->slots);
     loom_ir_free(&a, p->bufs, (size_t)p->n_slots * sizeof *p->bufs);
     loom_ir_free(&a, p->copies, (size_t)p->n_copies * sizeof *p->copies);
+    loom_ir_free(&a, p->colls, (size_t)p->n_colls * sizeof *p->colls);
+    loom_ir_free(&a, p->coll_nodes, (size_t)p->n_coll_nodes * sizeof *p->coll_nodes);
     loom_ir_free(&a, p->input_bytes, (size_t)g->n_graph_inputs * sizeof *p->input_bytes);
     loom_ir_free(&a, p->output_bytes, (size_t)g->n_outputs * sizeof *p->output_bytes);
     loom_ir_graph_deinit(&p->base.graph);
+    loom_ir_graph_deinit(&p->coll_graph);
     if (p->release_code)
         p->release_code(p->code_owner);
     loom_ir_free(&a, p, sizeof *p);
@@ -108,6 +137,48 @@ static bool resolve_slot(const program *p, const loom_ir_plan *plan, int32_t nod
     return false;
 }
 
+/* Collective kernel k (its slots resolved): one collective whose operand and value are its
+ * only arg and result, or a bucket whose values lie end to end in the arena. */
+static loom_status build_collective(program *p, const loom_ir_plan *plan, int32_t k,
+                                    prog_coll *out) {
+    const loom_ir_graph *g = &p->base.graph;
+    const loom_ir_kernel *pk = &plan->kernels[k];
+    const prog_kernel *pr = &p->kernels[k];
+    if (pk->n_nodes < 1 || pk->n_args != pk->n_nodes || pk->n_results != pk->n_nodes ||
+        pk->wait_before <= k || pk->wait_before > plan->n_kernels)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    const loom_ir_node *first = &g->nodes[pk->nodes[0]], *x = &g->nodes[first->inputs[0]];
+    size_t count = (size_t)loom_ir_numel(x->rank, x->shape);
+    for (int32_t j = 0; j < pk->n_nodes; j++) {
+        const loom_ir_node *n = &g->nodes[pk->nodes[j]];
+        if (pk->results[j] != pk->nodes[j] || n->inputs[0] != pk->args[j] ||
+            loom_ir_op_table[n->op].kind != LOOM_IR_KIND_COLLECTIVE)
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        if (j == 0)
+            continue;
+        /* a bucket: all-reduces alike, each right after the previous, 64-byte aligned */
+        const slot *prev = &p->slots[pr->first_slot + pk->n_args + j - 1];
+        const slot *at = &p->slots[pr->first_slot + pk->n_args + j];
+        size_t prev_bytes = loom_ir_node_bytes(&g->nodes[pk->nodes[j - 1]]);
+        if (n->op != LOOM_IR_OP_ALL_REDUCE || first->op != LOOM_IR_OP_ALL_REDUCE ||
+            n->dtype != first->dtype || n->attrs.index != first->attrs.index ||
+            n->attrs.value != first->attrs.value || prev->kind != LOOM_IR_BUFFER_ARENA ||
+            at->kind != LOOM_IR_BUFFER_ARENA ||
+            at->offset != prev->offset + (prev_bytes + 63) / 64 * 64)
+            return LOOM_STATUS_INVALID_ARGUMENT;
+        count = (at->offset - p->slots[pr->first_slot + pk->n_args].offset) /
+                    loom_dtype_size(n->dtype) +
+                (size_t)loom_ir_numel(n->rank, n->shape);
+    }
+    *out = (prog_coll){.kernel = k,
+                       .node = pk->nodes[0],
+                       .n_members = pk->n_nodes,
+                       .wait_before = pk->wait_before,
+                       .count = count};
+    p->coll_digest = loom_rt_collective_digest(p->coll_digest, first, count);
+    return LOOM_OK;
+}
+
 static loom_status build(program *p, const loom_ir_plan *plan, const loom_rt_kernel *kernels) {
     const loom_ir_graph *g = &p->base.graph;
     const loom_allocator *a = &p->base.alloc;
@@ -140,26 +211,44 @@ static loom_status build(program *p, const loom_ir_plan *plan, const loom_rt_ker
     p->n_kernels = plan->n_kernels;
     p->n_slots = n_slots;
     p->n_copies = plan->n_copies;
+    p->n_colls = p->n_coll_nodes = 0;
+    for (int32_t k = 0; k < plan->n_kernels; k++)
+        if (plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE) {
+            p->n_colls++;
+            p->n_coll_nodes += plan->kernels[k].n_nodes;
+        }
     if (!alloc_array(a, (void **)&p->kernels, p->n_kernels, sizeof *p->kernels) ||
         !alloc_array(a, (void **)&p->slots, p->n_slots, sizeof *p->slots) ||
         !alloc_array(a, (void **)&p->bufs, p->n_slots, sizeof *p->bufs) ||
-        !alloc_array(a, (void **)&p->copies, p->n_copies, sizeof *p->copies))
+        !alloc_array(a, (void **)&p->copies, p->n_copies, sizeof *p->copies) ||
+        !alloc_array(a, (void **)&p->colls, p->n_colls, sizeof *p->colls) ||
+        !alloc_array(a, (void **)&p->coll_nodes, p->n_coll_nodes, sizeof *p->coll_nodes))
         return LOOM_STATUS_OUT_OF_MEMORY;
 
-    int32_t s = 0;
+    int32_t s = 0, nc = 0, m = 0;
     for (int32_t k = 0; k < plan->n_kernels; k++) {
         const loom_ir_kernel *pk = &plan->kernels[k];
         const loom_rt_kernel *rk = &kernels[k];
-        if (!rk->fn || rk->extent < 1 || rk->grain < 1)
+        bool coll = pk->kind == LOOM_IR_KERNEL_COLLECTIVE;
+        if (!rk->fn != coll || rk->extent < 1 || rk->grain < 1)
             return LOOM_STATUS_INVALID_ARGUMENT;
-        p->kernels[k] = (prog_kernel){.k = *rk, .first_slot = s,
-                                      .n_slots = pk->n_args + pk->n_results};
+        p->kernels[k] = (prog_kernel){
+            .k = *rk, .first_slot = s, .n_slots = pk->n_args + pk->n_results, .coll = -1};
         for (int32_t i = 0; i < pk->n_args; i++)
             if (!resolve_slot(p, plan, pk->args[i], &p->slots[s++]))
                 return LOOM_STATUS_INVALID_ARGUMENT;
         for (int32_t i = 0; i < pk->n_results; i++)
             if (!resolve_slot(p, plan, pk->results[i], &p->slots[s++]))
                 return LOOM_STATUS_INVALID_ARGUMENT;
+        if (coll) {
+            loom_status st = build_collective(p, plan, k, &p->colls[nc]);
+            if (st != LOOM_OK)
+                return st;
+            p->colls[nc].first_member = m;
+            for (int32_t j = 0; j < plan->kernels[k].n_nodes; j++)
+                p->coll_nodes[m++] = plan->kernels[k].nodes[j];
+            p->kernels[k].coll = nc++;
+        }
     }
     for (int32_t c = 0; c < plan->n_copies; c++) {
         const loom_ir_copy *pc = &plan->copies[c];
@@ -229,6 +318,72 @@ static void call_kernel(void *ud, int64_t lo, int64_t hi) {
     c->fn(c->bufs, lo, hi);
 }
 
+/* Starts collective c: an all-reduce copies its operands into place (zeroing the padding
+ * between a bucket's values: it is reduced too) and starts; broadcast and all-gather run to
+ * completion here. */
+static loom_status start_collective(program *p, prog_coll *c, loom_ir_diag *d) {
+    const loom_ir_graph *g = &p->coll_graph;
+    void *const *bufs = p->bufs + p->kernels[c->kernel].first_slot;
+    if (g->nodes[c->node].op != LOOM_IR_OP_ALL_REDUCE)
+        return loom_rt_collective_run(g, c->node, bufs[0], bufs[1], d);
+    for (int32_t j = 0; j < c->n_members; j++) {
+        const void *src = bufs[j];
+        char *dst = bufs[c->n_members + j];
+        size_t bytes = loom_ir_node_bytes(&g->nodes[p->coll_nodes[c->first_member + j]]);
+        if (bytes && dst != src)
+            memcpy(dst, src, bytes);
+        if (j + 1 < c->n_members)
+            memset(dst + bytes, 0, (size_t)((char *)bufs[c->n_members + j + 1] - dst) - bytes);
+    }
+    loom_status st =
+        loom_rt_collective_allreduce_start(g, c->node, bufs[c->n_members], c->count, &c->req, d);
+    c->in_flight = st == LOOM_OK && c->req;
+    p->n_in_flight += c->in_flight;
+    return st;
+}
+
+/* Waits for collective c if it is in flight. */
+static loom_status wait_collective(program *p, prog_coll *c, loom_ir_diag *d) {
+    if (!c->in_flight)
+        return LOOM_OK;
+    c->in_flight = false;
+    p->n_in_flight--;
+    loom_rt_comm_request *req = c->req;
+    c->req = NULL;
+    loom_ir_diag sub;
+    loom_ir_diag_init(&sub);
+    loom_status st = loom_rt_comm_wait(req, &sub);
+    return st == LOOM_OK ? LOOM_OK
+                         : loom_rt_collective_error(&p->coll_graph, c->node, st, sub.msg, d);
+}
+
+/* Waits for the collectives in flight due before kernel k (every one when k is n_kernels),
+ * in the order they started; on an error still waits for the rest, keeping the first. */
+static loom_status wait_due(program *p, int32_t k, loom_status st, loom_ir_diag *d) {
+    loom_ir_diag ignored;
+    for (int32_t c = 0; c < p->n_colls; c++) {
+        prog_coll *pc = &p->colls[c];
+        if (!pc->in_flight || (pc->wait_before > k && k < p->n_kernels))
+            continue;
+        loom_ir_diag_init(&ignored);
+        loom_status w = wait_collective(p, pc, st == LOOM_OK ? d : &ignored);
+        st = st == LOOM_OK ? w : st;
+    }
+    return st;
+}
+
+/* Lets MPI progress the collectives in flight (it moves data only inside its calls). */
+static void poll_collectives(program *p) {
+    for (int32_t c = 0; c < p->n_colls; c++) {
+        if (!p->colls[c].in_flight)
+            continue;
+        bool done;
+        loom_ir_diag ignored;
+        loom_ir_diag_init(&ignored);
+        (void)loom_rt_comm_test(p->colls[c].req, &done, &ignored); /* the wait reports */
+    }
+}
+
 static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
                                loom_rt_buffer *const *outputs, loom_ir_diag *d) {
     const loom_ir_graph *g = &p->base.graph;
@@ -264,18 +419,32 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
 
     for (int32_t s = 0; s < p->n_slots; s++)
         p->bufs[s] = slot_ptr(&p->slots[s], inputs, outputs, p->arena);
-    for (int32_t k = 0; k < p->n_kernels; k++) {
+    loom_status st = LOOM_OK;
+    if (p->n_colls > 0)
+        st = loom_rt_collectives_agree(&p->coll_graph, p->colls[0].node, p->n_colls, p->coll_digest,
+                                       d);
+    for (int32_t k = 0; k < p->n_kernels && st == LOOM_OK; k++) {
         const prog_kernel *pk = &p->kernels[k];
-        kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
-        if (!p->prof) {
+        if (p->n_in_flight > 0 && (st = wait_due(p, k, st, d)) != LOOM_OK)
+            break;
+        int64_t t0 = p->prof ? loom_rt_now_ns() : 0;
+        if (pk->coll >= 0) {
+            st = start_collective(p, &p->colls[pk->coll], d);
+        } else {
+            kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
             loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
-            continue;
+            if (p->n_in_flight > 0)
+                poll_collectives(p);
         }
-        int64_t t0 = loom_rt_now_ns();
-        loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
-        p->prof[k].total_ns += loom_rt_now_ns() - t0;
-        p->prof[k].calls++;
+        if (p->prof) {
+            p->prof[k].total_ns += loom_rt_now_ns() - t0;
+            p->prof[k].calls++;
+        }
     }
+    if (p->n_in_flight > 0)
+        st = wait_due(p, p->n_kernels, st, d);
+    if (st != LOOM_OK)
+        return st;
     /* In plan order: the planner orders copies so none overwrites a donated input that a
      * later copy still reads. memmove: an output aliasing its own input is a no-op copy. */
     for (int32_t c = 0; c < p->n_copies; c++) {
@@ -332,9 +501,12 @@ loom_status loom_rt_program_create(const loom_ir_graph *g, uint64_t hash, const 
     p->arena_bytes = plan->arena_bytes;
     atomic_init(&p->running, false);
     loom_ir_graph_init(&p->base.graph, a);
+    loom_ir_graph_init(&p->coll_graph, a);
     loom_status st = loom_ir_graph_copy(&p->base.graph, g);
     if (st == LOOM_OK)
         st = build(p, plan, kernels);
+    if (st == LOOM_OK && p->n_colls > 0)
+        st = loom_ir_graph_copy(&p->coll_graph, g);
     if (st != LOOM_OK) {
         program_destroy(&p->base); /* releases the code too */
         return st;

@@ -146,12 +146,13 @@ LOOM_API loom_status loom_dist_finalize(void);
  * fails on every rank with COMM_ERROR naming the first collective and its source line. A rank
  * whose step records no collective at all does not take part, and the others fail at the
  * timeout. The results are step-scoped tensors, as every op's. Collectives are
- * never merged by CSE nor dropped by DCE. A step containing one currently runs on the
- * reference interpreter (the JIT does not compile collectives yet; the step prints a note
- * once per graph). Errors from the communicator (COMM_ERROR: timeout, a dead peer) surface
- * at the step's sync point (loom_mark_step / loom_tensor_read) as the context's error, naming
- * the op and its source line. Op builder errors (recorded, NULL returned) follow loom.h's
- * rules: a NULL operand gives NULL without a new error. */
+ * never merged by CSE nor dropped by DCE. A compiled step runs them on the host between
+ * its kernels (an all-reduce is started as soon as its operand is computed and waited on
+ * before its first reader, so it overlaps the kernels in between). Errors from the communicator
+ * (COMM_ERROR: timeout, a dead peer) surface at the step's sync point (loom_mark_step /
+ * loom_tensor_read) as the context's error, naming the op and its source line. Op builder errors
+ * (recorded, NULL returned) follow loom.h's rules: a NULL operand gives NULL without a new error.
+ */
 
 /* scale * op(x of every rank), of x's dtype and shape. Dtypes: any float, i32, i64 (sum,
  * max, min) and bool (max: any, min: all). 16-bit floats are reduced in f32 and rounded once.

@@ -1300,7 +1300,7 @@ static void test_serialized_code_loads_and_computes_the_same(void **state) {
     assert_int_equal(loom_cg_code_serialize(code, &blob, &f.d), LOOM_OK);
     assert_true(blob.len > 1000);
     assert_memory_equal(blob.data, "LOOMCGB", 7);
-    assert_int_equal(loom_cg_code_load(blob.data, blob.len, nk, &code2, ks2, &f.d), LOOM_OK);
+    assert_int_equal(loom_cg_code_load(blob.data, blob.len, &f.plan, &code2, ks2, &f.d), LOOM_OK);
     for (int32_t k = 0; k < nk; k++) {
         assert_int_equal(ks2[k].extent, ks[k].extent);
         assert_int_equal(ks2[k].grain, ks[k].grain);
@@ -1312,9 +1312,22 @@ static void test_serialized_code_loads_and_computes_the_same(void **state) {
     compare(&f, b, a, 0, 0, "reloaded code");
     free_outputs(&f, a);
     free_outputs(&f, b);
-    /* the wrong kernel count is refused */
-    assert_int_equal(loom_cg_code_load(blob.data, blob.len, nk + 1, &code, ks2, &f.d),
+    /* the wrong kernel count is refused, and code for a kernel the runtime runs itself */
+    loom_ir_plan other = f.plan;
+    other.n_kernels = nk - 1;
+    assert_int_equal(loom_cg_code_load(blob.data, blob.len, &other, &code, ks2, &f.d),
                      LOOM_STATUS_CORRUPT_DATA);
+    assert_null(code);
+    loom_ir_kernel kinds[64];
+    assert_true(nk <= 64);
+    memcpy(kinds, f.plan.kernels, (size_t)nk * sizeof kinds[0]);
+    kinds[0].kind = LOOM_IR_KERNEL_COLLECTIVE;
+    other = f.plan;
+    other.kernels = kinds;
+    loom_ir_diag_init(&f.d);
+    assert_int_equal(loom_cg_code_load(blob.data, blob.len, &other, &code, ks2, &f.d),
+                     LOOM_STATUS_CORRUPT_DATA);
+    assert_string_equal(f.d.msg, "codegen: code blob: kernel table differs from the plan's");
     assert_null(code);
     loom_cg_code_destroy(code2);
     loom_ir_sbuf_deinit(&blob);
@@ -1346,19 +1359,20 @@ static void test_corrupt_or_truncated_blobs_are_rejected(void **state) {
         copy[pos] ^= 0x10;
         loom_cg_code *c2 = NULL;
         loom_ir_diag_init(&f.d);
-        assert_int_equal(loom_cg_code_load(copy, blob.len, 1, &c2, &k, &f.d),
+        assert_int_equal(loom_cg_code_load(copy, blob.len, &f.plan, &c2, &k, &f.d),
                          LOOM_STATUS_CORRUPT_DATA);
         assert_null(c2);
     }
     /* truncated at every length (sampled) */
     for (size_t len = 0; len < blob.len; len += step) {
         loom_cg_code *c2 = NULL;
-        assert_int_equal(loom_cg_code_load(blob.data, len, 1, &c2, &k, &f.d),
+        assert_int_equal(loom_cg_code_load(blob.data, len, &f.plan, &c2, &k, &f.d),
                          LOOM_STATUS_CORRUPT_DATA);
         assert_null(c2);
     }
     /* a blob with a recomputed checksum but bad structure: garbage appended */
-    assert_int_equal(loom_cg_code_load("LOOMCGB", 8, 1, &code, &k, &f.d), LOOM_STATUS_CORRUPT_DATA);
+    assert_int_equal(loom_cg_code_load("LOOMCGB", 8, &f.plan, &code, &k, &f.d),
+                     LOOM_STATUS_CORRUPT_DATA);
     assert_non_null(strstr(f.d.msg, "code blob"));
     free(copy);
     loom_ir_sbuf_deinit(&blob);

@@ -1,49 +1,76 @@
 /* The collective op builders of loom/dist.h on one rank (no loom_dist_init: the world is this
- * process): their values through a step on the JIT context (which falls back to the
- * interpreter) and an eager one, their errors, loom_allreduce_gradients and the VJPs.
+ * process): their values through a step on the JIT context (compiled: the program runs them
+ * on the host) and an eager one, their errors, loom_allreduce_gradients and the VJPs.
  * Several ranks: tests/runtime/comm_ranks.c under mpiexec. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
 #include "loom/dist.h"
 #include "loom/nn.h"
 
+/* One step of every collective on x; checks the values on one rank. */
+static void collectives_step(loom_context *ctx) {
+    const float xs[4] = {1, -2, 3.5f, 0.25f};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 2}, xs);
+    loom_tensor *s = loom_all_reduce(ctx, x, LOOM_REDUCE_SUM, 0.5);
+    loom_tensor *m = loom_all_reduce(ctx, x, LOOM_REDUCE_MIN, -1.0);
+    loom_tensor *b = loom_broadcast_from(ctx, x, 0);
+    loom_tensor *g = loom_all_gather(ctx, x);
+    loom_tensor *r[4] = {s, m, b, g};
+    for (int k = 0; k < 4; k++)
+        loom_tensor_retain(r[k]);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    int32_t rank;
+    int64_t shape[LOOM_MAX_RANK];
+    assert_int_equal(loom_tensor_rank(g, &rank), LOOM_OK);
+    assert_int_equal(loom_tensor_shape(g, shape), LOOM_OK);
+    assert_int_equal(rank, 2);
+    assert_true(shape[0] == 2 && shape[1] == 2); /* world 1 x 2 rows */
+    float out[4];
+    const float want[4][4] = {{0.5f, -1, 1.75f, 0.125f},
+                              {-1, 2, -3.5f, -0.25f},
+                              {1, -2, 3.5f, 0.25f},
+                              {1, -2, 3.5f, 0.25f}};
+    for (int k = 0; k < 4; k++) {
+        tu_read_f32(ctx, r[k], out, 4);
+        for (int i = 0; i < 4; i++)
+            assert_true(out[i] == want[k][i]);
+        loom_tensor_release(r[k]);
+    }
+    assert_int_equal(loom_metric_value(ctx, "Fallbacks"), 0); /* compiled, not interpreted */
+    loom_tensor_release(x);
+}
+
+static loom_context *context_with_cache(const char *dir) {
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = false;
+    o.cache_dir = dir;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+    return ctx;
+}
+
 static void test_collectives_on_one_rank_give_the_scaled_value_in_a_step(void **state) {
     (void)state;
-    for (int eager = 0; eager < 2; eager++) {
-        loom_context *ctx = tu_context(eager);
-        const float xs[4] = {1, -2, 3.5f, 0.25f};
-        loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 2}, xs);
-        loom_tensor *s = loom_all_reduce(ctx, x, LOOM_REDUCE_SUM, 0.5);
-        loom_tensor *m = loom_all_reduce(ctx, x, LOOM_REDUCE_MIN, -1.0);
-        loom_tensor *b = loom_broadcast_from(ctx, x, 0);
-        loom_tensor *g = loom_all_gather(ctx, x);
-        loom_tensor *r[4] = {s, m, b, g};
-        for (int k = 0; k < 4; k++)
-            loom_tensor_retain(r[k]);
-        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
-        int32_t rank;
-        int64_t shape[LOOM_MAX_RANK];
-        assert_int_equal(loom_tensor_rank(g, &rank), LOOM_OK);
-        assert_int_equal(loom_tensor_shape(g, shape), LOOM_OK);
-        assert_int_equal(rank, 2);
-        assert_true(shape[0] == 2 && shape[1] == 2); /* world 1 x 2 rows */
-        float out[4];
-        const float want[4][4] = {{0.5f, -1, 1.75f, 0.125f},
-                                  {-1, 2, -3.5f, -0.25f},
-                                  {1, -2, 3.5f, 0.25f},
-                                  {1, -2, 3.5f, 0.25f}};
-        for (int k = 0; k < 4; k++) {
-            tu_read_f32(ctx, r[k], out, 4);
-            for (int i = 0; i < 4; i++)
-                assert_true(out[i] == want[k][i]);
-            loom_tensor_release(r[k]);
-        }
-        loom_tensor_release(x);
+    loom_context *ctx = tu_context(true); /* eager: the interpreter */
+    collectives_step(ctx);
+    loom_context_destroy(ctx);
+    /* compiled, then the same code from the disk cache (collective kernels have none) */
+    char dir[] = "/tmp/loom-collectives-test-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int run = 0; run < 2; run++) {
+        ctx = context_with_cache(dir);
+        collectives_step(ctx);
+        assert_int_equal(loom_metric_value(ctx, "DiskCacheHit"), run);
         loom_context_destroy(ctx);
     }
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void expect_error(loom_context *ctx, loom_tensor *t, int line, const char *part) {

@@ -336,6 +336,10 @@ static void check_graph_ops(int n) {
                 }
                 loom_tensor_release(r[j]);
             }
+            /* compiled: the program runs the collectives, no interpreter fallback */
+            CHECK(loom_metric_value(ctx, "Fallbacks") == 0, "%s %s: %lld fallbacks",
+                  loom_dtype_name(dt), eager ? "eager" : "jit",
+                  (long long)loom_metric_value(ctx, "Fallbacks"));
             loom_tensor_release(x);
             loom_context_destroy(ctx);
         }
@@ -385,6 +389,8 @@ static void check_data_parallel_state(int n) {
         loom_tensor_release(found);
         loom_tensor_release(g);
     }
+    CHECK(loom_metric_value(ctx, "Fallbacks") == 0, "scaler steps: %lld fallbacks",
+          (long long)loom_metric_value(ctx, "Fallbacks"));
     loom_grad_scaler_destroy(sc);
     loom_tensor_release(p);
     loom_context_destroy(ctx);
