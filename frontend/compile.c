@@ -41,10 +41,11 @@ static void after_pass(const char *name, bool changed, const loom_ir_graph *g, v
 }
 
 /* Cache key: everything compiled code depends on besides the graph: this build of Loom (its
- * passes and codegen), the target and the codegen options. */
-static void cache_key(char *buf, size_t n, uint64_t hash) {
-    snprintf(buf, n, "graph=%016" PRIx64 ";loom=%s;build=%s;%s", hash, LOOM_VERSION_STRING,
-             loom_rt_build_id(), loom_cg_target_key());
+ * passes and codegen), the target, the codegen options and the pass options that change the
+ * plan (all-reduce buckets). */
+static void cache_key(char *buf, size_t n, uint64_t hash, const loom_fe_jit_options *o) {
+    snprintf(buf, n, "graph=%016" PRIx64 ";loom=%s;build=%s;%s;bucket=%g", hash,
+             LOOM_VERSION_STRING, loom_rt_build_id(), loom_cg_target_key(), o->allreduce_bucket_mb);
 }
 
 /* Compiled code for plan: from the disk cache when it holds a valid entry, else compiled
@@ -54,7 +55,7 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
                             loom_rt_metrics *m, loom_cg_code **code, loom_rt_kernel *kernels,
                             loom_ir_diag *d) {
     char key[1024];
-    cache_key(key, sizeof key, hash);
+    cache_key(key, sizeof key, hash, o);
     loom_ir_diag cd;
     loom_ir_diag_init(&cd);
     if (o->cache_dir) {
@@ -127,7 +128,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     dump_ctx dc = {.opts = o, .alloc = a};
     loom_pass_options popts = {.verify_each = o->verify_passes,
                                .after_pass = o->dump_dir ? after_pass : NULL,
-                               .ud = &dc};
+                               .ud = &dc,
+                               .allreduce_bucket_mb = o->allreduce_bucket_mb};
     loom_status st = loom_ir_graph_copy(&g, cut);
     if (st != LOOM_OK)
         st = loom_ir_diag_set(d, st, "out of memory copying the graph");

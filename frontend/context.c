@@ -1,4 +1,5 @@
 /* Contexts: creation and teardown, the handle registry, sticky errors, metrics access. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -32,6 +33,25 @@ loom_context *loom_fe_handle_context(const loom_tensor *h) {
     return atomic_load(&registry[v >> (64 - LOOM_FE_CTX_BITS)]);
 }
 
+/* LOOM_ALLREDUCE_BUCKET_MB as loom_context_options.allreduce_bucket_mb: a number of MB >= 0
+ * or "inf"; 0 (one bucket per all-reduce) becomes -1. Unset or invalid (with a warning): 0,
+ * the default. */
+static double env_bucket_mb(void) {
+    const char *env = getenv("LOOM_ALLREDUCE_BUCKET_MB");
+    if (!env || !*env)
+        return 0;
+    char *end = NULL;
+    double mb = strtod(env, &end);
+    if (*end || isnan(mb) || mb < 0) {
+        fprintf(stderr,
+                "loom: warning: LOOM_ALLREDUCE_BUCKET_MB=%s is not a size in MB (a number "
+                ">= 0, or inf); using 25\n",
+                env);
+        return 0;
+    }
+    return mb == 0 ? -1 : mb;
+}
+
 LOOM_API void loom_context_options_init(loom_context_options *opts) {
     if (!opts)
         return;
@@ -46,6 +66,7 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     opts->sync = sync && *sync && strcmp(sync, "0") != 0;
     const char *profile = getenv("LOOM_PROFILE");
     opts->profile = profile && *profile && strcmp(profile, "0") != 0;
+    opts->allreduce_bucket_mb = env_bucket_mb();
 }
 
 static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
@@ -78,6 +99,8 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->eager = opts->eager;
     ctx->sync = opts->sync;
     ctx->profiling = opts->profile;
+    double mb = opts->allreduce_bucket_mb == 0 ? env_bucket_mb() : opts->allreduce_bucket_mb;
+    ctx->allreduce_bucket_mb = isnan(mb) || mb == 0 ? 25 : mb;
     loom_rt_profile_init(&ctx->profile, &ctx->alloc);
     loom_rt_metrics_init(&ctx->metrics);
     loom_ir_graph_init(&ctx->trace, &ctx->alloc);

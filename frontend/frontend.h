@@ -65,6 +65,7 @@ struct loom_context {
     char *cache_dir; /* NULL: no disk cache */
     bool verify_passes;
     bool profiling;          /* LOOM_PROFILE: programs time their kernels into `profile` */
+    double allreduce_bucket_mb; /* resolved: > 0 (INFINITY allowed), or < 0 for 0 */
     loom_rt_profile profile; /* kept until destroy, which prints it when profiling */
 
     /* the current step */
@@ -160,6 +161,7 @@ typedef struct loom_fe_jit_options {
     const char *dump_dir;    /* NULL: no dumps */
     const char *dump_prefix; /* "stepNNNNNN-<hash>" */
     loom_rt_profile *profile; /* NULL: kernels are not timed (LOOM_PROFILE) */
+    double allreduce_bucket_mb; /* loom_pass_options.allreduce_bucket_mb; part of the cache key */
 } loom_fe_jit_options;
 
 struct loom_rt_pool;

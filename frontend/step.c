@@ -65,7 +65,8 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
                                  .cache_dir = ctx->cache_dir,
                                  .dump_dir = ctx->dump_dir,
                                  .dump_prefix = prefix,
-                                 .profile = ctx->profiling ? &ctx->profile : NULL};
+                                 .profile = ctx->profiling ? &ctx->profile : NULL,
+                                 .allreduce_bucket_mb = ctx->allreduce_bucket_mb};
         st = loom_fe_jit_build(&ctx->cut, hash, &o, ctx->pool, &ctx->alloc, &ctx->metrics, &exe, &d);
         if (st == LOOM_STATUS_UNSUPPORTED) {
             loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FALLBACKS, 1);

@@ -1,5 +1,6 @@
 /* The pass manager: runs passes in order, verifying after each on request; and the default
  * JIT pipeline from a traced graph to a verified execution plan. */
+#include <math.h>
 #include <string.h>
 
 #include "passes.h"
@@ -93,6 +94,16 @@ static loom_status copy_exchanged_inputs(loom_ir_graph *g, loom_ir_diag *d) {
     return LOOM_OK;
 }
 
+/* loom_pass_options.allreduce_bucket_mb in bytes. */
+static int64_t bucket_bytes(double mb) {
+    if (mb == 0 || isnan(mb))
+        mb = 25;
+    if (mb < 0)
+        return 0;
+    double b = mb * 1024 * 1024;
+    return b >= 0x1p62 ? INT64_MAX : (int64_t)b;
+}
+
 loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
                                  loom_ir_plan *plan, loom_ir_diag *d) {
     if (!g || !plan)
@@ -103,7 +114,9 @@ loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts
     loom_status st = loom_pass_run_pipeline(g, pipeline, 5, opts, d);
     if (st != LOOM_OK)
         return st;
-    if ((st = loom_pass_fuse(g, plan, d)) != LOOM_OK)
+    int64_t bucket = bucket_bytes(opts ? opts->allreduce_bucket_mb : 0);
+    if ((st = loom_pass_fuse(g, plan, d)) != LOOM_OK ||
+        (st = loom_pass_bucket_allreduces(g, plan, bucket, d)) != LOOM_OK)
         return st;
     loom_ir_diag sub;
     loom_ir_diag_init(&sub);
@@ -113,6 +126,8 @@ loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts
         st = copy_exchanged_inputs(g, &sub);
         if (st == LOOM_OK)
             st = loom_pass_fuse(g, plan, &sub);
+        if (st == LOOM_OK)
+            st = loom_pass_bucket_allreduces(g, plan, bucket, &sub);
         if (st == LOOM_OK)
             st = loom_pass_plan_memory(g, plan, &sub);
     }

@@ -18,6 +18,10 @@ typedef struct loom_pass_options {
     /* called after each pass with the graph (dumps); may be NULL */
     void (*after_pass)(const char *pass_name, bool changed, const loom_ir_graph *g, void *ud);
     void *ud;
+    /* all-reduce buckets (loom_pass_bucket_allreduces): at least this many MB each; 0: the
+     * default, 25 (DDP's); negative: a threshold of 0 (one bucket per all-reduce);
+     * INFINITY: one bucket per dtype */
+    double allreduce_bucket_mb;
 } loom_pass_options;
 
 /* Runs the passes in order. A pass error or a verifier failure stops the pipeline; the
@@ -79,18 +83,28 @@ extern const loom_pass loom_pass_fold;
  * Errors: OUT_OF_MEMORY. */
 loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
+/* All-reduce bucketing over a fused plan, before memory planning: single ALL_REDUCE kernels
+ * become buckets of at least bucket_bytes (0: one per all-reduce; INT64_MAX: one per dtype,
+ * reduce op and scale), filled in the order their operands are computed, each started right
+ * after its last member's operand is computed and waited on before its first reader (rules
+ * at the top of passes/buckets.c). Placements are left empty. Errors: OUT_OF_MEMORY (the
+ * plan is unchanged). */
+loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *plan,
+                                        int64_t bucket_bytes, loom_ir_diag *d);
+
 /* Memory planning over a fused plan: a placement for every materialized value, the copies
  * into outputs, arena_bytes and peak_bytes (algorithm at the top of passes/memplan.c).
  * Errors: UNSUPPORTED (outputs exchange donated inputs in a cycle that no order of copies can
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: autocast, dce, cse, fold, matmul-casts through loom_pass_run_pipeline
- * (opts may be NULL; its dumps and verify_each apply), then fusion, memory planning and
- * loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller) describes
- * the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0
- * into in1), a cast of one input to its own dtype is appended so that a kernel copies it
- * aside first. Errors: those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
+/* The default JIT pipeline in one call: autocast, dce, cse, fold, matmul-casts through
+ * loom_pass_run_pipeline (opts may be NULL; its dumps and verify_each apply), then fusion,
+ * all-reduce bucketing (opts->allreduce_bucket_mb), memory planning and loom_ir_plan_verify. g is
+ * rewritten in place; plan (initialized by the caller) describes the rewritten g. When outputs
+ * exchange donated inputs (out0 = in1 into in0, out1 = in0 into in1), a cast of one input to its
+ * own dtype is appended so that a kernel copies it aside first. Errors: those of the passes,
+ * VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
 loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
                                  loom_ir_plan *plan, loom_ir_diag *d);
 
