@@ -22,19 +22,7 @@
 #include "loom/dist.h"
 #include "runtime/comm.h"
 #include "runtime/kernel.h"
-
-static int rank_, checks, failures;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: FAIL %s: ", rank_, __FILE__, __LINE__, #cond);        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
+#include "rank_check.h"
 
 #define CHECK_OK(call)                                                                             \
     do {                                                                                           \
@@ -279,18 +267,6 @@ static void check_errors(loom_rt_comm *c, int n) {
 /* The collectives as graph ops (loom/dist.h) through a real loom_mark_step on every rank, in
  * f32, bf16 and i32, with a compiling context (the step falls back to the interpreter) and an
  * eager one. Values are small integers: exact in bf16 after the scale. */
-/* A context on this rank's default device without the disk cache (NULL, after a failed
- * check, when it cannot be created). */
-static loom_context *new_context(bool eager) {
-    loom_context_options o;
-    loom_context_options_init(&o);
-    o.eager = eager;
-    o.cache_dir = "";
-    loom_context *ctx = NULL;
-    CHECK(loom_context_create(&o, &ctx) == LOOM_OK, "context");
-    return ctx;
-}
-
 static void check_graph_ops(int n) {
     static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_I32};
     for (int eager = 0; eager < 2; eager++) {
