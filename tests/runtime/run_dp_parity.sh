@@ -1,0 +1,60 @@
+#!/bin/sh
+# Data-parallel parity as TAP: dp_parity (one process per rank) trains a tiny MLP with the
+# global batch split across the ranks and checks every rank against one process taking the
+# whole batch, for SGD, AdamW and bf16 AMP with an overflow on one rank; without a launcher
+# (the self backend) and under mpiexec -n 1, 2 and 3.
+# Usage: run_dp_parity.sh /path/to/dp_parity MPIEXEC|"" HAVE_MPI(0|1)
+set -u
+
+if [ $# -ne 3 ]; then
+    echo "usage: $0 /path/to/dp_parity MPIEXEC|'' HAVE_MPI" >&2
+    exit 2
+fi
+PROG=$1
+MPIEXEC=$2
+HAVE_MPI=$3
+unset LOOM_DIST LOOM_DIST_TIMEOUT_S LOOM_NUM_THREADS PMI_RANK PMI_SIZE PMI_FD PMIX_RANK \
+    OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
+# A rank left waiting in a collective fails well within the guard, with a message.
+LOOM_DIST_TIMEOUT_S=20
+export LOOM_DIST_TIMEOUT_S
+GUARD=120
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-dp-test.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT INT TERM
+
+n=0
+failed=0
+# job NAME NP COMMAND...: runs the command under the guard and checks its exit code and that
+# each of the NP ranks printed its "0 failed" line; shows the output either way.
+job() {
+    name=$1
+    np=$2
+    shift 2
+    start=$(date +%s)
+    timeout $GUARD "$@" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+    took=$(($(date +%s) - start))
+    n=$((n + 1))
+    if [ $rc -eq 0 ] && [ "$(grep -c "checks passed, 0 failed" "$TMP/out")" -eq "$np" ]; then
+        echo "ok $n - $name ($took s)"
+    else
+        echo "not ok $n - $name (exit $rc, $took s)"
+        failed=$((failed + 1))
+    fi
+    sed 's/^/# /' "$TMP/out" "$TMP/err"
+}
+
+echo "1..4"
+job "no launcher: 1 rank (self backend) matches one process" 1 "$PROG" 1
+
+for np in 1 2 3; do
+    name="mpiexec -n $np: each rank's share of the batch gives one process's parameters"
+    if [ "$HAVE_MPI" != 1 ] || [ -z "$MPIEXEC" ]; then
+        n=$((n + 1))
+        echo "ok $n - $name # SKIP no MPI or no mpiexec"
+        continue
+    fi
+    job "$name" $np "$MPIEXEC" -n $np "$PROG" $np
+done
+exit $((failed > 0))
