@@ -266,13 +266,20 @@ static void check_errors(loom_rt_comm *c, int n) {
 
 /* The collectives as graph ops (loom/dist.h) through a real loom_mark_step on every rank, in
  * f32, bf16 and i32, with a compiling context (the step falls back to the interpreter) and an
- * eager one. Values are small integers: exact in bf16 after the scale. */
+ * eager one: all_reduce sum, max and min each with a scale (floats), broadcast_from every root,
+ * all_gather of a matrix. Values are small integers: exact in bf16 after the scale. A bf16 sum
+ * is rounded once, after the reduction (as on the communicator). */
 static void check_graph_ops(int n) {
+    enum { MAX_RANKS = 8 };
+    if (n > MAX_RANKS)
+        return;
     static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_I32};
+    static const loom_reduce_op ops[] = {LOOM_REDUCE_SUM, LOOM_REDUCE_MAX, LOOM_REDUCE_MIN};
     for (int eager = 0; eager < 2; eager++) {
         for (int k = 0; k < 3; k++) {
             loom_dtype dt = dts[k];
             bool fl = dt != LOOM_DTYPE_I32;
+            const char *how = eager ? "eager" : "jit";
             loom_context *ctx = new_context(eager);
             if (!ctx)
                 continue;
@@ -281,41 +288,69 @@ static void check_graph_ops(int n) {
                 loom_ir_store_f64(in, dt, i, value(rank_, i));
             const int64_t shape[1] = {N_ELEMS};
             loom_tensor *x = loom_tensor_from_host(ctx, dt, 1, shape, in);
-            static const loom_reduce_op ops[] = {LOOM_REDUCE_SUM, LOOM_REDUCE_MAX, LOOM_REDUCE_MIN};
-            const double scales[] = {fl ? 0.5 : 1.0, fl ? -2.0 : 1.0, 1.0};
-            loom_tensor *r[5];
+            const double scales[] = {fl ? 0.5 : 1.0, fl ? -2.0 : 1.0, fl ? 0.25 : 1.0};
+            /* The three all-reduces, a broadcast from each root, the all-gather. */
+            loom_tensor *r[3 + MAX_RANKS + 1];
+            int nr = 0;
             for (int j = 0; j < 3; j++)
-                r[j] = loom_all_reduce(ctx, x, ops[j], scales[j]);
-            r[3] = loom_broadcast_from(ctx, x, n - 1);
-            r[4] = loom_all_gather(ctx, x);
-            for (int j = 0; j < 5; j++)
+                r[nr++] = loom_all_reduce(ctx, x, ops[j], scales[j]);
+            for (int root = 0; root < n; root++)
+                r[nr++] = loom_broadcast_from(ctx, x, root);
+            r[nr++] = loom_all_gather(ctx, loom_reshape(ctx, x, 2, (int64_t[]){2, N_ELEMS / 2}));
+            /* 256 on rank 0, 1 on the others: 256 + (n - 1) rounded once to bf16. */
+            uint16_t once_in = loom_ir_f32_to_bf16(rank_ == 0 ? 256.0f : 1.0f);
+            loom_tensor *once_x =
+                dt == LOOM_DTYPE_BF16 ? loom_tensor_from_host(ctx, dt, 0, NULL, &once_in) : NULL;
+            loom_tensor *once = once_x ? loom_all_reduce(ctx, once_x, LOOM_REDUCE_SUM, 1.0) : NULL;
+            for (int j = 0; j < nr; j++)
                 loom_tensor_retain(r[j]);
-            CHECK(loom_mark_step(ctx) == LOOM_OK, "%s %s step: %s", loom_dtype_name(dt),
-                  eager ? "eager" : "jit", loom_context_error_message(ctx));
-            unsigned char out[N_ELEMS * 3 * 4];
+            loom_tensor_retain(once);
+            CHECK(loom_mark_step(ctx) == LOOM_OK, "%s %s step: %s", loom_dtype_name(dt), how,
+                  loom_context_error_message(ctx));
+            unsigned char out[N_ELEMS * MAX_RANKS * 4];
             size_t es = loom_dtype_size(dt);
-            for (int j = 0; j < 5; j++) {
-                int64_t count = j == 4 ? (int64_t)N_ELEMS * n : N_ELEMS;
+            for (int j = 0; j < nr; j++) {
+                bool gather = j == nr - 1;
+                int64_t count = gather ? (int64_t)N_ELEMS * n : N_ELEMS;
+                char what[32];
+                if (j < 3)
+                    snprintf(what, sizeof what, "%s", loom_rt_reduce_op_name(ops[j]));
+                else
+                    snprintf(what, sizeof what, gather ? "all_gather" : "broadcast_from %d", j - 3);
                 loom_status st = loom_tensor_read(ctx, r[j], out, (size_t)count * es);
                 CHECK(st == LOOM_OK, "read %d: %s", j, loom_context_error_message(ctx));
                 for (int64_t i = 0; st == LOOM_OK && i < count; i++) {
                     int e = (int)(i % N_ELEMS);
                     double want = j < 3    ? scales[j] * expected(ops[j], n, e)
-                                  : j == 3 ? value(n - 1, e)
-                                           : value((int)(i / N_ELEMS), e);
+                                  : gather ? value((int)(i / N_ELEMS), e)
+                                           : value(j - 3, e);
                     double got = loom_ir_load_f64(out, dt, i);
-                    CHECK(got == want, "%s %s %s element %lld: got %g, expected %g",
-                          j < 3    ? loom_rt_reduce_op_name(ops[j])
-                          : j == 3 ? "broadcast_from"
-                                   : "all_gather",
-                          loom_dtype_name(dt), eager ? "eager" : "jit", (long long)i, got, want);
+                    CHECK(got == want, "%s %s %s element %lld: got %g, expected %g", what,
+                          loom_dtype_name(dt), how, (long long)i, got, want);
+                }
+                if (gather) {
+                    int32_t rank = 0;
+                    int64_t got_shape[LOOM_MAX_RANK] = {0};
+                    CHECK(loom_tensor_rank(r[j], &rank) == LOOM_OK &&
+                              loom_tensor_shape(r[j], got_shape) == LOOM_OK && rank == 2 &&
+                              got_shape[0] == 2 * n && got_shape[1] == N_ELEMS / 2,
+                          "all_gather of [2,%d] on %d ranks: rank %d, [%lld,%lld]", N_ELEMS / 2, n,
+                          (int)rank, (long long)got_shape[0], (long long)got_shape[1]);
                 }
                 loom_tensor_release(r[j]);
             }
+            if (once) {
+                uint16_t got = 0;
+                float want = loom_ir_bf16_to_f32(loom_ir_f32_to_bf16(256.0f + (float)(n - 1)));
+                CHECK(loom_tensor_read(ctx, once, &got, sizeof got) == LOOM_OK &&
+                          loom_ir_bf16_to_f32(got) == want,
+                      "bf16 %s 256+1+...: %g, expected %g", how, loom_ir_bf16_to_f32(got), want);
+            }
+            loom_tensor_release(once);
+            loom_tensor_release(once_x);
             /* compiled: the program runs the collectives, no interpreter fallback */
             CHECK(loom_metric_value(ctx, "Fallbacks") == 0, "%s %s: %lld fallbacks",
-                  loom_dtype_name(dt), eager ? "eager" : "jit",
-                  (long long)loom_metric_value(ctx, "Fallbacks"));
+                  loom_dtype_name(dt), how, (long long)loom_metric_value(ctx, "Fallbacks"));
             loom_tensor_release(x);
             loom_context_destroy(ctx);
         }
