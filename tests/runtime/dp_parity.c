@@ -15,10 +15,12 @@
  * (parameters, optimizer state and step counter unchanged, scale halved), as the one-process
  * run does with the same injections.
  *
- *   dp_parity N   every case on N ranks (N must divide BATCH); prints per case the largest
- *                 difference from the one-process run and, on rank 0, a "digest CASE HEX"
- *                 line of the final state's bytes; ends with "rank R of N: K checks passed,
- *                 F failed" and exits 0 when F is 0. */
+ *   dp_parity N [LOCAL]   every case on N ranks (N must divide BATCH), LOCAL of them on each
+ *                         machine if given (run_netns.sh: one per network namespace);
+ *                         prints per case the largest difference from the one-process run
+ *                         and, on rank 0, a "digest CASE HEX" line of the final state's
+ *                         bytes; ends with "rank R of N: K checks passed, F failed" and exits
+ *                         0 when F is 0. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -350,8 +352,8 @@ static bool run_case(const dp_case *c) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
-    if (argc != 2 || atoi(argv[1]) < 1 || BATCH % atoi(argv[1]) != 0) {
-        fprintf(stderr, "usage: dp_parity N   (N ranks, N divides %d)\n", BATCH);
+    if (argc < 2 || argc > 3 || atoi(argv[1]) < 1 || BATCH % atoi(argv[1]) != 0) {
+        fprintf(stderr, "usage: dp_parity N [LOCAL]   (N ranks, N divides %d)\n", BATCH);
         return 2;
     }
     if (loom_dist_init(NULL) != LOOM_OK) {
@@ -361,6 +363,8 @@ int main(int argc, char **argv) {
     rank_ = loom_dist_rank();
     world_ = loom_dist_world_size();
     CHECK(world_ == atoi(argv[1]), "world size %d, expected %s", world_, argv[1]);
+    CHECK(argc < 3 || loom_dist_local_size() == atoi(argv[2]),
+          "%d ranks on this rank's machine, expected %s", loom_dist_local_size(), argv[2]);
     bool ok = world_ == atoi(argv[1]);
     for (size_t k = 0; ok && k < sizeof cases / sizeof cases[0]; k++)
         ok = run_case(&cases[k]);
