@@ -2,11 +2,12 @@
  * alone). A tiny MLP (8 -> 16 -> 4, ReLU, cross-entropy) trains STEPS steps on a global batch of
  * BATCH rows; on N ranks rank r takes rows r*BATCH/N .. (r+1)*BATCH/N - 1 and its gradients are
  * averaged by loom_allreduce_gradients (DDP). Each rank also trains the same model on the whole
- * batch in a second context that records no all-reduce: the one-process run (world size 1 cannot
- * be had inside an mpiexec job of several ranks, and this keeps the reference in the same
- * process, with nothing written to files). After the last step every rank's parameters,
- * optimizer state and scaler state must equal the one-process run's within the case's tolerance,
- * and be bitwise equal across ranks.
+ * batch in a second context that all-reduces no gradient: the one-process run (world size 1
+ * cannot be had inside an mpiexec job of several ranks, and this keeps the reference in the
+ * same process, with nothing written to files; its GradScaler still max-reduces found_inf
+ * across the ranks, over values that are equal on every rank). After the last step every rank's
+ * parameters, optimizer state and scaler state must equal the one-process run's within the case's
+ * tolerance, and be bitwise equal across ranks.
  *
  * Cases: SGD with momentum and weight decay; AdamW; bf16 autocast with the GradScaler (SGD with
  * momentum), where step LOSS_INF_STEP's loss is multiplied by inf on the last rank only (the
