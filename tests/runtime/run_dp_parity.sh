@@ -2,7 +2,8 @@
 # Data-parallel parity as TAP: dp_parity (one process per rank) trains a tiny MLP with the
 # global batch split across the ranks and checks every rank against one process taking the
 # whole batch, for SGD, AdamW and bf16 AMP with an overflow on one rank; without a launcher
-# (the self backend) and under mpiexec -n 1, 2 and 3.
+# (the self backend) and under mpiexec -n 1, 2 and 3 (the gradients in one bucket), and on 2
+# ranks with LOOM_ALLREDUCE_BUCKET_MB=0 (one bucket per gradient).
 # Usage: run_dp_parity.sh /path/to/dp_parity MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -13,8 +14,8 @@ fi
 PROG=$1
 MPIEXEC=$2
 HAVE_MPI=$3
-unset LOOM_DIST LOOM_DIST_TIMEOUT_S LOOM_NUM_THREADS PMI_RANK PMI_SIZE PMI_FD PMIX_RANK \
-    OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
+unset LOOM_DIST LOOM_DIST_TIMEOUT_S LOOM_NUM_THREADS LOOM_ALLREDUCE_BUCKET_MB PMI_RANK PMI_SIZE \
+    PMI_FD PMIX_RANK OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
 # A rank left waiting in a collective fails well within the guard, with a message.
 LOOM_DIST_TIMEOUT_S=20
 export LOOM_DIST_TIMEOUT_S
@@ -45,7 +46,7 @@ job() {
     sed 's/^/# /' "$TMP/out" "$TMP/err"
 }
 
-echo "1..4"
+echo "1..5"
 job "no launcher: 1 rank (self backend) matches one process" 1 "$PROG" 1
 
 for np in 1 2 3; do
@@ -57,4 +58,11 @@ for np in 1 2 3; do
     fi
     job "$name" $np "$MPIEXEC" -n $np "$PROG" $np
 done
+name="mpiexec -n 2, LOOM_ALLREDUCE_BUCKET_MB=0: the same with one bucket per gradient"
+if [ "$HAVE_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
+    job "$name" 2 env LOOM_ALLREDUCE_BUCKET_MB=0 "$MPIEXEC" -n 2 "$PROG" 2
+else
+    n=$((n + 1))
+    echo "ok $n - $name # SKIP no MPI or no mpiexec"
+fi
 exit $((failed > 0))

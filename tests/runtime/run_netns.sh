@@ -49,6 +49,7 @@ ADDR_B=10.231.0.2
 cleanup() {
     for ns in $NS_A $NS_B; do
         pids=$(ip netns pids "$ns" 2>/dev/null)
+        # shellcheck disable=SC2086 # one pid per word
         [ -n "$pids" ] && kill -9 $pids 2>/dev/null
         ip netns del "$ns" 2>/dev/null
     done
@@ -123,7 +124,7 @@ result $? "$name" "$TMP/two_hosts" "$TMP/two_hosts_err"
 
 grep '^digest ' "$TMP/one_host" >"$TMP/d1"
 grep '^digest ' "$TMP/two_hosts" >"$TMP/d2"
-name="2 - the two-host run ends bitwise where the single-host run does ($(wc -l <"$TMP/d1") digests)"
+name="2 - the two-host run ends bitwise as the single-host run ($(wc -l <"$TMP/d1") digests)"
 [ $rc1 -eq 0 ] && [ -s "$TMP/d1" ] && cmp -s "$TMP/d1" "$TMP/d2"
 result $? "$name" "$TMP/one_host" "$TMP/one_host_err" "$TMP/d2"
 
