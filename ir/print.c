@@ -98,17 +98,35 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
     return false;
 }
 
-/* " {attributes, autocast = bf16}", or nothing when the node has neither. */
-static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+bool loom_ir_write_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+    if ((unsigned)n->op >= LOOM_IR_OP_COUNT_)
+        return false;
     bool tagged = n->attrs.autocast != LOOM_DTYPE_F32;
-    if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_NONE && !tagged)
-        return;
-    loom_ir_writer_puts(p, " {");
     bool body = put_attr_body(p, n);
     if (tagged)
         loom_ir_writer_printf(p, "%sautocast = %s", body ? ", " : "",
                               loom_dtype_name(n->attrs.autocast));
+    return body || tagged;
+}
+
+/* " {attributes, autocast = bf16}", or nothing when the node has neither. */
+static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+    if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_NONE && n->attrs.autocast == LOOM_DTYPE_F32)
+        return;
+    loom_ir_writer_puts(p, " {");
+    loom_ir_write_attrs(p, n);
     loom_ir_writer_puts(p, "}");
+}
+
+char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc) {
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    if (loc.file) {
+        const char *base = strrchr(loc.file, '/');
+        snprintf(buf, size, "%s:%d", base ? base + 1 : loc.file, (int)loc.line);
+    }
+    return buf;
 }
 
 static void put_node(loom_ir_writer *p, int32_t id, const loom_ir_node *n) {
