@@ -212,6 +212,27 @@ static void match_down(matcher *m) {
     }
 }
 
+/* Last resort for sources that nothing paired (a constant without users, or whose users are
+ * all new): the k-th leftover constant (iota) of a type in one graph with the k-th of the
+ * same type in the other, so a changed value still reads as a changed constant. */
+static void match_leftover_sources(matcher *m, loom_ir_op op) {
+    int32_t x = 0, y = 0;
+    for (;;) {
+        while (x < m->a->n_nodes && (m->a_to_b[x] >= 0 || m->a->nodes[x].op != op))
+            x++;
+        while (y < m->b->n_nodes && (m->b_to_a[y] >= 0 || m->b->nodes[y].op != op))
+            y++;
+        if (x == m->a->n_nodes || y == m->b->n_nodes)
+            return;
+        if (same_type(&m->a->nodes[x], &m->b->nodes[y]))
+            pair(m, x, y);
+        else if (x < y) /* skip the earlier one: types differ, so they are not the same value */
+            x++;
+        else
+            y++;
+    }
+}
+
 static bool match(matcher *m) {
     if (!match_up(m, true))
         return false;
@@ -225,6 +246,8 @@ static bool match(matcher *m) {
         if (m->n_matched == before)
             break;
     }
+    match_leftover_sources(m, LOOM_IR_OP_CONSTANT);
+    match_leftover_sources(m, LOOM_IR_OP_IOTA);
     return true;
 }
 
@@ -423,7 +446,7 @@ static void put_type(loom_ir_writer *w, const loom_ir_node *n) {
 
 static void put_attrs_braced(loom_ir_writer *w, const loom_ir_node *n) {
     loom_ir_writer_puts(w, "{");
-    loom_ir_write_attrs(w, n);
+    loom_ir_write_attrs(w, n, true);
     loom_ir_writer_puts(w, "}");
 }
 
@@ -505,9 +528,9 @@ static void put_item(loom_ir_writer *w, const loom_ir_diff *df, const loom_ir_di
     case LOOM_IR_DIFF_CONSTANT:
         put_node(w, df->b, it->b, it->b);
         loom_ir_writer_puts(w, " is a constant that changes between graphs: ");
-        loom_ir_write_attrs(w, ny);
+        loom_ir_write_attrs(w, ny, true);
         loom_ir_writer_puts(w, " (was ");
-        loom_ir_write_attrs(w, nx);
+        loom_ir_write_attrs(w, nx, true);
         loom_ir_writer_puts(w, ")");
         return;
     case LOOM_IR_DIFF_OPERANDS:

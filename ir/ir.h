@@ -511,10 +511,12 @@ int64_t loom_ir_graph_distance(const loom_ir_graph *a, const loom_ir_graph *b);
 
 /* Text pieces that the printer, the diff and messages share. loom_ir_write_attrs writes a
  * node's attributes as the text format spells them between its braces ("perm = [1, 0]",
- * "value = 0.5, autocast = bf16"); false (nothing written) when it has none.
+ * "value = 0.5, autocast = bf16"); false (nothing written) when it has none. Values print
+ * with %.17g, or with `shortest` (for messages) in the fewest digits that read back as the
+ * same double.
  * loom_ir_format_loc writes "train.c:88" (the file's basename) into buf, "" when the
  * location is unknown; returns buf. */
-bool loom_ir_write_attrs(loom_ir_writer *w, const loom_ir_node *n);
+bool loom_ir_write_attrs(loom_ir_writer *w, const loom_ir_node *n, bool shortest);
 char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc);
 #define LOOM_IR_LOC_STR_MAX 256
 
