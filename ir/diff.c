@@ -283,6 +283,18 @@ static bool operands_changed(const loom_ir_diff *df, int32_t x, int32_t y) {
     return changed;
 }
 
+/* Whether the type change of the matched pair (x, y) follows from another change: its own
+ * attributes (a reduction's axes) or an operand that is new or changed type. */
+static bool type_change_derived(const loom_ir_diff *df, int32_t x, int32_t y, const bool *changed) {
+    const loom_ir_node *ny = &df->b->nodes[y];
+    if (!loom_ir_attrs_equal(&df->a->nodes[x], ny))
+        return true;
+    for (int32_t i = 0; i < ny->n_inputs; i++)
+        if (changed[ny->inputs[i]])
+            return true;
+    return false;
+}
+
 /* Lists the items in the documented order. changed[y]: node y of the second graph is new or
  * has another type (its users' type changes are then derived). */
 static bool list_items(loom_ir_diff *df, bool *changed) {
@@ -300,10 +312,8 @@ static bool list_items(loom_ir_diff *df, bool *changed) {
         bool attrs = !loom_ir_attrs_equal(nx, ny);
         if (!same_type(nx, ny)) {
             changed[y] = true;
-            bool derived = attrs;
-            for (int32_t i = 0; i < ny->n_inputs; i++)
-                derived = derived || changed[ny->inputs[i]];
-            if (!derived && !push_item(df, node_item(LOOM_IR_DIFF_TYPE, x, y)))
+            if (!type_change_derived(df, x, y, changed) &&
+                !push_item(df, node_item(LOOM_IR_DIFF_TYPE, x, y)))
                 return false;
         }
         bool value =
@@ -334,10 +344,7 @@ static bool list_items(loom_ir_diff *df, bool *changed) {
         int32_t x = df->b_to_a[y];
         if (x < 0 || same_type(&a->nodes[x], &b->nodes[y]))
             continue;
-        bool derived = !loom_ir_attrs_equal(&a->nodes[x], &b->nodes[y]);
-        for (int32_t i = 0; i < b->nodes[y].n_inputs; i++)
-            derived = derived || changed[b->nodes[y].inputs[i]];
-        if (derived) {
+        if (type_change_derived(df, x, y, changed)) {
             loom_ir_diff_item it = node_item(LOOM_IR_DIFF_TYPE, x, y);
             it.derived = true;
             if (!push_item(df, it))

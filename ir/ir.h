@@ -424,18 +424,21 @@ loom_status loom_ir_read_file(const char *path, const loom_allocator *a, char **
  * operands, bottom-up from the sources), then nodes of the same op whose operands are
  * matched (so a changed input shape still pairs every node downstream with its old self),
  * then top-down from the outputs (pairing operands of matched nodes that have the same op:
- * this finds a constant whose value changed under an unchanged user). Graph inputs are
- * identified by their index. Linear in the graph sizes but for an n log n sort.
+ * this finds a constant whose value changed under an unchanged user), and last the
+ * constants still unpaired, in order within each type. Graph inputs are identified by their
+ * index (an input inserted before others shows as changes to the later ones). Locations
+ * are not compared. O(n log n) in the node count; deterministic.
  *
  * Each difference is one item; its text is one line naming the node with the user's
  * file:line (the basename, as error messages show it), for example
  *   %7 matmul at train.c:88 has f32[63,784] (was f32[64,784])
- *   %3 constant at train.c:61 is a constant that changes between graphs: value = 0.002 (was
- *      value = 0.001)
+ *   %3 constant at train.c:61 is a constant that changes between graphs: value = 0.0099 (was
+ *      value = 0.01)
+ * (values in the fewest digits that read back exactly).
  * Node ids are the second graph's, except in REMOVED items (the node exists only in the
  * first). Items come in a fixed order: the second graph's nodes in order (new nodes and
  * changes of their own), then removed nodes in the first graph's order, then outputs, then
- * type changes that follow from changes listed before them (DERIVED). */
+ * type changes that follow from changes listed before them (`derived`). */
 typedef enum loom_ir_diff_kind {
     LOOM_IR_DIFF_TYPE,     /* a matched node has another dtype or shape */
     LOOM_IR_DIFF_ATTRS,    /* a matched node has other attributes (not a constant's value) */
