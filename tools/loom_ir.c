@@ -18,13 +18,16 @@ enum { EXIT_OK = 0, EXIT_INVALID = 1, EXIT_USAGE = 2 };
 typedef struct command {
     const char *name;
     const char *usage;
+    const char *summary; /* one line for `loom-ir --help` */
     const char *help;
     int (*run)(const struct command *c, int argc, char **argv);
 } command;
 
 /* `--help`: the command's usage and description on stdout. */
 static int command_help(const command *c) {
-    printf("usage: loom-ir %s\n\n%s\nFILE may be '-' for standard input.\n", c->usage, c->help);
+    printf("usage: loom-ir %s\n\n%s", c->usage, c->help);
+    if (strstr(c->usage, "FILE"))
+        fputs("\nFILE may be '-' for standard input.\n", stdout);
     return EXIT_OK;
 }
 
@@ -408,30 +411,34 @@ static int run_plan(const command *c, int argc, char **argv) {
 }
 
 static const command commands[] = {
-    {"print", "print FILE", "Parses and verifies FILE, then prints it in canonical form.\n",
-     run_show},
-    {"verify", "verify FILE",
+    {"print", "print FILE", "parse, verify and print FILE in canonical form",
+     "Parses and verifies FILE, then prints it in canonical form.\n", run_show},
+    {"verify", "verify FILE", "parse and verify FILE; errors as FILE:LINE:COL",
      "Parses and verifies FILE; errors are reported as FILE:LINE:COL: error: MESSAGE.\n", run_show},
-    {"stats", "stats FILE",
+    {"stats", "stats FILE", "node count, ops, inputs, outputs, bytes, estimated FLOPs",
      "Node count, ops, graph inputs and outputs, bytes and estimated FLOPs of FILE.\n", run_show},
-    {"dot", "dot FILE", "The graph in Graphviz DOT (pipe into `dot -Tsvg`).\n", run_show},
-    {"hash", "hash FILE", "The structural hash the executable cache keys on.\n", run_show},
-    {"diff", "diff [--max=N] A B",
+    {"dot", "dot FILE", "the graph in Graphviz DOT",
+     "The graph in Graphviz DOT (pipe into `dot -Tsvg`).\n", run_show},
+    {"hash", "hash FILE", "the structural hash the executable cache keys on",
+     "The structural hash the executable cache keys on.\n", run_show},
+    {"diff", "diff [--max=N] A B", "what differs between graphs A and B, node by node",
      "Compares graph A (the earlier) with B node by node, matching nodes by structure\n"
      "rather than id, and prints each difference with its source location: changed\n"
      "types, attributes and constants, new and removed nodes, changed outputs. Node ids\n"
      "are B's except for removed nodes. Type changes that follow from earlier ones come\n"
      "last.\n"
      "  --max=N   print at most N differences, then how many more there are\n"
+     "A or B (not both) may be '-' for standard input.\n"
      "Exit status: 0 when the graphs are equal, 1 when they differ, 2 on usage errors\n"
      "and when a file is unreadable or invalid.\n",
      run_diff},
     {"opt", "opt --passes=P1,P2,... [--print-after-each] FILE",
+     "run passes in order and print the result",
      "Runs the passes in order (verifying after each) and prints the result.\n"
      "  --passes=LIST        the passes, comma-separated\n"
      "  --print-after-each   print the graph after every pass instead\n",
      run_opt},
-    {"plan", "plan FILE",
+    {"plan", "plan FILE", "the JIT pipeline's execution plan: kernels, buffers, peak memory",
      "Runs the JIT pipeline (dce, cse, fold, fusion, memory planning) and prints the\n"
      "execution plan: kernels, buffers, copies, peak memory.\n",
      run_plan},
@@ -440,7 +447,7 @@ static const command commands[] = {
 static void print_usage(FILE *f) {
     fputs("usage: loom-ir COMMAND [OPTIONS] FILE...\n\nCommands:\n", f);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %s\n", commands[i].usage);
+        fprintf(f, "  %s\n      %s\n", commands[i].usage, commands[i].summary);
     fputs("\n`loom-ir COMMAND --help` describes a command. FILE may be '-' for standard input.\n"
           "Exit status: 0 on success, 1 when FILE is invalid or unreadable (diff: when the\n"
           "graphs differ), 2 on usage errors.\n",
