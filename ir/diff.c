@@ -594,6 +594,8 @@ char *loom_ir_diff_format_item(const loom_ir_diff *df, int32_t i, char *buf, siz
 
 void loom_ir_diff_print(const loom_ir_diff *df, int32_t max_items, loom_ir_write_fn write,
                         void *ud) {
+    if (!df || !write)
+        return;
     loom_ir_writer w = {.write = write, .ud = ud};
     int32_t n = max_items >= 0 && max_items < df->n_items ? max_items : df->n_items;
     for (int32_t i = 0; i < n; i++) {

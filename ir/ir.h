@@ -484,7 +484,8 @@ loom_status loom_ir_diff_compute(loom_ir_diff *df, const loom_ir_graph *a, const
  * i is out of range. */
 char *loom_ir_diff_format_item(const loom_ir_diff *df, int32_t i, char *buf, size_t size);
 /* Writes the items one a line; with max_items >= 0, at most that many, then
- * "... and N more differences" when some were left out. */
+ * "... and N more differences" when some were left out. Does nothing when df or write is
+ * NULL. */
 void loom_ir_diff_print(const loom_ir_diff *df, int32_t max_items, loom_ir_write_fn write,
                         void *ud);
 
