@@ -417,4 +417,111 @@ loom_status loom_ir_write_file_atomic(const char *path, const void *data, size_t
 loom_status loom_ir_read_file(const char *path, const loom_allocator *a, char **out_data,
                               size_t *out_len, loom_ir_diag *d);
 
+/* ---- structural diff ------------------------------------------------------------------- */
+
+/* How two graphs differ, node by node. Nodes are matched by structure, not by id (ids shift
+ * when a node is inserted): identical subgraphs first (same op, type, attributes and matched
+ * operands, bottom-up from the sources), then nodes of the same op whose operands are
+ * matched (so a changed input shape still pairs every node downstream with its old self),
+ * then top-down from the outputs (pairing operands of matched nodes that have the same op:
+ * this finds a constant whose value changed under an unchanged user), and last the
+ * constants still unpaired, in order within each type. Graph inputs are identified by their
+ * index (an input inserted before others shows as changes to the later ones). Locations
+ * are not compared. O(n log n) in the node count; deterministic.
+ *
+ * Each difference is one item; its text is one line naming the node with the user's
+ * file:line (the basename, as error messages show it), for example
+ *   %7 matmul at train.c:88 has f32[63,784] (was f32[64,784])
+ *   %3 constant at train.c:61 is a constant that changes between graphs: value = 0.0099 (was
+ *      value = 0.01)
+ * (values in the fewest digits that read back exactly).
+ * Node ids are the second graph's, except in REMOVED items (the node exists only in the
+ * first). Items come in a fixed order: the second graph's nodes in order (new nodes and
+ * changes of their own), then removed nodes in the first graph's order, then outputs, then
+ * type changes that follow from changes listed before them (`derived`). */
+typedef enum loom_ir_diff_kind {
+    LOOM_IR_DIFF_TYPE,     /* a matched node has another dtype or shape */
+    LOOM_IR_DIFF_ATTRS,    /* a matched node has other attributes (not a constant's value) */
+    LOOM_IR_DIFF_CONSTANT, /* a constant's value differs: a constant that changes between
+                            * graphs (which defeats a cache keyed on the graph) */
+    LOOM_IR_DIFF_OPERANDS, /* a matched node takes other operands, none of them new or gone */
+    LOOM_IR_DIFF_ADDED,    /* a node only in the second graph */
+    LOOM_IR_DIFF_REMOVED,  /* a node only in the first graph */
+    LOOM_IR_DIFF_OUTPUT,   /* output `output` is another node, has another alias, or exists
+                            * in one graph only */
+    LOOM_IR_DIFF_COUNT_
+} loom_ir_diff_kind;
+
+typedef struct loom_ir_diff_item {
+    loom_ir_diff_kind kind;
+    int32_t a, b;   /* the node in the first / second graph; -1 where there is none */
+    int32_t output; /* OUTPUT: the output's index; -1 otherwise */
+    bool derived;   /* TYPE: explained by a change of its operands or of its own attributes */
+} loom_ir_diff_item;
+
+/* A computed diff, in caller storage. The graphs are borrowed: they must outlive any use of
+ * the diff and stay unchanged. Not thread-safe; separate diffs are independent. */
+typedef struct loom_ir_diff {
+    loom_allocator alloc;
+    const loom_ir_graph *a, *b;
+    int32_t *a_to_b, *b_to_a; /* the matching: the other graph's node, or -1 */
+    int32_t n_a, n_b;         /* node counts the matching arrays were made for */
+    loom_ir_diff_item *items;
+    int32_t n_items, cap_items;
+} loom_ir_diff;
+
+void loom_ir_diff_init(loom_ir_diff *df, const loom_allocator *a);
+/* Frees what the diff holds; accepts a diff that was only initialized. */
+void loom_ir_diff_deinit(loom_ir_diff *df);
+
+/* Matches the nodes of a (the earlier graph) and b and lists their differences in
+ * df->items (0 items: structurally equal as loom_ir_graph_equal would say, up to node
+ * order). Both graphs should verify. Errors: INVALID_ARGUMENT (NULL, or an operand or output
+ * out of range), OUT_OF_MEMORY; on error df holds no items. */
+loom_status loom_ir_diff_compute(loom_ir_diff *df, const loom_ir_graph *a, const loom_ir_graph *b,
+                                 loom_ir_diag *d);
+/* Item i's text (one line, no newline) into buf, cut to size - 1 bytes; returns buf. "" when
+ * i is out of range. */
+char *loom_ir_diff_format_item(const loom_ir_diff *df, int32_t i, char *buf, size_t size);
+/* Writes the items one a line; with max_items >= 0, at most that many, then
+ * "... and N more differences" when some were left out. Does nothing when df or write is
+ * NULL. */
+void loom_ir_diff_print(const loom_ir_diff *df, int32_t max_items, loom_ir_write_fn write,
+                        void *ud);
+
+/* Computes the diff of a and b (memory from a's allocator), writes it as loom_ir_diff_print
+ * does, and sets *out_n_differences (may be NULL) to the number of items. A recompilation
+ * explainer writes the first cause with max_items = 1. Errors as loom_ir_diff_compute. */
+loom_status loom_ir_graph_diff(const loom_ir_graph *a, const loom_ir_graph *b, int32_t max_items,
+                               loom_ir_write_fn write, void *ud, int32_t *out_n_differences,
+                               loom_ir_diag *d);
+
+/* A fixed-size sketch of a graph for picking the nearest of many earlier graphs cheaply: a
+ * histogram of its nodes by op, dtype, shape and attributes (not edges, not locations).
+ * A cache can keep one per entry; making one allocates nothing. */
+#define LOOM_IR_SKETCH_BUCKETS 1024
+typedef struct loom_ir_sketch {
+    uint32_t count[LOOM_IR_SKETCH_BUCKETS];
+    int32_t n_outputs;
+} loom_ir_sketch;
+
+void loom_ir_graph_sketch(const loom_ir_graph *g, loom_ir_sketch *out);
+/* The number of nodes of either graph that have no equal counterpart in the other (a node
+ * whose type changed counts twice: as it was and as it is) plus the difference in output
+ * counts. A lower bound (buckets collide): 0 for equal graphs, small for near ones. */
+int64_t loom_ir_sketch_distance(const loom_ir_sketch *a, const loom_ir_sketch *b);
+/* The same for two graphs, sketching both. */
+int64_t loom_ir_graph_distance(const loom_ir_graph *a, const loom_ir_graph *b);
+
+/* Text pieces that the printer, the diff and messages share. loom_ir_write_attrs writes a
+ * node's attributes as the text format spells them between its braces ("perm = [1, 0]",
+ * "value = 0.5, autocast = bf16"); false (nothing written) when it has none. Values print
+ * with %.17g, or with `shortest` (for messages) in the fewest digits that read back as the
+ * same double.
+ * loom_ir_format_loc writes "train.c:88" (the file's basename) into buf, "" when the
+ * location is unknown; returns buf. */
+bool loom_ir_write_attrs(loom_ir_writer *w, const loom_ir_node *n, bool shortest);
+char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc);
+#define LOOM_IR_LOC_STR_MAX 256
+
 #endif /* LOOM_IR_IR_H */

@@ -2,19 +2,28 @@
  * loom_ir_graph_print in ir.h, written through the caller's chunked callback. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir.h"
 
 /* %.17g round-trips every double through strtod; inf and nan are spelled out so the text
- * does not depend on the C library's spelling. */
-static void put_double(loom_ir_writer *p, double v) {
-    if (isnan(v))
+ * does not depend on the C library's spelling. `shortest` (for messages) takes the fewest
+ * digits that still read back as the same double: 0.0099, not 0.0099000000000000008. */
+static void put_double(loom_ir_writer *p, double v, bool shortest) {
+    if (isnan(v)) {
         loom_ir_writer_puts(p, signbit(v) ? "-nan" : "nan");
-    else if (isinf(v))
+    } else if (isinf(v)) {
         loom_ir_writer_puts(p, v < 0 ? "-inf" : "inf");
-    else
-        loom_ir_writer_printf(p, "%.17g", v);
+    } else {
+        char buf[32];
+        for (int digits = shortest ? 1 : 17; digits <= 17; digits++) {
+            snprintf(buf, sizeof buf, "%.*g", digits, v);
+            if (strtod(buf, NULL) == v)
+                break;
+        }
+        loom_ir_writer_puts(p, buf);
+    }
 }
 
 /* A quoted string: quotes and backslashes escaped, control bytes as \xHH so that any file
@@ -35,7 +44,7 @@ static void put_quoted(loom_ir_writer *p, const char *s) {
 }
 
 /* The op's own attributes, without braces; false when it has none. */
-static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
+static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortest) {
     switch (loom_ir_op_table[n->op].attrs) {
     case LOOM_IR_ATTRS_NONE: return false;
     case LOOM_IR_ATTRS_INDEX:
@@ -43,7 +52,7 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
         return true;
     case LOOM_IR_ATTRS_VALUE:
         loom_ir_writer_puts(p, "value = ");
-        put_double(p, n->attrs.value);
+        put_double(p, n->attrs.value, shortest);
         return true;
     case LOOM_IR_ATTRS_PERM:
         loom_ir_writer_puts(p, "perm = [");
@@ -76,7 +85,7 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
         loom_ir_writer_puts(p, "]");
         if (pad) {
             loom_ir_writer_puts(p, ", value = ");
-            put_double(p, n->attrs.value);
+            put_double(p, n->attrs.value, shortest);
         }
         return true;
     }
@@ -85,7 +94,7 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
         return true;
     case LOOM_IR_ATTRS_REDUCE:
         loom_ir_writer_printf(p, "reduce = %s, scale = ", loom_ir_reduce_op_name(n->attrs.index));
-        put_double(p, n->attrs.value);
+        put_double(p, n->attrs.value, shortest);
         return true;
     case LOOM_IR_ATTRS_ROOT:
         loom_ir_writer_printf(p, "root = %lld", (long long)n->attrs.index);
@@ -98,17 +107,35 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n) {
     return false;
 }
 
-/* " {attributes, autocast = bf16}", or nothing when the node has neither. */
-static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+bool loom_ir_write_attrs(loom_ir_writer *p, const loom_ir_node *n, bool shortest) {
+    if ((unsigned)n->op >= LOOM_IR_OP_COUNT_)
+        return false;
     bool tagged = n->attrs.autocast != LOOM_DTYPE_F32;
-    if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_NONE && !tagged)
-        return;
-    loom_ir_writer_puts(p, " {");
-    bool body = put_attr_body(p, n);
+    bool body = put_attr_body(p, n, shortest);
     if (tagged)
         loom_ir_writer_printf(p, "%sautocast = %s", body ? ", " : "",
                               loom_dtype_name(n->attrs.autocast));
+    return body || tagged;
+}
+
+/* " {attributes, autocast = bf16}", or nothing when the node has neither. */
+static void put_attrs(loom_ir_writer *p, const loom_ir_node *n) {
+    if (loom_ir_op_table[n->op].attrs == LOOM_IR_ATTRS_NONE && n->attrs.autocast == LOOM_DTYPE_F32)
+        return;
+    loom_ir_writer_puts(p, " {");
+    loom_ir_write_attrs(p, n, false);
     loom_ir_writer_puts(p, "}");
+}
+
+char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc) {
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    if (loc.file) {
+        const char *base = strrchr(loc.file, '/');
+        snprintf(buf, size, "%s:%d", base ? base + 1 : loc.file, (int)loc.line);
+    }
+    return buf;
 }
 
 static void put_node(loom_ir_writer *p, int32_t id, const loom_ir_node *n) {

@@ -1,7 +1,11 @@
 /* loom-ir: inspect IR text files (as LOOM_DUMP writes them): print in canonical form,
- * verify, summarize, export to Graphviz, hash, run pass pipelines and show execution plans. */
+ * verify, summarize, export to Graphviz, hash, diff two graphs, run pass pipelines and show
+ * execution plans. Every command takes --help, reads '-' as standard input and exits 2 on
+ * usage errors. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir/ir.h"
@@ -9,32 +13,99 @@
 
 enum { EXIT_OK = 0, EXIT_INVALID = 1, EXIT_USAGE = 2 };
 
-static const char usage_text[] =
-    "usage: loom-ir <command> FILE\n"
-    "\n"
-    "Commands:\n"
-    "  print FILE    parse and verify FILE, then print it in canonical form\n"
-    "  verify FILE   parse and verify FILE; errors are reported as FILE:LINE:COL\n"
-    "  stats FILE    node count, ops, graph inputs and outputs, bytes, estimated FLOPs\n"
-    "  dot FILE      the graph in Graphviz DOT (pipe into `dot -Tsvg`)\n"
-    "  hash FILE     the structural hash the executable cache keys on\n"
-    "  opt --passes=P1,P2,... [--print-after-each] FILE\n"
-    "                run the passes in order (verifying after each) and print the result;\n"
-    "                with --print-after-each, print the graph after every pass instead\n"
-    "  plan FILE     run the JIT pipeline (dce, cse, fold, fusion, memory planning) and\n"
-    "                print the execution plan: kernels, buffers, copies, peak memory\n"
-    "\n"
-    "FILE may be '-' for standard input.\n"
-    "Exit status: 0 on success, 1 when FILE is invalid or unreadable, 2 on usage errors.\n";
+/* A subcommand: its usage line (after "loom-ir "), what it does, and how it runs on the
+ * arguments after its name. */
+typedef struct command {
+    const char *name;
+    const char *usage;
+    const char *summary; /* one line for `loom-ir --help` */
+    const char *help;
+    int (*run)(const struct command *c, int argc, char **argv);
+} command;
+
+/* `--help`: the command's usage and description on stdout. */
+static int command_help(const command *c) {
+    printf("usage: loom-ir %s\n\n%s", c->usage, c->help);
+    if (strstr(c->usage, "FILE"))
+        fputs("\nFILE may be '-' for standard input.\n", stdout);
+    return EXIT_OK;
+}
+
+/* A usage error: what is wrong (quoting arg when not NULL) and the command's usage line, on
+ * stderr; exit status 2. */
+static int usage_error(const command *c, const char *what, const char *arg) {
+    if (arg)
+        fprintf(stderr, "loom-ir: %s: %s '%s'\nusage: loom-ir %s\n", c->name, what, arg, c->usage);
+    else
+        fprintf(stderr, "loom-ir: %s: %s\nusage: loom-ir %s\n", c->name, what, c->usage);
+    return EXIT_USAGE;
+}
+
+/* An option parser: 1 when it took argv[*i] (advancing *i past a separate value), 0 when it
+ * does not know it, or an exit status + 2 (2: usage error already reported). */
+typedef int (*option_fn)(const command *c, int argc, char **argv, int *i, void *ud);
+
+/* Collects a command's n_files FILE operands and, through `option` (may be NULL), its options;
+ * "--" ends the options and "-" is a FILE. Returns -1 to go on, else the exit status: 0
+ * after --help, 2 on a usage error. */
+static int parse_args(const command *c, int argc, char **argv, int n_files, const char **files,
+                      option_fn option, void *ud) {
+    int got = 0;
+    bool options = true;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (options && strcmp(arg, "--") == 0) {
+            options = false;
+        } else if (options && (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0)) {
+            return command_help(c);
+        } else if (options && arg[0] == '-' && arg[1] != '\0') {
+            int r = option ? option(c, argc, argv, &i, ud) : 0;
+            if (r == 0)
+                return usage_error(c, "unknown option", arg);
+            if (r > 1)
+                return r - 2;
+        } else if (got == n_files) {
+            return usage_error(c, "unexpected argument", arg);
+        } else {
+            files[got++] = arg;
+        }
+    }
+    if (got < n_files)
+        return usage_error(c, n_files - got == 1 ? "missing FILE" : "missing FILEs", NULL);
+    return -1;
+}
+
+/* The value of option `name` in argv[*i]: "--name=V" or "--name V" (advancing *i). NULL
+ * when argv[*i] is another option; *missing is set when the value is absent. */
+static const char *option_value(const char *name, int argc, char **argv, int *i, bool *missing) {
+    size_t len = strlen(name);
+    *missing = false;
+    if (strncmp(argv[*i], name, len) != 0)
+        return NULL;
+    if (argv[*i][len] == '=')
+        return argv[*i] + len + 1;
+    if (argv[*i][len] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = true;
+        return NULL;
+    }
+    return argv[++*i];
+}
 
 static void write_stdout(const char *chunk, size_t len, void *ud) {
     (void)ud;
     fwrite(chunk, 1, len, stdout);
 }
 
-/* Reads and parses path into g, reporting any error on stderr as a compiler would. */
-static int load(const char *path, loom_ir_graph *g) {
-    const char *shown = strcmp(path, "-") == 0 ? "<stdin>" : path;
+/* The shown name of a path: "<stdin>" for "-". */
+static const char *shown_path(const char *path) {
+    return strcmp(path, "-") == 0 ? "<stdin>" : path;
+}
+
+/* Reads and parses path into g, reporting any error on stderr as a compiler would
+ * (FILE:LINE:COL: error: ...). */
+static bool load(const char *path, loom_ir_graph *g) {
     loom_allocator a = loom_allocator_system();
     loom_ir_diag d;
     loom_ir_diag_init(&d);
@@ -46,16 +117,25 @@ static int load(const char *path, loom_ir_graph *g) {
         loom_ir_free(&a, text, len + 1);
     }
     if (st == LOOM_OK)
-        return EXIT_OK;
+        return true;
     const char *msg = d.msg;
     size_t plen = strlen(path); /* file.c's messages start with "path: " */
     if (strncmp(msg, path, plen) == 0 && strncmp(msg + plen, ": ", 2) == 0)
         msg += plen + 2;
     if (st == LOOM_STATUS_PARSE_ERROR && d.line > 0)
-        fprintf(stderr, "%s:%d:%d: error: %s\n", shown, (int)d.line, (int)d.col, msg);
+        fprintf(stderr, "%s:%d:%d: error: %s\n", shown_path(path), (int)d.line, (int)d.col, msg);
     else
-        fprintf(stderr, "%s: error: %s\n", shown, msg);
-    return EXIT_INVALID;
+        fprintf(stderr, "%s: error: %s\n", shown_path(path), msg);
+    return false;
+}
+
+/* Exit status 1 when stdout could not be written (a full disk, a closed pipe). */
+static int finish_output(int rc) {
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "loom-ir: error: cannot write the output\n");
+        return rc == EXIT_OK ? EXIT_INVALID : rc;
+    }
+    return rc;
 }
 
 static double numel_f64(const loom_ir_node *n) {
@@ -126,38 +206,139 @@ static void print_known_passes(void) {
     fprintf(stderr, "\n");
 }
 
-/* The shown name of a path, as load() reports it. */
-static const char *shown_path(const char *path) {
-    return strcmp(path, "-") == 0 ? "<stdin>" : path;
+/* ---- commands ------------------------------------------------------------------------------ */
+
+/* The commands that load one FILE and show it one way. */
+static void show_print(const char *path, const loom_ir_graph *g) {
+    (void)path;
+    loom_ir_graph_print(g, write_stdout, NULL);
+}
+
+static void show_verify(const char *path, const loom_ir_graph *g) {
+    printf("%s: ok: %d nodes, %d inputs, %d outputs\n", shown_path(path), (int)g->n_nodes,
+           (int)g->n_graph_inputs, (int)g->n_outputs);
+}
+
+static void show_stats(const char *path, const loom_ir_graph *g) {
+    (void)path;
+    print_stats(g);
+}
+
+static void show_dot(const char *path, const loom_ir_graph *g) {
+    (void)path;
+    loom_ir_graph_dot(g, write_stdout, NULL);
+}
+
+static void show_hash(const char *path, const loom_ir_graph *g) {
+    (void)path;
+    printf("%016" PRIx64 "\n", loom_ir_graph_hash(g));
+}
+
+static int run_show(const command *c, int argc, char **argv) {
+    const char *path;
+    int rc = parse_args(c, argc, argv, 1, &path, NULL, NULL);
+    if (rc >= 0)
+        return rc;
+    static const struct {
+        const char *name;
+        void (*show)(const char *path, const loom_ir_graph *g);
+    } shows[] = {{"print", show_print},
+                 {"verify", show_verify},
+                 {"stats", show_stats},
+                 {"dot", show_dot},
+                 {"hash", show_hash}};
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &a);
+    rc = EXIT_INVALID;
+    if (load(path, &g)) {
+        for (size_t i = 0; i < sizeof shows / sizeof shows[0]; i++)
+            if (strcmp(c->name, shows[i].name) == 0)
+                shows[i].show(path, &g);
+        rc = finish_output(EXIT_OK);
+    }
+    loom_ir_graph_deinit(&g);
+    return rc;
+}
+
+/* loom-ir diff [--max=N] A B */
+static int diff_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    bool missing;
+    const char *v = option_value("--max", argc, argv, i, &missing);
+    if (missing)
+        return usage_error(c, "missing value for", argv[*i]) + 2;
+    if (!v)
+        return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || errno || n < 0 || n > INT32_MAX)
+        return usage_error(c, "--max needs a count, not", v) + 2;
+    *(int32_t *)ud = (int32_t)n;
+    return 1;
+}
+
+static int run_diff(const command *c, int argc, char **argv) {
+    const char *paths[2];
+    int32_t max_items = -1;
+    int rc = parse_args(c, argc, argv, 2, paths, diff_option, &max_items);
+    if (rc >= 0)
+        return rc;
+    if (strcmp(paths[0], "-") == 0 && strcmp(paths[1], "-") == 0)
+        return usage_error(c, "only one FILE may be '-'", NULL);
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g[2];
+    loom_ir_graph_init(&g[0], &a);
+    loom_ir_graph_init(&g[1], &a);
+    rc = EXIT_USAGE; /* as diff(1): trouble is 2, so that 1 means "they differ" */
+    if (load(paths[0], &g[0]) && load(paths[1], &g[1])) {
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        int32_t n = 0;
+        if (loom_ir_graph_diff(&g[0], &g[1], max_items, write_stdout, NULL, &n, &d) != LOOM_OK)
+            fprintf(stderr, "loom-ir: diff: error: %s\n", d.msg);
+        else if (finish_output(EXIT_OK) == EXIT_OK)
+            rc = n == 0 ? EXIT_OK : EXIT_INVALID;
+    }
+    loom_ir_graph_deinit(&g[0]);
+    loom_ir_graph_deinit(&g[1]);
+    return rc;
 }
 
 /* loom-ir opt --passes=LIST [--print-after-each] FILE */
-static int cmd_opt(int argc, char **argv) {
-    const char *list = NULL, *path = NULL;
-    bool each = false;
-    for (int i = 2; i < argc; i++) {
-        if (strncmp(argv[i], "--passes=", 9) == 0) {
-            list = argv[i] + 9;
-        } else if (strcmp(argv[i], "--print-after-each") == 0) {
-            each = true;
-        } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-            fprintf(stderr, "loom-ir: opt: unknown option '%s'\n\n%s", argv[i], usage_text);
-            return EXIT_USAGE;
-        } else if (path) {
-            fprintf(stderr, "loom-ir: opt takes exactly one FILE\n\n%s", usage_text);
-            return EXIT_USAGE;
-        } else {
-            path = argv[i];
-        }
+typedef struct opt_args {
+    const char *list;
+    bool each;
+} opt_args;
+
+static int opt_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    opt_args *o = ud;
+    bool missing;
+    const char *v = option_value("--passes", argc, argv, i, &missing);
+    if (missing)
+        return usage_error(c, "missing value for", argv[*i]) + 2;
+    if (v) {
+        o->list = v;
+        return 1;
     }
-    if (!list || !path) {
-        fprintf(stderr, "loom-ir: opt needs --passes=LIST and a FILE\n\n%s", usage_text);
-        return EXIT_USAGE;
-    }
+    if (strcmp(argv[*i], "--print-after-each") != 0)
+        return 0;
+    o->each = true;
+    return 1;
+}
+
+static int run_opt(const command *c, int argc, char **argv) {
+    const char *path;
+    opt_args o = {0};
+    int rc = parse_args(c, argc, argv, 1, &path, opt_option, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.list)
+        return usage_error(c, "missing --passes=LIST", NULL);
     enum { MAX_PASSES = 64 };
     const loom_pass *passes[MAX_PASSES];
     int32_t n_passes = 0;
-    for (const char *p = list; *p;) {
+    for (const char *p = o.list; *p;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
         char name[64];
@@ -183,17 +364,18 @@ static int cmd_opt(int argc, char **argv) {
     loom_allocator a = loom_allocator_system();
     loom_ir_graph g;
     loom_ir_graph_init(&g, &a);
-    int rc = load(path, &g);
-    if (rc == EXIT_OK) {
+    rc = EXIT_INVALID;
+    if (load(path, &g)) {
         loom_pass_options opts = {.verify_each = true,
-                                  .after_pass = each ? print_after_pass : NULL};
+                                  .after_pass = o.each ? print_after_pass : NULL};
         loom_ir_diag d;
         loom_ir_diag_init(&d);
         if (loom_pass_run_pipeline(&g, passes, n_passes, &opts, &d) != LOOM_OK) {
             fprintf(stderr, "%s: error: %s\n", shown_path(path), d.msg);
-            rc = EXIT_INVALID;
-        } else if (!each) {
-            loom_ir_graph_print(&g, write_stdout, NULL);
+        } else {
+            if (!o.each)
+                loom_ir_graph_print(&g, write_stdout, NULL);
+            rc = finish_output(EXIT_OK);
         }
     }
     loom_ir_graph_deinit(&g);
@@ -201,22 +383,26 @@ static int cmd_opt(int argc, char **argv) {
 }
 
 /* loom-ir plan FILE */
-static int cmd_plan(const char *path) {
+static int run_plan(const command *c, int argc, char **argv) {
+    const char *path;
+    int rc = parse_args(c, argc, argv, 1, &path, NULL, NULL);
+    if (rc >= 0)
+        return rc;
     loom_allocator a = loom_allocator_system();
     loom_ir_graph g;
     loom_ir_graph_init(&g, &a);
     loom_ir_plan plan;
     loom_ir_plan_init(&plan, &a);
-    int rc = load(path, &g);
-    if (rc == EXIT_OK) {
+    rc = EXIT_INVALID;
+    if (load(path, &g)) {
         loom_pass_options opts = {.verify_each = true};
         loom_ir_diag d;
         loom_ir_diag_init(&d);
         if (loom_pass_build_plan(&g, &opts, &plan, &d) != LOOM_OK) {
             fprintf(stderr, "%s: error: %s\n", shown_path(path), d.msg);
-            rc = EXIT_INVALID;
         } else {
             loom_ir_plan_print(&plan, &g, write_stdout, NULL);
+            rc = finish_output(EXIT_OK);
         }
     }
     loom_ir_plan_deinit(&plan);
@@ -224,68 +410,83 @@ static int cmd_plan(const char *path) {
     return rc;
 }
 
+static const command commands[] = {
+    {"print", "print FILE", "parse, verify and print FILE in canonical form",
+     "Parses and verifies FILE, then prints it in canonical form.\n", run_show},
+    {"verify", "verify FILE", "parse and verify FILE; errors as FILE:LINE:COL",
+     "Parses and verifies FILE; errors are reported as FILE:LINE:COL: error: MESSAGE.\n", run_show},
+    {"stats", "stats FILE", "node count, ops, inputs, outputs, bytes, estimated FLOPs",
+     "Node count, ops, graph inputs and outputs, bytes and estimated FLOPs of FILE.\n", run_show},
+    {"dot", "dot FILE", "the graph in Graphviz DOT",
+     "The graph in Graphviz DOT (pipe into `dot -Tsvg`).\n", run_show},
+    {"hash", "hash FILE", "the structural hash the executable cache keys on",
+     "The structural hash the executable cache keys on.\n", run_show},
+    {"diff", "diff [--max=N] A B", "what differs between graphs A and B, node by node",
+     "Compares graph A (the earlier) with B node by node, matching nodes by structure\n"
+     "rather than id, and prints each difference with its source location: changed\n"
+     "types, attributes and constants, new and removed nodes, changed outputs. Node ids\n"
+     "are B's except for removed nodes. Type changes that follow from earlier ones come\n"
+     "last.\n"
+     "  --max=N   print at most N differences, then how many more there are\n"
+     "A or B (not both) may be '-' for standard input.\n"
+     "Exit status: 0 when the graphs are equal, 1 when they differ, 2 on usage errors\n"
+     "and when a file is unreadable or invalid.\n",
+     run_diff},
+    {"opt", "opt --passes=P1,P2,... [--print-after-each] FILE",
+     "run passes in order and print the result",
+     "Runs the passes in order (verifying after each) and prints the result.\n"
+     "  --passes=LIST        the passes, comma-separated\n"
+     "  --print-after-each   print the graph after every pass instead\n",
+     run_opt},
+    {"plan", "plan FILE", "the JIT pipeline's execution plan: kernels, buffers, peak memory",
+     "Runs the JIT pipeline (dce, cse, fold, fusion, memory planning) and prints the\n"
+     "execution plan: kernels, buffers, copies, peak memory.\n",
+     run_plan},
+};
+
+static void print_usage(FILE *f) {
+    fputs("usage: loom-ir COMMAND [OPTIONS] FILE...\n\nCommands:\n", f);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %s\n      %s\n", commands[i].usage, commands[i].summary);
+    fputs("\n`loom-ir COMMAND --help` describes a command. FILE may be '-' for standard input.\n"
+          "Exit status: 0 on success, 1 when FILE is invalid or unreadable (diff: when the\n"
+          "graphs differ), 2 on usage errors.\n",
+          f);
+}
+
+static const command *find_command(const char *name) {
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(name, commands[i].name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fputs(usage_text, stdout);
+        fputs("loom-ir: missing COMMAND\nusage: loom-ir COMMAND [OPTIONS] FILE... "
+              "(loom-ir --help lists the commands)\n",
+              stderr);
         return EXIT_USAGE;
     }
-    const char *cmd = argv[1];
-    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
-        fputs(usage_text, stdout);
+    const char *name = argv[1];
+    if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0 || strcmp(name, "help") == 0) {
+        if (argc > 2 && strcmp(name, "help") == 0) { /* help COMMAND */
+            const command *c = find_command(argv[2]);
+            if (c)
+                return command_help(c);
+            fprintf(stderr, "loom-ir: help: unknown command '%s'\n", argv[2]);
+            return EXIT_USAGE;
+        }
+        print_usage(stdout);
         return EXIT_OK;
     }
-    if (strcmp(cmd, "opt") == 0 || strcmp(cmd, "plan") == 0) {
-        int rc;
-        if (strcmp(cmd, "opt") == 0) {
-            rc = cmd_opt(argc, argv);
-        } else if (argc != 3) {
-            fprintf(stderr, "loom-ir: plan takes exactly one FILE\n\n%s", usage_text);
-            return EXIT_USAGE;
-        } else {
-            rc = cmd_plan(argv[2]);
-        }
-        if (rc == EXIT_OK && (fflush(stdout) != 0 || ferror(stdout))) {
-            fprintf(stderr, "loom-ir: error: cannot write the output\n");
-            rc = EXIT_INVALID;
-        }
-        return rc;
-    }
-    static const char *const commands[] = {"print", "verify", "stats", "dot", "hash"};
-    bool known = false;
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        known = known || strcmp(cmd, commands[i]) == 0;
-    if (!known) {
-        fprintf(stderr, "loom-ir: unknown command '%s'\n\n%s", cmd, usage_text);
+    const command *c = find_command(name);
+    if (!c) {
+        fprintf(stderr,
+                "loom-ir: unknown command '%s'\nusage: loom-ir COMMAND [OPTIONS] "
+                "FILE... (loom-ir --help lists the commands)\n",
+                name);
         return EXIT_USAGE;
     }
-    if (argc != 3) {
-        fprintf(stderr, "loom-ir: %s takes exactly one FILE\n\n%s", cmd, usage_text);
-        return EXIT_USAGE;
-    }
-    const char *path = argv[2];
-
-    loom_allocator a = loom_allocator_system();
-    loom_ir_graph g;
-    loom_ir_graph_init(&g, &a);
-    int rc = load(path, &g);
-    if (rc == EXIT_OK) {
-        if (strcmp(cmd, "print") == 0)
-            loom_ir_graph_print(&g, write_stdout, NULL);
-        else if (strcmp(cmd, "verify") == 0)
-            printf("%s: ok: %d nodes, %d inputs, %d outputs\n",
-                   strcmp(path, "-") == 0 ? "<stdin>" : path, (int)g.n_nodes,
-                   (int)g.n_graph_inputs, (int)g.n_outputs);
-        else if (strcmp(cmd, "stats") == 0)
-            print_stats(&g);
-        else if (strcmp(cmd, "dot") == 0)
-            loom_ir_graph_dot(&g, write_stdout, NULL);
-        else
-            printf("%016" PRIx64 "\n", loom_ir_graph_hash(&g));
-        if (fflush(stdout) != 0 || ferror(stdout)) {
-            fprintf(stderr, "loom-ir: error: cannot write the output\n");
-            rc = EXIT_INVALID;
-        }
-    }
-    loom_ir_graph_deinit(&g);
-    return rc;
+    return c->run(c, argc - 2, argv + 2);
 }

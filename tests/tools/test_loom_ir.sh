@@ -9,38 +9,7 @@ if [ $# -ne 2 ]; then
 fi
 LOOM_IR=$1
 DATA=$2
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-ir-test.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT INT TERM
-
-n=0
-failed=0
-# check DESCRIPTION COMMAND...: runs the command; passes when it exits 0.
-check() {
-    desc=$1
-    shift
-    n=$((n + 1))
-    if "$@" >"$TMP/check.log" 2>&1; then
-        echo "ok $n - $desc"
-    else
-        echo "not ok $n - $desc"
-        sed 's/^/# /' "$TMP/check.log"
-        failed=$((failed + 1))
-    fi
-}
-
-# Helpers, each a small predicate for check.
-same_file() { cmp "$1" "$2"; }
-differ() { ! cmp -s "$1" "$2"; }
-first_line_is() { [ "$(head -n 1 "$1")" = "$2" ]; }
-count_is() { [ "$(grep -c -- "$2" "$1")" -eq "$3" ]; } # count_is FILE REGEX N
-has_line() { grep -qxF -- "$2" "$1" || { echo "no line '$2' in $1:"; cat "$1"; return 1; }; }
-exit_is() { # exit_is CODE COMMAND...
-    want=$1
-    shift
-    "$@" >"$TMP/out" 2>"$TMP/err"
-    got=$?
-    [ "$got" -eq "$want" ] || { echo "exit status $got, want $want"; cat "$TMP/err"; return 1; }
-}
+. "$(dirname "$0")/tap_lib.sh"
 
 # ---- print round trips -----------------------------------------------------------------
 for f in "$DATA"/*.loom; do
@@ -111,10 +80,9 @@ check "dot has one box per node" count_is "$TMP/out" '^  n[0-9]* \[label=' 13
 check "--help exits 0" exit_is 0 "$LOOM_IR" --help
 check "--help prints usage on stdout" grep -q '^usage: loom-ir' "$TMP/out"
 check "no arguments exit 2" exit_is 2 "$LOOM_IR"
-check "no arguments print usage" grep -q '^usage: loom-ir' "$TMP/out"
+check "no arguments print a usage line on stderr" grep -q '^usage: loom-ir' "$TMP/err"
 check "an unknown command exits 2" exit_is 2 "$LOOM_IR" frobnicate "$DATA/mlp.loom"
 check "an unknown command is named" grep -q "unknown command 'frobnicate'" "$TMP/err"
 check "a missing FILE exits 2" exit_is 2 "$LOOM_IR" print
 
-echo "1..$n"
-[ "$failed" -eq 0 ]
+tap_finish
