@@ -18,6 +18,9 @@
  *    Constants (through broadcasts and reshapes) take the dtype of the others instead of
  *    widening it, as Python scalars do in PyTorch: relu's backward, select(x > 0, dy, 0),
  *    stays in bf16 although its zeros were recorded f32;
+ *  - a collective (tagged or not) gets its operand in the dtype it was recorded with: the
+ *    all-reduce of an f32 parameter's gradient reduces f32 values across the ranks, as DDP
+ *    does under autocast, even when the gradient now comes out of a bf16 matmul;
  *  - every other op takes its operands as they now are: relu of bf16 is bf16, a cast keeps
  *    its recorded target, sources keep their types; but operands that now differ are
  *    promoted as above whatever the op's class (a matmul with autocast off, fed by a bf16
@@ -208,6 +211,8 @@ static loom_dtype wanted(const ac_state *s, int32_t i, int32_t k, const int32_t 
     if (tagged && info->autocast == LOOM_IR_AC_FP32)
         return have == LOOM_DTYPE_F16 || have == LOOM_DTYPE_BF16 ? LOOM_DTYPE_F32
                                                                  : LOOM_DTYPE_COUNT_;
+    if (info->kind == LOOM_IR_KIND_COLLECTIVE) /* across ranks in the dtype recorded */
+        return is_castable(have) && is_castable(n->dtype) ? n->dtype : LOOM_DTYPE_COUNT_;
     int32_t first = info->kind == LOOM_IR_KIND_SELECT ? 1 : 0; /* select's condition is bool */
     if (k < first || !loom_ir_dtype_is_float(have))
         return LOOM_DTYPE_COUNT_;

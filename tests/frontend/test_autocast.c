@@ -9,6 +9,7 @@
 
 #include "frontend/frontend.h"
 #include "loom/amp.h"
+#include "loom/dist.h"
 #include "loom/nn.h"
 #include "passes/passes.h"
 
@@ -306,6 +307,41 @@ static void test_conv_input_gradients_sum_their_windows_in_f32(void **state) {
     assert_true(norm > 1 && err <= 2e-2 * norm);
 }
 
+/* Gradients all-reduced inside an autocast scope reduce in the dtype they were recorded
+ * with (f32 for an f32 weight), as DDP reduces the f32 gradients of f32 master weights,
+ * although the weight gradient comes out of a bf16 matmul. */
+static void test_an_all_reduce_of_an_f32_gradient_stays_f32_under_autocast(void **state) {
+    (void)state;
+    enum { XN = 2 * 3 * 7 * 7, WN = 4 * 3 * 3 * 3 };
+    float xs[XN], ws[WN];
+    fill(xs, XN, 11, 1.0f);
+    fill(ws, WN, 12, 0.5f);
+    loom_context *ctx = tu_context(true);
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 7, 7}, xs);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){4, 3, 3, 3}, ws);
+    assert_int_equal(loom_autocast_begin(ctx, LOOM_DTYPE_BF16), LOOM_OK);
+    loom_tensor *y = loom_conv2d(ctx, x, w, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, y), 0, NULL, false);
+    loom_tensor *gw = NULL;
+    assert_int_equal(loom_backward(ctx, loss, 1, (loom_tensor *[]){w}, &gw), LOOM_OK);
+    loom_tensor *r = loom_all_reduce(ctx, gw, LOOM_REDUCE_SUM, 1.0);
+    assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
+    loom_ir_graph g;
+    cut_and_autocast_n(ctx, 1, &r, &g);
+    int reduces = 0;
+    for (int32_t i = 0; i < g.n_nodes; i++)
+        if (g.nodes[i].op == LOOM_IR_OP_ALL_REDUCE) {
+            assert_int_equal(g.nodes[i].dtype, LOOM_DTYPE_F32);
+            assert_int_equal(g.nodes[g.nodes[i].inputs[0]].dtype, LOOM_DTYPE_F32);
+            reduces++;
+        }
+    assert_int_equal(reduces, 1);
+    loom_ir_graph_deinit(&g);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_context_destroy(ctx);
+}
+
 static void test_each_parameter_is_cast_once_for_forward_and_backward(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
@@ -426,6 +462,7 @@ int main(void) {
         cmocka_unit_test(test_each_parameter_is_cast_once_for_forward_and_backward),
         cmocka_unit_test(test_no_kernel_is_spent_on_a_16_bit_cast),
         cmocka_unit_test(test_conv_input_gradients_sum_their_windows_in_f32),
+        cmocka_unit_test(test_an_all_reduce_of_an_f32_gradient_stays_f32_under_autocast),
         cmocka_unit_test(test_16_bit_steps_match_the_interpreter_and_stay_near_fp32),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -56,7 +56,7 @@ typedef struct dp_case {
  * (the same when the steps with collectives ran on the interpreter, f64 accumulation, against
  * a compiled one-process run). bf16: each rank's weight gradient is a matmul rounded to
  * bf16 (8 bits) before the all-reduce, where the one process rounds the whole batch's, ~0.4%
- * per step, which momentum SGD carries on: differences up to ~1.2e-3 on values ~0.1, 22% of
+ * per step, which momentum SGD carries on: differences up to ~2e-3 on values ~0.1, 35% of
  * 5e-2 relative + 5e-3 absolute. Mistakes exceed the tolerance on most values: a rank reading
  * the wrong rows, no gradient all-reduce, no parameter broadcast, a step skipped on one rank
  * only (found_inf not max-reduced: 60-84 times the bf16 tolerance). */
