@@ -25,6 +25,7 @@ typedef struct loom_cg_options {
     int32_t compile_threads; /* modules compiled in parallel; <= 0: loom_rt_default_threads() */
     const char *dump_dir;    /* when set: MLIR before/after lowering, LLVM IR and assembly */
     const char *dump_prefix; /* dump file name prefix, e.g. "step000003-0123456789abcdef" */
+    struct loom_rt_trace *trace; /* when set: an event per module compiled, on its thread */
 } loom_cg_options;
 
 /* Compiles every kernel of plan (for graph g) for the host CPU (features detected at run

@@ -43,6 +43,7 @@
 
 #include "cg_internal.h"
 #include "matmul_schedule.h"
+#include "runtime/trace.h"
 
 static const char *const mlir_pipeline =
     "builtin.module(convert-scf-to-cf,convert-vector-to-llvm,convert-math-to-llvm,"
@@ -104,6 +105,7 @@ typedef struct compile_state {
     int32_t n_jobs;
     atomic_int next;
     atomic_bool failed;
+    struct loom_rt_trace *trace; /* NULL: not tracing */
 } compile_state;
 
 static void *locked_alloc(void *ud, void *ptr, size_t old_size, size_t new_size) {
@@ -537,7 +539,14 @@ static void run_worker(compile_state *cs) {
             jb->d = d;
             jb->st = init;
         } else {
+            int64_t t0 = loom_rt_now_ns();
             jb->st = compile_job(&w, jb);
+            if (cs->trace) {
+                char name[64];
+                snprintf(name, sizeof name, "module %d: kernels %d..%d", i, (int)jb->first,
+                         (int)(jb->first + jb->count - 1));
+                loom_rt_trace_event(cs->trace, "compile", name, t0, loom_rt_now_ns(), NULL);
+            }
         }
         if (jb->st != LOOM_OK)
             atomic_store(&cs->failed, true);
@@ -673,8 +682,12 @@ loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
     if (workers < 1)
         workers = 1;
     int32_t n_jobs = workers == 1 ? (nk > 0 ? 1 : 0) : (nk < 4 * workers ? nk : 4 * workers);
-    compile_state cs = {
-        .g = g, .plan = plan, .dumping = opts->dump_dir != NULL, .inner = *a, .n_jobs = n_jobs};
+    compile_state cs = {.g = g,
+                        .plan = plan,
+                        .dumping = opts->dump_dir != NULL,
+                        .inner = *a,
+                        .n_jobs = n_jobs,
+                        .trace = opts->trace};
     pthread_mutex_init(&cs.mu, NULL);
     cs.shared = (loom_allocator){.fn = locked_alloc, .ud = &cs};
     atomic_init(&cs.next, 0);

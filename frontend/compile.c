@@ -9,12 +9,14 @@
 #include "passes/passes.h"
 #include "runtime/disk_cache.h"
 #include "runtime/kernel.h"
+#include "runtime/trace.h"
 
 /* Dumps written after each pass: <dir>/<prefix>.NN-<pass>.loom */
 typedef struct dump_ctx {
     const loom_fe_jit_options *opts;
     const loom_allocator *alloc;
     int index;
+    int64_t t_last; /* when the pass just reported began (LOOM_TRACE) */
 } dump_ctx;
 
 static void dump_text(const loom_fe_jit_options *o, const char *suffix, const loom_ir_sbuf *sb) {
@@ -30,6 +32,16 @@ static void dump_text(const loom_fe_jit_options *o, const char *suffix, const lo
 
 static void after_pass(const char *name, bool changed, const loom_ir_graph *g, void *ud) {
     dump_ctx *dc = ud;
+    if (dc->opts->trace) {
+        int64_t t = loom_rt_now_ns();
+        char args[64];
+        snprintf(args, sizeof args, "\"changed\":%s,\"nodes\":%d", changed ? "true" : "false",
+                 (int)g->n_nodes);
+        loom_rt_trace_event(dc->opts->trace, "pass", name, dc->t_last, t, args);
+        dc->t_last = t;
+    }
+    if (!dc->opts->dump_dir)
+        return;
     loom_ir_sbuf sb;
     loom_ir_sbuf_init(&sb, dc->alloc);
     loom_ir_sbuf_printf(&sb, "// after %s (%s)\n", name, changed ? "changed" : "unchanged");
@@ -61,10 +73,18 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     if (o->cache_dir) {
         void *blob = NULL;
         size_t len = 0;
+        int64_t t0 = loom_rt_now_ns();
         loom_status st = loom_rt_disk_cache_get(o->cache_dir, key, a, &blob, &len, &cd);
         if (st == LOOM_OK && blob) {
             st = loom_cg_code_load(blob, len, plan, code, kernels, &cd);
             loom_ir_free(a, blob, len + 1);
+            if (o->trace) {
+                char args[64];
+                snprintf(args, sizeof args, "\"bytes\":%zu,\"ok\":%s", len,
+                         st == LOOM_OK ? "true" : "false");
+                loom_rt_trace_event(o->trace, "cache", "disk cache load", t0, loom_rt_now_ns(),
+                                    args);
+            }
             if (st == LOOM_OK) {
                 loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_HIT, 1);
                 return LOOM_OK;
@@ -81,8 +101,10 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
         }
         loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_MISS, 1);
     }
-    loom_cg_options co = {.compile_threads = o->compile_threads, .dump_dir = o->dump_dir,
-                          .dump_prefix = o->dump_prefix};
+    loom_cg_options co = {.compile_threads = o->compile_threads,
+                          .dump_dir = o->dump_dir,
+                          .dump_prefix = o->dump_prefix,
+                          .trace = o->trace};
     loom_status st = loom_cg_compile(g, plan, &co, code, kernels, d);
     if (st != LOOM_OK || !o->cache_dir)
         return st;
@@ -125,9 +147,9 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     loom_cg_code *code = NULL;
     loom_rt_kernel *kernels = NULL;
     size_t kernels_bytes = 0;
-    dump_ctx dc = {.opts = o, .alloc = a};
+    dump_ctx dc = {.opts = o, .alloc = a, .t_last = loom_rt_now_ns()};
     loom_pass_options popts = {.verify_each = o->verify_passes,
-                               .after_pass = o->dump_dir ? after_pass : NULL,
+                               .after_pass = o->dump_dir || o->trace ? after_pass : NULL,
                                .ud = &dc,
                                .allreduce_bucket_mb = o->allreduce_bucket_mb};
     loom_status st = loom_ir_graph_copy(&g, cut);
@@ -135,6 +157,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         st = loom_ir_diag_set(d, st, "out of memory copying the graph");
     if (st == LOOM_OK)
         st = loom_pass_build_plan(&g, &popts, &plan, d);
+    if (o->trace) /* fusion, buckets, memory planning and the plan's verification */
+        loom_rt_trace_event(o->trace, "pass", "plan", dc.t_last, loom_rt_now_ns(), NULL);
     if (st == LOOM_OK && o->dump_dir) {
         loom_ir_sbuf sb;
         loom_ir_sbuf_init(&sb, a);
@@ -165,6 +189,12 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         loom_rt_executable_destroy(*out_exe);
         *out_exe = NULL;
         loom_ir_diag_set(d, st, "out of memory profiling the program");
+    }
+    if (st == LOOM_OK && o->trace &&
+        (st = loom_rt_program_trace(*out_exe, o->trace, &plan, &g)) != LOOM_OK) {
+        loom_rt_executable_destroy(*out_exe);
+        *out_exe = NULL;
+        loom_ir_diag_set(d, st, "out of memory tracing the program");
     }
     if (st == LOOM_OK)
         st = keep_traced_graph(out_exe, cut, d);

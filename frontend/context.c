@@ -11,6 +11,7 @@
 #include "runtime/kernel.h"
 #include "runtime/disk_cache.h"
 #include "runtime/stream.h"
+#include "runtime/trace.h"
 
 /* Registry of live contexts so a handle (which carries only an id) finds its context, even
  * in loom_tensor_retain/release which take no context. Ids are handed out round-robin, so
@@ -67,6 +68,8 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     const char *profile = getenv("LOOM_PROFILE");
     opts->profile = profile && *profile && strcmp(profile, "0") != 0;
     opts->allreduce_bucket_mb = env_bucket_mb();
+    const char *trace = getenv("LOOM_TRACE");
+    opts->trace_path = trace && *trace ? trace : NULL;
 }
 
 static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
@@ -120,6 +123,13 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
                                            &ctx->metrics, &ctx->device, &d);
     if (st == LOOM_OK && opts->dump_dir)
         st = dup_string(&ctx->alloc, opts->dump_dir, &ctx->dump_dir);
+    if (st == LOOM_OK && opts->trace_path) {
+        st = loom_rt_trace_open(opts->trace_path, world ? world->rank : 0, &ctx->alloc,
+                                &ctx->chrome, &d);
+        ctx->inflight.trace = ctx->chrome;
+        if (st == LOOM_OK)
+            ctx->device->trace = ctx->chrome;
+    }
     char cache_buf[4096];
     const char *cache_dir = opts->cache_dir
                                 ? opts->cache_dir
@@ -176,6 +186,14 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
         print_profile(ctx);
     loom_rt_stream_destroy(ctx->stream);
     loom_rt_pool_destroy(ctx->pool);
+    if (ctx->chrome) {
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        if (loom_rt_trace_close(ctx->chrome, &d) != LOOM_OK)
+            fprintf(stderr, "loom: LOOM_TRACE: %s\n", d.msg);
+        if (ctx->device)
+            ctx->device->trace = NULL;
+    }
     for (int32_t i = 0; i < ctx->n_tensors; i++)
         if (ctx->tensors[i].alive)
             loom_rt_buffer_release(ctx->tensors[i].buf);

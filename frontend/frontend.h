@@ -48,6 +48,7 @@ typedef struct loom_fe_inflight {
     uint32_t *gens;
     int32_t cap_slots, cap_gens;
     int64_t exec_ns;       /* written by the stream's thread, read after the wait */
+    struct loom_rt_trace *trace; /* the context's, or NULL */
 } loom_fe_inflight;
 
 struct loom_context {
@@ -66,6 +67,7 @@ struct loom_context {
     bool verify_passes;
     bool profiling;          /* LOOM_PROFILE: programs time their kernels into `profile` */
     double allreduce_bucket_mb; /* resolved: > 0 (INFINITY allowed), or < 0 for 0 */
+    struct loom_rt_trace *chrome; /* LOOM_TRACE's Chrome trace; NULL: not tracing */
     loom_rt_profile profile; /* kept until destroy, which prints it when profiling */
 
     /* the current step */
@@ -162,6 +164,7 @@ typedef struct loom_fe_jit_options {
     const char *dump_prefix; /* "stepNNNNNN-<hash>" */
     loom_rt_profile *profile; /* NULL: kernels are not timed (LOOM_PROFILE) */
     double allreduce_bucket_mb; /* loom_pass_options.allreduce_bucket_mb; part of the cache key */
+    struct loom_rt_trace *trace; /* NULL: not tracing */
 } loom_fe_jit_options;
 
 struct loom_rt_pool;

@@ -9,6 +9,7 @@
 #include "frontend.h"
 #include "runtime/kernel.h"
 #include "runtime/stream.h"
+#include "runtime/trace.h"
 
 /* LOOM_DUMP: the graph as text and DOT, named by step and hash. Failures to write are
  * reported on stderr once per graph and never fail the step. */
@@ -44,7 +45,15 @@ static void dump_graph(loom_context *ctx, const loom_ir_graph *g, const char *pr
 static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_executable **out_exe) {
     uint64_t hash = loom_ir_graph_hash(&ctx->cut);
     loom_rt_executable *exe = loom_rt_cache_find(&ctx->cache, &ctx->cut, hash);
-    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_TRACE_TIME, loom_rt_now_ns() - t0);
+    int64_t t1 = loom_rt_now_ns();
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_TRACE_TIME, t1 - t0);
+    if (ctx->chrome) {
+        char name[64], args[96];
+        snprintf(name, sizeof name, "trace step %" PRId64, ctx->step);
+        snprintf(args, sizeof args, "\"nodes\":%d,\"graph\":\"%016" PRIx64 "\",\"cache\":\"%s\"",
+                 (int)ctx->cut.n_nodes, hash, exe ? "hit" : "miss");
+        loom_rt_trace_event(ctx->chrome, "trace", name, t0, t1, args);
+    }
     if (exe) {
         loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_HIT, 1);
         *out_exe = exe;
@@ -66,7 +75,8 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
                                  .dump_dir = ctx->dump_dir,
                                  .dump_prefix = prefix,
                                  .profile = ctx->profiling ? &ctx->profile : NULL,
-                                 .allreduce_bucket_mb = ctx->allreduce_bucket_mb};
+                                 .allreduce_bucket_mb = ctx->allreduce_bucket_mb,
+                                 .trace = ctx->chrome};
         st = loom_fe_jit_build(&ctx->cut, hash, &o, ctx->pool, &ctx->alloc, &ctx->metrics, &exe, &d);
         if (st == LOOM_STATUS_UNSUPPORTED) {
             loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FALLBACKS, 1);
@@ -78,7 +88,14 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
         st = loom_fe_interp_build(&ctx->cut, hash, &ctx->alloc, &exe, &d);
     if (st == LOOM_OK)
         st = loom_rt_cache_insert(&ctx->cache, exe);
-    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_COMPILE_TIME, loom_rt_now_ns() - compile_t0);
+    int64_t compile_t1 = loom_rt_now_ns();
+    loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_COMPILE_TIME, compile_t1 - compile_t0);
+    if (ctx->chrome) {
+        char name[64];
+        snprintf(name, sizeof name, "compile step %" PRId64 "%s", ctx->step,
+                 st == LOOM_OK && exe && exe->host_thread_only ? " (interpreter)" : "");
+        loom_rt_trace_event(ctx->chrome, "compile", name, compile_t0, compile_t1, NULL);
+    }
     if (st != LOOM_OK)
         return loom_fe_error(ctx, st, NULL, 0, "mark_step", "building step %" PRId64 ": %s",
                              ctx->step, d.code != LOOM_OK ? d.msg : "out of memory");
@@ -90,7 +107,14 @@ static loom_status run_job(void *job, loom_ir_diag *d) {
     loom_fe_inflight *f = job;
     int64_t t0 = loom_rt_now_ns();
     loom_status st = f->exe->vt->run(f->exe, f->bufs, f->bufs + f->n_in, d);
-    f->exec_ns = loom_rt_now_ns() - t0;
+    int64_t t1 = loom_rt_now_ns();
+    f->exec_ns = t1 - t0;
+    if (f->trace) {
+        char name[64];
+        snprintf(name, sizeof name, "step %" PRId64, f->step);
+        loom_rt_trace_event(f->trace, "step", name, t0, t1,
+                            st == LOOM_OK ? NULL : "\"failed\":true");
+    }
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "runtime.h"
+#include "trace.h"
 
 /* ---- the NPU target ---------------------------------------------------------------------- */
 
@@ -156,15 +157,28 @@ void loom_rt_buffer_release(loom_rt_buffer *buf) {
         buf->device->vt->buffer_free(buf->device, buf);
 }
 
+/* A transfer that began at t0: its bytes and time in the metrics, an event in the trace. */
+static void count_transfer(loom_rt_device *dev, loom_rt_metric bytes, loom_rt_metric time,
+                           const char *what, size_t size, int64_t t0) {
+    int64_t t1 = loom_rt_now_ns();
+    if (dev->metrics) {
+        loom_rt_metrics_add(dev->metrics, bytes, (int64_t)size);
+        loom_rt_metrics_add(dev->metrics, time, t1 - t0);
+    }
+    if (dev->trace) {
+        char args[48];
+        snprintf(args, sizeof args, "\"bytes\":%zu", size);
+        loom_rt_trace_event(dev->trace, "transfer", what, t0, t1, args);
+    }
+}
+
 loom_status loom_rt_buffer_write(loom_rt_buffer *buf, const void *src, size_t size) {
     loom_rt_device *dev = buf->device;
     int64_t t0 = loom_rt_now_ns();
     loom_status st = dev->vt->write(dev, buf, 0, src, size);
-    if (st == LOOM_OK && dev->metrics) {
-        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_TO_DEVICE, (int64_t)size);
-        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_TO_DEVICE_TIME,
-                            loom_rt_now_ns() - t0);
-    }
+    if (st == LOOM_OK)
+        count_transfer(dev, LOOM_RT_METRIC_TRANSFER_TO_DEVICE,
+                       LOOM_RT_METRIC_TRANSFER_TO_DEVICE_TIME, "to device", size, t0);
     return st;
 }
 
@@ -172,10 +186,8 @@ loom_status loom_rt_buffer_read(const loom_rt_buffer *buf, void *dst, size_t siz
     loom_rt_device *dev = buf->device;
     int64_t t0 = loom_rt_now_ns();
     loom_status st = dev->vt->read(dev, buf, 0, dst, size);
-    if (st == LOOM_OK && dev->metrics) {
-        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_FROM_DEVICE, (int64_t)size);
-        loom_rt_metrics_add(dev->metrics, LOOM_RT_METRIC_TRANSFER_FROM_DEVICE_TIME,
-                            loom_rt_now_ns() - t0);
-    }
+    if (st == LOOM_OK)
+        count_transfer(dev, LOOM_RT_METRIC_TRANSFER_FROM_DEVICE,
+                       LOOM_RT_METRIC_TRANSFER_FROM_DEVICE_TIME, "from device", size, t0);
     return st;
 }

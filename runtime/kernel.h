@@ -72,4 +72,14 @@ loom_status loom_rt_program_prepare(loom_rt_executable *exe, loom_rt_device *dev
 loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *prof,
                                     const loom_ir_plan *plan, const loom_ir_graph *g);
 
+/* Traces every kernel and collective of a program executable from now on into trace (which
+ * must outlive exe): one event per kernel run, named "k3 matmul f32[64,10] train.c:88", and
+ * one per collective from its start to its completion (its bytes, and the kernel it is
+ * waited on before). Once per executable, on the host thread, before the executable is
+ * handed to a stream. Executables of other kinds: no-op.
+ * Errors: INVALID_ARGUMENT (NULL, or plan does not match exe), OUT_OF_MEMORY. */
+struct loom_rt_trace;
+loom_status loom_rt_program_trace(loom_rt_executable *exe, struct loom_rt_trace *trace,
+                                  const loom_ir_plan *plan, const loom_ir_graph *g);
+
 #endif

@@ -52,8 +52,7 @@ static int by_time(const void *x, const void *y) {
     return (a->index > b->index) - (a->index < b->index);
 }
 
-/* s as the body of a JSON string (quotes, backslashes and control characters escaped). */
-static void put_json_string(loom_ir_writer *w, const char *s) {
+void loom_rt_json_string(loom_ir_writer *w, const char *s) {
     loom_ir_writer_puts(w, "\"");
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
@@ -103,11 +102,11 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
             const loom_rt_profile_kernel *k = ks[i];
             loom_ir_writer_printf(&w, "%s{\"program\":\"%016" PRIx64 "\",\"index\":%d,\"kind\":",
                                   i ? "," : "", k->program, (int)k->index);
-            put_json_string(&w, k->kind);
+            loom_rt_json_string(&w, k->kind);
             loom_ir_writer_puts(&w, ",\"root\":");
-            put_json_string(&w, k->root);
+            loom_rt_json_string(&w, k->root);
             loom_ir_writer_puts(&w, ",\"loc\":");
-            put_json_string(&w, k->loc);
+            loom_rt_json_string(&w, k->loc);
             loom_ir_writer_printf(&w,
                                   ",\"calls\":%" PRId64 ",\"total_ns\":%" PRId64
                                   ",\"flops\":%.0f,\"bytes\":%.0f}",

@@ -9,6 +9,7 @@
 
 #include "collective.h"
 #include "kernel.h"
+#include "trace.h"
 
 /* Where a value lives, resolved at create time so a run only adds base pointers: placements
  * of RESHAPEs are followed to their operand's, INPUT nodes without one get their own. */
@@ -33,6 +34,7 @@ typedef struct prog_coll {
     int32_t wait_before;
     size_t count;              /* all-reduce: elements reduced, padding between members too */
     loom_rt_comm_request *req; /* in flight; NULL when done */
+    int64_t t_start;           /* when it started (traced runs) */
     bool in_flight;
 } prog_coll;
 
@@ -69,6 +71,8 @@ typedef struct program {
     loom_rt_buffer *arena; /* kept between runs; NULL until the first run or prepare */
     atomic_bool running;   /* catches overlapping runs, which would share arena and bufs */
     loom_rt_profile_kernel *prof; /* per kernel, owned by the profile; NULL: not timed */
+    loom_rt_trace *trace;         /* borrowed; NULL: not traced */
+    char (*trace_names)[352];     /* per kernel while traced: "k3 matmul f32[64,10] a.c:9" */
 } program;
 
 /* n elements of size each from a (NULL for n == 0); false on out-of-memory. */
@@ -94,6 +98,8 @@ static void program_destroy(loom_rt_executable *exe) {
     loom_ir_free(&a, p->bufs, (size_t)p->n_slots * sizeof *p->bufs);
     loom_ir_free(&a, p->copies, (size_t)p->n_copies * sizeof *p->copies);
     loom_ir_free(&a, p->colls, (size_t)p->n_colls * sizeof *p->colls);
+    if (p->trace_names)
+        loom_ir_free(&a, p->trace_names, (size_t)p->n_kernels * sizeof *p->trace_names);
     loom_ir_free(&a, p->coll_nodes, (size_t)p->n_coll_nodes * sizeof *p->coll_nodes);
     loom_ir_free(&a, p->input_bytes, (size_t)g->n_graph_inputs * sizeof *p->input_bytes);
     loom_ir_free(&a, p->output_bytes, (size_t)g->n_outputs * sizeof *p->output_bytes);
@@ -342,6 +348,18 @@ static loom_status start_collective(program *p, prog_coll *c, loom_ir_diag *d) {
     return st;
 }
 
+/* The trace's event for collective c, from its start until now (its completion). */
+static void trace_collective(program *p, const prog_coll *c) {
+    if (!p->trace)
+        return;
+    const loom_ir_node *n = &p->coll_graph.nodes[c->node];
+    char args[96];
+    snprintf(args, sizeof args, "\"bytes\":%zu,\"values\":%d,\"waited_before_kernel\":%d",
+             c->count * loom_dtype_size(n->dtype), (int)c->n_members, (int)c->wait_before);
+    loom_rt_trace_event(p->trace, "collective", p->trace_names[c->kernel], c->t_start,
+                        loom_rt_now_ns(), args);
+}
+
 /* Waits for collective c if it is in flight. */
 static loom_status wait_collective(program *p, prog_coll *c, loom_ir_diag *d) {
     if (!c->in_flight)
@@ -353,6 +371,7 @@ static loom_status wait_collective(program *p, prog_coll *c, loom_ir_diag *d) {
     loom_ir_diag sub;
     loom_ir_diag_init(&sub);
     loom_status st = loom_rt_comm_wait(req, &sub);
+    trace_collective(p, c);
     return st == LOOM_OK ? LOOM_OK
                          : loom_rt_collective_error(&p->coll_graph, c->node, st, sub.msg, d);
 }
@@ -427,8 +446,9 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
         const prog_kernel *pk = &p->kernels[k];
         if (p->n_in_flight > 0 && (st = wait_due(p, k, st, d)) != LOOM_OK)
             break;
-        int64_t t0 = p->prof ? loom_rt_now_ns() : 0;
+        int64_t t0 = p->prof || p->trace ? loom_rt_now_ns() : 0;
         if (pk->coll >= 0) {
+            p->colls[pk->coll].t_start = t0;
             st = start_collective(p, &p->colls[pk->coll], d);
         } else {
             kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
@@ -436,9 +456,16 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
             if (p->n_in_flight > 0)
                 poll_collectives(p);
         }
-        if (p->prof) {
-            p->prof[k].total_ns += loom_rt_now_ns() - t0;
-            p->prof[k].calls++;
+        if (p->prof || p->trace) {
+            int64_t t1 = loom_rt_now_ns();
+            if (p->prof) {
+                p->prof[k].total_ns += t1 - t0;
+                p->prof[k].calls++;
+            }
+            if (p->trace && pk->coll < 0)
+                loom_rt_trace_event(p->trace, "kernel", p->trace_names[k], t0, t1, NULL);
+            else if (p->trace && !p->colls[pk->coll].in_flight) /* ran to completion */
+                trace_collective(p, &p->colls[pk->coll]);
         }
     }
     if (p->n_in_flight > 0)
@@ -531,13 +558,19 @@ loom_status loom_rt_program_prepare(loom_rt_executable *exe, loom_rt_device *dev
     return st;
 }
 
-/* "file.c:88" for loc (its basename), "" when unknown. */
-static void format_loc(char *buf, size_t n, loom_ir_loc loc) {
-    buf[0] = '\0';
-    if (!loc.file)
+/* Kernel k of plan (for g), as the profile and the trace name it: its root, "matmul
+ * bf16[64,576]" ("" when out of range), and the root's source line, "train.c:88". */
+static void describe_kernel(const loom_ir_plan *plan, const loom_ir_graph *g, int32_t k, char *root,
+                            size_t root_size, char *loc, size_t loc_size) {
+    const loom_ir_kernel *kn = &plan->kernels[k];
+    root[0] = loc[0] = '\0';
+    if (kn->root < 0 || kn->root >= g->n_nodes)
         return;
-    const char *base = strrchr(loc.file, '/');
-    snprintf(buf, n, "%s:%d", base ? base + 1 : loc.file, (int)loc.line);
+    const loom_ir_node *r = &g->nodes[kn->root];
+    char ty[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_format_type(ty, sizeof ty, r->dtype, r->rank, r->shape);
+    snprintf(root, root_size, "%s %s", loom_ir_op_name(r->op), ty);
+    loom_ir_format_loc(loc, loc_size, r->loc);
 }
 
 loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *prof,
@@ -560,14 +593,36 @@ loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *pr
         e[k].index = k;
         loom_ir_kernel_cost(kn, g, &e[k].flops, &e[k].bytes);
         snprintf(e[k].kind, sizeof e[k].kind, "%s", loom_ir_kernel_kind_name(kn->kind));
-        if (kn->root < 0 || kn->root >= g->n_nodes)
-            continue;
-        const loom_ir_node *r = &g->nodes[kn->root];
-        char ty[LOOM_IR_TYPE_STR_MAX];
-        loom_ir_format_type(ty, sizeof ty, r->dtype, r->rank, r->shape);
-        snprintf(e[k].root, sizeof e[k].root, "%s %s", loom_ir_op_name(r->op), ty);
-        format_loc(e[k].loc, sizeof e[k].loc, r->loc);
+        describe_kernel(plan, g, k, e[k].root, sizeof e[k].root, e[k].loc, sizeof e[k].loc);
     }
     p->prof = e;
+    return LOOM_OK;
+}
+
+loom_status loom_rt_program_trace(loom_rt_executable *exe, loom_rt_trace *trace,
+                                  const loom_ir_plan *plan, const loom_ir_graph *g) {
+    if (!exe || !trace || !plan || !g || plan->n_nodes != g->n_nodes)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (exe->vt != &program_vtable)
+        return LOOM_OK;
+    program *p = (program *)exe;
+    if (plan->n_kernels != p->n_kernels)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (p->trace || p->n_kernels == 0)
+        return LOOM_OK;
+    if (!alloc_array(&p->base.alloc, (void **)&p->trace_names, p->n_kernels,
+                     sizeof *p->trace_names))
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    for (int32_t k = 0; k < p->n_kernels; k++) {
+        char root[LOOM_IR_TYPE_STR_MAX + 32], loc[128];
+        describe_kernel(plan, g, k, root, sizeof root, loc, sizeof loc);
+        const loom_ir_kernel *kn = &plan->kernels[k];
+        if (kn->kind == LOOM_IR_KERNEL_COLLECTIVE && kn->n_nodes > 1)
+            snprintf(p->trace_names[k], sizeof p->trace_names[k], "k%d bucket of %d all_reduces %s",
+                     (int)k, (int)kn->n_nodes, loc);
+        else
+            snprintf(p->trace_names[k], sizeof p->trace_names[k], "k%d %s %s", (int)k, root, loc);
+    }
+    p->trace = trace;
     return LOOM_OK;
 }

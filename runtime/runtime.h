@@ -32,6 +32,9 @@ loom_status loom_rt_metrics_report(const loom_rt_metrics *m, loom_report_format 
 /* Monotonic clock in nanoseconds. */
 int64_t loom_rt_now_ns(void);
 
+/* s as a JSON string, quoted (quotes, backslashes and control characters escaped). */
+void loom_rt_json_string(loom_ir_writer *w, const char *s);
+
 /* ---- kernel profile (LOOM_PROFILE) ---------------------------------------------------- */
 
 /* One kernel of one program: its times summed over every run, and what it is. Written by
@@ -97,6 +100,7 @@ struct loom_rt_device {
     const loom_rt_device_vtable *vt;
     loom_allocator alloc;
     loom_rt_metrics *metrics; /* borrowed: transfers are counted here */
+    struct loom_rt_trace *trace; /* borrowed, may be NULL: transfers are traced here */
     char name[32];            /* "npu:0" */
     int32_t index;
     size_t mem_current, mem_peak; /* bytes of buffers in use (cached blocks not counted) */

@@ -121,6 +121,10 @@ typedef struct loom_context_options {
                                  $XDG_CACHE_HOME/loom or ~/.cache/loom; "": no disk cache */
     bool profile;             /* time every compiled kernel and print the slowest to stderr
                                  at destroy (LOOM_PROFILE=1; loom_profile_report) */
+    const char *trace_path;   /* write a Chrome trace (Perfetto) of what Loom did here at
+                                 destroy (LOOM_TRACE=<file.json>): tracing, passes, compiles
+                                 per module and thread, disk-cache loads, steps, kernels,
+                                 transfers, collectives; NULL: none */
     double allreduce_bucket_mb; /* gradient all-reduces are reduced in buckets of at least
                                    this many MB (loom/dist.h); 0: LOOM_ALLREDUCE_BUCKET_MB,
                                    else 25 (DDP's); negative: one bucket per all-reduce (as
