@@ -2,8 +2,9 @@
 # Data parallel training in the Fashion-MNIST example, as TAP: under mpiexec -n 2 a global
 # batch the ranks do not divide is a usage error; a few steps log only from rank 0 and lose
 # what one process loses on the same global batch; the JSON line says world_size 2 and counts
-# the collectives; --save writes one file that a single process loads to the same accuracy; a
-# rank that fails ends the job at once with its message.
+# the collectives; --save writes one file that a single process loads to the same accuracy;
+# --init's loss-scaler state reaches every rank; a rank that fails ends the job at once with
+# its message.
 # Usage: test_fashion_mnist_dp.sh /path/to/fashion_mnist MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -37,7 +38,7 @@ STEPS=4
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-dp-test.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT INT TERM
-echo "1..6"
+echo "1..7"
 
 n=0
 failed=0
@@ -53,6 +54,18 @@ not_ok() {
 }
 # field FILE NAME: a value from the example's JSON line
 field() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1" | tail -n 1; }
+# same_losses A B: both outputs log $STEPS losses (`step=N loss=X`) and each of A's is within
+# 1e-4 relative of B's; the pairs ("step 0 loss X step 0 loss Y" lines) are left in $TMP/pairs.
+same_losses() {
+    grep "^step=" "$1" >"$TMP/a.losses"
+    grep "^step=" "$2" >"$TMP/b.losses"
+    paste -d ' ' "$TMP/a.losses" "$TMP/b.losses" | tr '=' ' ' >"$TMP/pairs"
+    [ "$(wc -l <"$TMP/a.losses")" -eq $STEPS ] && [ "$(wc -l <"$TMP/b.losses")" -eq $STEPS ] &&
+        awk -v steps=$STEPS '
+            { seen++; a = $4; b = $8; d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b
+              if ($2 != $6 || d > 1e-4 * m) bad++ }
+            END { exit !(seen == steps && bad == 0) }' "$TMP/pairs"
+}
 
 timeout $GUARD "$MPIEXEC" -n 2 "$EX" --batch-size 63 >"$TMP/odd" 2>"$TMP/odd.err"
 rc=$?
@@ -72,22 +85,14 @@ timeout $GUARD "$MPIEXEC" -n 2 "$EX" $common --save "$TMP/save/w.safetensors" \
 rc_dp=$?
 timeout $GUARD "$EX" $common >"$TMP/one" 2>"$TMP/one.err"
 rc_one=$?
-grep "^step=" "$TMP/dp" >"$TMP/dp.losses"
-grep "^step=" "$TMP/one" >"$TMP/one.losses"
-if [ $rc_dp -eq 0 ] && [ "$(wc -l <"$TMP/dp.losses")" -eq $STEPS ] &&
+if [ $rc_dp -eq 0 ] && [ "$(grep -c "^step=" "$TMP/dp")" -eq $STEPS ] &&
     [ "$(grep -c '^{' "$TMP/dp")" -eq 1 ] && [ "$(wc -l <"$TMP/dp")" -eq $((STEPS + 1)) ]; then
     ok "mpiexec -n 2: only rank 0 prints ($STEPS loss lines and one JSON line)"
 else
     echo "exit $rc_dp" >>"$TMP/dp.err"
     not_ok "mpiexec -n 2: only rank 0 prints" "$TMP/dp" "$TMP/dp.err"
 fi
-# Each loss within 1e-4 relative of the single process's, step by step.
-paste -d ' ' "$TMP/dp.losses" "$TMP/one.losses" | tr '=' ' ' >"$TMP/pairs"
-if [ $rc_one -eq 0 ] && [ "$(wc -l <"$TMP/one.losses")" -eq $STEPS ] &&
-    awk -v steps=$STEPS '
-        { seen++; a = $4; b = $8; d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b
-          if ($2 != $6 || d > 1e-4 * m) bad++ }
-        END { exit !(seen == steps && bad == 0) }' "$TMP/pairs"; then
+if [ $rc_one -eq 0 ] && same_losses "$TMP/dp" "$TMP/one"; then
     ok "2 ranks lose what one process loses on the same global batch ($(head -n 1 "$TMP/pairs"))"
 else
     echo "exit $rc_one" >>"$TMP/one.err"
@@ -118,6 +123,25 @@ else
     ls -la "$TMP/save" >"$TMP/ls" 2>&1
     echo "exit $rc; accuracy on 2 ranks $acc_dp, loaded $acc_load" >>"$TMP/load.err"
     not_ok "--save on 2 ranks: one file, loadable" "$TMP/ls" "$TMP/load" "$TMP/load.err"
+fi
+
+# A checkpoint whose loss scale is 1024 (f16, static): with --init (read by rank 0) the
+# dynamic scaler starts there on every rank. A rank left at the default 65536 would average
+# gradients scaled differently, and the losses would leave the single process's.
+timeout $GUARD "$EX" --model mlp --limit-steps 1 --amp f16 --loss-scale 1024 --json \
+    --save "$TMP/s1024.safetensors" >"$TMP/s1024" 2>"$TMP/s1024.err"
+rc=$?
+amp="--model mlp --limit-steps $STEPS --log-every 1 --json --amp f16 --init $TMP/s1024.safetensors"
+timeout $GUARD "$MPIEXEC" -n 2 "$EX" $amp >"$TMP/amp_dp" 2>"$TMP/amp_dp.err" &&
+    timeout $GUARD "$EX" $amp >"$TMP/amp_one" 2>"$TMP/amp_one.err"
+rc=$((rc + $?))
+if [ $rc -eq 0 ] && same_losses "$TMP/amp_dp" "$TMP/amp_one" &&
+    [ "$(field "$TMP/amp_dp" loss_scale)" = 1024 ]; then
+    ok "--init's loss scale 1024 reaches both ranks: f16 losses equal one process's"
+else
+    echo "exit status sum $rc" >>"$TMP/amp_dp.err"
+    not_ok "--init's loss scale reaches both ranks (2 ranks | 1 process)" "$TMP/pairs" \
+        "$TMP/amp_dp" "$TMP/amp_dp.err" "$TMP/s1024.err"
 fi
 
 # Rank 0 cannot read --init while rank 1 waits for its broadcast: the job ends at once with
