@@ -1,10 +1,10 @@
 #!/bin/sh
 # Data parallel training in the Fashion-MNIST example, as TAP: under mpiexec -n 2 a global
 # batch the ranks do not divide is a usage error; a few steps log only from rank 0 and lose
-# what one process loses on the same global batch; the JSON line says world_size 2 and counts
-# the collectives; --save writes one file that a single process loads to the same accuracy;
-# --init's loss-scaler state reaches every rank; a rank that fails ends the job at once with
-# its message.
+# what one process loses on the same global batch; the text report and the progress lines
+# come from rank 0 alone; the JSON line says world_size 2 and counts the collectives; --save
+# writes one file that a single process loads to the same accuracy; --init's loss-scaler
+# state reaches every rank; a rank that fails ends the job at once with its message.
 # Usage: test_fashion_mnist_dp.sh /path/to/fashion_mnist MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -38,7 +38,7 @@ STEPS=4
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-dp-test.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT INT TERM
-echo "1..7"
+echo "1..8"
 
 n=0
 failed=0
@@ -98,6 +98,26 @@ else
     echo "exit $rc_one" >>"$TMP/one.err"
     not_ok "2 ranks lose what one process loses (2 ranks | 1 process)" "$TMP/pairs" "$TMP/one.err"
 fi
+# The text report: rank 0's alone (one header naming the ranks, one report with the
+# collectives' metrics), and progress lines on stderr as many as one process prints.
+timeout $GUARD "$MPIEXEC" -n 2 "$EX" --model mlp --limit-steps $STEPS >"$TMP/text" 2>"$TMP/text.err"
+rc=$?
+timeout $GUARD "$EX" --model mlp --limit-steps $STEPS >"$TMP/text1" 2>"$TMP/text1.err"
+rc=$((rc + $?))
+if [ $rc -eq 0 ] && [ "$(grep -c "^model mlp .*, 2 ranks (32 images per rank and step)$" "$TMP/text")" -eq 1 ] &&
+    [ "$(grep -c "^model mlp" "$TMP/text")" -eq 1 ] && [ "$(grep -c "^test accuracy:" "$TMP/text")" -eq 1 ] &&
+    [ "$(grep -c "^--- metrics ---" "$TMP/text")" -eq 1 ] &&
+    [ "$(grep -c "^2 ranks: .* MB in collectives on rank 0" "$TMP/text")" -eq 1 ] &&
+    [ "$(grep -c "^Counter: CollectiveBytes" "$TMP/text")" -eq 1 ] &&
+    [ "$(grep -c "^epoch 1/1 step" "$TMP/text.err")" -eq "$(grep -c "^epoch 1/1 step" "$TMP/text1.err")" ] &&
+    [ "$(grep -c . "$TMP/text.err")" -eq "$(grep -c "^epoch 1/1 step" "$TMP/text.err")" ]; then
+    ok "the text report and progress lines come from rank 0 alone"
+else
+    echo "exit status sum $rc" >>"$TMP/text.err"
+    not_ok "the text report and progress lines come from rank 0 alone" "$TMP/text" "$TMP/text.err" \
+        "$TMP/text1.err"
+fi
+
 # Rank 0's collectives: the MLP's 669706 f32 parameters broadcast once and its gradients
 # all-reduced each step, plus a few bytes a step (the loss, the ranks' agreement check).
 bytes=$(field "$TMP/dp" collective_bytes)
