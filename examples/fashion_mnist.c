@@ -1,5 +1,6 @@
 /* Fashion-MNIST training example: an MLP or a small CNN trained with autograd and a graph
- * optimizer, one compiled step per batch, then evaluated on the test set. */
+ * optimizer, one compiled step per batch, then evaluated on the test set; data parallel
+ * (DistributedDataParallel's recipe) when started by `mpiexec -n N`. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <loom/data.h>
+#include <loom/dist.h>
 #include <loom/loom.h>
 #include <loom/nn.h>
 #include <loom/optim.h>
@@ -37,6 +39,7 @@ typedef struct options {
     loom_dtype amp;          /* --amp: LOOM_DTYPE_F32 for none */
     int loss_scale;          /* --loss-scale: LS_* */
     double loss_scale_value; /* LS_STATIC's scale */
+    int32_t rank, world;     /* this process's rank and the world size (1 without mpiexec) */
 } options;
 
 enum { LS_DEFAULT, LS_DYNAMIC, LS_OFF, LS_STATIC };
@@ -54,7 +57,8 @@ static void usage(FILE *f) {
             "                         state_dict (fc1.weight, fc1.bias, ...)\n"
             "  --epochs N             passes over the training set (default 1; 0: evaluate only)\n"
             "  --batch-size N         training batch (default 64); the last partial batch of an\n"
-            "                         epoch is dropped\n"
+            "                         epoch is dropped. Under mpiexec -n R it is the global\n"
+            "                         batch: each rank takes N/R images (R must divide N)\n"
             "  --optimizer sgd|adam|adamw   (default sgd)\n"
             "  --lr X                 learning rate (default 0.01 for sgd, 0.001 for adam/adamw)\n"
             "  --lr-schedule constant|cosine   cosine: anneal the learning rate per step from\n"
@@ -65,7 +69,8 @@ static void usage(FILE *f) {
             "                         decoupled), as PyTorch\n"
             "  --seed N               initialisation and shuffling seed (default 0)\n"
             "  --no-shuffle           batches in file order (shuffled by seed + epoch otherwise)\n"
-            "  --init FILE            start from these weights (safetensors, names as PyTorch's)\n"
+            "  --init FILE            start from these weights (safetensors, names as PyTorch's);\n"
+            "                         under mpiexec only rank 0 reads it\n"
             "  --save FILE            write the trained weights (safetensors) after training\n"
             "  --limit-steps N        stop training after N steps in total\n"
             "  --amp none|bf16|f16    mixed precision (default none): the forward runs under\n"
@@ -88,10 +93,20 @@ static void usage(FILE *f) {
             "Inputs are scaled to [0, 1] and normalised with mean 0.5 and std 0.5. samples/s\n"
             "is timed from the first step's launch, after its compile (reported apart).\n"
             "LOOM_NUM_THREADS sets the device's threads. Exit status: 0 ok, 1 runtime error,\n"
-            "2 usage error.\n");
+            "2 usage error.\n"
+            "\n"
+            "Data parallel: `mpiexec -n R " PROG " ...` runs R ranks, each on its own device with\n"
+            "its share of the cores, a shard of every epoch (shuffled alike, as PyTorch's\n"
+            "DistributedSampler) and rank 0's initial weights; gradients are averaged over the\n"
+            "ranks before each update, so R ranks train as one process would on the same\n"
+            "global batch. The logged loss is the global batch's mean. Rank 0 alone prints,\n"
+            "writes --save and evaluates.\n");
 }
 
+/* Every rank finds the same usage error; rank 0 reports it. */
 static int usage_error(const char *fmt, ...) {
+    if (loom_dist_rank() != 0)
+        return EXIT_USAGE;
     va_list ap;
     va_start(ap, fmt);
     fprintf(stderr, PROG ": ");
@@ -132,7 +147,8 @@ static int parse_args(int argc, char **argv, options *o) {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
+            if (loom_dist_rank() == 0)
+                usage(stdout);
             return 0;
         }
         if (!strcmp(arg, "--no-shuffle")) {
@@ -267,6 +283,12 @@ static int parse_args(int argc, char **argv, options *o) {
         o->momentum = o->optimizer == LOOM_OPTIM_SGD ? 0.9 : 0.0;
     if (!o->weight_decay_set)
         o->weight_decay = o->optimizer == LOOM_OPTIM_ADAMW ? 0.01 : 0.0;
+    o->rank = loom_dist_rank();
+    o->world = loom_dist_world_size();
+    if (o->batch_size % o->world != 0)
+        return usage_error("--batch-size %lld is the global batch, split evenly over the %d "
+                           "ranks: it must be a multiple of %d",
+                           (long long)o->batch_size, (int)o->world, (int)o->world);
     return -1;
 }
 
@@ -321,8 +343,19 @@ static void print_chunk(const char *chunk, size_t len, void *ud) {
     fwrite(chunk, 1, len, (FILE *)ud);
 }
 
+/* "fashion_mnist: " or, on several ranks, "fashion_mnist (rank 1 of 2): ": every rank reports
+ * its own failures. */
+static const char *who(void) {
+    static char buf[64];
+    if (loom_dist_world_size() == 1)
+        return PROG ": ";
+    snprintf(buf, sizeof buf, PROG " (rank %d of %d): ", (int)loom_dist_rank(),
+             (int)loom_dist_world_size());
+    return buf;
+}
+
 static int runtime_error(loom_context *ctx, const char *what) {
-    fprintf(stderr, PROG ": %s: %s\n", what,
+    fprintf(stderr, "%s%s: %s\n", who(), what,
             ctx && loom_context_error(ctx) != LOOM_OK ? loom_context_error_message(ctx)
                                                       : "unknown error");
     return 1;
@@ -346,11 +379,12 @@ static int take_loss(loom_context *ctx, const options *o, loom_tensor **loss, in
     *loss = NULL;
     if (!isfinite(v)) {
         progress_clear(p);
-        fprintf(stderr, PROG ": the loss became %f at step %lld; try a smaller --lr\n", (double)v,
-                (long long)step);
+        if (o->rank == 0) /* the same mean loss on every rank */
+            fprintf(stderr, PROG ": the loss became %f at step %lld; try a smaller --lr\n",
+                    (double)v, (long long)step);
         return 1;
     }
-    if (o->log_every && step % o->log_every == 0) {
+    if (o->log_every && step % o->log_every == 0 && o->rank == 0) {
         progress_clear(p);
         printf("step=%lld loss=%.6f\n", (long long)step, (double)v);
         fflush(stdout);
@@ -392,23 +426,27 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
         rc = runtime_error(ctx, "creating the optimizer");
         goto out;
     }
+    /* This rank's shard of each epoch, its share of the global batch. */
     loom_batch_options bo;
     loom_batch_options_init(&bo);
-    bo.batch_size = o->batch_size;
+    bo.batch_size = o->batch_size / o->world;
     bo.shuffle = o->shuffle;
     bo.seed = o->seed;
+    bo.rank = o->rank;
+    bo.world_size = o->world;
     if (loom_batches_create(ds, &bo, &it) != LOOM_OK) {
-        fprintf(stderr, PROG ": cannot create the batch iterator\n");
+        fprintf(stderr, "%scannot create the batch iterator\n", who());
         goto out;
     }
     const int64_t per_epoch = loom_batches_per_epoch(it);
     if (per_epoch == 0) {
-        fprintf(stderr, PROG ": --batch-size %lld exceeds the %lld training images\n",
-                (long long)o->batch_size, (long long)loom_dataset_count(ds));
+        if (o->rank == 0)
+            fprintf(stderr, PROG ": --batch-size %lld exceeds the %lld training images\n",
+                    (long long)o->batch_size, (long long)loom_dataset_count(ds));
         goto out;
     }
-    progress p = {.tty = isatty(STDERR_FILENO) == 1,
-                  .quiet = o->json,
+    progress p = {.tty = o->rank == 0 && isatty(STDERR_FILENO) == 1,
+                  .quiet = o->json || o->rank != 0,
                   .last = now_s(),
                   .every = per_epoch >= 10 ? per_epoch / 10 : 1};
     int64_t total_steps = o->epochs * per_epoch;
@@ -473,9 +511,10 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
             double t =
                 now_s() - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
             progress_clear(&p);
-            fprintf(stderr, "epoch %lld/%lld: last loss %.4f, %.0f samples/s\n",
-                    (long long)epoch + 1, (long long)o->epochs, last_loss,
-                    t > t_rate ? (double)step * (double)o->batch_size / (t - t_rate) : 0.0);
+            if (o->rank == 0)
+                fprintf(stderr, "epoch %lld/%lld: last loss %.4f, %.0f samples/s\n",
+                        (long long)epoch + 1, (long long)o->epochs, last_loss,
+                        t > t_rate ? (double)step * (double)o->batch_size / (t - t_rate) : 0.0);
         }
     }
     if (pending) { /* the last step: reading it waits for the device */
@@ -568,10 +607,12 @@ static loom_dataset *load_split(const char *dir, const char *split) {
     snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte.gz", dir, split);
     loom_dataset *ds = NULL;
     if (loom_dataset_load_idx(images, labels, &ds, err, sizeof err) != LOOM_OK) {
-        fprintf(stderr, PROG ": %s\n", err);
+        fprintf(stderr, "%s%s\n", who(), err);
         if (access(images, F_OK) != 0 || access(labels, F_OK) != 0)
-            fprintf(stderr, PROG ": the Fashion-MNIST files come with Debian's "
-                                 "dataset-fashion-mnist package; or pass --data-dir DIR\n");
+            fprintf(stderr,
+                    "%sthe Fashion-MNIST files come with Debian's "
+                    "dataset-fashion-mnist package; or pass --data-dir DIR\n",
+                    who());
         return NULL;
     }
     return ds;
@@ -624,11 +665,29 @@ static const char *amp_name(loom_dtype amp) {
     return amp == LOOM_DTYPE_F32 ? "none" : loom_dtype_name(amp);
 }
 
+/* Leaves the job with status rc. After a runtime error on several ranks MPI is not
+ * finalized: another rank may be waiting in a collective, and MPICH's MPI_Finalize would wait
+ * for it (up to LOOM_DIST_TIMEOUT_S); exiting non-zero instead makes mpiexec end the job. */
+static int leave(int rc) {
+    if (rc == 1 && loom_dist_world_size() > 1)
+        return rc;
+    if (loom_dist_finalize() != LOOM_OK) {
+        fprintf(stderr, "%sfinalize: %s\n", who(), loom_dist_error_message());
+        return rc ? rc : 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    /* Rank and world size from mpiexec's environment; rank 0 of 1 without it. */
+    if (loom_dist_init(NULL) != LOOM_OK) {
+        fprintf(stderr, PROG ": cannot join the job: %s\n", loom_dist_error_message());
+        return 1;
+    }
     options o;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
-        return rc;
+        return leave(rc);
     rc = 1;
 
     loom_context *ctx = NULL;
@@ -646,7 +705,7 @@ int main(int argc, char **argv) {
     loom_dataset_image_shape(train_ds, &rows, &cols);
     loom_dataset_image_shape(test_ds, &trows, &tcols);
     if (rows != trows || cols != tcols || rows < 6 || cols < 6) {
-        fprintf(stderr, PROG ": train images are %lldx%lld and test images %lldx%lld\n",
+        fprintf(stderr, "%strain images are %lldx%lld and test images %lldx%lld\n", who(),
                 (long long)rows, (long long)cols, (long long)trows, (long long)tcols);
         goto out;
     }
@@ -656,7 +715,7 @@ int main(int argc, char **argv) {
     co.eager = co.eager || o.eager;
     loom_status st = loom_context_create(&co, &ctx);
     if (st != LOOM_OK) {
-        fprintf(stderr, PROG ": cannot create a context: %s\n", loom_status_name(st));
+        fprintf(stderr, "%scannot create a context: %s\n", who(), loom_status_name(st));
         goto out;
     }
     if (model_init(ctx, &m, o.model, rows, cols, o.seed) != LOOM_OK) {
@@ -674,31 +733,52 @@ int main(int argc, char **argv) {
     }
     model_amp amp = {.dtype = o.amp, .scaler = scaler, .static_scale = o.loss_scale == LS_STATIC};
     /* The loaded values land in a step of their own, so the training step's graph is the
-     * same from its first batch on (one compile). */
-    if (o.init_path && (load_checkpoint(ctx, o.init_path, &m, scaler) != LOOM_OK ||
-                        loom_mark_step(ctx) != LOOM_OK)) {
+     * same from its first batch on (one compile). Rank 0 reads the file; the others get its
+     * values from the broadcast below. */
+    if (o.init_path && o.rank == 0 &&
+        (load_checkpoint(ctx, o.init_path, &m, scaler) != LOOM_OK ||
+         loom_mark_step(ctx) != LOOM_OK)) {
         rc = runtime_error(ctx, "--init");
         goto out;
     }
-    if (!o.json)
+    /* Every rank starts from rank 0's parameters and loss-scaler state, in a step of their own
+     * (the optimizer's state is created zeroed on every rank). One rank records nothing. */
+    char ck_names[LOOM_GRAD_SCALER_STATE_MAX][48];
+    loom_named_tensor ck[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
+    int32_t n_ck = checkpoint_list(&m, scaler, ck_names, ck);
+    if (o.world > 1) {
+        loom_tensor *state[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
+        for (int32_t i = 0; i < n_ck; i++)
+            state[i] = ck[i].tensor;
+        if (loom_broadcast_parameters(ctx, n_ck, state) != LOOM_OK ||
+            loom_mark_step(ctx) != LOOM_OK) {
+            rc = runtime_error(ctx, "broadcasting rank 0's parameters");
+            goto out;
+        }
+    }
+    char ranks[96] = "";
+    if (o.world > 1)
+        snprintf(ranks, sizeof ranks, ", %d ranks (%lld images per rank and step)", (int)o.world,
+                 (long long)(o.batch_size / o.world));
+    if (!o.json && o.rank == 0)
         printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s, amp %s%s"
-               "%s\n",
+               "%s%s\n",
                model_names[o.model], (int)m.n_params, (long long)loom_dataset_count(train_ds),
                (long long)loom_dataset_count(test_ds), optim_names[o.optimizer], o.lr,
                o.cosine ? " (cosine schedule)" : "", amp_name(o.amp),
                o.loss_scale == LS_DYNAMIC  ? " (dynamic loss scale)"
                : o.loss_scale == LS_STATIC ? " (static loss scale)"
                                            : "",
-               co.eager ? ", reference interpreter" : "");
+               co.eager ? ", reference interpreter" : "", ranks);
     fflush(stdout); /* before the progress lines on stderr, also when stdout is a pipe */
     if (o.epochs > 0 && (rc = train(ctx, &o, &m, &amp, train_ds, &tr)) != 0)
         goto out;
+    rc = 0;
+    /* The ranks' weights are equal: rank 0 saves, evaluates and reports. */
+    if (o.rank != 0)
+        goto out;
     rc = 1;
-    char ck_names[LOOM_GRAD_SCALER_STATE_MAX][48];
-    loom_named_tensor ck[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
-    if (o.save_path &&
-        loom_safetensors_save(ctx, o.save_path, checkpoint_list(&m, scaler, ck_names, ck), ck) !=
-            LOOM_OK) {
+    if (o.save_path && loom_safetensors_save(ctx, o.save_path, n_ck, ck) != LOOM_OK) {
         rc = runtime_error(ctx, "--save");
         goto out;
     }
@@ -716,6 +796,8 @@ int main(int argc, char **argv) {
     size_t mem_now = 0, mem_peak = 0;
     loom_device_memory(ctx, &mem_now, &mem_peak);
     double compile_ms = (double)loom_metric_total(ctx, "CompileTime") / 1e6;
+    double collective_ms = (double)loom_metric_total(ctx, "CollectiveTime") / 1e6;
+    int64_t collective_bytes = loom_metric_value(ctx, "CollectiveBytes");
     if (o.json) {
         /* JSON has no NaN: a run without steps reports null. */
         char loss[32];
@@ -726,10 +808,12 @@ int main(int argc, char **argv) {
         printf("{\"model\":\"%s\",\"optimizer\":\"%s\",\"amp\":\"%s\",\"batch_size\":%lld,"
                "\"epochs\":%lld,\"steps\":%lld,\"skipped_steps\":%lld,\"final_loss\":%s,"
                "\"loss_scale\":%s,\"test_accuracy\":%.4f,\"samples_per_sec\":%.1f,"
-               "\"compile_time_ms\":%.1f,\"peak_device_memory_bytes\":%zu}\n",
+               "\"compile_time_ms\":%.1f,\"peak_device_memory_bytes\":%zu,\"world_size\":%d,"
+               "\"collective_bytes\":%lld,\"collective_time_ms\":%.1f}\n",
                model_names[o.model], optim_names[o.optimizer], amp_name(o.amp),
                (long long)o.batch_size, (long long)o.epochs, (long long)tr.steps,
-               (long long)tr.skipped, loss, scale, acc, tr.samples_per_sec, compile_ms, mem_peak);
+               (long long)tr.skipped, loss, scale, acc, tr.samples_per_sec, compile_ms, mem_peak,
+               (int)o.world, (long long)collective_bytes, collective_ms);
     } else {
         if (tr.steps > 0)
             printf("trained %lld steps, final loss %.4f, %.0f samples/s (after the compile)\n",
@@ -740,6 +824,9 @@ int main(int argc, char **argv) {
         printf("test accuracy: %.4f\n", acc);
         printf("compile time %.1f ms, peak device memory %.1f MB\n", compile_ms,
                (double)mem_peak / 1e6);
+        if (o.world > 1)
+            printf("%d ranks: %.1f MB in collectives on rank 0, %.1f ms\n", (int)o.world,
+                   (double)collective_bytes / 1e6, collective_ms);
         if (o.save_path)
             printf("saved weights to %s\n", o.save_path);
         printf("\n--- metrics ---\n");
@@ -752,5 +839,5 @@ out:
     loom_context_destroy(ctx);
     loom_dataset_destroy(test_ds);
     loom_dataset_destroy(train_ds);
-    return rc;
+    return leave(rc);
 }

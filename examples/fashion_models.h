@@ -6,6 +6,7 @@
 #define LOOM_EXAMPLES_FASHION_MODELS_H
 
 #include <loom/amp.h>
+#include <loom/dist.h>
 #include <loom/nn.h>
 #include <loom/optim.h>
 #include <loom/safetensors.h>
@@ -106,9 +107,12 @@ typedef struct model_amp {
 
 /* One training step on a batch of n images xs [n, rows*cols] with labels ys: upload,
  * forward (under autocast with amp), mean cross-entropy, backward (of the scaled loss),
- * unscale and overflow check, optimizer update (skipped on overflow, in the graph), scale
- * update, then mark_step (asynchronous). amp may be NULL (fp32). With out_loss, the loss
- * (unscaled) is retained for the caller (NULL when it could not be built). */
+ * gradient all-reduce (mean over the ranks; nothing on one rank), unscale and overflow check,
+ * optimizer update (skipped on overflow, in the graph), scale update, then mark_step
+ * (asynchronous). amp may be NULL (fp32). With out_loss, the loss (unscaled) is retained for
+ * the caller (NULL when it could not be built): on several ranks, the mean of the ranks'
+ * losses, which is the global batch's mean loss when every rank's batch has n images (so
+ * every rank must pass out_loss alike: the ranks' steps must record the same collectives). */
 static loom_status model_train_step(loom_context *ctx, const model *m, loom_tensor *const *params,
                                     loom_optim *opt, const model_amp *amp, const float *xs,
                                     const int64_t *ys, int64_t n, loom_tensor **out_loss) {
@@ -126,13 +130,17 @@ static loom_status model_train_step(loom_context *ctx, const model *m, loom_tens
     loom_tensor *grads[MAX_PARAMS] = {NULL};
     loom_tensor *scaled =
         loom_grad_scaler_is_enabled(scaler) ? loom_grad_scaler_scale(scaler, loss) : loss;
-    if (scaled && loom_backward(ctx, scaled, m->n_params, params, grads) == LOOM_OK) {
+    if (scaled && loom_backward(ctx, scaled, m->n_params, params, grads) == LOOM_OK &&
+        loom_allreduce_gradients(ctx, m->n_params, grads) == LOOM_OK) {
         loom_tensor *found_inf = loom_grad_scaler_is_enabled(scaler)
                                      ? loom_grad_scaler_unscale(scaler, m->n_params, grads)
                                      : NULL;
         if (loom_optim_step(opt, grads, found_inf) == LOOM_OK && found_inf && !amp->static_scale)
             loom_grad_scaler_update(scaler, found_inf);
     }
+    int32_t world = loom_dist_world_size();
+    if (out_loss && world > 1)
+        loss = loom_all_reduce(ctx, loss, LOOM_REDUCE_SUM, 1.0 / world);
     if (out_loss)
         loom_tensor_retain(loss);
     loom_status st = loom_mark_step(ctx);

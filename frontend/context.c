@@ -272,11 +272,22 @@ LOOM_API loom_status loom_context_sync(loom_context *ctx) {
     return ctx ? loom_fe_finish_inflight(ctx) : LOOM_STATUS_INVALID_ARGUMENT;
 }
 
+/* The context's metrics, with the collectives' (CollectiveTime, CollectiveBytes) from the
+ * world communicator, which counts them for every context of the process. */
+static void metrics_view(const loom_context *ctx, loom_rt_metrics *out) {
+    *out = ctx->metrics;
+    loom_rt_comm_read_metrics(loom_rt_comm_world(), out);
+}
+
 LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name) {
     if (!ctx || !name)
         return -1;
     loom_rt_metric m = loom_rt_metric_from_name(name);
-    return m == LOOM_RT_METRIC_COUNT_ ? -1 : ctx->metrics.count[m];
+    if (m == LOOM_RT_METRIC_COUNT_)
+        return -1;
+    loom_rt_metrics v;
+    metrics_view(ctx, &v);
+    return v.count[m];
 }
 
 LOOM_API int64_t loom_metric_total(const loom_context *ctx, const char *name) {
@@ -285,7 +296,9 @@ LOOM_API int64_t loom_metric_total(const loom_context *ctx, const char *name) {
     loom_rt_metric m = loom_rt_metric_from_name(name);
     if (m == LOOM_RT_METRIC_COUNT_)
         return -1;
-    return loom_rt_metric_is_timer(m) ? ctx->metrics.total[m] : ctx->metrics.count[m];
+    loom_rt_metrics v;
+    metrics_view(ctx, &v);
+    return loom_rt_metric_is_timer(m) ? v.total[m] : v.count[m];
 }
 
 LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_format format,
@@ -293,7 +306,9 @@ LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_fo
                                          void *ud) {
     if (!ctx || !write || (unsigned)format >= LOOM_REPORT_FORMAT_COUNT_)
         return LOOM_STATUS_INVALID_ARGUMENT;
-    return loom_rt_metrics_report(&ctx->metrics, format, write, ud);
+    loom_rt_metrics v;
+    metrics_view(ctx, &v);
+    return loom_rt_metrics_report(&v, format, write, ud);
 }
 
 LOOM_API loom_status loom_profile_report(loom_context *ctx, loom_report_format format,

@@ -681,6 +681,11 @@ LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, l
                                  loom_ir_format_type(t, sizeof t, g->dtype, g->rank, g->shape));
         }
     }
+    /* One rank's average is its own gradient: record nothing, so that one process's step
+     * holds no collective (no copy and host round trip per gradient), as
+     * loom_broadcast_parameters and the GradScaler do. */
+    if (loom_dist_world_size() == 1)
+        return LOOM_OK;
     /* The results are collected first so that a failure leaves grads as given. */
     size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(loom_tensor *);
     loom_tensor **out = loom_ir_alloc(&ctx->alloc, bytes);

@@ -189,6 +189,7 @@ loom_status loom_rt_comm_init_base(loom_rt_comm *c, const loom_rt_comm_vtable *v
     atomic_init(&c->pending, 0);
     atomic_init(&c->failed, false);
     loom_ir_diag_init(&c->failure);
+    loom_rt_metrics_init(&c->stats);
     return LOOM_OK;
 }
 
@@ -344,6 +345,7 @@ static loom_status post(loom_rt_comm *c, loom_rt_comm_request *r, post_args args
     loom_ir_diag_init(&bd);
     pthread_mutex_lock(&c->mu);
     r->seq = ++c->seq;
+    r->t_start = loom_rt_now_ns();
     loom_status st = LOOM_STATUS_INTERNAL;
     switch (r->kind) {
     case LOOM_RT_COMM_BARRIER: st = c->vt->post_barrier(c, r, &bd); break;
@@ -425,6 +427,46 @@ static void finish_allreduce(loom_rt_comm_request *r) {
     }
 }
 
+/* The payload of a completed collective on this rank: what it reduced (the f32 staging of
+ * 16-bit floats), received from the root, or gathered. */
+static size_t payload_bytes(const loom_rt_comm_request *r) {
+    switch (r->kind) {
+    case LOOM_RT_COMM_BARRIER: return 0;
+    case LOOM_RT_COMM_ALLREDUCE:
+        return r->staging ? r->staging_bytes : r->count * loom_dtype_size(r->dtype);
+    case LOOM_RT_COMM_BROADCAST: return r->count * loom_dtype_size(r->dtype);
+    case LOOM_RT_COMM_ALLGATHER:
+        return r->count * (size_t)r->comm->size * loom_dtype_size(r->dtype);
+    case LOOM_RT_COMM_KIND_COUNT_: break;
+    }
+    return 0;
+}
+
+static void count_collective(loom_rt_comm *c, const loom_rt_comm_request *r) {
+    int64_t ns = loom_rt_now_ns() - r->t_start;
+    pthread_mutex_lock(&c->mu);
+    loom_rt_metrics_add(&c->stats, LOOM_RT_METRIC_COLLECTIVE_TIME, ns);
+    loom_rt_metrics_add(&c->stats, LOOM_RT_METRIC_COLLECTIVE_BYTES, (int64_t)payload_bytes(r));
+    pthread_mutex_unlock(&c->mu);
+}
+
+void loom_rt_comm_read_metrics(loom_rt_comm *c, loom_rt_metrics *m) {
+    if (!c || !m)
+        return;
+    static const loom_rt_metric mine[] = {LOOM_RT_METRIC_COLLECTIVE_TIME,
+                                          LOOM_RT_METRIC_COLLECTIVE_BYTES};
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++) {
+        loom_rt_metric k = mine[i];
+        m->count[k] = c->stats.count[k];
+        m->total[k] = c->stats.total[k];
+        m->min[k] = c->stats.min[k];
+        m->max[k] = c->stats.max[k];
+        m->last[k] = c->stats.last[k];
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 loom_status loom_rt_comm_wait(loom_rt_comm_request *req, loom_ir_diag *d) {
     if (!req)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "dist: wait: request is NULL");
@@ -454,6 +496,8 @@ loom_status loom_rt_comm_wait(loom_rt_comm_request *req, loom_ir_diag *d) {
     }
     if (st == LOOM_OK && req->kind == LOOM_RT_COMM_ALLREDUCE)
         finish_allreduce(req);
+    if (st == LOOM_OK)
+        count_collective(c, req);
     atomic_fetch_sub(&c->pending, 1);
     /* A collective that never completed may still write its staging buffer if MPI makes
      * progress later: leave that buffer to MPI rather than free it under its feet. */

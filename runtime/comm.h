@@ -28,6 +28,10 @@
  * destroy leaves MPI unfinalized (MPI_Finalize could hang on the dead peer). Argument
  * errors (INVALID_ARGUMENT) are local and leave the communicator usable.
  *
+ * Metrics: each collective that completes adds its time (start to the end of its wait) and
+ * payload bytes to the communicator's CollectiveTime and CollectiveBytes (runtime/metrics.def),
+ * whatever thread ran it; loom_rt_comm_read_metrics copies them out.
+ *
  * Threads: every backend call is made under the communicator's lock (MPI runs at
  * MPI_THREAD_SERIALIZED), so collectives may be started and waited on from several
  * threads; their order across ranks is still the callers' to keep identical. */
@@ -39,6 +43,7 @@
 
 #include "ir/ir.h"
 #include "loom/dist.h"
+#include "runtime.h"
 
 /* Default for LOOM_DIST_TIMEOUT_S: long enough for one rank to compile a step that another
  * found in its cache, short enough that a dead peer ends the job within minutes. */
@@ -64,6 +69,7 @@ struct loom_rt_comm_request {
     size_t count;
     double scale;
     uint64_t seq;   /* the communicator's collective number, from 1 */
+    int64_t t_start; /* loom_rt_now_ns() when it was posted */
     void *buf;      /* allreduce: the caller's buffer, written at the wait */
     float *staging; /* allreduce of bf16/f16: the f32 copy that is reduced */
     size_t staging_bytes;
@@ -100,6 +106,7 @@ struct loom_rt_comm {
     atomic_int pending; /* requests started and not yet waited for */
     atomic_bool failed;
     loom_ir_diag failure; /* the first failure, repeated by later calls */
+    loom_rt_metrics stats; /* CollectiveTime, CollectiveBytes; under mu */
     void *impl;           /* the backend's state */
 };
 
@@ -159,6 +166,10 @@ loom_status loom_rt_comm_test(loom_rt_comm_request *req, bool *out_done, loom_ir
 /* Waits for req (at most the communicator's timeout), finishes it (scale, 16-bit rounding)
  * and frees it, on success and on failure alike. */
 loom_status loom_rt_comm_wait(loom_rt_comm_request *req, loom_ir_diag *d);
+
+/* Copies c's collective metrics (CollectiveTime, CollectiveBytes) into m, replacing m's
+ * values of those two; leaves m alone when c is NULL. Thread-safe. */
+void loom_rt_comm_read_metrics(loom_rt_comm *c, loom_rt_metrics *m);
 
 /* "sum", "max", "min"; "?" out of range. */
 const char *loom_rt_reduce_op_name(loom_reduce_op op);

@@ -187,9 +187,11 @@ LOOM_API loom_tensor *loom_all_gather_at(loom_context *ctx, loom_tensor *x, cons
  * gradient; "inf": one per dtype; loom_context_options.allreduce_bucket_mb), filled in the
  * order backward computes the gradients, each bucket started as soon as its last gradient
  * exists and waited on before its first reader, so the communication overlaps the rest of
- * backward. The plan dump (LOOM_DUMP) lists each bucket. NULL entries stay NULL. grads may be NULL
- * when n is 0. On failure no entry is replaced. Errors (recorded and returned): INVALID_ARGUMENT (n
- * < 0, NULL grads, a gradient that is not floating point), STALE_HANDLE, OUT_OF_MEMORY. */
+ * backward. The plan dump (LOOM_DUMP) lists each bucket. With a world size of 1 nothing is
+ * recorded and grads is left as it is (the step holds no collective) after the checks. NULL
+ * entries stay NULL. grads may be NULL when n is 0. On failure no entry is replaced. Errors
+ * (recorded and returned): INVALID_ARGUMENT (n < 0, NULL grads, a gradient that is not
+ * floating point), STALE_HANDLE, OUT_OF_MEMORY. */
 LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, loom_tensor **grads,
                                                  const char *file, int line);
 #define loom_allreduce_gradients(...) loom_allreduce_gradients_at(__VA_ARGS__, __FILE__, __LINE__)

@@ -364,7 +364,12 @@ LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed,
 /* ---- metrics --------------------------------------------------------------------------- *
  * Counters and timers in the spirit of PyTorch/XLA's metrics report: TraceTime,
  * CompileTime, ExecuteTime (timers, ns), CacheHit, CacheMiss, TransferToDeviceBytes,
- * TransferFromDeviceBytes, GraphNodes, ... (see loom_metrics_report for the full list). */
+ * TransferFromDeviceBytes, GraphNodes, ... (see loom_metrics_report for the full list).
+ * CollectiveTime (a timer: each collective from its start to the end of its wait, overlap
+ * with compute included, so its total can exceed the wall time) and CollectiveBytes (the
+ * payload this rank reduced, received or gathered) count the collectives of the process's
+ * world communicator (loom/dist.h), so every context of a process reports the same values
+ * for them. */
 
 /* The current value of a counter, or a timer's sample count; -1 if no metric has that name. */
 LOOM_API int64_t loom_metric_value(const loom_context *ctx, const char *name);

@@ -374,6 +374,27 @@ static void check_data_parallel_state(int n) {
     CHECK(loom_tensor_read(ctx, p, got, sizeof got) == LOOM_OK && got[0] == 1 && got[1] == -1,
           "parameter after broadcast: %g %g, expected 1 -1", got[0], got[1]);
 
+    /* DDP's gradient average: the ranks' mean; one rank records nothing. Its bytes are the
+     * gradient's 8 and the 32 of the step's agreement check. */
+    const float gm[2] = {(float)(rank_ + 1), 2.0f * (float)(rank_ + 1)};
+    loom_tensor *mine_g = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, shape, gm);
+    loom_tensor *avg[2] = {mine_g, NULL};
+    int64_t bytes0 = loom_metric_value(ctx, "CollectiveBytes");
+    CHECK(loom_allreduce_gradients(ctx, 2, avg) == LOOM_OK, "allreduce_gradients: %s",
+          loom_context_error_message(ctx));
+    CHECK((avg[0] != mine_g) == (n > 1) && avg[1] == NULL, "gradients replaced on %d rank(s)", n);
+    loom_tensor_retain(avg[0]);
+    CHECK(loom_mark_step(ctx) == LOOM_OK, "gradient step: %s", loom_context_error_message(ctx));
+    float want = (float)(n + 1) / 2;
+    CHECK(loom_tensor_read(ctx, avg[0], got, sizeof got) == LOOM_OK &&
+              fabsf(got[0] - want) <= 1e-6f * want && fabsf(got[1] - 2 * want) <= 2e-6f * want,
+          "gradient average %g %g, expected %g %g", got[0], got[1], want, 2 * want);
+    int64_t bytes = loom_metric_value(ctx, "CollectiveBytes") - bytes0;
+    CHECK(bytes == (n > 1 ? 40 : 0), "CollectiveBytes grew by %lld, expected %d", (long long)bytes,
+          n > 1 ? 40 : 0);
+    loom_tensor_release(avg[0]);
+    loom_tensor_release(mine_g);
+
     loom_grad_scaler_options so;
     loom_grad_scaler_options_init(&so);
     so.init_scale = 1024;

@@ -4,6 +4,7 @@
  * loom_dist_* API, and the device and threads a context takes from the local rank. The
  * multi-process tests are tests/runtime/comm_ranks.c under mpiexec. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -168,6 +169,65 @@ static void test_nonblocking_allreduces_are_waited_in_any_order(void **state) {
     assert_int_equal(loom_rt_comm_wait(ra, &d), LOOM_OK);
     assert_true(a[0] == 1.0f && a[1] == 2.0f);
     assert_int_equal(atomic_load(&c->pending), 0);
+    destroy_ok(c);
+}
+
+static void write_chunk(const char *chunk, size_t len, void *ud) {
+    fwrite(chunk, 1, len, ud);
+}
+
+static void test_completed_collectives_count_their_time_and_payload_bytes(void **state) {
+    (void)state;
+    loom_rt_comm *c = self_comm();
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    float f[4] = {1, 2, 3, 4};
+    uint16_t h[3] = {0x3f80, 0x3f80, 0x3f80};
+    int32_t v[3] = {1, 2, 3};
+    float recv[2];
+    assert_int_equal(loom_rt_comm_allreduce(c, f, 4, LOOM_DTYPE_F32, LOOM_REDUCE_SUM, 1, &d),
+                     LOOM_OK); /* 16 bytes */
+    assert_int_equal(loom_rt_comm_allreduce(c, h, 3, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &d),
+                     LOOM_OK); /* reduced in f32: 12 bytes */
+    assert_int_equal(loom_rt_comm_broadcast(c, v, 3, LOOM_DTYPE_I32, 0, &d), LOOM_OK);    /* 12 */
+    assert_int_equal(loom_rt_comm_allgather(c, f, recv, 2, LOOM_DTYPE_F32, &d), LOOM_OK); /* 8 */
+    assert_int_equal(loom_rt_comm_barrier(c, &d), LOOM_OK); /* time, no bytes */
+    /* Argument errors are not collectives: nothing counted. */
+    assert_int_equal(loom_rt_comm_broadcast(c, v, 3, LOOM_DTYPE_I32, 5, &d),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    loom_rt_metrics m;
+    loom_rt_metrics_init(&m);
+    loom_rt_metrics_add(&m, LOOM_RT_METRIC_CACHE_HIT, 7);
+    loom_rt_metrics_add(&m, LOOM_RT_METRIC_COLLECTIVE_BYTES, 1000); /* replaced, not added to */
+    loom_rt_comm_read_metrics(c, &m);
+    assert_int_equal(m.count[LOOM_RT_METRIC_COLLECTIVE_BYTES], 48);
+    assert_int_equal(m.count[LOOM_RT_METRIC_COLLECTIVE_TIME], 5);
+    assert_true(m.total[LOOM_RT_METRIC_COLLECTIVE_TIME] >= m.max[LOOM_RT_METRIC_COLLECTIVE_TIME]);
+    assert_true(m.min[LOOM_RT_METRIC_COLLECTIVE_TIME] >= 0);
+    assert_int_equal(m.count[LOOM_RT_METRIC_CACHE_HIT], 7); /* the rest is left alone */
+    loom_rt_comm_read_metrics(NULL, &m);
+    assert_int_equal(m.count[LOOM_RT_METRIC_COLLECTIVE_BYTES], 48);
+
+    /* A context reports the world communicator's collectives; none without one. */
+    loom_context *ctx = tu_context(false);
+    assert_int_equal(loom_metric_value(ctx, "CollectiveBytes"), 0);
+    assert_int_equal(loom_metric_value(ctx, "CollectiveTime"), 0);
+    loom_rt_comm_set_world(c);
+    assert_int_equal(loom_metric_value(ctx, "CollectiveBytes"), 48);
+    assert_int_equal(loom_metric_value(ctx, "CollectiveTime"), 5);
+    assert_true(loom_metric_total(ctx, "CollectiveTime") ==
+                m.total[LOOM_RT_METRIC_COLLECTIVE_TIME]);
+    char *report = NULL;
+    size_t report_len = 0;
+    FILE *out = open_memstream(&report, &report_len);
+    assert_non_null(out);
+    assert_int_equal(loom_metrics_report(ctx, LOOM_REPORT_FORMAT_JSON, write_chunk, out), LOOM_OK);
+    fclose(out);
+    assert_non_null(strstr(report, "\"CollectiveBytes\":48"));
+    assert_non_null(strstr(report, "\"CollectiveTime\":{\"count\":5,"));
+    free(report);
+    loom_rt_comm_set_world(NULL);
+    loom_context_destroy(ctx);
     destroy_ok(c);
 }
 
@@ -575,6 +635,8 @@ int main(void) {
         cmocka_unit_test_setup(test_self_allreduce_scales_floats_and_keeps_integers, clean_env),
         cmocka_unit_test_setup(test_self_broadcast_and_allgather_copy_this_ranks_values, clean_env),
         cmocka_unit_test_setup(test_nonblocking_allreduces_are_waited_in_any_order, clean_env),
+        cmocka_unit_test_setup(test_completed_collectives_count_their_time_and_payload_bytes,
+                               clean_env),
         cmocka_unit_test_setup(test_finalize_with_a_pending_request_is_refused, clean_env),
         cmocka_unit_test_setup(test_bad_arguments_are_reported_and_leave_the_communicator_usable,
                                clean_env),
