@@ -68,6 +68,8 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     const char *profile = getenv("LOOM_PROFILE");
     opts->profile = profile && *profile && strcmp(profile, "0") != 0;
     opts->allreduce_bucket_mb = env_bucket_mb();
+    const char *debug = getenv("LOOM_DEBUG");
+    opts->debug = debug && *debug && strcmp(debug, "0") != 0;
     const char *trace = getenv("LOOM_TRACE");
     opts->trace_path = trace && *trace ? trace : NULL;
 }
@@ -102,6 +104,7 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->eager = opts->eager;
     ctx->sync = opts->sync;
     ctx->profiling = opts->profile;
+    ctx->debug = opts->debug;
     double mb = opts->allreduce_bucket_mb == 0 ? env_bucket_mb() : opts->allreduce_bucket_mb;
     ctx->allreduce_bucket_mb = isnan(mb) || mb == 0 ? 25 : mb;
     loom_rt_profile_init(&ctx->profile, &ctx->alloc);
@@ -213,6 +216,8 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
     loom_ir_free(a, ctx->inflight.slots, (size_t)ctx->inflight.cap_slots * sizeof *ctx->inflight.slots);
     loom_ir_free(a, ctx->inflight.gens, (size_t)ctx->inflight.cap_gens * sizeof *ctx->inflight.gens);
     loom_ir_free(a, ctx->roots, (size_t)ctx->cap_roots * sizeof *ctx->roots);
+    loom_ir_free(a, ctx->recompiles.causes,
+                 (size_t)ctx->recompiles.cap * sizeof *ctx->recompiles.causes);
     loom_ir_free(a, ctx->root_tensors, (size_t)ctx->cap_root_tensors * sizeof *ctx->root_tensors);
     if (ctx->dump_dir)
         loom_ir_free(a, ctx->dump_dir, strlen(ctx->dump_dir) + 1);

@@ -51,6 +51,20 @@ typedef struct loom_fe_inflight {
     struct loom_rt_trace *trace; /* the context's, or NULL */
 } loom_fe_inflight;
 
+/* The recompilation explainer's record (recompile.c): each distinct cause with its count
+ * and its first message, and the last explanation. */
+typedef struct loom_fe_recompile_cause {
+    char key[LOOM_IR_LOC_STR_MAX + 64];
+    char first[640];
+    int64_t count;
+} loom_fe_recompile_cause;
+
+typedef struct loom_fe_recompiles {
+    loom_fe_recompile_cause *causes;
+    int32_t n, cap;
+    char last[640]; /* "" until the first recompilation */
+} loom_fe_recompiles;
+
 struct loom_context {
     int32_t id; /* registry slot, part of every handle */
     loom_allocator alloc;
@@ -68,6 +82,8 @@ struct loom_context {
     bool profiling;          /* LOOM_PROFILE: programs time their kernels into `profile` */
     double allreduce_bucket_mb; /* resolved: > 0 (INFINITY allowed), or < 0 for 0 */
     struct loom_rt_trace *chrome; /* LOOM_TRACE's Chrome trace; NULL: not tracing */
+    bool debug;                   /* LOOM_DEBUG=1: warn about recompilations */
+    loom_fe_recompiles recompiles;
     loom_rt_profile profile; /* kept until destroy, which prints it when profiling */
 
     /* the current step */
@@ -172,6 +188,10 @@ struct loom_rt_pool;
  * the disk cache or codegen (stored back), then a program on pool. Errors: UNSUPPORTED
  * (codegen cannot lower the graph: the caller falls back to the interpreter), INTERNAL,
  * OUT_OF_MEMORY, with the message in d. */
+/* On a cache miss for cut while near graphs are cached: records and (LOOM_DEBUG) prints
+ * why the step recompiled (recompile.c). */
+void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut);
+
 loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loom_fe_jit_options *o,
                               struct loom_rt_pool *pool, const loom_allocator *a,
                               loom_rt_metrics *m, loom_rt_executable **out_exe, loom_ir_diag *d);

@@ -60,6 +60,7 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
         return LOOM_OK;
     }
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_MISS, 1);
+    loom_fe_explain_recompile(ctx, &ctx->cut);
     int64_t compile_t0 = loom_rt_now_ns();
     char prefix[64];
     snprintf(prefix, sizeof prefix, "step%06" PRId64 "-%016" PRIx64, ctx->step, hash);

@@ -121,6 +121,9 @@ typedef struct loom_context_options {
                                  $XDG_CACHE_HOME/loom or ~/.cache/loom; "": no disk cache */
     bool profile;             /* time every compiled kernel and print the slowest to stderr
                                  at destroy (LOOM_PROFILE=1; loom_profile_report) */
+    bool debug;               /* LOOM_DEBUG=1: warn on stderr, once per distinct cause, when a
+                                 step recompiles a graph near one already compiled, naming
+                                 what differs (loom_recompile_report) */
     const char *trace_path;   /* write a Chrome trace (Perfetto) of what Loom did here at
                                  destroy (LOOM_TRACE=<file.json>): tracing, passes, compiles
                                  per module and thread, disk-cache loads, steps, kernels,
@@ -388,6 +391,22 @@ typedef enum loom_report_format {
 LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_format format,
                                          void (*write)(const char *chunk, size_t len, void *ud),
                                          void *ud);
+
+/* Why steps recompiled. A cache miss for a graph near one already compiled (at most a
+ * quarter of its nodes differ: not a new graph such as an evaluation step) counts in the
+ * Recompiles metric, and its first difference is found node by node against the nearest
+ * cached graph: "step 12 recompiled: %7 matmul at train.c:88 has f32[63,784] (was
+ * f32[64,784])"; a constant whose value changed is named as such ("a value that changes
+ * every step defeats the cache: pass it as a tensor instead"). loom_last_recompile gives the
+ * last such message ("" before any; valid until the next step). loom_recompile_report
+ * writes each distinct cause (the kind of difference, its op and source line) with how many
+ * steps it recompiled and its first message, as text ("Recompiles: N (M distinct causes)"
+ * then a line per cause) or JSON ({"recompiles": [{"count", "first"}, ...]}).
+ * Errors: INVALID_ARGUMENT. */
+LOOM_API const char *loom_last_recompile(const loom_context *ctx);
+LOOM_API loom_status loom_recompile_report(const loom_context *ctx, loom_report_format format,
+                                           void (*write)(const char *chunk, size_t len, void *ud),
+                                           void *ud);
 
 /* Writes the kernel profile through `write` in chunks: every kernel of the context's
  * compiled steps (the interpreter's are not timed) with its time summed over all its runs

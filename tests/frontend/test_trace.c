@@ -54,8 +54,8 @@ static char *read_all(const char *path) {
 }
 
 static void expect(const char *trace, const char *part) {
-    if (!strstr(trace, part))
-        fail_msg("the trace lacks %s:\n%.2000s", part, trace);
+    if (!trace || !strstr(trace, part))
+        fail_msg("the trace lacks %s:\n%.2000s", part, trace ? trace : "(no file)");
 }
 
 static void test_the_trace_has_an_event_for_each_thing_loom_did(void **state) {
