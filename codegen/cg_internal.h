@@ -11,7 +11,7 @@
 
 /* Bumped whenever generated code or the blob layout changes: part of the target key, so a
  * disk cache never hands old code to a newer Loom. */
-#define LOOM_CG_FORMAT_VERSION 1
+#define LOOM_CG_FORMAT_VERSION 2 /* 2: the blob checksum is XXH3 */
 
 /* ---- MLIR op builder (mlir_build.c) -------------------------------------------------------
  * Ops are appended at the end of `block`; loops and ifs move it into their bodies and back.

@@ -17,6 +17,7 @@
 
 #include "build_id.h"
 #include "cg_internal.h"
+#include "runtime/disk_cache.h"
 
 struct loom_cg_code {
     loom_allocator alloc;
@@ -305,21 +306,7 @@ loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const ui
 static const char blob_magic[8] = {'L', 'O', 'O', 'M', 'C', 'G', 'B', '\0'};
 
 static uint64_t checksum(const uint8_t *p, size_t n) {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 29;
-    }
-    for (; i < n; i++) {
-        h = (h ^ p[i]) * 0x100000001b3ull;
-        h ^= h >> 31;
-    }
-    h ^= h >> 33;
-    h *= 0xc4ceb9fe1a85ec53ull;
-    return h ^ (h >> 33);
+    return loom_rt_hash64(p, n);
 }
 
 static void put_u32(loom_ir_sbuf *sb, uint32_t v) {

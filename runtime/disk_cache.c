@@ -8,21 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "disk_cache.h"
 
 #define MAGIC "LOOMOBJ"           /* with its NUL: 8 bytes */
 #define HEADER_FIXED (8 + 4 + 4)  /* magic, version, key length */
 #define OVERHEAD (HEADER_FIXED + 8 + 8) /* + payload length + checksum */
-
-/* ---- XXH64 --------------------------------------------------------------------------------
- * The published algorithm (seed 0), reimplemented: fast enough (several GB/s) that checking
- * a multi-megabyte object file costs less than a millisecond, unlike byte-wise FNV. */
-
-static const uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full,
-                      P3 = 0x165667B19E3779F9ull, P4 = 0x85EBCA77C2B2AE63ull,
-                      P5 = 0x27D4EB2F165667C5ull;
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
 static inline uint64_t rd64(const unsigned char *p) {
     uint64_t v = 0;
@@ -45,58 +37,10 @@ static inline void wr32(unsigned char *p, uint32_t v) {
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static inline uint64_t xxh_round(uint64_t acc, uint64_t input) {
-    acc += input * P2;
-    acc = rotl64(acc, 31);
-    return acc * P1;
-}
-
-static inline uint64_t xxh_merge(uint64_t acc, uint64_t val) {
-    acc ^= xxh_round(0, val);
-    return acc * P1 + P4;
-}
-
+/* XXH3 (Debian's libxxhash): tens of GB/s, so checking a multi-megabyte object file costs
+ * well under a millisecond. */
 uint64_t loom_rt_hash64(const void *data, size_t len) {
-    const unsigned char *p = data, *end = p + len;
-    uint64_t h;
-    if (len >= 32) {
-        uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = 0 - P1;
-        const unsigned char *limit = end - 32;
-        do {
-            v1 = xxh_round(v1, rd64(p));
-            v2 = xxh_round(v2, rd64(p + 8));
-            v3 = xxh_round(v3, rd64(p + 16));
-            v4 = xxh_round(v4, rd64(p + 24));
-            p += 32;
-        } while (p <= limit);
-        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-        h = xxh_merge(h, v1);
-        h = xxh_merge(h, v2);
-        h = xxh_merge(h, v3);
-        h = xxh_merge(h, v4);
-    } else {
-        h = P5;
-    }
-    h += (uint64_t)len;
-    for (; end - p >= 8; p += 8) {
-        h ^= xxh_round(0, rd64(p));
-        h = rotl64(h, 27) * P1 + P4;
-    }
-    if (end - p >= 4) {
-        h ^= (uint64_t)rd32(p) * P1;
-        h = rotl64(h, 23) * P2 + P3;
-        p += 4;
-    }
-    for (; p < end; p++) {
-        h ^= (uint64_t)*p * P5;
-        h = rotl64(h, 11) * P1;
-    }
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    h *= P3;
-    h ^= h >> 32;
-    return h;
+    return XXH3_64bits(data, len);
 }
 
 /* ---- paths --------------------------------------------------------------------------------- */

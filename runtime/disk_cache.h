@@ -4,7 +4,7 @@
  *
  * File `<dir>/<16 hex digits of the key's 64-bit hash>.loomobj`, little-endian:
  *   magic "LOOMOBJ\0" (8 bytes), format version u32 (1), key length u32, key bytes,
- *   payload length u64, payload, checksum u64 (XXH64, seed 0, of every byte before it).
+ *   payload length u64, payload, checksum u64 (XXH3-64, seed 0, of every byte before it).
  * The full key is stored and compared, so two keys whose hashes collide share a file name
  * but never a payload: the later put replaces the earlier, and a get of the other is a miss.
  *
@@ -17,7 +17,8 @@
 
 #include "ir/ir.h"
 
-#define LOOM_RT_DISK_CACHE_VERSION 1u
+/* 2: XXH3 checksums and file names (1 had XXH64); an entry of another version is stale. */
+#define LOOM_RT_DISK_CACHE_VERSION 2u
 
 /* The GNU build ID (hex) of the binary this code is linked into, "none" when it has none:
  * part of every cache key, so code compiled by one build of Loom is never loaded by
@@ -51,7 +52,8 @@ loom_status loom_rt_disk_cache_get(const char *dir, const char *key, const loom_
  * environment: not thread-safe against setenv. */
 const char *loom_rt_disk_cache_default_dir(char *buf, size_t n);
 
-/* XXH64 (seed 0) of len bytes: the file checksum, and (of the key) the file name. */
+/* XXH3-64 (libxxhash, seed 0) of len bytes: the file checksum, and (of the key) the file name;
+ * also the code blob's checksum and the collectives' digest. */
 uint64_t loom_rt_hash64(const void *data, size_t len);
 
 #endif
