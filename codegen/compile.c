@@ -612,23 +612,34 @@ static loom_status write_dumps(const compile_state *cs, const loom_cg_options *o
     loom_ir_sbuf_init(&all, a);
     loom_status st = LOOM_OK;
     const char *prefix = opts->dump_prefix ? opts->dump_prefix : "kernels";
+    /* MLIR: one file holding every module (mlir-opt reads several top-level modules). LLVM
+     * IR and assembly: a file per module (<prefix>.mJ.ll, .mJ.s), as opt, llc and as take
+     * one module each. */
     for (int f = 0; f < DUMP_COUNT_ && st == LOOM_OK; f++) {
-        all.len = 0;
-        for (int32_t j = 0; j < cs->n_jobs; j++) {
-            const job *jb = &cs->jobs[j];
-            const char *c = f == DUMP_LL ? ";" : f == DUMP_ASM ? "#" : "//";
-            loom_ir_sbuf_printf(&all, "%s module %d: kernels %d..%d\n", c, (int)j, (int)jb->first,
-                                (int)(jb->first + jb->count - 1));
-            if (jb->dump[f].len)
-                loom_ir_sbuf_append(&all, jb->dump[f].data, jb->dump[f].len);
-            loom_ir_sbuf_append(&all, "\n", 1);
+        bool per_module = f == DUMP_LL || f == DUMP_ASM;
+        for (int32_t j0 = 0; j0 < (per_module ? cs->n_jobs : 1) && st == LOOM_OK; j0++) {
+            all.len = 0;
+            for (int32_t j = j0; j < (per_module ? j0 + 1 : cs->n_jobs); j++) {
+                const job *jb = &cs->jobs[j];
+                const char *c = f == DUMP_LL ? ";" : f == DUMP_ASM ? "#" : "//";
+                loom_ir_sbuf_printf(&all, "%s module %d: kernels %d..%d\n", c, (int)j,
+                                    (int)jb->first, (int)(jb->first + jb->count - 1));
+                if (jb->dump[f].len)
+                    loom_ir_sbuf_append(&all, jb->dump[f].data, jb->dump[f].len);
+                loom_ir_sbuf_append(&all, "\n", 1);
+            }
+            path.len = 0;
+            if (per_module)
+                loom_ir_sbuf_printf(&path, "%s/%s.m%d%s", opts->dump_dir, prefix, (int)j0,
+                                    dump_ext[f]);
+            else
+                loom_ir_sbuf_printf(&path, "%s/%s%s", opts->dump_dir, prefix, dump_ext[f]);
+            if (path.oom || all.oom)
+                st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                                      "codegen: out of memory dumping");
+            else
+                st = loom_ir_write_file_atomic(path.data, all.data, all.len, d);
         }
-        path.len = 0;
-        loom_ir_sbuf_printf(&path, "%s/%s%s", opts->dump_dir, prefix, dump_ext[f]);
-        if (path.oom || all.oom)
-            st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory dumping");
-        else
-            st = loom_ir_write_file_atomic(path.data, all.data, all.len, d);
     }
     loom_ir_sbuf_deinit(&path);
     loom_ir_sbuf_deinit(&all);

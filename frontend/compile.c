@@ -70,7 +70,9 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     cache_key(key, sizeof key, hash, o);
     loom_ir_diag cd;
     loom_ir_diag_init(&cd);
-    if (o->cache_dir) {
+    /* With dumps, the step compiles even when the disk holds its code: the MLIR, LLVM IR and
+     * assembly are not in the cache, and dumps must be whole (the entry is refreshed). */
+    if (o->cache_dir && !o->dump_dir) {
         void *blob = NULL;
         size_t len = 0;
         int64_t t0 = loom_rt_now_ns();

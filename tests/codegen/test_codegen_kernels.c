@@ -1422,7 +1422,7 @@ static void test_dumps_write_mlir_lowered_llvm_ir_and_assembly(void **state) {
     loom_rt_kernel k;
     loom_cg_code *code = NULL;
     assert_int_equal(loom_cg_compile(&f.g, &f.plan, &opts, &code, &k, &f.d), LOOM_OK);
-    const char *ext[4] = {".mlir", ".lowered.mlir", ".ll", ".s"};
+    const char *ext[4] = {".mlir", ".lowered.mlir", ".m0.ll", ".m0.s"};
     const char *needle[4] = {"func.func @loom_k0_body", "llvm.func @loom_k0_body",
                              "define void @loom_k0(ptr", "loom_k0:"};
     for (int i = 0; i < 4; i++) {
@@ -1444,6 +1444,19 @@ static void test_dumps_write_mlir_lowered_llvm_ir_and_assembly(void **state) {
                         strstr(text, "ps\t%xmm"));
 #endif
         free(text);
+        /* each file is accepted by its own tool, where the tool is installed */
+        static const char *const tool[4] = {"mlir-opt-19", "mlir-opt-19",
+                                            "opt-19 -passes=verify -disable-output", "as"};
+        static const char *const which[4] = {"mlir-opt-19", "mlir-opt-19", "opt-19", "as"};
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", which[i]);
+        if (system(cmd) == 0) {
+            snprintf(cmd, sizeof cmd, "%s %s -o /dev/null", tool[i], path);
+            if (system(cmd) != 0)
+                fail_msg("%s rejects %s", which[i], path);
+        } else {
+            printf("# %s not installed: %s not checked with it\n", which[i], path);
+        }
         unlink(path);
     }
     rmdir(dir);

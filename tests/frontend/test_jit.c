@@ -90,6 +90,35 @@ static void test_a_second_process_hits_the_disk_cache(void **state) {
     remove_dir(dir);
 }
 
+/* LOOM_DUMP of a step whose code is in the disk cache still dumps its LLVM IR and assembly
+ * (it compiles them again): the dumps of a warm run equal a cold run's. */
+static void test_dumps_are_whole_when_the_disk_cache_holds_the_code(void **state) {
+    (void)state;
+    char cache[64], dumps[2][96];
+    snprintf(cache, sizeof cache, "%s", new_dir());
+    for (int run = 0; run < 2; run++) {
+        snprintf(dumps[run], sizeof dumps[run], "%s/dump%d", cache, run);
+        loom_context_options o;
+        loom_context_options_init(&o);
+        o.eager = false;
+        o.cache_dir = cache;
+        o.dump_dir = dumps[run];
+        loom_context *ctx = NULL;
+        assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
+        float out[2];
+        assert_int_equal(step(ctx, out), LOOM_OK);
+        expect_values(out);
+        loom_context_destroy(ctx);
+    }
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ls %s/*.m0.ll %s/*.m0.s %s/*.mlir >/dev/null", dumps[1], dumps[1],
+             dumps[1]);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "diff -r %s %s >/dev/null", dumps[0], dumps[1]);
+    assert_int_equal(system(cmd), 0);
+    remove_dir(cache);
+}
+
 static void test_a_corrupt_cache_file_is_detected_and_recompiled(void **state) {
     (void)state;
     char *dir = new_dir();
@@ -438,6 +467,7 @@ static void test_nothing_is_timed_without_profiling(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_second_process_hits_the_disk_cache),
+        cmocka_unit_test(test_dumps_are_whole_when_the_disk_cache_holds_the_code),
         cmocka_unit_test(test_a_corrupt_cache_file_is_detected_and_recompiled),
         cmocka_unit_test(test_an_unusable_cache_dir_does_not_fail_the_step),
         cmocka_unit_test(test_steps_run_while_the_next_is_traced_and_errors_surface_at_sync),
