@@ -573,17 +573,32 @@ static void describe_kernel(const loom_ir_plan *plan, const loom_ir_graph *g, in
     loom_ir_format_loc(loc, loc_size, r->loc);
 }
 
+/* The program exe is, to be profiled or traced from plan and g: NULL with *st INVALID_ARGUMENT
+ * when they do not match it, NULL with *st OK when there is nothing to do (another kind of
+ * executable, no kernels). */
+static program *instrumentable(loom_rt_executable *exe, const void *sink, const loom_ir_plan *plan,
+                               const loom_ir_graph *g, loom_status *st) {
+    *st = LOOM_OK;
+    if (!exe || !sink || !plan || !g || plan->n_nodes != g->n_nodes) {
+        *st = LOOM_STATUS_INVALID_ARGUMENT;
+        return NULL;
+    }
+    if (exe->vt != &program_vtable)
+        return NULL;
+    program *p = (program *)exe;
+    if (plan->n_kernels != p->n_kernels) {
+        *st = LOOM_STATUS_INVALID_ARGUMENT;
+        return NULL;
+    }
+    return p->n_kernels > 0 ? p : NULL;
+}
+
 loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *prof,
                                     const loom_ir_plan *plan, const loom_ir_graph *g) {
-    if (!exe || !prof || !plan || !g || plan->n_nodes != g->n_nodes)
-        return LOOM_STATUS_INVALID_ARGUMENT;
-    if (exe->vt != &program_vtable)
-        return LOOM_OK;
-    program *p = (program *)exe;
-    if (plan->n_kernels != p->n_kernels)
-        return LOOM_STATUS_INVALID_ARGUMENT;
-    if (p->prof || p->n_kernels == 0)
-        return LOOM_OK;
+    loom_status st;
+    program *p = instrumentable(exe, prof, plan, g, &st);
+    if (!p || p->prof)
+        return st;
     loom_rt_profile_kernel *e = loom_rt_profile_add(prof, p->n_kernels);
     if (!e)
         return LOOM_STATUS_OUT_OF_MEMORY;
@@ -601,15 +616,10 @@ loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *pr
 
 loom_status loom_rt_program_trace(loom_rt_executable *exe, loom_rt_trace *trace,
                                   const loom_ir_plan *plan, const loom_ir_graph *g) {
-    if (!exe || !trace || !plan || !g || plan->n_nodes != g->n_nodes)
-        return LOOM_STATUS_INVALID_ARGUMENT;
-    if (exe->vt != &program_vtable)
-        return LOOM_OK;
-    program *p = (program *)exe;
-    if (plan->n_kernels != p->n_kernels)
-        return LOOM_STATUS_INVALID_ARGUMENT;
-    if (p->trace || p->n_kernels == 0)
-        return LOOM_OK;
+    loom_status st;
+    program *p = instrumentable(exe, trace, plan, g, &st);
+    if (!p || p->trace)
+        return st;
     if (!alloc_array(&p->base.alloc, (void **)&p->trace_names, p->n_kernels,
                      sizeof *p->trace_names))
         return LOOM_STATUS_OUT_OF_MEMORY;

@@ -247,18 +247,26 @@ static void cut_and_autocast(loom_context *ctx, loom_tensor **grads, loom_ir_gra
     cut_and_autocast_n(ctx, 4, grads, g);
 }
 
+enum { CONV_XN = 2 * 3 * 7 * 7, CONV_WN = 4 * 3 * 3 * 3 };
+
+/* x [2,3,7,7] and w [4,3,3,3] from fixed seeds, and conv2d(x, w) (under whatever autocast
+ * scope the caller opened). */
+static loom_tensor *conv_xw(loom_context *ctx, loom_tensor **x, loom_tensor **w) {
+    float xs[CONV_XN], ws[CONV_WN];
+    fill(xs, CONV_XN, 11, 1.0f);
+    fill(ws, CONV_WN, 12, 0.5f);
+    *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 7, 7}, xs);
+    *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){4, 3, 3, 3}, ws);
+    return loom_conv2d(ctx, *x, *w, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+}
+
 /* loss = sum(conv2d(x, w)^2) with conv2d under autocast dtype ac (f32: none); the gradients
  * of x and w into gx, gw (when not NULL) and the graph after the autocast pass into g. */
 static void conv_grads(loom_dtype ac, loom_ir_graph *g, float *gx, float *gw) {
-    enum { XN = 2 * 3 * 7 * 7, WN = 4 * 3 * 3 * 3 };
-    float xs[XN], ws[WN];
-    fill(xs, XN, 11, 1.0f);
-    fill(ws, WN, 12, 0.5f);
     loom_context *ctx = tu_context(true);
-    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 7, 7}, xs);
-    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){4, 3, 3, 3}, ws);
+    loom_tensor *x, *w;
     assert_int_equal(loom_autocast_begin(ctx, ac), LOOM_OK);
-    loom_tensor *y = loom_conv2d(ctx, x, w, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+    loom_tensor *y = conv_xw(ctx, &x, &w);
     assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
     loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, y), 0, NULL, false);
     loom_tensor *grads[2] = {NULL, NULL};
@@ -266,9 +274,9 @@ static void conv_grads(loom_dtype ac, loom_ir_graph *g, float *gx, float *gw) {
     if (g)
         cut_and_autocast_n(ctx, 2, grads, g);
     if (gx)
-        tu_read_f32(ctx, grads[0], gx, XN);
+        tu_read_f32(ctx, grads[0], gx, CONV_XN);
     if (gw)
-        tu_read_f32(ctx, grads[1], gw, WN);
+        tu_read_f32(ctx, grads[1], gw, CONV_WN);
     loom_tensor_release(x);
     loom_tensor_release(w);
     loom_context_destroy(ctx);
@@ -312,15 +320,10 @@ static void test_conv_input_gradients_sum_their_windows_in_f32(void **state) {
  * although the weight gradient comes out of a bf16 matmul. */
 static void test_an_all_reduce_of_an_f32_gradient_stays_f32_under_autocast(void **state) {
     (void)state;
-    enum { XN = 2 * 3 * 7 * 7, WN = 4 * 3 * 3 * 3 };
-    float xs[XN], ws[WN];
-    fill(xs, XN, 11, 1.0f);
-    fill(ws, WN, 12, 0.5f);
     loom_context *ctx = tu_context(true);
-    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){2, 3, 7, 7}, xs);
-    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){4, 3, 3, 3}, ws);
+    loom_tensor *x, *w;
     assert_int_equal(loom_autocast_begin(ctx, LOOM_DTYPE_BF16), LOOM_OK);
-    loom_tensor *y = loom_conv2d(ctx, x, w, NULL, NULL, (int64_t[]){1, 1}, NULL, 1);
+    loom_tensor *y = conv_xw(ctx, &x, &w);
     loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, y), 0, NULL, false);
     loom_tensor *gw = NULL;
     assert_int_equal(loom_backward(ctx, loss, 1, (loom_tensor *[]){w}, &gw), LOOM_OK);
