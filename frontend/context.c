@@ -187,6 +187,8 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
         loom_fe_finish_inflight(ctx);
     if (ctx->profiling)
         print_profile(ctx);
+    if (ctx->debug)
+        loom_fe_debug_summary(ctx);
     loom_rt_stream_destroy(ctx->stream);
     loom_rt_pool_destroy(ctx->pool);
     if (ctx->chrome) {

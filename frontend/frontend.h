@@ -82,7 +82,10 @@ struct loom_context {
     bool profiling;          /* LOOM_PROFILE: programs time their kernels into `profile` */
     double allreduce_bucket_mb; /* resolved: > 0 (INFINITY allowed), or < 0 for 0 */
     struct loom_rt_trace *chrome; /* LOOM_TRACE's Chrome trace; NULL: not tracing */
-    bool debug;                   /* LOOM_DEBUG=1: warn about recompilations */
+    bool debug;                   /* LOOM_DEBUG=1: warn about recompilations, forced reads */
+    int64_t late_compiles;        /* compiles after the first LOOM_FE_DEBUG_WARMUP steps */
+    loom_ir_loc forced_seen[32];  /* forced reads already reported (LOOM_DEBUG) */
+    int32_t n_forced_seen;
     loom_fe_recompiles recompiles;
     loom_rt_profile profile; /* kept until destroy, which prints it when profiling */
 
@@ -188,6 +191,13 @@ struct loom_rt_pool;
  * the disk cache or codegen (stored back), then a program on pool. Errors: UNSUPPORTED
  * (codegen cannot lower the graph: the caller falls back to the interpreter), INTERNAL,
  * OUT_OF_MEMORY, with the message in d. */
+/* LOOM_DEBUG (recompile.c): a read of t that forced the pending step to run early, printed
+ * once per source line of the tensor; and, at destroy, a summary of the compiles after the
+ * first LOOM_FE_DEBUG_WARMUP steps, forced reads and interpreter fallbacks. */
+#define LOOM_FE_DEBUG_WARMUP 3
+void loom_fe_debug_forced_read(loom_context *ctx, const loom_fe_tensor *t);
+void loom_fe_debug_summary(const loom_context *ctx);
+
 /* On a cache miss for cut while near graphs are cached: records and (LOOM_DEBUG) prints
  * why the step recompiled (recompile.c). */
 void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut);

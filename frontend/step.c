@@ -61,6 +61,7 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
     }
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_MISS, 1);
     loom_fe_explain_recompile(ctx, &ctx->cut);
+    ctx->late_compiles += ctx->step >= LOOM_FE_DEBUG_WARMUP;
     int64_t compile_t0 = loom_rt_now_ns();
     char prefix[64];
     snprintf(prefix, sizeof prefix, "step%06" PRId64 "-%016" PRIx64, ctx->step, hash);

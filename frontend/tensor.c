@@ -234,6 +234,8 @@ LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *h, void *d
                                  "tensor has no value: the step that should have computed it "
                                  "failed");
         loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FORCED_READS, 1);
+        if (ctx->debug)
+            loom_fe_debug_forced_read(ctx, t);
         loom_status st = loom_fe_compute(ctx, 1, &slot, false);
         if (st == LOOM_OK)
             st = loom_fe_finish_inflight(ctx);

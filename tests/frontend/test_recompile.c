@@ -3,11 +3,25 @@
  * Recompiles metric, and loom_recompile_report lists each distinct cause once with its
  * count; a new graph is not a recompilation. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
 static int input_line, const_line;
+
+/* Reads exp(a) before loom_mark_step: the read forces the pending step to run. */
+enum { FORCED_LINE = __LINE__ + 4 };
+static loom_status forced_read(loom_context *ctx) {
+    loom_tensor *a = tu_f32(ctx, 2, (const float[]){1, 2});
+    float v[2];
+    loom_tensor *e = loom_exp(ctx, a);
+    loom_status st = loom_tensor_read(ctx, e, v, sizeof v);
+    loom_tensor_release(a);
+    return st;
+}
 
 /* sum(x * c) for x of rows x 8 zeros. */
 static void step(loom_context *ctx, int64_t rows, float c) {
@@ -99,9 +113,71 @@ static void test_a_recompiled_step_names_what_changed_and_where(void **state) {
     loom_context_destroy(ctx);
 }
 
+/* LOOM_DEBUG's messages (stderr, captured in a child process): a recompilation warned once
+ * per cause, a forced read once per source line, and the summary at destroy. */
+static void test_debug_reports_recompiles_forced_reads_and_a_summary(void **state) {
+    (void)state;
+    char path[] = "/tmp/loom-debug-test-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (!freopen(path, "w", stderr))
+            _exit(3);
+        loom_context_options o;
+        loom_context_options_init(&o);
+        o.cache_dir = "";
+        o.dump_dir = NULL;
+        o.debug = true;
+        loom_context *ctx = NULL;
+        if (loom_context_create(&o, &ctx) != LOOM_OK)
+            _exit(4);
+        for (int s = 0; s < 6; s++)
+            step(ctx, 64 - s % 3, 2); /* steps 1, 2 recompile for one cause; 3.. hit */
+        for (int s = 0; s < 2; s++)
+            if (forced_read(ctx) != LOOM_OK)
+                _exit(5);
+        loom_context_destroy(ctx);
+        fflush(stderr);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(path);
+    char want[256];
+    snprintf(want, sizeof want,
+             "loom: warning: step 1 recompiled: %%1 input 0 at test_recompile.c:%d has f32[63,8] "
+             "(was f32[64,8])",
+             input_line);
+    if (!strstr(text, want))
+        fail_msg("stderr lacks \"%s\":\n%s", want, text);
+    assert_null(strstr(text, "step 2 recompiled")); /* the same cause: warned once */
+    snprintf(want, sizeof want,
+             "loom: debug: step 6: reading the f32[2] recorded at test_recompile.c:%d forced the "
+             "pending step to run before loom_mark_step",
+             (int)FORCED_LINE);
+    if (!strstr(text, want))
+        fail_msg("stderr lacks \"%s\":\n%s", want, text);
+    assert_null(strstr(strstr(text, want) + strlen(want), "forced the")); /* once per line */
+    if (!strstr(text, "loom: debug: 6 steps; 1 compile after the first 3 steps, 2 recompiles "
+                      "of a near graph, 2 forced reads, 0 interpreter fallbacks\n"))
+        fail_msg("stderr lacks the summary:\n%s", text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_recompiled_step_names_what_changed_and_where),
+        cmocka_unit_test(test_debug_reports_recompiles_forced_reads_and_a_summary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
