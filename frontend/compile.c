@@ -125,6 +125,24 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     return LOOM_OK;
 }
 
+/* The plan's memory report (its 5 largest live values) on exe, for an out-of-memory error
+ * and loom_memory_report. Errors: OUT_OF_MEMORY. */
+static loom_status attach_memory_report(loom_rt_executable *exe, const loom_ir_plan *plan,
+                                        const loom_ir_graph *g) {
+    loom_ir_memory_report mem;
+    if (loom_ir_plan_memory(plan, g, &mem) != LOOM_OK)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    loom_ir_sbuf sb;
+    loom_ir_sbuf_init(&sb, &exe->alloc);
+    loom_ir_memory_report_print(&mem, plan, g, 5, loom_ir_sbuf_write, &sb);
+    loom_ir_memory_report_deinit(&mem);
+    if (!sb.oom && sb.len > 0 && (exe->memory_report = loom_ir_alloc(&exe->alloc, sb.len + 1)))
+        memcpy(exe->memory_report, sb.data, sb.len + 1);
+    bool ok = !sb.oom && (exe->memory_report || sb.len == 0);
+    loom_ir_sbuf_deinit(&sb);
+    return ok ? LOOM_OK : LOOM_STATUS_OUT_OF_MEMORY;
+}
+
 /* The cache compares executables by the graph as traced, not as rewritten by the passes:
  * *exe's graph becomes a copy of cut. On failure *exe is destroyed and NULL. */
 static loom_status keep_traced_graph(loom_rt_executable **exe, const loom_ir_graph *cut,
@@ -191,6 +209,11 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         loom_rt_executable_destroy(*out_exe);
         *out_exe = NULL;
         loom_ir_diag_set(d, st, "out of memory profiling the program");
+    }
+    if (st == LOOM_OK && (st = attach_memory_report(*out_exe, &plan, &g)) != LOOM_OK) {
+        loom_rt_executable_destroy(*out_exe);
+        *out_exe = NULL;
+        loom_ir_diag_set(d, st, "out of memory making the plan's memory report");
     }
     if (st == LOOM_OK && o->trace &&
         (st = loom_rt_program_trace(*out_exe, o->trace, &plan, &g)) != LOOM_OK) {

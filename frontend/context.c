@@ -218,6 +218,8 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
     loom_ir_free(a, ctx->inflight.slots, (size_t)ctx->inflight.cap_slots * sizeof *ctx->inflight.slots);
     loom_ir_free(a, ctx->inflight.gens, (size_t)ctx->inflight.cap_gens * sizeof *ctx->inflight.gens);
     loom_ir_free(a, ctx->roots, (size_t)ctx->cap_roots * sizeof *ctx->roots);
+    if (ctx->memory_report)
+        loom_ir_free(a, ctx->memory_report, strlen(ctx->memory_report) + 1);
     loom_ir_free(a, ctx->recompiles.causes,
                  (size_t)ctx->recompiles.cap * sizeof *ctx->recompiles.causes);
     loom_ir_free(a, ctx->root_tensors, (size_t)ctx->cap_root_tensors * sizeof *ctx->root_tensors);

@@ -83,6 +83,7 @@ struct loom_context {
     double allreduce_bucket_mb; /* resolved: > 0 (INFINITY allowed), or < 0 for 0 */
     struct loom_rt_trace *chrome; /* LOOM_TRACE's Chrome trace; NULL: not tracing */
     bool debug;                   /* LOOM_DEBUG=1: warn about recompilations, forced reads */
+    char *memory_report;          /* the last compiled step's (loom_memory_report), or NULL */
     int64_t late_compiles;        /* compiles after the first LOOM_FE_DEBUG_WARMUP steps */
     loom_ir_loc forced_seen[32];  /* forced reads already reported (LOOM_DEBUG) */
     int32_t n_forced_seen;
@@ -200,7 +201,7 @@ void loom_fe_debug_summary(const loom_context *ctx);
 
 /* On a cache miss for cut while near graphs are cached: records and (LOOM_DEBUG) prints
  * why the step recompiled (recompile.c). */
-void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut);
+loom_status loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut);
 
 loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loom_fe_jit_options *o,
                               struct loom_rt_pool *pool, const loom_allocator *a,

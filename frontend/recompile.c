@@ -28,26 +28,29 @@ static void cause_key(const loom_ir_diff *df, char *key, size_t n) {
     snprintf(key, n, "%d %s %s", (int)it->kind, op, loc);
 }
 
-/* Counts the cause (message msg, key key); true the first time it is seen. */
-static bool count_cause(loom_context *ctx, const char *key, const char *msg) {
+/* Counts the cause (message msg, key key); *out_new: the first time it is seen.
+ * Errors: OUT_OF_MEMORY. */
+static loom_status count_cause(loom_context *ctx, const char *key, const char *msg, bool *out_new) {
     loom_fe_recompiles *r = &ctx->recompiles;
+    *out_new = false;
     for (int32_t i = 0; i < r->n; i++)
         if (!strcmp(r->causes[i].key, key)) {
             r->causes[i].count++;
-            return false;
+            return LOOM_OK;
         }
     if (!loom_ir_grow(&ctx->alloc, (void **)&r->causes, &r->cap, r->n + 1, sizeof *r->causes))
-        return false; /* out of memory: the cause goes uncounted, the step goes on */
+        return LOOM_STATUS_OUT_OF_MEMORY;
     loom_fe_recompile_cause *c = &r->causes[r->n++];
     snprintf(c->key, sizeof c->key, "%s", key);
     snprintf(c->first, sizeof c->first, "%s", msg);
     c->count = 1;
-    return true;
+    *out_new = true;
+    return LOOM_OK;
 }
 
-void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut) {
+loom_status loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut) {
     if (ctx->cache.n == 0)
-        return;
+        return LOOM_OK;
     loom_ir_sketch now, other;
     loom_ir_graph_sketch(cut, &now);
     int32_t best = -1;
@@ -61,7 +64,7 @@ void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut) {
         }
     }
     if (best < 0)
-        return;
+        return LOOM_OK;
     loom_ir_diff df;
     loom_ir_diff_init(&df, &ctx->alloc);
     loom_ir_diag d;
@@ -69,9 +72,9 @@ void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut) {
     /* near: few differences of their own (a batch that changed alters every type after it,
      * but those follow from one input's) */
     int32_t causes = 0;
-    if (loom_ir_diff_compute(&df, &ctx->cache.entries[best].exe->graph, cut, &d) == LOOM_OK)
-        for (int32_t i = 0; i < df.n_items; i++)
-            causes += !df.items[i].derived;
+    loom_status st = loom_ir_diff_compute(&df, &ctx->cache.entries[best].exe->graph, cut, &d);
+    for (int32_t i = 0; i < df.n_items && st == LOOM_OK; i++)
+        causes += !df.items[i].derived;
     if (causes > 0 && causes <= 2 + cut->n_nodes / 4) {
         char item[512], key[LOOM_IR_LOC_STR_MAX + 64];
         loom_ir_diff_format_item(&df, 0, item, sizeof item);
@@ -88,10 +91,13 @@ void loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut) {
         }
         loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_RECOMPILES, 1);
         cause_key(&df, key, sizeof key);
-        if (count_cause(ctx, key, r->last) && ctx->debug)
+        bool first = false;
+        st = count_cause(ctx, key, r->last, &first);
+        if (first && ctx->debug)
             fprintf(stderr, "loom: warning: %s\n", r->last);
     }
     loom_ir_diff_deinit(&df);
+    return st == LOOM_STATUS_OUT_OF_MEMORY ? st : LOOM_OK; /* a bad graph explains nothing */
 }
 
 void loom_fe_debug_forced_read(loom_context *ctx, const loom_fe_tensor *t) {
@@ -147,6 +153,10 @@ LOOM_API loom_status loom_recompile_report(const loom_context *ctx, loom_report_
     }
     loom_ir_writer_flush(&w);
     return LOOM_OK;
+}
+
+LOOM_API const char *loom_memory_report(const loom_context *ctx) {
+    return ctx && ctx->memory_report ? ctx->memory_report : "";
 }
 
 LOOM_API const char *loom_last_recompile(const loom_context *ctx) {

@@ -60,7 +60,9 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
         return LOOM_OK;
     }
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_CACHE_MISS, 1);
-    loom_fe_explain_recompile(ctx, &ctx->cut);
+    if (loom_fe_explain_recompile(ctx, &ctx->cut) != LOOM_OK)
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step",
+                             "out of memory explaining why step %" PRId64 " recompiled", ctx->step);
     ctx->late_compiles += ctx->step >= LOOM_FE_DEBUG_WARMUP;
     int64_t compile_t0 = loom_rt_now_ns();
     char prefix[64];
@@ -193,8 +195,26 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
     if (st != LOOM_OK) {
         for (int32_t k = 0; k < n_outs; k++)
             loom_rt_buffer_release(f->bufs[n_in + k]);
-        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "%s",
-                             d.code != LOOM_OK ? d.msg : "out of memory for the step's outputs");
+        /* out of memory: say where the step's memory goes (the plan's largest values) */
+        bool oom = st == LOOM_STATUS_OUT_OF_MEMORY && exe->memory_report;
+        return loom_fe_error(ctx, st, NULL, 0, "mark_step", "%s%s%s",
+                             d.code != LOOM_OK ? d.msg : "out of memory for the step's outputs",
+                             oom ? "\n" : "", oom ? exe->memory_report : "");
+    }
+    if (exe->memory_report &&
+        (!ctx->memory_report || strcmp(ctx->memory_report, exe->memory_report) != 0)) {
+        size_t len = strlen(exe->memory_report) + 1;
+        char *copy = loom_ir_alloc(&ctx->alloc, len);
+        if (!copy) {
+            for (int32_t k = 0; k < n_outs; k++)
+                loom_rt_buffer_release(f->bufs[n_in + k]);
+            return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step",
+                                 "out of memory keeping the step's memory report");
+        }
+        memcpy(copy, exe->memory_report, len);
+        if (ctx->memory_report)
+            loom_ir_free(&ctx->alloc, ctx->memory_report, strlen(ctx->memory_report) + 1);
+        ctx->memory_report = copy;
     }
     for (int32_t k = 0; k < n_in; k++)
         loom_rt_buffer_retain(f->bufs[k]);

@@ -701,6 +701,12 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
     loom_ir_writer_printf(&w, "plan: %d kernel%s, %d cop%s, arena %zu bytes, peak %zu bytes\n",
                           (int)p->n_kernels, p->n_kernels == 1 ? "" : "s", (int)p->n_copies,
                           p->n_copies == 1 ? "y" : "ies", p->arena_bytes, p->peak_bytes);
+    loom_ir_memory_report mem; /* what a person wants first: where the memory goes */
+    if (loom_ir_plan_memory(p, g, &mem) == LOOM_OK) {
+        loom_ir_writer_flush(&w);
+        loom_ir_memory_report_print(&mem, p, g, 8, write, ud);
+        loom_ir_memory_report_deinit(&mem);
+    }
     for (int32_t k = 0; k < p->n_kernels; k++) {
         const loom_ir_kernel *kn = &p->kernels[k];
         bool root_ok = kn->root >= 0 && kn->root < g->n_nodes;

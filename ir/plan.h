@@ -133,4 +133,45 @@ loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, l
 loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
                                loom_ir_write_fn write, void *ud);
 
+/* ---- the planned memory report (plan_memory.c) -------------------------------------------- */
+
+/* A value alive at the planned peak: an arena value or an output buffer. */
+typedef struct loom_ir_live_value {
+    int32_t node;
+    size_t bytes;
+    loom_ir_buffer_kind kind; /* ARENA or OUTPUT */
+    int32_t output;           /* OUTPUT: which */
+} loom_ir_live_value;
+
+typedef struct loom_ir_memory_report {
+    loom_allocator alloc;
+    size_t peak_bytes; /* the plan's: arena + outputs that alias no input */
+    size_t arena_bytes, output_bytes;
+    int32_t peak_kernel;      /* where the most bytes are alive (-1: no kernels) */
+    size_t live_bytes;        /* alive there: arena values + output buffers (<= peak_bytes; the
+                               * arena may be larger than any live set: fragmentation) */
+    loom_ir_live_value *live; /* alive there, largest first */
+    int32_t n_live;
+    size_t *live_per_kernel; /* per kernel, the same sum */
+    int32_t n_kernels;
+} loom_ir_memory_report;
+
+/* Where the placed plan p (for g) holds the most bytes and what is alive there, before
+ * anything runs: an arena value is alive from the kernel writing it to its last reader
+ * (through views; to the end when a copy reads it; at least until a collective writing it
+ * completes); outputs that alias no input for the whole step. Free with
+ * loom_ir_memory_report_deinit. Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */
+loom_status loom_ir_plan_memory(const loom_ir_plan *p, const loom_ir_graph *g,
+                                loom_ir_memory_report *out);
+void loom_ir_memory_report_deinit(loom_ir_memory_report *r);
+/* "memory: planned peak N bytes (X MiB) = arena A + outputs O", then the kernel where the
+ * most is alive and the top (all when < 0) live values, largest first, one a line: bytes,
+ * node, op, type, "(output)", the user's file:line. */
+void loom_ir_memory_report_print(const loom_ir_memory_report *r, const loom_ir_plan *p,
+                                 const loom_ir_graph *g, int32_t top, loom_ir_write_fn write,
+                                 void *ud);
+/* An SVG picture of the live bytes over the kernel schedule, the peak marked. */
+void loom_ir_memory_report_svg(const loom_ir_memory_report *r, const loom_ir_plan *p,
+                               const loom_ir_graph *g, loom_ir_write_fn write, void *ud);
+
 #endif

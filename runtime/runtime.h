@@ -148,6 +148,9 @@ struct loom_rt_executable {
     /* run() allocates from the context's allocator, which is not thread-safe: run it on
      * the host thread, never on a stream (the interpreter; compiled programs do not). */
     bool host_thread_only;
+    /* The planned memory report's text (NUL-terminated, from alloc; freed by destroy), for
+     * out-of-memory errors and loom_memory_report; NULL when none was made. */
+    char *memory_report;
 };
 
 void loom_rt_executable_destroy(loom_rt_executable *exe);

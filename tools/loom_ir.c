@@ -382,10 +382,21 @@ static int run_opt(const command *c, int argc, char **argv) {
     return rc;
 }
 
-/* loom-ir plan FILE */
+/* plan's options: --svg */
+static int plan_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    (void)c;
+    (void)argc;
+    if (strcmp(argv[*i], "--svg") != 0)
+        return 0;
+    *(bool *)ud = true;
+    return 1;
+}
+
+/* loom-ir plan [--svg] FILE */
 static int run_plan(const command *c, int argc, char **argv) {
     const char *path;
-    int rc = parse_args(c, argc, argv, 1, &path, NULL, NULL);
+    bool svg = false;
+    int rc = parse_args(c, argc, argv, 1, &path, plan_option, &svg);
     if (rc >= 0)
         return rc;
     loom_allocator a = loom_allocator_system();
@@ -398,10 +409,17 @@ static int run_plan(const command *c, int argc, char **argv) {
         loom_pass_options opts = {.verify_each = true};
         loom_ir_diag d;
         loom_ir_diag_init(&d);
+        loom_ir_memory_report mem;
         if (loom_pass_build_plan(&g, &opts, &plan, &d) != LOOM_OK) {
             fprintf(stderr, "%s: error: %s\n", shown_path(path), d.msg);
-        } else {
+        } else if (!svg) {
             loom_ir_plan_print(&plan, &g, write_stdout, NULL);
+            rc = finish_output(EXIT_OK);
+        } else if (loom_ir_plan_memory(&plan, &g, &mem) != LOOM_OK) {
+            fprintf(stderr, "%s: error: out of memory\n", shown_path(path));
+        } else {
+            loom_ir_memory_report_svg(&mem, &plan, &g, write_stdout, NULL);
+            loom_ir_memory_report_deinit(&mem);
             rc = finish_output(EXIT_OK);
         }
     }
@@ -438,9 +456,12 @@ static const command commands[] = {
      "  --passes=LIST        the passes, comma-separated\n"
      "  --print-after-each   print the graph after every pass instead\n",
      run_opt},
-    {"plan", "plan FILE", "the JIT pipeline's execution plan: kernels, buffers, peak memory",
+    {"plan", "plan [--svg] FILE",
+     "the JIT pipeline's execution plan: kernels, buffers, peak memory",
      "Runs the JIT pipeline (dce, cse, fold, fusion, memory planning) and prints the\n"
-     "execution plan: kernels, buffers, copies, peak memory.\n",
+     "execution plan: the planned peak and what is alive there, largest first, then the\n"
+     "kernels, buffers and copies. --svg: instead, an SVG picture of the live bytes over\n"
+     "the kernel schedule with the peak marked.\n",
      run_plan},
 };
 

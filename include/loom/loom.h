@@ -404,6 +404,14 @@ LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_fo
  * then a line per cause) or JSON ({"recompiles": [{"count", "first"}, ...]}).
  * Errors: INVALID_ARGUMENT. */
 LOOM_API const char *loom_last_recompile(const loom_context *ctx);
+
+/* The planned memory of the last compiled step that ran, known before it ran: "memory:
+ * planned peak N bytes (X MiB) = arena A + outputs O", then the kernel where the most bytes
+ * are alive and the 5 largest values alive there, one a line (bytes, node, op, type,
+ * "(output)", the source line that recorded it). An out-of-memory error of a step carries
+ * the same lines; the LOOM_DUMP plan and `loom-ir plan` start with it (`loom-ir plan --svg`
+ * draws it). "" before any compiled step. Valid until the next step. */
+LOOM_API const char *loom_memory_report(const loom_context *ctx);
 LOOM_API loom_status loom_recompile_report(const loom_context *ctx, loom_report_format format,
                                            void (*write)(const char *chunk, size_t len, void *ud),
                                            void *ud);

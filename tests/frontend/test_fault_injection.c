@@ -40,7 +40,7 @@ static void sweep_failed_allocations(bool profile) {
     /* x.w = [[4, 5], [-11, -11]] -> +0.5 -> relu -> [[4.5, 5.5], [0, 0]] -> 10 */
     const float want = 10.0f;
     int64_t n;
-    int failures = 0;
+    int failures = 0, arena_failures = 0;
     for (n = 1; n < 10000; n++) {
         test_alloc ta = {.fail_at = n};
         loom_context_options opts;
@@ -73,8 +73,15 @@ static void sweep_failed_allocations(bool profile) {
         }
         failures++;
         assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
-        if (written == 0 && loom_context_error(ctx) != LOOM_OK) /* not the report's failure */
-            assert_non_null(strstr(loom_context_error_message(ctx), "out of memory"));
+        if (written == 0 && loom_context_error(ctx) != LOOM_OK) { /* not the report's failure */
+            const char *msg = loom_context_error_message(ctx);
+            assert_non_null(strstr(msg, "out of memory"));
+            if (strstr(msg, "-byte arena")) { /* the step's memory: where it goes */
+                arena_failures++;
+                if (!strstr(msg, "\nmemory: planned peak ") || !strstr(msg, "most alive at kernel"))
+                    fail_msg("the arena's out-of-memory error lacks the memory report: %s", msg);
+            }
+        }
         /* the context stays usable: the same program now succeeds */
         ta.fail_at = 0;
         loom_context_clear_error(ctx);
@@ -90,6 +97,7 @@ static void sweep_failed_allocations(bool profile) {
     }
     assert_true(n < 10000);
     assert_true(failures >= 20); /* the sweep really covered the program's allocations */
+    assert_true(arena_failures >= 1);
 }
 
 static void test_every_failed_allocation_reports_oom_leaks_nothing_and_recovers(void **state) {

@@ -1,7 +1,7 @@
-/* The recompilation explainer: a step that misses the cache while a near graph is cached
- * says what differs, with the user's source line (loom_last_recompile), counts in the
- * Recompiles metric, and loom_recompile_report lists each distinct cause once with its
- * count; a new graph is not a recompilation. */
+/* The recompilation explainer and the planned memory report (loom_memory_report): a step that
+ * misses the cache while a near graph is cached says what differs, with the user's source line
+ * (loom_last_recompile), counts in the Recompiles metric, and loom_recompile_report lists each
+ * distinct cause once with its count; a new graph is not a recompilation. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +110,11 @@ static void test_a_recompiled_step_names_what_changed_and_where(void **state) {
     assert_int_equal(loom_recompile_report(NULL, LOOM_REPORT_FORMAT_TEXT, write_sbuf, &sb),
                      LOOM_STATUS_INVALID_ARGUMENT);
     assert_string_equal(loom_last_recompile(NULL), "");
+    /* the planned memory of the last compiled step, known before it ran */
+    const char *mem = loom_memory_report(ctx);
+    if (strncmp(mem, "memory: planned peak ", 21) != 0 || !strstr(mem, "most alive at kernel"))
+        fail_msg("memory report: \"%s\"", mem);
+    assert_string_equal(loom_memory_report(NULL), "");
     loom_context_destroy(ctx);
 }
 

@@ -870,6 +870,12 @@ static void test_plan_print_summarizes_kernels_and_buffers(void **state) {
     loom_ir_sbuf_init(&sb, &sys);
     assert_int_equal(loom_ir_plan_print(&p, &g, loom_ir_sbuf_write, &sb), LOOM_OK);
     assert_string_equal(sb.data, "plan: 2 kernels, 1 copy, arena 64 bytes, peak 72 bytes\n"
+                                 "memory: planned peak 72 bytes (0.00 MiB) = arena 64 + outputs 8\n"
+                                 "  most alive at kernel 0 (matmul, root matmul at mlp.c:40): 40 "
+                                 "bytes in 3 values:\n"
+                                 "              32  %2 matmul f32[4,2] mlp.c:40\n"
+                                 "               4  %4 reduce_sum f32[] (output 0) mlp.c:42\n"
+                                 "               4  %4 reduce_sum f32[] (output 1) mlp.c:42\n"
                                  "kernel 0: matmul, root %2 (matmul)\n"
                                  "    %2 = matmul %0, %1 : f32[4,2]  mlp.c:40\n"
                                  "    args: %0, %1\n"

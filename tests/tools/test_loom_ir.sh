@@ -76,6 +76,18 @@ check "dot draws the add's operands" has_line "$TMP/out" '  n5 -> n7 [label="0"]
 check "dot draws outputs" has_line "$TMP/out" '  n12 -> out0;'
 check "dot has one box per node" count_is "$TMP/out" '^  n[0-9]* \[label=' 13
 
+# ---- plan: the memory report first; --svg draws it ------------------------------------------
+check "plan exits 0" exit_is 0 "$LOOM_IR" plan "$DATA/mlp.loom"
+check "plan opens with the planned peak" \
+    has_line "$TMP/out" "memory: planned peak 324 bytes (0.00 MiB) = arena 64 + outputs 260"
+check "plan lists the largest live value first, with its line" \
+    has_line "$TMP/out" "             256  %8 relu f32[4,16] (output 1) mlp.c:41"
+check "plan --svg exits 0" exit_is 0 "$LOOM_IR" plan --svg "$DATA/mlp.loom"
+check "plan --svg writes an SVG" first_line_is "$TMP/out" \
+    '<svg xmlns="http://www.w3.org/2000/svg" width="960" height="420" font-family="sans-serif" font-size="12">'
+check "plan --svg marks the peak" grep -q '>peak: kernel 1 (matmul mlp.c:42) 292 bytes</text>' "$TMP/out"
+check "plan --svg draws a step per kernel" grep -q '<polyline fill="#cde"' "$TMP/out"
+
 # ---- usage -------------------------------------------------------------------------------
 check "--help exits 0" exit_is 0 "$LOOM_IR" --help
 check "--help prints usage on stdout" grep -q '^usage: loom-ir' "$TMP/out"
