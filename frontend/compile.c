@@ -16,7 +16,9 @@ typedef struct dump_ctx {
     const loom_fe_jit_options *opts;
     const loom_allocator *alloc;
     int index;
-    int64_t t_last; /* when the pass just reported began (LOOM_TRACE) */
+    int64_t t_last;     /* when the pass just reported began (LOOM_TRACE) */
+    int32_t last_nodes; /* the graph's nodes before the pass just reported */
+    char passes[512];   /* "autocast: changed (155 -> 170 nodes), dce: unchanged, ..." */
 } dump_ctx;
 
 static void dump_text(const loom_fe_jit_options *o, const char *suffix, const loom_ir_sbuf *sb) {
@@ -32,6 +34,14 @@ static void dump_text(const loom_fe_jit_options *o, const char *suffix, const lo
 
 static void after_pass(const char *name, bool changed, const loom_ir_graph *g, void *ud) {
     dump_ctx *dc = ud;
+    size_t used = strlen(dc->passes);
+    if (changed)
+        snprintf(dc->passes + used, sizeof dc->passes - used, "%s%s: changed (%d -> %d nodes)",
+                 used ? ", " : "", name, (int)dc->last_nodes, (int)g->n_nodes);
+    else
+        snprintf(dc->passes + used, sizeof dc->passes - used, "%s%s: unchanged", used ? ", " : "",
+                 name);
+    dc->last_nodes = g->n_nodes;
     if (dc->opts->trace) {
         int64_t t = loom_rt_now_ns();
         char args[64];
@@ -125,6 +135,44 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     return LOOM_OK;
 }
 
+/* LOOM_DUMP's <prefix>.summary.txt: what a person wants first. The kernels by kind, FLOPs
+ * and bytes moved, the planned peak, the compile time (passes and planning, then codegen),
+ * which passes changed what, then the memory report. */
+static void write_summary(const loom_fe_jit_options *o, const loom_ir_plan *plan,
+                          const loom_ir_graph *g, const dump_ctx *dc, int64_t plan_ns,
+                          int64_t code_ns) {
+    int32_t kinds[LOOM_IR_KERNEL_COUNT_] = {0};
+    double flops = 0, bytes = 0;
+    for (int32_t k = 0; k < plan->n_kernels; k++) {
+        double f, b;
+        loom_ir_kernel_cost(&plan->kernels[k], g, &f, &b);
+        flops += f;
+        bytes += b;
+        kinds[plan->kernels[k].kind]++;
+    }
+    loom_ir_sbuf sb;
+    loom_ir_sbuf_init(&sb, dc->alloc);
+    loom_ir_sbuf_printf(&sb, "%s: %d kernel%s (", o->dump_prefix, (int)plan->n_kernels,
+                        plan->n_kernels == 1 ? "" : "s");
+    for (int kd = 0, n = 0; kd < LOOM_IR_KERNEL_COUNT_; kd++)
+        if (kinds[kd])
+            loom_ir_sbuf_printf(&sb, "%s%d %s", n++ ? ", " : "", (int)kinds[kd],
+                                loom_ir_kernel_kind_name((loom_ir_kernel_kind)kd));
+    loom_ir_sbuf_printf(&sb, "), %.4g GFLOP, %.4g MB moved, planned peak %.4g MB\n", flops / 1e9,
+                        bytes / 1e6, (double)plan->peak_bytes / 1e6);
+    loom_ir_sbuf_printf(&sb, "compile: %.1f ms (passes and plan %.1f ms, codegen %.1f ms)\n",
+                        (double)(plan_ns + code_ns) / 1e6, (double)plan_ns / 1e6,
+                        (double)code_ns / 1e6);
+    loom_ir_sbuf_printf(&sb, "passes: %s\n", dc->passes[0] ? dc->passes : "none");
+    loom_ir_memory_report mem;
+    if (loom_ir_plan_memory(plan, g, &mem) == LOOM_OK) {
+        loom_ir_memory_report_print(&mem, plan, g, 10, loom_ir_sbuf_write, &sb);
+        loom_ir_memory_report_deinit(&mem);
+    }
+    dump_text(o, "summary.txt", &sb);
+    loom_ir_sbuf_deinit(&sb);
+}
+
 /* The plan's memory report (its 5 largest live values) on exe, for an out-of-memory error
  * and loom_memory_report. Errors: OUT_OF_MEMORY. */
 static loom_status attach_memory_report(loom_rt_executable *exe, const loom_ir_plan *plan,
@@ -167,7 +215,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     loom_cg_code *code = NULL;
     loom_rt_kernel *kernels = NULL;
     size_t kernels_bytes = 0;
-    dump_ctx dc = {.opts = o, .alloc = a, .t_last = loom_rt_now_ns()};
+    int64_t t_start = loom_rt_now_ns(), t_planned = 0;
+    dump_ctx dc = {.opts = o, .alloc = a, .t_last = t_start, .last_nodes = cut->n_nodes};
     loom_pass_options popts = {.verify_each = o->verify_passes,
                                .after_pass = o->dump_dir || o->trace ? after_pass : NULL,
                                .ud = &dc,
@@ -177,8 +226,9 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         st = loom_ir_diag_set(d, st, "out of memory copying the graph");
     if (st == LOOM_OK)
         st = loom_pass_build_plan(&g, &popts, &plan, d);
+    t_planned = loom_rt_now_ns();
     if (o->trace) /* fusion, buckets, memory planning and the plan's verification */
-        loom_rt_trace_event(o->trace, "pass", "plan", dc.t_last, loom_rt_now_ns(), NULL);
+        loom_rt_trace_event(o->trace, "pass", "plan", dc.t_last, t_planned, NULL);
     if (st == LOOM_OK && o->dump_dir) {
         loom_ir_sbuf sb;
         loom_ir_sbuf_init(&sb, a);
@@ -196,6 +246,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     }
     if (st == LOOM_OK)
         st = get_code(&g, &plan, hash, o, a, m, &code, kernels, d);
+    if (st == LOOM_OK && o->dump_dir) /* dumping compiles: get_code skipped the disk cache */
+        write_summary(o, &plan, &g, &dc, t_planned - t_start, loom_rt_now_ns() - t_planned);
     if (st == LOOM_OK) {
         /* The program takes the code; from here it releases it, also on failure. */
         st = loom_rt_program_create(&g, hash, &plan, kernels, code, loom_cg_code_release, pool,
