@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ir/ir.h"
+#include "loom_ir_exec.h"
 #include "passes/passes.h"
 
 enum { EXIT_OK = 0, EXIT_INVALID = 1, EXIT_USAGE = 2 };
@@ -428,6 +429,89 @@ static int run_plan(const command *c, int argc, char **argv) {
     return rc;
 }
 
+/* compile's options: --emit=WHAT */
+static int compile_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    bool missing;
+    const char *v = option_value("--emit", argc, argv, i, &missing);
+    if (missing)
+        return usage_error(c, "missing value for", "--emit") + 2;
+    if (!v)
+        return 0;
+    *(const char **)ud = v;
+    return 1;
+}
+
+/* loom-ir compile [--emit=WHAT] FILE */
+static int run_compile(const command *c, int argc, char **argv) {
+    const char *path, *emit = "asm";
+    int rc = parse_args(c, argc, argv, 1, &path, compile_option, &emit);
+    if (rc >= 0)
+        return rc;
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &a);
+    rc = EXIT_INVALID;
+    if (load(path, &g))
+        rc = finish_output(loom_ir_cmd_compile(&g, shown_path(path), emit));
+    loom_ir_graph_deinit(&g);
+    return rc;
+}
+
+typedef struct run_opts {
+    int repeat;
+    bool check;
+    uint64_t seed;
+} run_opts;
+
+/* run's options: --repeat=N, --check, --seed=S */
+static int run_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    run_opts *o = ud;
+    if (strcmp(argv[*i], "--check") == 0) {
+        o->check = true;
+        return 1;
+    }
+    static const char *const names[2] = {"--repeat", "--seed"};
+    for (int k = 0; k < 2; k++) {
+        bool missing;
+        const char *v = option_value(names[k], argc, argv, i, &missing);
+        if (missing)
+            return usage_error(c, "missing value for", names[k]) + 2;
+        if (!v)
+            continue;
+        char *end = NULL;
+        long long n = strtoll(v, &end, 10);
+        if (!*v || *end || n < (k == 0 ? 1 : 0) || (k == 0 && n > 1000000))
+            return usage_error(c,
+                               k == 0 ? "--repeat wants a count from 1 to 1000000, not"
+                                      : "--seed wants a number >= 0, not",
+                               v) +
+                   2;
+        if (k == 0)
+            o->repeat = (int)n;
+        else
+            o->seed = (uint64_t)n;
+        return 1;
+    }
+    return 0;
+}
+
+/* loom-ir run [--repeat=N] [--check] [--seed=S] FILE */
+static int run_run(const command *c, int argc, char **argv) {
+    const char *path;
+    run_opts o = {.repeat = 10, .seed = 1};
+    int rc = parse_args(c, argc, argv, 1, &path, run_option, &o);
+    if (rc >= 0)
+        return rc;
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &a);
+    rc = EXIT_INVALID;
+    if (load(path, &g))
+        rc = finish_output(loom_ir_cmd_run(&g, shown_path(path), o.repeat, o.check, o.seed));
+    loom_ir_graph_deinit(&g);
+    return rc;
+}
+
 static const command commands[] = {
     {"print", "print FILE", "parse, verify and print FILE in canonical form",
      "Parses and verifies FILE, then prints it in canonical form.\n", run_show},
@@ -463,6 +547,22 @@ static const command commands[] = {
      "kernels, buffers and copies. --svg: instead, an SVG picture of the live bytes over\n"
      "the kernel schedule with the peak marked.\n",
      run_plan},
+    {"compile", "compile [--emit=mlir|lowered|llvm|asm|plan|summary] FILE",
+     "compile FILE as a step would and print its MLIR, LLVM IR, assembly, plan or summary",
+     "Runs the JIT pipeline on FILE (passes, plan, codegen: the same as a step) and prints\n"
+     "what --emit names: mlir (the kernels' MLIR), lowered (after lowering to the LLVM\n"
+     "dialect), llvm (LLVM IR, one module after another), asm (the default: assembly for\n"
+     "this CPU), plan (the execution plan) or summary (kernels, FLOPs, bytes, peak, compile\n"
+     "time, what each pass changed).\n",
+     run_compile},
+    {"run", "run [--repeat=N] [--check] [--seed=S] FILE",
+     "compile FILE, run it on random inputs and time it; --check against the interpreter",
+     "Compiles FILE as a step would, runs it N times (default 10) on random inputs from\n"
+     "seed S (default 1: floats in [-1, 1), integers in [-8, 8), random bools) and prints\n"
+     "the median, min and max run time, the compile time and the kernels by total time.\n"
+     "--check first compares the outputs with the reference interpreter's (exit 1 when\n"
+     "they differ beyond float tolerance).\n",
+     run_run},
 };
 
 static void print_usage(FILE *f) {

@@ -88,6 +88,27 @@ check "plan --svg writes an SVG" first_line_is "$TMP/out" \
 check "plan --svg marks the peak" grep -q '>peak: kernel 1 (matmul mlp.c:42) 292 bytes</text>' "$TMP/out"
 check "plan --svg draws a step per kernel" grep -q '<polyline fill="#cde"' "$TMP/out"
 
+# ---- compile and run: the step's pipeline ---------------------------------------------------
+check "run --check exits 0" exit_is 0 "$LOOM_IR" run --check --repeat=3 "$DATA/mlp.loom"
+check "run --check compares every output with the interpreter" \
+    count_is "$TMP/out" '^check: output [01] f32.*: matches the interpreter' 2
+check "run prints the median time and the kernels by time" grep -q '^run: 3 runs on .*median' "$TMP/out"
+check "run names each kernel's source line" grep -q ' matmul f32\[4,16\] *mlp.c:40$' "$TMP/out"
+check "compile --emit=llvm exits 0" exit_is 0 "$LOOM_IR" compile --emit=llvm "$DATA/mlp.loom"
+check "compile --emit=llvm names each module" first_line_is "$TMP/out" "; ---- x.m0.ll"
+if command -v opt-19 >/dev/null 2>&1; then
+    cp "$TMP/out" "$TMP/mlp.ll"
+    check "compile --emit=llvm is LLVM IR that opt accepts" \
+        exit_is 0 opt-19 -passes=verify -disable-output "$TMP/mlp.ll"
+fi
+check "compile (asm by default) exits 0" exit_is 0 "$LOOM_IR" compile "$DATA/mlp.loom"
+check "compile prints each kernel's entry" count_is "$TMP/out" '^loom_k[0-9]*:' 3
+check "compile --emit=plan opens with the plan" exit_is 0 "$LOOM_IR" compile --emit=plan "$DATA/mlp.loom"
+check "compile --emit=plan's first line" first_line_is "$TMP/out" \
+    "plan: 3 kernels, 0 copies, arena 64 bytes, peak 324 bytes"
+check "an unknown --emit exits 2" exit_is 2 "$LOOM_IR" compile --emit=bogus "$DATA/mlp.loom"
+check "--repeat=0 exits 2" exit_is 2 "$LOOM_IR" run --repeat=0 "$DATA/mlp.loom"
+
 # ---- usage -------------------------------------------------------------------------------
 check "--help exits 0" exit_is 0 "$LOOM_IR" --help
 check "--help prints usage on stdout" grep -q '^usage: loom-ir' "$TMP/out"

@@ -1,0 +1,23 @@
+/* loom-ir compile and run (loom_ir_exec.c). */
+#ifndef LOOM_TOOLS_LOOM_IR_EXEC_H
+#define LOOM_TOOLS_LOOM_IR_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ir/ir.h"
+
+/* Compiles g as a step would and prints what --emit names (mlir, lowered, llvm, asm, plan,
+ * summary; LLVM IR and assembly one module after another, each under a comment naming it).
+ * shown: the file's name for messages. Returns the exit status: 0, 1 (the pipeline failed),
+ * 2 (an unknown --emit). */
+int loom_ir_cmd_compile(const loom_ir_graph *g, const char *shown, const char *emit);
+
+/* Compiles g, runs it repeat (>= 1) times on random inputs from seed and prints the median,
+ * min and max run time, the compile time and the kernels by time (the LOOM_PROFILE table);
+ * with check_interp, first compares the outputs with the reference interpreter's (exit 1
+ * when they differ beyond float tolerance). Returns the exit status. */
+int loom_ir_cmd_run(const loom_ir_graph *g, const char *shown, int repeat, bool check_interp,
+                    uint64_t seed);
+
+#endif
