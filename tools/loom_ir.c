@@ -441,27 +441,35 @@ static int compile_option(const command *c, int argc, char **argv, int *i, void 
     return 1;
 }
 
+/* Loads path and runs compile (emit set) or run (ro set) on it; the exit status. */
+typedef struct run_opts run_opts;
+static int on_graph(const char *path, const char *emit, const run_opts *ro);
+
 /* loom-ir compile [--emit=WHAT] FILE */
 static int run_compile(const command *c, int argc, char **argv) {
     const char *path, *emit = "asm";
     int rc = parse_args(c, argc, argv, 1, &path, compile_option, &emit);
-    if (rc >= 0)
-        return rc;
-    loom_allocator a = loom_allocator_system();
-    loom_ir_graph g;
-    loom_ir_graph_init(&g, &a);
-    rc = EXIT_INVALID;
-    if (load(path, &g))
-        rc = finish_output(loom_ir_cmd_compile(&g, shown_path(path), emit));
-    loom_ir_graph_deinit(&g);
-    return rc;
+    return rc >= 0 ? rc : on_graph(path, emit, NULL);
 }
 
-typedef struct run_opts {
+struct run_opts {
     int repeat;
     bool check;
     uint64_t seed;
-} run_opts;
+};
+
+static int on_graph(const char *path, const char *emit, const run_opts *ro) {
+    loom_allocator a = loom_allocator_system();
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &a);
+    int rc = EXIT_INVALID;
+    if (load(path, &g))
+        rc = finish_output(
+            emit ? loom_ir_cmd_compile(&g, shown_path(path), emit)
+                 : loom_ir_cmd_run(&g, shown_path(path), ro->repeat, ro->check, ro->seed));
+    loom_ir_graph_deinit(&g);
+    return rc;
+}
 
 /* run's options: --repeat=N, --check, --seed=S */
 static int run_option(const command *c, int argc, char **argv, int *i, void *ud) {
@@ -500,16 +508,7 @@ static int run_run(const command *c, int argc, char **argv) {
     const char *path;
     run_opts o = {.repeat = 10, .seed = 1};
     int rc = parse_args(c, argc, argv, 1, &path, run_option, &o);
-    if (rc >= 0)
-        return rc;
-    loom_allocator a = loom_allocator_system();
-    loom_ir_graph g;
-    loom_ir_graph_init(&g, &a);
-    rc = EXIT_INVALID;
-    if (load(path, &g))
-        rc = finish_output(loom_ir_cmd_run(&g, shown_path(path), o.repeat, o.check, o.seed));
-    loom_ir_graph_deinit(&g);
-    return rc;
+    return rc >= 0 ? rc : on_graph(path, NULL, &o);
 }
 
 static const command commands[] = {
