@@ -3,7 +3,10 @@
 
 --bench           samples/s of the MLP at batch 64 and 256 and the CNN at batch 64 on
                   synthetic in-memory data, one JSON line per configuration (each measured
-                  in a fresh process, so its peak RSS is its own).
+                  in a fresh process, so its peak RSS is its own). With --world-size N:
+                  DistributedDataParallel (gloo, default buckets) over N local processes of
+                  --threads threads, each on its 1/N of the same global batch; global
+                  samples/s, timed between barriers (bench/run_dp_bench.sh).
 --fashion-mnist   trains the models of examples/fashion_mnist.c on the real IDX files with
                   the same flags and defaults, prints `step=<n> loss=<value>` lines as it
                   does, and one JSON line with the test accuracy at the end.
@@ -21,10 +24,13 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -282,16 +288,23 @@ def autocast(args):
 CONFIGS = {"mlp64": ("mlp", 64), "mlp256": ("mlp", 256), "cnn64": ("cnn", 64)}
 
 
-def bench_one(args, name):
+def bench_one(args, name, rank=0, world=1):
+    """One configuration; on several ranks (the process group initialized) this rank's part
+    of DDP training on the same global batch, timed between barriers."""
     kind, batch = CONFIGS[name]
+    rb = batch // world  # per-rank batch (run_bench checked that world divides it)
     torch.manual_seed(args.seed)
     rss_before = current_rss_bytes()
     model = make_model(kind)
+    if world > 1:  # broadcasts rank 0's parameters, as Loom's loom_broadcast_parameters
+        model = nn.parallel.DistributedDataParallel(model)
     opt = make_optimizer(args, model.parameters())
     g = torch.Generator()
     g.manual_seed(1)
-    x = torch.randn(batch, 784, generator=g)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    x = torch.randn(batch, 784, generator=g)[rank * rb:(rank + 1) * rb]
+    y = torch.randint(0, 10, (batch,), generator=g)[rank * rb:(rank + 1) * rb]
+    # Every rank done: a run timed on rank 0 between barriers ends with the slowest rank.
+    sync = dist.barrier if world > 1 else (lambda: None)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -301,20 +314,29 @@ def bench_one(args, name):
         opt.step()
         return loss
 
+    sync()
     t = time.perf_counter()
     loss0 = step()
+    sync()
     first_ms = (time.perf_counter() - t) * 1e3
+    if world > 1:  # the global batch's mean loss, as Loom's first_loss
+        loss0 = loss0.detach()
+        dist.all_reduce(loss0)
+        loss0 /= world
     for _ in range(args.warmup):
         step()
     rates = []
     for _ in range(args.runs):
+        sync()
         t = time.perf_counter()
         for _ in range(args.steps):
             step()
+        sync()
         rates.append(args.steps * batch / (time.perf_counter() - t))
     rate = max(rates) if args.best else statistics.median(rates)
     return {"side": "torch", "config": name, "model": kind, "batch": batch,
-            "threads": torch.get_num_threads(), "optimizer": args.optimizer, "amp": args.amp,
+            "threads": torch.get_num_threads(), "world_size": world, "batch_per_rank": rb,
+            "optimizer": args.optimizer, "amp": args.amp,
             "samples_per_sec": round(rate, 1), "step_ms": round(batch / rate * 1e3, 3),
             "first_step_ms": round(first_ms, 2), "first_loss": round(float(loss0), 6),
             "peak_rss_bytes": peak_rss_bytes(),
@@ -322,11 +344,35 @@ def bench_one(args, name):
             "torch_version": torch.__version__}
 
 
+def usage_exit(msg):
+    print(f"torch_train.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def ddp_worker(rank, args, name, store):
+    """One DDP rank (torch.multiprocessing.spawn): its own threads, gloo over a file store."""
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank,
+                            world_size=args.world_size)
+    r = bench_one(args, name, rank, args.world_size)
+    if rank == 0:
+        print(json.dumps(r), flush=True)
+    dist.destroy_process_group()
+
+
 def run_bench(args):
     names = args.config.split(",") if args.config else list(CONFIGS)
     for name in names:
         if name not in CONFIGS:
-            sys.exit(f"torch_train.py: unknown config '{name}' (have {', '.join(CONFIGS)})")
+            usage_exit(f"unknown config '{name}' (have {', '.join(CONFIGS)})")
+        if CONFIGS[name][1] % args.world_size:
+            usage_exit(f"{name}: its batch {CONFIGS[name][1]} is not a multiple of "
+                       f"--world-size {args.world_size}")
+    if args.bench_one and args.world_size > 1:
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(ddp_worker, args=(args, names[0], os.path.join(tmp, "store")),
+                     nprocs=args.world_size)
+        return
     if args.bench_one:
         print(json.dumps(bench_one(args, names[0])), flush=True)
         return
@@ -335,7 +381,8 @@ def run_bench(args):
         cmd = [sys.executable, os.path.abspath(__file__), "--bench", "--bench-one",
                "--config", name, "--threads", str(args.threads), "--runs", str(args.runs),
                "--steps", str(args.steps), "--warmup", str(args.warmup),
-               "--optimizer", args.optimizer, "--seed", str(args.seed), "--amp", args.amp]
+               "--optimizer", args.optimizer, "--seed", str(args.seed), "--amp", args.amp,
+               "--world-size", str(args.world_size)]
         for flag, v in (("--lr", args.lr), ("--momentum", args.momentum),
                         ("--weight-decay", args.weight_decay)):
             if v is not None:
@@ -384,10 +431,15 @@ def main():
     p.add_argument("--steps", type=int, default=20, help="bench: steps per timed run")
     p.add_argument("--warmup", type=int, default=20, help="bench: untimed steps after the first")
     p.add_argument("--best", action="store_true", help="bench: best run instead of the median")
+    p.add_argument("--world-size", type=int, default=1,
+                   help="bench: DistributedDataParallel (gloo) over this many local processes "
+                        "of --threads threads each, sharing each configuration's batch")
     p.add_argument("--bench-one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.batch_size < 1 or args.epochs < 0 or args.threads < 1:
-        p.error("--batch-size and --threads must be >= 1, --epochs >= 0")
+    if args.batch_size < 1 or args.epochs < 0 or args.threads < 1 or args.world_size < 1:
+        p.error("--batch-size, --threads and --world-size must be >= 1, --epochs >= 0")
+    if args.world_size > 1 and not args.bench:
+        p.error("--world-size applies to --bench only")
     torch.set_num_threads(args.threads)
     try:
         if args.bench:
