@@ -51,11 +51,14 @@ echo "PyTorch: /usr/bin/python3 $here/torch_train.py --bench --threads $threads$
 OMP_NUM_THREADS=$threads /usr/bin/python3 "$here/torch_train.py" --bench --threads "$threads" \
     $common > "$tmp/torch.jsonl"
 
-/usr/bin/python3 - "$tmp/loom.jsonl" "$tmp/torch.jsonl" "$markdown" <<'EOF'
-import json, sys
+/usr/bin/python3 - "$tmp/loom.jsonl" "$tmp/torch.jsonl" "$markdown" "$here" <<'EOF'
+import sys
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, sys.argv[4])
+from bench_table import load_jsonl, print_table
 
 def load(path):
-    return {r["config"]: r for r in map(json.loads, filter(str.strip, open(path)))}
+    return {r["config"]: r for r in load_jsonl(path)}
 
 loom, torch = load(sys.argv[1]), load(sys.argv[2])
 markdown = sys.argv[3] == "1"
@@ -77,16 +80,7 @@ for name in loom:
                  f'{l["peak_device_memory_bytes"] / 1e6:.1f}',
                  f'{t["peak_rss_bytes"] / 1e6:.0f} ({t["train_rss_bytes"] / 1e6:.0f})',
                  f'{l["interp_samples_per_sec"]:.1f}' if l["interp_samples_per_sec"] else "-"])
-if markdown:
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---" if i == 0 else "--:" for i in range(len(head))) + "|")
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-else:
-    w = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
-    print("  ".join(h.rjust(w[i]) if i else h.ljust(w[i]) for i, h in enumerate(head)))
-    for r in rows:
-        print("  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)))
+print_table(head, rows, markdown)
 any_torch = next(iter(torch.values()), {})
 print(f'\nPyTorch {any_torch.get("torch_version", "?")} eager CPU; samples/s are medians of '
       f'timed runs after warm-up (--best: the best run). "training" RSS is the peak RSS less '
