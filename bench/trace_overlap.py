@@ -1,13 +1,17 @@
 #!/usr/bin/python3
 """Where a data-parallel step's time goes, from LOOM_TRACE Chrome traces (one per rank).
 
-For each trace: per step (the "step" events from --from-step on), the mean step time, the
-time inside "kernel" events, the time inside "collective" events (a collective's event spans
-its start to the end of its wait), the part of that collective time that overlaps no kernel
-event of the same trace ("not overlapped": the rank was copying into a bucket or waiting for
-it, not computing), and the time from a step's start to its first kernel (the step's
-agreement all-reduce, which checks that the ranks run the same collectives, and set-up). The
-share of all-reduce time not overlapped is sum(not overlapped) / sum(collective time).
+For each trace, per step (the "step" events from --from-step on): the period (wall time
+from the first counted step's start to the last one's end, per step: it includes the device
+idling between steps while the host traces the next), the time inside step events, inside
+"kernel" events, inside "collective" events (a collective's event spans its start to the
+end of its wait), the part of that collective time that overlaps no kernel event of the same
+trace ("not overlapped": the rank was copying into a bucket or waiting for it, not
+computing), the wall time during which some collective was in flight and no kernel ran
+("exposed": not overlapped without counting concurrent buckets twice), and the time from a
+step's start to its first kernel (the step's agreement all-reduce, which checks that the
+ranks run the same collectives, and set-up). The share of all-reduce time not overlapped is
+sum(not overlapped) / sum(collective time) over the collectives.
 
     bench/trace_overlap.py [--from-step N] [--json] TRACE.json...
 
@@ -57,12 +61,17 @@ def analyse(path, from_step):
     kernels = merge([(e["ts"], e["ts"] + e["dur"]) for e in events
                      if e.get("cat") == "kernel" and lo <= e["ts"] < hi])
     colls = [e for e in events if e.get("cat") == "collective" and lo <= e["ts"] < hi]
-    coll_us = exposed_us = 0.0
-    for e in colls:
-        a0, a1 = e["ts"], e["ts"] + e["dur"]
-        first = next((i for i, k in enumerate(kernels) if k[1] > a0), len(kernels))
-        coll_us += a1 - a0
-        exposed_us += (a1 - a0) - union_overlap(a0, a1, kernels, first)
+    def not_overlapped(intervals):
+        total = 0.0
+        for a0, a1 in intervals:
+            first = next((i for i, k in enumerate(kernels) if k[1] > a0), len(kernels))
+            total += (a1 - a0) - union_overlap(a0, a1, kernels, first)
+        return total
+
+    spans = [(e["ts"], e["ts"] + e["dur"]) for e in colls]
+    coll_us = sum(a1 - a0 for a0, a1 in spans)
+    not_overlapped_us = not_overlapped(spans)
+    exposed_us = not_overlapped(merge(spans))
     pre_us = 0.0
     for s0, s1 in steps:
         first = next((k[0] for k in kernels if k[0] >= s0), s1)
@@ -70,11 +79,13 @@ def analyse(path, from_step):
     n = len(steps)
     rank = next((e.get("pid", 0) for e in events if e.get("cat") == "step"), 0)
     return {"trace": path, "rank": rank, "steps": n,
+            "period_ms": (hi - lo) / n / 1e3,
             "step_ms": sum(s1 - s0 for s0, s1 in steps) / n / 1e3,
             "kernel_ms": sum(k1 - k0 for k0, k1 in kernels) / n / 1e3,
             "collectives_per_step": len(colls) / n,
-            "collective_ms": coll_us / n / 1e3, "not_overlapped_ms": exposed_us / n / 1e3,
-            "not_overlapped_share": exposed_us / coll_us if coll_us else 0.0,
+            "collective_ms": coll_us / n / 1e3, "not_overlapped_ms": not_overlapped_us / n / 1e3,
+            "not_overlapped_share": not_overlapped_us / coll_us if coll_us else 0.0,
+            "exposed_ms": exposed_us / n / 1e3,
             "pre_kernel_ms": pre_us / n / 1e3,
             "collective_bytes": max((e["args"].get("bytes", 0) for e in colls), default=0)}
 
@@ -98,13 +109,15 @@ def main():
         for r in rows + [total]:
             print(json.dumps(r))
         return
-    print(f'{"rank":>4} {"steps":>5} {"step ms":>8} {"kernel ms":>9} {"pre-kernel ms":>13} '
-          f'{"coll/step":>9} {"coll ms":>8} {"not overlapped ms":>17} {"share":>6}')
+    print("per step, ms:")
+    print(f'{"rank":>4} {"steps":>5} {"period":>8} {"step":>8} {"kernels":>8} {"pre-kernel":>10} '
+          f'{"colls":>5} {"coll":>8} {"not overlapped":>14} {"share":>6} {"exposed":>8}')
     for r in rows:
-        print(f'{r["rank"]:>4} {r["steps"]:>5} {r["step_ms"]:>8.3f} {r["kernel_ms"]:>9.3f} '
-              f'{r["pre_kernel_ms"]:>13.3f} {r["collectives_per_step"]:>9.1f} '
-              f'{r["collective_ms"]:>8.3f} {r["not_overlapped_ms"]:>17.3f} '
-              f'{r["not_overlapped_share"]:>6.1%}')
+        print(f'{r["rank"]:>4} {r["steps"]:>5} {r["period_ms"]:>8.3f} {r["step_ms"]:>8.3f} '
+              f'{r["kernel_ms"]:>8.3f} {r["pre_kernel_ms"]:>10.3f} '
+              f'{r["collectives_per_step"]:>5.1f} {r["collective_ms"]:>8.3f} '
+              f'{r["not_overlapped_ms"]:>14.3f} {r["not_overlapped_share"]:>6.1%} '
+              f'{r["exposed_ms"]:>8.3f}')
     print(f'all ranks: {total["not_overlapped_share"]:.1%} of all-reduce time overlaps no kernel')
 
 
