@@ -13,6 +13,11 @@ step's start to its first kernel (the step's agreement all-reduce, which checks 
 ranks run the same collectives, and set-up). The share of all-reduce time not overlapped is
 sum(not overlapped) / sum(collective time) over the collectives.
 
+A kernel event spans the kernel and, while a collective is in flight, the MPI_Test poll
+after it (runtime/program.c), so MPI's progress inside those polls counts as kernel time
+here, that is as overlapped: on a machine with no idle core the communication is CPU work
+either way.
+
     bench/trace_overlap.py [--from-step N] [--json] TRACE.json...
 
 --from-step N: the first step counted (default 22: bench_train's parameter broadcast is step
