@@ -29,6 +29,14 @@ static int32_t registry_claim(loom_context *ctx) {
     return -1;
 }
 
+void loom_fe_finish_all_inflight(void) {
+    for (int32_t i = 0; i < LOOM_FE_MAX_CONTEXTS; i++) {
+        loom_context *ctx = atomic_load(&registry[i]);
+        if (ctx && ctx->stream)
+            loom_fe_finish_inflight(ctx); /* a failure is recorded in that context */
+    }
+}
+
 loom_context *loom_fe_handle_context(const loom_tensor *h) {
     uint64_t v = (uint64_t)(uintptr_t)h;
     return atomic_load(&registry[v >> (64 - LOOM_FE_CTX_BITS)]);

@@ -71,6 +71,7 @@ LOOM_API bool loom_dist_have_mpi(void) {
 }
 
 LOOM_API loom_status loom_dist_barrier(void) {
+    loom_fe_finish_all_inflight();
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     return remember(loom_rt_comm_barrier(loom_rt_comm_world(), &d), &d);
@@ -80,6 +81,7 @@ LOOM_API loom_status loom_dist_finalize(void) {
     loom_rt_comm *c = loom_rt_comm_world();
     if (!c)
         return LOOM_OK;
+    loom_fe_finish_all_inflight();
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     loom_status st = loom_rt_comm_destroy(c, &d);

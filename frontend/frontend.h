@@ -192,6 +192,10 @@ struct loom_rt_pool;
  * the disk cache or codegen (stored back), then a program on pool. Errors: UNSUPPORTED
  * (codegen cannot lower the graph: the caller falls back to the interpreter), INTERNAL,
  * OUT_OF_MEMORY, with the message in d. */
+/* Waits for the step in flight of every live context (dist.c: a barrier or finalize must not
+ * meet a step's collectives on the stream thread). Errors are recorded in each context. */
+void loom_fe_finish_all_inflight(void);
+
 /* LOOM_DEBUG (recompile.c): a read of t that forced the pending step to run early, printed
  * once per source line of the tensor; and, at destroy, a summary of the compiles after the
  * first LOOM_FE_DEBUG_WARMUP steps, forced reads and interpreter fallbacks. */

@@ -122,17 +122,20 @@ LOOM_API const char *loom_dist_backend_name(void);
 /* Whether this build of Loom can use MPI. */
 LOOM_API bool loom_dist_have_mpi(void);
 
-/* Returns when every rank has called it (or fails within the timeout). Errors:
- * INVALID_ARGUMENT (not initialized), COMM_ERROR (MPI error, timeout, failed earlier). */
+/* Returns when every rank has called it (or fails within the timeout). It first waits for the
+ * step each live context has in flight (as loom_context_sync would; a step's error is kept in
+ * its context), so the barrier never meets a step's collectives, which run on the device's
+ * stream thread: call it from the thread that uses the contexts. Errors: INVALID_ARGUMENT
+ * (not initialized), COMM_ERROR (MPI error, timeout, failed earlier). */
 LOOM_API loom_status loom_dist_barrier(void);
 
-/* Leaves the job: frees Loom's communicator and calls MPI_Finalize if loom_dist_init
- * initialized MPI. Rank queries return their not-initialized values afterwards. MPI cannot
- * be initialized twice in one process, so after finalizing the mpi backend loom_dist_init
- * fails with UNSUPPORTED (the self backend may be initialized again). Returns LOOM_OK when
- * not initialized. Errors: COMM_ERROR (the communicator failed earlier: MPI is left
- * unfinalized, so exit with a non-zero status), INVALID_ARGUMENT (collectives are still
- * pending: wait for them first; nothing is finalized). */
+/* Leaves the job: waits for every live context's step in flight (as loom_dist_barrier),
+ * frees Loom's communicator and calls MPI_Finalize if loom_dist_init initialized MPI. Rank queries
+ * return their not-initialized values afterwards. MPI cannot be initialized twice in one process,
+ * so after finalizing the mpi backend loom_dist_init fails with UNSUPPORTED (the self backend may
+ * be initialized again). Returns LOOM_OK when not initialized. Errors: COMM_ERROR (the communicator
+ * failed earlier: MPI is left unfinalized, so exit with a non-zero status), INVALID_ARGUMENT
+ * (collectives are still pending: wait for them first; nothing is finalized). */
 LOOM_API loom_status loom_dist_finalize(void);
 
 /* ---- collectives as graph ops ------------------------------------------------------------

@@ -360,6 +360,31 @@ static void check_graph_ops(int n) {
 /* Data-parallel state: loom_broadcast_parameters gives every rank rank 0's values, and the
  * GradScaler's found_inf is max-reduced, so when only the last rank's gradient overflows every
  * rank skips (found_inf 1, scale backed off) and a clean step afterwards is clean on all. */
+/* A barrier right after loom_mark_step, while the step's collectives (its agreement and its
+ * all-reduce) may still run on the stream thread: the barrier waits for the step first, so
+ * it never meets them (it used to fail with "collectives differ"). */
+static void check_barrier_after_an_async_step(int n) {
+    loom_context *ctx = new_context(false);
+    for (int round = 0; round < 5; round++) {
+        float v[256];
+        for (int i = 0; i < 256; i++)
+            v[i] = (float)(rank_ + round);
+        loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){256}, v);
+        loom_tensor *s = loom_all_reduce(ctx, x, LOOM_REDUCE_SUM, 1.0);
+        loom_tensor_retain(s);
+        CHECK(loom_mark_step(ctx) == LOOM_OK, "async step: %s", loom_context_error_message(ctx));
+        CHECK(loom_dist_barrier() == LOOM_OK, "barrier after a step: %s",
+              loom_dist_error_message());
+        float got = 0;
+        CHECK(loom_tensor_read(ctx, s, v, sizeof v) == LOOM_OK &&
+                  (got = v[255]) == (float)(n * (n - 1) / 2 + n * round),
+              "round %d: sum %g", round, got);
+        loom_tensor_release(s);
+        loom_tensor_release(x);
+    }
+    loom_context_destroy(ctx);
+}
+
 static void check_data_parallel_state(int n) {
     loom_context *ctx = new_context(false);
     if (!ctx)
@@ -474,6 +499,7 @@ static int run_collectives(int n, const char *backend) {
     check_errors(c, n);
     check_graph_ops(n);
     check_data_parallel_state(n);
+    check_barrier_after_an_async_step(n);
     CHECK(loom_dist_barrier() == LOOM_OK, "barrier: %s", loom_dist_error_message());
     CHECK(loom_dist_finalize() == LOOM_OK, "finalize: %s", loom_dist_error_message());
     CHECK(strcmp(loom_dist_backend_name(), "none") == 0, "after finalize: %s",
