@@ -17,26 +17,28 @@ loom_status loom_rt_collective_error(const loom_ir_graph *g, int32_t i, loom_sta
 }
 
 /* The all-reduce's start without the error's decoration. */
-static loom_status allreduce_start(const loom_ir_node *n, void *buf, size_t count,
+static loom_status allreduce_start(const loom_ir_node *n, void *buf, size_t count, double scale,
                                    loom_rt_comm_request **out_req, loom_ir_diag *sub) {
     *out_req = NULL;
     loom_rt_comm *c = loom_rt_comm_world();
     if (c)
         return loom_rt_comm_allreduce_start(c, buf, count, n->dtype, (loom_reduce_op)n->attrs.index,
-                                            n->attrs.value, out_req, sub);
-    if (n->attrs.value != 1.0) /* one rank: the reduction is the value itself */
+                                            scale, out_req, sub);
+    if (scale != 1.0) /* one rank: the reduction is the value itself */
         for (size_t k = 0; k < count; k++)
             loom_ir_store_f64(buf, n->dtype, (int64_t)k,
-                              n->attrs.value * loom_ir_load_f64(buf, n->dtype, (int64_t)k));
+                              scale * loom_ir_load_f64(buf, n->dtype, (int64_t)k));
     return LOOM_OK;
 }
 
 loom_status loom_rt_collective_allreduce_start(const loom_ir_graph *g, int32_t i, void *buf,
-                                               size_t count, loom_rt_comm_request **out_req,
-                                               loom_ir_diag *d) {
+                                               size_t count, bool prescaled,
+                                               loom_rt_comm_request **out_req, loom_ir_diag *d) {
     loom_ir_diag sub;
     loom_ir_diag_init(&sub);
-    loom_status st = allreduce_start(&g->nodes[i], buf, count, out_req, &sub);
+    const loom_ir_node *n = &g->nodes[i];
+    loom_status st =
+        allreduce_start(n, buf, count, prescaled ? 1.0 : n->attrs.value, out_req, &sub);
     return st == LOOM_OK ? LOOM_OK : loom_rt_collective_error(g, i, st, sub.msg, d);
 }
 
@@ -56,7 +58,7 @@ loom_status loom_rt_collective_run(const loom_ir_graph *g, int32_t i, const void
         if (bytes && dst != src)
             memcpy(dst, src, bytes);
         loom_rt_comm_request *req = NULL;
-        st = allreduce_start(n, dst, count, &req, &sub);
+        st = allreduce_start(n, dst, count, n->attrs.value, &req, &sub);
         if (st == LOOM_OK && req)
             st = loom_rt_comm_wait(req, &sub);
     } else if (n->op == LOOM_IR_OP_BROADCAST_FROM) {

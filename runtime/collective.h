@@ -20,12 +20,14 @@ loom_status loom_rt_collective_run(const loom_ir_graph *g, int32_t i, const void
 
 /* Starts the all-reduce of count elements of buf (in place) with the op, dtype and scale of
  * ALL_REDUCE node i of g: the node's own value, or a bucket of several all-reduces that
- * share those attributes laid end to end. *out_req must then go to loom_rt_comm_wait; it
- * is NULL when there is no communicator (one rank: the scale is applied here, at once).
- * Errors: as loom_rt_collective_run. */
+ * share those attributes laid end to end. prescaled: buf already holds scale * x (a sum
+ * whose scale the caller applied while copying its operands in), so the scale is not
+ * applied again. *out_req must then go to loom_rt_comm_wait; it is NULL when there is no
+ * communicator (one rank: the scale is applied here, at once). Errors: as
+ * loom_rt_collective_run. */
 loom_status loom_rt_collective_allreduce_start(const loom_ir_graph *g, int32_t i, void *buf,
-                                               size_t count, loom_rt_comm_request **out_req,
-                                               loom_ir_diag *d);
+                                               size_t count, bool prescaled,
+                                               loom_rt_comm_request **out_req, loom_ir_diag *d);
 
 /* Adds one collective to a digest of a step's collectives (h starts at 0): node n's op and
  * attributes moving count elements. A bucket adds its first member with the bucket's

@@ -330,19 +330,32 @@ static void call_kernel(void *ud, int64_t lo, int64_t hi) {
 static loom_status start_collective(program *p, prog_coll *c, loom_ir_diag *d) {
     const loom_ir_graph *g = &p->coll_graph;
     void *const *bufs = p->bufs + p->kernels[c->kernel].first_slot;
-    if (g->nodes[c->node].op != LOOM_IR_OP_ALL_REDUCE)
+    const loom_ir_node *n = &g->nodes[c->node];
+    if (n->op != LOOM_IR_OP_ALL_REDUCE)
         return loom_rt_collective_run(g, c->node, bufs[0], bufs[1], d);
+    /* An f32 sum's scale (the gradients' 1/world) is applied while the operands are copied
+     * in, not in a pass of its own over the reduced buffer; in f32, as the communicator
+     * applies it (exact for the 1/2^k of power-of-two worlds). */
+    float scale = (float)n->attrs.value;
+    bool prescale =
+        n->dtype == LOOM_DTYPE_F32 && n->attrs.index == LOOM_REDUCE_SUM && n->attrs.value != 1.0;
     for (int32_t j = 0; j < c->n_members; j++) {
         const void *src = bufs[j];
         char *dst = bufs[c->n_members + j];
         size_t bytes = loom_ir_node_bytes(&g->nodes[p->coll_nodes[c->first_member + j]]);
-        if (bytes && dst != src)
+        if (prescale) {
+            const float *restrict s = src;
+            float *restrict t = (float *)dst;
+            for (size_t e = 0; e < bytes / sizeof(float); e++)
+                t[e] = s[e] * scale;
+        } else if (bytes && dst != src) {
             memcpy(dst, src, bytes);
+        }
         if (j + 1 < c->n_members)
             memset(dst + bytes, 0, (size_t)((char *)bufs[c->n_members + j + 1] - dst) - bytes);
     }
-    loom_status st =
-        loom_rt_collective_allreduce_start(g, c->node, bufs[c->n_members], c->count, &c->req, d);
+    loom_status st = loom_rt_collective_allreduce_start(g, c->node, bufs[c->n_members], c->count,
+                                                        prescale, &c->req, d);
     c->in_flight = st == LOOM_OK && c->req;
     p->n_in_flight += c->in_flight;
     return st;
