@@ -117,3 +117,17 @@ void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n) {
     if (loom_tensor_read(ctx, t, out, n * sizeof *out) != LOOM_OK)
         fail_msg("%s", loom_context_error_message(ctx));
 }
+
+char *tu_read_file(const char *path) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    char *s = NULL;
+    long n = fseek(fp, 0, SEEK_END) == 0 ? ftell(fp) : -1;
+    if (n >= 0 && fseek(fp, 0, SEEK_SET) == 0 && (s = malloc((size_t)n + 1))) {
+        size_t got = fread(s, 1, (size_t)n, fp);
+        s[got] = '\0';
+    }
+    fclose(fp);
+    return s;
+}

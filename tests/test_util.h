@@ -42,6 +42,9 @@ loom_tensor *tu_f32(loom_context *ctx, int64_t n, const float *v);
 /* A long-lived f32 scalar holding v. */
 loom_tensor *tu_scalar_f32(loom_context *ctx, float v);
 
+/* The whole file at path, NUL-terminated (malloc'd: free it), or NULL when it cannot be read. */
+char *tu_read_file(const char *path);
+
 /* Reads n floats of t into out, failing the test with the context's message on error. */
 void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n);
 

@@ -1393,20 +1393,6 @@ static void test_target_key_names_llvm_cpu_and_format(void **state) {
 
 /* ---- dumps -------------------------------------------------------------------------------- */
 
-static char *read_all(const char *path) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, fp);
-    s[got] = '\0';
-    fclose(fp);
-    return s;
-}
-
 static void test_dumps_write_mlir_lowered_llvm_ir_and_assembly(void **state) {
     (void)state;
     char dir[] = "/tmp/loom_cg_dumpXXXXXX";
@@ -1428,7 +1414,7 @@ static void test_dumps_write_mlir_lowered_llvm_ir_and_assembly(void **state) {
     for (int i = 0; i < 4; i++) {
         char path[256];
         snprintf(path, sizeof path, "%s/step1%s", dir, ext[i]);
-        char *text = read_all(path);
+        char *text = tu_read_file(path);
         assert_non_null(text);
         if (!strstr(text, needle[i]))
             fail_msg("%s lacks '%s'", path, needle[i]);

@@ -33,7 +33,7 @@ unset LOOM_DIST LOOM_DIST_TIMEOUT_S LOOM_NUM_THREADS PMI_RANK PMI_SIZE PMI_FD PM
     OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE
 # No run here may outlive this many seconds, whatever MPI does.
 GUARD=120
-# Steps run on the reference interpreter while the JIT cannot compile collectives: keep few.
+# A few steps keep the script short (compiled steps; each run compiles its graphs afresh).
 STEPS=4
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-dp-test.XXXXXX") || exit 1

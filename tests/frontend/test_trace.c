@@ -40,19 +40,6 @@ static void one_step(loom_context *ctx) {
     loom_tensor_release(x);
 }
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = calloc(1, (size_t)n + 1);
-    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    return s;
-}
-
 static void expect(const char *trace, const char *part) {
     if (!trace || !strstr(trace, part))
         fail_msg("the trace lacks %s:\n%.2000s", part, trace ? trace : "(no file)");
@@ -69,7 +56,7 @@ static void test_the_trace_has_an_event_for_each_thing_loom_did(void **state) {
         loom_context *ctx = traced_context(trace, cache);
         one_step(ctx);
         loom_context_destroy(ctx);
-        char *t = read_all(trace);
+        char *t = tu_read_file(trace);
         assert_non_null(t);
         assert_memory_equal(t, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 39);
         assert_non_null(strstr(t, "\n]}\n"));
