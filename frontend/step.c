@@ -63,7 +63,15 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
     if (loom_fe_explain_recompile(ctx, &ctx->cut) != LOOM_OK)
         return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step",
                              "out of memory explaining why step %" PRId64 " recompiled", ctx->step);
-    ctx->late_compiles += ctx->step >= LOOM_FE_DEBUG_WARMUP;
+    if (ctx->step >= LOOM_FE_DEBUG_WARMUP) {
+        ctx->late_compiles++;
+        if (ctx->debug)
+            fprintf(stderr,
+                    "loom: debug: step %" PRId64 " compiles a graph of %d nodes after the %d-step "
+                    "warm-up (%" PRId64 " such compile%s so far)\n",
+                    ctx->step, (int)ctx->cut.n_nodes, LOOM_FE_DEBUG_WARMUP, ctx->late_compiles,
+                    ctx->late_compiles == 1 ? "" : "s");
+    }
     int64_t compile_t0 = loom_rt_now_ns();
     char prefix[64];
     snprintf(prefix, sizeof prefix, "step%06" PRId64 "-%016" PRIx64, ctx->step, hash);

@@ -123,7 +123,9 @@ typedef struct loom_context_options {
                                  at destroy (LOOM_PROFILE=1; loom_profile_report) */
     bool debug;               /* LOOM_DEBUG=1: warn on stderr, once per distinct cause, when a
                                  step recompiles a graph near one already compiled, naming
-                                 what differs (loom_recompile_report) */
+                                 what differs (loom_recompile_report); report each compile
+                                 after a 3-step warm-up and reads that forced a step early;
+                                 a summary at destroy */
     const char *trace_path;   /* write a Chrome trace (Perfetto) of what Loom did here at
                                  destroy (LOOM_TRACE=<file.json>): tracing, passes, compiles
                                  per module and thread, disk-cache loads, steps, kernels,

@@ -174,6 +174,9 @@ static void test_debug_reports_recompiles_forced_reads_and_a_summary(void **stat
     if (!strstr(text, want))
         fail_msg("stderr lacks \"%s\":\n%s", want, text);
     assert_null(strstr(strstr(text, want) + strlen(want), "forced the")); /* once per line */
+    if (!strstr(text, "loom: debug: step 6 compiles a graph of ") ||
+        !strstr(text, " nodes after the 3-step warm-up (1 such compile so far)\n"))
+        fail_msg("stderr lacks the late compile:\n%s", text);
     if (!strstr(text, "loom: debug: 6 steps; 1 compile after the first 3 steps, 2 recompiles "
                       "of a near graph, 2 forced reads, 0 interpreter fallbacks\n"))
         fail_msg("stderr lacks the summary:\n%s", text);
