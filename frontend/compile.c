@@ -139,8 +139,8 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
  * and bytes moved, the planned peak, the compile time (passes and planning, then codegen),
  * which passes changed what, then the memory report. */
 static void write_summary(const loom_fe_jit_options *o, const loom_ir_plan *plan,
-                          const loom_ir_graph *g, const dump_ctx *dc, int64_t plan_ns,
-                          int64_t code_ns) {
+                          const loom_ir_graph *g, const loom_ir_memory_report *mem,
+                          const dump_ctx *dc, int64_t plan_ns, int64_t code_ns) {
     int32_t kinds[LOOM_IR_KERNEL_COUNT_] = {0};
     double flops = 0, bytes = 0;
     for (int32_t k = 0; k < plan->n_kernels; k++) {
@@ -164,11 +164,7 @@ static void write_summary(const loom_fe_jit_options *o, const loom_ir_plan *plan
                         (double)(plan_ns + code_ns) / 1e6, (double)plan_ns / 1e6,
                         (double)code_ns / 1e6);
     loom_ir_sbuf_printf(&sb, "passes: %s\n", dc->passes[0] ? dc->passes : "none");
-    loom_ir_memory_report mem;
-    if (loom_ir_plan_memory(plan, g, &mem) == LOOM_OK) {
-        loom_ir_memory_report_print(&mem, plan, g, 10, loom_ir_sbuf_write, &sb);
-        loom_ir_memory_report_deinit(&mem);
-    }
+    loom_ir_memory_report_print(mem, plan, g, 10, loom_ir_sbuf_write, &sb);
     dump_text(o, "summary.txt", &sb);
     loom_ir_sbuf_deinit(&sb);
 }
@@ -176,19 +172,23 @@ static void write_summary(const loom_fe_jit_options *o, const loom_ir_plan *plan
 /* The plan's memory report (its 5 largest live values) on exe, for an out-of-memory error
  * and loom_memory_report. Errors: OUT_OF_MEMORY. */
 static loom_status attach_memory_report(loom_rt_executable *exe, const loom_ir_plan *plan,
-                                        const loom_ir_graph *g) {
-    loom_ir_memory_report mem;
-    if (loom_ir_plan_memory(plan, g, &mem) != LOOM_OK)
-        return LOOM_STATUS_OUT_OF_MEMORY;
+                                        const loom_ir_graph *g, const loom_ir_memory_report *mem) {
     loom_ir_sbuf sb;
     loom_ir_sbuf_init(&sb, &exe->alloc);
-    loom_ir_memory_report_print(&mem, plan, g, 5, loom_ir_sbuf_write, &sb);
-    loom_ir_memory_report_deinit(&mem);
+    loom_ir_memory_report_print(mem, plan, g, 5, loom_ir_sbuf_write, &sb);
     if (!sb.oom && sb.len > 0 && (exe->memory_report = loom_ir_alloc(&exe->alloc, sb.len + 1)))
         memcpy(exe->memory_report, sb.data, sb.len + 1);
     bool ok = !sb.oom && (exe->memory_report || sb.len == 0);
     loom_ir_sbuf_deinit(&sb);
     return ok ? LOOM_OK : LOOM_STATUS_OUT_OF_MEMORY;
+}
+
+/* A step of building *exe that failed with st: destroys it, says what ran out of memory. */
+static loom_status drop_exe(loom_rt_executable **exe, loom_status st, loom_ir_diag *d,
+                            const char *what) {
+    loom_rt_executable_destroy(*exe);
+    *exe = NULL;
+    return loom_ir_diag_set(d, st, "out of memory %s", what);
 }
 
 /* The cache compares executables by the graph as traced, not as rewritten by the passes:
@@ -236,6 +236,10 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         dump_text(o, "plan.txt", &sb);
         loom_ir_sbuf_deinit(&sb);
     }
+    loom_ir_memory_report mem; /* for the summary and the executable: made once */
+    if (st == LOOM_OK && (st = loom_ir_plan_memory(&plan, &g, &mem)) != LOOM_OK)
+        loom_ir_diag_set(d, st, "out of memory making the plan's memory report");
+    bool have_mem = st == LOOM_OK;
     if (st == LOOM_OK) {
         loom_rt_metrics_add(m, LOOM_RT_METRIC_KERNELS, plan.n_kernels);
         loom_rt_metrics_add(m, LOOM_RT_METRIC_PLANNED_PEAK, (int64_t)plan.peak_bytes);
@@ -247,7 +251,7 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     if (st == LOOM_OK)
         st = get_code(&g, &plan, hash, o, a, m, &code, kernels, d);
     if (st == LOOM_OK && o->dump_dir) /* dumping compiles: get_code skipped the disk cache */
-        write_summary(o, &plan, &g, &dc, t_planned - t_start, loom_rt_now_ns() - t_planned);
+        write_summary(o, &plan, &g, &mem, &dc, t_planned - t_start, loom_rt_now_ns() - t_planned);
     if (st == LOOM_OK) {
         /* The program takes the code; from here it releases it, also on failure. */
         st = loom_rt_program_create(&g, hash, &plan, kernels, code, loom_cg_code_release, pool,
@@ -257,22 +261,15 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
             loom_ir_diag_set(d, st, "out of memory creating the program");
     }
     if (st == LOOM_OK && o->profile &&
-        (st = loom_rt_program_profile(*out_exe, o->profile, &plan, &g)) != LOOM_OK) {
-        loom_rt_executable_destroy(*out_exe);
-        *out_exe = NULL;
-        loom_ir_diag_set(d, st, "out of memory profiling the program");
-    }
-    if (st == LOOM_OK && (st = attach_memory_report(*out_exe, &plan, &g)) != LOOM_OK) {
-        loom_rt_executable_destroy(*out_exe);
-        *out_exe = NULL;
-        loom_ir_diag_set(d, st, "out of memory making the plan's memory report");
-    }
+        (st = loom_rt_program_profile(*out_exe, o->profile, &plan, &g)) != LOOM_OK)
+        drop_exe(out_exe, st, d, "profiling the program");
+    if (st == LOOM_OK && (st = attach_memory_report(*out_exe, &plan, &g, &mem)) != LOOM_OK)
+        drop_exe(out_exe, st, d, "making the plan's memory report");
     if (st == LOOM_OK && o->trace &&
-        (st = loom_rt_program_trace(*out_exe, o->trace, &plan, &g)) != LOOM_OK) {
-        loom_rt_executable_destroy(*out_exe);
-        *out_exe = NULL;
-        loom_ir_diag_set(d, st, "out of memory tracing the program");
-    }
+        (st = loom_rt_program_trace(*out_exe, o->trace, &plan, &g)) != LOOM_OK)
+        drop_exe(out_exe, st, d, "tracing the program");
+    if (have_mem)
+        loom_ir_memory_report_deinit(&mem);
     if (st == LOOM_OK)
         st = keep_traced_graph(out_exe, cut, d);
     loom_cg_code_destroy(code);

@@ -84,6 +84,7 @@ struct loom_context {
     struct loom_rt_trace *chrome; /* LOOM_TRACE's Chrome trace; NULL: not tracing */
     bool debug;                   /* LOOM_DEBUG=1: warn about recompilations, forced reads */
     char *memory_report;          /* the last compiled step's (loom_memory_report), or NULL */
+    uint64_t memory_report_hash;  /* the graph hash of the executable it came from */
     int64_t late_compiles;        /* compiles after the first LOOM_FE_DEBUG_WARMUP steps */
     loom_ir_loc forced_seen[32];  /* forced reads already reported (LOOM_DEBUG) */
     int32_t n_forced_seen;

@@ -5,7 +5,8 @@
  * changes that only follow from another difference do not count): a new graph, such as an
  * evaluation step beside a training step, is not a recompilation. Each distinct cause (what kind of
  * difference, at which op and source line) is counted; LOOM_DEBUG=1 prints each the first time it
- * happens. */
+ * happens. LOOM_DEBUG's other reports (forced reads, the summary at destroy) live here too, and
+ * loom_memory_report's accessor. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>

@@ -209,8 +209,8 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
                              d.code != LOOM_OK ? d.msg : "out of memory for the step's outputs",
                              oom ? "\n" : "", oom ? exe->memory_report : "");
     }
-    if (exe->memory_report &&
-        (!ctx->memory_report || strcmp(ctx->memory_report, exe->memory_report) != 0)) {
+    /* for loom_memory_report: copied when the step runs another executable than the last */
+    if (exe->memory_report && (!ctx->memory_report || exe->hash != ctx->memory_report_hash)) {
         size_t len = strlen(exe->memory_report) + 1;
         char *copy = loom_ir_alloc(&ctx->alloc, len);
         if (!copy) {
@@ -223,6 +223,7 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
         if (ctx->memory_report)
             loom_ir_free(&ctx->alloc, ctx->memory_report, strlen(ctx->memory_report) + 1);
         ctx->memory_report = copy;
+        ctx->memory_report_hash = exe->hash;
     }
     for (int32_t k = 0; k < n_in; k++)
         loom_rt_buffer_retain(f->bufs[k]);

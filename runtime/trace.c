@@ -49,7 +49,9 @@ void loom_rt_trace_event(loom_rt_trace *t, const char *cat, const char *name, in
                          int64_t t1_ns, const char *args) {
     if (!t)
         return;
-    long tid = syscall(SYS_gettid);
+    static _Thread_local long tid; /* asked of the kernel once per thread */
+    if (!tid)
+        tid = syscall(SYS_gettid);
     pthread_mutex_lock(&t->mu);
     if (t->n_events >= LOOM_RT_TRACE_MAX_EVENTS) {
         t->dropped++;
