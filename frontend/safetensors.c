@@ -1074,11 +1074,6 @@ static int cmp_item(const void *x, const void *y) {
     return strcmp(((const st_item *)x)->name, ((const st_item *)y)->name);
 }
 
-static int cmp_i32(const void *x, const void *y) {
-    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-    return (a > b) - (a < b);
-}
-
 /* Computes every pending tensor among items in one graph, rather than one graph per tensor
  * as reading them one by one would (a save right after an optimizer step, say). */
 static loom_status compute_pending(loom_context *ctx, int32_t n, const st_item *items) {
@@ -1093,7 +1088,7 @@ static loom_status compute_pending(loom_context *ctx, int32_t n, const st_item *
             slots[k++] = items[i].slot;
     }
     if (k > 1)
-        qsort(slots, (size_t)k, sizeof *slots, cmp_i32);
+        qsort(slots, (size_t)k, sizeof *slots, loom_ir_cmp_i32);
     int32_t m = 0;
     for (int32_t i = 0; i < k; i++)
         if (m == 0 || slots[m - 1] != slots[i])

@@ -269,3 +269,8 @@ int64_t loom_ir_numel(int32_t rank, const int64_t *shape) {
         n *= shape[i];
     return n;
 }
+
+int loom_ir_cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}

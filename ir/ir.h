@@ -201,6 +201,8 @@ typedef struct loom_ir_sbuf {
 } loom_ir_sbuf;
 
 void loom_ir_sbuf_init(loom_ir_sbuf *sb, const loom_allocator *a);
+/* qsort's comparator for int32_t, ascending. */
+int loom_ir_cmp_i32(const void *a, const void *b);
 void loom_ir_sbuf_deinit(loom_ir_sbuf *sb);
 void loom_ir_sbuf_append(loom_ir_sbuf *sb, const char *s, size_t len);
 void loom_ir_sbuf_printf(loom_ir_sbuf *sb, const char *fmt, ...)

@@ -50,11 +50,6 @@ static int cmp_ready(const void *a, const void *b) {
     return (x->kernel > y->kernel) - (x->kernel < y->kernel);
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static bool same_key(const loom_ir_node *a, const loom_ir_node *b) {
     return a->dtype == b->dtype && a->attrs.index == b->attrs.index &&
            a->attrs.value == b->attrs.value;
@@ -164,7 +159,7 @@ static loom_status build_bucket(bstate *s, int32_t b, loom_ir_kernel *out) {
         return LOOM_STATUS_OUT_OF_MEMORY;
     for (int32_t m = 0; m < bk->n; m++)
         nodes[m] = s->cands[s->members[bk->first + m]].node;
-    qsort(nodes, (size_t)bk->n, sizeof *nodes, cmp_i32); /* the plan's rule: graph order */
+    qsort(nodes, (size_t)bk->n, sizeof *nodes, loom_ir_cmp_i32); /* the plan's rule: graph order */
     for (int32_t m = 0; m < bk->n; m++) {
         args[m] = s->g->nodes[nodes[m]].inputs[0];
         results[m] = nodes[m];

@@ -436,11 +436,6 @@ static void try_epilogue(fuse_state *s, int32_t e) {
     s->kernels[e].final = -2; /* merged */
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static int32_t *arena_copy(loom_ir_plan *plan, const int32_t *v, int32_t n) {
     int32_t *p = loom_ir_arena_alloc(&plan->arena, (size_t)(n > 0 ? n : 1) * sizeof *p);
     if (p && n > 0)
@@ -536,8 +531,8 @@ static loom_status emit(fuse_state *s, const int32_t *order, int32_t n_live) {
             if (needed)
                 res[n_res++] = x;
         }
-        qsort(list, (size_t)n_list, sizeof *list, cmp_i32);
-        qsort(args, (size_t)n_args, sizeof *args, cmp_i32);
+        qsort(list, (size_t)n_list, sizeof *list, loom_ir_cmp_i32);
+        qsort(args, (size_t)n_args, sizeof *args, loom_ir_cmp_i32);
         kn->n_nodes = n_list;
         kn->n_args = n_args;
         kn->n_results = n_res;
