@@ -59,6 +59,19 @@ typedef struct loom_cg_options {
 loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
                             const loom_cg_options *opts, loom_cg_code **out_code,
                             loom_rt_kernel *out_kernels, loom_ir_diag *d);
+/* What loom_cg_compile checks before it builds anything: that codegen can lower every
+ * kernel of plan (each op in its dtype, the shapes and fusions it handles), without MLIR or
+ * LLVM, in well under a millisecond per kernel. Errors as loom_cg_compile's: UNSUPPORTED
+ * (naming the node, op and type), INTERNAL (a malformed plan), OUT_OF_MEMORY. */
+loom_status loom_cg_check(const loom_ir_graph *g, const loom_ir_plan *plan, loom_ir_diag *d);
+
+/* How a matmul whose operands have the 16-bit float dtype dt is computed on this CPU (as
+ * loom_cg_compile would now, LOOM_MATMUL_ISA included), e.g. "avx512bf16: vdpbf16ps, f32
+ * accumulation"; NULL for any other dtype. And why the AMX-BF16 path does not run here (NULL
+ * once it does). Static strings. */
+const char *loom_cg_matmul16_path(loom_dtype dt);
+const char *loom_cg_amx_missing(void);
+
 /* Accepts NULL. Usable as loom_rt_program_create's release_code (cast through void *). */
 void loom_cg_code_destroy(loom_cg_code *code);
 void loom_cg_code_release(void *code);

@@ -646,19 +646,61 @@ static loom_status write_dumps(const compile_state *cs, const loom_cg_options *o
     return st;
 }
 
-loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
-                            const loom_cg_options *opts, loom_cg_code **out_code,
-                            loom_rt_kernel *out_kernels, loom_ir_diag *d) {
-    if (!g || !plan || !out_code || (!out_kernels && plan->n_kernels > 0))
+static loom_status check_args(const loom_ir_graph *g, const loom_ir_plan *plan, bool outputs,
+                              loom_ir_diag *d) {
+    if (!g || !plan || !outputs)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "codegen: %s is NULL",
                                 !g      ? "the graph"
                                 : !plan ? "the plan"
                                         : "an output");
-    *out_code = NULL;
     if (plan->n_nodes != g->n_nodes)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                 "codegen: the plan is for a graph of %d nodes, not %d",
                                 (int)plan->n_nodes, (int)g->n_nodes);
+    return LOOM_OK;
+}
+
+/* Checks every kernel of plan (cheap, no MLIR) into *out_recs (allocated from g's
+ * allocator, *out_bytes long; freed here on failure). */
+static loom_status check_kernels(const loom_ir_graph *g, const loom_ir_plan *plan,
+                                 cg_kernel_rec **out_recs, size_t *out_bytes, loom_ir_diag *d) {
+    const loom_allocator *a = &g->alloc;
+    int32_t nk = plan->n_kernels;
+    size_t recs_bytes = (size_t)(nk > 0 ? nk : 1) * sizeof(cg_kernel_rec);
+    cg_kernel_rec *recs = loom_ir_alloc(a, recs_bytes);
+    if (!recs)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
+    memset(recs, 0, recs_bytes);
+    check_job cj = {.g = g, .plan = plan, .recs = recs, .d = d};
+    run_on_big_stack(check_main, &cj);
+    if (cj.st != LOOM_OK) {
+        loom_ir_free(a, recs, recs_bytes);
+        return cj.st;
+    }
+    *out_recs = recs;
+    *out_bytes = recs_bytes;
+    return LOOM_OK;
+}
+
+loom_status loom_cg_check(const loom_ir_graph *g, const loom_ir_plan *plan, loom_ir_diag *d) {
+    loom_status st = check_args(g, plan, true, d);
+    cg_kernel_rec *recs = NULL;
+    size_t recs_bytes = 0;
+    if (st == LOOM_OK)
+        st = check_kernels(g, plan, &recs, &recs_bytes, d);
+    if (st == LOOM_OK)
+        loom_ir_free(&g->alloc, recs, recs_bytes);
+    return st;
+}
+
+loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
+                            const loom_cg_options *opts, loom_cg_code **out_code,
+                            loom_rt_kernel *out_kernels, loom_ir_diag *d) {
+    loom_status st =
+        check_args(g, plan, out_code && (out_kernels || !plan || plan->n_kernels == 0), d);
+    if (st != LOOM_OK)
+        return st;
+    *out_code = NULL;
     loom_cg_options defaults = {0};
     if (!opts)
         opts = &defaults;
@@ -667,18 +709,11 @@ loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
     int32_t nk = plan->n_kernels;
 
     /* every kernel checked first (cheap, no MLIR): unsupported ops fail before any work */
-    size_t recs_bytes = (size_t)(nk > 0 ? nk : 1) * sizeof(cg_kernel_rec);
-    cg_kernel_rec *recs = loom_ir_alloc(a, recs_bytes);
-    if (!recs)
-        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
-    memset(recs, 0, recs_bytes);
-    check_job cj = {.g = g, .plan = plan, .recs = recs, .d = d};
-    run_on_big_stack(check_main, &cj);
-    loom_status st = cj.st;
-    if (st != LOOM_OK) {
-        loom_ir_free(a, recs, recs_bytes);
+    cg_kernel_rec *recs = NULL;
+    size_t recs_bytes = 0;
+    st = check_kernels(g, plan, &recs, &recs_bytes, d);
+    if (st != LOOM_OK)
         return st;
-    }
 
     /* modules: a few per thread for balance; small plans stay on this thread (each thread
      * pays for an MLIR context) */

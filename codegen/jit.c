@@ -137,6 +137,21 @@ cg_mm16 loom_cg_mm16_path(void) {
     return CG_MM16_F32;
 }
 
+const char *loom_cg_matmul16_path(loom_dtype dt) {
+    if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16)
+        return NULL;
+    loom_cg_init_once();
+    if (dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16)
+        return "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation";
+    return "f32: operands converted to f32 while packed, f32 FMA";
+}
+
+const char *loom_cg_amx_missing(void) {
+    loom_cg_init_once();
+    return loom_cg_host_has("amx-bf16") ? "the AMX-BF16 kernel is not implemented yet"
+                                        : "this CPU has no AMX-BF16";
+}
+
 const char *loom_cg_target_key(void) {
     loom_cg_init_once();
     /* the forced matmul ISA shapes the code: part of the key (a short, sanitized copy) */

@@ -621,3 +621,84 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
     loom_ir_free(&ctx->alloc, wnode, wbytes);
     return st;
 }
+
+enum { PROBE_MAX_INPUTS = 8 }; /* a sample's operands per node and float inputs */
+
+loom_status loom_fe_vjp_probe(const loom_ir_graph *g, int32_t subject, bool *applies,
+                              loom_ir_diag *d) {
+    static const char op[] = "vjp probe";
+    *applies = false;
+    if (!g || subject < 0 || subject >= g->n_nodes)
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "%s: no node %d", op,
+                                (int)subject);
+    const loom_ir_node *sn = &g->nodes[subject];
+    bool float_operand = false;
+    for (int32_t k = 0; k < sn->n_inputs; k++)
+        float_operand = float_operand || loom_ir_dtype_is_float(g->nodes[sn->inputs[k]].dtype);
+    if (!loom_ir_dtype_is_float(sn->dtype) || !float_operand)
+        return LOOM_OK;
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.eager = o.debug = o.profile = false;
+    o.dump_dir = o.trace_path = NULL;
+    o.cache_dir = "";
+    o.num_threads = 1;
+    loom_context *ctx = NULL;
+    if (loom_context_create(&o, &ctx) != LOOM_OK)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "%s: cannot create a context", op);
+    size_t map_bytes = (size_t)(subject + 1) * sizeof(int32_t);
+    int32_t *map = loom_ir_alloc(&ctx->alloc, map_bytes);
+    loom_tensor *wrt[PROBE_MAX_INPUTS], *grads[PROBE_MAX_INPUTS] = {0};
+    int32_t n_wrt = 0;
+    loom_status st = map ? LOOM_OK : LOOM_STATUS_OUT_OF_MEMORY;
+    for (int32_t i = 0; i <= subject && st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op == LOOM_IR_OP_INPUT) {
+            size_t bytes = loom_ir_node_bytes(n);
+            void *zeros = loom_ir_alloc(&ctx->alloc, bytes + 1);
+            loom_tensor *t = NULL;
+            if (zeros) {
+                memset(zeros, 0, bytes + 1);
+                t = loom_tensor_from_host(ctx, n->dtype, n->rank, n->shape, zeros);
+                loom_ir_free(&ctx->alloc, zeros, bytes + 1);
+            }
+            loom_fe_tensor *ft = t ? loom_fe_tensor_get(ctx, t, __FILE__, __LINE__, op) : NULL;
+            map[i] =
+                ft ? loom_fe_tensor_node(ctx, (int32_t)(ft - ctx->tensors), __FILE__, __LINE__, op)
+                   : -1;
+            if (map[i] >= 0 && loom_ir_dtype_is_float(n->dtype) && n_wrt < PROBE_MAX_INPUTS)
+                wrt[n_wrt++] = t;
+        } else {
+            int32_t in[PROBE_MAX_INPUTS];
+            for (int32_t k = 0; k < n->n_inputs && k < PROBE_MAX_INPUTS; k++)
+                in[k] = map[n->inputs[k]];
+            loom_ir_node_desc desc = {.op = n->op,
+                                      .n_inputs = n->n_inputs,
+                                      .inputs = in,
+                                      .dtype = n->dtype,
+                                      .rank = n->rank,
+                                      .shape = n->shape,
+                                      .attrs = n->attrs,
+                                      .loc = {0}};
+            if (n->n_inputs > PROBE_MAX_INPUTS)
+                st = loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "%s: %%%d has %d operands",
+                                      op, (int)i, (int)n->n_inputs);
+            else
+                st = loom_ir_graph_add(&ctx->trace, &desc, &map[i], d);
+        }
+        if (st == LOOM_OK && map[i] < 0)
+            st = loom_ir_diag_set(d, loom_context_error(ctx), "%s: %s", op,
+                                  loom_context_error_message(ctx));
+    }
+    if (st == LOOM_OK && n_wrt > 0) {
+        *applies = true;
+        loom_tensor *s = loom_fe_result(ctx, map[subject], __FILE__, __LINE__, op);
+        if (!s || loom_backward(ctx, s, n_wrt, wrt, grads) != LOOM_OK)
+            st =
+                loom_ir_diag_set(d, loom_context_error(ctx), "%s", loom_context_error_message(ctx));
+    }
+    if (map)
+        loom_ir_free(&ctx->alloc, map, map_bytes);
+    loom_context_destroy(ctx);
+    return st;
+}

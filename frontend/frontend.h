@@ -5,6 +5,7 @@
 #include <limits.h>
 
 #include "ir/ir.h"
+#include "ir/samples.h"
 #include "loom/amp.h"
 #include "runtime/runtime.h"
 
@@ -166,6 +167,14 @@ loom_status loom_fe_set_err(char *err, size_t err_size, loom_status s, const cha
 /* ---- autograd.c ---- */
 /* Whether trace node `node` was marked by loom_detach in the current step. */
 bool loom_fe_is_detached(const loom_context *ctx, int32_t node);
+/* For `loom-ir ops`: whether loom_backward differentiates node `subject` of g (a one-op
+ * sample, ir/samples.h). The nodes up to subject are recorded in a context of their own
+ * (graph inputs as zero tensors) and subject is differentiated with respect to the float
+ * inputs; nothing runs. *applies is false when there is nothing to differentiate (subject's
+ * result or all its operands not float, or it has none). Errors: UNSUPPORTED (no gradient rule: the
+ * message says which), OUT_OF_MEMORY, INVALID_ARGUMENT, with the message in d. */
+loom_status loom_fe_vjp_probe(const loom_ir_graph *g, int32_t subject, bool *applies,
+                              loom_ir_diag *d);
 
 /* ---- optim.c ---- */
 /* Checks that found_inf (not NULL) is one float or bool element; records STALE_HANDLE or
@@ -217,6 +226,19 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
  * Errors: OUT_OF_MEMORY, INVALID_ARGUMENT, with the message in d. */
 loom_status loom_fe_interp_build(const loom_ir_graph *cut, uint64_t hash, const loom_allocator *a,
                                  loom_rt_executable **out_exe, loom_ir_diag *d);
+
+/* ---- conformance.c ---- */
+/* Whether codegen can lower g: its passes and plan, then loom_cg_check (nothing compiled).
+ * Errors: UNSUPPORTED naming what codegen refuses; others from the passes. */
+loom_status loom_fe_jit_check(const loom_ir_graph *g, loom_ir_diag *d);
+/* Runs g on random inputs (from *rng, in s's domain, in buffers of dev) through the
+ * reference interpreter and, unless pool is NULL, through the JIT built on pool, and
+ * compares every output within s's tolerance. Errors: INTERNAL naming the first element that
+ * differs ("output 0 (f32[3]) element 2: JIT ..., interpreter ..."), the interpreter's or
+ * the JIT's errors (UNSUPPORTED when codegen refuses g), OUT_OF_MEMORY; the message in d. */
+loom_status loom_fe_check_against_interp(const loom_ir_graph *g, const loom_ir_sample *s,
+                                         uint64_t *rng, struct loom_rt_pool *pool,
+                                         loom_rt_device *dev, loom_rt_metrics *m, loom_ir_diag *d);
 
 /* ---- step.c ---- */
 /* Computes the given tensors (slots) now: cuts their graph from the trace, looks it up in

@@ -30,6 +30,42 @@ const char *loom_ir_reduce_op_name(int64_t op) {
     return op >= 0 && op < LOOM_REDUCE_COUNT_ ? names[op] : "?";
 }
 
+const char *loom_ir_kind_name(loom_ir_kind kind) {
+    switch (kind) { /* no default: a new kind must be named here */
+    case LOOM_IR_KIND_SOURCE: return "source";
+    case LOOM_IR_KIND_UNARY: return "unary";
+    case LOOM_IR_KIND_PREDICATE: return "predicate";
+    case LOOM_IR_KIND_BINARY: return "binary";
+    case LOOM_IR_KIND_COMPARE: return "compare";
+    case LOOM_IR_KIND_SELECT: return "select";
+    case LOOM_IR_KIND_CAST: return "cast";
+    case LOOM_IR_KIND_BROADCAST: return "broadcast";
+    case LOOM_IR_KIND_RESHAPE: return "reshape";
+    case LOOM_IR_KIND_TRANSPOSE: return "transpose";
+    case LOOM_IR_KIND_REDUCTION: return "reduction";
+    case LOOM_IR_KIND_CONTRACTION: return "contraction";
+    case LOOM_IR_KIND_SLICE: return "slice";
+    case LOOM_IR_KIND_PAD: return "pad";
+    case LOOM_IR_KIND_CONCAT: return "concat";
+    case LOOM_IR_KIND_IOTA: return "iota";
+    case LOOM_IR_KIND_RAND: return "rand";
+    case LOOM_IR_KIND_COLLECTIVE: return "collective";
+    case LOOM_IR_KIND_COUNT_: break;
+    }
+    return "?";
+}
+
+const char *loom_ir_autocast_name(loom_ir_autocast ac) {
+    switch (ac) {
+    case LOOM_IR_AC_NONE: return "none";
+    case LOOM_IR_AC_LOWER: return "lower";
+    case LOOM_IR_AC_FP32: return "fp32";
+    case LOOM_IR_AC_PROMOTE: return "promote";
+    case LOOM_IR_AC_COUNT_: break;
+    }
+    return "?";
+}
+
 bool loom_ir_op_is_elementwise(loom_ir_op op) {
     if ((unsigned)op >= LOOM_IR_OP_COUNT_)
         return false;

@@ -94,6 +94,10 @@ extern const loom_ir_op_info loom_ir_op_table[LOOM_IR_OP_COUNT_];
 const char *loom_ir_op_name(loom_ir_op op);
 loom_ir_op loom_ir_op_from_name(const char *name, size_t len);
 bool loom_ir_op_is_elementwise(loom_ir_op op);
+/* The kind's and the autocast class's names as ops.def spells them, lower case ("unary",
+ * "fp32"); "?" out of range. */
+const char *loom_ir_kind_name(loom_ir_kind kind);
+const char *loom_ir_autocast_name(loom_ir_autocast ac);
 /* An all_reduce's combining op as the text format spells it ("sum", "max", "min"); "?" out
  * of range. */
 const char *loom_ir_reduce_op_name(int64_t op);

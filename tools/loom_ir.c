@@ -511,6 +511,39 @@ static int run_run(const command *c, int argc, char **argv) {
     return rc >= 0 ? rc : on_graph(path, NULL, &o);
 }
 
+typedef struct ops_opts {
+    const char *op;
+    bool check, json;
+} ops_opts;
+
+/* ops' options: --op=NAME, --check, --json */
+static int ops_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    ops_opts *o = ud;
+    if (strcmp(argv[*i], "--check") == 0 || strcmp(argv[*i], "--json") == 0) {
+        *(argv[*i][2] == 'c' ? &o->check : &o->json) = true;
+        return 1;
+    }
+    bool missing;
+    const char *v = option_value("--op", argc, argv, i, &missing);
+    if (missing)
+        return usage_error(c, "missing value for", "--op") + 2;
+    if (!v)
+        return 0;
+    o->op = v;
+    return 1;
+}
+
+/* loom-ir ops [--op=NAME] [--check] [--json] */
+static int run_ops(const command *c, int argc, char **argv) {
+    ops_opts o = {0};
+    int rc = parse_args(c, argc, argv, 0, NULL, ops_option, &o);
+    if (rc >= 0)
+        return rc;
+    if (o.op && loom_ir_op_from_name(o.op, strlen(o.op)) == LOOM_IR_OP_COUNT_)
+        return usage_error(c, "no such op in ops.def:", o.op);
+    return finish_output(loom_ir_cmd_ops(o.op, o.check, o.json));
+}
+
 static const command commands[] = {
     {"print", "print FILE", "parse, verify and print FILE in canonical form",
      "Parses and verifies FILE, then prints it in canonical form.\n", run_show},
@@ -562,6 +595,18 @@ static const command commands[] = {
      "--check first compares the outputs with the reference interpreter's (exit 1 when\n"
      "they differ beyond float tolerance).\n",
      run_run},
+    {"ops", "ops [--op=NAME] [--check] [--json]",
+     "every op of ops.def and what exists for it in each layer",
+     "Lists every op of ops.def (--op: only NAME) with its kind, autocast class and the\n"
+     "dtypes it takes, and what each layer does with it, found by asking the layers on\n"
+     "random one-op samples (3 per dtype): the dtypes the reference interpreter runs, the\n"
+     "dtypes codegen lowers, whether autograd has a VJP, and how 16-bit data is computed\n"
+     "(the 16-bit matmul paths of this CPU). Anything short of all is footnoted with the\n"
+     "layer's own message.\n"
+     "  --check   compile and run every sample and compare it with the interpreter\n"
+     "            (slower: progress on stderr; exit 1 when one differs)\n"
+     "  --json    one JSON object instead of the table\n",
+     run_ops},
 };
 
 static void print_usage(FILE *f) {

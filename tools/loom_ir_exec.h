@@ -1,4 +1,4 @@
-/* loom-ir compile and run (loom_ir_exec.c). */
+/* loom-ir compile and run (loom_ir_exec.c), ops (loom_ir_ops.c). */
 #ifndef LOOM_TOOLS_LOOM_IR_EXEC_H
 #define LOOM_TOOLS_LOOM_IR_EXEC_H
 
@@ -19,5 +19,12 @@ int loom_ir_cmd_compile(const loom_ir_graph *g, const char *shown, const char *e
  * when they differ beyond float tolerance). Returns the exit status. */
 int loom_ir_cmd_run(const loom_ir_graph *g, const char *shown, int repeat, bool check_interp,
                     uint64_t seed);
+
+/* Prints every op of ops.def (only: just that one) with what each layer does with it: the
+ * dtypes it takes, those the interpreter runs and codegen lowers (check: compiled, run and
+ * matched against the interpreter), whether it has a VJP, how 16-bit data is computed;
+ * json: as one JSON object. Returns the exit status: 0; 1 when a --check differs or the
+ * runtime cannot start; 2 for an unknown op. */
+int loom_ir_cmd_ops(const char *only, bool check, bool json);
 
 #endif

@@ -10,19 +10,18 @@
 #include "test_util.h"
 
 #include "frontend/frontend.h"
+#include "ir/samples.h"
 #include "runtime/kernel.h"
 
 /* ---- deterministic randomness ------------------------------------------------------------ */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return loom_ir_sample_next(&rng_state);
 }
-static int64_t rnd_int(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
-static double rnd_unit(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
+static int64_t rnd_int(int64_t lo, int64_t hi) {
+    return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1));
+}
 static int64_t rnd_extent(void) {
     static const int64_t e[] = {1, 2, 3, 5, 7, 8, 16, 17, 31, 33, 64, 100};
     return e[rnd() % (sizeof e / sizeof e[0])];
@@ -57,357 +56,15 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* Values in a domain where every op is defined: (lo, hi) for floats, small ints. */
-static void fill_random(void *buf, loom_dtype dt, int64_t n, double lo, double hi) {
-    for (int64_t i = 0; i < n; i++) {
-        if (loom_ir_dtype_is_float(dt))
-            loom_ir_store_f64(buf, dt, i, lo + (hi - lo) * rnd_unit());
-        else if (dt == LOOM_DTYPE_BOOL)
-            loom_ir_store_i64(buf, dt, i, (int64_t)(rnd() & 1));
-        else
-            loom_ir_store_i64(buf, dt, i, rnd_int((int64_t)lo, (int64_t)hi));
-    }
-}
-
-typedef struct tolerance {
-    double rel, abs;
-} tolerance;
-
-/* Runs g through the interpreter and the JIT on the same random inputs and compares.
- * Returns false (without failing) when codegen reports UNSUPPORTED. */
-static void check_graph(const loom_ir_graph *g, double lo, double hi, tolerance tol,
-                        const char *what) {
+/* Runs g through the interpreter and the JIT on the same random inputs and compares. */
+static void check_graph(const loom_ir_graph *g, const loom_ir_sample *s, const char *what) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    int32_t n_in = g->n_graph_inputs, n_out = g->n_outputs;
-    loom_rt_buffer *ins[16], *outs[16];
-    void *in_ptrs[16], *want[16];
-    assert_true(n_in <= 16 && n_out <= 16);
-    for (int32_t i = 0; i < g->n_nodes; i++) {
-        const loom_ir_node *n = &g->nodes[i];
-        if (n->op != LOOM_IR_OP_INPUT)
-            continue;
-        int32_t k = (int32_t)n->attrs.index;
-        assert_int_equal(loom_rt_buffer_alloc(H.dev, tu_node_bytes(n), &ins[k]), LOOM_OK);
-        fill_random(ins[k]->data, n->dtype, loom_ir_numel(n->rank, n->shape), lo, hi);
-        in_ptrs[k] = ins[k]->data;
-    }
-    for (int32_t o = 0; o < n_out; o++) {
-        const loom_ir_node *n = &g->nodes[g->outputs[o].node];
-        want[o] = calloc(1, tu_node_bytes(n) + 1);
-        assert_int_equal(loom_rt_buffer_alloc(H.dev, tu_node_bytes(n), &outs[o]), LOOM_OK);
-    }
-    if (loom_rt_interp_run(g, &H.alloc, (const void *const *)in_ptrs, want, &d) != LOOM_OK)
-        fail_msg("%s: interpreter: %s", what, d.msg);
-
-    loom_fe_jit_options o = {.compile_threads = 2, .verify_passes = true};
-    loom_rt_executable *exe = NULL;
-    loom_status st = loom_fe_jit_build(g, loom_ir_graph_hash(g), &o, H.pool, &H.alloc, &H.metrics,
-                                       &exe, &d);
-    if (st != LOOM_OK)
-        fail_msg("%s: JIT build failed: %s: %s", what, loom_status_name(st), d.msg);
-    loom_ir_diag_init(&d);
-    if (exe->vt->run(exe, ins, outs, &d) != LOOM_OK)
-        fail_msg("%s: JIT run: %s", what, d.msg);
-    for (int32_t o2 = 0; o2 < n_out; o2++) {
-        const loom_ir_node *n = &g->nodes[g->outputs[o2].node];
-        int64_t count = loom_ir_numel(n->rank, n->shape);
-        for (int64_t i = 0; i < count; i++) {
-            double w = loom_ir_load_f64(want[o2], n->dtype, i);
-            double got = loom_ir_load_f64(outs[o2]->data, n->dtype, i);
-            if (isnan(w) && isnan(got))
-                continue;
-            if (w == got)
-                continue;
-            double err = fabs(w - got), lim = tol.abs + tol.rel * fabs(w);
-            if (!(err <= lim)) {
-                char ty[LOOM_IR_TYPE_STR_MAX];
-                fail_msg("%s: output %d (%s) element %lld: JIT %.17g, interpreter %.17g "
-                         "(error %.3g > %.3g)",
-                         what, (int)o2,
-                         loom_ir_format_type(ty, sizeof ty, n->dtype, n->rank, n->shape),
-                         (long long)i, got, w, err, lim);
-            }
-        }
-    }
-    loom_rt_executable_destroy(exe);
-    for (int32_t k = 0; k < n_in; k++)
-        loom_rt_buffer_release(ins[k]);
-    for (int32_t o2 = 0; o2 < n_out; o2++) {
-        loom_rt_buffer_release(outs[o2]);
-        free(want[o2]);
-    }
+    if (loom_fe_check_against_interp(g, s, &rng_state, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
+        fail_msg("%s: %s", what, d.msg);
 }
 
-/* ---- per-op cases ------------------------------------------------------------------------- */
-
-static void random_shape(int32_t *rank, int64_t *shape, int32_t max_rank) {
-    *rank = (int32_t)rnd_int(0, max_rank);
-    for (int32_t i = 0; i < *rank; i++)
-        shape[i] = rnd_extent();
-}
-
-/* Per-op domain and tolerance for f32; 16-bit types loosen the tolerance. */
-static void op_domain(loom_ir_op op, double *lo, double *hi, tolerance *tol) {
-    *lo = -4;
-    *hi = 4;
-    *tol = (tolerance){1e-6, 1e-7};
-    switch (op) {
-    case LOOM_IR_OP_LOG:
-    case LOOM_IR_OP_SQRT:
-    case LOOM_IR_OP_RSQRT:
-    case LOOM_IR_OP_POW: *lo = 0.05; *hi = 4; *tol = (tolerance){1e-5, 1e-6}; break;
-    case LOOM_IR_OP_EXP:
-    case LOOM_IR_OP_TANH:
-    case LOOM_IR_OP_SIGMOID:
-    case LOOM_IR_OP_GELU: *tol = (tolerance){1e-5, 1e-6}; break;
-    case LOOM_IR_OP_DIV: *lo = 0.5; *hi = 4; break;
-    case LOOM_IR_OP_REDUCE_SUM:
-    case LOOM_IR_OP_REDUCE_MEAN:
-    case LOOM_IR_OP_MATMUL: *tol = (tolerance){1e-5, 1e-4}; break;
-    case LOOM_IR_OP_INPUT:
-    case LOOM_IR_OP_CONSTANT:
-    case LOOM_IR_OP_NEG:
-    case LOOM_IR_OP_ABS:
-    case LOOM_IR_OP_RELU:
-    case LOOM_IR_OP_ISFINITE:
-    case LOOM_IR_OP_ADD:
-    case LOOM_IR_OP_SUB:
-    case LOOM_IR_OP_MUL:
-    case LOOM_IR_OP_MAXIMUM:
-    case LOOM_IR_OP_MINIMUM:
-    case LOOM_IR_OP_EQ:
-    case LOOM_IR_OP_NE:
-    case LOOM_IR_OP_LT:
-    case LOOM_IR_OP_LE:
-    case LOOM_IR_OP_GT:
-    case LOOM_IR_OP_GE:
-    case LOOM_IR_OP_SELECT:
-    case LOOM_IR_OP_CAST:
-    case LOOM_IR_OP_BROADCAST:
-    case LOOM_IR_OP_RESHAPE:
-    case LOOM_IR_OP_TRANSPOSE:
-    case LOOM_IR_OP_REDUCE_MAX:
-    case LOOM_IR_OP_SLICE:
-    case LOOM_IR_OP_PAD:
-    case LOOM_IR_OP_CONCAT:
-    case LOOM_IR_OP_IOTA:
-    case LOOM_IR_OP_RAND_UNIFORM:
-    case LOOM_IR_OP_ALL_REDUCE:
-    case LOOM_IR_OP_BROADCAST_FROM:
-    case LOOM_IR_OP_ALL_GATHER:
-    case LOOM_IR_OP_COUNT_: break;
-    }
-}
-
-/* Builds one random instance of op in dtype dt into g (inputs first, the op, one output). */
-static void build_case(loom_ir_graph *g, loom_ir_op op, loom_dtype dt) {
-    int32_t rank;
-    int64_t shape[LOOM_MAX_RANK];
-    random_shape(&rank, shape, 4);
-    const loom_ir_op_info *info = &loom_ir_op_table[op];
-    int32_t res = -1;
-    switch (info->kind) {
-    case LOOM_IR_KIND_SOURCE:
-        if (op == LOOM_IR_OP_INPUT) {
-            res = tu_input(g, dt, rank, shape);
-        } else {
-            int32_t x = tu_input(g, dt, rank, shape); /* constant + x keeps an input */
-            int32_t c = tu_add(g, LOOM_IR_OP_CONSTANT, 0, NULL, dt, rank, shape,
-                               (loom_ir_attrs){.value = 1.25});
-            int32_t in[2] = {x, c};
-            res = tu_add(
-                g, loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) ? LOOM_IR_OP_ADD : LOOM_IR_OP_EQ, 2,
-                in, dt, 0, NULL, (loom_ir_attrs){0});
-            assert_int_equal(loom_ir_graph_add_output(g, c, -1), LOOM_OK);
-        }
-        break;
-    case LOOM_IR_KIND_UNARY:
-    case LOOM_IR_KIND_PREDICATE: {
-        int32_t x = tu_input(g, dt, rank, shape);
-        res = tu_add(g, op, 1, &x, dt, 0, NULL, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_BINARY:
-    case LOOM_IR_KIND_COMPARE: {
-        int32_t in[2] = {tu_input(g, dt, rank, shape), -1};
-        if (rank > 0 && rnd() % 2) { /* second operand broadcast from a smaller shape */
-            int64_t small[LOOM_MAX_RANK];
-            for (int32_t i = 0; i < rank; i++)
-                small[i] = rnd() % 2 ? 1 : shape[i];
-            int32_t s = tu_input(g, dt, rank, small);
-            in[1] = tu_add(g, LOOM_IR_OP_BROADCAST, 1, &s, dt, rank, shape, (loom_ir_attrs){0});
-        } else {
-            in[1] = tu_input(g, dt, rank, shape);
-        }
-        res = tu_add(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_SELECT: {
-        int32_t c = tu_input(g, LOOM_DTYPE_BOOL, rank, shape);
-        int32_t in[3] = {c, tu_input(g, dt, rank, shape), tu_input(g, dt, rank, shape)};
-        res = tu_add(g, op, 3, in, dt, 0, NULL, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_CAST: {
-        int32_t x = tu_input(g, LOOM_DTYPE_F32, rank, shape);
-        res = tu_add(g, op, 1, &x, dt, 0, NULL, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_BROADCAST: {
-        int64_t small[LOOM_MAX_RANK];
-        int32_t srank = rank ? (int32_t)rnd_int(0, rank) : 0;
-        for (int32_t i = 0; i < srank; i++)
-            small[i] = rnd() % 2 ? 1 : shape[rank - srank + i];
-        int32_t x = tu_input(g, dt, srank, small);
-        res = tu_add(g, op, 1, &x, dt, rank, shape, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_RESHAPE: {
-        int32_t x = tu_input(g, dt, rank, shape);
-        int64_t flat = loom_ir_numel(rank, shape);
-        int64_t to[2] = {1, flat};
-        int32_t x2 = tu_add(g, op, 1, &x, dt, 2, to, (loom_ir_attrs){0});
-        res = x2; /* a reshape of an input as an output: a copy */
-        if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM)) { /* and read by a kernel */
-            assert_int_equal(loom_ir_graph_add_output(g, x2, -1), LOOM_OK);
-            res =
-                tu_add(g, LOOM_IR_OP_ADD, 2, (int32_t[]){x2, x2}, dt, 0, NULL, (loom_ir_attrs){0});
-        }
-        break;
-    }
-    case LOOM_IR_KIND_TRANSPOSE: {
-        if (rank < 2) {
-            rank = 2;
-            shape[0] = rnd_extent();
-            shape[1] = rnd_extent();
-        }
-        int32_t x = tu_input(g, dt, rank, shape);
-        loom_ir_attrs at = {0};
-        for (int32_t i = 0; i < rank; i++)
-            at.perm[i] = i;
-        for (int32_t i = rank - 1; i > 0; i--) { /* Fisher-Yates */
-            int32_t j = (int32_t)rnd_int(0, i), t = at.perm[i];
-            at.perm[i] = at.perm[j];
-            at.perm[j] = t;
-        }
-        res = tu_add(g, op, 1, &x, dt, 0, NULL, at);
-        break;
-    }
-    case LOOM_IR_KIND_REDUCTION: {
-        int32_t x = tu_input(g, dt, rank, shape);
-        loom_ir_attrs at = {.axes = rank ? (uint32_t)(rnd() % (1u << rank)) : 0,
-                            .keepdim = rnd() % 2 == 0};
-        res = tu_add(g, op, 1, &x, dt, 0, NULL, at);
-        break;
-    }
-    case LOOM_IR_KIND_CONTRACTION: {
-        int32_t r = (int32_t)rnd_int(2, 3);
-        int64_t a[3], b[3];
-        int64_t m = rnd_extent(), n = rnd_extent(), k = rnd_extent(), batch = rnd_int(1, 3);
-        if (r == 3) {
-            a[0] = b[0] = batch;
-        }
-        a[r - 2] = m;
-        a[r - 1] = k;
-        b[r - 2] = k;
-        b[r - 1] = n;
-        int32_t in[2] = {tu_input(g, dt, r, a), tu_input(g, dt, r, b)};
-        res = tu_add(g, op, 2, in, dt, 0, NULL, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_SLICE: { /* random start, stride 1..3, the sizes that fit */
-        if (rank == 0) {
-            rank = 1;
-            shape[0] = rnd_extent();
-        }
-        int32_t x = tu_input(g, dt, rank, shape);
-        loom_ir_attrs at = {0};
-        int64_t size[LOOM_MAX_RANK];
-        for (int32_t i = 0; i < rank; i++) {
-            at.start[i] = rnd_int(0, shape[i] - 1);
-            at.step[i] = rnd_int(1, 3);
-            size[i] = rnd_int(0, (shape[i] - 1 - at.start[i]) / at.step[i] + 1);
-        }
-        res = tu_add(g, op, 1, &x, dt, rank, size, at);
-        if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM)) { /* and fused into a consumer */
-            assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
-            res = tu_add(g, LOOM_IR_OP_ABS, 1, &res, dt, 0, NULL, (loom_ir_attrs){0});
-        }
-        break;
-    }
-    case LOOM_IR_KIND_PAD: { /* low, high 0..2, interior 0..2 on random axes */
-        int32_t x = tu_input(g, dt, rank, shape);
-        loom_ir_attrs at = {.value = rnd() % 2 ? -1.5 : 0.0};
-        int64_t out[LOOM_MAX_RANK];
-        for (int32_t i = 0; i < rank; i++) {
-            bool pad = rnd() % 2;
-            at.start[i] = pad ? rnd_int(0, 2) : 0;
-            at.step[i] = pad ? rnd_int(0, 2) : 0;
-            int64_t high = pad ? rnd_int(0, 2) : 0;
-            out[i] = at.start[i] + high + shape[i] + (shape[i] - 1) * at.step[i];
-        }
-        res = tu_add(g, op, 1, &x, dt, rank, out, at);
-        if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) && rnd() % 2) { /* fused or not */
-            assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
-            res = tu_add(g, LOOM_IR_OP_NEG, 1, &res, dt, 0, NULL, (loom_ir_attrs){0});
-        }
-        break;
-    }
-    case LOOM_IR_KIND_CONCAT: { /* 1..4 operands along a random axis, some computed */
-        if (rank == 0) {
-            rank = 1;
-            shape[0] = rnd_extent();
-        }
-        int32_t axis = (int32_t)rnd_int(0, rank - 1), n = (int32_t)rnd_int(1, 4), in[4];
-        for (int32_t k = 0; k < n; k++) {
-            int64_t sh[LOOM_MAX_RANK];
-            memcpy(sh, shape, sizeof sh);
-            sh[axis] = rnd() % 4 ? rnd_extent() : 0;
-            in[k] = tu_input(g, dt, rank, sh);
-            if (loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM) && rnd() % 2)
-                in[k] = tu_add(g, LOOM_IR_OP_NEG, 1, &in[k], dt, 0, NULL, (loom_ir_attrs){0});
-        }
-        res = tu_add(g, op, n, in, dt, 0, NULL, (loom_ir_attrs){.index = axis});
-        break;
-    }
-    case LOOM_IR_KIND_IOTA: { /* alone and added to an input */
-        if (rank == 0) {
-            rank = 1;
-            shape[0] = rnd_extent();
-        }
-        int32_t axis = (int32_t)rnd_int(0, rank - 1);
-        res = tu_add(g, op, 0, NULL, dt, rank, shape, (loom_ir_attrs){.index = axis});
-        assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
-        int32_t x = tu_input(g, dt, rank, shape);
-        res = tu_add(g, LOOM_IR_OP_ADD, 2, (int32_t[]){x, res}, dt, 0, NULL, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_RAND: { /* bit-identical: compared with a zero tolerance below */
-        int32_t seed = tu_input(g, LOOM_DTYPE_I64, 0, NULL);
-        res = tu_add(g, op, 1, &seed, dt, rank, shape, (loom_ir_attrs){0});
-        break;
-    }
-    case LOOM_IR_KIND_COLLECTIVE: { /* one rank: checked by check_collective below */
-        if (rank == 0) {
-            rank = 1;
-            shape[0] = rnd_extent();
-        }
-        int32_t x = tu_input(g, dt, rank, shape);
-        loom_ir_attrs at = {0};
-        if (op == LOOM_IR_OP_ALL_REDUCE) {
-            at.index = dt == LOOM_DTYPE_BOOL ? rnd_int(1, 2) : rnd_int(0, 2);
-            at.value = loom_ir_dtype_is_float(dt) ? (double[]){1, 0.5, -0.25}[rnd_int(0, 2)] : 1;
-        } else if (op == LOOM_IR_OP_ALL_GATHER) {
-            at.index = 1; /* the world size */
-        }
-        res = tu_add(g, op, 1, &x, dt, 0, NULL, at);
-        break;
-    }
-    case LOOM_IR_KIND_COUNT_: break;
-    }
-    assert_int_equal(loom_ir_graph_add_output(g, res, -1), LOOM_OK);
-}
+/* ---- per-op cases (ir/samples.c builds them) ------------------------------------------- */
 
 /* Collectives on one rank: the interpreter gives the operand (times the all-reduce's scale,
  * as one rounding of the exact product), and the JIT (which runs them on the host, through
@@ -416,7 +73,7 @@ static void check_collective(const loom_ir_graph *g, const char *what) {
     const loom_ir_node *n = &g->nodes[g->outputs[0].node], *x = &g->nodes[n->inputs[0]];
     int64_t count = loom_ir_numel(x->rank, x->shape);
     void *in = calloc(1, tu_node_bytes(x) + 1), *out = calloc(1, tu_node_bytes(n) + 1);
-    fill_random(in, x->dtype, count, -4, 4);
+    loom_ir_sample_fill(in, x->dtype, count, -4, 4, &rng_state);
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     if (loom_rt_interp_run(g, &H.alloc, (const void *const[]){in}, (void *const[]){out}, &d) !=
@@ -436,60 +93,35 @@ static void check_collective(const loom_ir_graph *g, const char *what) {
     }
     free(in);
     free(out);
-    check_graph(g, -4, 4, (tolerance){0, 0}, what);
-}
-
-static bool op_accepts(loom_ir_op op, loom_dtype dt) {
-    const loom_ir_op_info *info = &loom_ir_op_table[op];
-    if (info->kind == LOOM_IR_KIND_CAST)
-        return true;
-    if (info->kind == LOOM_IR_KIND_IOTA) /* result dtypes: iota numeric, rand float */
-        return loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM);
-    if (info->kind == LOOM_IR_KIND_RAND)
-        return loom_ir_dtype_is_float(dt);
-    return loom_ir_dtype_in_class(dt, info->dtypes);
+    check_graph(g, &(loom_ir_sample){.lo = -4, .hi = 4}, what);
 }
 
 static void test_every_op_matches_the_interpreter_on_random_shapes(void **state) {
     (void)state;
-    static const loom_dtype dtypes[] = {LOOM_DTYPE_F32, LOOM_DTYPE_F64, LOOM_DTYPE_I32,
-                                        LOOM_DTYPE_I64, LOOM_DTYPE_BF16, LOOM_DTYPE_F16,
-                                        LOOM_DTYPE_BOOL};
     int cases = 0;
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
-        for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {
-            loom_dtype dt = dtypes[t];
-            if (!op_accepts((loom_ir_op)op, dt))
+        for (int t = 0; t < LOOM_IR_SAMPLE_N_DTYPES; t++) {
+            loom_dtype dt = loom_ir_sample_dtypes[t];
+            if (!loom_ir_op_accepts((loom_ir_op)op, dt))
                 continue;
             int reps = dt == LOOM_DTYPE_F32 ? 6 : 2;
             for (int rep = 0; rep < reps; rep++) {
                 loom_ir_graph g;
                 loom_ir_graph_init(&g, &H.alloc);
-                build_case(&g, (loom_ir_op)op, dt);
-                double lo, hi;
-                tolerance tol;
-                op_domain((loom_ir_op)op, &lo, &hi, &tol);
-                if (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16)
-                    tol = (tolerance){tol.rel * 1e3 + 1e-2, tol.abs * 1e3 + 1e-2};
-                if (dt == LOOM_DTYPE_F64)
-                    tol = (tolerance){tol.rel * 1e-3 + 1e-12, tol.abs * 1e-3};
-                if (loom_ir_dtype_is_int(dt)) {
-                    lo = -20;
-                    hi = 20;
-                    tol = (tolerance){0, 0};
-                }
-                loom_ir_kind kind = loom_ir_op_table[op].kind;
-                if (kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD ||
-                    kind == LOOM_IR_KIND_CONCAT || kind == LOOM_IR_KIND_IOTA ||
-                    kind == LOOM_IR_KIND_RAND)
-                    tol = (tolerance){0, 0}; /* data movement and exact generators */
+                loom_ir_diag d;
+                loom_ir_diag_init(&d);
+                loom_ir_sample s;
+                if (loom_ir_sample_build(&g, (loom_ir_op)op, dt, false, &rng_state, &s, &d) !=
+                    LOOM_OK)
+                    fail_msg("sampling %s %s: %s", loom_ir_op_name((loom_ir_op)op),
+                             loom_dtype_name(dt), d.msg);
                 char what[96];
                 snprintf(what, sizeof what, "%s %s case %d", loom_ir_op_name((loom_ir_op)op),
                          loom_dtype_name(dt), rep);
-                if (kind == LOOM_IR_KIND_COLLECTIVE)
+                if (loom_ir_op_table[op].kind == LOOM_IR_KIND_COLLECTIVE)
                     check_collective(&g, what);
                 else
-                    check_graph(&g, lo, hi, tol, what);
+                    check_graph(&g, &s, what);
                 loom_ir_graph_deinit(&g);
                 cases++;
             }
@@ -588,13 +220,78 @@ static void test_random_fused_graphs_match_the_interpreter(void **state) {
         build_random_dag(&g, (int)rnd_int(3, 24));
         char what[64];
         snprintf(what, sizeof what, "random graph %d (%d nodes)", i, (int)g.n_nodes);
-        check_graph(&g, -2, 2, (tolerance){1e-4, 1e-4}, what);
+        check_graph(&g, &(loom_ir_sample){.lo = -2, .hi = 2, .rel_tol = 1e-4, .abs_tol = 1e-4},
+                    what);
         loom_ir_graph_deinit(&g);
     }
 }
 
+/* The probes `loom-ir ops` asks the layers with: autograd's, codegen's check and the
+ * comparison with the interpreter, each on cases whose answer is known. */
+static void test_the_probes_give_each_layers_answer(void **state) {
+    (void)state;
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    bool applies = false;
+    loom_ir_graph g;
+    loom_ir_graph_init(&g, &H.alloc);
+    loom_ir_sample s;
+    uint64_t rng = 7;
+    assert_int_equal(
+        loom_ir_sample_build(&g, LOOM_IR_OP_MATMUL, LOOM_DTYPE_F32, true, &rng, &s, &d), LOOM_OK);
+    assert_int_equal(g.nodes[s.subject].op, LOOM_IR_OP_MATMUL);
+    assert_int_equal(loom_fe_vjp_probe(&g, s.subject, &applies, &d), LOOM_OK);
+    assert_true(applies);
+    assert_int_equal(loom_fe_jit_check(&g, &d), LOOM_OK);
+    loom_ir_graph_deinit(&g);
+
+    loom_ir_graph_init(&g, &H.alloc); /* a bool result: nothing to differentiate */
+    assert_int_equal(loom_ir_sample_build(&g, LOOM_IR_OP_LT, LOOM_DTYPE_F32, true, &rng, &s, &d),
+                     LOOM_OK);
+    assert_int_equal(loom_fe_vjp_probe(&g, s.subject, &applies, &d), LOOM_OK);
+    assert_false(applies);
+    loom_ir_graph_deinit(&g);
+
+    loom_ir_graph_init(&g, &H.alloc); /* a max all-reduce has no gradient rule */
+    int64_t n8[1] = {8};
+    int32_t x = tu_input(&g, LOOM_DTYPE_F32, 1, n8);
+    int32_t r = tu_add(&g, LOOM_IR_OP_ALL_REDUCE, 1, &x, LOOM_DTYPE_F32, 0, NULL,
+                       (loom_ir_attrs){.index = LOOM_REDUCE_MAX, .value = 1});
+    tu_output(&g, r, -1);
+    assert_int_equal(loom_fe_vjp_probe(&g, r, &applies, &d), LOOM_STATUS_UNSUPPORTED);
+    assert_true(applies);
+    assert_non_null(strstr(d.msg, "all_reduce {reduce = max} of f32[8] has no gradient rule"));
+    assert_int_equal(loom_fe_vjp_probe(&g, 5, &applies, &d), LOOM_STATUS_INVALID_ARGUMENT);
+    loom_ir_graph_deinit(&g);
+
+    loom_ir_graph_init(&g, &H.alloc); /* f32 exp is a polynomial: not bit-exact */
+    int64_t n256[1] = {256};
+    x = tu_input(&g, LOOM_DTYPE_F32, 1, n256);
+    tu_output(&g, tu_add(&g, LOOM_IR_OP_EXP, 1, &x, LOOM_DTYPE_F32, 0, NULL, (loom_ir_attrs){0}),
+              -1);
+    loom_ir_sample exact = {.lo = -4, .hi = 4}, loose = {.lo = -4, .hi = 4, .rel_tol = 1e-5};
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_fe_check_against_interp(&g, &exact, &rng, NULL, H.dev, &H.metrics, &d),
+                     LOOM_OK); /* the interpreter alone */
+    assert_int_equal(loom_fe_check_against_interp(&g, &exact, &rng, H.pool, H.dev, &H.metrics, &d),
+                     LOOM_STATUS_INTERNAL);
+    assert_non_null(strstr(d.msg, "output 0 (f32[256]) element "));
+    assert_non_null(strstr(d.msg, "(error "));
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_fe_check_against_interp(&g, &loose, &rng, H.pool, H.dev, &H.metrics, &d),
+                     LOOM_OK);
+    loom_ir_graph_deinit(&g);
+
+    loom_ir_graph_init(&g, &H.alloc); /* a dtype the op does not take */
+    assert_int_equal(loom_ir_sample_build(&g, LOOM_IR_OP_EXP, LOOM_DTYPE_I32, true, &rng, &s, &d),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_string_equal(d.msg, "sample: exp does not take i32");
+    loom_ir_graph_deinit(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_the_probes_give_each_layers_answer),
         cmocka_unit_test(test_every_op_matches_the_interpreter_on_random_shapes),
         cmocka_unit_test(test_random_fused_graphs_match_the_interpreter),
     };
