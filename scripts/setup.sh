@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PACKAGES=(build-essential g++ pkg-config ninja-build meson llvm-19-dev libmlir-19-dev
-          mlir-19-tools libcmocka-dev zlib1g-dev libxxhash-dev mpich libmpich-dev dataset-fashion-mnist)
+          mlir-19-tools libcmocka-dev zlib1g-dev libxxhash-dev mpich libmpich-dev dataset-fashion-mnist
+          graphviz) # graphviz: the tests render the DOT dumps with dot
 
 missing=()
 for p in "${PACKAGES[@]}"; do

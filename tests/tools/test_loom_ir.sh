@@ -75,6 +75,13 @@ check "dot output starts with digraph" first_line_is "$TMP/out" "digraph loom {"
 check "dot draws the add's operands" has_line "$TMP/out" '  n5 -> n7 [label="0"];'
 check "dot draws outputs" has_line "$TMP/out" '  n12 -> out0;'
 check "dot has one box per node" count_is "$TMP/out" '^  n[0-9]* \[label=' 13
+if command -v dot >/dev/null 2>&1; then
+    cp "$TMP/out" "$TMP/mlp.dot"
+    check "Graphviz's dot renders it" exit_is 0 dot -Tsvg -o "$TMP/mlp.svg" "$TMP/mlp.dot"
+    check "... with a box per node and output" count_is "$TMP/mlp.svg" 'class="node"' 15
+else
+    echo "# Graphviz's dot is not installed (scripts/setup.sh installs it): DOT not rendered"
+fi
 
 # ---- plan: the memory report first; --svg draws it ------------------------------------------
 check "plan exits 0" exit_is 0 "$LOOM_IR" plan "$DATA/mlp.loom"
