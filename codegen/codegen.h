@@ -49,6 +49,9 @@ typedef struct loom_cg_options {
  * reduced value's / the product's. Kernels assume that no result buffer overlaps an arg buffer of
  * the same kernel.
  *
+ * Kernels of the same structure (loom_ir_plan_share_kernels: a ResNet's repeated blocks)
+ * are compiled once and share one function (LOOM_CG_SHARE=0: each is compiled on its own).
+ *
  * Memory comes from g's allocator (used under a lock by the compile threads). Thread-safe:
  * several compiles may run at once, and kernels are reentrant. Environment:
  * LOOM_CG_TIMING=1 prints each compile's phase times to stderr; LOOM_CG_FMA=0 makes the

@@ -3,6 +3,9 @@
  * pipeline and emitted as objects for the host CPU, in parallel threads; the objects then
  * go into one ORC JIT (jit.c).
  *
+ * Kernels of one structure (loom_ir_plan_share_kernels) are compiled once: the first of
+ * them is, and the others' table entries name its function.
+ *
  * From a kernel function to the ABI: each kernel is built as
  *   func.func @loom_kN_body(memref<..>, ..., index lo, index hi)
  * and lowered with use-bare-ptr-memref-call-conv, so every memref becomes one pointer.
@@ -84,9 +87,10 @@ static _Atomic int64_t phase_ns[T_COUNT_];
 static void phase_add(int phase, int64_t t0) {
     atomic_fetch_add(&phase_ns[phase], loom_rt_now_ns() - t0);
 }
-/* A module: a contiguous range of kernels compiled together by one thread. */
+/* A module: a contiguous range of the kernels to compile (compile_state.order) compiled
+ * together by one thread. */
 typedef struct job {
-    int32_t first, count;
+    int32_t first, count; /* into compile_state.order */
     uint8_t *obj; /* object file bytes (the shared allocator) */
     size_t obj_len;
     loom_status st;
@@ -97,6 +101,7 @@ typedef struct job {
 typedef struct compile_state {
     const loom_ir_graph *g;
     const loom_ir_plan *plan;
+    const int32_t *order; /* the kernels to compile: one of each structure, no collectives */
     bool dumping;
     pthread_mutex_t mu;
     loom_allocator inner;  /* the graph's allocator */
@@ -192,10 +197,19 @@ static void worker_deinit(worker *w) {
         mlirContextDestroy(w->ctx);
 }
 
+/* The plan's number of job's first and last kernels. */
+static int32_t first_kernel(const compile_state *cs, const job *jb) {
+    return cs->order[jb->first];
+}
+static int32_t last_kernel(const compile_state *cs, const job *jb) {
+    return cs->order[jb->first + jb->count - 1];
+}
+
 static loom_status mlir_failed(worker *w, job *jb, const char *what) {
-    return loom_ir_diag_set(
-        &jb->d, LOOM_STATUS_INTERNAL, "codegen: %s failed for kernels %d..%d: %s", what,
-        (int)jb->first, (int)(jb->first + jb->count - 1), w->diag[0] ? w->diag : "(no diagnostic)");
+    return loom_ir_diag_set(&jb->d, LOOM_STATUS_INTERNAL,
+                            "codegen: %s failed for kernels %d..%d: %s", what,
+                            (int)first_kernel(w->cs, jb), (int)last_kernel(w->cs, jb),
+                            w->diag[0] ? w->diag : "(no diagnostic)");
 }
 
 static void pipeline_error(MlirStringRef s, void *ud) {
@@ -227,9 +241,7 @@ static loom_status build_module(worker *w, job *jb, bool use_linalg, MlirModule 
     *out_has_linalg = false;
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < jb->count && st == LOOM_OK; i++) {
-        int32_t k = jb->first + i;
-        if (cs->plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)
-            continue;
+        int32_t k = cs->order[jb->first + i];
         char name[48];
         snprintf(name, sizeof name, "loom_k%d_body", (int)k);
         bool lin = use_linalg && loom_cg_kernel_uses_linalg(cs->g, cs->plan, k);
@@ -387,9 +399,7 @@ static loom_status add_wrappers(worker *w, job *jb, LLVMModuleRef mod) {
     LLVMBuilderRef bld = LLVMCreateBuilderInContext(lctx);
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < jb->count && st == LOOM_OK; i++) {
-        int32_t k = jb->first + i;
-        if (w->cs->plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)
-            continue;
+        int32_t k = w->cs->order[jb->first + i];
         char name[48];
         snprintf(name, sizeof name, "loom_k%d_body", (int)k);
         LLVMValueRef body = LLVMGetNamedFunction(mod, name);
@@ -431,11 +441,10 @@ static loom_status add_wrappers(worker *w, job *jb, LLVMModuleRef mod) {
     return st;
 }
 
-static loom_status llvm_error(job *jb, const char *what, char *msg) {
-    loom_status st =
-        loom_ir_diag_set(&jb->d, LOOM_STATUS_INTERNAL, "codegen: %s failed for kernels %d..%d: %s",
-                         what, (int)jb->first, (int)(jb->first + jb->count - 1), msg ? msg : "?");
-    return st;
+static loom_status llvm_error(const compile_state *cs, job *jb, const char *what, char *msg) {
+    return loom_ir_diag_set(&jb->d, LOOM_STATUS_INTERNAL,
+                            "codegen: %s failed for kernels %d..%d: %s", what,
+                            (int)first_kernel(cs, jb), (int)last_kernel(cs, jb), msg ? msg : "?");
 }
 
 static loom_status compile_job(worker *w, job *jb) {
@@ -476,7 +485,7 @@ static loom_status compile_job(worker *w, job *jb) {
         LLVMDisposePassBuilderOptions(po);
         if (err) {
             char *msg = LLVMGetErrorMessage(err);
-            st = llvm_error(jb, "the LLVM pipeline", msg);
+            st = llvm_error(cs, jb, "the LLVM pipeline", msg);
             LLVMDisposeErrorMessage(msg);
         }
     }
@@ -502,7 +511,7 @@ static loom_status compile_job(worker *w, job *jb) {
             LLVMTargetMachineEmitToMemoryBuffer(w->tm, mod, LLVMObjectFile, &msg, &obj);
         phase_add(T_EMIT, t0);
         if (failed) {
-            st = llvm_error(jb, "emitting an object", msg);
+            st = llvm_error(cs, jb, "emitting an object", msg);
             LLVMDisposeMessage(msg);
         } else {
             size_t n = LLVMGetBufferSize(obj);
@@ -543,8 +552,8 @@ static void run_worker(compile_state *cs) {
             jb->st = compile_job(&w, jb);
             if (cs->trace) {
                 char name[64];
-                snprintf(name, sizeof name, "module %d: kernels %d..%d", i, (int)jb->first,
-                         (int)(jb->first + jb->count - 1));
+                snprintf(name, sizeof name, "module %d: kernels %d..%d", i,
+                         (int)first_kernel(cs, jb), (int)last_kernel(cs, jb));
                 loom_rt_trace_event(cs->trace, "compile", name, t0, loom_rt_now_ns(), NULL);
             }
         }
@@ -623,7 +632,7 @@ static loom_status write_dumps(const compile_state *cs, const loom_cg_options *o
                 const job *jb = &cs->jobs[j];
                 const char *c = f == DUMP_LL ? ";" : f == DUMP_ASM ? "#" : "//";
                 loom_ir_sbuf_printf(&all, "%s module %d: kernels %d..%d\n", c, (int)j,
-                                    (int)jb->first, (int)(jb->first + jb->count - 1));
+                                    (int)first_kernel(cs, jb), (int)last_kernel(cs, jb));
                 if (jb->dump[f].len)
                     loom_ir_sbuf_append(&all, jb->dump[f].data, jb->dump[f].len);
                 loom_ir_sbuf_append(&all, "\n", 1);
@@ -693,6 +702,30 @@ loom_status loom_cg_check(const loom_ir_graph *g, const loom_ir_plan *plan, loom
     return st;
 }
 
+/* Kernels of one structure share the first one's function (loom_ir_plan_share_kernels;
+ * LOOM_CG_SHARE=0: none share, for measuring): the others' recs get its name, and order
+ * (n_kernels entries) lists the kernels to compile, *n_order of them. */
+static loom_status share_code(const loom_ir_graph *g, const loom_ir_plan *plan, cg_kernel_rec *recs,
+                              int32_t *rep, int32_t *order, int32_t *n_order, loom_ir_diag *d) {
+    const char *env = getenv("LOOM_CG_SHARE");
+    if (env && strcmp(env, "0") == 0) {
+        for (int32_t k = 0; k < plan->n_kernels; k++)
+            rep[k] = k;
+    } else if (loom_ir_plan_share_kernels(plan, g, rep, NULL) != LOOM_OK) {
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
+    }
+    *n_order = 0;
+    for (int32_t k = 0; k < plan->n_kernels; k++) {
+        if (plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)
+            continue;
+        if (rep[k] == k)
+            order[(*n_order)++] = k;
+        else
+            snprintf(recs[k].name, sizeof recs[k].name, "loom_k%d", (int)rep[k]);
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
                             const loom_cg_options *opts, loom_cg_code **out_code,
                             loom_rt_kernel *out_kernels, loom_ir_diag *d) {
@@ -714,22 +747,35 @@ loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
     st = check_kernels(g, plan, &recs, &recs_bytes, d);
     if (st != LOOM_OK)
         return st;
+    size_t order_bytes = (size_t)(nk > 0 ? nk : 1) * sizeof(int32_t);
+    int32_t *rep = loom_ir_alloc(a, order_bytes), *order = loom_ir_alloc(a, order_bytes);
+    int32_t n_order = 0;
+    st = rep && order ? share_code(g, plan, recs, rep, order, &n_order, d)
+                      : loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
+    if (st != LOOM_OK) {
+        loom_ir_free(a, rep, order_bytes);
+        loom_ir_free(a, order, order_bytes);
+        loom_ir_free(a, recs, recs_bytes);
+        return st;
+    }
 
     /* modules: a few per thread for balance; small plans stay on this thread (each thread
      * pays for an MLIR context) */
     int32_t threads = opts->compile_threads > 0 ? opts->compile_threads : loom_rt_default_threads();
     if (threads < 1)
         threads = 1;
-    int32_t workers = (nk + 7) / 8;
+    int32_t workers = (n_order + 7) / 8;
     if (workers > threads)
         workers = threads;
     if (workers > MAX_WORKERS)
         workers = MAX_WORKERS;
     if (workers < 1)
         workers = 1;
-    int32_t n_jobs = workers == 1 ? (nk > 0 ? 1 : 0) : (nk < 4 * workers ? nk : 4 * workers);
+    int32_t n_jobs =
+        workers == 1 ? (n_order > 0 ? 1 : 0) : (n_order < 4 * workers ? n_order : 4 * workers);
     compile_state cs = {.g = g,
                         .plan = plan,
+                        .order = order,
                         .dumping = opts->dump_dir != NULL,
                         .inner = *a,
                         .n_jobs = n_jobs,
@@ -742,14 +788,16 @@ loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
     cs.jobs = loom_ir_alloc(a, jobs_bytes);
     if (!cs.jobs) {
         pthread_mutex_destroy(&cs.mu);
+        loom_ir_free(a, rep, order_bytes);
+        loom_ir_free(a, order, order_bytes);
         loom_ir_free(a, recs, recs_bytes);
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
     }
     memset(cs.jobs, 0, jobs_bytes);
     for (int32_t j = 0; j < n_jobs; j++) {
         job *jb = &cs.jobs[j];
-        jb->first = (int32_t)((int64_t)nk * j / n_jobs);
-        jb->count = (int32_t)((int64_t)nk * (j + 1) / n_jobs) - jb->first;
+        jb->first = (int32_t)((int64_t)n_order * j / n_jobs);
+        jb->count = (int32_t)((int64_t)n_order * (j + 1) / n_jobs) - jb->first;
         loom_ir_diag_init(&jb->d);
         for (int f = 0; f < DUMP_COUNT_; f++)
             loom_ir_sbuf_init(&jb->dump[f], &cs.shared);
@@ -801,8 +849,10 @@ loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
     }
     const char *timing = getenv("LOOM_CG_TIMING");
     if (timing && timing[0] == '1') {
-        fprintf(stderr, "codegen: %d kernels, %d modules, %d threads:", (int)nk, (int)n_jobs,
-                (int)workers);
+        fprintf(stderr,
+                "codegen: %d kernels (%d compiled, the others sharing their code), %d "
+                "modules, %d threads:",
+                (int)nk, (int)n_order, (int)n_jobs, (int)workers);
         for (int p = 0; p < T_COUNT_; p++)
             fprintf(stderr, " %s %.1f ms%s", phase_name[p],
                     (double)atomic_exchange(&phase_ns[p], 0) / 1e6, p + 1 < T_COUNT_ ? "," : "\n");
@@ -813,6 +863,8 @@ loom_status loom_cg_compile(const loom_ir_graph *g, const loom_ir_plan *plan,
             loom_ir_sbuf_deinit(&cs.jobs[j].dump[f]);
     }
     loom_ir_free(a, cs.jobs, jobs_bytes);
+    loom_ir_free(a, rep, order_bytes);
+    loom_ir_free(a, order, order_bytes);
     loom_ir_free(a, recs, recs_bytes);
     pthread_mutex_destroy(&cs.mu);
     return st;

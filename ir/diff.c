@@ -22,19 +22,6 @@ static uint64_t bits_of(double v) {
     return u;
 }
 
-/* Op, type and the attribute fields (whichever the op uses; unused ones are zero as nodes are
- * built). Candidates are still checked with loom_ir_attrs_equal, so this only has to agree
- * for equal nodes, which it does for every node the builders and the parser make. */
-static uint64_t local_key(const loom_ir_node *n) {
-    uint64_t h = mix((uint64_t)n->op, (uint64_t)n->dtype << 8 | (uint64_t)(uint32_t)n->rank);
-    for (int32_t i = 0; i < n->rank; i++)
-        h = mix(h, (uint64_t)n->shape[i]);
-    h = mix(h, (uint64_t)n->attrs.index);
-    h = mix(h, bits_of(n->attrs.value));
-    h = mix(h, (uint64_t)n->attrs.axes | (uint64_t)n->attrs.keepdim << 32);
-    return mix(h, (uint64_t)n->attrs.autocast);
-}
-
 static bool same_type(const loom_ir_node *x, const loom_ir_node *y) {
     return x->dtype == y->dtype && x->rank == y->rank &&
            memcmp(x->shape, y->shape, (size_t)x->rank * sizeof x->shape[0]) == 0;
@@ -82,7 +69,7 @@ static int cmp_cand(const void *p, const void *q) {
 static bool node_key(const loom_ir_node *n, const int32_t *map, bool exact, uint64_t *out) {
     if (!exact && (n->op == LOOM_IR_OP_CONSTANT || n->op == LOOM_IR_OP_IOTA))
         return false;
-    uint64_t h = exact ? local_key(n) : mix((uint64_t)n->op, 0);
+    uint64_t h = exact ? loom_ir_node_local_key(n) : mix((uint64_t)n->op, 0);
     if (!exact && n->op == LOOM_IR_OP_INPUT)
         h = mix(h, (uint64_t)n->attrs.index);
     h = mix(h, (uint64_t)(uint32_t)n->n_inputs);
@@ -628,7 +615,7 @@ loom_status loom_ir_graph_diff(const loom_ir_graph *a, const loom_ir_graph *b, i
 void loom_ir_graph_sketch(const loom_ir_graph *g, loom_ir_sketch *out) {
     memset(out, 0, sizeof *out);
     for (int32_t i = 0; i < g->n_nodes; i++)
-        out->count[local_key(&g->nodes[i]) % LOOM_IR_SKETCH_BUCKETS]++;
+        out->count[loom_ir_node_local_key(&g->nodes[i]) % LOOM_IR_SKETCH_BUCKETS]++;
     out->n_outputs = g->n_outputs;
 }
 

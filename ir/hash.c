@@ -124,3 +124,21 @@ bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b) {
     return a->n_outputs == 0 ||
            memcmp(a->outputs, b->outputs, (size_t)a->n_outputs * sizeof *a->outputs) == 0;
 }
+
+static inline uint64_t key_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 31);
+}
+
+uint64_t loom_ir_node_local_key(const loom_ir_node *n) {
+    uint64_t value;
+    memcpy(&value, &n->attrs.value, sizeof value);
+    uint64_t h = key_mix((uint64_t)n->op, (uint64_t)n->dtype << 8 | (uint64_t)(uint32_t)n->rank);
+    for (int32_t i = 0; i < n->rank; i++)
+        h = key_mix(h, (uint64_t)n->shape[i]);
+    h = key_mix(h, (uint64_t)n->attrs.index);
+    h = key_mix(h, value);
+    h = key_mix(h, (uint64_t)n->attrs.axes | (uint64_t)n->attrs.keepdim << 32);
+    return key_mix(h, (uint64_t)n->attrs.autocast);
+}

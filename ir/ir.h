@@ -363,6 +363,11 @@ bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b);
 /* Whether two nodes of the same op (and rank) carry equal attributes, the ones their op
  * has. By bits: constants 0.0 and -0.0 differ, and a NaN equals itself. */
 bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b);
+/* A hash of one node alone: op, type and the attribute fields, not its operands or
+ * location. Equal for nodes that are equal by op, type and loom_ir_attrs_equal (unused
+ * attribute fields are zero as the builders and the parser make nodes), so it narrows a
+ * search that loom_ir_attrs_equal then decides. */
+uint64_t loom_ir_node_local_key(const loom_ir_node *n);
 
 /* Chunked output callback. */
 typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);

@@ -126,6 +126,15 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
  * read or written once. */
 void loom_ir_kernel_cost(const loom_ir_kernel *kn, const loom_ir_graph *g, double *out_flops,
                          double *out_bytes);
+/* Which kernels of p (for g) can share code, because codegen would emit the same code for
+ * them (plan_share.c): rep[k] (plan->n_kernels entries) is the first kernel with k's
+ * structure, k itself when none before it has it. The same structure: the same kind, args
+ * of the same types, the same nodes in order (op, type, autocast tag, attributes) reading the
+ * same operands (as positions among the kernel's args and nodes), the same root and results.
+ * COLLECTIVE kernels are their own. *out_distinct (may be NULL): how many distinct
+ * kernels there are. Errors: OUT_OF_MEMORY. */
+loom_status loom_ir_plan_share_kernels(const loom_ir_plan *p, const loom_ir_graph *g, int32_t *rep,
+                                       int32_t *out_distinct);
 /* Checks the rules above. Errors: VERIFY_FAILED with a message naming kernel and node. */
 loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d);
 /* Human-readable summary for dumps: one block per kernel (kind, root, nodes with their
