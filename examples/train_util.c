@@ -382,11 +382,22 @@ loom_status ex_checkpoint_load(loom_context *ctx, const char *path, const ex_che
         return loom_safetensors_load(ctx, path, c->n, c->list, true);
     bool file_optim = loom_safetensors_find(f, "optimizer.step") >= 0;
     bool file_scaler = loom_safetensors_find(f, "scaler.scale") >= 0;
-    /* A group is loaded when this run has it and the file holds every one of its names. */
+    /* The file's optimizer and scaler entries, to match against this run's. */
+    int32_t file_n[2] = {0, 0}, run_n[2] = {0, 0};
+    for (int32_t i = 0; i < loom_safetensors_count(f); i++) {
+        const char *name = NULL;
+        loom_safetensors_tensor(f, i, &name, NULL, NULL, NULL, NULL, NULL);
+        if (!strncmp(name, "optimizer.", 10))
+            file_n[0]++;
+        else if (!strncmp(name, "scaler.", 7))
+            file_n[1]++;
+    }
+    /* A group is loaded when this run has it and the file holds exactly its names. */
     bool run_optim = false, run_scaler = false, optim_all = true, scaler_all = true;
     for (int32_t i = n_model; i < c->n; i++) {
         bool is_scaler = !strncmp(c->list[i].name, "scaler.", 7);
         bool found = loom_safetensors_find(f, c->list[i].name) >= 0;
+        run_n[is_scaler]++;
         if (is_scaler) {
             run_scaler = true;
             scaler_all &= found;
@@ -396,8 +407,8 @@ loom_status ex_checkpoint_load(loom_context *ctx, const char *path, const ex_che
         }
     }
     loom_safetensors_close(f);
-    bool with_optim = file_optim && run_optim && optim_all;
-    bool with_scaler = file_scaler && run_scaler && scaler_all;
+    bool with_optim = file_optim && run_optim && optim_all && file_n[0] == run_n[0];
+    bool with_scaler = file_scaler && run_scaler && scaler_all && file_n[1] == run_n[1];
     if (file_scaler && !with_scaler)
         fprintf(stderr, "%snote: --init %s: ignoring its loss scaler state (%s)\n", ex_who(), path,
                 run_scaler ? "another kind" : "no loss scaling in this run");
