@@ -118,13 +118,7 @@ static int parse_args(int argc, char **argv, options *o) {
     int rc = ex_parse_args(argc, argv, &cli, &o->f);
     if (rc >= 0)
         return rc;
-    ex_flags *f = &o->f;
-    if (!f->lr_set)
-        f->lr = f->optimizer == LOOM_OPTIM_SGD ? 0.01 : 0.001;
-    if (!f->momentum_set)
-        f->momentum = f->optimizer == LOOM_OPTIM_SGD ? 0.9 : 0.0;
-    if (!f->weight_decay_set)
-        f->weight_decay = f->optimizer == LOOM_OPTIM_ADAMW ? 0.01 : 0.0;
+    ex_flags_defaults(&o->f, 0.01, 0.0);
     return -1;
 }
 
@@ -413,12 +407,8 @@ static loom_dataset *load_split(const char *dir, const char *split) {
 
 static const char *const model_names[] = {"mlp", "cnn"};
 int main(int argc, char **argv) {
-    ex_prog = PROG;
-    /* Rank and world size from mpiexec's environment; rank 0 of 1 without it. */
-    if (loom_dist_init(NULL) != LOOM_OK) {
-        fprintf(stderr, PROG ": cannot join the job: %s\n", loom_dist_error_message());
+    if (!ex_begin(PROG))
         return 1;
-    }
     options o;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
@@ -446,14 +436,9 @@ int main(int argc, char **argv) {
         goto out;
     }
 
-    loom_context_options co;
-    loom_context_options_init(&co);
-    co.eager = co.eager || o.f.eager;
-    loom_status st = loom_context_create(&co, &ctx);
-    if (st != LOOM_OK) {
-        fprintf(stderr, "%scannot create a context: %s\n", ex_who(), loom_status_name(st));
+    bool eager;
+    if (!(ctx = ex_context_create(&o.f, &eager)))
         goto out;
-    }
     if (model_init(ctx, &m, o.model, rows, cols, o.f.seed) != LOOM_OK) {
         rc = ex_runtime_error(ctx, "creating the model");
         goto out;
@@ -470,27 +455,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%sout of memory\n", ex_who());
         goto out;
     }
-    /* The loaded values land in a step of their own, so the training step's graph is the
-     * same from its first batch on (one compile). Rank 0 reads the file; the others get its
-     * values from the broadcast below. */
-    if (o.f.init_path && o.f.rank == 0 &&
-        (ex_checkpoint_load(ctx, o.f.init_path, &ck, m.n_params) != LOOM_OK ||
-         loom_mark_step(ctx) != LOOM_OK)) {
-        rc = ex_runtime_error(ctx, "--init");
+    /* Every rank starts from rank 0's parameters and loss-scaler state (the optimizer's
+     * state is created zeroed on every rank). */
+    if ((rc = ex_restore(ctx, &o.f, &ck, m.n_params)) != 0)
         goto out;
-    }
-    /* Every rank starts from rank 0's parameters and loss-scaler state, in a step of their own
-     * (the optimizer's state is created zeroed on every rank). One rank records nothing. */
-    if (o.f.world > 1) {
-        loom_tensor *state[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
-        for (int32_t i = 0; i < ck.n; i++)
-            state[i] = ck.list[i].tensor;
-        if (loom_broadcast_parameters(ctx, ck.n, state) != LOOM_OK ||
-            loom_mark_step(ctx) != LOOM_OK) {
-            rc = ex_runtime_error(ctx, "broadcasting rank 0's parameters");
-            goto out;
-        }
-    }
+    rc = 1;
     char ranks[96] = "";
     if (o.f.world > 1)
         snprintf(ranks, sizeof ranks, ", %d ranks (%lld images per rank and step)", (int)o.f.world,
@@ -504,7 +473,7 @@ int main(int argc, char **argv) {
                o.f.loss_scale == EX_LS_DYNAMIC  ? " (dynamic loss scale)"
                : o.f.loss_scale == EX_LS_STATIC ? " (static loss scale)"
                                                 : "",
-               co.eager ? ", reference interpreter" : "", ranks);
+               eager ? ", reference interpreter" : "", ranks);
     fflush(stdout); /* before the progress lines on stderr, also when stdout is a pipe */
     if (o.f.epochs > 0 && (rc = train(ctx, &o, &m, &amp, train_ds, &tr)) != 0)
         goto out;
@@ -521,12 +490,8 @@ int main(int argc, char **argv) {
         goto out;
     rc = 1;
     /* The final loss scale (a read of the device's scalar), null without loss scaling. */
-    char scale[32] = "null";
-    float scale_v;
-    if (loom_grad_scaler_is_enabled(scaler) &&
-        loom_tensor_read(ctx, loom_grad_scaler_scale_tensor(scaler), &scale_v, sizeof scale_v) ==
-            LOOM_OK)
-        snprintf(scale, sizeof scale, "%g", (double)scale_v);
+    char scale[32];
+    ex_scale_text(ctx, scaler, scale, sizeof scale);
 
     size_t mem_now = 0, mem_peak = 0;
     loom_device_memory(ctx, &mem_now, &mem_peak);

@@ -141,12 +141,7 @@ static int parse_args(int argc, char **argv, options *o) {
     if (f->batch_size % f->world != 0) /* checked again for the default batch */
         return ex_usage_error("--batch-size %lld must be a multiple of the %d ranks",
                               (long long)f->batch_size, (int)f->world);
-    if (!f->lr_set)
-        f->lr = f->optimizer == LOOM_OPTIM_SGD ? 0.1 : 0.001;
-    if (!f->momentum_set)
-        f->momentum = f->optimizer == LOOM_OPTIM_SGD ? 0.9 : 0.0;
-    if (!f->weight_decay_set)
-        f->weight_decay = f->optimizer == LOOM_OPTIM_ADAMW ? 0.01 : 1e-4;
+    ex_flags_defaults(f, 0.1, 1e-4); /* torchvision's reference recipe for SGD */
     if (o->eval_images < 0)
         o->eval_images = f->batch_size;
     return -1;
@@ -530,11 +525,8 @@ out:
 }
 
 int main(int argc, char **argv) {
-    ex_prog = PROG;
-    if (loom_dist_init(NULL) != LOOM_OK) {
-        fprintf(stderr, PROG ": cannot join the job: %s\n", loom_dist_error_message());
+    if (!ex_begin(PROG))
         return 1;
-    }
     options o;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
@@ -557,14 +549,9 @@ int main(int argc, char **argv) {
     if (o.data_path && dataset_load(o.data_path, o.num_classes, &ds) != 0)
         goto out;
 
-    loom_context_options co;
-    loom_context_options_init(&co);
-    co.eager = co.eager || f->eager;
-    loom_status st = loom_context_create(&co, &ctx);
-    if (st != LOOM_OK) {
-        fprintf(stderr, "%scannot create a context: %s\n", ex_who(), loom_status_name(st));
+    bool eager;
+    if (!(ctx = ex_context_create(f, &eager)))
         goto out;
-    }
     if (resnet_init(ctx, &m, o.arch, o.num_classes, f->seed) != LOOM_OK) {
         rc = ex_runtime_error(ctx, "creating the model");
         goto out;
@@ -589,26 +576,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%sout of memory\n", ex_who());
         goto out;
     }
-    /* The loaded values land in a step of their own, so the training step's graph is the
-     * same from its first batch on. Rank 0 reads the file; the broadcast gives the others
-     * its values. */
-    if (f->init_path && f->rank == 0 &&
-        (ex_checkpoint_load(ctx, f->init_path, &ck, m.n_state) != LOOM_OK ||
-         loom_mark_step(ctx) != LOOM_OK)) {
-        rc = ex_runtime_error(ctx, "--init");
+    /* Every rank starts from rank 0's model, optimizer and scaler state. */
+    if ((rc = ex_restore(ctx, f, &ck, m.n_state)) != 0)
         goto out;
-    }
-    if (f->world > 1) {
-        loom_tensor **state = malloc((size_t)ck.n * sizeof *state);
-        for (int32_t i = 0; state && i < ck.n; i++)
-            state[i] = ck.list[i].tensor;
-        st = state ? loom_broadcast_parameters(ctx, ck.n, state) : LOOM_STATUS_OUT_OF_MEMORY;
-        free(state);
-        if (st != LOOM_OK || loom_mark_step(ctx) != LOOM_OK) {
-            rc = ex_runtime_error(ctx, "broadcasting rank 0's parameters");
-            goto out;
-        }
-    }
+    rc = 1;
     if (!f->json && f->rank == 0) {
         printf("%s (%d parameter tensors, %d in the state_dict), %s %lld images %lldx%lld, "
                "%lld classes, batch %lld, %s lr %g, amp %s%s",
@@ -616,7 +587,7 @@ int main(int argc, char **argv) {
                o.data_path ? o.data_path : "synthetic", (long long)ds.n, (long long)ds.h,
                (long long)ds.w, (long long)o.num_classes, (long long)f->batch_size,
                ex_optim_names[f->optimizer], f->lr, ex_amp_name(f->amp),
-               co.eager ? ", reference interpreter" : "");
+               eager ? ", reference interpreter" : "");
         if (f->world > 1)
             printf(", %d ranks", (int)f->world);
         printf("\n");
@@ -643,12 +614,8 @@ int main(int argc, char **argv) {
     if ((rc = evaluate(&t, &n_eval, &top1, &top5)) != 0)
         goto out;
     rc = 1;
-    char scale[32] = "null";
-    float scale_v;
-    if (loom_grad_scaler_is_enabled(scaler) &&
-        loom_tensor_read(ctx, loom_grad_scaler_scale_tensor(scaler), &scale_v, sizeof scale_v) ==
-            LOOM_OK)
-        snprintf(scale, sizeof scale, "%g", (double)scale_v);
+    char scale[32];
+    ex_scale_text(ctx, scaler, scale, sizeof scale);
     size_t mem_now = 0, mem_peak = 0;
     loom_device_memory(ctx, &mem_now, &mem_peak);
     double eval_compile_ms = (double)loom_metric_total(ctx, "CompileTime") / 1e6 - train_compile_ms;

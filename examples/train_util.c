@@ -225,6 +225,63 @@ int ex_parse_args(int argc, char **argv, const ex_cli *cli, ex_flags *f) {
     return -1;
 }
 
+void ex_flags_defaults(ex_flags *f, double sgd_lr, double sgd_wd) {
+    bool sgd = f->optimizer == LOOM_OPTIM_SGD;
+    if (!f->lr_set)
+        f->lr = sgd ? sgd_lr : 0.001;
+    if (!f->momentum_set)
+        f->momentum = sgd ? 0.9 : 0.0;
+    if (!f->weight_decay_set)
+        f->weight_decay = f->optimizer == LOOM_OPTIM_ADAMW ? 0.01 : sgd_wd;
+}
+
+bool ex_begin(const char *prog) {
+    ex_prog = prog;
+    if (loom_dist_init(NULL) != LOOM_OK) {
+        fprintf(stderr, "%s: cannot join the job: %s\n", prog, loom_dist_error_message());
+        return false;
+    }
+    return true;
+}
+
+loom_context *ex_context_create(const ex_flags *f, bool *out_eager) {
+    loom_context_options co;
+    loom_context_options_init(&co);
+    co.eager = co.eager || f->eager;
+    *out_eager = co.eager;
+    loom_context *ctx = NULL;
+    loom_status st = loom_context_create(&co, &ctx);
+    if (st != LOOM_OK)
+        fprintf(stderr, "%scannot create a context: %s\n", ex_who(), loom_status_name(st));
+    return ctx;
+}
+
+int ex_restore(loom_context *ctx, const ex_flags *f, const ex_checkpoint *c, int32_t n_model) {
+    if (f->init_path && f->rank == 0 &&
+        (ex_checkpoint_load(ctx, f->init_path, c, n_model) != LOOM_OK ||
+         loom_mark_step(ctx) != LOOM_OK))
+        return ex_runtime_error(ctx, "--init");
+    if (f->world == 1)
+        return 0;
+    loom_tensor **state = malloc((size_t)(c->n > 0 ? c->n : 1) * sizeof *state);
+    for (int32_t i = 0; state && i < c->n; i++)
+        state[i] = c->list[i].tensor;
+    loom_status st =
+        state ? loom_broadcast_parameters(ctx, c->n, state) : LOOM_STATUS_OUT_OF_MEMORY;
+    free(state);
+    if (st != LOOM_OK || loom_mark_step(ctx) != LOOM_OK)
+        return ex_runtime_error(ctx, "broadcasting rank 0's parameters");
+    return 0;
+}
+
+void ex_scale_text(loom_context *ctx, const loom_grad_scaler *scaler, char *buf, size_t size) {
+    float v;
+    snprintf(buf, size, "null");
+    if (loom_grad_scaler_is_enabled(scaler) &&
+        loom_tensor_read(ctx, loom_grad_scaler_scale_tensor(scaler), &v, sizeof v) == LOOM_OK)
+        snprintf(buf, size, "%g", (double)v);
+}
+
 const char *ex_who(void) {
     static char buf[96];
     if (loom_dist_world_size() == 1)

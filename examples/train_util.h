@@ -58,6 +58,25 @@ typedef struct ex_cli {
  * checks that the world size divides the batch. */
 int ex_parse_args(int argc, char **argv, const ex_cli *cli, ex_flags *f);
 
+typedef struct ex_checkpoint ex_checkpoint;
+
+/* The defaults PyTorch's recipes use where a flag was not given: lr sgd_lr for SGD, 0.001
+ * otherwise; momentum 0.9 for SGD; weight decay 0.01 for AdamW (decoupled), else sgd_wd. */
+void ex_flags_defaults(ex_flags *f, double sgd_lr, double sgd_wd);
+
+/* Starts a program: sets ex_prog and joins the job (rank and world size from mpiexec's
+ * environment; rank 0 of 1 without it). false after reporting a failure. */
+bool ex_begin(const char *prog);
+/* A context on the default device (the reference interpreter with f->eager); NULL after
+ * reporting a failure. *out_eager tells whether steps run on the interpreter. */
+loom_context *ex_context_create(const ex_flags *f, bool *out_eager);
+/* --init (read by rank 0, in a step of its own so the training graph is the same from its
+ * first batch on), then on several ranks every checkpoint tensor broadcast from rank 0.
+ * Returns 0, or 1 after reporting the failure. */
+int ex_restore(loom_context *ctx, const ex_flags *f, const ex_checkpoint *c, int32_t n_model);
+/* The scaler's final scale as JSON ("65536"; "null" without loss scaling) into buf. */
+void ex_scale_text(loom_context *ctx, const loom_grad_scaler *scaler, char *buf, size_t size);
+
 /* Reports a usage error on rank 0 ("<prog>: <message>\nTry '<prog> --help'."): EXIT_USAGE. */
 int ex_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool ex_parse_int(const char *s, int64_t lo, int64_t *out);
@@ -108,11 +127,11 @@ loom_status ex_train_step_finish(loom_context *ctx, loom_tensor *loss, int32_t n
  * "optimizer.state.<i>.<key>" (i the parameter's index, as PyTorch's optimizer state_dict)
  * and "optimizer.step", then with an enabled scaler "scaler.<key>" (PyTorch's
  * scaler.state_dict() keys). */
-typedef struct ex_checkpoint {
+struct ex_checkpoint {
     int32_t n;
     loom_named_tensor *list;
     char (*names)[64];
-} ex_checkpoint;
+};
 loom_status ex_checkpoint_init(ex_checkpoint *c, int32_t n_model, const loom_named_tensor *model,
                                const loom_optim *opt, int32_t n_params,
                                const loom_grad_scaler *scaler);
