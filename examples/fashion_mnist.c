@@ -170,29 +170,14 @@ typedef struct train_result {
     double samples_per_sec;
 } train_result;
 
-/* Reads a finished step's loss (no wait: the step after it has been launched, and a launch
- * waits for its predecessor), logs it if asked, and releases it. */
+static void clear_bar(void *p) {
+    progress_clear(p);
+}
+
+/* A finished step's loss (see ex_take_loss), clearing the progress bar before printing. */
 static int take_loss(loom_context *ctx, const options *o, loom_tensor **loss, int64_t step,
                      progress *p, double *out) {
-    float v;
-    if (loom_tensor_read(ctx, *loss, &v, sizeof v) != LOOM_OK)
-        return ex_runtime_error(ctx, "reading the loss");
-    loom_tensor_release(*loss);
-    *loss = NULL;
-    if (!isfinite(v)) {
-        progress_clear(p);
-        if (o->f.rank == 0) /* the same mean loss on every rank */
-            fprintf(stderr, PROG ": the loss became %f at step %lld; try a smaller --lr\n",
-                    (double)v, (long long)step);
-        return 1;
-    }
-    if (o->f.log_every && step % o->f.log_every == 0 && o->f.rank == 0) {
-        progress_clear(p);
-        printf("step=%lld loss=%.6f\n", (long long)step, (double)v);
-        fflush(stdout);
-    }
-    *out = v;
-    return 0;
+    return ex_take_loss(ctx, &o->f, loss, step, clear_bar, p, out);
 }
 
 static int train(loom_context *ctx, const options *o, const model *m, const model_amp *amp,

@@ -286,28 +286,6 @@ typedef struct trainer {
     FILE *log; /* --log-interval lines */
 } trainer;
 
-/* Reads a finished step's loss (the step after it has been launched, so no wait) and
- * releases it. */
-static int take_loss(const trainer *t, loom_tensor **loss, int64_t step, double *out) {
-    float v;
-    if (loom_tensor_read(t->ctx, *loss, &v, sizeof v) != LOOM_OK)
-        return ex_runtime_error(t->ctx, "reading the loss");
-    loom_tensor_release(*loss);
-    *loss = NULL;
-    if (!isfinite(v)) {
-        if (t->o->f.rank == 0)
-            fprintf(stderr, "%sthe loss became %f at step %lld; try a smaller --lr\n", ex_who(),
-                    (double)v, (long long)step);
-        return 1;
-    }
-    if (t->o->f.log_every && step % t->o->f.log_every == 0 && t->o->f.rank == 0) {
-        printf("step=%lld loss=%.6f\n", (long long)step, (double)v);
-        fflush(stdout);
-    }
-    *out = v;
-    return 0;
-}
-
 static int train(const trainer *t, train_result *res) {
     const options *o = t->o;
     const ex_flags *f = &o->f;
@@ -389,7 +367,8 @@ static int train(const trainer *t, train_result *res) {
             if (pending) {
                 bool log = f->log_every && pending_step % f->log_every == 0;
                 bool line = (pending_step + 1) % o->log_interval == 0;
-                if ((log || line) && take_loss(t, &pending, pending_step, &last_loss))
+                if ((log || line) &&
+                    ex_take_loss(ctx, f, &pending, pending_step, NULL, NULL, &last_loss))
                     goto out;
                 if (line && f->rank == 0) {
                     size_t cur = 0, peak = 0;
@@ -412,7 +391,7 @@ static int train(const trainer *t, train_result *res) {
             step++;
         }
     }
-    if (pending && take_loss(t, &pending, pending_step, &last_loss))
+    if (pending && ex_take_loss(ctx, f, &pending, pending_step, NULL, NULL, &last_loss))
         goto out;
     if (loom_context_sync(ctx) != LOOM_OK) {
         rc = ex_runtime_error(ctx, "training");

@@ -338,6 +338,30 @@ int64_t ex_optimizer_steps(loom_context *ctx, const loom_optim *opt) {
     return -1;
 }
 
+int ex_take_loss(loom_context *ctx, const ex_flags *f, loom_tensor **loss, int64_t step,
+                 void (*before_print)(void *ud), void *ud, double *out) {
+    float v;
+    if (loom_tensor_read(ctx, *loss, &v, sizeof v) != LOOM_OK)
+        return ex_runtime_error(ctx, "reading the loss");
+    loom_tensor_release(*loss);
+    *loss = NULL;
+    bool print = !isfinite(v) || (f->log_every && step % f->log_every == 0);
+    if (print && before_print)
+        before_print(ud);
+    if (!isfinite(v)) {
+        if (f->rank == 0) /* the same mean loss on every rank */
+            fprintf(stderr, "%s: the loss became %f at step %lld; try a smaller --lr\n", ex_prog,
+                    (double)v, (long long)step);
+        return 1;
+    }
+    if (print && f->rank == 0) {
+        printf("step=%lld loss=%.6f\n", (long long)step, (double)v);
+        fflush(stdout);
+    }
+    *out = v;
+    return 0;
+}
+
 double ex_lr_at(const ex_flags *f, int64_t step, int64_t total) {
     switch (f->lr_schedule) {
     case EX_LR_COSINE: /* CosineAnnealingLR with T_max = total steps, stepped per batch */

@@ -97,6 +97,13 @@ const char *ex_amp_name(loom_dtype amp);
 extern const char *const ex_optim_names[]; /* by loom_optim_kind: "sgd", "adam", "adamw" */
 /* The optimizer's step counter (clean steps only), read from the device; -1 on failure. */
 int64_t ex_optimizer_steps(loom_context *ctx, const loom_optim *opt);
+/* Reads a finished step's loss (no wait when the step after it has been launched, as a
+ * launch waits for its predecessor) into *out and releases it; prints `step=<n> loss=<v>`
+ * on rank 0 when --log-every asks, calling before_print(ud) first (may be NULL: a progress
+ * bar clears its line). Returns 0, or 1 after reporting a read failure or a loss that is
+ * not finite. */
+int ex_take_loss(loom_context *ctx, const ex_flags *f, loom_tensor **loss, int64_t step,
+                 void (*before_print)(void *ud), void *ud, double *out);
 /* The learning rate of step `step` of total under f's schedule. */
 double ex_lr_at(const ex_flags *f, int64_t step, int64_t total);
 
