@@ -6,14 +6,16 @@
 # Usage: test_resnet_example.sh /path/to/resnet
 set -u
 
-if [ $# -ne 1 ]; then
-    echo "usage: $0 /path/to/resnet" >&2
+if [ $# -ne 1 ] && [ $# -ne 3 ]; then
+    echo "usage: $0 /path/to/resnet [/path/to/mpiexec HAVE_MPI]" >&2
     exit 2
 fi
 EX=$1
+MPIEXEC=${2:-}
+HAVE_MPI=${3:-0}
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-resnet-test.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT INT TERM
-echo "1..9"
+echo "1..10"
 
 n=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
@@ -165,4 +167,21 @@ if [ $rc -eq 1 ] && grep -q "resnet: --data: .*bad.safetensors" "$TMP/err"; then
     ok "an unreadable --data file is a runtime error naming it"
 else
     not_ok "an unreadable --data file (exit $rc)" "$TMP/err"
+fi
+
+# Two ranks: each takes 4 of the global batch of 8; rank 0 alone prints one JSON line. A
+# global batch the ranks cannot split is a usage error reported once.
+if [ -z "$MPIEXEC" ] || [ "$HAVE_MPI" != 1 ]; then
+    ok "# SKIP no mpiexec or Loom built without MPI"
+else
+    timeout 300 "$MPIEXEC" -n 2 "$EX" $tiny --batch-size 8 --max-steps 2 --json >"$TMP/mpi" 2>"$TMP/mpi.err" &&
+        timeout 120 "$MPIEXEC" -n 2 "$EX" $tiny --batch-size 7 >"$TMP/mpi7" 2>"$TMP/mpi7.err"
+    rc=$?
+    if [ $rc -eq 2 ] && [ "$(grep -c '^{' "$TMP/mpi")" -eq 1 ] &&
+        [ "$(field "$TMP/mpi" world_size)" = 2 ] && [ "$(field "$TMP/mpi" steps)" = 2 ] &&
+        [ "$(grep -c "batch-size 7 is the global batch" "$TMP/mpi7.err")" -eq 1 ]; then
+        ok "mpiexec -n 2 splits the global batch over two ranks; rank 0 reports"
+    else
+        not_ok "mpiexec -n 2 (exit $rc)" "$TMP/mpi.err" "$TMP/mpi7.err"
+    fi
 fi
