@@ -128,19 +128,12 @@ static int parse_args(int argc, char **argv, options *o) {
                   .usage = usage,
                   .ud = o,
                   .steps_flag = "--max-steps",
-                  .lr_schedules = "constant|step|cosine"};
-    bool batch_given = false;
-    for (int i = 1; i < argc; i++)
-        batch_given |= !strncmp(argv[i], "--batch-size", 12);
+                  .lr_schedules = "constant|step|cosine",
+                  .default_batch = 32};
     int rc = ex_parse_args(argc, argv, &cli, &o->f);
     if (rc >= 0)
         return rc;
     ex_flags *f = &o->f;
-    if (!batch_given)
-        f->batch_size = 32;
-    if (f->batch_size % f->world != 0) /* checked again for the default batch */
-        return ex_usage_error("--batch-size %lld must be a multiple of the %d ranks",
-                              (long long)f->batch_size, (int)f->world);
     ex_flags_defaults(f, 0.1, 1e-4); /* torchvision's reference recipe for SGD */
     if (o->eval_images < 0)
         o->eval_images = f->batch_size;
@@ -286,6 +279,23 @@ typedef struct trainer {
     FILE *log; /* --log-interval lines */
 } trainer;
 
+/* The --log-interval line (TorchAcc's log_metrics) after `done` steps, the last of them in
+ * epoch `epoch` (from 0), which took dt seconds each on average. Rank 0 only. */
+static void log_line(const trainer *t, int64_t epoch, int64_t done, int64_t total, double loss,
+                     double dt) {
+    const ex_flags *f = &t->o->f;
+    if (f->rank != 0)
+        return;
+    size_t cur = 0, peak = 0;
+    loom_device_memory(t->ctx, &cur, &peak);
+    fprintf(t->log,
+            "epoch %lld step %lld/%lld batch_size %lld loss %.4f batch_time %.3fs samples/s %.1f "
+            "peak_mem %.1f MB\n",
+            (long long)epoch + 1, (long long)done, (long long)total, (long long)f->batch_size, loss,
+            dt, dt > 0 ? (double)f->batch_size / dt : 0.0, (double)peak / 1e6);
+    fflush(t->log);
+}
+
 static int train(const trainer *t, train_result *res) {
     const options *o = t->o;
     const ex_flags *f = &o->f;
@@ -300,7 +310,7 @@ static int train(const trainer *t, train_result *res) {
     int64_t *yb = malloc((size_t)b * sizeof *yb);
     double *launch = NULL;
     loom_tensor *pending = NULL;
-    int64_t pending_step = -1;
+    int64_t pending_step = -1, pending_epoch = 0;
     *res = (train_result){.final_loss = NAN, .planned_peak = -1};
     int64_t per_epoch = ds->n / f->world / b;
     int64_t total = f->epochs * per_epoch;
@@ -370,17 +380,9 @@ static int train(const trainer *t, train_result *res) {
                 if ((log || line) &&
                     ex_take_loss(ctx, f, &pending, pending_step, NULL, NULL, &last_loss))
                     goto out;
-                if (line && f->rank == 0) {
-                    size_t cur = 0, peak = 0;
-                    loom_device_memory(ctx, &cur, &peak);
-                    double dt = (now - t_log) / (double)(step - log_step);
-                    fprintf(t->log,
-                            "epoch %lld step %lld/%lld batch_size %lld loss %.4f batch_time "
-                            "%.3fs samples/s %.1f peak_mem %.1f MB\n",
-                            (long long)epoch + 1, (long long)pending_step + 1, (long long)total,
-                            (long long)f->batch_size, last_loss, dt,
-                            dt > 0 ? (double)f->batch_size / dt : 0.0, (double)peak / 1e6);
-                    fflush(t->log);
+                if (line) {
+                    log_line(t, pending_epoch, pending_step + 1, total, last_loss,
+                             (now - t_log) / (double)(step - log_step));
                     t_log = now;
                     log_step = step;
                 }
@@ -388,6 +390,7 @@ static int train(const trainer *t, train_result *res) {
             }
             pending = out_loss;
             pending_step = step;
+            pending_epoch = epoch;
             step++;
         }
     }
@@ -399,6 +402,9 @@ static int train(const trainer *t, train_result *res) {
     }
     double end = ex_now_s();
     launch[step] = end;
+    if (step > log_step && step % o->log_interval == 0) /* the last step's line */
+        log_line(t, pending_epoch, step, total, last_loss,
+                 (end - t_log) / (double)(step - log_step));
     double elapsed =
         end - t_rate - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
     res->steps = step;

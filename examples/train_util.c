@@ -143,7 +143,7 @@ static int common_option(const ex_cli *cli, ex_flags *f, const char *name, const
 
 int ex_parse_args(int argc, char **argv, const ex_cli *cli, ex_flags *f) {
     *f = (ex_flags){.epochs = 1,
-                    .batch_size = 64,
+                    .batch_size = cli->default_batch > 0 ? cli->default_batch : 64,
                     .optimizer = LOOM_OPTIM_SGD,
                     .shuffle = true,
                     .lr_step_size = 30,

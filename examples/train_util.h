@@ -50,9 +50,10 @@ typedef struct ex_cli {
     void *ud;
     const char *steps_flag;   /* the name of the step limit ("--max-steps") */
     const char *lr_schedules; /* "constant|cosine" or "constant|step|cosine" */
+    int64_t default_batch;    /* --batch-size when not given; 0: 64 */
 } ex_cli;
 
-/* Parses argv into f (defaults first: 1 epoch, batch 64, sgd, shuffled, no AMP; lr,
+/* Parses argv into f (defaults first: 1 epoch, cli's default batch, sgd, shuffled, no AMP; lr,
  * momentum and weight decay left to the caller when not *_set). Returns -1 when the options
  * are good, else the exit status (0 after --help). Sets rank and world from loom_dist and
  * checks that the world size divides the batch. */
