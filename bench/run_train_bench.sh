@@ -2,6 +2,8 @@
 # Training throughput, Loom vs PyTorch 1.13 eager on CPU, side by side: runs
 # build/bench/bench_train and bench/torch_train.py --bench with the same thread count,
 # batches and optimizer, then prints one table with the ratios (bench/README.md).
+# --resnet: ResNet-50 instead (issue 12), build/examples/resnet against torchvision's at
+# batch 32 on 64x64 and batch 8 on 224x224 images, fp32 and bf16.
 set -eu
 
 usage() {
@@ -9,9 +11,15 @@ usage() {
 Usage: bench/run_train_bench.sh [--build DIR] [--threads N] [--runs N] [--steps N]
                                 [--warmup N] [--interp-steps N] [--config LIST]
                                 [--optimizer sgd|adam|adamw] [--best] [--markdown]
+                                [--resnet] [--amp LIST]
   --build DIR       Meson build folder holding bench/bench_train (default: build)
   --threads N       threads on both sides (default LOOM_NUM_THREADS, else all cores)
   --markdown        print the table as Markdown
+  --resnet          ResNet-50 (configs r50_b32_64, r50_b8_224; default both) with SGD (lr
+                    0.01, momentum 0.9, weight decay 1e-4) on both sides; Loom's side is
+                    examples/resnet, its samples/s the median step after 2 warm-up steps,
+                    over 1 + warmup + runs*steps steps (defaults 3, 3 and 5)
+  --amp LIST        --resnet: comma-separated among none,bf16 (default none,bf16)
 The other options go to both sides (--interp-steps to Loom only).
 EOF
 }
@@ -22,11 +30,26 @@ threads="${LOOM_NUM_THREADS:-$(nproc)}"
 common=""
 loom_only=""
 markdown=0
+resnet=0
+amps="none,bf16"
+configs=""
+runs=3
+steps=5
+warmup=3
+optimizer=sgd
 while [ $# -gt 0 ]; do
     case "$1" in
     --build) build=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
-    --runs|--steps|--warmup|--config|--optimizer) common="$common $1 $2"; shift 2 ;;
+    --runs|--steps|--warmup|--config|--optimizer)
+        common="$common $1 $2"
+        case "$1" in
+        --runs) runs=$2 ;; --steps) steps=$2 ;; --warmup) warmup=$2 ;;
+        --config) configs=$2 ;; --optimizer) optimizer=$2 ;;
+        esac
+        shift 2 ;;
+    --resnet) resnet=1; shift ;;
+    --amp) amps=$2; shift 2 ;;
     --interp-steps) loom_only="$loom_only $1 $2"; shift 2 ;;
     --best) common="$common --best"; shift ;;
     --markdown) markdown=1; shift ;;
@@ -35,13 +58,51 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# ResNet-50: the example against torchvision, one process per configuration and side (each
+# peak its own), one after the other (never two heavy jobs at once).
+if [ $resnet -eq 1 ]; then
+    ex="$build/examples/resnet"
+    if [ ! -x "$ex" ]; then
+        echo "run_train_bench.sh: $ex not found: build it first (ninja -C $build)" >&2
+        exit 1
+    fi
+    total=$((1 + warmup + runs * steps))
+    hyper="--optimizer $optimizer --lr 0.01 --weight-decay 1e-4"
+    for amp in $(echo "$amps" | tr ',' ' '); do
+        for cfg in $(echo "${configs:-r50_b32_64,r50_b8_224}" | tr ',' ' '); do
+            case "$cfg" in
+            r50_b32_64) batch=32 size=64 ;;
+            r50_b8_224) batch=8 size=224 ;;
+            *) echo "run_train_bench.sh: unknown ResNet config '$cfg'" >&2; exit 2 ;;
+            esac
+            args="--arch resnet50 --batch-size $batch --image-size $size --amp $amp $hyper"
+            args="$args --max-steps $total --eval-images 0 --json --log-interval 1000000"
+            echo "Loom: LOOM_NUM_THREADS=$threads $ex $args" >&2
+            # A private, empty compile cache: the first step really compiles.
+            cache=$(mktemp -d "$tmp/cache.XXXXXX")
+            # shellcheck disable=SC2086
+            LOOM_NUM_THREADS=$threads LOOM_CACHE_DIR=$cache "$ex" $args >"$tmp/loom.out" \
+                2>"$tmp/loom.err" || { cat "$tmp/loom.err" >&2; exit 1; }
+            sed "s/^{/{\"config\":\"$cfg\",\"threads\":$threads,/" "$tmp/loom.out" >>"$tmp/loom.jsonl"
+            targs="--bench --config $cfg --amp $amp --threads $threads --runs $runs --steps $steps"
+            targs="$targs --warmup $warmup $hyper"
+            echo "PyTorch: /usr/bin/python3 $here/torch_train.py $targs" >&2
+            # shellcheck disable=SC2086
+            OMP_NUM_THREADS=$threads /usr/bin/python3 "$here/torch_train.py" $targs >>"$tmp/torch.jsonl"
+        done
+    done
+    /usr/bin/python3 "$here/bench_table.py" resnet "$tmp/loom.jsonl" "$tmp/torch.jsonl" "$markdown"
+    exit 0
+fi
+
 bench="$build/bench/bench_train"
 if [ ! -x "$bench" ]; then
     echo "run_train_bench.sh: $bench not found: build it first (ninja -C $build)" >&2
     exit 1
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 
 echo "Loom: $bench --threads $threads$common$loom_only" >&2
 # shellcheck disable=SC2086

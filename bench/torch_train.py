@@ -3,7 +3,9 @@
 
 --bench           samples/s of the MLP at batch 64 and 256 and the CNN at batch 64 on
                   synthetic in-memory data, one JSON line per configuration (each measured
-                  in a fresh process, so its peak RSS is its own). With --world-size N:
+                  in a fresh process, so its peak RSS is its own); with --config r50_b32_64
+                  or r50_b8_224, torchvision's ResNet-50 at batch 32 on 64x64 images or
+                  batch 8 on 224x224 (1000 classes; bench/run_train_bench.sh --resnet). With --world-size N:
                   DistributedDataParallel (gloo, default buckets) over N local processes of
                   --threads threads, each on its 1/N of the same global batch; global
                   samples/s, timed between barriers (bench/run_dp_bench.sh).
@@ -73,6 +75,9 @@ class CNN(nn.Module):
 
 
 def make_model(kind, rows=28, cols=28):
+    if kind == "resnet50":  # examples/resnet's model: torchvision's, 1000 classes
+        import torchvision
+        return torchvision.models.resnet50()
     return MLP(rows * cols) if kind == "mlp" else CNN(rows, cols)
 
 
@@ -285,13 +290,16 @@ def autocast(args):
 
 # ---- synthetic benchmark -----------------------------------------------------------------------
 
-CONFIGS = {"mlp64": ("mlp", 64), "mlp256": ("mlp", 256), "cnn64": ("cnn", 64)}
+# name: (model, batch, image size); the ResNet ones run only when named in --config.
+CONFIGS = {"mlp64": ("mlp", 64, 28), "mlp256": ("mlp", 256, 28), "cnn64": ("cnn", 64, 28),
+           "r50_b32_64": ("resnet50", 32, 64), "r50_b8_224": ("resnet50", 8, 224)}
+DEFAULT_CONFIGS = ["mlp64", "mlp256", "cnn64"]
 
 
 def bench_one(args, name, rank=0, world=1):
     """One configuration; on several ranks (the process group initialized) this rank's part
     of DDP training on the same global batch, timed between barriers."""
-    kind, batch = CONFIGS[name]
+    kind, batch, size = CONFIGS[name]
     rb = batch // world  # per-rank batch (run_bench checked that world divides it)
     torch.manual_seed(args.seed)
     rss_before = current_rss_bytes()
@@ -301,8 +309,9 @@ def bench_one(args, name, rank=0, world=1):
     opt = make_optimizer(args, model.parameters())
     g = torch.Generator()
     g.manual_seed(1)
-    x = torch.randn(batch, 784, generator=g)[rank * rb:(rank + 1) * rb]
-    y = torch.randint(0, 10, (batch,), generator=g)[rank * rb:(rank + 1) * rb]
+    shape, classes = ((3, size, size), 1000) if kind == "resnet50" else ((784,), 10)
+    x = torch.randn(batch, *shape, generator=g)[rank * rb:(rank + 1) * rb]
+    y = torch.randint(0, classes, (batch,), generator=g)[rank * rb:(rank + 1) * rb]
     # Every rank done: a run timed on rank 0 between barriers ends with the slowest rank.
     sync = dist.barrier if world > 1 else (lambda: None)
 
@@ -334,7 +343,7 @@ def bench_one(args, name, rank=0, world=1):
         sync()
         rates.append(args.steps * batch / (time.perf_counter() - t))
     rate = max(rates) if args.best else statistics.median(rates)
-    return {"side": "torch", "config": name, "model": kind, "batch": batch,
+    return {"side": "torch", "config": name, "model": kind, "batch": batch, "image_size": size,
             "threads": torch.get_num_threads(), "world_size": world, "batch_per_rank": rb,
             "optimizer": args.optimizer, "amp": args.amp,
             "samples_per_sec": round(rate, 1), "step_ms": round(batch / rate * 1e3, 3),
@@ -361,7 +370,7 @@ def ddp_worker(rank, args, name, store):
 
 
 def run_bench(args):
-    names = args.config.split(",") if args.config else list(CONFIGS)
+    names = args.config.split(",") if args.config else DEFAULT_CONFIGS
     for name in names:
         if name not in CONFIGS:
             usage_exit(f"unknown config '{name}' (have {', '.join(CONFIGS)})")
@@ -426,7 +435,8 @@ def main():
     p.add_argument("--json", action="store_true", help="(accepted for symmetry: the result "
                    "is always one JSON line)")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
-    p.add_argument("--config", help="bench: comma-separated subset of " + ",".join(CONFIGS))
+    p.add_argument("--config", help="bench: comma-separated configurations among " +
+                   ",".join(CONFIGS) + " (default " + ",".join(DEFAULT_CONFIGS) + ")")
     p.add_argument("--runs", type=int, default=7, help="bench: timed runs (median)")
     p.add_argument("--steps", type=int, default=20, help="bench: steps per timed run")
     p.add_argument("--warmup", type=int, default=20, help="bench: untimed steps after the first")

@@ -21,28 +21,15 @@
 #include "fashion_models.h"
 
 #define PROG "fashion_mnist"
-#define EXIT_USAGE 2
 /* 10000 test images split evenly, so evaluation compiles one graph. */
 #define EVAL_BATCH 500
 #define DEFAULT_DATA_DIR "/usr/share/datasets/fashion-mnist"
 
 typedef struct options {
+    ex_flags f; /* the flags every training example takes */
     model_kind model;
-    int64_t epochs, batch_size, limit_steps, log_every;
-    double lr, momentum, weight_decay;
-    bool lr_set, momentum_set, weight_decay_set;
-    loom_optim_kind optimizer;
-    uint64_t seed;
-    bool shuffle, eager, json;
-    bool cosine; /* --lr-schedule cosine */
-    const char *init_path, *save_path, *data_dir;
-    loom_dtype amp;          /* --amp: LOOM_DTYPE_F32 for none */
-    int loss_scale;          /* --loss-scale: LS_* */
-    double loss_scale_value; /* LS_STATIC's scale */
-    int32_t rank, world;     /* this process's rank and the world size (1 without mpiexec) */
+    const char *data_dir;
 } options;
-
-enum { LS_DEFAULT, LS_DYNAMIC, LS_OFF, LS_STATIC };
 
 /* ---- command line ---------------------------------------------------------------------- */
 
@@ -103,204 +90,41 @@ static void usage(FILE *f) {
             "writes --save and evaluates.\n");
 }
 
-/* Every rank finds the same usage error; rank 0 reports it. */
-static int usage_error(const char *fmt, ...) {
-    if (loom_dist_rank() != 0)
-        return EXIT_USAGE;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, PROG ": ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\nTry '" PROG " --help'.\n");
-    va_end(ap);
-    return EXIT_USAGE;
-}
-
-static bool parse_int(const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo)
-        return false;
-    *out = v;
-    return true;
-}
-
-static bool parse_real(const char *s, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < 0)
-        return false;
-    *out = v;
-    return true;
+static int on_option(void *ud, const char *name, const char *val) {
+    options *o = ud;
+    if (!strcmp(name, "--model")) {
+        if (!strcmp(val, "mlp"))
+            o->model = MODEL_MLP;
+        else if (!strcmp(val, "cnn"))
+            o->model = MODEL_CNN;
+        else
+            return ex_usage_error("--model must be mlp or cnn, not '%s'", val);
+    } else if (!strcmp(name, "--data-dir")) {
+        o->data_dir = val;
+    }
+    return 0;
 }
 
 /* Returns -1 when the options are good, else the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, options *o) {
-    *o = (options){.model = MODEL_MLP,
-                   .epochs = 1,
-                   .batch_size = 64,
-                   .optimizer = LOOM_OPTIM_SGD,
-                   .shuffle = true,
-                   .data_dir = DEFAULT_DATA_DIR};
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            if (loom_dist_rank() == 0)
-                usage(stdout);
-            return 0;
-        }
-        if (!strcmp(arg, "--no-shuffle")) {
-            o->shuffle = false;
-            continue;
-        }
-        if (!strcmp(arg, "--eager")) {
-            o->eager = true;
-            continue;
-        }
-        if (!strcmp(arg, "--json")) {
-            o->json = true;
-            continue;
-        }
-        /* The rest take a value: "--flag value" or "--flag=value". */
-        char name[32];
-        const char *val = NULL;
-        const char *eq = strchr(arg, '=');
-        if (strncmp(arg, "--", 2) != 0)
-            return usage_error("unexpected argument '%s'", arg);
-        if (eq) {
-            size_t len = (size_t)(eq - arg);
-            if (len >= sizeof name)
-                return usage_error("unknown option '%s'", arg);
-            memcpy(name, arg, len);
-            name[len] = '\0';
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", arg);
-        }
-        static const char *const valued[] = {
-            "--model",     "--epochs",      "--batch-size",   "--lr",
-            "--optimizer", "--momentum",    "--weight-decay", "--seed",
-            "--init",      "--save",        "--limit-steps",  "--log-every",
-            "--data-dir",  "--lr-schedule", "--amp",          "--loss-scale",
-        };
-        bool known = false;
-        for (size_t k = 0; k < sizeof valued / sizeof *valued; k++)
-            known |= !strcmp(name, valued[k]);
-        if (!known)
-            return usage_error("unknown option '%s'", arg);
-        if (!val) {
-            if (i + 1 >= argc)
-                return usage_error("%s needs a value", name);
-            val = argv[++i];
-        }
-        int64_t n;
-        if (!strcmp(name, "--model")) {
-            if (!strcmp(val, "mlp"))
-                o->model = MODEL_MLP;
-            else if (!strcmp(val, "cnn"))
-                o->model = MODEL_CNN;
-            else
-                return usage_error("--model must be mlp or cnn, not '%s'", val);
-        } else if (!strcmp(name, "--optimizer")) {
-            if (!strcmp(val, "sgd"))
-                o->optimizer = LOOM_OPTIM_SGD;
-            else if (!strcmp(val, "adam"))
-                o->optimizer = LOOM_OPTIM_ADAM;
-            else if (!strcmp(val, "adamw"))
-                o->optimizer = LOOM_OPTIM_ADAMW;
-            else
-                return usage_error("--optimizer must be sgd, adam or adamw, not '%s'", val);
-        } else if (!strcmp(name, "--epochs")) {
-            if (!parse_int(val, 0, &o->epochs))
-                return usage_error("--epochs needs an integer >= 0, not '%s'", val);
-        } else if (!strcmp(name, "--batch-size")) {
-            if (!parse_int(val, 1, &o->batch_size))
-                return usage_error("--batch-size needs an integer >= 1, not '%s'", val);
-        } else if (!strcmp(name, "--limit-steps")) {
-            if (!parse_int(val, 1, &o->limit_steps))
-                return usage_error("--limit-steps needs an integer >= 1, not '%s'", val);
-        } else if (!strcmp(name, "--log-every")) {
-            if (!parse_int(val, 1, &o->log_every))
-                return usage_error("--log-every needs an integer >= 1, not '%s'", val);
-        } else if (!strcmp(name, "--seed")) {
-            if (!parse_int(val, 0, &n))
-                return usage_error("--seed needs an integer >= 0, not '%s'", val);
-            o->seed = (uint64_t)n;
-        } else if (!strcmp(name, "--lr-schedule")) {
-            if (strcmp(val, "constant") && strcmp(val, "cosine"))
-                return usage_error("--lr-schedule must be constant or cosine, not '%s'", val);
-            o->cosine = !strcmp(val, "cosine");
-        } else if (!strcmp(name, "--lr")) {
-            if (!parse_real(val, &o->lr))
-                return usage_error("--lr needs a finite number >= 0, not '%s'", val);
-            o->lr_set = true;
-        } else if (!strcmp(name, "--momentum")) {
-            if (!parse_real(val, &o->momentum))
-                return usage_error("--momentum needs a finite number >= 0, not '%s'", val);
-            o->momentum_set = true;
-        } else if (!strcmp(name, "--weight-decay")) {
-            if (!parse_real(val, &o->weight_decay))
-                return usage_error("--weight-decay needs a finite number >= 0, not '%s'", val);
-            o->weight_decay_set = true;
-        } else if (!strcmp(name, "--init")) {
-            o->init_path = val;
-        } else if (!strcmp(name, "--save")) {
-            o->save_path = val;
-        } else if (!strcmp(name, "--data-dir")) {
-            o->data_dir = val;
-        } else if (!strcmp(name, "--amp")) {
-            if (!strcmp(val, "none"))
-                o->amp = LOOM_DTYPE_F32;
-            else if (!strcmp(val, "bf16"))
-                o->amp = LOOM_DTYPE_BF16;
-            else if (!strcmp(val, "f16"))
-                o->amp = LOOM_DTYPE_F16;
-            else
-                return usage_error("--amp must be none, bf16 or f16, not '%s'", val);
-        } else if (!strcmp(name, "--loss-scale")) {
-            if (!strcmp(val, "dynamic"))
-                o->loss_scale = LS_DYNAMIC;
-            else if (!strcmp(val, "off"))
-                o->loss_scale = LS_OFF;
-            else if (parse_real(val, &o->loss_scale_value) && o->loss_scale_value > 0 &&
-                     o->loss_scale_value <= 3.4e38)
-                o->loss_scale = LS_STATIC;
-            else
-                return usage_error("--loss-scale must be dynamic, off or a number > 0 that f32 "
-                                   "holds, not '%s'",
-                                   val);
-        }
-    }
-    if (o->loss_scale == LS_DEFAULT)
-        o->loss_scale = o->amp == LOOM_DTYPE_F16 ? LS_DYNAMIC : LS_OFF;
-    if (o->momentum_set && o->optimizer != LOOM_OPTIM_SGD)
-        return usage_error("--momentum applies to --optimizer sgd only");
-    if (!o->lr_set)
-        o->lr = o->optimizer == LOOM_OPTIM_SGD ? 0.01 : 0.001;
-    if (!o->momentum_set)
-        o->momentum = o->optimizer == LOOM_OPTIM_SGD ? 0.9 : 0.0;
-    if (!o->weight_decay_set)
-        o->weight_decay = o->optimizer == LOOM_OPTIM_ADAMW ? 0.01 : 0.0;
-    o->rank = loom_dist_rank();
-    o->world = loom_dist_world_size();
-    if (o->batch_size % o->world != 0)
-        return usage_error("--batch-size %lld is the global batch, split evenly over the %d "
-                           "ranks: it must be a multiple of %d",
-                           (long long)o->batch_size, (int)o->world, (int)o->world);
+    *o = (options){.model = MODEL_MLP, .data_dir = DEFAULT_DATA_DIR};
+    static const char *const valued[] = {"--model", "--data-dir", NULL};
+    ex_cli cli = {.valued = valued,
+                  .on_option = on_option,
+                  .usage = usage,
+                  .ud = o,
+                  .steps_flag = "--limit-steps",
+                  .lr_schedules = "constant|cosine"};
+    int rc = ex_parse_args(argc, argv, &cli, &o->f);
+    if (rc >= 0)
+        return rc;
+    ex_flags_defaults(&o->f, 0.01, 0.0);
     return -1;
 }
 
 /* ---- model ----------------------------------------------------------------------------- */
 
 /* ---- progress -------------------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct progress {
     bool tty, quiet;
@@ -339,28 +163,6 @@ static void progress_show(progress *p, int64_t epoch, int64_t epochs, int64_t st
 
 /* ---- training and evaluation ----------------------------------------------------------- */
 
-static void print_chunk(const char *chunk, size_t len, void *ud) {
-    fwrite(chunk, 1, len, (FILE *)ud);
-}
-
-/* "fashion_mnist: " or, on several ranks, "fashion_mnist (rank 1 of 2): ": every rank reports
- * its own failures. */
-static const char *who(void) {
-    static char buf[64];
-    if (loom_dist_world_size() == 1)
-        return PROG ": ";
-    snprintf(buf, sizeof buf, PROG " (rank %d of %d): ", (int)loom_dist_rank(),
-             (int)loom_dist_world_size());
-    return buf;
-}
-
-static int runtime_error(loom_context *ctx, const char *what) {
-    fprintf(stderr, "%s%s: %s\n", who(), what,
-            ctx && loom_context_error(ctx) != LOOM_OK ? loom_context_error_message(ctx)
-                                                      : "unknown error");
-    return 1;
-}
-
 typedef struct train_result {
     int64_t steps;
     int64_t skipped;   /* steps the loss scaler skipped for inf/NaN gradients */
@@ -368,42 +170,14 @@ typedef struct train_result {
     double samples_per_sec;
 } train_result;
 
-/* Reads a finished step's loss (no wait: the step after it has been launched, and a launch
- * waits for its predecessor), logs it if asked, and releases it. */
-static int take_loss(loom_context *ctx, const options *o, loom_tensor **loss, int64_t step,
-                     progress *p, double *out) {
-    float v;
-    if (loom_tensor_read(ctx, *loss, &v, sizeof v) != LOOM_OK)
-        return runtime_error(ctx, "reading the loss");
-    loom_tensor_release(*loss);
-    *loss = NULL;
-    if (!isfinite(v)) {
-        progress_clear(p);
-        if (o->rank == 0) /* the same mean loss on every rank */
-            fprintf(stderr, PROG ": the loss became %f at step %lld; try a smaller --lr\n",
-                    (double)v, (long long)step);
-        return 1;
-    }
-    if (o->log_every && step % o->log_every == 0 && o->rank == 0) {
-        progress_clear(p);
-        printf("step=%lld loss=%.6f\n", (long long)step, (double)v);
-        fflush(stdout);
-    }
-    *out = v;
-    return 0;
+static void clear_bar(void *p) {
+    progress_clear(p);
 }
 
-/* The optimizer's step counter (clean steps only), read from the device: one sync. */
-static int64_t optimizer_steps(loom_context *ctx, const loom_optim *opt) {
-    const char *names[4];
-    loom_tensor *state[4];
-    int32_t n = loom_optim_state(opt, 0, names, state);
-    for (int32_t i = 0; i < n; i++) {
-        float v;
-        if (!strcmp(names[i], "step") && loom_tensor_read(ctx, state[i], &v, sizeof v) == LOOM_OK)
-            return (int64_t)v;
-    }
-    return -1;
+/* A finished step's loss (see ex_take_loss), clearing the progress bar before printing. */
+static int take_loss(loom_context *ctx, const options *o, loom_tensor **loss, int64_t step,
+                     progress *p, double *out) {
+    return ex_take_loss(ctx, &o->f, loss, step, clear_bar, p, out);
 }
 
 static int train(loom_context *ctx, const options *o, const model *m, const model_amp *amp,
@@ -416,73 +190,71 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
     *res = (train_result){.final_loss = NAN};
 
     loom_optim_options oo;
-    loom_optim_options_init(&oo, o->optimizer);
-    oo.lr = o->lr;
-    oo.weight_decay = o->weight_decay;
-    if (o->optimizer == LOOM_OPTIM_SGD)
-        oo.momentum = o->momentum;
+    loom_optim_options_init(&oo, o->f.optimizer);
+    oo.lr = o->f.lr;
+    oo.weight_decay = o->f.weight_decay;
+    if (o->f.optimizer == LOOM_OPTIM_SGD)
+        oo.momentum = o->f.momentum;
     loom_tensor *params[MAX_PARAMS];
     if (loom_optim_create(ctx, &oo, model_tensors(m, params), params, &opt) != LOOM_OK) {
-        rc = runtime_error(ctx, "creating the optimizer");
+        rc = ex_runtime_error(ctx, "creating the optimizer");
         goto out;
     }
     /* This rank's shard of each epoch, its share of the global batch. */
     loom_batch_options bo;
     loom_batch_options_init(&bo);
-    bo.batch_size = o->batch_size / o->world;
-    bo.shuffle = o->shuffle;
-    bo.seed = o->seed;
-    bo.rank = o->rank;
-    bo.world_size = o->world;
+    bo.batch_size = o->f.batch_size / o->f.world;
+    bo.shuffle = o->f.shuffle;
+    bo.seed = o->f.seed;
+    bo.rank = o->f.rank;
+    bo.world_size = o->f.world;
     if (loom_batches_create(ds, &bo, &it) != LOOM_OK) {
-        fprintf(stderr, "%scannot create the batch iterator\n", who());
+        fprintf(stderr, "%scannot create the batch iterator\n", ex_who());
         goto out;
     }
     const int64_t per_epoch = loom_batches_per_epoch(it);
     if (per_epoch == 0) {
-        if (o->rank == 0)
+        if (o->f.rank == 0)
             fprintf(stderr, PROG ": --batch-size %lld exceeds the %lld training images\n",
-                    (long long)o->batch_size, (long long)loom_dataset_count(ds));
+                    (long long)o->f.batch_size, (long long)loom_dataset_count(ds));
         goto out;
     }
-    progress p = {.tty = o->rank == 0 && isatty(STDERR_FILENO) == 1,
-                  .quiet = o->json || o->rank != 0,
-                  .last = now_s(),
+    progress p = {.tty = o->f.rank == 0 && isatty(STDERR_FILENO) == 1,
+                  .quiet = o->f.json || o->f.rank != 0,
+                  .last = ex_now_s(),
                   .every = per_epoch >= 10 ? per_epoch / 10 : 1};
-    int64_t total_steps = o->epochs * per_epoch;
-    if (o->limit_steps && o->limit_steps < total_steps)
-        total_steps = o->limit_steps;
+    int64_t total_steps = o->f.epochs * per_epoch;
+    if (o->f.max_steps && o->f.max_steps < total_steps)
+        total_steps = o->f.max_steps;
     double t_rate = 0;      /* when the first step was launched, its compile done */
     int64_t compile_ns = 0; /* CompileTime then: later compiles are not training time */
     double last_loss = NAN;
     int64_t step = 0;
     bool stop = false;
-    for (int64_t epoch = 0; epoch < o->epochs && !stop; epoch++) {
+    for (int64_t epoch = 0; epoch < o->f.epochs && !stop; epoch++) {
         loom_batches_set_epoch(it, epoch);
         const float *xb;
         const int64_t *yb;
         int64_t n;
         for (int64_t b = 0; loom_batches_next(it, &xb, &yb, &n); b++) {
-            if (o->cosine) /* a device scalar: a new value never recompiles */
-                loom_optim_set_lr(opt, 0.5 * o->lr *
-                                           (1 + cos(3.14159265358979323846 * (double)step /
-                                                    (double)total_steps)));
+            if (o->f.lr_schedule != EX_LR_CONSTANT) /* a device scalar: never recompiles */
+                loom_optim_set_lr(opt, ex_lr_at(&o->f, step, total_steps));
             loom_tensor *loss = NULL;
             loom_status st = model_train_step(ctx, m, params, opt, amp, xb, yb, n, &loss);
             if (st != LOOM_OK || !loss) {
                 loom_tensor_release(loss);
                 progress_clear(&p);
-                rc = runtime_error(ctx, "training step");
+                rc = ex_runtime_error(ctx, "training step");
                 goto out;
             }
             if (step == 0) {
-                t_rate = now_s();
+                t_rate = ex_now_s();
                 compile_ns = loom_metric_total(ctx, "CompileTime");
             }
             /* Launching this step waited for the previous one: its loss is ready. */
             if (pending) {
-                double t = now_s();
-                bool log = o->log_every && pending_step % o->log_every == 0;
+                double t = ex_now_s();
+                bool log = o->f.log_every && pending_step % o->f.log_every == 0;
                 bool show = p.tty ? t - p.last >= 0.1 : pending_step % p.every == 0;
                 if (log || show) {
                     if (take_loss(ctx, o, &pending, pending_step, &p, &last_loss))
@@ -490,8 +262,8 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
                 }
                 if (show) {
                     double rate =
-                        t > t_rate ? (double)step * (double)o->batch_size / (t - t_rate) : 0;
-                    progress_show(&p, epoch, o->epochs, b, per_epoch, last_loss, rate);
+                        t > t_rate ? (double)step * (double)o->f.batch_size / (t - t_rate) : 0;
+                    progress_show(&p, epoch, o->f.epochs, b, per_epoch, last_loss, rate);
                     p.last = t;
                 }
                 loom_tensor_release(pending);
@@ -499,22 +271,22 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
             pending = loss;
             pending_step = step;
             step++;
-            if (o->limit_steps && step >= o->limit_steps) {
+            if (o->f.max_steps && step >= o->f.max_steps) {
                 stop = true;
                 break;
             }
         }
         /* A summary line per epoch (one wait for the device per epoch). */
-        if (!o->json && pending && o->epochs > 1) {
+        if (!o->f.json && pending && o->f.epochs > 1) {
             if (take_loss(ctx, o, &pending, pending_step, &p, &last_loss))
                 goto out;
             double t =
-                now_s() - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
+                ex_now_s() - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
             progress_clear(&p);
-            if (o->rank == 0)
+            if (o->f.rank == 0)
                 fprintf(stderr, "epoch %lld/%lld: last loss %.4f, %.0f samples/s\n",
-                        (long long)epoch + 1, (long long)o->epochs, last_loss,
-                        t > t_rate ? (double)step * (double)o->batch_size / (t - t_rate) : 0.0);
+                        (long long)epoch + 1, (long long)o->f.epochs, last_loss,
+                        t > t_rate ? (double)step * (double)o->f.batch_size / (t - t_rate) : 0.0);
         }
     }
     if (pending) { /* the last step: reading it waits for the device */
@@ -522,20 +294,20 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
             goto out;
     }
     if (loom_context_sync(ctx) != LOOM_OK) {
-        rc = runtime_error(ctx, "training");
+        rc = ex_runtime_error(ctx, "training");
         goto out;
     }
     double elapsed =
-        now_s() - t_rate - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
+        ex_now_s() - t_rate - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
     progress_clear(&p);
     res->steps = step;
     if (loom_grad_scaler_is_enabled(amp->scaler)) {
-        int64_t clean = optimizer_steps(ctx, opt);
+        int64_t clean = ex_optimizer_steps(ctx, opt);
         res->skipped = clean >= 0 ? step - clean : 0;
     }
     res->final_loss = last_loss;
     /* From the first launch (its compile done) to the end: every step ran in that time. */
-    res->samples_per_sec = elapsed > 0 ? (double)step * (double)o->batch_size / elapsed : 0;
+    res->samples_per_sec = elapsed > 0 ? (double)step * (double)o->f.batch_size / elapsed : 0;
     rc = 0;
 out:
     loom_tensor_release(pending);
@@ -553,7 +325,7 @@ static int evaluate(loom_context *ctx, const model *m, loom_dtype amp, const loo
     int64_t zero = 0, total = 0, correct = 0;
     loom_tensor *counter = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &zero);
     if (!counter)
-        return runtime_error(ctx, "evaluation");
+        return ex_runtime_error(ctx, "evaluation");
     loom_batch_options bo;
     loom_batch_options_init(&bo);
     bo.batch_size = EVAL_BATCH;
@@ -584,13 +356,13 @@ static int evaluate(loom_context *ctx, const model *m, loom_dtype amp, const loo
         loom_tensor_release(x);
         loom_tensor_release(y);
         if (st != LOOM_OK || !hits) {
-            rc = runtime_error(ctx, "evaluation step");
+            rc = ex_runtime_error(ctx, "evaluation step");
             goto out;
         }
         total += n;
     }
     if (loom_tensor_read(ctx, counter, &correct, sizeof correct) != LOOM_OK) {
-        rc = runtime_error(ctx, "reading the evaluation result");
+        rc = ex_runtime_error(ctx, "reading the evaluation result");
         goto out;
     }
     *out_acc = total > 0 ? (double)correct / (double)total : 0;
@@ -607,87 +379,25 @@ static loom_dataset *load_split(const char *dir, const char *split) {
     snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte.gz", dir, split);
     loom_dataset *ds = NULL;
     if (loom_dataset_load_idx(images, labels, &ds, err, sizeof err) != LOOM_OK) {
-        fprintf(stderr, "%s%s\n", who(), err);
+        fprintf(stderr, "%s%s\n", ex_who(), err);
         if (access(images, F_OK) != 0 || access(labels, F_OK) != 0)
             fprintf(stderr,
                     "%sthe Fashion-MNIST files come with Debian's "
                     "dataset-fashion-mnist package; or pass --data-dir DIR\n",
-                    who());
+                    ex_who());
         return NULL;
     }
     return ds;
 }
 
-/* The checkpoint: the model's parameters, then (with a loss scaler) the scaler's state under
- * "scaler." as PyTorch's scaler.state_dict() keys. Returns the count; out has room for
- * MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX, names for the scaler's prefixed names. */
-static int32_t checkpoint_list(const model *m, const loom_grad_scaler *scaler, char names[][48],
-                               loom_named_tensor *out) {
-    int32_t n = 0;
-    for (int32_t i = 0; i < m->n_params; i++)
-        out[n++] = m->params[i];
-    const char *keys[LOOM_GRAD_SCALER_STATE_MAX];
-    loom_tensor *state[LOOM_GRAD_SCALER_STATE_MAX];
-    int32_t k = loom_grad_scaler_state(scaler, keys, state);
-    for (int32_t i = 0; i < k; i++) {
-        snprintf(names[i], 48, "scaler.%s", keys[i]);
-        out[n++] = (loom_named_tensor){names[i], state[i]};
-    }
-    return n;
-}
-
-/* --init: the parameters, and the scaler's state when the file has it and this run scales
- * the loss (a file without it leaves the scaler at its defaults). */
-static loom_status load_checkpoint(loom_context *ctx, const char *path, const model *m,
-                                   const loom_grad_scaler *scaler) {
-    char names[LOOM_GRAD_SCALER_STATE_MAX][48], err[256];
-    loom_named_tensor list[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
-    loom_safetensors *f = NULL;
-    bool has_scaler = false;
-    if (loom_safetensors_open(path, &f, err, sizeof err) == LOOM_OK) {
-        has_scaler = loom_safetensors_find(f, "scaler.scale") >= 0;
-        loom_safetensors_close(f);
-    } /* else the load below reports the problem */
-    bool with_scaler = has_scaler && loom_grad_scaler_is_enabled(scaler);
-    if (has_scaler && !with_scaler)
-        fprintf(stderr,
-                PROG ": note: --init %s: ignoring its loss scaler state (no loss "
-                     "scaling in this run)\n",
-                path);
-    int32_t n = checkpoint_list(m, with_scaler ? scaler : NULL, names, list);
-    return loom_safetensors_load(ctx, path, n, list, !has_scaler || with_scaler);
-}
-
 static const char *const model_names[] = {"mlp", "cnn"};
-static const char *const optim_names[] = {"sgd", "adam", "adamw"};
-
-static const char *amp_name(loom_dtype amp) {
-    return amp == LOOM_DTYPE_F32 ? "none" : loom_dtype_name(amp);
-}
-
-/* Leaves the job with status rc. After a runtime error on several ranks MPI is not
- * finalized: another rank may be waiting in a collective, and MPICH's MPI_Finalize would wait
- * for it (up to LOOM_DIST_TIMEOUT_S); exiting non-zero instead makes mpiexec end the job. */
-static int leave(int rc) {
-    if (rc == 1 && loom_dist_world_size() > 1)
-        return rc;
-    if (loom_dist_finalize() != LOOM_OK) {
-        fprintf(stderr, "%sfinalize: %s\n", who(), loom_dist_error_message());
-        return rc ? rc : 1;
-    }
-    return rc;
-}
-
 int main(int argc, char **argv) {
-    /* Rank and world size from mpiexec's environment; rank 0 of 1 without it. */
-    if (loom_dist_init(NULL) != LOOM_OK) {
-        fprintf(stderr, PROG ": cannot join the job: %s\n", loom_dist_error_message());
+    if (!ex_begin(PROG))
         return 1;
-    }
     options o;
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
-        return leave(rc);
+        return ex_leave(rc);
     rc = 1;
 
     loom_context *ctx = NULL;
@@ -695,6 +405,7 @@ int main(int argc, char **argv) {
     loom_dataset *train_ds = NULL, *test_ds = NULL;
     loom_grad_scaler *scaler = NULL;
     train_result tr = {.final_loss = NAN};
+    ex_checkpoint ck = {0};
     double acc = 0;
 
     train_ds = load_split(o.data_dir, "train");
@@ -705,100 +416,74 @@ int main(int argc, char **argv) {
     loom_dataset_image_shape(train_ds, &rows, &cols);
     loom_dataset_image_shape(test_ds, &trows, &tcols);
     if (rows != trows || cols != tcols || rows < 6 || cols < 6) {
-        fprintf(stderr, "%strain images are %lldx%lld and test images %lldx%lld\n", who(),
+        fprintf(stderr, "%strain images are %lldx%lld and test images %lldx%lld\n", ex_who(),
                 (long long)rows, (long long)cols, (long long)trows, (long long)tcols);
         goto out;
     }
 
-    loom_context_options co;
-    loom_context_options_init(&co);
-    co.eager = co.eager || o.eager;
-    loom_status st = loom_context_create(&co, &ctx);
-    if (st != LOOM_OK) {
-        fprintf(stderr, "%scannot create a context: %s\n", who(), loom_status_name(st));
+    bool eager;
+    if (!(ctx = ex_context_create(&o.f, &eager)))
+        goto out;
+    if (model_init(ctx, &m, o.model, rows, cols, o.f.seed) != LOOM_OK) {
+        rc = ex_runtime_error(ctx, "creating the model");
         goto out;
     }
-    if (model_init(ctx, &m, o.model, rows, cols, o.seed) != LOOM_OK) {
-        rc = runtime_error(ctx, "creating the model");
+    if (ex_grad_scaler_create(ctx, &o.f, &scaler) != LOOM_OK) {
+        rc = ex_runtime_error(ctx, "creating the loss scaler");
         goto out;
     }
-    loom_grad_scaler_options so;
-    loom_grad_scaler_options_init(&so);
-    so.enabled = o.loss_scale != LS_OFF;
-    if (o.loss_scale == LS_STATIC)
-        so.init_scale = o.loss_scale_value;
-    if (loom_grad_scaler_create(ctx, &so, &scaler) != LOOM_OK) {
-        rc = runtime_error(ctx, "creating the loss scaler");
+    model_amp amp = {
+        .dtype = o.f.amp, .scaler = scaler, .static_scale = o.f.loss_scale == EX_LS_STATIC};
+    /* The checkpoint: the parameters, then the loss scaler's state (the optimizer is made
+     * per training run and not saved). */
+    if (ex_checkpoint_init(&ck, m.n_params, m.params, NULL, 0, scaler) != LOOM_OK) {
+        fprintf(stderr, "%sout of memory\n", ex_who());
         goto out;
     }
-    model_amp amp = {.dtype = o.amp, .scaler = scaler, .static_scale = o.loss_scale == LS_STATIC};
-    /* The loaded values land in a step of their own, so the training step's graph is the
-     * same from its first batch on (one compile). Rank 0 reads the file; the others get its
-     * values from the broadcast below. */
-    if (o.init_path && o.rank == 0 &&
-        (load_checkpoint(ctx, o.init_path, &m, scaler) != LOOM_OK ||
-         loom_mark_step(ctx) != LOOM_OK)) {
-        rc = runtime_error(ctx, "--init");
+    /* Every rank starts from rank 0's parameters and loss-scaler state (the optimizer's
+     * state is created zeroed on every rank). */
+    if ((rc = ex_restore(ctx, &o.f, &ck, m.n_params)) != 0)
         goto out;
-    }
-    /* Every rank starts from rank 0's parameters and loss-scaler state, in a step of their own
-     * (the optimizer's state is created zeroed on every rank). One rank records nothing. */
-    char ck_names[LOOM_GRAD_SCALER_STATE_MAX][48];
-    loom_named_tensor ck[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
-    int32_t n_ck = checkpoint_list(&m, scaler, ck_names, ck);
-    if (o.world > 1) {
-        loom_tensor *state[MAX_PARAMS + LOOM_GRAD_SCALER_STATE_MAX];
-        for (int32_t i = 0; i < n_ck; i++)
-            state[i] = ck[i].tensor;
-        if (loom_broadcast_parameters(ctx, n_ck, state) != LOOM_OK ||
-            loom_mark_step(ctx) != LOOM_OK) {
-            rc = runtime_error(ctx, "broadcasting rank 0's parameters");
-            goto out;
-        }
-    }
+    rc = 1;
     char ranks[96] = "";
-    if (o.world > 1)
-        snprintf(ranks, sizeof ranks, ", %d ranks (%lld images per rank and step)", (int)o.world,
-                 (long long)(o.batch_size / o.world));
-    if (!o.json && o.rank == 0)
+    if (o.f.world > 1)
+        snprintf(ranks, sizeof ranks, ", %d ranks (%lld images per rank and step)", (int)o.f.world,
+                 (long long)(o.f.batch_size / o.f.world));
+    if (!o.f.json && o.f.rank == 0)
         printf("model %s (%d tensors), %lld training and %lld test images, %s lr %g%s, amp %s%s"
                "%s%s\n",
                model_names[o.model], (int)m.n_params, (long long)loom_dataset_count(train_ds),
-               (long long)loom_dataset_count(test_ds), optim_names[o.optimizer], o.lr,
-               o.cosine ? " (cosine schedule)" : "", amp_name(o.amp),
-               o.loss_scale == LS_DYNAMIC  ? " (dynamic loss scale)"
-               : o.loss_scale == LS_STATIC ? " (static loss scale)"
-                                           : "",
-               co.eager ? ", reference interpreter" : "", ranks);
+               (long long)loom_dataset_count(test_ds), ex_optim_names[o.f.optimizer], o.f.lr,
+               o.f.lr_schedule == EX_LR_COSINE ? " (cosine schedule)" : "", ex_amp_name(o.f.amp),
+               o.f.loss_scale == EX_LS_DYNAMIC  ? " (dynamic loss scale)"
+               : o.f.loss_scale == EX_LS_STATIC ? " (static loss scale)"
+                                                : "",
+               eager ? ", reference interpreter" : "", ranks);
     fflush(stdout); /* before the progress lines on stderr, also when stdout is a pipe */
-    if (o.epochs > 0 && (rc = train(ctx, &o, &m, &amp, train_ds, &tr)) != 0)
+    if (o.f.epochs > 0 && (rc = train(ctx, &o, &m, &amp, train_ds, &tr)) != 0)
         goto out;
     rc = 0;
     /* The ranks' weights are equal: rank 0 saves, evaluates and reports. */
-    if (o.rank != 0)
+    if (o.f.rank != 0)
         goto out;
     rc = 1;
-    if (o.save_path && loom_safetensors_save(ctx, o.save_path, n_ck, ck) != LOOM_OK) {
-        rc = runtime_error(ctx, "--save");
+    if (o.f.save_path && loom_safetensors_save(ctx, o.f.save_path, ck.n, ck.list) != LOOM_OK) {
+        rc = ex_runtime_error(ctx, "--save");
         goto out;
     }
-    if ((rc = evaluate(ctx, &m, o.amp, test_ds, &acc)) != 0)
+    if ((rc = evaluate(ctx, &m, o.f.amp, test_ds, &acc)) != 0)
         goto out;
     rc = 1;
     /* The final loss scale (a read of the device's scalar), null without loss scaling. */
-    char scale[32] = "null";
-    float scale_v;
-    if (loom_grad_scaler_is_enabled(scaler) &&
-        loom_tensor_read(ctx, loom_grad_scaler_scale_tensor(scaler), &scale_v, sizeof scale_v) ==
-            LOOM_OK)
-        snprintf(scale, sizeof scale, "%g", (double)scale_v);
+    char scale[32];
+    ex_scale_text(ctx, scaler, scale, sizeof scale);
 
     size_t mem_now = 0, mem_peak = 0;
     loom_device_memory(ctx, &mem_now, &mem_peak);
     double compile_ms = (double)loom_metric_total(ctx, "CompileTime") / 1e6;
     double collective_ms = (double)loom_metric_total(ctx, "CollectiveTime") / 1e6;
     int64_t collective_bytes = loom_metric_value(ctx, "CollectiveBytes");
-    if (o.json) {
+    if (o.f.json) {
         /* JSON has no NaN: a run without steps reports null. */
         char loss[32];
         if (isfinite(tr.final_loss))
@@ -810,10 +495,10 @@ int main(int argc, char **argv) {
                "\"loss_scale\":%s,\"test_accuracy\":%.4f,\"samples_per_sec\":%.1f,"
                "\"compile_time_ms\":%.1f,\"peak_device_memory_bytes\":%zu,\"world_size\":%d,"
                "\"collective_bytes\":%lld,\"collective_time_ms\":%.1f}\n",
-               model_names[o.model], optim_names[o.optimizer], amp_name(o.amp),
-               (long long)o.batch_size, (long long)o.epochs, (long long)tr.steps,
+               model_names[o.model], ex_optim_names[o.f.optimizer], ex_amp_name(o.f.amp),
+               (long long)o.f.batch_size, (long long)o.f.epochs, (long long)tr.steps,
                (long long)tr.skipped, loss, scale, acc, tr.samples_per_sec, compile_ms, mem_peak,
-               (int)o.world, (long long)collective_bytes, collective_ms);
+               (int)o.f.world, (long long)collective_bytes, collective_ms);
     } else {
         if (tr.steps > 0)
             printf("trained %lld steps, final loss %.4f, %.0f samples/s (after the compile)\n",
@@ -824,20 +509,21 @@ int main(int argc, char **argv) {
         printf("test accuracy: %.4f\n", acc);
         printf("compile time %.1f ms, peak device memory %.1f MB\n", compile_ms,
                (double)mem_peak / 1e6);
-        if (o.world > 1)
-            printf("%d ranks: %.1f MB in collectives on rank 0, %.1f ms\n", (int)o.world,
+        if (o.f.world > 1)
+            printf("%d ranks: %.1f MB in collectives on rank 0, %.1f ms\n", (int)o.f.world,
                    (double)collective_bytes / 1e6, collective_ms);
-        if (o.save_path)
-            printf("saved weights to %s\n", o.save_path);
+        if (o.f.save_path)
+            printf("saved weights to %s\n", o.f.save_path);
         printf("\n--- metrics ---\n");
-        loom_metrics_report(ctx, LOOM_REPORT_FORMAT_TEXT, print_chunk, stdout);
+        loom_metrics_report(ctx, LOOM_REPORT_FORMAT_TEXT, ex_print_chunk, stdout);
     }
     rc = 0;
 out:
+    ex_checkpoint_deinit(&ck);
     loom_grad_scaler_destroy(scaler);
     model_deinit(&m);
     loom_context_destroy(ctx);
     loom_dataset_destroy(test_ds);
     loom_dataset_destroy(train_ds);
-    return leave(rc);
+    return ex_leave(rc);
 }

@@ -1,7 +1,8 @@
 /* The Fashion-MNIST models of examples/fashion_mnist.c, shared with bench/bench_train.c so the
  * benchmark times exactly what the example trains: the MLP 784-512-512-10 and the CNN
  * conv 1->32 3x3, conv 32->64 3x3, max pool 2, 9216-128-10 (ReLU between), layers named and
- * laid out as PyTorch's state_dict. Header-only: static functions over loom/nn.h. */
+ * laid out as PyTorch's state_dict. Header-only: static functions over loom/nn.h (the step
+ * after the forward is train_util.c's). */
 #ifndef LOOM_EXAMPLES_FASHION_MODELS_H
 #define LOOM_EXAMPLES_FASHION_MODELS_H
 
@@ -10,6 +11,8 @@
 #include <loom/nn.h>
 #include <loom/optim.h>
 #include <loom/safetensors.h>
+
+#include "train_util.h"
 
 #define MAX_PARAMS 8
 
@@ -96,23 +99,10 @@ static loom_tensor *model_forward(loom_context *ctx, const model *m, loom_tensor
     return loom_nn_linear_forward(ctx, &m->fc[1], h);
 }
 
-/* Mixed precision of a training step: the forward's autocast dtype (LOOM_DTYPE_F32: off)
- * and a loss scaler (NULL or disabled: none), whose scale is updated after each step unless
- * static_scale (a fixed scale that still skips overflowing steps). */
-typedef struct model_amp {
-    loom_dtype dtype;
-    loom_grad_scaler *scaler;
-    bool static_scale;
-} model_amp;
-
 /* One training step on a batch of n images xs [n, rows*cols] with labels ys: upload,
- * forward (under autocast with amp), mean cross-entropy, backward (of the scaled loss),
- * gradient all-reduce (mean over the ranks; nothing on one rank), unscale and overflow check,
- * optimizer update (skipped on overflow, in the graph), scale update, then mark_step
- * (asynchronous). amp may be NULL (fp32). With out_loss, the loss (unscaled) is retained for
- * the caller (NULL when it could not be built): on several ranks, the mean of the ranks'
- * losses, which is the global batch's mean loss when every rank's batch has n images (so
- * every rank must pass out_loss alike: the ranks' steps must record the same collectives). */
+ * forward (under autocast with amp), mean cross-entropy, then ex_train_step_finish (backward,
+ * all-reduce, unscale, update, mark_step). amp may be NULL (fp32). out_loss as there: on
+ * several ranks the global batch's mean loss when every rank's batch has n images. */
 static loom_status model_train_step(loom_context *ctx, const model *m, loom_tensor *const *params,
                                     loom_optim *opt, const model_amp *amp, const float *xs,
                                     const int64_t *ys, int64_t n, loom_tensor **out_loss) {
@@ -120,35 +110,16 @@ static loom_status model_train_step(loom_context *ctx, const model *m, loom_tens
         loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){n, m->rows * m->cols}, xs);
     loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){n}, ys);
     bool autocast = amp && amp->dtype != LOOM_DTYPE_F32;
-    loom_grad_scaler *scaler = amp ? amp->scaler : NULL;
     if (autocast)
         loom_autocast_begin(ctx, amp->dtype);
     loom_tensor *loss =
         loom_cross_entropy(ctx, model_forward(ctx, m, x, n), y, LOOM_REDUCTION_MEAN);
     if (autocast)
         loom_autocast_end(ctx);
-    loom_tensor *grads[MAX_PARAMS] = {NULL};
-    loom_tensor *scaled =
-        loom_grad_scaler_is_enabled(scaler) ? loom_grad_scaler_scale(scaler, loss) : loss;
-    if (scaled && loom_backward(ctx, scaled, m->n_params, params, grads) == LOOM_OK &&
-        loom_allreduce_gradients(ctx, m->n_params, grads) == LOOM_OK) {
-        loom_tensor *found_inf = loom_grad_scaler_is_enabled(scaler)
-                                     ? loom_grad_scaler_unscale(scaler, m->n_params, grads)
-                                     : NULL;
-        if (loom_optim_step(opt, grads, found_inf) == LOOM_OK && found_inf && !amp->static_scale)
-            loom_grad_scaler_update(scaler, found_inf);
-    }
-    int32_t world = loom_dist_world_size();
-    if (out_loss && world > 1)
-        loss = loom_all_reduce(ctx, loss, LOOM_REDUCE_SUM, 1.0 / world);
-    if (out_loss)
-        loom_tensor_retain(loss);
-    loom_status st = loom_mark_step(ctx);
+    loom_status st = ex_train_step_finish(ctx, loss, m->n_params, params, opt, amp, out_loss);
     /* The step holds what it reads: the host copies can go. */
     loom_tensor_release(x);
     loom_tensor_release(y);
-    if (out_loss)
-        *out_loss = loss;
     return st;
 }
 
