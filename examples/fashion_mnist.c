@@ -29,6 +29,7 @@ typedef struct options {
     ex_flags f; /* the flags every training example takes */
     model_kind model;
     const char *data_dir;
+    bool keep_last; /* --keep-last */
 } options;
 
 /* ---- command line ---------------------------------------------------------------------- */
@@ -46,6 +47,9 @@ static void usage(FILE *f) {
             "  --batch-size N         training batch (default 64); the last partial batch of an\n"
             "                         epoch is dropped. Under mpiexec -n R it is the global\n"
             "                         batch: each rank takes N/R images (R must divide N)\n"
+            "  --keep-last            train on the last partial batch of each epoch too (as\n"
+            "                         PyTorch's DataLoader does by default): a graph of another\n"
+            "                         shape, compiled once more (LOOM_DEBUG=1 says why)\n"
             "  --optimizer sgd|adam|adamw   (default sgd)\n"
             "  --lr X                 learning rate (default 0.01 for sgd, 0.001 for adam/adamw)\n"
             "  --lr-schedule constant|cosine   cosine: anneal the learning rate per step from\n"
@@ -101,6 +105,8 @@ static int on_option(void *ud, const char *name, const char *val) {
             return ex_usage_error("--model must be mlp or cnn, not '%s'", val);
     } else if (!strcmp(name, "--data-dir")) {
         o->data_dir = val;
+    } else if (!strcmp(name, "--keep-last")) {
+        o->keep_last = true;
     }
     return 0;
 }
@@ -109,7 +115,9 @@ static int on_option(void *ud, const char *name, const char *val) {
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.model = MODEL_MLP, .data_dir = DEFAULT_DATA_DIR};
     static const char *const valued[] = {"--model", "--data-dir", NULL};
+    static const char *const switches[] = {"--keep-last", NULL};
     ex_cli cli = {.valued = valued,
+                  .switches = switches,
                   .on_option = on_option,
                   .usage = usage,
                   .ud = o,
@@ -208,6 +216,7 @@ static int train(loom_context *ctx, const options *o, const model *m, const mode
     bo.seed = o->f.seed;
     bo.rank = o->f.rank;
     bo.world_size = o->f.world;
+    bo.drop_last = !o->keep_last;
     if (loom_batches_create(ds, &bo, &it) != LOOM_OK) {
         fprintf(stderr, "%scannot create the batch iterator\n", ex_who());
         goto out;
