@@ -77,11 +77,13 @@ enum {
 
 /* The packed path (rewrite_packed, plan_packed): cache tiles of K, of N (B's Kc x Nc tile
  * packed into RN-wide panels: 1 MB) and of M (A's Mc x Kc tile into RM-high panels, 256
- * KB), and the matmuls that take it: measured on Zen 5 (one thread, CPU time, ratios to
- * OpenBLAS's AVX-512 sgemm, unpacked / packed), 2048^3 in codegen's 512-row blocks 0.90 /
- * 0.95 and whole 0.94 / 0.96; 1024^3 0.99 / 1.00 whole and 0.95 / 0.94 in 256-row blocks
- * (a tie); smaller products lose: 512^3 1.04 / 1.02, 256x512x784 1.05 / 1.00, 256^3 1.10 /
- * 1.02 (packing A costs more than its contiguous reads save while B is small). */
+ * KB), and the matmuls that take it. Measured on Zen 5 (one thread, CPU time, ratios to
+ * OpenBLAS's AVX-512 sgemm, unpacked / packed, two sessions of 3 interleaved rounds):
+ * 2048^3 whole 0.94 / 0.96 and 0.98 / 1.00, in codegen's 512-row blocks 0.90 / 0.95 and
+ * 0.92 / 0.94 (a gain of 2-5%, the size of the noise); 1024^3 a tie (0.99 / 1.00 whole,
+ * 0.95 / 0.94 in 256-row blocks); smaller products lose: 512^3 1.04 / 1.02, 256x512x784
+ * 1.05 / 1.00, 256^3 1.10 / 1.02 (packing A costs more than its contiguous reads save
+ * while B is small). */
 enum {
     KCP_TARGET = 256,        /* a B panel of Kc x RN = 256 x 32 floats (32 KB) stays in L1 */
     NCP_TARGET = 1024,       /* Nc: 512 measured slower, 4096 no faster */
