@@ -77,6 +77,18 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* --cpu-time: the calling thread's CPU time instead of wall time (one thread only: time
+ * slices lost to other processes on a shared machine are not counted). */
+static bool use_cpu_time;
+
+static double sample_s(void) {
+    if (!use_cpu_time)
+        return now_s();
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -353,10 +365,10 @@ static void run_once(runner *r) {
 /* Times `reps` back-to-back runs; GFLOP/s. */
 static double timed(runner *r, int64_t reps) {
     double flops = 2.0 * (double)r->p->m * (double)r->p->n * (double)r->p->k;
-    double t0 = now_s();
+    double t0 = sample_s();
     for (int64_t q = 0; q < reps; q++)
         run_once(r);
-    return flops * (double)reps / (now_s() - t0) / 1e9;
+    return flops * (double)reps / (sample_s() - t0) / 1e9;
 }
 
 /* Runs per timed sample so that one sample lasts >= 50 ms. */
@@ -668,12 +680,12 @@ static void run_16bit(const options *o) {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_gemm [--runs N] [--best] [--threads LIST] [--rows R] [--shape MxNxK]... "
-            "[--o3] "
-            "[--no-avx512] [--dtype f32|bf16|f16]\n"
+            "usage: bench_gemm [--runs N] [--best] [--cpu-time] [--threads LIST] [--rows R]\n"
+            "                  [--shape MxNxK]... [--o3] [--no-avx512] [--dtype f32|bf16|f16]\n"
             "  --runs N       timed runs per measurement, median reported (default 7, >= 5)\n"
             "  --rows R       rows per kernel call (codegen's row blocks; default M / threads)\n"
             "  --best         report the best run instead of the median (noisy machines)\n"
+            "  --cpu-time     time by the thread's CPU time, not wall time (--threads 1 only)\n"
             "  --threads L    comma-separated thread counts (default 1,2)\n"
             "  --shape MxNxK  a shape to run instead of the default set (repeatable)\n"
             "  --o3           LLVM default<O3> instead of TOOLCHAIN.md's cheap pipeline\n"
@@ -711,6 +723,8 @@ static void parse_args(int argc, char **argv, options *o) {
             o->rows = atoll(argv[++i]);
             if (o->rows < 1)
                 usage();
+        } else if (strcmp(a, "--cpu-time") == 0) {
+            use_cpu_time = true;
         } else if (strcmp(a, "--best") == 0) {
             o->best = true;
         } else if (strcmp(a, "--o3") == 0) {
@@ -729,6 +743,8 @@ static void parse_args(int argc, char **argv, options *o) {
             usage();
         }
     }
+    if (use_cpu_time && (o->n_threads != 1 || o->threads[0] != 1))
+        usage(); /* other threads' CPU time is not the caller's */
     if (o->n_shapes == 0) {
         o->n_shapes = (int)(sizeof default_shapes / sizeof default_shapes[0]);
         memcpy(o->shapes, default_shapes, sizeof default_shapes);

@@ -3,6 +3,7 @@
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/Diagnostics.h>
+#include <mlir-c/Dialect/Linalg.h>
 #include <mlir-c/Dialect/Transform.h>
 #include <mlir-c/Dialect/Transform/Interpreter.h>
 #include <mlir-c/IR.h>
@@ -40,6 +41,15 @@
  *     stores and FMAs so that any standard vector-to-LLVM pipeline finishes the job.
  *  5. The packing buffers are hoisted to their function's entry (hoist_pack_buffers).
  *
+ * The largest matmuls (use_packed: B of 8 MB and more) take the packed path instead, the
+ * GotoBLAS/BLIS scheme with both operands packed: before the script, the matmul's main
+ * part becomes a linalg.generic over (mo, mi, no, ni, k) on views of A as RM-row blocks
+ * and of B as RN-column blocks (rewrite_packed), and the script tiles it n (Nc), k (Kc):
+ * B's Kc x Nc tile copied into contiguous Kc x RN panels; m (Mc): A's Mc x Kc tile copied
+ * into contiguous RM x Kc panels; then panel by panel the micro-kernel, which reads both
+ * operands from the copies only (plan_packed). With every operand read from a stack
+ * buffer, LLVM keeps the C block in registers over the k loop itself.
+ *
  * The register tile follows the host's vector unit (LLVMGetHostCPUFeatures at run time):
  * 8x32 with AVX-512 (16 zmm accumulators), 6x16 with AVX2 (12 ymm), 8x8 on AArch64, 4x8
  * otherwise. LOOM_MATMUL_ISA=avx512|avx2|generic overrides the choice (for tests and
@@ -49,6 +59,7 @@
  * fine (codegen compiles in several threads). */
 
 #define MM_TAG "loom.mm"
+#define PACKED_TAG "loom.mm_packed"
 
 /* Cache tiles (loops n, k, m): a Kc x Nc block of B and an Mc x Kc block of A stay in L2,
  * a packed Kc x RN panel of B in L1. Only "big" matmuls get them (see plan_matmul). */
@@ -64,6 +75,24 @@ enum {
     PACK_TILE_LDB = 8192, /* B's rows this far apart: its whole cache tile is packed */
 };
 
+/* The packed path (rewrite_packed, plan_packed): cache tiles of K, of N (B's Kc x Nc tile
+ * packed into RN-wide panels: 1 MB) and of M (A's Mc x Kc tile into RM-high panels, 256
+ * KB), and the matmuls that take it. Measured on Zen 5 (one thread, CPU time, ratios to
+ * OpenBLAS's AVX-512 sgemm, unpacked / packed, two sessions of 3 interleaved rounds):
+ * 2048^3 whole 0.94 / 0.96 and 0.98 / 1.00, in codegen's 512-row blocks 0.90 / 0.95 and
+ * 0.92 / 0.94 (a gain of 2-5%, the size of the noise); 1024^3 a tie (0.99 / 1.00 whole,
+ * 0.95 / 0.94 in 256-row blocks); smaller products lose: 512^3 1.04 / 1.02, 256x512x784
+ * 1.05 / 1.00, 256^3 1.10 / 1.02 (packing A costs more than its contiguous reads save
+ * while B is small). */
+enum {
+    KCP_TARGET = 256,        /* a B panel of Kc x RN = 256 x 32 floats (32 KB) stays in L1 */
+    NCP_TARGET = 1024,       /* Nc: 512 measured slower, 4096 no faster */
+    MCP_TARGET = 256,        /* Mc: 512 measured slower */
+    PACKED_MIN_M = 256,      /* rows */
+    PACKED_MIN_K_N = 1024,   /* K and N at least */
+    PACKED_MIN_KN = 1 << 21, /* and B at least 8 MB (2048 x 1024 floats) */
+};
+
 typedef struct mm_tiles {
     int64_t rm, rn; /* register tile */
     int64_t vl;     /* f32 lanes of a vector register */
@@ -72,8 +101,9 @@ typedef struct mm_tiles {
 typedef struct mm_op {
     MlirOperation op;
     bool batch;
-    int64_t m, n, k; /* the batch extent is irrelevant to the schedule */
-    int64_t ldb;     /* elements between rows of B */
+    bool packed;           /* the packed path's linalg.generic (see rewrite_packed) */
+    int64_t m, n, k;       /* the batch extent is irrelevant to the schedule; packed: in panels */
+    int64_t lda, ldb, ldc; /* elements between rows (dynamic: INT64_MIN) */
 } mm_op;
 
 /* ---- host ISA -------------------------------------------------------------------------- */
@@ -163,7 +193,27 @@ static bool qualifies(MlirOperation op, mm_op *out) {
         return false;
     if (a[o] != c[o] || a[o + 1] != b[o] || b[o + 1] != c[o + 1] || !inside_func(op))
         return false; /* the verifier would reject it; not ours to report */
-    *out = (mm_op){op, batch, a[o], b[o + 1], a[o + 1], ldb};
+    *out = (mm_op){op, batch, false, a[o], b[o + 1], a[o + 1], lda, ldb, ldc};
+    return true;
+}
+
+/* The packed path's generic: A as [M/RM, K, RM], B as [N/RN, K, RN] (rewrite_packed). */
+static bool qualifies_packed(MlirOperation op, mm_op *out) {
+    if (!op_named(op, "linalg.generic") ||
+        mlirAttributeIsNull(mlirOperationGetDiscardableAttributeByName(
+            op, mlirStringRefCreateFromCString(PACKED_TAG))))
+        return false;
+    MlirType a = mlirValueGetType(mlirOperationGetOperand(op, 0)),
+             b = mlirValueGetType(mlirOperationGetOperand(op, 1));
+    *out = (mm_op){op,
+                   false,
+                   true,
+                   mlirShapedTypeGetDimSize(a, 0),
+                   mlirShapedTypeGetDimSize(b, 0),
+                   mlirShapedTypeGetDimSize(a, 2),
+                   0,
+                   0,
+                   0};
     return true;
 }
 
@@ -176,7 +226,7 @@ typedef struct mm_list {
 static MlirWalkResult collect(MlirOperation op, void *ud) {
     mm_list *l = ud;
     mm_op m;
-    if (!qualifies(op, &m))
+    if (!qualifies(op, &m) && !qualifies_packed(op, &m))
         return MlirWalkResultAdvance;
     if (l->n == l->cap) {
         int32_t cap = l->cap ? 2 * l->cap : 16;
@@ -196,6 +246,222 @@ static MlirWalkResult untag(MlirOperation op, void *ud) {
     (void)ud;
     mlirOperationRemoveDiscardableAttributeByName(op, mlirStringRefCreateFromCString(MM_TAG));
     return MlirWalkResultAdvance;
+}
+
+/* ---- the packed path: A and B both packed (GotoBLAS) ----------------------------------- */
+
+/* A large matmul's main part (the rows and columns that whole register tiles cover) becomes
+ * a linalg.generic over (mo, mi, no, ni, k) that reads A as [M/RM, RM, K] (blocks of RM
+ * rows), B as [N/RN, K, RN] (blocks of RN columns) and writes C as [M/RM, RM, N/RN, RN],
+ * all plain strided views of the same memory. Promoting a cache tile of such a view copies
+ * it into a contiguous buffer of micro-panels: a B panel is Kc x RN, k-major (the RN
+ * values of one k step adjacent, as GotoBLAS and BLIS pack it); an A panel is RM rows of
+ * Kc, row by row. (BLIS's k-major A panel, the RM values one k step broadcasts adjacent,
+ * was measured too, as A viewed [M/RM, K, RM]: its copy reads RM rows lda apart per k and
+ * became gathers, 10% slower overall; with that copy's cost taken out it ran no faster
+ * than RM rows of one contiguous 8 KB panel.) The
+ * rest of M and N stays a linalg.matmul for the ordinary schedule. */
+
+/* Appends op `name` before `before`; result types given. */
+static MlirOperation build_before(MlirOperation before, const char *name, intptr_t n_operands,
+                                  const MlirValue *operands, intptr_t n_results,
+                                  const MlirType *results, intptr_t n_attrs,
+                                  const MlirNamedAttribute *attrs) {
+    MlirLocation loc = mlirOperationGetLocation(before);
+    MlirOperationState st = mlirOperationStateGet(mlirStringRefCreateFromCString(name), loc);
+    if (n_operands)
+        mlirOperationStateAddOperands(&st, n_operands, operands);
+    if (n_results)
+        mlirOperationStateAddResults(&st, n_results, results);
+    if (n_attrs)
+        mlirOperationStateAddAttributes(&st, n_attrs, attrs);
+    MlirOperation op = mlirOperationCreate(&st);
+    mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, op);
+    return op;
+}
+
+static MlirNamedAttribute named_ctx(MlirContext ctx, const char *name, MlirAttribute a) {
+    return mlirNamedAttributeGet(mlirIdentifierGet(ctx, mlirStringRefCreateFromCString(name)), a);
+}
+
+/* The base buffer and offset of a strided memref (memref.extract_strided_metadata). */
+static void base_and_offset(MlirOperation before, MlirValue v, MlirValue *base, MlirValue *offset) {
+    MlirContext ctx = mlirOperationGetContext(before);
+    MlirType t = mlirValueGetType(v), index = mlirIndexTypeGet(ctx);
+    intptr_t rank = mlirShapedTypeGetRank(t);
+    MlirType results[2 + 2 * 3];
+    results[0] = mlirMemRefTypeGet(mlirShapedTypeGetElementType(t), 0, NULL, mlirAttributeGetNull(),
+                                   mlirMemRefTypeGetMemorySpace(t));
+    for (intptr_t i = 1; i < 2 + 2 * rank; i++)
+        results[i] = index;
+    MlirOperation op = build_before(before, "memref.extract_strided_metadata", 1, &v, 2 + 2 * rank,
+                                    results, 0, NULL);
+    *base = mlirOperationGetResult(op, 0);
+    *offset = mlirOperationGetResult(op, 1);
+}
+
+/* offset + delta (index) */
+static MlirValue add_index(MlirOperation before, MlirValue offset, int64_t delta) {
+    if (delta == 0)
+        return offset;
+    MlirContext ctx = mlirOperationGetContext(before);
+    MlirType index = mlirIndexTypeGet(ctx);
+    MlirNamedAttribute value = named_ctx(ctx, "value", mlirIntegerAttrGet(index, delta));
+    MlirValue c = mlirOperationGetResult(
+        build_before(before, "arith.constant", 0, NULL, 1, &index, 1, &value), 0);
+    MlirValue ops[2] = {offset, c};
+    return mlirOperationGetResult(build_before(before, "arith.addi", 2, ops, 1, &index, 0, NULL),
+                                  0);
+}
+
+/* A view of base at offset with the given static sizes and strides. */
+static MlirValue strided_view(MlirOperation before, MlirValue base, MlirValue offset, intptr_t rank,
+                              const int64_t *sizes, const int64_t *strides) {
+    MlirContext ctx = mlirOperationGetContext(before);
+    int64_t dyn = mlirShapedTypeGetDynamicStrideOrOffset();
+    MlirType bt = mlirValueGetType(base);
+    MlirType t = mlirMemRefTypeGet(mlirShapedTypeGetElementType(bt), rank, sizes,
+                                   mlirStridedLayoutAttrGet(ctx, dyn, rank, strides),
+                                   mlirMemRefTypeGetMemorySpace(bt));
+    MlirNamedAttribute attrs[4] = {
+        named_ctx(ctx, "operandSegmentSizes",
+                  mlirDenseI32ArrayGet(ctx, 4, (int32_t[]){1, 1, 0, 0})),
+        named_ctx(ctx, "static_offsets", mlirDenseI64ArrayGet(ctx, 1, &dyn)),
+        named_ctx(ctx, "static_sizes", mlirDenseI64ArrayGet(ctx, rank, sizes)),
+        named_ctx(ctx, "static_strides", mlirDenseI64ArrayGet(ctx, rank, strides)),
+    };
+    MlirValue ops[2] = {base, offset};
+    return mlirOperationGetResult(
+        build_before(before, "memref.reinterpret_cast", 2, ops, 1, &t, 4, attrs), 0);
+}
+
+/* A named linalg op (matmul) on memrefs before `before`, its region filled by MLIR. */
+static void named_linalg_before(MlirOperation before, const char *name, intptr_t n_ops,
+                                const MlirValue *ops) {
+    MlirContext ctx = mlirOperationGetContext(before);
+    MlirNamedAttribute seg =
+        named_ctx(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){2, 1}));
+    MlirRegion region = mlirRegionCreate();
+    MlirOperationState st = mlirOperationStateGet(mlirStringRefCreateFromCString(name),
+                                                  mlirOperationGetLocation(before));
+    mlirOperationStateAddOperands(&st, n_ops, ops);
+    mlirOperationStateAddAttributes(&st, 1, &seg);
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    MlirOperation op = mlirOperationCreate(&st);
+    mlirLinalgFillBuiltinNamedOpRegion(op);
+    mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before, op);
+}
+
+/* The packed generic C[mo, mi, no, ni] += A[mo, mi, k] * B[no, k, ni]. */
+static void packed_generic_before(MlirOperation before, MlirValue a, MlirValue b, MlirValue c) {
+    MlirContext ctx = mlirOperationGetContext(before);
+    static const char *const maps[3] = {
+        "affine_map<(mo, mi, no, ni, k) -> (mo, mi, k)>",
+        "affine_map<(mo, mi, no, ni, k) -> (no, k, ni)>",
+        "affine_map<(mo, mi, no, ni, k) -> (mo, mi, no, ni)>",
+    };
+    MlirAttribute map_attrs[3], iters[5];
+    for (int i = 0; i < 3; i++)
+        map_attrs[i] = mlirAttributeParseGet(ctx, mlirStringRefCreateFromCString(maps[i]));
+    for (int i = 0; i < 5; i++)
+        iters[i] = mlirAttributeParseGet(
+            ctx, mlirStringRefCreateFromCString(i < 4 ? "#linalg.iterator_type<parallel>"
+                                                      : "#linalg.iterator_type<reduction>"));
+    MlirNamedAttribute attrs[4] = {
+        named_ctx(ctx, "indexing_maps", mlirArrayAttrGet(ctx, 3, map_attrs)),
+        named_ctx(ctx, "iterator_types", mlirArrayAttrGet(ctx, 5, iters)),
+        named_ctx(ctx, "operandSegmentSizes", mlirDenseI32ArrayGet(ctx, 2, (int32_t[]){2, 1})),
+        named_ctx(ctx, PACKED_TAG, mlirUnitAttrGet(ctx)),
+    };
+    MlirLocation loc = mlirOperationGetLocation(before);
+    MlirType f32 = mlirF32TypeGet(ctx);
+    MlirType args[3] = {f32, f32, f32};
+    MlirLocation locs[3] = {loc, loc, loc};
+    MlirRegion region = mlirRegionCreate();
+    MlirBlock body = mlirBlockCreate(3, args, locs);
+    mlirRegionAppendOwnedBlock(region, body);
+    MlirValue x[2] = {mlirBlockGetArgument(body, 0), mlirBlockGetArgument(body, 1)};
+    MlirOperationState mul =
+        mlirOperationStateGet(mlirStringRefCreateFromCString("arith.mulf"), loc);
+    mlirOperationStateAddOperands(&mul, 2, x);
+    mlirOperationStateAddResults(&mul, 1, &f32);
+    MlirOperation mul_op = mlirOperationCreate(&mul);
+    mlirBlockAppendOwnedOperation(body, mul_op);
+    MlirValue y[2] = {mlirBlockGetArgument(body, 2), mlirOperationGetResult(mul_op, 0)};
+    MlirOperationState add =
+        mlirOperationStateGet(mlirStringRefCreateFromCString("arith.addf"), loc);
+    mlirOperationStateAddOperands(&add, 2, y);
+    mlirOperationStateAddResults(&add, 1, &f32);
+    MlirOperation add_op = mlirOperationCreate(&add);
+    mlirBlockAppendOwnedOperation(body, add_op);
+    MlirValue sum = mlirOperationGetResult(add_op, 0);
+    MlirOperationState yield =
+        mlirOperationStateGet(mlirStringRefCreateFromCString("linalg.yield"), loc);
+    mlirOperationStateAddOperands(&yield, 1, &sum);
+    mlirBlockAppendOwnedOperation(body, mlirOperationCreate(&yield));
+
+    MlirValue ops[3] = {a, b, c};
+    MlirOperationState st =
+        mlirOperationStateGet(mlirStringRefCreateFromCString("linalg.generic"), loc);
+    mlirOperationStateAddOperands(&st, 3, ops);
+    mlirOperationStateAddAttributes(&st, 4, attrs);
+    mlirOperationStateAddOwnedRegions(&st, 1, &region);
+    mlirBlockInsertOwnedOperationBefore(mlirOperationGetBlock(before), before,
+                                        mlirOperationCreate(&st));
+}
+
+/* Whether m takes the packed path: big enough that packing both operands pays (measured:
+ * see the enum above); LOOM_MATMUL_PACK=always|never overrides (tests, benchmarks; any
+ * choice is correct). */
+static bool use_packed(const mm_op *m, mm_tiles t) {
+    int64_t dyn = mlirShapedTypeGetDynamicStrideOrOffset();
+    if (m->batch || m->packed || m->lda == dyn || m->ldb == dyn || m->ldc == dyn || m->m < t.rm ||
+        m->n < t.rn)
+        return false;
+    const char *forced = getenv("LOOM_MATMUL_PACK");
+    if (forced && strcmp(forced, "always") == 0)
+        return true;
+    if (forced && strcmp(forced, "never") == 0)
+        return false;
+    return m->m >= PACKED_MIN_M && m->n >= PACKED_MIN_K_N && m->k >= PACKED_MIN_K_N &&
+           m->k * m->n >= PACKED_MIN_KN;
+}
+
+/* Replaces m's matmul by the packed generic on its first M0 = M / RM * RM rows and N0 = N /
+ * RN * RN columns and linalg.matmuls on the rest (rows M0.., then columns N0.. of the first
+ * M0 rows). */
+static void rewrite_packed(const mm_op *m, mm_tiles t) {
+    MlirOperation op = m->op;
+    int64_t m0 = m->m / t.rm * t.rm, n0 = m->n / t.rn * t.rn;
+    MlirValue base[3], off[3];
+    for (int q = 0; q < 3; q++)
+        base_and_offset(op, mlirOperationGetOperand(op, q), &base[q], &off[q]);
+    int64_t sa[3] = {m0 / t.rm, t.rm, m->k}, ta[3] = {t.rm * m->lda, m->lda, 1};
+    int64_t sb[3] = {n0 / t.rn, m->k, t.rn}, tb_[3] = {t.rn, m->ldb, 1};
+    int64_t sc[4] = {m0 / t.rm, t.rm, n0 / t.rn, t.rn}, tc[4] = {t.rm * m->ldc, m->ldc, t.rn, 1};
+    packed_generic_before(op, strided_view(op, base[0], off[0], 3, sa, ta),
+                          strided_view(op, base[1], off[1], 3, sb, tb_),
+                          strided_view(op, base[2], off[2], 4, sc, tc));
+    if (m0 < m->m) { /* the last rows, all columns */
+        int64_t s_a[2] = {m->m - m0, m->k}, t_a[2] = {m->lda, 1};
+        int64_t s_b[2] = {m->k, m->n}, t_b[2] = {m->ldb, 1};
+        int64_t s_c[2] = {m->m - m0, m->n}, t_c[2] = {m->ldc, 1};
+        MlirValue ops[3] = {
+            strided_view(op, base[0], add_index(op, off[0], m0 * m->lda), 2, s_a, t_a),
+            strided_view(op, base[1], off[1], 2, s_b, t_b),
+            strided_view(op, base[2], add_index(op, off[2], m0 * m->ldc), 2, s_c, t_c)};
+        named_linalg_before(op, "linalg.matmul", 3, ops);
+    }
+    if (n0 < m->n) { /* the last columns of the first m0 rows */
+        int64_t s_a[2] = {m0, m->k}, t_a[2] = {m->lda, 1};
+        int64_t s_b[2] = {m->k, m->n - n0}, t_b[2] = {m->ldb, 1};
+        int64_t s_c[2] = {m0, m->n - n0}, t_c[2] = {m->ldc, 1};
+        MlirValue ops[3] = {strided_view(op, base[0], off[0], 2, s_a, t_a),
+                            strided_view(op, base[1], add_index(op, off[1], n0), 2, s_b, t_b),
+                            strided_view(op, base[2], add_index(op, off[2], n0), 2, s_c, t_c)};
+        named_linalg_before(op, "linalg.matmul", 3, ops);
+    }
+    mlirOperationDestroy(op);
 }
 
 /* ---- building the transform script ----------------------------------------------------- */
@@ -293,7 +559,7 @@ static void t_split(tb *b, MlirValue h, int64_t dim, int64_t at, MlirValue *firs
  * results are the tiled op, then one loop per non-zero size (outermost first). */
 static MlirOperation t_tile_op(tb *b, MlirValue h, intptr_t rank, const int64_t *sizes,
                                const int64_t *interchange) {
-    int scalable[4] = {0, 0, 0, 0};
+    int scalable[5] = {0, 0, 0, 0, 0};
     intptr_t n_loops = 0;
     for (intptr_t i = 0; i < rank; i++)
         n_loops += sizes[i] != 0;
@@ -359,7 +625,8 @@ typedef struct seg {
 typedef struct work {
     MlirValue h;
     bool copy; /* a packing copy of B's panel; else a matmul piece */
-    bool batch;
+    bool batch;     /* a batch piece, or a copy of rank 3 */
+    bool packed;    /* the packed generic's cache tile: to micro-kernel tiles */
     int64_t rm, rn; /* matmul: register tile (rn 0: the piece is already one RN panel) */
 } work;
 
@@ -445,8 +712,8 @@ static void split_segments(tb *b, MlirValue h, int64_t dim, int32_t n, const seg
 
 /* transform.structured.promote h {operands_to_promote = [1], use_alloca, alignment = 64}:
  * B's tile is copied into a stack buffer, which the caller hoists afterwards. */
-static MlirValue t_promote_b(tb *b, MlirValue h) {
-    MlirAttribute one = i64_attr(b, 1);
+static MlirValue t_promote(tb *b, MlirValue h, int64_t operand) {
+    MlirAttribute one = i64_attr(b, operand);
     MlirNamedAttribute attrs[3] = {
         named(b, "operands_to_promote", mlirArrayAttrGet(b->ctx, 1, &one)),
         named(b, "use_alloca", mlirUnitAttrGet(b->ctx)),
@@ -476,7 +743,7 @@ static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, int64_t ldb, con
     int64_t mc = sm->cache < sm->size ? sm->cache : 0, nc = sn->cache < sn->size ? sn->cache : 0,
             kc = sk->cache < sk->size ? sk->cache : 0;
     if (!(mc || nc || kc)) {
-        plan_add(p, (work){h, false, batch, sm->reg, sn->reg});
+        plan_add(p, (work){h, false, batch, false, sm->reg, sn->reg});
         return;
     }
     bool pack = sm->size >= PACK_MIN_M;
@@ -491,15 +758,15 @@ static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, int64_t ldb, con
         cache_loop = result(t, 1);
     }
     if (!batch && ldb >= PACK_TILE_LDB) {
-        h = t_promote_b(b, h);
+        h = t_promote(b, h, 1);
         MlirValue copy = t_match_in(b, cache_loop, "linalg.copy");
-        plan_add(p, (work){h, false, batch, sm->reg, sn->reg});
-        plan_add(p, (work){copy, true, batch, 0, 0});
+        plan_add(p, (work){h, false, batch, false, sm->reg, sn->reg});
+        plan_add(p, (work){copy, true, batch, false, 0, 0});
         p->packed = true;
         return;
     }
     if (!pack) {
-        plan_add(p, (work){h, false, batch, sm->reg, sn->reg});
+        plan_add(p, (work){h, false, batch, false, sm->reg, sn->reg});
         return;
     }
     MlirValue panel_loop;
@@ -514,10 +781,10 @@ static void plan_piece(tb *b, plan *p, MlirValue h, bool batch, int64_t ldb, con
         h = result(t, 0);
         panel_loop = result(t, 1);
     }
-    h = t_promote_b(b, h);
+    h = t_promote(b, h, 1);
     MlirValue copy = t_match_in(b, panel_loop, "linalg.copy");
-    plan_add(p, (work){h, false, batch, sm->reg, 0});
-    plan_add(p, (work){copy, true, batch, 0, 0});
+    plan_add(p, (work){h, false, batch, false, sm->reg, 0});
+    plan_add(p, (work){copy, true, batch, false, 0, 0});
     p->packed = true;
 }
 
@@ -546,11 +813,41 @@ static void plan_matmul(tb *b, plan *p, MlirValue h, const mm_op *m, mm_tiles t)
     }
 }
 
+/* The packed generic (rewrite_packed): loops n (Nc), k (Kc) around a copy of B's Kc x Nc
+ * tile into RN-wide panels, then m (Mc) around a copy of A's Mc x Kc tile into RM-high
+ * panels, then the micro-kernel over the tile (finish_work). m->m and m->n count panels. */
+static void plan_packed(tb *b, plan *p, MlirValue h, const mm_op *m, mm_tiles t) {
+    int64_t kc = m->k > KCP_TARGET ? (m->k + (m->k + KCP_TARGET - 1) / KCP_TARGET - 1) /
+                                         ((m->k + KCP_TARGET - 1) / KCP_TARGET)
+                                   : 0;
+    int64_t nc = NCP_TARGET / t.rn, mc = MCP_TARGET / t.rm;
+    int64_t sizes1[5] = {0, 0, nc < m->n ? nc : 0, 0, kc ? kc : m->k}, order1[5] = {2, 4, 0, 1, 3};
+    MlirOperation t1 = t_tile_op(b, h, 5, sizes1, order1);
+    MlirValue k_loop = result(t1, sizes1[2] ? 2 : 1);
+    h = t_promote(b, result(t1, 0), 1);
+    plan_add(p, (work){t_match_in(b, k_loop, "linalg.copy"), true, true, false, 0, 0});
+    int64_t sizes2[5] = {mc < m->m ? mc : m->m, 0, 0, 0, 0};
+    MlirOperation t2 = t_tile_op(b, h, 5, sizes2, NULL);
+    MlirValue m_loop = result(t2, 1);
+    h = t_promote(b, result(t2, 0), 0);
+    /* A's copy row by row (Kc wide): static unless the last K tile is shorter; then LLVM
+     * vectorizes the plain loops */
+    if (kc == 0 || m->k % kc == 0)
+        plan_add(p, (work){t_match_in(b, m_loop, "linalg.copy"), true, true, false, 0, 0});
+    plan_add(p, (work){h, false, false, true, 0, 0});
+    p->packed = true;
+}
+
 /* Phase 2: register tiles and vectorization. A packing copy goes row by row (its row count
  * is dynamic in a partial last Kc tile; a row is one static RN-wide vector). */
 static void finish_work(tb *b, const work *w) {
     MlirValue h = w->h;
-    if (w->copy) {
+    if (w->packed) {
+        /* loops no, mo, k around one RM x RN block: B's panel (Kc x RN) stays in L1 while
+         * the cache tile's A panels stream past it */
+        int64_t sizes[5] = {1, 0, 1, 0, 1}, order[5] = {2, 0, 1, 3, 4};
+        h = t_tile(b, h, 5, sizes, order);
+    } else if (w->copy) {
         int64_t rows2[2] = {1, 0}, rows3[3] = {1, 1, 0};
         h = w->batch ? t_tile(b, h, 3, rows3, NULL) : t_tile(b, h, 2, rows2, NULL);
     } else if (w->batch) {
@@ -639,13 +936,21 @@ static MlirModule build_script(MlirContext ctx, const mm_list *l, mm_tiles t,
         return (MlirModule){NULL};
     }
     for (int32_t i = 0; i < l->n; i++) {
-        ops[i] = t_match(&b, root, l->ops[i].batch ? "linalg.batch_matmul" : "linalg.matmul", i);
+        ops[i] = t_match(&b, root,
+                         l->ops[i].packed  ? "linalg.generic"
+                         : l->ops[i].batch ? "linalg.batch_matmul"
+                                           : "linalg.matmul",
+                         i);
         funcs[i] = t_parent_func(&b, ops[i]);
     }
     MlirValue all_funcs = t_merge(&b, l->n, funcs);
     plan p = {NULL, 0, 0, false, false};
-    for (int32_t i = 0; i < l->n; i++)
-        plan_matmul(&b, &p, ops[i], &l->ops[i], t);
+    for (int32_t i = 0; i < l->n; i++) {
+        if (l->ops[i].packed)
+            plan_packed(&b, &p, ops[i], &l->ops[i], t);
+        else
+            plan_matmul(&b, &p, ops[i], &l->ops[i], t);
+    }
     if (p.packed) { /* the packed buffers' views become static only now */
         static const pattern canon[] = {PATTERN("transform.apply_patterns.canonicalization")};
         t_patterns(&b, all_funcs, 1, canon);
@@ -726,8 +1031,37 @@ static MlirOperation parent_func(MlirOperation op) {
     return p;
 }
 
+/* Whether op lies inside the region of anc (at any depth). */
+static bool nested_in(MlirOperation op, MlirOperation anc) {
+    for (MlirOperation p = mlirOperationGetParentOperation(op); !mlirOperationIsNull(p);
+         p = mlirOperationGetParentOperation(p))
+        if (mlirOperationEqual(p, anc))
+            return true;
+    return false;
+}
+
+/* Whether buffers allocated in the bodies of px and py are live at the same time: one is
+ * allocated inside the loop nest that allocates the other (the packed path's A and B
+ * panels), not in pieces that run one after the other. */
+static bool overlapping(MlirOperation px, MlirOperation py) {
+    return mlirOperationEqual(px, py) || nested_in(px, py) || nested_in(py, px);
+}
+
 static void hoist_pack_buffers(MlirOperation mod_op, const op_set *before, op_set *after) {
     mlirOperationWalk(mod_op, collect_allocas, after, MlirWalkPostOrder);
+    /* each alloca's original parent, and the buffer it was merged into (its index) */
+    MlirOperation *parent = malloc(sizeof *parent * (size_t)(after->n ? after->n : 1));
+    int32_t *owner = malloc(sizeof *owner * (size_t)(after->n ? after->n : 1));
+    if (!parent || !owner) {
+        free(parent);
+        free(owner);
+        after->oom = true;
+        return;
+    }
+    for (int32_t i = 0; i < after->n; i++) {
+        parent[i] = mlirOperationGetParentOperation(after->ops[i]);
+        owner[i] = i;
+    }
     for (int32_t i = 0; i < after->n; i++) {
         MlirOperation a = after->ops[i];
         if (op_set_has(before, a))
@@ -736,7 +1070,8 @@ static void hoist_pack_buffers(MlirOperation mod_op, const op_set *before, op_se
         if (mlirOperationIsNull(fn))
             continue;
         MlirType type = mlirValueGetType(mlirOperationGetResult(a, 0));
-        /* An earlier buffer of this function with the same type takes over its uses. */
+        /* An earlier buffer of this function with the same type takes over its uses, unless
+         * it (or a buffer merged into it) is live at the same time. */
         bool merged = false;
         for (int32_t j = 0; j < i && !merged; j++) {
             MlirOperation e = after->ops[j];
@@ -744,10 +1079,16 @@ static void hoist_pack_buffers(MlirOperation mod_op, const op_set *before, op_se
                 !mlirOperationEqual(parent_func(e), fn) ||
                 !mlirTypeEqual(mlirValueGetType(mlirOperationGetResult(e, 0)), type))
                 continue;
+            bool clash = false;
+            for (int32_t q = 0; q < i && !clash; q++)
+                clash = owner[q] == j && overlapping(parent[i], parent[q]);
+            if (clash)
+                continue;
             mlirValueReplaceAllUsesOfWith(mlirOperationGetResult(a, 0),
                                           mlirOperationGetResult(e, 0));
             mlirOperationDestroy(a);
             after->ops[i] = (MlirOperation){NULL};
+            owner[i] = j;
             merged = true;
         }
         if (!merged) {
@@ -755,6 +1096,8 @@ static void hoist_pack_buffers(MlirOperation mod_op, const op_set *before, op_se
             mlirOperationMoveBefore(a, mlirBlockGetFirstOperation(entry));
         }
     }
+    free(parent);
+    free(owner);
 }
 
 /* ---- applying it ---------------------------------------------------------------------- */
@@ -835,6 +1178,22 @@ loom_status loom_cg_schedule_matmuls(MlirModule module, loom_ir_diag *d) {
     }
     if (l.n == 0)
         return LOOM_OK;
+    mm_tiles tiles = choose_register_tile();
+    bool rewritten = false;
+    for (int32_t i = 0; i < l.n; i++) {
+        if (use_packed(&l.ops[i], tiles)) {
+            rewrite_packed(&l.ops[i], tiles);
+            rewritten = true;
+        }
+    }
+    if (rewritten) { /* the edges' matmuls and the generics */
+        l.n = 0;
+        mlirOperationWalk(mod_op, collect, &l, MlirWalkPreOrder);
+        if (l.oom) {
+            free(l.ops);
+            return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "matmul schedule: out of memory");
+        }
+    }
     for (size_t i = 0; i < sizeof required_ops / sizeof required_ops[0]; i++) {
         if (!mlirContextIsRegisteredOperation(ctx, sr(required_ops[i]))) {
             free(l.ops);
@@ -851,7 +1210,7 @@ loom_status loom_cg_schedule_matmuls(MlirModule module, loom_ir_diag *d) {
     op_set before = {NULL, 0, 0, false};
     mlirOperationWalk(mod_op, collect_allocas, &before, MlirWalkPreOrder);
     MlirOperation entry;
-    MlirModule script = build_script(ctx, &l, choose_register_tile(), &entry);
+    MlirModule script = build_script(ctx, &l, tiles, &entry);
     free(l.ops);
 
     loom_status st;
