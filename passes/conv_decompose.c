@@ -1,0 +1,317 @@
+/* Convolution decomposition: the stand-in until codegen has conv kernels. conv2d and its two
+ * gradients become the ops codegen compiles today: im2col built from a pad, KH*KW strided
+ * slices and a concat, then one matmul (per group), for the forward; for the gradients the
+ * graph that autograd derived from that im2col (matmul VJPs, the concat's slices, the
+ * windows padded back and summed, i.e. col2im). CSE then merges the im2col that a forward
+ * and its weight gradient both rebuild, so the step is the one the frontend recorded when
+ * conv2d was composed of these ops. The reference interpreter runs the conv ops directly.
+ *
+ * Layouts (x [N,C,H,W], w [O,Cg,KH,KW], G groups, Cg = C/G, Og = O/G, L = N*OH*OW, KK =
+ * KH*KW): with x as [C,N,H,W], window (i, j) is the strided slice [C,N,OH,OW] at (i*dil,
+ * j*dil) of the padded x; the windows concatenate into cols [KK*C,N,OH,OW], which is
+ * [KK,C,L] in memory, and w laid out as [O,KH,KW,Cg] matches it, so y = w [Og,KK*Cg] x cols
+ * [KK*Cg,L] per group (grouped: cols regrouped to [G,KK*Cg,L], one more pass), then [O,N,OH,
+ * OW] back to NCHW. In 16 bits the window sum of the input gradient adds in f32 and rounds
+ * once, as the autocast pass arranged for the im2col graph (oneDNN's bf16 backward does the
+ * same). */
+#include <string.h>
+
+#include "passes.h"
+
+typedef struct cd_state {
+    loom_ir_graph out;
+    loom_ir_loc loc; /* of the conv node being rewritten */
+    loom_ir_diag *d;
+    loom_status st;
+} cd_state;
+
+static int32_t emit(cd_state *s, loom_ir_op op, int32_t n_in, const int32_t *in, loom_dtype dt,
+                    int32_t rank, const int64_t *shape, const loom_ir_attrs *attrs) {
+    if (s->st != LOOM_OK)
+        return -1;
+    for (int32_t k = 0; k < n_in; k++)
+        if (in[k] < 0)
+            return -1;
+    loom_ir_node_desc desc = {.op = op,
+                              .n_inputs = n_in,
+                              .inputs = in,
+                              .dtype = dt,
+                              .rank = rank,
+                              .shape = shape,
+                              .loc = s->loc};
+    if (attrs)
+        desc.attrs = *attrs;
+    int32_t id;
+    s->st = loom_ir_graph_add(&s->out, &desc, &id, s->d);
+    return s->st == LOOM_OK ? id : -1;
+}
+
+static const loom_ir_node *nd(const cd_state *s, int32_t x) {
+    return &s->out.nodes[x];
+}
+
+static int32_t shaped(cd_state *s, loom_ir_op op, int32_t x, int32_t rank, const int64_t *shape) {
+    return x < 0 ? -1 : emit(s, op, 1, &x, nd(s, x)->dtype, rank, shape, NULL);
+}
+
+static int32_t reshape(cd_state *s, int32_t x, int32_t rank, const int64_t *shape) {
+    return shaped(s, LOOM_IR_OP_RESHAPE, x, rank, shape);
+}
+
+static int32_t transpose(cd_state *s, int32_t x, const int32_t *perm) {
+    if (x < 0)
+        return -1;
+    loom_ir_attrs at = {0};
+    memcpy(at.perm, perm, (size_t)nd(s, x)->rank * sizeof *perm);
+    return emit(s, LOOM_IR_OP_TRANSPOSE, 1, &x, nd(s, x)->dtype, 0, NULL, &at);
+}
+
+/* Swaps the last two axes. */
+static int32_t mT(cd_state *s, int32_t x) {
+    if (x < 0)
+        return -1;
+    int32_t r = nd(s, x)->rank, perm[LOOM_MAX_RANK];
+    for (int32_t i = 0; i < r; i++)
+        perm[i] = i;
+    perm[r - 2] = r - 1;
+    perm[r - 1] = r - 2;
+    return transpose(s, x, perm);
+}
+
+static int32_t matmul(cd_state *s, int32_t a, int32_t b) {
+    int32_t in[2] = {a, b};
+    return a < 0 ? -1 : emit(s, LOOM_IR_OP_MATMUL, 2, in, nd(s, a)->dtype, 0, NULL, NULL);
+}
+
+/* A slice (start, stride) or a pad (low, interior; fill 0) of x of rank 4 to `shape`. */
+static int32_t moved(cd_state *s, loom_ir_op op, int32_t x, const int64_t *shape,
+                     const int64_t *start, const int64_t *step) {
+    if (x < 0)
+        return -1;
+    loom_ir_attrs at = {0};
+    memcpy(at.start, start, 4 * sizeof *start);
+    memcpy(at.step, step, 4 * sizeof *step);
+    return emit(s, op, 1, &x, nd(s, x)->dtype, 4, shape, &at);
+}
+
+static int64_t numel(const cd_state *s, int32_t x) {
+    return loom_ir_numel(nd(s, x)->rank, nd(s, x)->shape);
+}
+
+/* One convolution's extents. */
+typedef struct conv_dims {
+    int64_t n, c, h, w, o, kh, kw, oh, ow, g, cg, og, kk, l, hp, wp;
+    loom_ir_conv cv;
+} conv_dims;
+
+static conv_dims dims_of(const int64_t *xs, const int64_t *ws, const int64_t *ys,
+                         const loom_ir_conv *cv) {
+    conv_dims d = {.n = xs[0],
+                   .c = xs[1],
+                   .h = xs[2],
+                   .w = xs[3],
+                   .o = ws[0],
+                   .kh = ws[2],
+                   .kw = ws[3],
+                   .oh = ys[2],
+                   .ow = ys[3],
+                   .g = cv->groups,
+                   .cv = *cv};
+    d.cg = d.c / d.g;
+    d.og = d.o / d.g;
+    d.kk = d.kh * d.kw;
+    d.l = d.n * d.oh * d.ow;
+    d.hp = d.h + 2 * cv->padding[0];
+    d.wp = d.w + 2 * cv->padding[1];
+    return d;
+}
+
+static const int32_t SWAP01[4] = {1, 0, 2, 3};
+
+/* im2col of x: cols as the matmul reads it, [KK*C, L] or [G, KK*Cg, L]. */
+static int32_t im2col(cd_state *s, int32_t x, const conv_dims *d) {
+    int32_t xt = transpose(s, x, SWAP01); /* [C,N,H,W] */
+    const loom_ir_conv *cv = &d->cv;
+    if (cv->padding[0] || cv->padding[1]) {
+        loom_ir_attrs at = {.start = {0, 0, cv->padding[0], cv->padding[1]}};
+        xt = emit(s, LOOM_IR_OP_PAD, 1, &xt, nd(s, x)->dtype, 4,
+                  (const int64_t[]){d->c, d->n, d->hp, d->wp}, &at);
+    }
+    int32_t *win = loom_ir_alloc(&s->out.alloc, (size_t)d->kk * sizeof *win);
+    if (!win) {
+        s->st = loom_ir_diag_set(s->d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return -1;
+    }
+    for (int64_t i = 0; i < d->kh; i++)
+        for (int64_t j = 0; j < d->kw; j++)
+            win[i * d->kw + j] =
+                moved(s, LOOM_IR_OP_SLICE, xt, (const int64_t[]){d->c, d->n, d->oh, d->ow},
+                      (const int64_t[]){0, 0, i * cv->dilation[0], j * cv->dilation[1]},
+                      (const int64_t[]){1, 1, cv->stride[0], cv->stride[1]});
+    int32_t cols = win[0];
+    if (d->kk > 1) {
+        loom_ir_attrs at = {.index = 0};
+        cols = emit(s, LOOM_IR_OP_CONCAT, (int32_t)d->kk, win, nd(s, x)->dtype, 0, NULL, &at);
+    }
+    loom_ir_free(&s->out.alloc, win, (size_t)d->kk * sizeof *win);
+    if (d->g == 1)
+        return reshape(s, cols, 2, (const int64_t[]){d->kk * d->c, d->l});
+    cols = reshape(s, cols, 4, (const int64_t[]){d->kk, d->g, d->cg, d->l});
+    cols = transpose(s, cols, SWAP01);
+    return reshape(s, cols, 3, (const int64_t[]){d->g, d->kk * d->cg, d->l});
+}
+
+/* w as the matmul reads it: [O, KK*C] or [G, Og, KK*Cg]. */
+static int32_t weight_matrix(cd_state *s, int32_t w, const conv_dims *d) {
+    int32_t wt = transpose(s, w, (const int32_t[]){0, 2, 3, 1}); /* [O,KH,KW,Cg] */
+    if (d->g == 1)
+        return reshape(s, wt, 2, (const int64_t[]){d->o, d->kk * d->c});
+    return reshape(s, wt, 3, (const int64_t[]){d->g, d->og, d->kk * d->cg});
+}
+
+/* dy [N,O,OH,OW] as the matmul's result gradient: [O, L] or [G, Og, L]. */
+static int32_t dy_matrix(cd_state *s, int32_t dy, const conv_dims *d) {
+    int32_t t = transpose(s, dy, SWAP01);
+    if (d->g == 1)
+        return reshape(s, t, 2, (const int64_t[]){d->o, d->l});
+    return reshape(s, t, 3, (const int64_t[]){d->g, d->og, d->l});
+}
+
+static int32_t forward(cd_state *s, int32_t x, int32_t w, const conv_dims *d) {
+    int32_t cols = im2col(s, x, d);
+    int32_t y = matmul(s, weight_matrix(s, w, d), cols); /* [(G,) Og, L] */
+    y = reshape(s, y, 4, (const int64_t[]){d->o, d->n, d->oh, d->ow});
+    return transpose(s, y, SWAP01);
+}
+
+/* The matmul VJPs choose, as frontend/autograd.c's does, the form that transposes fewer
+ * elements (its costs with no operand already a transpose). */
+static int32_t grad_weight(cd_state *s, int32_t x, int32_t dy, const conv_dims *d) {
+    int32_t cols = im2col(s, x, d);
+    int32_t g = dy_matrix(s, dy, d);
+    if (cols < 0 || g < 0)
+        return -1;
+    int64_t direct = numel(s, cols), flipped = numel(s, g) + d->o * d->kk * d->cg;
+    int32_t dwm = direct <= flipped ? matmul(s, g, mT(s, cols)) : mT(s, matmul(s, cols, mT(s, g)));
+    dwm = reshape(s, dwm, 4, (const int64_t[]){d->o, d->kh, d->kw, d->cg});
+    return transpose(s, dwm, (const int32_t[]){0, 3, 1, 2});
+}
+
+static int32_t grad_input(cd_state *s, int32_t dy, int32_t w, loom_dtype dt, const conv_dims *d) {
+    int32_t wm = weight_matrix(s, w, d);
+    int32_t g = dy_matrix(s, dy, d);
+    if (wm < 0 || g < 0)
+        return -1;
+    int64_t direct = numel(s, wm), flipped = numel(s, g) + d->kk * d->c * d->l;
+    int32_t dc = direct <= flipped ? matmul(s, mT(s, wm), g) : mT(s, matmul(s, mT(s, g), wm));
+    if (d->g > 1) { /* undo the regrouping */
+        dc = reshape(s, dc, 4, (const int64_t[]){d->g, d->kk, d->cg, d->l});
+        dc = transpose(s, dc, SWAP01);
+    }
+    dc = reshape(s, dc, 4, (const int64_t[]){d->kk * d->c, d->n, d->oh, d->ow});
+    /* col2im: each window's slab of dc back where its slice read it, summed (in f32 for 16-bit
+     * types) in autograd's order, the last window first */
+    bool wide = dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16;
+    const int64_t padded[4] = {d->c, d->n, d->hp, d->wp};
+    int32_t sum = -1;
+    for (int64_t k = d->kk - 1; k >= 0; k--) {
+        int64_t i = k / d->kw, j = k % d->kw;
+        int32_t slab =
+            d->kk == 1 ? dc
+                       : moved(s, LOOM_IR_OP_SLICE, dc, (const int64_t[]){d->c, d->n, d->oh, d->ow},
+                               (const int64_t[]){k * d->c, 0, 0, 0}, (const int64_t[]){1, 1, 1, 1});
+        int32_t p = moved(s, LOOM_IR_OP_PAD, slab, padded,
+                          (const int64_t[]){0, 0, i * d->cv.dilation[0], j * d->cv.dilation[1]},
+                          (const int64_t[]){0, 0, d->cv.stride[0] - 1, d->cv.stride[1] - 1});
+        if (wide && p >= 0)
+            p = emit(s, LOOM_IR_OP_CAST, 1, &p, LOOM_DTYPE_F32, 0, NULL, NULL);
+        if (sum < 0) {
+            sum = p;
+        } else {
+            int32_t in[2] = {sum, p};
+            sum = p < 0 ? -1 : emit(s, LOOM_IR_OP_ADD, 2, in, nd(s, p)->dtype, 0, NULL, NULL);
+        }
+    }
+    if (d->cv.padding[0] || d->cv.padding[1])
+        sum = moved(s, LOOM_IR_OP_SLICE, sum, (const int64_t[]){d->c, d->n, d->h, d->w},
+                    (const int64_t[]){0, 0, d->cv.padding[0], d->cv.padding[1]},
+                    (const int64_t[]){1, 1, 1, 1});
+    int32_t dx = transpose(s, sum, SWAP01);
+    if (wide && dx >= 0)
+        dx = emit(s, LOOM_IR_OP_CAST, 1, &dx, dt, 0, NULL, NULL);
+    return dx;
+}
+
+/* Node n (a conv op of g) rewritten over its mapped operands a, b. */
+static int32_t decompose(cd_state *s, const loom_ir_graph *g, const loom_ir_node *n,
+                         const int32_t *map) {
+    int32_t a = map[n->inputs[0]], b = map[n->inputs[1]];
+    const loom_ir_node *na = &g->nodes[n->inputs[0]], *nb = &g->nodes[n->inputs[1]];
+    s->loc = n->loc;
+    if (n->op == LOOM_IR_OP_CONV2D) {
+        conv_dims d = dims_of(na->shape, nb->shape, n->shape, &n->attrs.conv);
+        return forward(s, a, b, &d);
+    }
+    if (n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT) {
+        conv_dims d = dims_of(n->shape, nb->shape, na->shape, &n->attrs.conv);
+        return grad_input(s, a, b, n->dtype, &d);
+    }
+    conv_dims d = dims_of(na->shape, n->shape, nb->shape, &n->attrs.conv); /* grad_weight */
+    return grad_weight(s, a, b, &d);
+}
+
+static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
+    *out_changed = false;
+    bool any = false;
+    for (int32_t i = 0; i < g->n_nodes && !any; i++)
+        any = loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_CONV;
+    if (!any)
+        return LOOM_OK;
+    cd_state s = {.d = d, .st = LOOM_OK};
+    loom_ir_graph_init(&s.out, &g->alloc);
+    size_t bytes = (size_t)g->n_nodes * sizeof(int32_t);
+    int32_t *map = loom_ir_alloc(&g->alloc, bytes);
+    if (!map)
+        s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV) {
+            map[i] = decompose(&s, g, n, map);
+            continue;
+        }
+        int32_t small[3], *in = small;
+        if (n->n_inputs > 3 && !(in = loom_ir_alloc(&g->alloc, (size_t)n->n_inputs * sizeof *in))) {
+            s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+            break;
+        }
+        for (int32_t k = 0; k < n->n_inputs; k++)
+            in[k] = map[n->inputs[k]];
+        loom_ir_node_desc desc = {.op = n->op,
+                                  .n_inputs = n->n_inputs,
+                                  .inputs = in,
+                                  .dtype = n->dtype,
+                                  .rank = n->rank,
+                                  .shape = n->shape,
+                                  .attrs = n->attrs,
+                                  .loc = n->loc};
+        s.st = loom_ir_graph_add(&s.out, &desc, &map[i], d);
+        if (in != small)
+            loom_ir_free(&g->alloc, in, (size_t)n->n_inputs * sizeof *in);
+    }
+    for (int32_t o = 0; o < g->n_outputs && s.st == LOOM_OK; o++)
+        if (loom_ir_graph_add_output(&s.out, map[g->outputs[o].node], g->outputs[o].alias) !=
+            LOOM_OK)
+            s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    loom_ir_free(&g->alloc, map, bytes);
+    if (s.st != LOOM_OK) {
+        loom_ir_graph_deinit(&s.out);
+        return s.st;
+    }
+    s.out.n_graph_inputs = g->n_graph_inputs;
+    loom_ir_graph_deinit(g);
+    *g = s.out;
+    *out_changed = true;
+    return LOOM_OK;
+}
+
+const loom_pass loom_pass_conv_decompose = {"conv-decompose", run};
