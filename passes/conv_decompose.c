@@ -4,16 +4,24 @@
  * graph that autograd derived from that im2col (matmul VJPs, the concat's slices, the
  * windows padded back and summed, i.e. col2im). CSE then merges the im2col that a forward
  * and its weight gradient both rebuild, so the step is the one the frontend recorded when
- * conv2d was composed of these ops. The reference interpreter runs the conv ops directly.
+ * conv2d was composed of these ops (for the Fashion-MNIST CNN, node for node). The reference
+ * interpreter runs the conv ops directly.
  *
  * Layouts (x [N,C,H,W], w [O,Cg,KH,KW], G groups, Cg = C/G, Og = O/G, L = N*OH*OW, KK =
  * KH*KW): with x as [C,N,H,W], window (i, j) is the strided slice [C,N,OH,OW] at (i*dil,
  * j*dil) of the padded x; the windows concatenate into cols [KK*C,N,OH,OW], which is
  * [KK,C,L] in memory, and w laid out as [O,KH,KW,Cg] matches it, so y = w [Og,KK*Cg] x cols
  * [KK*Cg,L] per group (grouped: cols regrouped to [G,KK*Cg,L], one more pass), then [O,N,OH,
- * OW] back to NCHW. In 16 bits the window sum of the input gradient adds in f32 and rounds
- * once, as the autocast pass arranged for the im2col graph (oneDNN's bf16 backward does the
- * same). */
+ * OW] back to NCHW.
+ *
+ * Two neighbours of a conv are rewritten with it, because their layout decides the passes
+ * over memory: loom_conv2d's bias add (conv2d + broadcast of [1,O,1,1]) goes into the
+ * matmul's [O, L] result, where it fuses as the matmul's epilogue and where the transposes
+ * around a following activation cancel; and the bias gradient (a sum of dy over N, H, W)
+ * reads dy in the [O, L] layout that the gradients' matmuls read, so dy is materialized
+ * once. In 16 bits the input gradient's window sum adds in f32 and rounds once, as oneDNN's
+ * bf16 convolution backward accumulates (rounding after each of the KH*KW adds would also
+ * cost more in fused code than the sum). */
 #include <string.h>
 
 #include "passes.h"
@@ -177,9 +185,22 @@ static int32_t dy_matrix(cd_state *s, int32_t dy, const conv_dims *d) {
     return reshape(s, t, 3, (const int64_t[]){d->g, d->og, d->l});
 }
 
-static int32_t forward(cd_state *s, int32_t x, int32_t w, const conv_dims *d) {
+/* conv2d(x, w) + broadcast(bias) when bias >= 0 (a node of O elements): the bias added in
+ * the matmul's [(G,) Og, L] layout, where it fuses as the matmul's epilogue (and where a
+ * following activation's transposes cancel), as the frontend's im2col had it. */
+static int32_t forward(cd_state *s, int32_t x, int32_t w, int32_t bias, const conv_dims *d) {
     int32_t cols = im2col(s, x, d);
     int32_t y = matmul(s, weight_matrix(s, w, d), cols); /* [(G,) Og, L] */
+    if (bias >= 0 && y >= 0) {
+        const loom_ir_node *yn = nd(s, y);
+        int64_t col[3] = {d->g, d->og, 1}, full[3];
+        memcpy(full, yn->shape, sizeof full);
+        int32_t r = yn->rank;
+        int32_t b = reshape(s, bias, r, r == 2 ? col + 1 : col);
+        b = shaped(s, LOOM_IR_OP_BROADCAST, b, r, full);
+        int32_t in[2] = {y, b};
+        y = b < 0 ? -1 : emit(s, LOOM_IR_OP_ADD, 2, in, yn->dtype, 0, NULL, NULL);
+    }
     y = reshape(s, y, 4, (const int64_t[]){d->o, d->n, d->oh, d->ow});
     return transpose(s, y, SWAP01);
 }
@@ -242,15 +263,16 @@ static int32_t grad_input(cd_state *s, int32_t dy, int32_t w, loom_dtype dt, con
     return dx;
 }
 
-/* Node n (a conv op of g) rewritten over its mapped operands a, b. */
+/* Node n (a conv op of g) rewritten over its mapped operands a, b; bias: the mapped bias
+ * of a conv2d whose add is being rewritten with it, or -1. */
 static int32_t decompose(cd_state *s, const loom_ir_graph *g, const loom_ir_node *n,
-                         const int32_t *map) {
+                         const int32_t *map, int32_t bias) {
     int32_t a = map[n->inputs[0]], b = map[n->inputs[1]];
     const loom_ir_node *na = &g->nodes[n->inputs[0]], *nb = &g->nodes[n->inputs[1]];
     s->loc = n->loc;
     if (n->op == LOOM_IR_OP_CONV2D) {
         conv_dims d = dims_of(na->shape, nb->shape, n->shape, &n->attrs.conv);
-        return forward(s, a, b, &d);
+        return forward(s, a, b, bias, &d);
     }
     if (n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT) {
         conv_dims d = dims_of(n->shape, nb->shape, na->shape, &n->attrs.conv);
@@ -258,6 +280,63 @@ static int32_t decompose(cd_state *s, const loom_ir_graph *g, const loom_ir_node
     }
     conv_dims d = dims_of(na->shape, n->shape, nb->shape, &n->attrs.conv); /* grad_weight */
     return grad_weight(s, a, b, &d);
+}
+
+/* Whether node i of g is conv2d(x, w) + broadcast(bias) with the conv2d read by nothing
+ * else (loom_conv2d's bias): then *conv gets the conv2d and *bias the broadcast's operand,
+ * whose extents are 1 but the channel axis's (O). uses[v]: how many operand slots and
+ * outputs read v. */
+static bool is_biased_conv(const loom_ir_graph *g, int32_t i, const int32_t *uses, int32_t *conv,
+                           int32_t *bias) {
+    const loom_ir_node *n = &g->nodes[i];
+    if (n->op != LOOM_IR_OP_ADD)
+        return false;
+    for (int k = 0; k < 2; k++) {
+        const loom_ir_node *c = &g->nodes[n->inputs[k]], *v = &g->nodes[n->inputs[1 - k]];
+        if (c->op != LOOM_IR_OP_CONV2D || uses[n->inputs[k]] != 1 || v->op != LOOM_IR_OP_BROADCAST)
+            continue;
+        const loom_ir_node *b = &g->nodes[v->inputs[0]];
+        bool channel_only = b->rank <= 4 && b->rank >= 3 && b->dtype == c->dtype;
+        for (int32_t j = 0; j < b->rank && channel_only; j++) { /* right-aligned with c */
+            int32_t axis = 4 - b->rank + j;
+            channel_only = b->shape[j] == (axis == 1 ? c->shape[1] : 1);
+        }
+        if (channel_only) {
+            *conv = n->inputs[k];
+            *bias = v->inputs[0];
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether node n of g is the bias gradient of a conv whose gradients read dy: a sum of dy
+ * (or of a cast of it) over N, H, W. It is rewritten over dy's channel-major layout [O, L],
+ * the one the gradients' matmuls read, so that dy is materialized once, in that layout, by
+ * the kernel producing it (as with the frontend's im2col, whose bias was added in it). */
+static bool is_bias_grad(const loom_ir_graph *g, const loom_ir_node *n, const uint8_t *is_dy) {
+    if (n->op != LOOM_IR_OP_REDUCE_SUM || n->attrs.axes != 0xDu)
+        return false;
+    int32_t v = n->inputs[0];
+    if (g->nodes[v].op == LOOM_IR_OP_CAST)
+        v = g->nodes[v].inputs[0];
+    return is_dy[v] != 0;
+}
+
+static int32_t bias_grad(cd_state *s, const loom_ir_graph *g, const loom_ir_node *n,
+                         const int32_t *map) {
+    const loom_ir_node *c = &g->nodes[n->inputs[0]];
+    bool cast = c->op == LOOM_IR_OP_CAST;
+    int32_t v = cast ? c->inputs[0] : n->inputs[0];
+    const int64_t *ys = g->nodes[v].shape;
+    s->loc = n->loc;
+    int32_t t = transpose(s, map[v], SWAP01);
+    t = reshape(s, t, 2, (const int64_t[]){ys[1], ys[0] * ys[2] * ys[3]});
+    if (cast && t >= 0)
+        t = emit(s, LOOM_IR_OP_CAST, 1, &t, c->dtype, 0, NULL, NULL);
+    loom_ir_attrs at = {.axes = 2u};
+    int32_t r = t < 0 ? -1 : emit(s, LOOM_IR_OP_REDUCE_SUM, 1, &t, nd(s, t)->dtype, 0, NULL, &at);
+    return n->rank == 1 ? r : reshape(s, r, n->rank, n->shape);
 }
 
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
@@ -269,14 +348,52 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         return LOOM_OK;
     cd_state s = {.d = d, .st = LOOM_OK};
     loom_ir_graph_init(&s.out, &g->alloc);
+    /* map: g node -> out node; uses: readers per node, then for a conv2d whose bias add is
+     * rewritten with it, -1 - that add (the conv2d itself is then emitted at the add) */
     size_t bytes = (size_t)g->n_nodes * sizeof(int32_t);
-    int32_t *map = loom_ir_alloc(&g->alloc, bytes);
-    if (!map)
+    int32_t *map = loom_ir_alloc(&g->alloc, bytes), *uses = loom_ir_alloc(&g->alloc, bytes);
+    if (!map || !uses)
         s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++)
+        uses[i] = 0;
+    for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++)
+        for (int32_t k = 0; k < g->nodes[i].n_inputs; k++)
+            uses[g->nodes[i].inputs[k]]++;
+    for (int32_t o = 0; o < g->n_outputs && s.st == LOOM_OK; o++)
+        uses[g->outputs[o].node]++;
+    for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
+        int32_t c, b;
+        if (is_biased_conv(g, i, uses, &c, &b))
+            uses[c] = -1 - i;
+    }
+    /* is_dy: the dy operands of the gradients */
+    uint8_t *is_dy = s.st == LOOM_OK ? loom_ir_alloc(&g->alloc, (size_t)g->n_nodes) : NULL;
+    if (!is_dy)
+        s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++)
+        is_dy[i] = 0;
+    for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        if (n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT || n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT)
+            is_dy[n->inputs[n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? 0 : 1]] = 1;
+    }
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         const loom_ir_node *n = &g->nodes[i];
         if (loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV) {
-            map[i] = decompose(&s, g, n, map);
+            map[i] = uses[i] < 0 ? -1 : decompose(&s, g, n, map, -1);
+            continue;
+        }
+        if (is_bias_grad(g, n, is_dy)) {
+            map[i] = bias_grad(&s, g, n, map);
+            continue;
+        }
+        int32_t slot = -1; /* the operand slot of a conv2d rewritten here with its bias */
+        for (int k = 0; k < 2 && n->op == LOOM_IR_OP_ADD && slot < 0; k++)
+            if (uses[n->inputs[k]] == -1 - i)
+                slot = k;
+        if (slot >= 0) {
+            int32_t bias = g->nodes[n->inputs[1 - slot]].inputs[0];
+            map[i] = decompose(&s, g, &g->nodes[n->inputs[slot]], map, map[bias]);
             continue;
         }
         int32_t small[3], *in = small;
@@ -303,15 +420,9 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
             LOOM_OK)
             s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     loom_ir_free(&g->alloc, map, bytes);
-    if (s.st != LOOM_OK) {
-        loom_ir_graph_deinit(&s.out);
-        return s.st;
-    }
-    s.out.n_graph_inputs = g->n_graph_inputs;
-    loom_ir_graph_deinit(g);
-    *g = s.out;
-    *out_changed = true;
-    return LOOM_OK;
+    loom_ir_free(&g->alloc, uses, bytes);
+    loom_ir_free(&g->alloc, is_dy, (size_t)g->n_nodes);
+    return loom_pass_replace_graph(g, &s.out, s.st, out_changed);
 }
 
 const loom_pass loom_pass_conv_decompose = {"conv-decompose", run};

@@ -21,6 +21,19 @@ const loom_pass *const *loom_pass_all(int32_t *out_n) {
     return all_passes;
 }
 
+loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_status st,
+                                    bool *out_changed) {
+    if (st != LOOM_OK) {
+        loom_ir_graph_deinit(out);
+        return st;
+    }
+    out->n_graph_inputs = g->n_graph_inputs;
+    loom_ir_graph_deinit(g);
+    *g = *out;
+    *out_changed = true;
+    return LOOM_OK;
+}
+
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,
                                    int32_t n_passes, const loom_pass_options *opts,
                                    loom_ir_diag *d) {

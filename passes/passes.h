@@ -24,6 +24,11 @@ typedef struct loom_pass_options {
     double allreduce_bucket_mb;
 } loom_pass_options;
 
+/* For passes that rebuild the graph into `out`: on st == LOOM_OK out (with g's input count)
+ * replaces g and *out_changed is set; otherwise out is freed and g kept. Returns st. */
+loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_status st,
+                                    bool *out_changed);
+
 /* Runs the passes in order. A pass error or a verifier failure stops the pipeline; the
  * message names the pass. */
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,

@@ -336,6 +336,15 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
  * once. x [N,C,H,W], w [O,C/G,KH,KW], y [N,O,OH,OW]; input pixel ih = oh*stride - pad +
  * kh*dilation (likewise w). The gradients gather the same terms: dx[ih] from the (oh, kh)
  * pairs that reach it, dw[kh] over every n, oh. */
+/* The input pixel (*ih, *iw) that window tap (kh, kw) of output pixel (oh, ow) reads;
+ * false when it falls in the padding of an H x W input. */
+static bool conv_tap(const loom_ir_conv *cv, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
+                     int64_t H, int64_t W, int64_t *ih, int64_t *iw) {
+    *ih = oh * cv->stride[0] - cv->padding[0] + kh * cv->dilation[0];
+    *iw = ow * cv->stride[1] - cv->padding[1] + kw * cv->dilation[1];
+    return *ih >= 0 && *ih < H && *iw >= 0 && *iw < W;
+}
+
 static void run_conv(const loom_ir_node *n, const loom_ir_node *const *x, const void *a,
                      const void *b, void *dst) {
     const loom_ir_conv *cv = &n->attrs.conv;
@@ -360,12 +369,8 @@ static void run_conv(const loom_ir_node *n, const loom_ir_node *const *x, const 
                         int64_t c0 = o / Og * Cg;
                         for (int64_t c = 0; c < Cg; c++)
                             for (int64_t kh = 0; kh < KH; kh++)
-                                for (int64_t kw = 0; kw < KW; kw++) {
-                                    int64_t ih =
-                                        oh * cv->stride[0] - cv->padding[0] + kh * cv->dilation[0];
-                                    int64_t iw =
-                                        ow * cv->stride[1] - cv->padding[1] + kw * cv->dilation[1];
-                                    if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+                                for (int64_t kw = 0, ih, iw; kw < KW; kw++) {
+                                    if (!conv_tap(cv, oh, ow, kh, kw, H, W, &ih, &iw))
                                         continue;
                                     acc += loom_ir_load_f64(xd, dt, X_AT(nn, c0 + c, ih, iw)) *
                                            loom_ir_load_f64(wd, dt, W_AT(o, c, kh, kw));
@@ -404,12 +409,8 @@ static void run_conv(const loom_ir_node *n, const loom_ir_node *const *x, const 
                         int64_t ci = o / Og * Cg + c;
                         for (int64_t nn = 0; nn < N; nn++)
                             for (int64_t oh = 0; oh < OH; oh++)
-                                for (int64_t ow = 0; ow < OW; ow++) {
-                                    int64_t ih =
-                                        oh * cv->stride[0] - cv->padding[0] + kh * cv->dilation[0];
-                                    int64_t iw =
-                                        ow * cv->stride[1] - cv->padding[1] + kw * cv->dilation[1];
-                                    if (ih < 0 || ih >= H || iw < 0 || iw >= W)
+                                for (int64_t ow = 0, ih, iw; ow < OW; ow++) {
+                                    if (!conv_tap(cv, oh, ow, kh, kw, H, W, &ih, &iw))
                                         continue;
                                     acc += loom_ir_load_f64(xd, dt, X_AT(nn, ci, ih, iw)) *
                                            loom_ir_load_f64(yd, dt, Y_AT(nn, o, oh, ow));

@@ -288,6 +288,69 @@ static void test_forward_and_weight_gradient_share_one_im2col_after_cse(void **s
     loom_ir_graph_deinit(&g);
 }
 
+/* loom_conv2d's bias add goes into the matmul's [O, L] result (its epilogue) and the bias
+ * gradient, a sum of dy over N, H, W, reads dy in that layout; the values stay the direct
+ * ops'. */
+static void test_bias_add_and_bias_gradient_move_to_the_matmul_layout(void **state) {
+    (void)state;
+    const conv_case *k = &sweep[3]; /* groups 2 */
+    conv_shapes s = shapes_of(k);
+    loom_ir_graph g;
+    build_conv_graph(&g, k, &s, LOOM_DTYPE_F32);
+    const loom_dtype F = LOOM_DTYPE_F32;
+    int32_t b = tu_input(&g, F, 1, S(k->o));
+    int32_t b4 = tu_add(&g, LOOM_IR_OP_RESHAPE, 1, &b, F, 4, S(1, k->o, 1, 1), (loom_ir_attrs){0});
+    int32_t bb = tu_add(&g, LOOM_IR_OP_BROADCAST, 1, &b4, F, 4, s.y, (loom_ir_attrs){0});
+    int32_t y = g.outputs[0].node;
+    g.outputs[0].node =
+        tu_add(&g, LOOM_IR_OP_ADD, 2, (int32_t[]){y, bb}, F, 0, NULL, (loom_ir_attrs){0});
+    int32_t db = tu_add(&g, LOOM_IR_OP_REDUCE_SUM, 1, (int32_t[]){2}, F, 0, NULL,
+                        (loom_ir_attrs){.axes = 0xD}); /* input 2 is dy */
+    tu_output(&g, db, -1);
+    tu_verify(&g);
+    loom_ir_graph h;
+    loom_ir_graph_init(&h, &sys);
+    assert_int_equal(loom_ir_graph_copy(&h, &g), LOOM_OK);
+    const loom_pass *pipe[] = {&loom_pass_conv_decompose, &loom_pass_dce, &loom_pass_cse};
+    loom_pass_options o = {.verify_each = true};
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_pass_run_pipeline(&h, pipe, 3, &o, &d), LOOM_OK);
+    int bias_epilogues = 0, sums_of_rows = 0;
+    for (int32_t i = 0; i < h.n_nodes; i++) {
+        const loom_ir_node *n = &h.nodes[i];
+        if (n->op == LOOM_IR_OP_ADD && h.nodes[n->inputs[0]].op == LOOM_IR_OP_MATMUL)
+            bias_epilogues++;
+        if (n->op == LOOM_IR_OP_REDUCE_SUM)
+            sums_of_rows += h.nodes[n->inputs[0]].rank == 2 && n->attrs.axes == 2u;
+    }
+    assert_int_equal(bias_epilogues, 1);
+    assert_int_equal(sums_of_rows, 1);
+    /* the same values: y + b, dx, dw, db */
+    conv_run r;
+    run_init(&r, k, F);
+    float bias[6], outs[2][4][512];
+    for (int i = 0; i < k->o; i++)
+        bias[i] = (float)(i + 1) * 0.25f;
+    const void *ins[4] = {r.in[0], r.in[1], r.in[2], bias};
+    assert_true(r.ny <= 512 && r.nx <= 512 && r.nw <= 512);
+    const loom_ir_graph *gs[2] = {&g, &h};
+    for (int v = 0; v < 2; v++) {
+        void *o4[4] = {outs[v][0], outs[v][1], outs[v][2], outs[v][3]};
+        if (loom_rt_interp_run(gs[v], &sys, ins, o4, &d) != LOOM_OK)
+            fail_msg("interp: %s", d.msg);
+    }
+    int64_t count[4] = {r.ny, r.nx, r.nw, k->o};
+    for (int t = 0; t < 4; t++)
+        for (int64_t i = 0; i < count[t]; i++)
+            if (!(fabsf(outs[0][t][i] - outs[1][t][i]) <= 1e-5f * (1 + fabsf(outs[0][t][i]))))
+                fail_msg("output %d element %lld: %g, direct %g", t, (long long)i, outs[1][t][i],
+                         outs[0][t][i]);
+    run_deinit(&r);
+    loom_ir_graph_deinit(&h);
+    loom_ir_graph_deinit(&g);
+}
+
 /* Fusion refuses a conv op that was not decomposed, naming it. */
 static void test_fusion_refuses_an_undecomposed_conv(void **state) {
     (void)state;
@@ -466,6 +529,7 @@ int main(void) {
         cmocka_unit_test(test_interpreter_matches_a_plain_convolution_over_the_sweep),
         cmocka_unit_test(test_decomposed_graph_matches_the_direct_ops_over_the_sweep),
         cmocka_unit_test(test_forward_and_weight_gradient_share_one_im2col_after_cse),
+        cmocka_unit_test(test_bias_add_and_bias_gradient_move_to_the_matmul_layout),
         cmocka_unit_test(test_fusion_refuses_an_undecomposed_conv),
         cmocka_unit_test(test_inference_errors_name_the_operands_and_the_window),
         cmocka_unit_test(test_text_shows_and_reads_the_window),
