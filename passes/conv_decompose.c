@@ -230,18 +230,25 @@ static int32_t grad_input(cd_state *s, int32_t dy, int32_t w, loom_dtype dt, con
         dc = transpose(s, dc, SWAP01);
     }
     dc = reshape(s, dc, 4, (const int64_t[]){d->kk * d->c, d->n, d->oh, d->ow});
-    /* col2im: each window's slab of dc back where its slice read it, summed (in f32 for 16-bit
-     * types) in autograd's order, the last window first */
+    /* col2im: each window's slab of dc (the concat's VJP, in window order) back where its
+     * slice read it, summed (in f32 for 16-bit types) in autograd's order, the last window
+     * first */
     bool wide = dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16;
     const int64_t padded[4] = {d->c, d->n, d->hp, d->wp};
+    int32_t *slab = loom_ir_alloc(&s->out.alloc, (size_t)d->kk * sizeof *slab);
+    if (!slab) {
+        s->st = loom_ir_diag_set(s->d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return -1;
+    }
+    for (int64_t k = 0; k < d->kk; k++)
+        slab[k] = d->kk == 1
+                      ? dc
+                      : moved(s, LOOM_IR_OP_SLICE, dc, (const int64_t[]){d->c, d->n, d->oh, d->ow},
+                              (const int64_t[]){k * d->c, 0, 0, 0}, (const int64_t[]){1, 1, 1, 1});
     int32_t sum = -1;
     for (int64_t k = d->kk - 1; k >= 0; k--) {
         int64_t i = k / d->kw, j = k % d->kw;
-        int32_t slab =
-            d->kk == 1 ? dc
-                       : moved(s, LOOM_IR_OP_SLICE, dc, (const int64_t[]){d->c, d->n, d->oh, d->ow},
-                               (const int64_t[]){k * d->c, 0, 0, 0}, (const int64_t[]){1, 1, 1, 1});
-        int32_t p = moved(s, LOOM_IR_OP_PAD, slab, padded,
+        int32_t p = moved(s, LOOM_IR_OP_PAD, slab[k], padded,
                           (const int64_t[]){0, 0, i * d->cv.dilation[0], j * d->cv.dilation[1]},
                           (const int64_t[]){0, 0, d->cv.stride[0] - 1, d->cv.stride[1] - 1});
         if (wide && p >= 0)
@@ -253,6 +260,7 @@ static int32_t grad_input(cd_state *s, int32_t dy, int32_t w, loom_dtype dt, con
             sum = p < 0 ? -1 : emit(s, LOOM_IR_OP_ADD, 2, in, nd(s, p)->dtype, 0, NULL, NULL);
         }
     }
+    loom_ir_free(&s->out.alloc, slab, (size_t)d->kk * sizeof *slab);
     if (d->cv.padding[0] || d->cv.padding[1])
         sum = moved(s, LOOM_IR_OP_SLICE, sum, (const int64_t[]){d->c, d->n, d->h, d->w},
                     (const int64_t[]){0, 0, d->cv.padding[0], d->cv.padding[1]},
