@@ -192,14 +192,14 @@ static int32_t forward(cd_state *s, int32_t x, int32_t w, int32_t bias, const co
     int32_t cols = im2col(s, x, d);
     int32_t y = matmul(s, weight_matrix(s, w, d), cols); /* [(G,) Og, L] */
     if (bias >= 0 && y >= 0) {
-        const loom_ir_node *yn = nd(s, y);
-        int64_t col[3] = {d->g, d->og, 1}, full[3];
-        memcpy(full, yn->shape, sizeof full);
-        int32_t r = yn->rank;
+        int64_t col[3] = {d->g, d->og, 1}, full[3]; /* by value: emitting moves the nodes */
+        memcpy(full, nd(s, y)->shape, sizeof full);
+        int32_t r = nd(s, y)->rank;
+        loom_dtype dt = nd(s, y)->dtype;
         int32_t b = reshape(s, bias, r, r == 2 ? col + 1 : col);
         b = shaped(s, LOOM_IR_OP_BROADCAST, b, r, full);
         int32_t in[2] = {y, b};
-        y = b < 0 ? -1 : emit(s, LOOM_IR_OP_ADD, 2, in, yn->dtype, 0, NULL, NULL);
+        y = b < 0 ? -1 : emit(s, LOOM_IR_OP_ADD, 2, in, dt, 0, NULL, NULL);
     }
     y = reshape(s, y, 4, (const int64_t[]){d->o, d->n, d->oh, d->ow});
     return transpose(s, y, SWAP01);
