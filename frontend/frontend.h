@@ -158,6 +158,12 @@ int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, i
 loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
                             const char *op);
 
+/* ---- ops.c ---- */
+/* Records conv2d(x, w) with window cv (loom_conv2d_at validates first, so that its messages
+ * name the user's arguments); NULL after recording an error. */
+loom_tensor *loom_fe_conv2d(loom_context *ctx, loom_tensor *x, loom_tensor *w,
+                            const loom_ir_conv *cv, const char *file, int line);
+
 /* ---- data.c ---- */
 /* Formats a message into err (err_size bytes; nothing when err is NULL or err_size 0), for
  * the context-free loaders that report through a caller's buffer. Returns s. */

@@ -268,16 +268,9 @@ static bool pair(loom_context *ctx, const int64_t *p, int64_t dflt, int64_t min,
     return true;
 }
 
-/* Output extent of a window sweep, or < 1 when the window does not fit. */
-static int64_t out_extent(int64_t in, int64_t pad, int64_t k, int64_t dil, int64_t stride) {
-    int64_t span = dil * (k - 1) + 1;
-    if (in + 2 * pad < span)
-        return 0;
-    return (in + 2 * pad - span) / stride + 1;
-}
-
 /* The KH*KW shifted, strided windows of x [A, B, H, W] (after padding with `fill`), each
- * [A, B, OH, OW], in row-major (kh, kw) order. */
+ * [A, B, OH, OW], in row-major (kh, kw) order: pooling's (conv2d's im2col, the same, is in
+ * passes/conv_decompose.c). */
 static bool windows(loom_context *ctx, loom_tensor *x, const int64_t *s, const int64_t k[2],
                     const int64_t st[2], const int64_t pd[2], const int64_t dl[2], double fill,
                     const int64_t o[2], loom_tensor **out, const char *file, int line) {
@@ -322,9 +315,9 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
     if (!check_vec(ctx, bias, "bias", dw, 1, sw, file, line, op))
         return NULL;
     int64_t k[2] = {sw[2], sw[3]};
-    int64_t o[2] = {out_extent(sx[2], pd[0], k[0], dl[0], st[0]),
-                    out_extent(sx[3], pd[1], k[1], dl[1], st[1])};
-    if (o[0] < 1 || o[1] < 1 || k[0] * k[1] > MAX_WINDOW) {
+    int64_t o[2] = {loom_ir_conv_out_extent(sx[2], k[0], st[0], pd[0], dl[0]),
+                    loom_ir_conv_out_extent(sx[3], k[1], st[1], pd[1], dl[1])};
+    if (o[0] < 1 || o[1] < 1) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                       "the %lldx%lld kernel (dilation {%lld, %lld}) does not fit the padded "
                       "input %s (padding {%lld, %lld})",
@@ -332,37 +325,14 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
                       fmt_type(ta, sizeof ta, dx, rx, sx), (long long)pd[0], (long long)pd[1]);
         return NULL;
     }
-    /* im2col as graph ops: with x as [C, N, H, W], each of the KH*KW windows is a strided
-     * slice [C, N, OH, OW]; they concatenate along C into cols [KH*KW*C, N, OH, OW] in one
-     * pass (the layout of [KH*KW, C, N*OH*OW]), and one GEMM per group with the weight laid
-     * out to match, [O, KH, KW, C/groups], gives [O, N*OH*OW]. */
-    int64_t n = sx[0], c = sx[1], oc = sw[0], kk = k[0] * k[1], l = n * o[0] * o[1];
-    int64_t cg = c / groups, og = oc / groups;
-    loom_tensor *xt = loom_permute_at(ctx, x, (int32_t[]){1, 0, 2, 3}, file, line);
-    loom_tensor *win[MAX_WINDOW];
-    int64_t sxt[2] = {c, n};
-    if (!windows(ctx, xt, sxt, k, st, pd, dl, 0.0, o, win, file, line))
-        return NULL;
-    loom_tensor *cols = kk == 1 ? win[0] : loom_concat_at(ctx, (int32_t)kk, win, 0, file, line);
-    loom_tensor *w = loom_permute_at(ctx, weight, (int32_t[]){0, 2, 3, 1}, file, line);
-    if (groups == 1) {
-        cols = loom_reshape_at(ctx, cols, 2, (int64_t[]){kk * c, l}, file, line);
-        w = loom_reshape_at(ctx, w, 2, (int64_t[]){oc, kk * c}, file, line);
-    } else { /* [KK, G, Cg, L] -> [G, KK, Cg, L]: one more pass, grouped convs only */
-        cols = loom_reshape_at(ctx, cols, 4, (int64_t[]){kk, groups, cg, l}, file, line);
-        cols = loom_permute_at(ctx, cols, (int32_t[]){1, 0, 2, 3}, file, line);
-        cols = loom_reshape_at(ctx, cols, 3, (int64_t[]){groups, kk * cg, l}, file, line);
-        w = loom_reshape_at(ctx, w, 3, (int64_t[]){groups, og, kk * cg}, file, line);
-    }
-    loom_tensor *y = loom_matmul_at(ctx, w, cols, file, line); /* [(G,) Og, N*OH*OW] */
-    if (bias) {
-        loom_tensor *b = loom_reshape_at(
-            ctx, bias, groups == 1 ? 2 : 3,
-            groups == 1 ? (int64_t[]){oc, 1} : (int64_t[]){groups, og, 1}, file, line);
-        y = loom_add_at(ctx, y, b, file, line);
-    }
-    y = loom_reshape_at(ctx, y, 4, (int64_t[]){oc, n, o[0], o[1]}, file, line);
-    return loom_permute_at(ctx, y, (int32_t[]){1, 0, 2, 3}, file, line);
+    /* One conv2d node (the JIT decomposes it until codegen has a conv kernel); the bias is
+     * an add over the channel axis, an epilogue the autocast pass keeps in the conv's dtype. */
+    loom_ir_conv cv = {{st[0], st[1]}, {pd[0], pd[1]}, {dl[0], dl[1]}, groups};
+    loom_tensor *y = loom_fe_conv2d(ctx, x, weight, &cv, file, line);
+    if (!bias)
+        return y;
+    loom_tensor *b = loom_reshape_at(ctx, bias, 4, (int64_t[]){1, sw[0], 1, 1}, file, line);
+    return loom_add_at(ctx, y, b, file, line);
 }
 
 static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kernel,
@@ -389,8 +359,8 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
                       "needs float x [N, C, H, W], got %s", fmt_type(t, sizeof t, dx, rx, sx));
         return NULL;
     }
-    int64_t o[2] = {out_extent(sx[2], pd[0], k[0], 1, st[0]),
-                    out_extent(sx[3], pd[1], k[1], 1, st[1])};
+    int64_t o[2] = {loom_ir_conv_out_extent(sx[2], k[0], st[0], pd[0], 1),
+                    loom_ir_conv_out_extent(sx[3], k[1], st[1], pd[1], 1)};
     if (o[0] < 1 || o[1] < 1 || 2 * pd[0] > k[0] || 2 * pd[1] > k[1] || k[0] * k[1] > MAX_WINDOW) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                       "kernel {%lld, %lld} with padding {%lld, %lld} does not fit %s (padding "

@@ -51,6 +51,21 @@ static const loom_ir_node *node_of(const loom_context *ctx, int32_t id) {
     return &ctx->trace.nodes[id];
 }
 
+loom_tensor *loom_fe_conv2d(loom_context *ctx, loom_tensor *x, loom_tensor *w,
+                            const loom_ir_conv *cv, const char *file, int line) {
+    static const char op[] = "conv2d";
+    loom_tensor *hs[2] = {x, w};
+    int32_t nodes[2];
+    if (!ctx || !operands(ctx, 2, hs, nodes, file, line, op))
+        return NULL;
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_CONV2D,
+                              .n_inputs = 2,
+                              .inputs = nodes,
+                              .attrs = {.conv = *cv},
+                              .loc = {file, line}};
+    return finish(ctx, &desc, op);
+}
+
 /* numpy broadcasting of n operands: the common shape, or false after recording an error. */
 static bool broadcast_shape(loom_context *ctx, int32_t n, const int32_t *nodes, int32_t *out_rank,
                             int64_t *out_shape, const char *file, int line, const char *op) {

@@ -50,6 +50,7 @@ const char *loom_ir_kind_name(loom_ir_kind kind) {
     case LOOM_IR_KIND_IOTA: return "iota";
     case LOOM_IR_KIND_RAND: return "rand";
     case LOOM_IR_KIND_COLLECTIVE: return "collective";
+    case LOOM_IR_KIND_CONV: return "conv";
     case LOOM_IR_KIND_COUNT_: break;
     }
     return "?";
@@ -88,6 +89,7 @@ bool loom_ir_op_is_elementwise(loom_ir_op op) {
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COLLECTIVE:
+    case LOOM_IR_KIND_CONV:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return false;
@@ -296,6 +298,14 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
         return 2.0 * numel * (double)a->shape[a->rank - 1];
     }
     case LOOM_IR_KIND_RAND: return numel; /* a hash per element */
+    case LOOM_IR_KIND_CONV: { /* 2 * each output element * its window: C/groups * KH * KW */
+        const loom_ir_node *a = &g->nodes[n->inputs[0]], *b = &g->nodes[n->inputs[1]];
+        const loom_ir_node *y = n->op == LOOM_IR_OP_CONV2D              ? n
+                                : n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? a
+                                                                        : b;
+        const loom_ir_node *w = n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT ? n : b;
+        return 2.0 * (double)loom_ir_numel(4, y->shape) * (double)loom_ir_numel(3, w->shape + 1);
+    }
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_BROADCAST:
     case LOOM_IR_KIND_RESHAPE:
@@ -308,6 +318,16 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
     case LOOM_IR_KIND_COUNT_: break;
     }
     return 0;
+}
+
+int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+    if (in < 0 || k < 1 || stride < 1 || dil < 1 || pad < 0 || in > INT64_MAX / 4 ||
+        pad > INT64_MAX / 8 || k - 1 > INT64_MAX / 4 / dil)
+        return 0;
+    int64_t span = dil * (k - 1) + 1;
+    if (in + 2 * pad < span)
+        return 0;
+    return (in + 2 * pad - span) / stride + 1;
 }
 
 size_t loom_ir_node_bytes(const loom_ir_node *n) {

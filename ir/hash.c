@@ -60,6 +60,16 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
     }
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: mix(s, (uint64_t)n->attrs.index); break;
+    case LOOM_IR_ATTRS_CONV: {
+        const loom_ir_conv *c = &n->attrs.conv;
+        for (int i = 0; i < 2; i++) {
+            mix(s, (uint64_t)c->stride[i]);
+            mix(s, (uint64_t)c->padding[i]);
+            mix(s, (uint64_t)c->dilation[i]);
+        }
+        mix(s, (uint64_t)c->groups);
+        break;
+    }
     case LOOM_IR_ATTRS_COUNT_: break;
     }
 }
@@ -76,6 +86,14 @@ uint64_t loom_ir_graph_hash(const loom_ir_graph *g) {
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 33;
     return h;
+}
+
+bool loom_ir_conv_equal(const loom_ir_conv *a, const loom_ir_conv *b) {
+    for (int i = 0; i < 2; i++)
+        if (a->stride[i] != b->stride[i] || a->padding[i] != b->padding[i] ||
+            a->dilation[i] != b->dilation[i])
+            return false;
+    return a->groups == b->groups;
 }
 
 bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
@@ -101,6 +119,7 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
                memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: return a->attrs.index == b->attrs.index;
+    case LOOM_IR_ATTRS_CONV: return loom_ir_conv_equal(&a->attrs.conv, &b->attrs.conv);
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return false;

@@ -51,6 +51,113 @@ static void set_desc_type(const loom_ir_node_desc *desc, loom_dtype dt, int32_t 
         shape[i] = desc->shape[i];
 }
 
+/* Checks that x [N,C,H,W], w [O,C/groups,KH,KW] and y [N,O,OH,OW] are one convolution under
+ * attrs cv (for the gradients, which state x's or w's shape, the operands give the rest).
+ * The messages name the op's operands as the user knows them. */
+static loom_status check_conv(const loom_ir_conv *cv, loom_dtype dt, const int64_t *xs,
+                              const int64_t *ws, const int64_t *ys, loom_ir_diag *d) {
+    const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
+    char tx[LOOM_IR_TYPE_STR_MAX], tw[LOOM_IR_TYPE_STR_MAX], ty[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_format_type(tx, sizeof tx, dt, 4, xs);
+    loom_ir_format_type(tw, sizeof tw, dt, 4, ws);
+    loom_ir_format_type(ty, sizeof ty, dt, 4, ys);
+    int64_t g = cv->groups;
+    if (g < 1 || g > INT32_MAX)
+        return loom_ir_diag_set(d, BAD, "groups %lld must be in 1..%d", (long long)g, INT32_MAX);
+    for (int i = 0; i < 2; i++) {
+        if (cv->stride[i] < 1 || cv->stride[i] > INT32_MAX || cv->dilation[i] < 1 ||
+            cv->dilation[i] > INT32_MAX || cv->padding[i] < 0 || cv->padding[i] > INT32_MAX)
+            return loom_ir_diag_set(d, BAD,
+                                    "stride [%lld, %lld] and dilation [%lld, %lld] must be in "
+                                    "1..%d, padding [%lld, %lld] in 0..%d",
+                                    (long long)cv->stride[0], (long long)cv->stride[1],
+                                    (long long)cv->dilation[0], (long long)cv->dilation[1],
+                                    INT32_MAX, (long long)cv->padding[0], (long long)cv->padding[1],
+                                    INT32_MAX);
+    }
+    if (xs[1] % g || ws[0] % g)
+        return loom_ir_diag_set(d, BAD,
+                                "groups %lld must divide the input channels of x %s and the "
+                                "output channels of weight %s",
+                                (long long)g, tx, tw);
+    if (ws[1] != xs[1] / g)
+        return loom_ir_diag_set(d, BAD,
+                                "weight %s needs %lld input channels (x %s has %lld, groups "
+                                "%lld)",
+                                tw, (long long)(xs[1] / g), tx, (long long)xs[1], (long long)g);
+    if (ys[0] != xs[0] || ys[1] != ws[0])
+        return loom_ir_diag_set(d, BAD,
+                                "output %s needs batch %lld of x %s and %lld channels of weight "
+                                "%s",
+                                ty, (long long)xs[0], tx, (long long)ws[0], tw);
+    for (int i = 0; i < 2; i++) {
+        int64_t o = loom_ir_conv_out_extent(xs[2 + i], ws[2 + i], cv->stride[i], cv->padding[i],
+                                            cv->dilation[i]);
+        if (o < 1)
+            return loom_ir_diag_set(d, BAD,
+                                    "the %lldx%lld kernel of weight %s (dilation [%lld, %lld]) "
+                                    "does not fit x %s padded by [%lld, %lld]: the output would "
+                                    "be empty",
+                                    (long long)ws[2], (long long)ws[3], tw,
+                                    (long long)cv->dilation[0], (long long)cv->dilation[1], tx,
+                                    (long long)cv->padding[0], (long long)cv->padding[1]);
+        if (ys[2 + i] != o)
+            return loom_ir_diag_set(d, BAD,
+                                    "output %s does not match x %s and weight %s: extent %d "
+                                    "of the output is %lld, the window sweep gives %lld",
+                                    ty, tx, tw, 2 + i, (long long)ys[2 + i], (long long)o);
+    }
+    return LOOM_OK;
+}
+
+/* conv2d and its gradients: operand ranks and dtypes, then the convolution they describe. */
+static loom_status infer_conv(const loom_ir_node_desc *desc, const loom_ir_node *const *in,
+                              loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
+                              loom_ir_diag *d) {
+    const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
+    static const char *const names[3][2] = {{"x", "weight"}, {"dy", "weight"}, {"x", "dy"}};
+    int which = desc->op == LOOM_IR_OP_CONV2D              ? 0
+                : desc->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? 1
+                                                           : 2;
+    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+    TYPE(ta, in[0]);
+    TYPE(tb, in[1]);
+    if (in[0]->rank != 4 || in[1]->rank != 4)
+        return loom_ir_diag_set(d, BAD, "needs rank-4 (NCHW) operands: %s %s, %s %s",
+                                names[which][0], ta, names[which][1], tb);
+    if (in[0]->dtype != in[1]->dtype)
+        return loom_ir_diag_set(d, BAD, "dtypes differ: %s %s, %s %s", names[which][0], ta,
+                                names[which][1], tb);
+    *out_dtype = in[0]->dtype;
+    *out_rank = 4;
+    const loom_ir_conv *cv = &desc->attrs.conv;
+    if (which == 0) { /* the output's extents, checked below against themselves */
+        const int64_t *xs = in[0]->shape, *ws = in[1]->shape;
+        out_shape[0] = xs[0];
+        out_shape[1] = ws[0];
+        for (int i = 0; i < 2; i++)
+            out_shape[2 + i] = loom_ir_conv_out_extent(xs[2 + i], ws[2 + i], cv->stride[i],
+                                                       cv->padding[i], cv->dilation[i]);
+        loom_status st = check_conv(cv, *out_dtype, xs, ws, out_shape, d);
+        if (st != LOOM_OK)
+            return st;
+        loom_ir_node_desc res = {.rank = 4, .shape = out_shape};
+        return check_shape(&res, d);
+    }
+    loom_status st = check_shape(desc, d);
+    if (st != LOOM_OK)
+        return st;
+    if (desc->rank != 4)
+        return loom_ir_diag_set(d, BAD, "the stated result must have rank 4 (%s), got rank %d",
+                                which == 1 ? "x's [N,C,H,W]" : "weight's [O,C/groups,KH,KW]",
+                                (int)desc->rank);
+    for (int32_t i = 0; i < 4; i++)
+        out_shape[i] = desc->shape[i];
+    if (which == 1)
+        return check_conv(cv, *out_dtype, out_shape, in[1]->shape, in[0]->shape, d);
+    return check_conv(cv, *out_dtype, in[0]->shape, out_shape, in[1]->shape, d);
+}
+
 loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
                           loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
                           loom_ir_diag *d) {
@@ -354,6 +461,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         loom_ir_node_desc res = {.rank = *out_rank, .shape = out_shape};
         return check_shape(&res, d);
     }
+    case LOOM_IR_KIND_CONV: return infer_conv(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_COUNT_:
         break;
     }

@@ -33,6 +33,7 @@ typedef enum loom_ir_kind {
     LOOM_IR_KIND_IOTA,        /* no operands: the index along attrs.index */
     LOOM_IR_KIND_RAND,        /* (seed) -> counter-based random numbers of the node's type */
     LOOM_IR_KIND_COLLECTIVE,  /* across ranks through the communicator (runtime/comm.h) */
+    LOOM_IR_KIND_CONV,        /* 2-D convolution and its gradients, by attrs.conv */
     LOOM_IR_KIND_COUNT_
 } loom_ir_kind;
 
@@ -68,6 +69,7 @@ typedef enum loom_ir_attrs_kind {
     LOOM_IR_ATTRS_REDUCE, /* attrs.index: loom_reduce_op, attrs.value: scale (all_reduce) */
     LOOM_IR_ATTRS_ROOT,   /* attrs.index: the root rank (broadcast_from) */
     LOOM_IR_ATTRS_WORLD,  /* attrs.index: the world size (all_gather) */
+    LOOM_IR_ATTRS_CONV,   /* attrs.conv: stride, padding, dilation, groups */
     LOOM_IR_ATTRS_COUNT_
 } loom_ir_attrs_kind;
 
@@ -258,6 +260,13 @@ typedef struct loom_ir_loc {
     int32_t line;
 } loom_ir_loc;
 
+/* A convolution's window: stride >= 1, padding >= 0 (both sides), dilation >= 1 over
+ * {h, w}; groups >= 1 divides the input and output channels. */
+typedef struct loom_ir_conv {
+    int64_t stride[2], padding[2], dilation[2];
+    int64_t groups;
+} loom_ir_conv;
+
 typedef struct loom_ir_attrs {
     int64_t index;                /* INDEX, AXIS, REDUCE (the op), ROOT, WORLD */
     double value;                 /* VALUE, PAD (the fill value), REDUCE (the scale) */
@@ -266,6 +275,7 @@ typedef struct loom_ir_attrs {
     bool keepdim;                 /* AXES */
     int64_t start[LOOM_MAX_RANK]; /* SLICE: start; PAD: low */
     int64_t step[LOOM_MAX_RANK];  /* SLICE: stride (>= 1); PAD: interior (>= 0) */
+    loom_ir_conv conv;            /* CONV */
     /* Every op: the autocast scope it was recorded in (bf16 or f16; f32 = none). Printed as
      * `autocast = bf16`, hashed and compared like the op's own attributes; the autocast pass
      * turns it into casts and clears it (passes.h). */
@@ -368,6 +378,8 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b);
  * attribute fields are zero as the builders and the parser make nodes), so it narrows a
  * search that loom_ir_attrs_equal then decides. */
 uint64_t loom_ir_node_local_key(const loom_ir_node *n);
+/* Whether two convolution windows are the same (field by field: no padding bytes compared). */
+bool loom_ir_conv_equal(const loom_ir_conv *a, const loom_ir_conv *b);
 
 /* Chunked output callback. */
 typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);
@@ -388,14 +400,16 @@ typedef void (*loom_ir_write_fn)(const char *chunk, size_t len, void *ud);
  *     %10 = all_reduce %3 {reduce = sum, scale = 0.5} : f32[2,3]
  *     %11 = broadcast_from %0 {root = 0} : f32[2,3]
  *     %12 = all_gather %0 {world = 2} : f32[4,3]
+ *     %13 = conv2d %x, %w {stride = [2, 2], padding = [1, 1], dilation = [1, 1], groups = 1}
+ *           : f32[8,16,14,14]   (one line in the text)
  *     return %3 {alias = 0}, %5
  *   }
- * Every node states its result type; for cast, broadcast, reshape, input, constant, iota and
- * rand_uniform that type is the op's target (for slice it gives the sizes, for pad the
- * high side). Constants print with %.17g (inf, -inf, nan spelled so). A
- * location is loc("file":line) (quotes and backslashes escaped) or absent when unknown.
- * The parser accepts any %name defined before use and numbers nodes densely in order.
- * parse(print(g)) gives a graph equal to g with the same locations. */
+ * Every node states its result type; for cast, broadcast, reshape, input, constant, iota,
+ * rand_uniform and the convolution gradients that type is the op's target (for slice it gives the
+ * sizes, for pad the high side). Constants print with %.17g (inf, -inf, nan spelled so). A location
+ * is loc("file":line) (quotes and backslashes escaped) or absent when unknown. The parser accepts
+ * any %name defined before use and numbers nodes densely in order. parse(print(g)) gives a graph
+ * equal to g with the same locations. */
 loom_status loom_ir_graph_print(const loom_ir_graph *g, loom_ir_write_fn write, void *ud);
 /* Parses text (len bytes, need not be NUL-terminated) into g (which is reset first) and
  * verifies it. Errors: PARSE_ERROR with d->line/col and a message, VERIFY_FAILED,
@@ -415,6 +429,11 @@ size_t loom_ir_node_bytes(const loom_ir_node *n);
 /* The value a chain of RESHAPEs starting at node n views: the first node that is not a
  * RESHAPE (n itself when it is not one). */
 int32_t loom_ir_view_base(const loom_ir_graph *g, int32_t n);
+
+/* Output extent of a convolution or pooling window sweep over `in` (padded by pad on both
+ * sides): (in + 2 pad - dil (k - 1) - 1) / stride + 1, or 0 when the window does not fit or
+ * an argument is out of range (k, stride, dil < 1, pad < 0); never overflows. */
+int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil);
 
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);

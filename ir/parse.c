@@ -450,11 +450,16 @@ typedef enum attr_id {
     ATTR_SCALE,    /* all_reduce */
     ATTR_ROOT,     /* broadcast_from */
     ATTR_WORLD,    /* all_gather */
+    ATTR_STRIDES,  /* conv: two entries (slice's stride has one per axis) */
+    ATTR_PADDING,  /* conv */
+    ATTR_DILATION, /* conv */
+    ATTR_GROUPS,   /* conv */
     ATTR_COUNT_
 } attr_id;
 static const char *const attr_names[ATTR_COUNT_] = {
-    "index",    "value", "perm",     "axes",   "keepdim", "start", "stride", "low",
-    "interior", "axis",  "autocast", "reduce", "scale",   "root",  "world"};
+    "index", "value",    "perm",    "axes",     "keepdim", "start", "stride",
+    "low",   "interior", "axis",    "autocast", "reduce",  "scale", "root",
+    "world", "stride",   "padding", "dilation", "groups"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
@@ -497,6 +502,12 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
         return 2;
     case LOOM_IR_ATTRS_ROOT: ids[0] = ATTR_ROOT; return 1;
     case LOOM_IR_ATTRS_WORLD: ids[0] = ATTR_WORLD; return 1;
+    case LOOM_IR_ATTRS_CONV:
+        ids[0] = ATTR_STRIDES;
+        ids[1] = ATTR_PADDING;
+        ids[2] = ATTR_DILATION;
+        ids[3] = ATTR_GROUPS;
+        return 4;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return 0;
@@ -505,7 +516,7 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
 /* '{' name '=' value (',' name '=' value)* '}' */
 static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
     const char *opname = loom_ir_op_name(op);
-    attr_id ids[4];
+    attr_id ids[5];
     int n_ids = attr_set(loom_ir_op_table[op].attrs, ids);
     char b[DESC_MAX];
     ids[n_ids++] = ATTR_AUTOCAST; /* any op may carry an autocast tag */
@@ -610,6 +621,28 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
             if (!parse_int(p, INT32_MAX, "a world size", &v))
                 return false;
             pa->attrs.index = v;
+            break;
+        case ATTR_STRIDES:
+        case ATTR_PADDING:
+        case ATTR_DILATION: {
+            int64_t *dst = id == ATTR_STRIDES   ? pa->attrs.conv.stride
+                           : id == ATTR_PADDING ? pa->attrs.conv.padding
+                                                : pa->attrs.conv.dilation;
+            int64_t pair[LOOM_MAX_RANK];
+            token at = p->tok;
+            if (!parse_bounded_list(p, attr_names[id], attr_names[id], INT32_MAX, pair, &n))
+                return false;
+            if (n != 2)
+                return fail_tok(p, &at, "%s has %d entries; a 2-D convolution needs [h, w]",
+                                attr_names[id], (int)n);
+            dst[0] = pair[0];
+            dst[1] = pair[1];
+            break;
+        }
+        case ATTR_GROUPS:
+            if (!parse_int(p, INT32_MAX, "a group count", &v))
+                return false;
+            pa->attrs.conv.groups = v;
             break;
         case ATTR_AUTOCAST: {
             loom_dtype dt = p->tok.kind == TOK_IDENT ? loom_ir_dtype_from_name(p->tok.s, p->tok.len)
@@ -731,7 +764,7 @@ static bool parse_node(parser *p) {
     parsed_attrs pa = {.attrs = {.index = 0}};
     if (p->tok.kind == TOK_LBRACE && !parse_attrs(p, op, &pa))
         return false;
-    attr_id ids[3];
+    attr_id ids[4];
     int n_ids = attr_set(loom_ir_op_table[op].attrs, ids);
     for (int k = 0; k < n_ids; k++)
         if (!pa.have[ids[k]])

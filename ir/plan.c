@@ -265,6 +265,9 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                             "kernels run",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n);
             break;
+        case LOOM_IR_KIND_CONV:
+            return fail(d, n, "kernel %d (%s): %s %%%d has no kernel yet (decomposed first)",
+                        (int)k, kname, loom_ir_op_name(nd->op), (int)n);
         case LOOM_IR_KIND_COUNT_:
             return fail(d, n, "kernel %d: %%%d has an unknown op", (int)k, (int)n);
         }

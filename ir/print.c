@@ -102,6 +102,16 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortes
     case LOOM_IR_ATTRS_WORLD:
         loom_ir_writer_printf(p, "world = %lld", (long long)n->attrs.index);
         return true;
+    case LOOM_IR_ATTRS_CONV: {
+        const loom_ir_conv *c = &n->attrs.conv;
+        loom_ir_writer_printf(p, "stride = [%lld, %lld], padding = [%lld, %lld], ",
+                              (long long)c->stride[0], (long long)c->stride[1],
+                              (long long)c->padding[0], (long long)c->padding[1]);
+        loom_ir_writer_printf(p, "dilation = [%lld, %lld], groups = %lld",
+                              (long long)c->dilation[0], (long long)c->dilation[1],
+                              (long long)c->groups);
+        return true;
+    }
     case LOOM_IR_ATTRS_COUNT_: return false;
     }
     return false;

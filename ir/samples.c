@@ -284,6 +284,29 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         s = *res = add(b, op, 1, &x, dt, 0, NULL, at);
         break;
     }
+    case LOOM_IR_KIND_CONV: { /* a random window; the gradients state x's or w's shape */
+        int64_t grp = rnd_int(b, 1, 2), cg = rnd_int(b, 1, 3), og = rnd_int(b, 1, 2);
+        loom_ir_conv cv = {{rnd_int(b, 1, 2), rnd_int(b, 1, 2)},
+                           {rnd_int(b, 0, 1), rnd_int(b, 0, 1)},
+                           {rnd_int(b, 1, 2), rnd_int(b, 1, 2)},
+                           grp};
+        int64_t xs[4] = {rnd_int(b, 1, 2), grp * cg, 0, 0};
+        int64_t ws[4] = {grp * og, cg, rnd_int(b, 1, 3), 0};
+        ws[3] = rnd_int(b, 1, 3);
+        int64_t ys[4] = {xs[0], ws[0], 0, 0};
+        for (int i = 0; i < 2; i++) {
+            xs[2 + i] = cv.dilation[i] * (ws[2 + i] - 1) + 1 + rnd_int(b, 0, 6);
+            ys[2 + i] = loom_ir_conv_out_extent(xs[2 + i], ws[2 + i], cv.stride[i], cv.padding[i],
+                                                cv.dilation[i]);
+        }
+        int32_t in[2] = {input(b, dt, 4, op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? ys : xs), -1};
+        in[1] = input(b, dt, 4, op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT ? ys : ws);
+        const int64_t *stated = op == LOOM_IR_OP_CONV2D              ? NULL
+                                : op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? xs
+                                                                     : ws;
+        s = *res = add(b, op, 2, in, dt, stated ? 4 : 0, stated, (loom_ir_attrs){.conv = cv});
+        break;
+    }
     case LOOM_IR_KIND_COUNT_: break;
     }
     return s;
@@ -312,6 +335,14 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
     case LOOM_IR_OP_REDUCE_SUM:
     case LOOM_IR_OP_REDUCE_MEAN:
     case LOOM_IR_OP_MATMUL:
+        rel = 1e-5;
+        abs = 1e-4;
+        break;
+    case LOOM_IR_OP_CONV2D: /* [-1, 1]: col2im's 16-bit window terms round each */
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
+        lo = -1;
+        hi = 1;
         rel = 1e-5;
         abs = 1e-4;
         break;

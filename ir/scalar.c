@@ -196,6 +196,9 @@ loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op) {
     case LOOM_IR_OP_ALL_REDUCE: /* across ranks, not per element */
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER:
+    case LOOM_IR_OP_CONV2D: /* a contraction over a window */
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;
@@ -246,6 +249,9 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
     case LOOM_IR_OP_ALL_REDUCE: /* across ranks, not per element */
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER:
+    case LOOM_IR_OP_CONV2D: /* a contraction over a window */
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;

@@ -8,10 +8,8 @@
  *  - a tagged ADD of a tagged LOWER result (through reshapes and transposes) and a BROADCAST
  *    is that op's bias (linear's, conv2d's): it runs in the tag's dtype too, as PyTorch's
  *    addmm and conv with bias do, instead of promoting to the bias's f32;
- *  - a tagged ADD of PADs (or of a PAD and such a sum) is col2im, conv2d's input gradient
- *    adding up its kernel windows: it sums in f32 and rounds once where its result meets
- *    a 16-bit op, as oneDNN's bf16 convolution backward accumulates, instead of rounding
- *    after each of the KH*KW adds (which in fused code also costs more than the sum);
+ *  - conv2d's gradients are LOWER ops like conv2d; the 16-bit input gradient's window sum
+ *    in f32 (col2im, as oneDNN's bf16 backward accumulates) is passes/conv_decompose.c's;
  *  - a tagged FP32 op gets its 16-bit operands in f32;
  *  - a PROMOTE op (tagged or not: it is type promotion, which holds outside autocast too)
  *    whose float operands now differ gets them all in the widest (f16 with bf16: f32).
@@ -115,6 +113,7 @@ static bool moves_data(loom_ir_op op) {
     case LOOM_IR_KIND_CAST:
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_CONV:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COLLECTIVE: /* an all_reduce in bf16 is not one in f32 */
@@ -173,24 +172,6 @@ static bool is_lower_result(const loom_ir_graph *g, int32_t x, loom_dtype tag) {
            g->nodes[x].attrs.autocast == tag;
 }
 
-/* Whether g node x, an ADD tagged tag, sums zero-padded windows: PADs, or a PAD and such a
- * sum. That is col2im, the backward of conv2d's im2col, adding each input pixel's
- * kernel-window contributions. */
-static bool is_window_sum(const loom_ir_graph *g, int32_t x, loom_dtype tag) {
-    for (;;) {
-        const loom_ir_node *n = &g->nodes[x];
-        if (n->op != LOOM_IR_OP_ADD || n->n_inputs != 2 || n->attrs.autocast != tag)
-            return false;
-        bool pa = g->nodes[n->inputs[0]].op == LOOM_IR_OP_PAD,
-             pb = g->nodes[n->inputs[1]].op == LOOM_IR_OP_PAD;
-        if (pa && pb)
-            return true;
-        if (!pa && !pb)
-            return false;
-        x = pa ? n->inputs[1] : n->inputs[0];
-    }
-}
-
 /* Whether g node x is a constant fill, through broadcasts and reshapes. */
 static bool is_fill(const loom_ir_graph *g, int32_t x) {
     while (g->nodes[x].op == LOOM_IR_OP_BROADCAST || g->nodes[x].op == LOOM_IR_OP_RESHAPE)
@@ -216,8 +197,6 @@ static loom_dtype wanted(const ac_state *s, int32_t i, int32_t k, const int32_t 
     int32_t first = info->kind == LOOM_IR_KIND_SELECT ? 1 : 0; /* select's condition is bool */
     if (k < first || !loom_ir_dtype_is_float(have))
         return LOOM_DTYPE_COUNT_;
-    if (tagged && is_window_sum(g, i, tag)) /* col2im accumulates in f32, rounds once */
-        return is_castable(have) ? LOOM_DTYPE_F32 : LOOM_DTYPE_COUNT_;
     if (tagged && n->op == LOOM_IR_OP_ADD && n->n_inputs == 2) { /* a lower op's bias */
         int32_t a = n->inputs[0], b = n->inputs[1];
         if ((is_lower_result(g, a, tag) && g->nodes[b].op == LOOM_IR_OP_BROADCAST) ||
@@ -288,15 +267,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     loom_ir_free(&g->alloc, s.map, map_bytes);
     loom_ir_free(&g->alloc, s.ops, ops_bytes);
     loom_ir_free(&g->alloc, s.memo, (size_t)s.cap_memo * sizeof *s.memo);
-    if (s.st != LOOM_OK) {
-        loom_ir_graph_deinit(&s.out);
-        return s.st;
-    }
-    s.out.n_graph_inputs = g->n_graph_inputs;
-    loom_ir_graph_deinit(g);
-    *g = s.out;
-    *out_changed = true;
-    return LOOM_OK;
+    return loom_pass_replace_graph(g, &s.out, s.st, out_changed);
 }
 
 const loom_pass loom_pass_autocast = {"autocast", run};

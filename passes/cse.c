@@ -57,6 +57,13 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
         break;
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: h = (uint64_t)n->attrs.index; break;
+    case LOOM_IR_ATTRS_CONV:
+        for (int i = 0; i < 2; i++)
+            h = mix(
+                mix(mix(h, (uint64_t)n->attrs.conv.stride[i]), (uint64_t)n->attrs.conv.padding[i]),
+                (uint64_t)n->attrs.conv.dilation[i]);
+        h = mix(h, (uint64_t)n->attrs.conv.groups);
+        break;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return h;

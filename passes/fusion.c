@@ -171,6 +171,7 @@ static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
     case LOOM_IR_KIND_COLLECTIVE:
+    case LOOM_IR_KIND_CONV:
     case LOOM_IR_KIND_COUNT_:
         for (int32_t i = 0; i < on->rank; i++) {
             om->dim[i] = um->dim[i];
@@ -259,6 +260,7 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
             case LOOM_IR_KIND_SOURCE:
             case LOOM_IR_KIND_RESHAPE:
             case LOOM_IR_KIND_COLLECTIVE:
+            case LOOM_IR_KIND_CONV:
             case LOOM_IR_KIND_COUNT_: return -1;
             }
             if (target < 0) {
@@ -362,6 +364,7 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_COLLECTIVE:
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_COLLECTIVE, i);
             break;
+        case LOOM_IR_KIND_CONV: /* refused by loom_pass_fuse before placement */
         case LOOM_IR_KIND_COUNT_: break;
         }
     }
@@ -555,6 +558,15 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
     int32_t n = g->n_nodes;
     if (n == 0)
         return LOOM_OK;
+    for (int32_t i = 0; i < n; i++) /* no kernel kind computes them (yet) */
+        if (loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_CONV) {
+            if (d)
+                d->node = i;
+            return loom_ir_diag_set(d, LOOM_STATUS_UNSUPPORTED,
+                                    "fuse: %%%d is a %s, which no kernel computes yet; the "
+                                    "conv-decompose pass rewrites it first",
+                                    (int)i, loom_ir_op_name(g->nodes[i].op));
+        }
     int64_t n_edges = 0;
     for (int32_t i = 0; i < n; i++)
         n_edges += g->nodes[i].n_inputs;

@@ -136,15 +136,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
                                          g->outputs[o].alias) != LOOM_OK)
                 s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
         loom_ir_free(&g->alloc, s.map, bytes);
-        st = s.st;
-        if (st == LOOM_OK) {
-            s.out.n_graph_inputs = g->n_graph_inputs;
-            loom_ir_graph_deinit(g);
-            *g = s.out;
-            *out_changed = true;
-        } else {
-            loom_ir_graph_deinit(&s.out);
-        }
+        st = loom_pass_replace_graph(g, &s.out, s.st, out_changed);
     }
     loom_ir_free(&g->alloc, readers, bytes);
     loom_ir_free(&g->alloc, others, n0);

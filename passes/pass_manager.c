@@ -5,8 +5,9 @@
 
 #include "passes.h"
 
-static const loom_pass *const all_passes[] = {&loom_pass_autocast, &loom_pass_dce, &loom_pass_cse,
-                                              &loom_pass_fold, &loom_pass_matmul_casts};
+static const loom_pass *const all_passes[] = {&loom_pass_autocast, &loom_pass_conv_decompose,
+                                              &loom_pass_dce,      &loom_pass_cse,
+                                              &loom_pass_fold,     &loom_pass_matmul_casts};
 
 const loom_pass *loom_pass_find(const char *name) {
     for (size_t i = 0; i < sizeof all_passes / sizeof all_passes[0]; i++)
@@ -18,6 +19,19 @@ const loom_pass *loom_pass_find(const char *name) {
 const loom_pass *const *loom_pass_all(int32_t *out_n) {
     *out_n = (int32_t)(sizeof all_passes / sizeof all_passes[0]);
     return all_passes;
+}
+
+loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_status st,
+                                    bool *out_changed) {
+    if (st != LOOM_OK) {
+        loom_ir_graph_deinit(out);
+        return st;
+    }
+    out->n_graph_inputs = g->n_graph_inputs;
+    loom_ir_graph_deinit(g);
+    *g = *out;
+    *out_changed = true;
+    return LOOM_OK;
 }
 
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,
@@ -109,9 +123,10 @@ loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts
     if (!g || !plan)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "build plan: %s is NULL",
                                 !g ? "the graph" : "the plan");
-    static const loom_pass *const pipeline[] = {&loom_pass_autocast, &loom_pass_dce, &loom_pass_cse,
-                                                &loom_pass_fold, &loom_pass_matmul_casts};
-    loom_status st = loom_pass_run_pipeline(g, pipeline, 5, opts, d);
+    static const loom_pass *const pipeline[] = {&loom_pass_autocast, &loom_pass_conv_decompose,
+                                                &loom_pass_dce,      &loom_pass_cse,
+                                                &loom_pass_fold,     &loom_pass_matmul_casts};
+    loom_status st = loom_pass_run_pipeline(g, pipeline, 6, opts, d);
     if (st != LOOM_OK)
         return st;
     int64_t bucket = bucket_bytes(opts ? opts->allreduce_bucket_mb : 0);

@@ -24,6 +24,11 @@ typedef struct loom_pass_options {
     double allreduce_bucket_mb;
 } loom_pass_options;
 
+/* For passes that rebuild the graph into `out`: on st == LOOM_OK out (with g's input count)
+ * replaces g and *out_changed is set; otherwise out is freed and g kept. Returns st. */
+loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_status st,
+                                    bool *out_changed);
+
 /* Runs the passes in order. A pass error or a verifier failure stops the pipeline; the
  * message names the pass. */
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,
@@ -48,6 +53,13 @@ extern const loom_pass loom_pass_autocast;
  * fusion materializing a shared value (a pass over memory). Runs after CSE. Errors:
  * OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_matmul_casts;
+
+/* Convolution decomposition (passes/conv_decompose.c), the stand-in until codegen has conv
+ * kernels: conv2d, conv2d_grad_input and conv2d_grad_weight become im2col (pad, strided
+ * slices, concat) and matmuls, the gradients as autograd derived them from that im2col.
+ * Runs after autocast, before CSE (which merges the im2col a forward and its weight gradient
+ * both build). Errors: OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_conv_decompose;
 
 /* Dead-code elimination: drops nodes no output depends on (graph inputs stay). */
 extern const loom_pass loom_pass_dce;
@@ -98,8 +110,8 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: autocast, dce, cse, fold, matmul-casts through
- * loom_pass_run_pipeline (opts may be NULL; its dumps and verify_each apply), then fusion,
+/* The default JIT pipeline in one call: autocast, conv-decompose, dce, cse, fold, matmul-casts
+ * through loom_pass_run_pipeline (opts may be NULL; its dumps and verify_each apply), then fusion,
  * all-reduce bucketing (opts->allreduce_bucket_mb), memory planning and loom_ir_plan_verify. g is
  * rewritten in place; plan (initialized by the caller) describes the rewritten g. When outputs
  * exchange donated inputs (out0 = in1 into in0, out1 = in0 into in1), a cast of one input to its

@@ -332,6 +332,97 @@ static loom_status run_matmul(const loom_ir_node *n, const loom_ir_node *x, cons
     return LOOM_OK;
 }
 
+/* conv2d and its gradients, each output element a sum over its window in double, rounded
+ * once. x [N,C,H,W], w [O,C/G,KH,KW], y [N,O,OH,OW]; input pixel ih = oh*stride - pad +
+ * kh*dilation (likewise w). The gradients gather the same terms: dx[ih] from the (oh, kh)
+ * pairs that reach it, dw[kh] over every n, oh. */
+/* The input pixel (*ih, *iw) that window tap (kh, kw) of output pixel (oh, ow) reads;
+ * false when it falls in the padding of an H x W input. */
+static bool conv_tap(const loom_ir_conv *cv, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
+                     int64_t H, int64_t W, int64_t *ih, int64_t *iw) {
+    *ih = oh * cv->stride[0] - cv->padding[0] + kh * cv->dilation[0];
+    *iw = ow * cv->stride[1] - cv->padding[1] + kw * cv->dilation[1];
+    return *ih >= 0 && *ih < H && *iw >= 0 && *iw < W;
+}
+
+static void run_conv(const loom_ir_node *n, const loom_ir_node *const *x, const void *a,
+                     const void *b, void *dst) {
+    const loom_ir_conv *cv = &n->attrs.conv;
+    bool fwd = n->op == LOOM_IR_OP_CONV2D, gin = n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT;
+    const int64_t *xs = fwd ? x[0]->shape : gin ? n->shape : x[0]->shape;
+    const int64_t *ws = fwd || gin ? x[1]->shape : n->shape;
+    const int64_t *ys = fwd ? n->shape : gin ? x[0]->shape : x[1]->shape;
+    const void *xd = gin ? NULL : a, *wd = gin ? b : fwd ? b : NULL;
+    const void *yd = gin ? a : fwd ? NULL : b;
+    loom_dtype dt = n->dtype;
+    int64_t N = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ws[0], Cg = ws[1], KH = ws[2],
+            KW = ws[3], OH = ys[2], OW = ys[3], Og = O / cv->groups;
+#define X_AT(nn, c, h, w) ((((nn)*C + (c)) * H + (h)) * W + (w))
+#define W_AT(o, c, h, w) ((((o)*Cg + (c)) * KH + (h)) * KW + (w))
+#define Y_AT(nn, o, h, w) ((((nn)*O + (o)) * OH + (h)) * OW + (w))
+    if (fwd) {
+        for (int64_t nn = 0; nn < N; nn++)
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        double acc = 0.0;
+                        int64_t c0 = o / Og * Cg;
+                        for (int64_t c = 0; c < Cg; c++)
+                            for (int64_t kh = 0; kh < KH; kh++)
+                                for (int64_t kw = 0, ih, iw; kw < KW; kw++) {
+                                    if (!conv_tap(cv, oh, ow, kh, kw, H, W, &ih, &iw))
+                                        continue;
+                                    acc += loom_ir_load_f64(xd, dt, X_AT(nn, c0 + c, ih, iw)) *
+                                           loom_ir_load_f64(wd, dt, W_AT(o, c, kh, kw));
+                                }
+                        loom_ir_store_f64(dst, dt, Y_AT(nn, o, oh, ow), acc);
+                    }
+    } else if (gin) {
+        for (int64_t nn = 0; nn < N; nn++)
+            for (int64_t ci = 0; ci < C; ci++)
+                for (int64_t ih = 0; ih < H; ih++)
+                    for (int64_t iw = 0; iw < W; iw++) {
+                        double acc = 0.0;
+                        int64_t grp = ci / Cg, c = ci % Cg;
+                        for (int64_t o = grp * Og; o < (grp + 1) * Og; o++)
+                            for (int64_t kh = 0; kh < KH; kh++)
+                                for (int64_t kw = 0; kw < KW; kw++) {
+                                    int64_t th = ih + cv->padding[0] - kh * cv->dilation[0];
+                                    int64_t tw = iw + cv->padding[1] - kw * cv->dilation[1];
+                                    if (th < 0 || tw < 0 || th % cv->stride[0] ||
+                                        tw % cv->stride[1])
+                                        continue;
+                                    int64_t oh = th / cv->stride[0], ow = tw / cv->stride[1];
+                                    if (oh >= OH || ow >= OW)
+                                        continue;
+                                    acc += loom_ir_load_f64(yd, dt, Y_AT(nn, o, oh, ow)) *
+                                           loom_ir_load_f64(wd, dt, W_AT(o, c, kh, kw));
+                                }
+                        loom_ir_store_f64(dst, dt, X_AT(nn, ci, ih, iw), acc);
+                    }
+    } else {
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t c = 0; c < Cg; c++)
+                for (int64_t kh = 0; kh < KH; kh++)
+                    for (int64_t kw = 0; kw < KW; kw++) {
+                        double acc = 0.0;
+                        int64_t ci = o / Og * Cg + c;
+                        for (int64_t nn = 0; nn < N; nn++)
+                            for (int64_t oh = 0; oh < OH; oh++)
+                                for (int64_t ow = 0, ih, iw; ow < OW; ow++) {
+                                    if (!conv_tap(cv, oh, ow, kh, kw, H, W, &ih, &iw))
+                                        continue;
+                                    acc += loom_ir_load_f64(xd, dt, X_AT(nn, ci, ih, iw)) *
+                                           loom_ir_load_f64(yd, dt, Y_AT(nn, o, oh, ow));
+                                }
+                        loom_ir_store_f64(dst, dt, W_AT(o, c, kh, kw), acc);
+                    }
+    }
+#undef X_AT
+#undef W_AT
+#undef Y_AT
+}
+
 /* Before the first collective of a step on several ranks, the ranks check that they are about
  * to run the same collectives (collective.h): a mismatch would otherwise hang or corrupt
  * inside MPI. */
@@ -417,6 +508,9 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_ALL_REDUCE:
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER: return loom_rt_collective_run(g, i, src[0], dst, d);
+    case LOOM_IR_OP_CONV2D:
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT: run_conv(n, x, src[0], src[1], dst); return LOOM_OK;
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);

@@ -236,11 +236,12 @@ static void cut_and_autocast_n(loom_context *ctx, int32_t n, loom_tensor **grads
         roots[i] = loom_fe_tensor_get(ctx, grads[i], __FILE__, __LINE__, "test")->node;
     loom_ir_graph_init(g, &ctx->alloc);
     assert_int_equal(loom_ir_graph_extract(g, &ctx->trace, n, roots, NULL, false, NULL), LOOM_OK);
-    static const loom_pass *const passes[] = {&loom_pass_autocast, &loom_pass_dce};
+    static const loom_pass *const passes[] = {&loom_pass_autocast, &loom_pass_conv_decompose,
+                                              &loom_pass_dce};
     loom_pass_options o = {.verify_each = true};
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    assert_int_equal(loom_pass_run_pipeline(g, passes, 2, &o, &d), LOOM_OK);
+    assert_int_equal(loom_pass_run_pipeline(g, passes, 3, &o, &d), LOOM_OK);
 }
 
 static void cut_and_autocast(loom_context *ctx, loom_tensor **grads, loom_ir_graph *g) {
@@ -261,7 +262,8 @@ static loom_tensor *conv_xw(loom_context *ctx, loom_tensor **x, loom_tensor **w)
 }
 
 /* loss = sum(conv2d(x, w)^2) with conv2d under autocast dtype ac (f32: none); the gradients
- * of x and w into gx, gw (when not NULL) and the graph after the autocast pass into g. */
+ * of x and w into gx, gw (when not NULL) and the graph after the autocast and conv-decompose
+ * passes into g. */
 static void conv_grads(loom_dtype ac, loom_ir_graph *g, float *gx, float *gw) {
     loom_context *ctx = tu_context(true);
     loom_tensor *x, *w;
@@ -282,9 +284,17 @@ static void conv_grads(loom_dtype ac, loom_ir_graph *g, float *gx, float *gw) {
     loom_context_destroy(ctx);
 }
 
+/* Node x is a window of col2im: a PAD, or a cast of one. */
+static bool is_window(const loom_ir_graph *g, int32_t x) {
+    if (g->nodes[x].op == LOOM_IR_OP_CAST)
+        x = g->nodes[x].inputs[0];
+    return g->nodes[x].op == LOOM_IR_OP_PAD;
+}
+
 /* conv2d's input gradient (col2im: the 9 padded windows of a 3x3 kernel added up) sums in
  * f32 and rounds once, as oneDNN's bf16 convolution backward does, instead of rounding
- * after every add; what the user gets is as close to fp32 as before or closer. */
+ * after every add; what the user gets is as close to fp32 as before or closer. The conv
+ * ops run in bf16 (autocast's LOWER class) and their decomposition in bf16 matmuls. */
 static void test_conv_input_gradients_sum_their_windows_in_f32(void **state) {
     (void)state;
     loom_ir_graph g;
@@ -294,8 +304,8 @@ static void test_conv_input_gradients_sum_their_windows_in_f32(void **state) {
         const loom_ir_node *n = &g.nodes[i];
         if (n->op == LOOM_IR_OP_MATMUL)
             bf16_matmuls += n->dtype == LOOM_DTYPE_BF16;
-        if (n->op == LOOM_IR_OP_ADD && (g.nodes[n->inputs[0]].op == LOOM_IR_OP_PAD ||
-                                        g.nodes[n->inputs[1]].op == LOOM_IR_OP_PAD)) {
+        if (n->op == LOOM_IR_OP_ADD &&
+            (is_window(&g, n->inputs[0]) || is_window(&g, n->inputs[1]))) {
             assert_int_equal(n->dtype, LOOM_DTYPE_F32);
             window_adds++;
         }

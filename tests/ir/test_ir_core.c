@@ -133,6 +133,9 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
     int32_t sd = add_input(&g, 5, LOOM_DTYPE_I64, 0, NULL);
     int32_t un[1] = {f}, bin[2] = {f, f2}, sel[3] = {b, f, f2}, vec[1] = {v}, mm[2] = {f, m};
     int32_t seed[1] = {sd};
+    int32_t cx = add_input(&g, 6, LOOM_DTYPE_F32, SHAPE(1, 2, 5, 5));
+    int32_t cw = add_input(&g, 7, LOOM_DTYPE_F32, SHAPE(4, 1, 3, 3));
+    int32_t cy = add_input(&g, 8, LOOM_DTYPE_F32, SHAPE(1, 4, 3, 3));
     const int64_t sh45[2] = {4, 5}, sh23[2] = {2, 3}, sh312[3] = {3, 1, 2}, sh12[2] = {1, 2};
     int n_checked = 0;
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
@@ -254,6 +257,20 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
             desc.attrs.value = op == LOOM_IR_OP_ALL_REDUCE ? 0.5 : 0.0;
             want = op == LOOM_IR_OP_ALL_GATHER ? "f32[4,3]" : "f32[2,3]";
             break;
+        case LOOM_IR_KIND_CONV: { /* 3x3, stride 2, padding 1, groups 2: 5x5 -> 3x3 */
+            static int32_t ops[3][2];
+            int w = op == LOOM_IR_OP_CONV2D ? 0 : op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? 1 : 2;
+            ops[0][0] = cx, ops[0][1] = cw, ops[1][0] = cy, ops[1][1] = cw;
+            ops[2][0] = cx, ops[2][1] = cy;
+            static const int64_t res[3][4] = {{0}, {1, 2, 5, 5}, {4, 1, 3, 3}};
+            desc.n_inputs = 2;
+            desc.inputs = ops[w];
+            desc.rank = w ? 4 : 0;
+            desc.shape = res[w];
+            desc.attrs.conv = (loom_ir_conv){{2, 2}, {1, 1}, {1, 1}, 2};
+            want = w == 0 ? "f32[1,4,3,3]" : w == 1 ? "f32[1,2,5,5]" : "f32[4,1,3,3]";
+            break;
+        }
         case LOOM_IR_KIND_COUNT_:
             break;
         }
@@ -326,8 +343,9 @@ static void test_infer_rejects_operands_outside_the_ops_dtype_class(void **state
         n_float += is_float;
         n_num += !is_float;
     }
-    /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, isfinite, pow, reduce_mean */
-    assert_int_equal(n_float, 10);
+    /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, isfinite, pow, reduce_mean, and conv2d with
+     * its two gradients */
+    assert_int_equal(n_float, 13);
     assert_true(n_num >= 10);
     int32_t small = add_input(&g, 2, LOOM_DTYPE_I32, SHAPE(2));
     assert_string_equal(infer_error(&g, (loom_ir_node_desc){.op = LOOM_IR_OP_EXP, .n_inputs = 1,

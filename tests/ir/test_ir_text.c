@@ -163,6 +163,19 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
                                 .value = op == LOOM_IR_OP_ALL_REDUCE ? 0.25 : 0.0},
                 "model.c", 31);
         break;
+    case LOOM_IR_KIND_CONV: { /* every attribute off its default: groups 2, 7x6 -> 4x4 */
+        const int64_t sx[] = {1, 4, 7, 6}, sw[] = {6, 2, 3, 2}, sy[] = {1, 6, 4, 4};
+        loom_ir_attrs cv = {.conv = {{2, 1}, {1, 0}, {1, 2}, 2}};
+        int32_t ins[2] = {-1, input(g, 1, dt, 4, sw)};
+        ins[0] = input(g, 2, dt, 4, op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? sy : sx);
+        if (op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT)
+            ins[1] = input(g, 3, dt, 4, sy);
+        r = op == LOOM_IR_OP_CONV2D
+                ? add(g, op, 2, ins, dt, 0, NULL, cv, "model.c", 32)
+                : add(g, op, 2, ins, dt, 4, op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? sx : sw, cv,
+                      "model.c", 32);
+        break;
+    }
     case LOOM_IR_KIND_COUNT_:
         fail();
     }

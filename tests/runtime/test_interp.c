@@ -1010,6 +1010,88 @@ static void test_matmul_2x3_by_3x2(void **state) {
     tg_deinit(&t);
 }
 
+/* A conv op over a and b (the gradients state their result shape) with a window. */
+static int32_t conv(tg *t, loom_ir_op op, int32_t a, int32_t b, const int64_t *shape,
+                    loom_ir_conv cv) {
+    return add_node(t, (loom_ir_node_desc){.op = op,
+                                           .n_inputs = 2,
+                                           .inputs = (int32_t[]){a, b},
+                                           .rank = shape ? 4 : 0,
+                                           .shape = shape,
+                                           .attrs = {.conv = cv}});
+}
+
+static const float conv_x9[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, conv_w4[4] = {1, 2, 3, 4};
+
+static void test_conv2d_slides_the_window_with_padding_stride_and_groups(void **state) {
+    (void)state;
+    /* x = [1 2 3; 4 5 6; 7 8 9], w = [1 2; 3 4]: y[0][0] = 1 + 4 + 12 + 20 */
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 3, 3)),
+            w = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    int32_t y = conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1});
+    expect_type(&t, y, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    output(&t, y, -1);
+    /* padding 1, stride 2: the windows at rows/cols -1..0 and 1..2 */
+    int32_t z = conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{2, 2}, {1, 1}, {1, 1}, 1});
+    expect_type(&t, z, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    output(&t, z, -1);
+    float ys[4], zs[4];
+    run_graph(&t, (const void *[]){conv_x9, conv_w4}, (void *[]){ys, zs});
+    EXPECT_F32(ys, 0, 37, 47, 67, 77);
+    EXPECT_F32(zs, 0, 4, 18, 36, 77); /* 1*4; 2*3 + 3*4; 4*2 + 7*4; the full window */
+    tg_deinit(&t);
+    /* groups 2 of a 1x1 kernel: each channel scaled by its own weight */
+    tg_init(&t);
+    x = input(&t, LOOM_DTYPE_F32, 4, S(1, 2, 2, 2));
+    w = input(&t, LOOM_DTYPE_F32, 4, S(2, 1, 1, 1));
+    output(&t, conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 2}),
+           -1);
+    float xs[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ws[2] = {2, -1}, gs[8];
+    run_graph(&t, (const void *[]){xs, ws}, (void *[]){gs});
+    EXPECT_F32(gs, 0, 2, 4, 6, 8, -5, -6, -7, -8);
+    tg_deinit(&t);
+}
+
+static void test_conv2d_grad_input_scatters_dy_through_the_kernel(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t dy = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2)),
+            w = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    int32_t dx = conv(&t, LOOM_IR_OP_CONV2D_GRAD_INPUT, dy, w, S(1, 1, 3, 3),
+                      (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1});
+    output(&t, dx, -1);
+    /* stride 2 over a 3x3 x: one window, and x's last row and column get nothing */
+    int32_t dy1 = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 1, 1));
+    output(&t,
+           conv(&t, LOOM_IR_OP_CONV2D_GRAD_INPUT, dy1, w, S(1, 1, 3, 3),
+                (loom_ir_conv){{2, 2}, {0, 0}, {1, 1}, 1}),
+           -1);
+    float ones[4] = {1, 1, 1, 1}, two[1] = {2}, a[9], b[9];
+    run_graph(&t, (const void *[]){ones, conv_w4, two}, (void *[]){a, b});
+    /* every dy element adds w at its offset: the full correlation */
+    EXPECT_F32(a, 0, 1, 3, 2, 4, 10, 6, 3, 7, 4);
+    EXPECT_F32(b, 0, 2, 4, 0, 6, 8, 0, 0, 0, 0);
+    tg_deinit(&t);
+}
+
+static void test_conv2d_grad_weight_sums_x_windows_weighted_by_dy(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 3, 3)),
+            dy = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    int32_t dw = conv(&t, LOOM_IR_OP_CONV2D_GRAD_WEIGHT, x, dy, S(1, 1, 2, 2),
+                      (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1});
+    output(&t, dw, -1);
+    float ones[4] = {1, 1, 1, 1}, a[4];
+    run_graph(&t, (const void *[]){conv_x9, ones}, (void *[]){a});
+    EXPECT_F32(a, 0, 12, 16, 24, 28); /* the sums of x's four 2x2 windows, each offset */
+    tg_deinit(&t);
+}
+
 /* ---- further cases ------------------------------------------------------------------------ */
 
 static void test_matmul_batched_2x2x3_by_2x3x2(void **state) {
@@ -1400,6 +1482,9 @@ static const struct op_case {
     OP_CASE(ALL_REDUCE, test_all_reduce_of_one_rank_is_the_scaled_value),
     OP_CASE(BROADCAST_FROM, test_broadcast_from_rank_0_of_one_is_the_value),
     OP_CASE(ALL_GATHER, test_all_gather_of_one_rank_is_a_copy),
+    OP_CASE(CONV2D, test_conv2d_slides_the_window_with_padding_stride_and_groups),
+    OP_CASE(CONV2D_GRAD_INPUT, test_conv2d_grad_input_scatters_dy_through_the_kernel),
+    OP_CASE(CONV2D_GRAD_WEIGHT, test_conv2d_grad_weight_sums_x_windows_weighted_by_dy),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");

@@ -1,0 +1,300 @@
+/* loom_conv2d as one conv2d node: what it records, its gradients against central finite
+ * differences in f64 over a sweep of windows (reference interpreter), differentiating a
+ * gradient op is a clear error, and a compiled forward + backward step (decomposed by the
+ * conv-decompose pass) against the interpreter, in f32 and under bf16 autocast. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "frontend/frontend.h"
+#include "loom/amp.h"
+#include "loom/nn.h"
+
+typedef struct conv_case {
+    const char *name;
+    int64_t n, c, h, w, o, kh, kw;
+    int64_t stride[2], pad[2], dil[2], groups;
+    bool bias;
+} conv_case;
+
+static const conv_case sweep[] = {
+    {"odd 5x4, 3x3 pad 1", 2, 2, 5, 4, 3, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"stride 2", 1, 2, 7, 6, 2, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
+    {"dilation 2", 1, 1, 7, 7, 2, 3, 3, {1, 1}, {2, 2}, {2, 2}, 1, true},
+    {"groups 2, 3x2, stride 2x1", 1, 4, 5, 4, 4, 3, 2, {2, 1}, {1, 0}, {1, 1}, 2, true},
+    {"depthwise 3x3", 1, 3, 5, 5, 3, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3, false},
+    {"1x1", 2, 3, 3, 3, 2, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},
+    {"7x7 stride 2 pad 3", 1, 1, 8, 7, 2, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, false},
+};
+#define N_SWEEP (sizeof sweep / sizeof sweep[0])
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double urand(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) * 0x1.0p-53 * 2.0 - 1.0;
+}
+
+typedef struct operands {
+    int64_t xs[4], ws[4], nx, nw, no;
+    double *x, *w, *b;
+} operands;
+
+static void operands_init(operands *p, const conv_case *k) {
+    int64_t xs[4] = {k->n, k->c, k->h, k->w}, ws[4] = {k->o, k->c / k->groups, k->kh, k->kw};
+    memcpy(p->xs, xs, sizeof xs);
+    memcpy(p->ws, ws, sizeof ws);
+    p->nx = loom_ir_numel(4, xs);
+    p->nw = loom_ir_numel(4, ws);
+    p->no = k->o;
+    p->x = malloc((size_t)p->nx * 8);
+    p->w = malloc((size_t)p->nw * 8);
+    p->b = malloc((size_t)p->no * 8);
+    for (int64_t i = 0; i < p->nx; i++)
+        p->x[i] = urand();
+    for (int64_t i = 0; i < p->nw; i++)
+        p->w[i] = urand();
+    for (int64_t i = 0; i < p->no; i++)
+        p->b[i] = urand();
+}
+
+static void operands_deinit(operands *p) {
+    free(p->x);
+    free(p->w);
+    free(p->b);
+}
+
+/* sum(conv2d(x, w, b) * r) with r fixed pseudo-random weights in [0.5, 1.5). */
+static loom_tensor *weighted_loss(loom_context *ctx, const conv_case *k, loom_tensor *x,
+                                  loom_tensor *w, loom_tensor *b) {
+    loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
+    assert_non_null(y);
+    int64_t s[4], n;
+    loom_dtype dt;
+    assert_int_equal(loom_tensor_dtype(y, &dt), LOOM_OK);
+    assert_int_equal(loom_tensor_shape(y, s), LOOM_OK);
+    assert_int_equal(loom_tensor_numel(y, &n), LOOM_OK);
+    double *r = malloc((size_t)n * 8);
+    uint64_t st = 777;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        r[i] = 0.5 + (double)(st >> 11) * 0x1.0p-53;
+    }
+    loom_tensor *rt = loom_tensor_from_host(ctx, dt, 4, s, r);
+    free(r);
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, rt), 0, NULL, false);
+    loom_tensor_release(rt);
+    return loss;
+}
+
+/* The loss in f64 at p's values, or its gradients into gx, gw, gb when they are not NULL. */
+static double loss_at(loom_context *ctx, const conv_case *k, const operands *p, double *gx,
+                      double *gw, double *gb) {
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, p->xs, p->x);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, p->ws, p->w);
+    loom_tensor *b = k->bias ? loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 1, &p->no, p->b) : NULL;
+    loom_tensor *loss = weighted_loss(ctx, k, x, w, b);
+    double v = NAN;
+    if (gx) {
+        loom_tensor *g[3] = {NULL, NULL, NULL};
+        if (loom_backward(ctx, loss, k->bias ? 3 : 2, (loom_tensor *[]){x, w, b}, g) != LOOM_OK)
+            fail_msg("%s", loom_context_error_message(ctx));
+        assert_int_equal(loom_tensor_read(ctx, g[0], gx, (size_t)p->nx * 8), LOOM_OK);
+        assert_int_equal(loom_tensor_read(ctx, g[1], gw, (size_t)p->nw * 8), LOOM_OK);
+        if (k->bias)
+            assert_int_equal(loom_tensor_read(ctx, g[2], gb, (size_t)p->no * 8), LOOM_OK);
+    } else if (loom_tensor_read(ctx, loss, &v, sizeof v) != LOOM_OK) {
+        fail_msg("%s", loom_context_error_message(ctx));
+    }
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_tensor_release(b);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    return v;
+}
+
+/* Central differences (h = 1e-6) at up to 12 elements of each operand, spread over it. */
+static void test_gradients_match_finite_differences_over_the_sweep(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(true);
+    for (size_t c = 0; c < N_SWEEP; c++) {
+        const conv_case *k = &sweep[c];
+        operands p;
+        operands_init(&p, k);
+        double *g[3] = {malloc((size_t)p.nx * 8), malloc((size_t)p.nw * 8),
+                        malloc((size_t)p.no * 8)};
+        loss_at(ctx, k, &p, g[0], g[1], g[2]);
+        double *vals[3] = {p.x, p.w, p.b};
+        int64_t count[3] = {p.nx, p.nw, k->bias ? p.no : 0};
+        for (int t = 0; t < 3; t++) {
+            int64_t stride = count[t] / 12 + 1;
+            for (int64_t i = (int64_t)c % stride; i < count[t]; i += stride) {
+                double v0 = vals[t][i], h = 1e-6;
+                vals[t][i] = v0 + h;
+                double up = loss_at(ctx, k, &p, NULL, NULL, NULL);
+                vals[t][i] = v0 - h;
+                double down = loss_at(ctx, k, &p, NULL, NULL, NULL);
+                vals[t][i] = v0;
+                double num = (up - down) / (2 * h);
+                if (!(fabs(num - g[t][i]) <= 1e-6 * (1 + fabs(num))))
+                    fail_msg("%s: d/d%s[%lld]: analytic %.10g, finite differences %.10g", k->name,
+                             (const char *[]){"x", "w", "b"}[t], (long long)i, g[t][i], num);
+            }
+        }
+        for (int t = 0; t < 3; t++)
+            free(g[t]);
+        operands_deinit(&p);
+    }
+    loom_context_destroy(ctx);
+}
+
+/* The trace holds one conv2d node with the window (no im2col), its bias one add. */
+static void test_conv2d_records_one_node_with_its_window(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(true);
+    const conv_case *k = &sweep[3];
+    operands p;
+    operands_init(&p, k);
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, p.xs, p.x);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, p.ws, p.w);
+    int32_t before = ctx->trace.n_nodes;
+    loom_tensor *y = loom_conv2d(ctx, x, w, NULL, k->stride, k->pad, k->dil, k->groups);
+    assert_non_null(y);
+    int n_conv = 0, n_other = 0;
+    for (int32_t i = before; i < ctx->trace.n_nodes; i++) {
+        const loom_ir_node *n = &ctx->trace.nodes[i];
+        if (n->op == LOOM_IR_OP_CONV2D) {
+            n_conv++;
+            assert_int_equal(n->attrs.conv.stride[0], 2);
+            assert_int_equal(n->attrs.conv.stride[1], 1);
+            assert_int_equal(n->attrs.conv.padding[0], 1);
+            assert_int_equal(n->attrs.conv.groups, 2);
+        } else if (n->op != LOOM_IR_OP_INPUT) {
+            n_other++;
+        }
+    }
+    assert_int_equal(n_conv, 1);
+    assert_int_equal(n_other, 0);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    operands_deinit(&p);
+    loom_context_destroy(ctx);
+}
+
+/* conv2d's gradient has no gradient of its own: differentiating it (a second derivative)
+ * says so, naming the op and the user's line. */
+static void test_differentiating_a_conv_gradient_is_a_clear_error(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(true);
+    const conv_case *k = &sweep[0];
+    operands p;
+    operands_init(&p, k);
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, p.xs, p.x);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, p.ws, p.w);
+    loom_tensor *loss = weighted_loss(ctx, k, x, w, NULL);
+    loom_tensor *gx = NULL;
+    assert_int_equal(loom_backward(ctx, loss, 1, &x, &gx), LOOM_OK);
+    loom_tensor *gg = NULL;
+    loom_tensor *loss2 = loom_sum(ctx, loom_mul(ctx, gx, gx), 0, NULL, false);
+    assert_int_equal(loom_backward(ctx, loss2, 1, &w, &gg), LOOM_STATUS_UNSUPPORTED);
+    const char *msg = loom_context_error_message(ctx);
+    if (!strstr(msg, "conv2d_grad_input of f64[2,2,5,4] has no gradient rule (differentiating "
+                     "conv2d's gradient, a second derivative, is not supported)") ||
+        !strstr(msg, "test_conv2d.c:"))
+        fail_msg("unexpected message: %s", msg);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    operands_deinit(&p);
+    loom_context_destroy(ctx);
+}
+
+/* One training-step graph (forward, loss, gradients of x, w, b) compiled by the JIT, which
+ * decomposes the conv ops, against the interpreter running them directly. */
+static void compiled_step_matches_the_interpreter(loom_dtype autocast, double tol) {
+    for (size_t c = 0; c < N_SWEEP; c++) {
+        const conv_case *k = &sweep[c];
+        float *got[2][3];
+        int64_t count[3];
+        for (int eager = 0; eager < 2; eager++) {
+            loom_context *ctx = tu_context(eager);
+            rng = 0x1234567ull + c;
+            operands p;
+            operands_init(&p, k);
+            count[0] = p.nx;
+            count[1] = p.nw;
+            count[2] = p.no;
+            float *xf = malloc((size_t)p.nx * 4), *wf = malloc((size_t)p.nw * 4),
+                  *bf = malloc((size_t)p.no * 4);
+            for (int64_t i = 0; i < p.nx; i++)
+                xf[i] = (float)p.x[i];
+            for (int64_t i = 0; i < p.nw; i++)
+                wf[i] = (float)p.w[i];
+            for (int64_t i = 0; i < p.no; i++)
+                bf[i] = (float)p.b[i];
+            loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.xs, xf);
+            loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.ws, wf);
+            loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, &p.no, bf);
+            if (autocast != LOOM_DTYPE_F32)
+                assert_int_equal(loom_autocast_begin(ctx, autocast), LOOM_OK);
+            loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
+            if (autocast != LOOM_DTYPE_F32)
+                assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
+            loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, y), 0, NULL, false);
+            loom_tensor *g[3] = {NULL, NULL, NULL};
+            assert_int_equal(loom_backward(ctx, loss, 3, (loom_tensor *[]){x, w, b}, g), LOOM_OK);
+            for (int t = 0; t < 3; t++) {
+                got[eager][t] = malloc((size_t)count[t] * 4);
+                loom_tensor_retain(g[t]);
+            }
+            assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+            for (int t = 0; t < 3; t++) {
+                tu_read_f32(ctx, g[t], got[eager][t], (size_t)count[t]);
+                loom_tensor_release(g[t]);
+            }
+            loom_tensor_release(x);
+            loom_tensor_release(w);
+            loom_tensor_release(b);
+            free(xf);
+            free(wf);
+            free(bf);
+            operands_deinit(&p);
+            loom_context_destroy(ctx);
+        }
+        for (int t = 0; t < 3; t++) {
+            double scale = 0;
+            for (int64_t i = 0; i < count[t]; i++)
+                scale = fmax(scale, fabs(got[1][t][i]));
+            for (int64_t i = 0; i < count[t]; i++)
+                if (!(fabs(got[0][t][i] - got[1][t][i]) <= tol * (scale + 1e-3)))
+                    fail_msg("%s %s: gradient %d element %lld: JIT %.9g, interpreter %.9g", k->name,
+                             loom_dtype_name(autocast), t, (long long)i, got[0][t][i],
+                             got[1][t][i]);
+            free(got[0][t]);
+            free(got[1][t]);
+        }
+    }
+}
+
+static void test_compiled_step_matches_the_interpreter_in_f32(void **state) {
+    (void)state;
+    compiled_step_matches_the_interpreter(LOOM_DTYPE_F32, 1e-5);
+}
+
+/* Under bf16 autocast both run the convolutions in bf16; the JIT's matmuls round their
+ * results (before col2im sums them in f32), the interpreter each output once. */
+static void test_compiled_step_matches_the_interpreter_under_bf16_autocast(void **state) {
+    (void)state;
+    compiled_step_matches_the_interpreter(LOOM_DTYPE_BF16, 3e-2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv2d_records_one_node_with_its_window),
+        cmocka_unit_test(test_gradients_match_finite_differences_over_the_sweep),
+        cmocka_unit_test(test_differentiating_a_conv_gradient_is_a_clear_error),
+        cmocka_unit_test(test_compiled_step_matches_the_interpreter_in_f32),
+        cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_bf16_autocast),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
