@@ -162,7 +162,7 @@ static void print_stats(const loom_ir_graph *g) {
     printf("ops:\n");
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++)
         if (per_op[op])
-            printf("  %-12s %d\n", loom_ir_op_name((loom_ir_op)op), (int)per_op[op]);
+            printf("  %-18s %d\n", loom_ir_op_name((loom_ir_op)op), (int)per_op[op]);
     printf("inputs: %d\n", (int)g->n_graph_inputs);
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const loom_ir_node *n = &g->nodes[i];

@@ -251,7 +251,7 @@ static void print_json(const op_row *rows, int first, int last, bool check) {
 }
 
 static void print_table(const op_row *rows, int first, int last, bool check) {
-    printf("%-15s %-12s %-8s %-8s %-18s %-18s %-8s %s\n", "op", "kind", "autocast", "takes",
+    printf("%-18s %-12s %-8s %-8s %-18s %-18s %-8s %s\n", "op", "kind", "autocast", "takes",
            "interpreter", check ? "JIT (run)" : "JIT", "VJP", "16-bit");
     int n_notes = 0;
     const char *notes[3 * LOOM_IR_OP_COUNT_];
@@ -272,7 +272,7 @@ static void print_table(const op_row *rows, int first, int last, bool check) {
             snprintf(vjp, sizeof vjp, "%s", r->vjp == VJP_YES ? "yes" : "-");
         }
         sixteen_text(six, sizeof six, (loom_ir_op)op, r);
-        printf("%-15s %-12s %-8s %-8s %-18s %-18s %-8s %s\n", info->name,
+        printf("%-18s %-12s %-8s %-8s %-18s %-18s %-8s %s\n", info->name,
                loom_ir_kind_name(info->kind), loom_ir_autocast_name(info->autocast),
                dtypes_text(takes, sizeof takes, r->takes), in, jit, vjp, six);
     }

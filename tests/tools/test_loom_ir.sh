@@ -55,8 +55,8 @@ check "print writes nothing on stdout for bad input" [ ! -s "$TMP/out" ]
 # ---- stats (numbers worked out by hand for mlp.loom) -------------------------------------
 check "stats exits 0" exit_is 0 "$LOOM_IR" stats "$DATA/mlp.loom"
 check "stats prints the node count" has_line "$TMP/out" "nodes: 13"
-check "stats counts matmuls" has_line "$TMP/out" "  matmul       2"
-check "stats counts inputs" has_line "$TMP/out" "  input        5"
+check "stats counts matmuls" has_line "$TMP/out" "  matmul             2"
+check "stats counts inputs" has_line "$TMP/out" "  input              5"
 check "stats lists input 1 with its type and size" \
     has_line "$TMP/out" "  input 1: %1 f32[8,16] (512 bytes)"
 check "stats lists output 1 with its type and size" \
