@@ -76,8 +76,8 @@ static void usage(FILE *f) {
         "  --json                 print one JSON line of results at the end\n"
         "  --help                 show this help\n"
         "\n"
-        "The plan's memory (planned peak) is printed when the first step is launched, before it\n"
-        "has run. samples/s is timed from the first step's launch, after its compile (reported\n"
+        "The plan's memory (planned peak) is printed once the first step is compiled, before it\n"
+        "runs. samples/s is timed from the first step's launch, after its compile (reported\n"
         "apart); the median is over steps after a warm-up. LOOM_NUM_THREADS sets the device's\n"
         "threads. Exit status: 0 ok, 1 runtime error, 2 usage error.\n");
 }
@@ -348,8 +348,17 @@ static int train(const trainer *t, train_result *res) {
             if (autocast)
                 loom_autocast_end(ctx);
             loom_tensor *out_loss = NULL;
-            loom_status st = ex_train_step_finish(ctx, loss, t->m->n_params, t->m->params, t->opt,
-                                                  t->amp, &out_loss);
+            ex_train_step_record(ctx, loss, t->m->n_params, t->m->params, t->opt, t->amp,
+                                 &out_loss);
+            if (step == 0 && loom_compile_step(ctx) == LOOM_OK && f->rank == 0) {
+                /* compiled, not yet run: the plan's memory is known */
+                const char *r = loom_memory_report(ctx);
+                const char *nl = strchr(r, '\n');
+                fprintf(f->json ? stderr : stdout, "%.*s\n",
+                        (int)(nl ? nl - r : (ptrdiff_t)strlen(r)), r);
+                fflush(f->json ? stderr : stdout);
+            }
+            loom_status st = loom_mark_step(ctx);
             loom_tensor_release(x);
             loom_tensor_release(y);
             if (st != LOOM_OK || !out_loss) {
@@ -365,13 +374,6 @@ static int train(const trainer *t, train_result *res) {
                 compile_ns = loom_metric_total(ctx, "CompileTime");
                 res->compile_ms = (double)compile_ns / 1e6;
                 res->planned_peak = planned_peak(ctx);
-                if (f->rank == 0) { /* launched, not yet run: the plan is known */
-                    const char *r = loom_memory_report(ctx);
-                    const char *nl = strchr(r, '\n');
-                    fprintf(f->json ? stderr : stdout, "%.*s\n",
-                            (int)(nl ? nl - r : (ptrdiff_t)strlen(r)), r);
-                    fflush(f->json ? stderr : stdout);
-                }
             }
             /* Launching this step waited for the previous one: its loss is ready. */
             if (pending) {

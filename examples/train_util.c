@@ -381,9 +381,9 @@ loom_status ex_grad_scaler_create(loom_context *ctx, const ex_flags *f, loom_gra
     return loom_grad_scaler_create(ctx, &so, out);
 }
 
-loom_status ex_train_step_finish(loom_context *ctx, loom_tensor *loss, int32_t n_params,
-                                 loom_tensor *const *params, loom_optim *opt, const model_amp *amp,
-                                 loom_tensor **out_loss) {
+void ex_train_step_record(loom_context *ctx, loom_tensor *loss, int32_t n_params,
+                          loom_tensor *const *params, loom_optim *opt, const model_amp *amp,
+                          loom_tensor **out_loss) {
     loom_grad_scaler *scaler = amp ? amp->scaler : NULL;
     loom_tensor **grads = calloc((size_t)n_params, sizeof *grads);
     loom_tensor *scaled =
@@ -400,12 +400,17 @@ loom_status ex_train_step_finish(loom_context *ctx, loom_tensor *loss, int32_t n
     int32_t world = loom_dist_world_size();
     if (out_loss && world > 1)
         loss = loom_all_reduce(ctx, loss, LOOM_REDUCE_SUM, 1.0 / world);
-    if (out_loss)
+    if (out_loss) {
         loom_tensor_retain(loss);
-    loom_status st = loom_mark_step(ctx);
-    if (out_loss)
         *out_loss = loss;
-    return st;
+    }
+}
+
+loom_status ex_train_step_finish(loom_context *ctx, loom_tensor *loss, int32_t n_params,
+                                 loom_tensor *const *params, loom_optim *opt, const model_amp *amp,
+                                 loom_tensor **out_loss) {
+    ex_train_step_record(ctx, loss, n_params, params, opt, amp, out_loss);
+    return loom_mark_step(ctx);
 }
 
 loom_status ex_checkpoint_init(ex_checkpoint *c, int32_t n_model, const loom_named_tensor *model,

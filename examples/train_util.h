@@ -130,6 +130,11 @@ loom_status ex_grad_scaler_create(loom_context *ctx, const ex_flags *f, loom_gra
 loom_status ex_train_step_finish(loom_context *ctx, loom_tensor *loss, int32_t n_params,
                                  loom_tensor *const *params, loom_optim *opt, const model_amp *amp,
                                  loom_tensor **out_loss);
+/* The same without the mark_step (errors are recorded in ctx), for a caller that compiles
+ * the step first (loom_compile_step) to report its plan before it runs. */
+void ex_train_step_record(loom_context *ctx, loom_tensor *loss, int32_t n_params,
+                          loom_tensor *const *params, loom_optim *opt, const model_amp *amp,
+                          loom_tensor **out_loss);
 
 /* A checkpoint's tensors: the model's (state_dict names), then with opt its state as
  * "optimizer.state.<i>.<key>" (i the parameter's index, as PyTorch's optimizer state_dict)

@@ -166,6 +166,23 @@ loom_status loom_fe_finish_inflight(loom_context *ctx) {
     return complete_job(ctx, st, &d);
 }
 
+/* For loom_memory_report: exe's, copied when it is another executable than the last. */
+static loom_status keep_memory_report(loom_context *ctx, const loom_rt_executable *exe) {
+    if (!exe->memory_report || (ctx->memory_report && exe->hash == ctx->memory_report_hash))
+        return LOOM_OK;
+    size_t len = strlen(exe->memory_report) + 1;
+    char *copy = loom_ir_alloc(&ctx->alloc, len);
+    if (!copy)
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step",
+                             "out of memory keeping the step's memory report");
+    memcpy(copy, exe->memory_report, len);
+    if (ctx->memory_report)
+        loom_ir_free(&ctx->alloc, ctx->memory_report, strlen(ctx->memory_report) + 1);
+    ctx->memory_report = copy;
+    ctx->memory_report_hash = exe->hash;
+    return LOOM_OK;
+}
+
 /* Submits exe on the stream: inputs are the trace buffers the cut graph reads; outputs
  * get new buffers that the tensors hold at once (a read waits for the step). */
 static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n,
@@ -209,21 +226,10 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
                              d.code != LOOM_OK ? d.msg : "out of memory for the step's outputs",
                              oom ? "\n" : "", oom ? exe->memory_report : "");
     }
-    /* for loom_memory_report: copied when the step runs another executable than the last */
-    if (exe->memory_report && (!ctx->memory_report || exe->hash != ctx->memory_report_hash)) {
-        size_t len = strlen(exe->memory_report) + 1;
-        char *copy = loom_ir_alloc(&ctx->alloc, len);
-        if (!copy) {
-            for (int32_t k = 0; k < n_outs; k++)
-                loom_rt_buffer_release(f->bufs[n_in + k]);
-            return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step",
-                                 "out of memory keeping the step's memory report");
-        }
-        memcpy(copy, exe->memory_report, len);
-        if (ctx->memory_report)
-            loom_ir_free(&ctx->alloc, ctx->memory_report, strlen(ctx->memory_report) + 1);
-        ctx->memory_report = copy;
-        ctx->memory_report_hash = exe->hash;
+    if ((st = keep_memory_report(ctx, exe)) != LOOM_OK) {
+        for (int32_t k = 0; k < n_outs; k++)
+            loom_rt_buffer_release(f->bufs[n_in + k]);
+        return st;
     }
     for (int32_t k = 0; k < n_in; k++)
         loom_rt_buffer_retain(f->bufs[k]);
@@ -256,7 +262,10 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
     return ctx->sync ? loom_fe_finish_inflight(ctx) : LOOM_OK;
 }
 
-loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots, bool whole_step) {
+/* Cuts the graph computing the tensors `slots` from the trace and finds or builds its
+ * executable (loom_fe_compute's first half). */
+static loom_status cut_and_build(loom_context *ctx, int32_t n, const int32_t *slots,
+                                 bool whole_step, loom_rt_executable **out_exe) {
     /* One step in flight: the previous one finishes first (and its executable cannot be
      * evicted by this step's compile while it runs). */
     loom_fe_finish_inflight(ctx);
@@ -284,11 +293,13 @@ loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots, 
     if (st != LOOM_OK)
         return loom_fe_error(ctx, st, NULL, 0, "mark_step", "out of memory cutting the graph");
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_GRAPH_NODES, ctx->cut.n_nodes);
+    return lookup_or_build(ctx, t0, out_exe);
+}
+
+loom_status loom_fe_compute(loom_context *ctx, int32_t n, const int32_t *slots, bool whole_step) {
     loom_rt_executable *exe = NULL;
-    st = lookup_or_build(ctx, t0, &exe);
-    if (st != LOOM_OK)
-        return st;
-    return execute(ctx, exe, n, slots);
+    loom_status st = cut_and_build(ctx, n, slots, whole_step, &exe);
+    return st != LOOM_OK ? st : execute(ctx, exe, n, slots);
 }
 
 void loom_fe_end_step(loom_context *ctx) {
@@ -308,31 +319,49 @@ void loom_fe_end_step(loom_context *ctx) {
     ctx->step++;
 }
 
+/* The step's roots into ctx->root_tensors: retained op results still pending and pending
+ * assignments. Only this step's results can be pending (earlier steps computed theirs), so
+ * scanning them suffices. */
+static loom_status step_roots(loom_context *ctx, int32_t *out_n) {
+    int32_t n = 0;
+    if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->root_tensors, &ctx->cap_root_tensors,
+                      ctx->n_step_tensors + ctx->n_assigned, sizeof *ctx->root_tensors))
+        return loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
+    for (int32_t k = 0; k < ctx->n_step_tensors; k++) {
+        const loom_fe_tensor *t = &ctx->tensors[ctx->step_tensors[k]];
+        if (t->refs > 0 && !t->buf && t->node_step == ctx->step)
+            ctx->root_tensors[n++] = ctx->step_tensors[k];
+    }
+    for (int32_t k = 0; k < ctx->n_assigned; k++) {
+        const loom_fe_tensor *t = &ctx->tensors[ctx->assigned[k]];
+        if (t->alive && t->node_step == ctx->step && t->node >= 0)
+            ctx->root_tensors[n++] = ctx->assigned[k];
+    }
+    *out_n = n;
+    return LOOM_OK;
+}
+
+LOOM_API loom_status loom_compile_step(loom_context *ctx) {
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    int32_t n = 0;
+    loom_rt_executable *exe = NULL;
+    loom_status st = step_roots(ctx, &n);
+    if (st == LOOM_OK && n > 0)
+        st = cut_and_build(ctx, n, ctx->root_tensors, true, &exe);
+    if (st == LOOM_OK && exe)
+        st = keep_memory_report(ctx, exe);
+    return ctx->err != LOOM_OK ? ctx->err : st;
+}
+
 LOOM_API loom_status loom_mark_step(loom_context *ctx) {
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_STEPS, 1);
-    /* The step's roots: retained op results still pending. Only this step's results can be
-     * pending (earlier steps computed theirs), so scanning them suffices. */
     int32_t n = 0;
-    loom_status st = LOOM_OK;
-    if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->root_tensors, &ctx->cap_root_tensors,
-                      ctx->n_step_tensors + ctx->n_assigned, sizeof *ctx->root_tensors)) {
-        st = loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, NULL, 0, "mark_step", "out of memory");
-    } else {
-        for (int32_t k = 0; k < ctx->n_step_tensors; k++) {
-            const loom_fe_tensor *t = &ctx->tensors[ctx->step_tensors[k]];
-            if (t->refs > 0 && !t->buf && t->node_step == ctx->step)
-                ctx->root_tensors[n++] = ctx->step_tensors[k];
-        }
-        for (int32_t k = 0; k < ctx->n_assigned; k++) { /* pending assignments */
-            const loom_fe_tensor *t = &ctx->tensors[ctx->assigned[k]];
-            if (t->alive && t->node_step == ctx->step && t->node >= 0)
-                ctx->root_tensors[n++] = ctx->assigned[k];
-        }
-        if (n > 0)
-            st = loom_fe_compute(ctx, n, ctx->root_tensors, true);
-    }
+    loom_status st = step_roots(ctx, &n);
+    if (st == LOOM_OK && n > 0)
+        st = loom_fe_compute(ctx, n, ctx->root_tensors, true);
     loom_fe_end_step(ctx);
     /* The first error of the step wins over the execution status: it is the cause. */
     return ctx->err != LOOM_OK ? ctx->err : st;

@@ -173,6 +173,15 @@ LOOM_API int64_t loom_context_step(const loom_context *ctx);
  * Errors: INVALID_ARGUMENT (NULL), OUT_OF_MEMORY, DEVICE_ERROR. */
 LOOM_API loom_status loom_mark_step(loom_context *ctx);
 
+/* Compiles the step loom_mark_step would run now (every live tensor with pending IR, as
+ * one graph), or finds it in the cache, without running it: the step stays pending, and the
+ * next loom_mark_step runs that executable without compiling again (unless more ops are
+ * recorded first, which makes another graph). loom_memory_report then describes it, so the
+ * planned peak is known before anything has run. Nothing pending: nothing is done. Returns
+ * the first error recorded since the last clear, else LOOM_OK.
+ * Errors: INVALID_ARGUMENT (NULL), OUT_OF_MEMORY, the build's errors (recorded). */
+LOOM_API loom_status loom_compile_step(loom_context *ctx);
+
 /* Waits until every step launched so far has finished. Returns the first error of a step
  * that failed while running (also recorded as the context's error), else LOOM_OK. */
 LOOM_API loom_status loom_context_sync(loom_context *ctx);
@@ -407,7 +416,8 @@ LOOM_API loom_status loom_metrics_report(const loom_context *ctx, loom_report_fo
  * Errors: INVALID_ARGUMENT. */
 LOOM_API const char *loom_last_recompile(const loom_context *ctx);
 
-/* The planned memory of the last compiled step that ran, known before it ran: "memory:
+/* The planned memory of the last compiled step that ran (or that loom_compile_step
+ * compiled), known before it ran: "memory:
  * planned peak N bytes (X MiB) = arena A + outputs O", then the kernel where the most bytes
  * are alive and the 5 largest values alive there, one a line (bytes, node, op, type,
  * "(output)", the source line that recorded it). An out-of-memory error of a step carries

@@ -169,9 +169,60 @@ static void test_a_read_between_assignments_neither_duplicates_nor_leaks_the_wri
     run_read_between_assignments(false);
 }
 
+/* loom_compile_step compiles the pending step without running it: the memory report is
+ * known, nothing ran, and the mark_step that follows hits the cache. Ops recorded between
+ * them make another graph; nothing pending compiles nothing. */
+static void test_a_step_compiled_before_it_runs_is_not_compiled_again(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(false);
+    assert_int_equal(loom_compile_step(NULL), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_compile_step(ctx), LOOM_OK); /* nothing pending */
+    assert_int_equal(loom_metric_value(ctx, "CompileTime"), 0);
+    assert_string_equal(loom_memory_report(ctx), "");
+    float ws[4] = {1, 2, 3, 4};
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 2}, ws);
+    /* w <- w * w (an assignment: donated), and y = w * w + w read back */
+    loom_tensor *sq = loom_mul(ctx, w, w);
+    loom_tensor *y = loom_add(ctx, sq, w);
+    loom_tensor_retain(y);
+    assert_int_equal(loom_assign(ctx, w, sq), LOOM_OK);
+    assert_int_equal(loom_compile_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    assert_int_equal(loom_metric_value(ctx, "ExecuteTime"), 0); /* nothing ran */
+    assert_int_equal(loom_context_step(ctx), 0);                /* the step is still open */
+    assert_non_null(strstr(loom_memory_report(ctx), "memory: planned peak "));
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1); /* the same graph: a hit */
+    assert_int_equal(loom_metric_value(ctx, "CacheHit"), 1);
+    assert_int_equal(loom_metric_value(ctx, "CompileTime"), 1);
+    float got[4];
+    tu_read_f32(ctx, y, got, 4);
+    tu_read_f32(ctx, w, ws, 4);
+    for (int i = 0; i < 4; i++) {
+        float v = (float)(i + 1);
+        assert_true(got[i] == v * v + v && ws[i] == v * v);
+    }
+    loom_tensor_release(y);
+    /* ops recorded after loom_compile_step: mark_step compiles the larger graph */
+    loom_tensor *a = loom_neg(ctx, w);
+    loom_tensor_retain(a);
+    assert_int_equal(loom_compile_step(ctx), LOOM_OK);
+    loom_tensor *b2 = loom_exp(ctx, a);
+    loom_tensor_retain(b2);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 3);
+    tu_read_f32(ctx, a, got, 4);
+    assert_true(got[3] == -16.0f);
+    loom_tensor_release(a);
+    loom_tensor_release(b2);
+    loom_tensor_release(w);
+    loom_context_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_1000_identical_steps_compile_once_with_flat_memory),
+        cmocka_unit_test(test_a_step_compiled_before_it_runs_is_not_compiled_again),
         cmocka_unit_test(test_a_new_shape_misses_and_other_source_lines_hit),
         cmocka_unit_test(test_releasing_an_assigned_tensor_drops_its_pending_write),
         cmocka_unit_test(test_a_read_between_assignments_neither_duplicates_nor_leaks_the_write),
