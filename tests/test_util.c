@@ -131,3 +131,18 @@ char *tu_read_file(const char *path) {
     fclose(fp);
     return s;
 }
+
+int tu_runtime_setup(tu_runtime *r) {
+    r->alloc = loom_allocator_system();
+    loom_rt_metrics_init(&r->metrics);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_rt_pool_create(2, &r->alloc, &r->pool) != LOOM_OK)
+        return -1;
+    return loom_rt_device_create("npu:0", &r->alloc, &r->metrics, &r->dev, &d) == LOOM_OK ? 0 : -1;
+}
+
+void tu_runtime_teardown(tu_runtime *r) {
+    loom_rt_pool_destroy(r->pool);
+    loom_rt_device_destroy(r->dev);
+}

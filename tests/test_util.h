@@ -13,6 +13,7 @@
 
 #include "ir/ir.h"
 #include "loom/loom.h"
+#include "runtime/kernel.h"
 
 /* Counts live bytes and blocks; fails the allocation numbered fail_at (1-based, counting
  * only allocations and growing reallocs) when fail_at > 0. */
@@ -27,6 +28,18 @@ typedef struct test_alloc {
 loom_allocator test_alloc_make(test_alloc *ta);
 
 /* ---- contexts ------------------------------------------------------------------------ */
+
+/* The runtime below the frontend, for tests that build and run graphs themselves: the
+ * system allocator, a 2-thread pool, device npu:0 and its metrics. */
+typedef struct tu_runtime {
+    loom_allocator alloc;
+    loom_rt_pool *pool;
+    loom_rt_device *dev;
+    loom_rt_metrics metrics;
+} tu_runtime;
+/* 0 when r is ready, -1 otherwise (as a cmocka group setup returns). */
+int tu_runtime_setup(tu_runtime *r);
+void tu_runtime_teardown(tu_runtime *r);
 
 /* A context on the reference interpreter (eager) or the JIT, with dumps off whatever
  * LOOM_DUMP says; fails the test if it cannot be created. */

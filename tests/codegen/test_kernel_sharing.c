@@ -11,30 +11,16 @@
 #include "passes/passes.h"
 #include "runtime/kernel.h"
 
-typedef struct harness {
-    loom_allocator alloc;
-    loom_rt_pool *pool;
-    loom_rt_device *dev;
-    loom_rt_metrics metrics;
-} harness;
-
-static harness H;
+static tu_runtime H;
 
 static int setup(void **state) {
     (void)state;
-    H.alloc = loom_allocator_system();
-    loom_rt_metrics_init(&H.metrics);
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    if (loom_rt_pool_create(2, &H.alloc, &H.pool) != LOOM_OK)
-        return -1;
-    return loom_rt_device_create("npu:0", &H.alloc, &H.metrics, &H.dev, &d) == LOOM_OK ? 0 : -1;
+    return tu_runtime_setup(&H);
 }
 
 static int teardown(void **state) {
     (void)state;
-    loom_rt_pool_destroy(H.pool);
-    loom_rt_device_destroy(H.dev);
+    tu_runtime_teardown(&H);
     return 0;
 }
 

@@ -15,24 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mlir_test_util.h"
 #include "test_util.h"
 
 #include "codegen/matmul_schedule.h"
-
-static MlirStringRef sr(const char *s) {
-    return mlirStringRefCreateFromCString(s);
-}
-
-static MlirContext make_context(void) {
-    MlirContext ctx = mlirContextCreate();
-    MlirDialectRegistry reg = mlirDialectRegistryCreate();
-    mlirRegisterAllDialects(reg);
-    mlirContextAppendDialectRegistry(ctx, reg);
-    mlirDialectRegistryDestroy(reg);
-    mlirContextLoadAllAvailableDialects(ctx);
-    mlirRegisterAllLLVMTranslations(ctx);
-    return ctx;
-}
 
 typedef struct shape {
     int64_t m, n, k;
@@ -93,10 +79,6 @@ static MlirModule matmul_module(MlirContext ctx, const shape *s, int count) {
     return module;
 }
 
-static void print_to_sbuf(MlirStringRef s, void *ud) {
-    loom_ir_sbuf_append(ud, s.data, s.length);
-}
-
 /* How often needle occurs in the module's text. */
 static int64_t count_in_module(MlirModule module, const char *needle) {
     loom_allocator a = loom_allocator_system();
@@ -111,20 +93,10 @@ static int64_t count_in_module(MlirModule module, const char *needle) {
     return n;
 }
 
-static void print_to_stderr(MlirStringRef s, void *ud) {
-    (void)ud;
-    fprintf(stderr, "%.*s", (int)s.length, s.data);
-}
-
 typedef struct desc2 { /* the C interface's memref descriptor */
     void *allocated, *aligned;
     int64_t offset, sizes[2], strides[2];
 } desc2;
-
-static float rnd(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(*s >> 40) / (double)(1ull << 23) - 1.0);
-}
 
 /* Schedules a module of `count` matmuls of shape s (the packed path forced on, off or left
  * to the schedule: pack = "always", "never", NULL), checks every element of C = C0 + count

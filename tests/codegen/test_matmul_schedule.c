@@ -13,26 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mlir_test_util.h"
 #include "test_util.h"
 
 #include "codegen/matmul_schedule.h"
 
 /* ---- building modules through the C API ------------------------------------------------ */
-
-static MlirStringRef sr(const char *s) {
-    return mlirStringRefCreateFromCString(s);
-}
-
-static MlirContext make_context(void) {
-    MlirContext ctx = mlirContextCreate();
-    MlirDialectRegistry reg = mlirDialectRegistryCreate();
-    mlirRegisterAllDialects(reg);
-    mlirContextAppendDialectRegistry(ctx, reg);
-    mlirDialectRegistryDestroy(reg);
-    mlirContextLoadAllAvailableDialects(ctx);
-    mlirRegisterAllLLVMTranslations(ctx);
-    return ctx;
-}
 
 /* A memref type; dyn_offset gives it a strided layout with a dynamic offset, as a view
  * into a larger buffer would have. */
@@ -117,10 +103,6 @@ static void add_matmul_func(MlirModule module, const mm_spec *s, MlirType elem) 
     mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), mlirOperationCreate(&fn));
 }
 
-static void print_to_sbuf(MlirStringRef s, void *ud) {
-    loom_ir_sbuf_append(ud, s.data, s.length);
-}
-
 /* The module's text, owned by the caller (free). */
 static char *module_text(MlirModule module) {
     loom_allocator a = loom_allocator_system();
@@ -130,11 +112,6 @@ static char *module_text(MlirModule module) {
     char *s = strdup(sb.data ? sb.data : "");
     loom_ir_sbuf_deinit(&sb);
     return s;
-}
-
-static void print_to_stderr(MlirStringRef s, void *ud) {
-    (void)ud;
-    fprintf(stderr, "%.*s", (int)s.length, s.data);
 }
 
 static void lower_to_llvm(MlirModule module) {
@@ -163,12 +140,6 @@ typedef struct desc2 {
     void *allocated, *aligned;
     int64_t offset, sizes[2], strides[2];
 } desc2;
-
-/* Deterministic values in [-1, 1). */
-static float rnd(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((double)(*s >> 40) / (double)(1ull << 23) - 1.0);
-}
 
 /* Calls fn(A, B, C) on row-major buffers of the spec's shapes, each placed `pad` elements
  * into its allocation (the descriptor's offset). */
