@@ -179,14 +179,26 @@ static void sixteen_text(char *buf, size_t n, loom_ir_op op, const op_row *r) {
     snprintf(buf, n, "%s", takes_16bit(r->takes & r->jit.ok) ? how : "-");
 }
 
+/* The table's footnotes, numbered from 1 in the order the cells cite them. */
+typedef struct footnotes {
+    const char *text[3 * LOOM_IR_OP_COUNT_];
+    int n;
+} footnotes;
+
+/* Adds a footnote; its number. */
+static int cite(footnotes *f, const char *text) {
+    f->text[f->n++] = text;
+    return f->n;
+}
+
 /* A layer's column: "all", or the dtypes it handles and a footnote on the first failure. */
-static void layer_text(char *buf, size_t n, const op_row *r, const verdict *v, int *n_notes) {
+static void layer_text(char *buf, size_t n, const op_row *r, const verdict *v, footnotes *f) {
     char list[96];
     if (v->ok == r->takes)
         snprintf(buf, n, "all");
     else
         snprintf(buf, n, "%s [%d]", v->ok ? dtypes_text(list, sizeof list, v->ok) : "none",
-                 ++*n_notes);
+                 cite(f, v->why));
 }
 
 static void print_json_string(const char *s) {
@@ -253,24 +265,17 @@ static void print_json(const op_row *rows, int first, int last, bool check) {
 static void print_table(const op_row *rows, int first, int last, bool check) {
     printf("%-18s %-12s %-8s %-8s %-18s %-18s %-8s %s\n", "op", "kind", "autocast", "takes",
            "interpreter", check ? "JIT (run)" : "JIT", "VJP", "16-bit");
-    int n_notes = 0;
-    const char *notes[3 * LOOM_IR_OP_COUNT_];
+    footnotes notes = {.n = 0};
     for (int op = first; op <= last; op++) {
         const op_row *r = &rows[op];
         const loom_ir_op_info *info = &loom_ir_op_table[op];
         char takes[96], in[128], jit[128], vjp[32], six[160];
-        layer_text(in, sizeof in, r, &r->interp, &n_notes);
-        if (r->interp.ok != r->takes)
-            notes[n_notes - 1] = r->interp.why;
-        layer_text(jit, sizeof jit, r, &r->jit, &n_notes);
-        if (r->jit.ok != r->takes)
-            notes[n_notes - 1] = r->jit.why;
-        if (r->vjp == VJP_NO || r->vjp == VJP_SOME) {
-            snprintf(vjp, sizeof vjp, "%s [%d]", vjp_names[r->vjp], ++n_notes);
-            notes[n_notes - 1] = r->vjp_why;
-        } else {
+        layer_text(in, sizeof in, r, &r->interp, &notes);
+        layer_text(jit, sizeof jit, r, &r->jit, &notes);
+        if (r->vjp == VJP_NO || r->vjp == VJP_SOME)
+            snprintf(vjp, sizeof vjp, "%s [%d]", vjp_names[r->vjp], cite(&notes, r->vjp_why));
+        else
             snprintf(vjp, sizeof vjp, "%s", r->vjp == VJP_YES ? "yes" : "-");
-        }
         sixteen_text(six, sizeof six, (loom_ir_op)op, r);
         printf("%-18s %-12s %-8s %-8s %-18s %-18s %-8s %s\n", info->name,
                loom_ir_kind_name(info->kind), loom_ir_autocast_name(info->autocast),
@@ -292,10 +297,10 @@ static void print_table(const op_row *rows, int first, int last, bool check) {
     printf("  bf16: %s\n  f16:  %s\n  amx-bf16: %s\n", loom_cg_matmul16_path(LOOM_DTYPE_BF16),
            loom_cg_matmul16_path(LOOM_DTYPE_F16),
            loom_cg_amx_missing() ? loom_cg_amx_missing() : "available");
-    if (n_notes)
+    if (notes.n)
         printf("\nNotes:\n");
-    for (int i = 0; i < n_notes; i++)
-        printf("  [%d] %s\n", i + 1, notes[i]);
+    for (int i = 0; i < notes.n; i++)
+        printf("  [%d] %s\n", i + 1, notes.text[i]);
 }
 
 int loom_ir_cmd_ops(const char *only, bool check, bool json) {

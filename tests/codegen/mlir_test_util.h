@@ -7,6 +7,7 @@
 #include <mlir-c/RegisterEverything.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ir/ir.h"
 
@@ -30,6 +31,15 @@ static inline MlirContext make_context(void) {
 static inline float rnd(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((double)(*s >> 40) / (double)(1ull << 23) - 1.0);
+}
+
+/* n values from rnd after pad unused floats (so that a view of them has a dynamic offset),
+ * malloc'd; NULL when out of memory. */
+static inline float *rnd_buffer(size_t n, int64_t pad, uint64_t *seed) {
+    float *p = malloc(sizeof(float) * (n + (size_t)pad));
+    for (size_t i = 0; p && i < n; i++)
+        p[(size_t)pad + i] = rnd(seed);
+    return p;
 }
 
 static inline void print_to_sbuf(MlirStringRef s, void *ud) {

@@ -140,18 +140,11 @@ static int64_t run_case_rows(const shape *s, const char *pack, int count, int64_
 
     int64_t pad = s->dyn_offset ? 3 : 0;
     size_t na = (size_t)(s->m * s->k), nb = (size_t)(s->k * s->n), nc = (size_t)(s->m * s->n);
-    float *a = malloc(sizeof(float) * (na + (size_t)pad));
-    float *b = malloc(sizeof(float) * (nb + (size_t)pad));
-    float *c = malloc(sizeof(float) * (nc + (size_t)pad));
-    float *c0 = malloc(sizeof(float) * nc);
-    assert_true(a && b && c && c0);
     uint64_t seed = (uint64_t)(s->m * 1000003 + s->n * 1009 + s->k);
-    for (size_t i = 0; i < na; i++)
-        a[(size_t)pad + i] = rnd(&seed);
-    for (size_t i = 0; i < nb; i++)
-        b[(size_t)pad + i] = rnd(&seed);
-    for (size_t i = 0; i < nc; i++)
-        c[(size_t)pad + i] = c0[i] = rnd(&seed);
+    float *a = rnd_buffer(na, pad, &seed), *b = rnd_buffer(nb, pad, &seed);
+    float *c = rnd_buffer(nc, pad, &seed), *c0 = malloc(sizeof(float) * nc);
+    assert_true(a && b && c && c0);
+    memcpy(c0, c + pad, sizeof(float) * nc);
     desc2 da = {a, a, pad, {s->m, s->k}, {s->k, 1}};
     desc2 db = {b, b, pad, {s->k, s->n}, {s->n, 1}};
     desc2 dc = {c, c, pad, {s->m, s->n}, {s->n, 1}};

@@ -225,18 +225,11 @@ static void run_f32_case(const mm_spec *s) {
     int64_t bt = s->batch ? s->b : 1, pad = s->dyn_offset ? 5 : 0;
     size_t na = (size_t)(bt * s->m * s->k), nb = (size_t)(bt * s->k * s->n),
            nc = (size_t)(bt * s->m * s->n);
-    float *a = malloc(sizeof(float) * (na + (size_t)pad));
-    float *b = malloc(sizeof(float) * (nb + (size_t)pad));
-    float *c = malloc(sizeof(float) * (nc + (size_t)pad));
-    float *c_in = malloc(sizeof(float) * nc);
-    assert_true(a && b && c && c_in);
     uint64_t seed = (uint64_t)(s->m * 1000003 + s->n * 1009 + s->k);
-    for (size_t i = 0; i < na; i++)
-        a[(size_t)pad + i] = rnd(&seed);
-    for (size_t i = 0; i < nb; i++)
-        b[(size_t)pad + i] = rnd(&seed);
-    for (size_t i = 0; i < nc; i++)
-        c[(size_t)pad + i] = c_in[i] = rnd(&seed);
+    float *a = rnd_buffer(na, pad, &seed), *b = rnd_buffer(nb, pad, &seed);
+    float *c = rnd_buffer(nc, pad, &seed), *c_in = malloc(sizeof(float) * nc);
+    assert_true(a && b && c && c_in);
+    memcpy(c_in, c + pad, sizeof(float) * nc);
     call_matmul(fn, s, a, b, c, pad);
     check_result(s, a + pad, b + pad, c_in, c + pad, s->m * s->n * s->k > (1 << 24) ? 37 : 1);
     free(a);
