@@ -146,9 +146,43 @@ loom_status cg_add_leaf(kc *c, const loom_ir_node *n, const imap *map);
 loom_status cg_offset_of(kc *c, int32_t id, const imap *map, MlirValue *out);
 loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out);
 
-/* ---- one kernel kind each (lower_elementwise.c, lower_reduction.c, lower_matmul.c) ---- */
+/* ---- the packed microkernel (lower_matmul.c), shared with lower_conv.c ----
+ * A block's product C = A x B from packed operands: A row-major, ap[i * kp + kk]; B in
+ * panels of 16 columns, bp[(pn * kp + kk) * 16 + l] holding element kk of column 16 pn + l;
+ * an element is a pair of bf16 along K (pk 2, for vdpbf16ps: B in the VNNI layout) or one
+ * f32 (pk 1, for FMAs). C is f32, cs[i * nbp + j]. */
+enum {
+    MK_ACC = 16,   /* accumulators (vectors of 16 f32) of a C tile: 8 rows x 32 columns, or
+                    * 16 x 16 for at most 16 columns (a classifier's N = 10 would waste 22) */
+    MK_PANEL = 16, /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
+};
+
+typedef struct cg_mk {
+    int64_t mr, nv; /* rows and 16-column panels of the C tile (mr * nv = MK_ACC) */
+    int64_t pk;     /* elements of K per packed element: 2 (bf16 pairs) or 1 (f32) */
+    int64_t kp;     /* packed elements along K of a block */
+    int64_t nbp;    /* columns of a block padded to whole tiles: C's row stride */
+} cg_mk;
+
+/* Whether 16-bit dtype dt packs bf16 pairs for vdpbf16ps (else its values convert to f32). */
+static inline bool cg_mk_pairs(loom_dtype dt) {
+    return dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16;
+}
+/* cs = ap x bp over tiles of mr x 16 nv for the block's mb rows and nb columns (padded to
+ * whole tiles in the packing); accumulate: cs += instead. */
+void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs, MlirValue mb,
+                 MlirValue nb, bool accumulate);
+/* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
+MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
+/* Two bf16 (f32 values already rounded to bf16; scalars or vectors) as one i32 each: lo in
+ * the low half. */
+MlirValue cg_bf16_pair(cg_b *b, MlirValue lo, MlirValue hi);
+
+/* ---- one kernel kind each (lower_elementwise.c, lower_reduction.c, lower_matmul.c,
+ * lower_conv.c) ---- */
 loom_status cg_lower_elementwise(kc *c);
 loom_status cg_lower_reduction(kc *c);
 loom_status cg_lower_matmul(kc *c);
+loom_status cg_lower_conv(kc *c);
 
 #endif

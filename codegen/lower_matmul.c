@@ -14,26 +14,19 @@ enum {
     MM_WIDE_N = 4096,       /* N from which columns are split (below: slower, the MLP's 512 15%) */
     MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
-    MK_ACC = 16,            /* bf16 microkernel: accumulators (vectors of 16 f32) in its C
-                             * tile of 8 rows x 32 columns, or 16 x 16 for at most 16 columns
-                             * (a classifier's N = 10 would waste 22 of 32) */
     MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
     MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
-    MK_PANEL = 16,          /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
 };
 
 /* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
  * integers); 16-bit matmuls pack each task's operands first, evaluating them (so a cast
- * into the matmul costs no pass of its own), for a register-tiled microkernel: PACK_F32
- * converts them to f32 (vcvtph2ps for f16) for an FMA microkernel, PACK_BF16 packs bf16
- * pairs for the vdpbf16ps one. */
+ * into the matmul costs no pass of its own), for the packed microkernel (cg_mk_tiles). */
 typedef enum mm_kind { MM_PLAIN, MM_PACK_F32, MM_PACK_BF16 } mm_kind;
 
 static mm_kind mm_kind_of(loom_dtype dt) {
     if (!is_16(dt))
         return MM_PLAIN;
-    return dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16 ? MM_PACK_BF16
-                                                                              : MM_PACK_F32;
+    return cg_mk_pairs(dt) ? MM_PACK_BF16 : MM_PACK_F32;
 }
 
 /* ---- MATMUL ------------------------------------------------------------------------------- */
@@ -49,10 +42,9 @@ typedef struct mm_plan {
     nest ns; /* the root's dims, one group per dim */
     bool linalg;
     mm_kind kind;
-    nest ons[2];          /* packed kinds: the operands' dims, one group per dim */
-    int64_t mbp, nbp, kp; /* PACK_BF16: padded rows and columns of a task, K in pairs */
-    int64_t mr, nv;       /* packed kinds: rows and 16-column panels of the C tile */
-    int64_t pk;           /* packed kinds: elements of K per packed element (2: bf16 pairs) */
+    nest ons[2]; /* packed kinds: the operands' dims, one group per dim */
+    int64_t mbp; /* packed kinds: rows of a task padded to the tile's */
+    cg_mk mk;    /* packed kinds: the microkernel's tile and packing */
 } mm_plan;
 
 static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t N) {
@@ -146,8 +138,7 @@ static void emit_mm_rows_linalg(kc *c, const mm_plan *mp, MlirValue a, MlirValue
     cg_if_end(b, &f);
 }
 
-/* One malloc'd 1-D buffer of n elements of t per call (freed at the end). */
-static MlirValue alloc_buf(cg_b *b, MlirType t, int64_t n) {
+MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n) {
     MlirType mt = mlirMemRefTypeContiguousGet(t, 1, &n, mlirAttributeGetNull());
     MlirNamedAttribute seg =
         cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
@@ -181,18 +172,23 @@ static loom_status eval_operand(kc *c, const mm_plan *mp, int32_t q, MlirValue p
     return st;
 }
 
-/* Two bf16 (f32 values already rounded to bf16) as one i32: lo in the low half. */
-static MlirValue bf16_pair(cg_b *b, MlirValue lo, MlirValue hi) {
-    MlirValue l =
-        cg_bin(b, "arith.shrui", cg_conv(b, "arith.bitcast", lo, b->i32), cg_ci(b, b->i32, 16));
-    MlirValue h = cg_bin(b, "arith.andi", cg_conv(b, "arith.bitcast", hi, b->i32),
-                         cg_ci(b, b->i32, (int32_t)0xffff0000u));
+MlirValue cg_bf16_pair(cg_b *b, MlirValue lo, MlirValue hi) {
+    MlirType t = mlirValueGetType(lo), it = b->i32;
+    if (mlirTypeIsAVector(t))
+        it = cg_vec_t(mlirShapedTypeGetDimSize(t, 0), b->i32);
+    MlirValue sh = cg_ci(b, b->i32, 16), mask = cg_ci(b, b->i32, (int32_t)0xffff0000u);
+    if (mlirTypeIsAVector(t)) {
+        sh = cg_vbroadcast(b, sh, it);
+        mask = cg_vbroadcast(b, mask, it);
+    }
+    MlirValue l = cg_bin(b, "arith.shrui", cg_conv(b, "arith.bitcast", lo, it), sh);
+    MlirValue h = cg_bin(b, "arith.andi", cg_conv(b, "arith.bitcast", hi, it), mask);
     return cg_bin(b, "arith.ori", l, h);
 }
 
 /* The packed element 0 (i32 pairs of bf16, or f32). */
 static MlirValue pack_zero(cg_b *b, const mm_plan *mp) {
-    return mp->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+    return mp->mk.pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
 }
 
 /* Stores zero at buf[i * stride + j] for i in [i_lo, i_hi), j in [j_lo, j_hi) (pads). */
@@ -212,10 +208,10 @@ static void zero_fill(cg_b *b, MlirValue zero, MlirValue buf, MlirValue i_lo, Ml
 static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue fixed,
                              MlirValue kp, bool odd_tail, MlirValue *out) {
     cg_b *b = c->b;
-    MlirValue k0 = cg_imul_c(b, kp, mp->pk), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
+    MlirValue k0 = cg_imul_c(b, kp, mp->mk.pk), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
     loom_status st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k0, &lo)
                             : eval_operand(c, mp, 1, p, k0, fixed, &lo);
-    if (st != LOOM_OK || mp->pk == 1) {
+    if (st != LOOM_OK || mp->mk.pk == 1) {
         *out = lo;
         return st;
     }
@@ -224,7 +220,7 @@ static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, M
     else if ((st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k1, &hi)
                           : eval_operand(c, mp, 1, p, k1, fixed, &hi)) != LOOM_OK)
         return st;
-    *out = bf16_pair(b, lo, hi);
+    *out = cg_bf16_pair(b, lo, hi);
     return LOOM_OK;
 }
 
@@ -245,14 +241,14 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
                                MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
     cg_b *b = c->b;
     loom_status st;
-    int64_t kfull = mp->K / mp->pk;
+    int64_t kfull = mp->K / mp->mk.pk;
     MlirValue zero = cg_idx(b, 0), v;
-    for (int pass = 0; pass < 1 + (mp->K % mp->pk); pass++) { /* full pairs, an odd tail */
+    for (int pass = 0; pass < 1 + (mp->K % mp->mk.pk); pass++) { /* full pairs, an odd tail */
         MlirValue klo = cg_idx(b, pass ? kfull : 0), khi = cg_idx(b, pass ? kfull + 1 : kfull);
         cg_for lo, lin;
         if (q == 0) {
             cg_for_begin(b, &lo, i0, i1, 0, NULL);
-            MlirValue arow = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->kp);
+            MlirValue arow = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->mk.kp);
             cg_for_begin(b, &lin, klo, khi, 0, NULL);
             if ((st = pack_pair(c, mp, 0, p, lo.iv, lin.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
@@ -281,7 +277,7 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
             if ((st = pack_pair(c, mp, 1, p, lin.iv, lk.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
             MlirValue at = cg_iadd(
-                b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->kp), lk.iv), MK_PANEL), col);
+                b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->mk.kp), lk.iv), MK_PANEL), col);
             cg_store(b, v, buf, at);
             cg_for_end(b, &lk, 0, NULL);
             cg_for_end(b, &lin, 0, NULL);
@@ -297,9 +293,9 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
             cg_for_begin(b, &lo, klo, khi, 0, NULL);
             cg_for_begin(b, &lp, cg_idx(b, 0), npn, 0, NULL);
             MlirValue jp = cg_iadd(b, j0, cg_imul_c(b, lp.iv, MK_PANEL));
-            MlirValue at0 =
-                cg_bin(b, "arith.subi",
-                       cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->kp), lo.iv), MK_PANEL), jp);
+            MlirValue at0 = cg_bin(
+                b, "arith.subi",
+                cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->mk.kp), lo.iv), MK_PANEL), jp);
             cg_for_begin(b, &lin, jp, cg_imin(b, cg_iadd(b, jp, cg_idx(b, MK_PANEL)), j1), 0, NULL);
             if ((st = pack_pair(c, mp, 1, p, lin.iv, lo.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
@@ -311,61 +307,61 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
     }
     if (q == 0) { /* pad rows of A */
         zero_fill(b, pack_zero(b, mp), buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp),
-                  mp->kp, zero, cg_idx(b, mp->kp));
+                  mp->mk.kp, zero, cg_idx(b, mp->mk.kp));
         return LOOM_OK;
     }
     /* pad columns of B (panel by panel, one row of 16 per pair) */
     cg_for lj, lk;
-    cg_for_begin(b, &lj, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, mp->nbp), 0, NULL);
+    cg_for_begin(b, &lj, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, mp->mk.nbp), 0, NULL);
     MlirValue pn = cg_bin(b, "arith.divui", lj.iv, cg_idx(b, MK_PANEL));
     MlirValue l = cg_bin(b, "arith.remui", lj.iv, cg_idx(b, MK_PANEL));
-    MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mp->kp * MK_PANEL), l);
-    cg_for_begin(b, &lk, zero, cg_idx(b, mp->kp), 0, NULL);
+    MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mp->mk.kp * MK_PANEL), l);
+    cg_for_begin(b, &lk, zero, cg_idx(b, mp->mk.kp), 0, NULL);
     cg_store(b, pack_zero(b, mp), buf, cg_iadd(b, base, cg_imul_c(b, lk.iv, MK_PANEL)));
     cg_for_end(b, &lk, 0, NULL);
     cg_for_end(b, &lj, 0, NULL);
     return LOOM_OK;
 }
 
-/* The product of the packed task (PACK_BF16, PACK_F32): cs[i * nbp + j] = sum_k A[i, k] B[k, j]
- * over tiles of mr x 16 nv, each a loop over K's pairs holding 16 accumulators in registers: per
- * pair, nv panel vectors of B, one broadcast pair of A per row, 16 vdpbf16ps. The tiles of
- * a column strip run one after the other, so its B panels stay in cache. */
-static void emit_tiles(kc *c, const mm_plan *mp, MlirValue ap, MlirValue bp, MlirValue cs,
-                       MlirValue mb, MlirValue nb) {
+void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs, MlirValue mb,
+                 MlirValue nb, bool accumulate) {
     cg_b *b = c->b;
     enum { NACC = MK_ACC };
-    const int64_t MR = mp->mr, NV = mp->nv, NR = NV * MK_PANEL;
-    MlirType vi = cg_vec_t(16, mp->pk == 2 ? b->i32 : b->f32), vf = cg_vec_t(16, b->f32);
+    const int64_t MR = m->mr, NV = m->nv, NR = NV * MK_PANEL;
+    MlirType vi = cg_vec_t(16, m->pk == 2 ? b->i32 : b->f32), vf = cg_vec_t(16, b->f32);
     MlirValue n_jt = cg_bin(b, "arith.divui", cg_iadd(b, nb, cg_idx(b, NR - 1)), cg_idx(b, NR));
     MlirValue n_it = cg_bin(b, "arith.divui", cg_iadd(b, mb, cg_idx(b, MR - 1)), cg_idx(b, MR));
     cg_for ljt, lit, lk;
     cg_for_begin(b, &ljt, cg_idx(b, 0), n_jt, 0, NULL);
     cg_for_begin(b, &lit, cg_idx(b, 0), n_it, 0, NULL);
     MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf), init[NACC];
+    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * m->nbp), cg_imul_c(b, ljt.iv, NR));
     for (int i = 0; i < NACC; i++)
         init[i] = zero;
-    MlirValue arow0 = cg_imul_c(b, lit.iv, MR * mp->kp);
-    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * mp->kp * MK_PANEL);
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, mp->kp), NACC, init);
+    for (int i = 0; i < MR && accumulate; i++)
+        for (int v = 0; v < NV; v++)
+            init[i * NV + v] =
+                cg_vload(b, vf, cs, cg_iadd(b, c0, cg_idx(b, i * m->nbp + v * MK_PANEL)));
+    MlirValue arow0 = cg_imul_c(b, lit.iv, MR * m->kp);
+    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * m->kp * MK_PANEL);
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), NACC, init);
     MlirValue bv[2], acc[NACC];
     for (int v = 0; v < NV; v++)
         bv[v] = cg_vload(
             b, vi, bp,
-            cg_iadd(b, bpan0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, v * mp->kp)), MK_PANEL)));
+            cg_iadd(b, bpan0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, v * m->kp)), MK_PANEL)));
     for (int i = 0; i < MR; i++) {
-        MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * mp->kp))));
+        MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * m->kp))));
         MlirValue av = cg_vbroadcast(b, a, vi);
         for (int v = 0; v < NV; v++)
-            acc[i * NV + v] = mp->pk == 2 ? cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v])
-                                          : cg_fma(b, av, bv[v], lk.iter[i * NV + v]);
+            acc[i * NV + v] = m->pk == 2 ? cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v])
+                                         : cg_fma(b, av, bv[v], lk.iter[i * NV + v]);
     }
     cg_for_end(b, &lk, NACC, acc);
-    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * mp->nbp), cg_imul_c(b, ljt.iv, NR));
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++)
             cg_vstore(b, cg_for_result(&lk, i * NV + v), cs,
-                      cg_iadd(b, c0, cg_idx(b, i * mp->nbp + v * MK_PANEL)));
+                      cg_iadd(b, c0, cg_idx(b, i * m->nbp + v * MK_PANEL)));
     cg_for_end(b, &lit, 0, NULL);
     cg_for_end(b, &ljt, 0, NULL);
 }
@@ -430,12 +426,12 @@ loom_status cg_lower_matmul(kc *c) {
     mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
     mp->kind = kind;
-    mp->nv = mp->cols <= MK_PANEL ? 1 : 2;
-    mp->mr = MK_ACC / mp->nv;
-    mp->mbp = ceil_div(mp->rows, mp->mr) * mp->mr;
-    mp->nbp = ceil_div(mp->cols, mp->nv * MK_PANEL) * mp->nv * MK_PANEL;
-    mp->pk = kind == MM_PACK_BF16 ? 2 : 1;
-    mp->kp = ceil_div(mp->K, mp->pk);
+    mp->mk.nv = mp->cols <= MK_PANEL ? 1 : 2;
+    mp->mk.mr = MK_ACC / mp->mk.nv;
+    mp->mbp = ceil_div(mp->rows, mp->mk.mr) * mp->mk.mr;
+    mp->mk.nbp = ceil_div(mp->cols, mp->mk.nv * MK_PANEL) * mp->mk.nv * MK_PANEL;
+    mp->mk.pk = kind == MM_PACK_BF16 ? 2 : 1;
+    mp->mk.kp = ceil_div(mp->K, mp->mk.pk);
     for (int32_t q = 0; q < 2 && kind != MM_PLAIN; q++) {
         const loom_ir_node *on = &g->nodes[root->inputs[q]];
         cg_nest_init(&mp->ons[q], on->rank, on->shape);
@@ -496,20 +492,20 @@ loom_status cg_lower_matmul(kc *c) {
     }
     MlirValue C;
     bool scratch = mp->acc_res < 0, bf = mp->kind != MM_PLAIN;
-    mp->cstride = bf ? mp->nbp : scratch ? mp->cols : mp->N;
+    mp->cstride = bf ? mp->mk.nbp : scratch ? mp->cols : mp->N;
     /* packed A and B, and which (batch, column block) B holds (-1: none yet) */
     MlirValue packs[3] = {{NULL}, {NULL}, {NULL}};
     if (bf) {
-        MlirType et = mp->pk == 2 ? b->i32 : b->f32;
-        packs[0] = alloc_buf(b, et, mp->mbp * mp->kp);
-        packs[1] = alloc_buf(b, et, mp->kp * mp->nbp);
+        MlirType et = mp->mk.pk == 2 ? b->i32 : b->f32;
+        packs[0] = cg_alloc_buf(b, et, mp->mbp * mp->mk.kp);
+        packs[1] = cg_alloc_buf(b, et, mp->mk.kp * mp->mk.nbp);
     }
     if (mp->kind != MM_PLAIN) {
-        packs[2] = alloc_buf(b, b->i64, 1);
+        packs[2] = cg_alloc_buf(b, b->i64, 1);
         cg_store(b, cg_ci(b, b->i64, -1), packs[2], cg_idx(b, 0));
     }
     if (scratch) { /* one malloc'd block of rows x cols per call, freed at the end */
-        C = alloc_buf(b, mp->acc_t, bf ? mp->mbp * mp->nbp : mp->rows * mp->cols);
+        C = cg_alloc_buf(b, mp->acc_t, bf ? mp->mbp * mp->mk.nbp : mp->rows * mp->cols);
     } else {
         C = c->bufs[c->s->res_of[mp->acc_res]];
     }
@@ -556,8 +552,8 @@ loom_status cg_lower_matmul(kc *c) {
         cg_clear_gv(c);
     }
     if (bf) {
-        emit_tiles(c, mp, A, B, C, cg_bin(b, "arith.subi", i1, i0),
-                   cg_bin(b, "arith.subi", j1, j0));
+        cg_mk_tiles(c, &mp->mk, A, B, C, cg_bin(b, "arith.subi", i1, i0),
+                    cg_bin(b, "arith.subi", j1, j0), false);
     } else if (mp->linalg) {
         MlirValue crow0 =
             scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);
