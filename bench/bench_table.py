@@ -81,8 +81,11 @@ def conv_table(loom_path, torch_path, markdown=False, cpu="?"):
         tot[1] += l["uses"] * l["ms"]
         tot[2] += l["uses"] * t["ms"]
         tot[3] += l["uses"] * l["flops"]
+    total_note = ""
     for (dtype, pas), (uses, lms, tms, flops) in totals.items():
         if uses == 53:  # every layer: the whole network's convolutions
+            total_note = (" ResNet-50 (53 convs): each layer's ms times its uses in the "
+                          "network, summed.")
             rows.append(["ResNet-50 (53 convs)", dtype, pas, f"{lms:.3f}", f"{tms:.3f}",
                          f"{flops / (lms * 1e-3) / 1e9:.0f}", f"{flops / (tms * 1e-3) / 1e9:.0f}",
                          f"{tms / lms:.2f}x", "-"])
@@ -97,8 +100,7 @@ def conv_table(loom_path, torch_path, markdown=False, cpu="?"):
           f"pass, compiled once), PyTorch {any_t.get('torch_version', '?')}'s "
           f"{any_t.get('stat', 'median')} call (conv backend {any_t.get('backend', '?')}); "
           f"GFLOP/s = 2*N*O*OH*OW*C*KH*KW / time; ratio = PyTorch ms / Loom ms (> 1: Loom "
-          f"faster); Loom kernels: kernels in its compiled step. ResNet-50 (53 convs): each "
-          f"layer's ms times its uses in the network, summed.{bf16}")
+          f"faster); Loom kernels: kernels in its compiled step.{total_note}{bf16}")
     if missing:
         print("no PyTorch result for: " + ", ".join(missing))
 
