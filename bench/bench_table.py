@@ -52,9 +52,68 @@ def resnet_table(loom_path, torch_path, markdown=False):
           f"peak RSS less the RSS before the model was built.")
 
 
-if __name__ == "__main__":  # bench_table.py resnet LOOM.jsonl TORCH.jsonl MARKDOWN(0|1)
+def conv_table(loom_path, torch_path, markdown=False, cpu="?"):
+    """run_conv_bench.sh's table: bench_conv --json against torch_conv.py --json, matched by
+    (dtype, layer, pass), in Loom's order; ratio = PyTorch ms / Loom ms (> 1: Loom faster).
+    When every layer of a dtype ran, a total per pass weights each layer by its uses (the
+    network's 53 convolutions)."""
+    shape_keys = ["batch", "threads", "c", "o", "h", "k", "stride", "pad"]
+    torch = {(r["dtype"], r["layer"], r["pass"]): r for r in load_jsonl(torch_path)}
+    head = ["layer", "dtype", "pass", "Loom ms", "PyTorch ms", "Loom GFLOP/s",
+            "PyTorch GFLOP/s", "ratio", "Loom kernels"]
+    rows, totals, missing = [], {}, []
+    for l in load_jsonl(loom_path):
+        key = (l["dtype"], l["layer"], l["pass"])
+        t = torch.get(key)
+        if t is None:
+            missing.append(" ".join(key))
+            continue
+        differ = [k for k in shape_keys if l[k] != t[k]]
+        if differ:
+            raise SystemExit(f"bench_table.py: {' '.join(key)}: the two sides ran different "
+                             f"convolutions ({', '.join(differ)} differ): keep LAYERS in "
+                             f"torch_conv.py in step with layers[] in bench_conv.c")
+        rows.append([l["layer"], l["dtype"], l["pass"], f'{l["ms"]:.3f}', f'{t["ms"]:.3f}',
+                     f'{l["gflops"]:.0f}', f'{t["gflops"]:.0f}', f'{t["ms"] / l["ms"]:.2f}x',
+                     str(l["kernels"])])
+        tot = totals.setdefault((l["dtype"], l["pass"]), [0, 0.0, 0.0, 0.0])
+        tot[0] += l["uses"]
+        tot[1] += l["uses"] * l["ms"]
+        tot[2] += l["uses"] * t["ms"]
+        tot[3] += l["uses"] * l["flops"]
+    total_note = ""
+    for (dtype, pas), (uses, lms, tms, flops) in totals.items():
+        if uses == 53:  # every layer: the whole network's convolutions
+            total_note = (" ResNet-50 (53 convs): each layer's ms times its uses in the "
+                          "network, summed.")
+            rows.append(["ResNet-50 (53 convs)", dtype, pas, f"{lms:.3f}", f"{tms:.3f}",
+                         f"{flops / (lms * 1e-3) / 1e9:.0f}", f"{flops / (tms * 1e-3) / 1e9:.0f}",
+                         f"{tms / lms:.2f}x", "-"])
+    any_l = next(iter(load_jsonl(loom_path)), {})
+    any_t = next(iter(torch.values()), {})
+    print(f"ResNet-50 convolutions (torchvision v1.5, 224x224), batch {any_l.get('batch', '?')}, "
+          f"{any_l.get('threads', '?')} threads on both sides; CPU: {cpu}")
+    print_table(head, rows, markdown)
+    bf16 = " bf16: both sides on bf16 tensors (PyTorch: the oneDNN kernels autocast reaches, " \
+           "without autocast's casts)." if any(r[1] == "bf16" for r in rows) else ""
+    print(f"\nms: Loom's {any_l.get('stat', 'median')} step ExecuteTime (one compiled step per "
+          f"pass, compiled once), PyTorch {any_t.get('torch_version', '?')}'s "
+          f"{any_t.get('stat', 'median')} call (conv backend {any_t.get('backend', '?')}); "
+          f"GFLOP/s = 2*N*O*OH*OW*C*KH*KW / time; ratio = PyTorch ms / Loom ms (> 1: Loom "
+          f"faster); Loom kernels: kernels in its compiled step.{total_note}{bf16}")
+    if missing:
+        print("no PyTorch result for: " + ", ".join(missing))
+
+
+if __name__ == "__main__":
+    # bench_table.py resnet LOOM.jsonl TORCH.jsonl MARKDOWN(0|1)
+    # bench_table.py conv LOOM.jsonl TORCH.jsonl MARKDOWN(0|1) [CPU NAME]
     import sys
     sys.dont_write_bytecode = True
-    if len(sys.argv) != 5 or sys.argv[1] != "resnet":
-        sys.exit("usage: bench_table.py resnet LOOM.jsonl TORCH.jsonl 0|1")
-    resnet_table(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+    if len(sys.argv) == 5 and sys.argv[1] == "resnet":
+        resnet_table(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+    elif len(sys.argv) in (5, 6) and sys.argv[1] == "conv":
+        conv_table(sys.argv[2], sys.argv[3], sys.argv[4] == "1",
+                   sys.argv[5] if len(sys.argv) == 6 else "?")
+    else:
+        sys.exit("usage: bench_table.py resnet|conv LOOM.jsonl TORCH.jsonl 0|1 [CPU NAME]")

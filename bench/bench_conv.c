@@ -1,0 +1,406 @@
+/* Convolution benchmark, Loom's side of bench/run_conv_bench.sh (bench/torch_conv.py is
+ * PyTorch's): each distinct convolution shape of torchvision's ResNet-50 at 224x224, its
+ * forward, input gradient and weight gradient timed separately, each as a compiled step that
+ * computes only that convolution, run again and again with the same graph (one compile). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <loom/nn.h>
+
+#include "bench_util.h"
+
+/* A convolution of ResNet-50 (torchvision v1.5: a block's stride is on its 3x3), square input
+ * hw x hw, kernel k x k, padding k / 2, no bias, groups 1. Keep in step with LAYERS in
+ * bench/torch_conv.py (run_conv_bench.sh joins the two sides by name). */
+typedef struct layer {
+    const char *name;
+    int64_t c, o, hw, k, stride;
+    int uses; /* how many of the network's 53 convolutions have this shape */
+} layer;
+
+static const layer layers[] = {
+    {"stem_7x7s2_3_64", 3, 64, 224, 7, 2, 1},
+    /* layer1: 56x56, 64 wide, 256 out; its downsample (1x1 64->256, stride 1) has conv3's shape */
+    {"l1_1x1_64_64", 64, 64, 56, 1, 1, 1},
+    {"l1_3x3_64_64", 64, 64, 56, 3, 1, 3},
+    {"l1_1x1_64_256", 64, 256, 56, 1, 1, 4},
+    {"l1_1x1_256_64", 256, 64, 56, 1, 1, 2},
+    /* layer2: 28x28, 128 wide, 512 out; the first block's 3x3 and downsample take 56 to 28 */
+    {"l2_1x1_256_128", 256, 128, 56, 1, 1, 1},
+    {"l2_3x3s2_128_128", 128, 128, 56, 3, 2, 1},
+    {"l2_1x1_128_512", 128, 512, 28, 1, 1, 4},
+    {"l2_down_1x1s2_256_512", 256, 512, 56, 1, 2, 1},
+    {"l2_3x3_128_128", 128, 128, 28, 3, 1, 3},
+    {"l2_1x1_512_128", 512, 128, 28, 1, 1, 3},
+    /* layer3: 14x14, 256 wide, 1024 out */
+    {"l3_1x1_512_256", 512, 256, 28, 1, 1, 1},
+    {"l3_3x3s2_256_256", 256, 256, 28, 3, 2, 1},
+    {"l3_1x1_256_1024", 256, 1024, 14, 1, 1, 6},
+    {"l3_down_1x1s2_512_1024", 512, 1024, 28, 1, 2, 1},
+    {"l3_3x3_256_256", 256, 256, 14, 3, 1, 5},
+    {"l3_1x1_1024_256", 1024, 256, 14, 1, 1, 5},
+    /* layer4: 7x7, 512 wide, 2048 out */
+    {"l4_1x1_1024_512", 1024, 512, 14, 1, 1, 1},
+    {"l4_3x3s2_512_512", 512, 512, 14, 3, 2, 1},
+    {"l4_1x1_512_2048", 512, 2048, 7, 1, 1, 3},
+    {"l4_down_1x1s2_1024_2048", 1024, 2048, 14, 1, 2, 1},
+    {"l4_3x3_512_512", 512, 512, 7, 3, 1, 2},
+    {"l4_1x1_2048_512", 2048, 512, 7, 1, 1, 2},
+};
+enum { N_LAYERS = sizeof layers / sizeof *layers };
+
+typedef enum pass { PASS_FORWARD, PASS_GRAD_INPUT, PASS_GRAD_WEIGHT, PASS_COUNT_ } pass;
+static const char *const pass_names[PASS_COUNT_] = {"forward", "grad_input", "grad_weight"};
+
+typedef struct args {
+    int64_t batch;
+    int32_t threads;
+    int reps, warmup;
+    bool json, best;
+    loom_dtype dtype;
+    bool layer_on[N_LAYERS], pass_on[PASS_COUNT_];
+} args;
+
+typedef struct result {
+    double ms, wall_ms, compile_ms;
+    int64_t kernels;
+} result;
+
+static int64_t out_extent(const layer *l) {
+    return (l->hw + 2 * (l->k / 2) - l->k) / l->stride + 1;
+}
+
+/* Multiply-adds x 2 of one pass; the forward and both gradients do the same work. */
+static double layer_flops(const layer *l, int64_t batch) {
+    int64_t oh = out_extent(l);
+    return 2.0 * (double)batch * (double)l->o * (double)(oh * oh) * (double)l->c *
+           (double)(l->k * l->k);
+}
+
+static uint16_t bf16_bits(float f) { /* round to nearest even; the values here are finite */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* A long-lived tensor of `shape` with values uniform in [-scale, scale), in f32 or bf16. */
+static loom_tensor *random_tensor(loom_context *ctx, loom_dtype dt, const int64_t shape[4],
+                                  double scale, uint64_t seed) {
+    int64_t n = shape[0] * shape[1] * shape[2] * shape[3];
+    float *f = malloc(sizeof(float) * (size_t)n);
+    uint16_t *h = dt == LOOM_DTYPE_BF16 ? malloc(sizeof(uint16_t) * (size_t)n) : NULL;
+    loom_tensor *t = NULL;
+    if (f && (dt != LOOM_DTYPE_BF16 || h)) {
+        uint64_t s = seed * 0x9E3779B97F4A7C15u + 1;
+        for (int64_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005u + 1442695040888963407u;
+            f[i] = (float)(((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0) * scale);
+            if (h)
+                h[i] = bf16_bits(f[i]);
+        }
+        t = loom_tensor_from_host(ctx, dt, 4, shape, h ? (const void *)h : f);
+    } else {
+        fprintf(stderr, "bench_conv: out of memory for %lld values\n", (long long)n);
+    }
+    free(f);
+    free(h);
+    return t;
+}
+
+/* Records the pass's graph: conv2d(x, w) for the forward; for a gradient, the gradient of
+ * sum(conv2d(x, w) * dy) with respect to x or w, which is conv2d_grad_input(dy, w) or
+ * conv2d_grad_weight(x, dy): the forward and the loss are not step outputs, so dead-code
+ * elimination leaves the gradient op alone in the compiled step. */
+static loom_tensor *record(loom_context *ctx, const layer *l, pass p, loom_tensor *x,
+                           loom_tensor *w, loom_tensor *dy) {
+    int64_t stride[2] = {l->stride, l->stride}, pad[2] = {l->k / 2, l->k / 2};
+    loom_tensor *y = loom_conv2d(ctx, x, w, NULL, stride, pad, NULL, 1);
+    if (p == PASS_FORWARD)
+        return y;
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, dy), 0, NULL, false);
+    loom_tensor *wrt = p == PASS_GRAD_INPUT ? x : w, *g = NULL;
+    if (!loss || loom_backward(ctx, loss, 1, &wrt, &g) != LOOM_OK)
+        return NULL;
+    return g;
+}
+
+static int fail(loom_context *ctx, const layer *l, pass p, const char *what) {
+    fprintf(stderr, "bench_conv: %s %s: %s: %s\n", l->name, pass_names[p], what,
+            ctx ? loom_context_error_message(ctx) : "cannot create a context");
+    return 1;
+}
+
+/* One step of the pass: record, then (timed) launch and wait. *out_exec_ms is the step's
+ * ExecuteTime (the executable's run on the device, without tracing, the cache lookup or the
+ * output's allocation), *out_wall_ms mark_step to the end of the sync. The first call finds the
+ * graph pending (compiled by loom_compile_step): pending is its retained result. */
+static int one_step(loom_context *ctx, const layer *l, pass p, loom_tensor *x, loom_tensor *w,
+                    loom_tensor *dy, loom_tensor *pending, double *out_exec_ms,
+                    double *out_wall_ms) {
+    loom_tensor *out = pending;
+    if (!out) {
+        out = record(ctx, l, p, x, w, dy);
+        if (!out)
+            return fail(ctx, l, p, "recording");
+        loom_tensor_retain(out);
+    }
+    int64_t exec0 = loom_metric_total(ctx, "ExecuteTime");
+    double t0 = bench_now();
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK)
+        st = loom_context_sync(ctx);
+    double t1 = bench_now();
+    loom_tensor_release(out);
+    if (st != LOOM_OK)
+        return fail(ctx, l, p, "step");
+    *out_exec_ms = (double)(loom_metric_total(ctx, "ExecuteTime") - exec0) / 1e6;
+    *out_wall_ms = (t1 - t0) * 1e3;
+    return 0;
+}
+
+/* Compiles the pass's step once (compile_ms: its CompileTime, kernels: the compiled graph's
+ * kernel count), runs it a.warmup times, then a.reps timed times; fails if a timed step
+ * compiled anything. */
+static int measure(loom_context *ctx, const args *a, const layer *l, pass p, loom_tensor *x,
+                   loom_tensor *w, loom_tensor *dy, result *r) {
+    *r = (result){0};
+    int64_t compile0 = loom_metric_total(ctx, "CompileTime");
+    int64_t kernels0 = loom_metric_total(ctx, "KernelsPerGraph");
+    loom_tensor *out = record(ctx, l, p, x, w, dy);
+    if (!out)
+        return fail(ctx, l, p, "recording");
+    loom_tensor_retain(out);
+    if (loom_compile_step(ctx) != LOOM_OK) {
+        loom_tensor_release(out);
+        return fail(ctx, l, p, "compiling");
+    }
+    r->compile_ms = (double)(loom_metric_total(ctx, "CompileTime") - compile0) / 1e6;
+    r->kernels = loom_metric_total(ctx, "KernelsPerGraph") - kernels0;
+    double exec_ms, wall_ms;
+    for (int i = 0; i < a->warmup; i++) { /* warmup >= 1: the first runs the pending graph */
+        if (one_step(ctx, l, p, x, w, dy, i == 0 ? out : NULL, &exec_ms, &wall_ms) != 0)
+            return 1;
+    }
+    double *exec = malloc(sizeof(double) * (size_t)a->reps * 2), *wall = exec + a->reps;
+    if (!exec) {
+        fprintf(stderr, "bench_conv: out of memory\n");
+        return 1;
+    }
+    int64_t misses0 = loom_metric_total(ctx, "CacheMiss");
+    for (int i = 0; i < a->reps; i++) {
+        if (one_step(ctx, l, p, x, w, dy, NULL, &exec[i], &wall[i]) != 0) {
+            free(exec);
+            return 1;
+        }
+    }
+    int64_t misses = loom_metric_total(ctx, "CacheMiss") - misses0;
+    if (misses != 0) {
+        fprintf(stderr,
+                "bench_conv: %s %s: %lld timed steps compiled (a graph that changes per "
+                "step): the times would include compilation\n",
+                l->name, pass_names[p], (long long)misses);
+        free(exec);
+        return 1;
+    }
+    if (a->best) {
+        r->ms = exec[0];
+        r->wall_ms = wall[0];
+        for (int i = 1; i < a->reps; i++) {
+            r->ms = fmin(r->ms, exec[i]);
+            r->wall_ms = fmin(r->wall_ms, wall[i]);
+        }
+    } else {
+        r->ms = bench_median(exec, a->reps);
+        r->wall_ms = bench_median(wall, a->reps);
+    }
+    free(exec);
+    return 0;
+}
+
+static void print_result(const args *a, const layer *l, pass p, const result *r) {
+    int64_t oh = out_extent(l);
+    double gflops = layer_flops(l, a->batch) / (r->ms * 1e-3) / 1e9;
+    if (a->json) {
+        printf("{\"side\":\"loom\",\"layer\":\"%s\",\"pass\":\"%s\",\"dtype\":\"%s\","
+               "\"batch\":%lld,\"threads\":%d,\"c\":%lld,\"o\":%lld,\"h\":%lld,\"w\":%lld,"
+               "\"k\":%lld,\"stride\":%lld,\"pad\":%lld,\"oh\":%lld,\"ow\":%lld,\"uses\":%d,"
+               "\"flops\":%.0f,\"ms\":%.4f,\"gflops\":%.2f,\"stat\":\"%s\",\"reps\":%d,"
+               "\"warmup\":%d,\"wall_ms\":%.4f,\"compile_ms\":%.2f,\"kernels\":%lld}\n",
+               l->name, pass_names[p], loom_dtype_name(a->dtype), (long long)a->batch,
+               (int)a->threads, (long long)l->c, (long long)l->o, (long long)l->hw,
+               (long long)l->hw, (long long)l->k, (long long)l->stride, (long long)(l->k / 2),
+               (long long)oh, (long long)oh, l->uses, layer_flops(l, a->batch), r->ms, gflops,
+               a->best ? "best" : "median", a->reps, a->warmup, r->wall_ms, r->compile_ms,
+               (long long)r->kernels);
+    } else {
+        char shape[64];
+        snprintf(shape, sizeof shape, "%lld->%lld %lldx%lld/%lld %lld->%lld", (long long)l->c,
+                 (long long)l->o, (long long)l->k, (long long)l->k, (long long)l->stride,
+                 (long long)l->hw, (long long)oh);
+        printf("%-24s %-22s %4d  %-11s %9.3f %9.3f %9.1f %11.1f %7lld\n", l->name, shape, l->uses,
+               pass_names[p], r->ms, r->wall_ms, gflops, r->compile_ms, (long long)r->kernels);
+    }
+    fflush(stdout);
+}
+
+/* All of a layer's passes on a fresh context (its compiled steps and their memory go with
+ * it), from the same operands: x [N, C, H, W], w [O, C, K, K] (PyTorch's default init
+ * scale), dy [N, O, OH, OW]. */
+static int run_layer(const args *a, const layer *l) {
+    /* bench_context's options, but LOOM_DUMP and LOOM_PROFILE still apply: the compiled
+     * steps and their kernels' times can be looked at. No disk cache: compiles are cold. */
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.num_threads = a->threads;
+    o.cache_dir = "";
+    loom_context *ctx = NULL;
+    if (loom_context_create(&o, &ctx) != LOOM_OK)
+        return fail(NULL, l, PASS_FORWARD, "context");
+    int64_t oh = out_extent(l);
+    int64_t xs[4] = {a->batch, l->c, l->hw, l->hw}, ws[4] = {l->o, l->c, l->k, l->k},
+            ys[4] = {a->batch, l->o, oh, oh};
+    double bound = 1.0 / sqrt((double)(l->c * l->k * l->k));
+    loom_tensor *x = random_tensor(ctx, a->dtype, xs, 1.0, 1);
+    loom_tensor *w = random_tensor(ctx, a->dtype, ws, bound, 2);
+    loom_tensor *dy = random_tensor(ctx, a->dtype, ys, 1.0, 3);
+    int rc = x && w && dy ? 0 : fail(ctx, l, PASS_FORWARD, "operands");
+    for (int p = 0; p < PASS_COUNT_ && rc == 0; p++) {
+        if (!a->pass_on[p])
+            continue;
+        result r;
+        rc = measure(ctx, a, l, (pass)p, x, w, dy, &r);
+        if (rc == 0)
+            print_result(a, l, (pass)p, &r);
+    }
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_tensor_release(dy);
+    loom_context_destroy(ctx);
+    return rc;
+}
+
+static int usage(FILE *f) {
+    fprintf(f,
+            "Usage: bench_conv [--batch N] [--threads N] [--dtype f32|bf16] [--reps N]\n"
+            "                  [--warmup N] [--layer NAME[,NAME...]] [--pass LIST] [--best]\n"
+            "                  [--json] [--list]\n"
+            "  --batch N     images per batch (default 8)\n"
+            "  --threads N   the context's threads (default 2)\n"
+            "  --dtype D     f32 (default) or bf16 (x, w and dy are bf16 tensors: bf16 convs\n"
+            "                with f32 accumulation, bf16 results)\n"
+            "  --reps N      timed steps per pass (default 10); --warmup N >= 1 untimed ones\n"
+            "                before them (default 3)\n"
+            "  --layer L     only these layers (repeatable; --list names them)\n"
+            "  --pass LIST   comma-separated among forward,grad_input,grad_weight (default all)\n"
+            "  --best        the best timed step instead of the median\n"
+            "  --json        one JSON object per layer and pass\n"
+            "  --list        print the layer names, one a line, and exit\n");
+    return f == stderr ? 2 : 0;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Selects the comma-separated names of `list` among names[0..n); false on an unknown one. */
+static bool select_names(const char *list, const char *const *names, int n, bool *on) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < n && strcmp(tok, names[k]))
+            k++;
+        if (k == n) {
+            fprintf(stderr, "bench_conv: unknown name '%s'\n", tok);
+            return false;
+        }
+        on[k] = true;
+    }
+    return true;
+}
+
+/* Parses argv into *a; -1 to go on, else the exit status. */
+static int parse(int argc, char **argv, args *a) {
+    *a = (args){.batch = 8, .threads = 2, .reps = 10, .warmup = 3, .dtype = LOOM_DTYPE_F32};
+    bool any_layer = false, any_pass = false;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help"))
+            return usage(stdout);
+        if (!strcmp(f, "--list")) {
+            for (int k = 0; k < N_LAYERS; k++)
+                printf("%s\n", layers[k].name);
+            return 0;
+        }
+        if (!strcmp(f, "--json") || !strcmp(f, "--best")) {
+            *(f[2] == 'j' ? &a->json : &a->best) = true;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "bench_conv: %s needs a value\n", f);
+            return usage(stderr);
+        }
+        i++;
+        if (!strcmp(f, "--batch") && parse_int(v, 1, 1 << 20, &n)) {
+            a->batch = n;
+        } else if (!strcmp(f, "--threads") && parse_int(v, 1, 1024, &n)) {
+            a->threads = (int32_t)n;
+        } else if (!strcmp(f, "--reps") && parse_int(v, 1, 1 << 20, &n)) {
+            a->reps = (int)n;
+        } else if (!strcmp(f, "--warmup") && parse_int(v, 1, 1 << 20, &n)) {
+            a->warmup = (int)n;
+        } else if (!strcmp(f, "--dtype") && (!strcmp(v, "f32") || !strcmp(v, "bf16"))) {
+            a->dtype = !strcmp(v, "bf16") ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+        } else if (!strcmp(f, "--layer")) {
+            const char *names[N_LAYERS];
+            for (int k = 0; k < N_LAYERS; k++)
+                names[k] = layers[k].name;
+            if (!select_names(v, names, N_LAYERS, a->layer_on))
+                return usage(stderr);
+            any_layer = true;
+        } else if (!strcmp(f, "--pass")) {
+            if (!select_names(v, pass_names, PASS_COUNT_, a->pass_on))
+                return usage(stderr);
+            any_pass = true;
+        } else {
+            fprintf(stderr, "bench_conv: bad option or value: %s %s\n", f, v);
+            return usage(stderr);
+        }
+    }
+    for (int k = 0; k < N_LAYERS; k++)
+        a->layer_on[k] = a->layer_on[k] || !any_layer;
+    for (int p = 0; p < PASS_COUNT_; p++)
+        a->pass_on[p] = a->pass_on[p] || !any_pass;
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    args a;
+    int rc = parse(argc, argv, &a);
+    if (rc >= 0)
+        return rc;
+    if (!a.json) {
+        printf("ResNet-50 convolutions, batch %lld, %s, %d threads; ms: %s ExecuteTime of %d "
+               "steps after %d warm-up steps (wall: mark_step to sync); GFLOP/s from ms\n",
+               (long long)a.batch, loom_dtype_name(a.dtype), (int)a.threads,
+               a.best ? "best" : "median", a.reps, a.warmup);
+        printf("%-24s %-22s %4s  %-11s %9s %9s %9s %11s %7s\n", "layer", "C->O KxK/s H->OH", "uses",
+               "pass", "ms", "wall ms", "GFLOP/s", "compile ms", "kernels");
+    }
+    for (int k = 0; k < N_LAYERS && rc <= 0; k++) {
+        if (a.layer_on[k])
+            rc = run_layer(&a, &layers[k]);
+    }
+    return rc > 0 ? 1 : 0;
+}
