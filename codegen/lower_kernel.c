@@ -44,6 +44,9 @@
  *    B is packed once per column block of a call's consecutive tasks): in bf16 pairs for
  *    the vdpbf16ps microkernel (8 x 32 or 16 x 16 C tiles, 16 accumulators) where the
  *    CPU has AVX512-BF16, else converted to f32 for an FMA microkernel of the same tiles.
+ *  - A convolution (conv2d and its gradients) is a MATMUL kernel's root too: an implicit
+ *    GEMM per group on the same packed microkernel, its windows packed from the
+ *    activations block by block, then the epilogue as a matmul's (lower_conv.c).
  *  - Results whose shape is not the kernel's iteration space (rare: a small value fused
  *    into a kernel over a larger one) are computed by a separate nest that only the task
  *    starting at lo == 0 runs.
@@ -375,9 +378,11 @@ static loom_status lower(kc *c) {
                      : cg_bad_plan(c, c->k->root, "a REDUCTION kernel whose root is no reduction");
             break;
         case LOOM_IR_KERNEL_MATMUL:
-            st = root->op == LOOM_IR_OP_MATMUL
-                     ? cg_lower_matmul(c)
-                     : cg_bad_plan(c, c->k->root, "a MATMUL kernel whose root is no matmul");
+            st = root->op == LOOM_IR_OP_MATMUL ? cg_lower_matmul(c)
+                 : loom_ir_op_table[root->op].kind == LOOM_IR_KIND_CONV
+                     ? cg_lower_conv(c)
+                     : cg_bad_plan(c, c->k->root,
+                                   "a MATMUL kernel whose root is no matmul or convolution");
             break;
         case LOOM_IR_KERNEL_COLLECTIVE: /* the runtime runs these on the host */
             st = cg_bad_plan(c, c->k->root, "a COLLECTIVE kernel has no code to compile");

@@ -175,7 +175,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                         (int)kn->root, loom_ir_op_name(root_op));
         break;
     case LOOM_IR_KERNEL_MATMUL:
-        if (root_kind != LOOM_IR_KIND_CONTRACTION)
+        if (root_kind != LOOM_IR_KIND_CONTRACTION && root_kind != LOOM_IR_KIND_CONV)
             return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k, (int)kn->root,
                         loom_ir_op_name(root_op));
         break;
@@ -266,8 +266,12 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n);
             break;
         case LOOM_IR_KIND_CONV:
-            return fail(d, n, "kernel %d (%s): %s %%%d has no kernel yet (decomposed first)",
-                        (int)k, kname, loom_ir_op_name(nd->op), (int)n);
+            if (kn->kind != LOOM_IR_KERNEL_MATMUL || kn->root != n)
+                return fail(d, n,
+                            "kernel %d (%s): %s %%%d is not the root of a matmul kernel, which "
+                            "alone computes convolutions",
+                            (int)k, kname, loom_ir_op_name(nd->op), (int)n);
+            break;
         case LOOM_IR_KIND_COUNT_:
             return fail(d, n, "kernel %d: %%%d has an unknown op", (int)k, (int)n);
         }
@@ -290,6 +294,11 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                             "matmul's operands are args (but casts and transposes into a "
                             "16-bit one)",
                             (int)k, kname, (int)n, (int)o);
+            if (inside && kind == LOOM_IR_KIND_CONV)
+                return fail(d, n,
+                            "kernel %d (%s): %s %%%d computes its operand %%%d; a "
+                            "convolution's operands are args",
+                            (int)k, kname, loom_ir_op_name(nd->op), (int)n, (int)o);
             if (!inside && s->arg_of[o] != k)
                 return fail(d, n,
                             "kernel %d (%s): operand %%%d of %%%d is neither computed "

@@ -1,5 +1,7 @@
-/* Convolution decomposition: the stand-in until codegen has conv kernels. conv2d and its two
- * gradients become the ops codegen compiles today: im2col built from a pad, KH*KW strided
+/* Convolution decomposition: codegen compiles conv2d and its gradients as convolution
+ * kernels of their own (codegen/lower_conv.c) in f32, bf16 and f16; this pass rewrites the
+ * others (f64), and every convolution when LOOM_CONV=im2col (to compare the two), into ops
+ * codegen compiles: im2col built from a pad, KH*KW strided
  * slices and a concat, then one matmul (per group), for the forward; for the gradients the
  * graph that autograd derived from that im2col (matmul VJPs, the concat's slices, the
  * windows padded back and summed, i.e. col2im). CSE then merges the im2col that a forward
@@ -22,9 +24,20 @@
  * once. In 16 bits the input gradient's window sum adds in f32 and rounds once, as oneDNN's
  * bf16 convolution backward accumulates (rounding after each of the KH*KW adds would also
  * cost more in fused code than the sum). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "passes.h"
+
+/* Whether conv node n is rewritten here (else a convolution kernel computes it). */
+static bool decomposes(const loom_ir_node *n) {
+    if (loom_ir_op_table[n->op].kind != LOOM_IR_KIND_CONV)
+        return false;
+    const char *how = getenv("LOOM_CONV");
+    if (how && strcmp(how, "im2col") == 0)
+        return true;
+    return n->dtype != LOOM_DTYPE_F32 && n->dtype != LOOM_DTYPE_BF16 && n->dtype != LOOM_DTYPE_F16;
+}
 
 typedef struct cd_state {
     loom_ir_graph out;
@@ -301,7 +314,8 @@ static bool is_biased_conv(const loom_ir_graph *g, int32_t i, const int32_t *use
         return false;
     for (int k = 0; k < 2; k++) {
         const loom_ir_node *c = &g->nodes[n->inputs[k]], *v = &g->nodes[n->inputs[1 - k]];
-        if (c->op != LOOM_IR_OP_CONV2D || uses[n->inputs[k]] != 1 || v->op != LOOM_IR_OP_BROADCAST)
+        if (c->op != LOOM_IR_OP_CONV2D || !decomposes(c) || uses[n->inputs[k]] != 1 ||
+            v->op != LOOM_IR_OP_BROADCAST)
             continue;
         const loom_ir_node *b = &g->nodes[v->inputs[0]];
         bool channel_only = b->rank <= 4 && b->rank >= 3 && b->dtype == c->dtype;
@@ -351,7 +365,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     *out_changed = false;
     bool any = false;
     for (int32_t i = 0; i < g->n_nodes && !any; i++)
-        any = loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_CONV;
+        any = decomposes(&g->nodes[i]);
     if (!any)
         return LOOM_OK;
     cd_state s = {.d = d, .st = LOOM_OK};
@@ -382,12 +396,13 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         is_dy[i] = 0;
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         const loom_ir_node *n = &g->nodes[i];
-        if (n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT || n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT)
+        if ((n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT || n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT) &&
+            decomposes(n))
             is_dy[n->inputs[n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? 0 : 1]] = 1;
     }
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         const loom_ir_node *n = &g->nodes[i];
-        if (loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV) {
+        if (decomposes(n)) {
             map[i] = uses[i] < 0 ? -1 : decompose(&s, g, n, map, -1);
             continue;
         }

@@ -41,10 +41,11 @@
  *     that a node belongs to one kernel keeps each value computed once, and a kernel reading
  *     a buffer costs one pass over memory, which is what recomputing would save.
  *     Reductions and matmuls always start kernels; a reduction's operand chain joins it as its
- *     prologue by the rule above. Each collective is a COLLECTIVE kernel of its own, which
- *     the runtime runs on the host: its operand is materialized and its value is always a
- *     result (the communicator works on buffers); it completes before the next kernel (the
- *     allreduce bucketing pass merges and moves them).
+ *     prologue by the rule above. A convolution (conv2d or a gradient) starts a MATMUL
+ *     kernel too, its operands materialized. Each collective is a COLLECTIVE kernel of its own,
+ * which the runtime runs on the host: its operand is materialized and its value is always a result
+ * (the communicator works on buffers); it completes before the next kernel (the allreduce bucketing
+ * pass merges and moves them).
  *  2. Epilogues (one sweep in execution order). An ELEMENTWISE kernel E whose loop space
  *     equals the reduced (or product) shape of a REDUCTION (or MATMUL) kernel T joins T when
  *     T is the latest kernel E reads from (so every other value E reads exists before T
@@ -332,7 +333,8 @@ static void group_producers(fuse_state *s) {
                 for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
                     loom_ir_kind uk = loom_ir_op_table[g->nodes[s->users[e]].op].kind;
                     needs_buffer = needs_buffer || uk == LOOM_IR_KIND_RESHAPE ||
-                                   uk == LOOM_IR_KIND_CONTRACTION || uk == LOOM_IR_KIND_COLLECTIVE;
+                                   uk == LOOM_IR_KIND_CONTRACTION || uk == LOOM_IR_KIND_CONV ||
+                                   uk == LOOM_IR_KIND_COLLECTIVE;
                 }
                 if (needs_buffer)
                     s->ckernel[i] = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
@@ -364,7 +366,9 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_COLLECTIVE:
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_COLLECTIVE, i);
             break;
-        case LOOM_IR_KIND_CONV: /* refused by loom_pass_fuse before placement */
+        case LOOM_IR_KIND_CONV: /* a contraction of its own kind: operands from buffers */
+            f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i);
+            break;
         case LOOM_IR_KIND_COUNT_: break;
         }
     }
@@ -558,15 +562,6 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
     int32_t n = g->n_nodes;
     if (n == 0)
         return LOOM_OK;
-    for (int32_t i = 0; i < n; i++) /* no kernel kind computes them (yet) */
-        if (loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_CONV) {
-            if (d)
-                d->node = i;
-            return loom_ir_diag_set(d, LOOM_STATUS_UNSUPPORTED,
-                                    "fuse: %%%d is a %s, which no kernel computes yet; the "
-                                    "conv-decompose pass rewrites it first",
-                                    (int)i, loom_ir_op_name(g->nodes[i].op));
-        }
     int64_t n_edges = 0;
     for (int32_t i = 0; i < n; i++)
         n_edges += g->nodes[i].n_inputs;

@@ -144,7 +144,7 @@ static bool takes_16bit(uint32_t mask) {
 static void sixteen_text(char *buf, size_t n, loom_ir_op op, const op_row *r) {
     const char *how = "-";
     switch (loom_ir_op_table[op].kind) {
-    case LOOM_IR_KIND_CONV: /* decomposed into im2col and matmuls (passes/conv_decompose.c) */
+    case LOOM_IR_KIND_CONV: /* the matmuls' microkernels (codegen/lower_conv.c) */
     case LOOM_IR_KIND_CONTRACTION: {
         const char *bf = loom_cg_matmul16_path(LOOM_DTYPE_BF16);
         const char *f = loom_cg_matmul16_path(LOOM_DTYPE_F16);

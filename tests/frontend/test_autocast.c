@@ -3,6 +3,7 @@
  * pass casts each parameter once, and bf16/f16 steps agree with the interpreter and with
  * fp32 within 16-bit tolerances while every tensor the user sees keeps its dtype. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -291,14 +292,28 @@ static bool is_window(const loom_ir_graph *g, int32_t x) {
     return g->nodes[x].op == LOOM_IR_OP_PAD;
 }
 
-/* conv2d's input gradient (col2im: the 9 padded windows of a 3x3 kernel added up) sums in
- * f32 and rounds once, as oneDNN's bf16 convolution backward does, instead of rounding
- * after every add; what the user gets is as close to fp32 as before or closer. The conv
- * ops run in bf16 (autocast's LOWER class) and their decomposition in bf16 matmuls. */
+/* The conv ops run in bf16 (autocast's LOWER class). Their kernels accumulate each output
+ * in f32 and round once. Decomposed (LOOM_CONV=im2col), conv2d's input gradient (col2im: the
+ * 9 padded windows of a 3x3 kernel added up) sums in f32 and rounds once too, as oneDNN's
+ * bf16 convolution backward does, instead of rounding after every add, and the matmuls are
+ * bf16; what the user gets is as close to fp32 as before or closer. */
 static void test_conv_input_gradients_sum_their_windows_in_f32(void **state) {
     (void)state;
     loom_ir_graph g;
+    unsetenv("LOOM_CONV");
     conv_grads(LOOM_DTYPE_BF16, &g, NULL, NULL);
+    int bf16_convs = 0;
+    for (int32_t i = 0; i < g.n_nodes; i++) {
+        assert_int_not_equal(g.nodes[i].op, LOOM_IR_OP_MATMUL);
+        bf16_convs += loom_ir_op_table[g.nodes[i].op].kind == LOOM_IR_KIND_CONV &&
+                      g.nodes[i].dtype == LOOM_DTYPE_BF16;
+    }
+    assert_int_equal(bf16_convs, 3); /* forward, and the gradients of x and w */
+    loom_ir_graph_deinit(&g);
+
+    setenv("LOOM_CONV", "im2col", 1);
+    conv_grads(LOOM_DTYPE_BF16, &g, NULL, NULL);
+    unsetenv("LOOM_CONV");
     int window_adds = 0, bf16_matmuls = 0;
     for (int32_t i = 0; i < g.n_nodes; i++) {
         const loom_ir_node *n = &g.nodes[i];

@@ -1,13 +1,16 @@
 /* loom_conv2d as one conv2d node: what it records, its gradients against central finite
  * differences in f64 over a sweep of windows (reference interpreter), differentiating a
- * gradient op is a clear error, and a compiled forward + backward step (decomposed by the
- * conv-decompose pass) against the interpreter, in f32 and under bf16 autocast. */
+ * gradient op is a clear error, and a compiled forward + backward step (the convolution
+ * kernels of codegen/lower_conv.c, a ReLU in conv2d's epilogue) against the interpreter
+ * over the sweep and over shapes that take several blocks of K, pixels, rows and tasks, in
+ * f32, under bf16 autocast on each path this CPU has, and under f16 autocast. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
+#include "codegen/codegen.h"
 #include "frontend/frontend.h"
 #include "loom/amp.h"
 #include "loom/nn.h"
@@ -29,6 +32,17 @@ static const conv_case sweep[] = {
     {"7x7 stride 2 pad 3", 1, 1, 8, 7, 2, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, false},
 };
 #define N_SWEEP (sizeof sweep / sizeof sweep[0])
+
+/* Bigger than one block of the kernels: K of 360 (two chunks of 256), 26 rows of 13 pixels
+ * (two column blocks), 36 output channels (rows split for 4 tasks); a strided 1x1 (the
+ * ResNet downsample: an input gradient with destination pixels the windows skip); grouped
+ * and strided. */
+static const conv_case blocks[] = {
+    {"blocks: 3x3 C40 O36 at 13x13", 2, 40, 13, 13, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"blocks: 1x1 stride 2 C24 O40", 2, 24, 15, 15, 40, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
+    {"blocks: groups 4 3x3 stride 2", 1, 32, 12, 11, 48, 3, 3, {2, 2}, {1, 1}, {1, 1}, 4, true},
+};
+#define N_BLOCKS (sizeof blocks / sizeof blocks[0])
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double urand(void) {
@@ -209,11 +223,12 @@ static void test_differentiating_a_conv_gradient_is_a_clear_error(void **state) 
     loom_context_destroy(ctx);
 }
 
-/* One training-step graph (forward, loss, gradients of x, w, b) compiled by the JIT, which
- * decomposes the conv ops, against the interpreter running them directly. */
-static void compiled_step_matches_the_interpreter(loom_dtype autocast, double tol) {
-    for (size_t c = 0; c < N_SWEEP; c++) {
-        const conv_case *k = &sweep[c];
+/* One training-step graph (forward, ReLU, loss, gradients of x, w, b) compiled by the JIT
+ * against the interpreter running the conv ops directly, for cases[0, n). */
+static void compiled_step_matches_the_interpreter(const conv_case *cases, size_t n,
+                                                  loom_dtype autocast, double tol) {
+    for (size_t c = 0; c < n; c++) {
+        const conv_case *k = &cases[c];
         float *got[2][3];
         int64_t count[3];
         for (int eager = 0; eager < 2; eager++) {
@@ -240,7 +255,8 @@ static void compiled_step_matches_the_interpreter(loom_dtype autocast, double to
             loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
             if (autocast != LOOM_DTYPE_F32)
                 assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
-            loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, y), 0, NULL, false);
+            loom_tensor *act = loom_relu(ctx, y);
+            loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, act, y), 0, NULL, false);
             loom_tensor *g[3] = {NULL, NULL, NULL};
             assert_int_equal(loom_backward(ctx, loss, 3, (loom_tensor *[]){x, w, b}, g), LOOM_OK);
             for (int t = 0; t < 3; t++) {
@@ -278,14 +294,32 @@ static void compiled_step_matches_the_interpreter(loom_dtype autocast, double to
 
 static void test_compiled_step_matches_the_interpreter_in_f32(void **state) {
     (void)state;
-    compiled_step_matches_the_interpreter(LOOM_DTYPE_F32, 1e-5);
+    compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_F32, 1e-5);
+    compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_F32, 1e-5);
 }
 
-/* Under bf16 autocast both run the convolutions in bf16; the JIT's matmuls round their
- * results (before col2im sums them in f32), the interpreter each output once. */
+/* Under bf16 autocast both run the convolutions in bf16, accumulating in f32 and rounding
+ * each output once; the sums' order differs. Each 16-bit path this CPU has, forced with
+ * LOOM_MATMUL_ISA (bf16 pairs for vdpbf16ps; values converted to f32 for FMAs). */
 static void test_compiled_step_matches_the_interpreter_under_bf16_autocast(void **state) {
     (void)state;
-    compiled_step_matches_the_interpreter(LOOM_DTYPE_BF16, 3e-2);
+    static const char *const isas[] = {"avx512bf16", "f32"};
+    for (size_t i = 0; i < 2; i++) {
+        if (i == 0 && strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) != 0) {
+            print_message("skipping LOOM_MATMUL_ISA=avx512bf16: this CPU has no AVX512-BF16\n");
+            continue;
+        }
+        setenv("LOOM_MATMUL_ISA", isas[i], 1);
+        compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_BF16, 3e-2);
+        compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_BF16, 3e-2);
+        unsetenv("LOOM_MATMUL_ISA");
+    }
+}
+
+static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void **state) {
+    (void)state;
+    compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_F16, 4e-3);
+    compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_F16, 4e-3);
 }
 
 int main(void) {
@@ -295,6 +329,7 @@ int main(void) {
         cmocka_unit_test(test_differentiating_a_conv_gradient_is_a_clear_error),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_in_f32),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_bf16_autocast),
+        cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* conv2d and its gradients below the frontend: inference errors, the text format, the
  * reference interpreter against a plain convolution written here (scatter-form, unlike the
- * interpreter's gathers) over a sweep of windows in f32, bf16 and f16, and the
- * conv-decompose pass's graph against the interpreter's direct ops. */
+ * interpreter's gathers) over a sweep of windows in f32, bf16 and f16, which convolutions
+ * the conv-decompose pass rewrites, its graph (the im2col path, forced with LOOM_CONV=im2col)
+ * against the interpreter's direct ops, and fusion's convolution kernels. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,7 @@ static int count_op(const loom_ir_graph *g, loom_ir_op op) {
  * in bf16 (whose matmul results round before col2im sums them). */
 static void test_decomposed_graph_matches_the_direct_ops_over_the_sweep(void **state) {
     (void)state;
+    setenv("LOOM_CONV", "im2col", 1);
     static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
     for (size_t t = 0; t < 2; t++) {
         for (size_t c = 0; c < N_SWEEP; c++) {
@@ -272,6 +274,7 @@ static void test_decomposed_graph_matches_the_direct_ops_over_the_sweep(void **s
  * for the two, as when the frontend built im2col itself. */
 static void test_forward_and_weight_gradient_share_one_im2col_after_cse(void **state) {
     (void)state;
+    setenv("LOOM_CONV", "im2col", 1);
     conv_shapes s = shapes_of(&sweep[0]);
     loom_ir_graph g;
     build_conv_graph(&g, &sweep[0], &s, LOOM_DTYPE_F32);
@@ -293,6 +296,7 @@ static void test_forward_and_weight_gradient_share_one_im2col_after_cse(void **s
  * ops'. */
 static void test_bias_add_and_bias_gradient_move_to_the_matmul_layout(void **state) {
     (void)state;
+    setenv("LOOM_CONV", "im2col", 1);
     const conv_case *k = &sweep[3]; /* groups 2 */
     conv_shapes s = shapes_of(k);
     loom_ir_graph g;
@@ -351,18 +355,69 @@ static void test_bias_add_and_bias_gradient_move_to_the_matmul_layout(void **sta
     loom_ir_graph_deinit(&g);
 }
 
-/* Fusion refuses a conv op that was not decomposed, naming it. */
-static void test_fusion_refuses_an_undecomposed_conv(void **state) {
+/* Without LOOM_CONV=im2col the pass rewrites only the convolutions codegen has no kernel
+ * for (f64) and leaves f32, bf16 and f16 ones to the convolution kernels. */
+static void test_decomposition_is_left_to_dtypes_without_a_kernel(void **state) {
     (void)state;
-    conv_shapes s = shapes_of(&sweep[1]);
+    unsetenv("LOOM_CONV");
+    static const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16, LOOM_DTYPE_F16,
+                                     LOOM_DTYPE_F64};
+    for (size_t t = 0; t < 4; t++) {
+        conv_shapes s = shapes_of(&sweep[0]);
+        loom_ir_graph g;
+        build_conv_graph(&g, &sweep[0], &s, dts[t]);
+        const loom_pass *pass = &loom_pass_conv_decompose;
+        loom_pass_options o = {.verify_each = true};
+        loom_ir_diag d;
+        loom_ir_diag_init(&d);
+        assert_int_equal(loom_pass_run_pipeline(&g, &pass, 1, &o, &d), LOOM_OK);
+        int convs = count_op(&g, LOOM_IR_OP_CONV2D) + count_op(&g, LOOM_IR_OP_CONV2D_GRAD_INPUT) +
+                    count_op(&g, LOOM_IR_OP_CONV2D_GRAD_WEIGHT);
+        assert_int_equal(convs, dts[t] == LOOM_DTYPE_F64 ? 0 : 3);
+        assert_int_equal(count_op(&g, LOOM_IR_OP_MATMUL), dts[t] == LOOM_DTYPE_F64 ? 3 : 0);
+        loom_ir_graph_deinit(&g);
+    }
+}
+
+/* Fusion makes each convolution the root of a kernel of its own (the MATMUL kind: a
+ * contraction with an epilogue) whose operands are args, and a bias add and ReLU after
+ * conv2d its epilogue. */
+static void test_fusion_gives_each_conv_a_kernel_with_its_epilogue(void **state) {
+    (void)state;
+    const conv_case *k = &sweep[1];
+    conv_shapes s = shapes_of(k);
     loom_ir_graph g;
-    build_conv_graph(&g, &sweep[1], &s, LOOM_DTYPE_F32);
+    build_conv_graph(&g, k, &s, LOOM_DTYPE_F32);
+    /* relu(conv2d + broadcast(bias [1, O, 1, 1])) as a fourth output */
+    int32_t bias = tu_input(&g, LOOM_DTYPE_F32, 4, S(1, s.y[1], 1, 1));
+    loom_ir_attrs none = {0};
+    int32_t bb = tu_add(&g, LOOM_IR_OP_BROADCAST, 1, &bias, LOOM_DTYPE_F32, 4, s.y, none);
+    int32_t sum = tu_add(&g, LOOM_IR_OP_ADD, 2, (int32_t[]){3, bb}, LOOM_DTYPE_F32, 0, NULL, none);
+    int32_t act = tu_add(&g, LOOM_IR_OP_RELU, 1, &sum, LOOM_DTYPE_F32, 0, NULL, none);
+    tu_output(&g, act, -1);
+    tu_verify(&g);
     loom_ir_plan plan;
     loom_ir_plan_init(&plan, &sys);
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    assert_int_equal(loom_pass_fuse(&g, &plan, &d), LOOM_STATUS_UNSUPPORTED);
-    assert_non_null(strstr(d.msg, "%3 is a conv2d, which no kernel computes yet"));
+    if (loom_pass_fuse(&g, &plan, &d) != LOOM_OK ||
+        loom_pass_plan_memory(&g, &plan, &d) != LOOM_OK ||
+        loom_ir_plan_verify(&plan, &g, &d) != LOOM_OK)
+        fail_msg("%s", d.msg);
+    int conv_kernels = 0;
+    for (int32_t i = 0; i < plan.n_kernels; i++) {
+        const loom_ir_kernel *kn = &plan.kernels[i];
+        if (loom_ir_op_table[g.nodes[kn->root].op].kind != LOOM_IR_KIND_CONV)
+            continue;
+        conv_kernels++;
+        assert_int_equal(kn->kind, LOOM_IR_KERNEL_MATMUL);
+        assert_int_equal(kn->n_args, 2 + (kn->root == 3)); /* conv2d's epilogue reads bias */
+        for (int32_t q = 0; q < 2; q++)
+            assert_int_equal(plan.node_kernel[g.nodes[kn->root].inputs[q]], -1); /* inputs */
+    }
+    assert_int_equal(conv_kernels, 3);
+    assert_int_equal(plan.node_kernel[act], plan.node_kernel[3]);
+    assert_int_equal(plan.node_kernel[sum], plan.node_kernel[3]);
     loom_ir_plan_deinit(&plan);
     loom_ir_graph_deinit(&g);
 }
@@ -530,7 +585,8 @@ int main(void) {
         cmocka_unit_test(test_decomposed_graph_matches_the_direct_ops_over_the_sweep),
         cmocka_unit_test(test_forward_and_weight_gradient_share_one_im2col_after_cse),
         cmocka_unit_test(test_bias_add_and_bias_gradient_move_to_the_matmul_layout),
-        cmocka_unit_test(test_fusion_refuses_an_undecomposed_conv),
+        cmocka_unit_test(test_decomposition_is_left_to_dtypes_without_a_kernel),
+        cmocka_unit_test(test_fusion_gives_each_conv_a_kernel_with_its_epilogue),
         cmocka_unit_test(test_inference_errors_name_the_operands_and_the_window),
         cmocka_unit_test(test_text_shows_and_reads_the_window),
         cmocka_unit_test(test_parser_rejects_bad_windows),

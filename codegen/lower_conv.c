@@ -1,0 +1,519 @@
+/* Lowering of convolution kernels: conv2d and its two gradients, each an implicit GEMM per
+ * group on the packed microkernel of lower_matmul.c (cg_mk_tiles), with the root's fused
+ * elementwise epilogue (bias, activation, cast) as a matmul's. NCHW at the API; no im2col
+ * in memory: the window operand is packed from the activations block by block.
+ *
+ * The GEMMs, per group g (Cg = C/G input and Og = O/G output channels, KK = KH*KW):
+ *  - conv2d:             y[n, o, p]    = sum_(c,kh,kw)  w[o, (c,kh,kw)] * X[(c,kh,kw), (n,p)]
+ *  - conv2d_grad_input:  dx[n, c, p']  = sum_(o,kh,kw)  w[o, c, kh, kw] * D[(o,kh,kw), (n,p')]
+ *  - conv2d_grad_weight: dw[o, (c,kh,kw)]^T = sum_(n,p) X[(c,kh,kw), (n,p)] * dy[n, o, p]^T
+ * where p runs over output pixels, p' over input pixels, X is x's window matrix (im2col)
+ * and D the windows of dy that reach each input pixel (the transposed convolution's). The
+ * weight gradient is computed transposed, [Cg*KK, Og], so that its big operand, X, packs
+ * as A along pixels (rows of x, contiguous) and only dy, Og per pixel, is transposed.
+ *
+ * X and D are one thing, a "window matrix": row (ch, kh, kw), column (n, y, q) holds the
+ * source (x or dy) at channel ch where the pixel relation big = small * stride - pad + k *
+ * dilation holds, 0 where it holds for no source pixel. For X the destination is the
+ * small coordinate (the output pixel) and the source the big one (x's); for D the other
+ * way round (dy's pixels are the small ones). A row of destination pixels is then one
+ * strided copy between bounds computed per (kh, kw): for stride 1 a contiguous copy.
+ * Windows are staged row-major (f32, the compute type) and repacked into panels or pairs.
+ *
+ * Tasks: (group, row block, column block); each packs and multiplies its K in chunks that
+ * fit the caches, accumulating in an f32 block of C, then runs the epilogue over the block.
+ * Column blocks of conv2d and its input gradient are whole rows of destination pixels
+ * (of one image or several), so the epilogue and the staging need no division per pixel. */
+#include <string.h>
+
+#include "lower_internal.h"
+
+enum {
+    CV_COLS = 256,    /* columns (pixels, or a weight gradient's output channels) of a task */
+    CV_ROWS = 256,    /* rows of a task at most */
+    CV_KC = 256,      /* K of a packed chunk (window rows; pixels for the weight gradient) */
+    CV_TASKS_MIN = 4, /* fewer tasks than this: split the rows */
+};
+
+typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
+
+typedef struct cv_plan {
+    cv_role role;
+    loom_dtype dt;
+    /* the convolution in forward terms: x [N, C, H, W], w [O, Cg, KH, KW], y [N, O, OH, OW] */
+    int64_t N, C, H, W, O, OH, OW, KH, KW, G, Cg, Og, KK;
+    int64_t st[2], pd[2], dl[2];
+    /* the window matrix: source node and its channels (per group, in all), spatial extents
+     * of source and destination, and which of them is the big coordinate */
+    int32_t win, plain; /* nodes: the window's source, the other operand */
+    int64_t wch, wC, sH, sW, dH, dW;
+    bool dst_big;
+    /* the GEMM per group, C [M, NC] = A [M, K] x B [K, NC], and its blocks */
+    int64_t M, K, NC;
+    int64_t rows, nbm, cols, nbn, kc, nbk;
+    int64_t pix_rows; /* destination pixel rows per column block (FWD, GI) or K chunk (GW) */
+    int64_t mbp;
+    cg_mk mk;
+    sink epi[64];
+    int32_t n_epi;
+    nest ns;
+} cv_plan;
+
+static MlirValue idiv(cg_b *b, MlirValue x, int64_t c) {
+    return c == 1 ? x : cg_bin(b, "arith.divui", x, cg_idx(b, c));
+}
+
+static MlirValue irem(cg_b *b, MlirValue x, int64_t c) {
+    return c == 1 ? cg_idx(b, 0) : cg_bin(b, "arith.remui", x, cg_idx(b, c));
+}
+
+static MlirValue isub(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.subi", x, y);
+}
+
+static MlirValue imax_s(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.maxsi", x, y);
+}
+
+static MlirValue imin_s(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.minsi", x, y);
+}
+
+/* floor(x / s) for signed x and s > 0 (arith.floordivsi would need the arith-expand pass) */
+static MlirValue floordiv_s(cg_b *b, MlirValue x, int64_t s) {
+    if (s == 1)
+        return x;
+    MlirValue z = cg_idx(b, 0);
+    MlirValue neg = isub(b, z,
+                         cg_bin(b, "arith.divsi", isub(b, cg_idx(b, s - 1), x),
+                                cg_idx(b, s))); /* -ceil(-x / s) for x < 0 */
+    return cg_select(b, cg_cmpi(b, CG_I_SLT, x, z), neg, cg_bin(b, "arith.divsi", x, cg_idx(b, s)));
+}
+
+static MlirValue ceildiv_s(cg_b *b, MlirValue x, int64_t s) {
+    MlirValue z = cg_idx(b, 0);
+    return isub(b, z, floordiv_s(b, isub(b, z, x), s));
+}
+
+static MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.andi", x, y);
+}
+
+/* buf[at + i] = 0 for i in [lo, hi) */
+static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValue lo,
+                       MlirValue hi) {
+    cg_for l;
+    cg_for_begin(b, &l, lo, hi, 0, NULL);
+    cg_store(b, zero, buf, cg_iadd(b, at, l.iv));
+    cg_for_end(b, &l, 0, NULL);
+}
+
+/* Stages window rows [j0, j1) x destination pixel rows [r0, r1) of group g into buf (f32):
+ * buf[(j - j0) * ld + (r - r0) * dW + q] for q in [0, dW), and zeros in each row from
+ * (r1 - r0) * dW up to width (the block's padding). */
+static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
+                         MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    loom_dtype sdt = c->g->nodes[cp->win].dtype;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0), one = cg_idx(b, 1);
+    /* along the width: small in [0, SMALL), big in [0, BIG) */
+    int64_t SMALL = cp->dst_big ? cp->sW : cp->dW, BIG = cp->dst_big ? cp->dW : cp->sW;
+    int64_t s1 = cp->st[1];
+    cg_for lj, lr, lt;
+    cg_for_begin(b, &lj, j0, j1, 0, NULL);
+    MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
+    MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
+    /* e = pad - kw * dil: big = small * s - e */
+    MlirValue e = isub(b, cg_idx(b, cp->pd[1]), cg_imul_c(b, kw, cp->dl[1]));
+    MlirValue slo = imax_s(b, z, ceildiv_s(b, e, s1));
+    MlirValue shi = imin_s(b, cg_idx(b, SMALL),
+                           cg_iadd(b, floordiv_s(b, cg_iadd(b, e, cg_idx(b, BIG - 1)), s1), one));
+    MlirValue T = imax_s(b, isub(b, shi, slo), z);
+    MlirValue big0 = isub(b, cg_imul_c(b, slo, s1), e);
+    MlirValue d0 = cp->dst_big ? big0 : slo, s0 = cp->dst_big ? slo : big0;
+    int64_t dstep = cp->dst_big ? s1 : 1, sstep = cp->dst_big ? 1 : s1;
+    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
+    MlirValue jrow = cg_imul_c(b, isub(b, lj.iv, j0), ld);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH);
+    /* the source row sy, and whether it exists */
+    MlirValue sy, vok;
+    MlirValue eh = isub(b, cg_idx(b, cp->pd[0]), cg_imul_c(b, kh, cp->dl[0]));
+    if (!cp->dst_big) { /* sy = y * s - eh */
+        sy = isub(b, cg_imul_c(b, y, cp->st[0]), eh);
+        vok = and_i1(b, cg_cmpi(b, CG_I_SGE, sy, z), cg_cmpi(b, CG_I_SLT, sy, cg_idx(b, cp->sH)));
+    } else { /* y = sy * s - eh: sy = (y + eh) / s when exact */
+        MlirValue num = cg_iadd(b, y, eh);
+        sy = floordiv_s(b, num, cp->st[0]);
+        vok = and_i1(b, cg_cmpi(b, CG_I_SGE, num, z), cg_cmpi(b, CG_I_SLT, sy, cg_idx(b, cp->sH)));
+        if (cp->st[0] > 1)
+            vok =
+                and_i1(b, vok,
+                       cg_cmpi(b, CG_I_EQ, cg_bin(b, "arith.remsi", num, cg_idx(b, cp->st[0])), z));
+    }
+    MlirValue ok = and_i1(b, vok, cg_cmpi(b, CG_I_SGT, T, z));
+    MlirValue at = cg_iadd(b, jrow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
+    cg_if fz, fc;
+    cg_if_begin(b, &fz, cg_bin(b, "arith.xori", ok, cg_ci(b, b->i1, 1)));
+    zero_range(b, zf, buf, at, z, cg_idx(b, cp->dW));
+    cg_if_end(b, &fz);
+    cg_if_begin(b, &fc, ok);
+    if (cp->dst_big && s1 > 1) {
+        zero_range(b, zf, buf, at, z, cg_idx(b, cp->dW));
+    } else {
+        zero_range(b, zf, buf, at, z, d0);
+        zero_range(b, zf, buf, at, cg_iadd(b, d0, cg_imul_c(b, T, dstep)), cg_idx(b, cp->dW));
+    }
+    /* src row (clamped reads never happen: the branch holds only where sy exists) */
+    MlirValue srow = cg_imul_c(
+        b, cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->wC), chan), cp->sH), sy), cp->sW);
+    MlirValue sat = cg_iadd(b, srow, s0), dat = cg_iadd(b, at, d0);
+    cg_for_begin(b, &lt, z, T, 0, NULL);
+    MlirValue v = cg_load_val(b, sdt, src, cg_iadd(b, sat, cg_imul_c(b, lt.iv, sstep)));
+    cg_store(b, v, buf, cg_iadd(b, dat, cg_imul_c(b, lt.iv, dstep)));
+    cg_for_end(b, &lt, 0, NULL);
+    cg_if_end(b, &fc);
+    cg_for_end(b, &lr, 0, NULL);
+    /* the row's padding past the block's pixels */
+    MlirValue used = cg_imul_c(b, isub(b, r1, r0), cp->dW);
+    zero_range(b, zf, buf, jrow, used, cg_idx(b, width));
+    cg_for_end(b, &lj, 0, NULL);
+}
+
+/* Packed B from staged rows stg[k * nbp + j] (k in [0, kp * pk): rows past the chunk's K
+ * are zero): bp[(pn * kp + kk) * 16 + l], an f32 or a pair of rows 2 kk, 2 kk + 1. */
+static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirType vf = cg_vec_t(MK_PANEL, b->f32);
+    cg_for lk, lp;
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), 0, NULL);
+    MlirValue row = cg_imul_c(b, lk.iv, m->pk * m->nbp);
+    cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
+    MlirValue from = cg_iadd(b, row, cg_imul_c(b, lp.iv, MK_PANEL));
+    MlirValue v = cg_vload(b, vf, stg, from);
+    if (m->pk == 2)
+        v = cg_bf16_pair(b, v, cg_vload(b, vf, stg, cg_iadd(b, from, cg_idx(b, m->nbp))));
+    cg_vstore(b, v, bp, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, m->kp), lk.iv), MK_PANEL));
+    cg_for_end(b, &lp, 0, NULL);
+    cg_for_end(b, &lk, 0, NULL);
+}
+
+/* Zeros rows [from, to) of a row-major buffer of ld columns. */
+static void zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld,
+                      MlirValue zero) {
+    cg_for l;
+    cg_for_begin(b, &l, cg_imul_c(b, from, ld), cg_idx(b, to * ld), 0, NULL);
+    cg_store(b, zero, buf, l.iv);
+    cg_for_end(b, &l, 0, NULL);
+}
+
+/* The weights' element (row i, k) of group g as A: conv2d's w[g Og + i, k]; the input
+ * gradient's w[g Og + k / KK, i, k % KK]. */
+static MlirValue weight_offset(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue i, MlirValue k) {
+    if (cp->role == CV_FWD)
+        return cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), i), cp->K), k);
+    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), idiv(b, k, cp->KK));
+    return cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), i), cp->KK),
+                   irem(b, k, cp->KK));
+}
+
+/* Packs A = the weights' rows [i0, i1) x K [k0, k1) of group g into ap[(i - i0) * kp + kk]
+ * (zeros past k1 and in the rows up to mbp). */
+static void pack_weights(kc *c, const cv_plan *cp, MlirValue ap, MlirValue g, MlirValue i0,
+                         MlirValue i1, MlirValue k0, MlirValue k1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
+    loom_dtype wdt = c->g->nodes[cp->plain].dtype;
+    MlirValue zf = cg_cf(b, b->f32, 0.0);
+    cg_for li, lk;
+    cg_for_begin(b, &li, i0, i1, 0, NULL);
+    MlirValue arow = cg_imul_c(b, isub(b, li.iv, i0), m->kp);
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), 0, NULL);
+    MlirValue v[2];
+    for (int64_t e = 0; e < m->pk; e++) {
+        MlirValue k = cg_iadd(b, k0, cg_iadd(b, cg_imul_c(b, lk.iv, m->pk), cg_idx(b, e)));
+        MlirValue in = cg_cmpi(b, CG_I_ULT, k, k1);
+        MlirValue ks = cg_select(b, in, k, k0); /* a valid index where the value is unused */
+        v[e] = cg_select(b, in, cg_load_val(b, wdt, wbuf, weight_offset(b, cp, g, li.iv, ks)), zf);
+    }
+    cg_store(b, m->pk == 2 ? cg_bf16_pair(b, v[0], v[1]) : v[0], ap, cg_iadd(b, arow, lk.iv));
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+    zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp,
+              m->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0));
+}
+
+/* The weight gradient's B = dy^T: rows the pixels of destination rows [r0, r1), columns
+ * the output channels [j0, j1) of group g, staged as stg[k * nbp + (j - j0)] (zeros in the
+ * columns up to nbp and the rows up to kp * pk). */
+static void stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirValue j0,
+                       MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue dy = c->bufs[c->s->buf_of[cp->plain]];
+    loom_dtype ddt = c->g->nodes[cp->plain].dtype;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
+    cg_for lr, lj, lq;
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue n = idiv(b, lr.iv, cp->OH), y = irem(b, lr.iv, cp->OH);
+    MlirValue krow = cg_imul_c(b, isub(b, lr.iv, r0), cp->OW);
+    cg_for_begin(b, &lj, j0, j1, 0, NULL);
+    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), lj.iv);
+    MlirValue src = cg_imul_c(
+        b, cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->O), o), cp->OH), y), cp->OW);
+    MlirValue col = isub(b, lj.iv, j0);
+    cg_for_begin(b, &lq, z, cg_idx(b, cp->OW), 0, NULL);
+    MlirValue v = cg_load_val(b, ddt, dy, cg_iadd(b, src, lq.iv));
+    cg_store(b, v, stg, cg_iadd(b, cg_imul_c(b, cg_iadd(b, krow, lq.iv), m->nbp), col));
+    cg_for_end(b, &lq, 0, NULL);
+    cg_for_end(b, &lj, 0, NULL);
+    /* the padding columns of this pixel row's rows */
+    cg_for lk;
+    cg_for_begin(b, &lk, krow, cg_iadd(b, krow, cg_idx(b, cp->OW)), 0, NULL);
+    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->nbp), isub(b, j1, j0), cg_idx(b, m->nbp));
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &lr, 0, NULL);
+    zero_rows(b, stg, cg_imul_c(b, isub(b, r1, r0), cp->OW), m->kp * m->pk, m->nbp, zf);
+}
+
+/* The epilogue of a task's block: C's element (i, column) is the root's element at the
+ * nest indices set here; the fused sinks evaluate and store from it. */
+static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirValue i0,
+                                 MlirValue i1, MlirValue c0, MlirValue c1) {
+    cg_b *b = c->b;
+    const nest *ns = &cp->ns;
+    loom_status st;
+    c->ns = ns;
+    cg_clear_gv(c);
+#define SET_DIM(d, v)                                                                              \
+    do {                                                                                           \
+        if (ns->dim_group[d] >= 0)                                                                 \
+            c->gv[ns->dim_group[d]] = (v);                                                         \
+    } while (0)
+    cg_for li, lr, lq;
+    cg_for_begin(b, &li, i0, i1, 0, NULL);
+    MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
+    if (cp->role == CV_GRAD_WEIGHT) { /* (i, j) = ((c, kh, kw), o) of dw [O, Cg, KH, KW] */
+        MlirValue kk = irem(b, li.iv, cp->KK);
+        SET_DIM(1, idiv(b, li.iv, cp->KK));
+        SET_DIM(2, idiv(b, kk, cp->KW));
+        SET_DIM(3, irem(b, kk, cp->KW));
+        cg_for_begin(b, &lq, c0, c1, 0, NULL);
+        SET_DIM(0, cg_iadd(b, cg_imul_c(b, g, cp->Og), lq.iv));
+        MlirValue acc = cg_load(b, cs, cg_iadd(b, crow, isub(b, lq.iv, c0)));
+        c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
+        st = cg_emit_sinks(c, cp->n_epi, cp->epi);
+        cg_for_end(b, &lq, 0, NULL);
+    } else { /* (i, (n, y, q)) of [N, M G, dH, dW] */
+        SET_DIM(1, cg_iadd(b, cg_imul_c(b, g, cp->M), li.iv));
+        cg_for_begin(b, &lr, c0, c1, 0, NULL);
+        SET_DIM(0, idiv(b, lr.iv, cp->dH));
+        SET_DIM(2, irem(b, lr.iv, cp->dH));
+        MlirValue at = cg_iadd(b, crow, cg_imul_c(b, isub(b, lr.iv, c0), cp->dW));
+        cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
+        SET_DIM(3, lq.iv);
+        MlirValue acc = cg_load(b, cs, cg_iadd(b, at, lq.iv));
+        c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
+        st = cg_emit_sinks(c, cp->n_epi, cp->epi);
+        cg_for_end(b, &lq, 0, NULL);
+        cg_for_end(b, &lr, 0, NULL);
+    }
+#undef SET_DIM
+    cg_for_end(b, &li, 0, NULL);
+    return st;
+}
+
+/* The plan's shapes and blocks from the root and its operands. */
+static loom_status plan_conv(kc *c, cv_plan *cp) {
+    const loom_ir_graph *g = c->g;
+    const loom_ir_node *root = &g->nodes[c->k->root];
+    const loom_ir_node *a = &g->nodes[root->inputs[0]], *bn = &g->nodes[root->inputs[1]];
+    const loom_ir_conv *cv = &root->attrs.conv;
+    cp->role = root->op == LOOM_IR_OP_CONV2D              ? CV_FWD
+               : root->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? CV_GRAD_INPUT
+                                                          : CV_GRAD_WEIGHT;
+    cp->dt = root->dtype;
+    if (cp->dt != LOOM_DTYPE_F32 && !is_16(cp->dt))
+        return cg_unsupported(c, c->k->root,
+                              "a convolution in a dtype other than f32, bf16 and f16 (the "
+                              "conv-decompose pass rewrites those into matmuls)");
+    if (root->rank != 4 || a->rank != 4 || bn->rank != 4 || cv->groups < 1)
+        return cg_bad_plan(c, c->k->root, "a convolution whose operands are not 4-D NCHW");
+    const loom_ir_node *x, *w, *y;
+    x = cp->role == CV_GRAD_INPUT ? root : a;
+    w = cp->role == CV_GRAD_WEIGHT ? root : bn;
+    y = cp->role == CV_FWD ? root : cp->role == CV_GRAD_INPUT ? a : bn;
+    cp->N = x->shape[0], cp->C = x->shape[1], cp->H = x->shape[2], cp->W = x->shape[3];
+    cp->O = w->shape[0], cp->Cg = w->shape[1], cp->KH = w->shape[2], cp->KW = w->shape[3];
+    cp->OH = y->shape[2], cp->OW = y->shape[3];
+    cp->G = cv->groups, cp->Og = cp->O / cp->G, cp->KK = cp->KH * cp->KW;
+    for (int i = 0; i < 2; i++) {
+        cp->st[i] = cv->stride[i];
+        cp->pd[i] = cv->padding[i];
+        cp->dl[i] = cv->dilation[i];
+    }
+    for (int32_t q = 0; q < 2; q++)
+        if (c->s->buf_of[root->inputs[q]] < 0)
+            return cg_unsupported(c, root->inputs[q],
+                                  "a convolution operand computed inside the convolution's "
+                                  "kernel (its operands are read from buffers)");
+    cp->win = root->inputs[0]; /* x, or dy for the input gradient */
+    cp->plain = root->inputs[1];
+    if (cp->role == CV_GRAD_INPUT) {
+        cp->wch = cp->Og, cp->wC = cp->O, cp->sH = cp->OH, cp->sW = cp->OW;
+        cp->dH = cp->H, cp->dW = cp->W, cp->dst_big = true;
+        cp->M = cp->Cg, cp->K = cp->Og * cp->KK, cp->NC = cp->N * cp->H * cp->W;
+    } else {
+        cp->wch = cp->Cg, cp->wC = cp->C, cp->sH = cp->H, cp->sW = cp->W;
+        cp->dH = cp->OH, cp->dW = cp->OW, cp->dst_big = false;
+        if (cp->role == CV_FWD)
+            cp->M = cp->Og, cp->K = cp->Cg * cp->KK, cp->NC = cp->N * cp->OH * cp->OW;
+        else
+            cp->M = cp->Cg * cp->KK, cp->K = cp->N * cp->OH * cp->OW, cp->NC = cp->Og;
+    }
+    int64_t prow = cp->role == CV_GRAD_WEIGHT ? CV_KC : CV_COLS, all_rows = cp->N * cp->dH;
+    cp->pix_rows = (prow + cp->dW / 2) / (cp->dW > 0 ? cp->dW : 1);
+    cp->pix_rows = cp->pix_rows < 1 ? 1 : cp->pix_rows > all_rows ? all_rows : cp->pix_rows;
+    if (cp->pix_rows < 1)
+        cp->pix_rows = 1;
+    if (cp->role == CV_GRAD_WEIGHT) {
+        cp->cols = cp->NC < CV_COLS ? cp->NC : CV_COLS;
+        cp->kc = cp->pix_rows * cp->dW;
+        cp->nbk = ceil_div(all_rows, cp->pix_rows);
+    } else {
+        cp->cols = cp->pix_rows * cp->dW;
+        cp->kc = cp->K < CV_KC ? cp->K : CV_KC;
+        cp->nbk = ceil_div(cp->K, cp->kc);
+    }
+    cp->nbn =
+        cp->role == CV_GRAD_WEIGHT ? ceil_div(cp->NC, cp->cols) : ceil_div(all_rows, cp->pix_rows);
+    cp->rows = cp->M < CV_ROWS ? cp->M : CV_ROWS;
+    int64_t tasks = cp->G * cp->nbn * ceil_div(cp->M, cp->rows);
+    if (tasks < CV_TASKS_MIN && cp->M > 16) {
+        int64_t nbm = ceil_div(CV_TASKS_MIN, cp->G * cp->nbn);
+        int64_t r = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
+        cp->rows = r < cp->rows ? r : cp->rows;
+    }
+    if (cp->rows < 1)
+        cp->rows = 1;
+    cp->nbm = ceil_div(cp->M, cp->rows);
+    cg_mk *m = &cp->mk;
+    m->nv = cp->cols <= MK_PANEL ? 1 : 2;
+    m->mr = MK_ACC / m->nv;
+    m->pk = is_16(cp->dt) && cg_mk_pairs(cp->dt) ? 2 : 1;
+    m->kp = ceil_div(cp->kc, m->pk);
+    m->nbp = ceil_div(cp->cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
+    cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
+    return LOOM_OK;
+}
+
+loom_status cg_lower_conv(kc *c) {
+    const loom_ir_graph *g = c->g;
+    int32_t root_id = c->k->root;
+    const loom_ir_node *root = &g->nodes[root_id];
+    if (root->n_inputs != 2)
+        return cg_bad_plan(c, root_id, "a convolution without two operands");
+    cv_plan *cp = loom_ir_alloc(&c->s->alloc, sizeof *cp);
+    if (!cp)
+        return cg_oom(c);
+    memset(cp, 0, sizeof *cp);
+    loom_status st = plan_conv(c, cp);
+    if (st != LOOM_OK)
+        goto done;
+    cg_nest_init(&cp->ns, root->rank, root->shape);
+    cp->ns.no_merge = true;
+    c->bound = root_id;
+    cg_identity_map(&cp->ns, &c->bound_map);
+    for (int32_t i = 0; i < c->k->n_results; i++) {
+        int32_t id = c->k->results[i];
+        const loom_ir_node *n = &g->nodes[id];
+        if (!c->s->dep_root[id])
+            continue;
+        if (!same_shape(n, root)) {
+            st = cg_unsupported(c, id,
+                                "a convolution epilogue result whose shape is not the "
+                                "convolution's");
+            goto done;
+        }
+        if (cp->n_epi == 64) {
+            st = cg_unsupported(c, id, "more than 64 epilogue results");
+            goto done;
+        }
+        cp->epi[cp->n_epi] = (sink){.node = id, .store = true};
+        cg_identity_map(&cp->ns, &cp->epi[cp->n_epi++].map);
+    }
+    if ((st = cg_side_nests(c, root, SIDE_MATMUL)) != LOOM_OK)
+        goto done;
+    if ((st = cg_plan_nest(c, &cp->ns, cp->n_epi, cp->epi)) != LOOM_OK)
+        goto done;
+    int64_t numel = loom_ir_numel(root->rank, root->shape);
+    c->extent = numel > 0 ? cp->G * cp->nbm * cp->nbn : 1;
+    c->grain = cg_grain_for(cp->rows * cp->cols * (cp->K > 0 ? cp->K : 1));
+    if (!c->emit || numel == 0)
+        goto done;
+
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirType et = m->pk == 2 ? b->i32 : b->f32;
+    bool gw = cp->role == CV_GRAD_WEIGHT;
+    MlirValue ap = cg_alloc_buf(b, et, cp->mbp * m->kp);
+    MlirValue bp = cg_alloc_buf(b, et, m->kp * m->nbp);
+    MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
+    /* staged windows (f32): B's rows for conv2d and the input gradient, dy^T for the weight
+     * gradient; its A's rows when they pair (else staged into ap itself) */
+    MlirValue stg = cg_alloc_buf(b, b->f32, m->kp * m->pk * m->nbp);
+    MlirValue stga = gw && m->pk == 2 ? cg_alloc_buf(b, b->f32, cp->mbp * m->kp * m->pk) : ap;
+    cg_for lo, lk;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    /* task = (g * nbn + jb) * nbm + ib */
+    MlirValue gjb = idiv(b, lo.iv, cp->nbm), ib = irem(b, lo.iv, cp->nbm);
+    MlirValue gi = idiv(b, gjb, cp->nbn), jb = irem(b, gjb, cp->nbn);
+    MlirValue i0 = cg_imul_c(b, ib, cp->rows);
+    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cp->rows)), cg_idx(b, cp->M));
+    /* the block's columns: output channels [c0, c1) (weight gradient) or destination pixel
+     * rows [c0, c1) */
+    int64_t cstep = gw ? cp->cols : cp->pix_rows, cend = gw ? cp->NC : cp->N * cp->dH;
+    MlirValue c0 = cg_imul_c(b, jb, cstep);
+    MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
+    MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
+    zero_rows(b, cs, cg_idx(b, 0), cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
+    if (gw) { /* K chunk: destination pixel rows [k0, k1) */
+        MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
+        MlirValue k1 =
+            cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
+        int64_t ld = m->kp * m->pk;
+        stage_window(c, cp, stga, ld, ld, gi, i0, i1, k0, k1);
+        zero_rows(b, stga, isub(b, i1, i0), cp->mbp, ld, cg_cf(b, b->f32, 0.0));
+        if (m->pk == 2) { /* ap[i * kp + kk] = pair(stga[i * ld + 2 kk], [... + 1]) */
+            cg_for lp;
+            cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, cp->mbp * m->kp), 0, NULL);
+            MlirValue lo2 = cg_load(b, stga, cg_imul_c(b, lp.iv, 2));
+            MlirValue hi2 = cg_load(b, stga, cg_iadd(b, cg_imul_c(b, lp.iv, 2), cg_idx(b, 1)));
+            cg_store(b, cg_bf16_pair(b, lo2, hi2), ap, lp.iv);
+            cg_for_end(b, &lp, 0, NULL);
+        }
+        stage_dy_t(c, cp, stg, gi, c0, c1, k0, k1);
+    } else { /* K chunk: window rows [k0, k1) */
+        MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
+        MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
+        pack_weights(c, cp, ap, gi, i0, i1, k0, k1);
+        stage_window(c, cp, stg, m->nbp, m->nbp, gi, k0, k1, c0, c1);
+        zero_rows(b, stg, isub(b, k1, k0), m->kp * m->pk, m->nbp, cg_cf(b, b->f32, 0.0));
+    }
+    panelize(c, cp, stg, bp);
+    cg_mk_tiles(c, m, ap, bp, cs, isub(b, i1, i0), ncols, true);
+    cg_for_end(b, &lk, 0, NULL);
+    if (cp->n_epi > 0)
+        st = emit_epilogue(c, cp, cs, gi, i0, i1, c0, c1);
+    cg_for_end(b, &lo, 0, NULL);
+    MlirValue bufs[5] = {ap, bp, cs, stg, stga};
+    for (int q = 0; q < (gw && m->pk == 2 ? 5 : 4); q++)
+        cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+done:
+    loom_ir_free(&c->s->alloc, cp, sizeof *cp);
+    return st;
+}
