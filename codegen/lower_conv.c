@@ -209,41 +209,63 @@ static void zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_
     cg_for_end(b, &l, 0, NULL);
 }
 
-/* The weights' element (row i, k) of group g as A: conv2d's w[g Og + i, k]; the input
- * gradient's w[g Og + k / KK, i, k % KK]. */
-static MlirValue weight_offset(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue i, MlirValue k) {
-    if (cp->role == CV_FWD)
-        return cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), i), cp->K), k);
-    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), idiv(b, k, cp->KK));
-    return cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), i), cp->KK),
-                   irem(b, k, cp->KK));
-}
-
-/* Packs A = the weights' rows [i0, i1) x K [k0, k1) of group g into ap[(i - i0) * kp + kk]
- * (zeros past k1 and in the rows up to mbp). */
-static void pack_weights(kc *c, const cv_plan *cp, MlirValue ap, MlirValue g, MlirValue i0,
-                         MlirValue i1, MlirValue k0, MlirValue k1) {
+/* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[(i - i0) * ld + k -
+ * k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
+ * contiguous run per row; the input gradient's w[g Og + o, i, kh, kw] for k = (o, kh, kw),
+ * runs of KK (its chunks are whole o's). */
+static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, int64_t ld, MlirValue g,
+                          MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
     cg_b *b = c->b;
-    const cg_mk *m = &cp->mk;
     MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
     loom_dtype wdt = c->g->nodes[cp->plain].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0);
-    cg_for li, lk;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
+    cg_for li, lo, lt;
     cg_for_begin(b, &li, i0, i1, 0, NULL);
-    MlirValue arow = cg_imul_c(b, isub(b, li.iv, i0), m->kp);
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), 0, NULL);
-    MlirValue v[2];
-    for (int64_t e = 0; e < m->pk; e++) {
-        MlirValue k = cg_iadd(b, k0, cg_iadd(b, cg_imul_c(b, lk.iv, m->pk), cg_idx(b, e)));
-        MlirValue in = cg_cmpi(b, CG_I_ULT, k, k1);
-        MlirValue ks = cg_select(b, in, k, k0); /* a valid index where the value is unused */
-        v[e] = cg_select(b, in, cg_load_val(b, wdt, wbuf, weight_offset(b, cp, g, li.iv, ks)), zf);
+    MlirValue row = cg_imul_c(b, isub(b, li.iv, i0), ld), n = isub(b, k1, k0);
+    if (cp->role == CV_FWD) {
+        MlirValue src =
+            cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), li.iv), cp->K), k0);
+        cg_for_begin(b, &lt, z, n, 0, NULL);
+        cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg, cg_iadd(b, row, lt.iv));
+        cg_for_end(b, &lt, 0, NULL);
+    } else {
+        MlirValue o0 = idiv(b, k0, cp->KK);
+        cg_for_begin(b, &lo, o0, idiv(b, k1, cp->KK), 0, NULL);
+        MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), lo.iv);
+        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), li.iv), cp->KK);
+        MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lo.iv, o0), cp->KK));
+        cg_for_begin(b, &lt, z, cg_idx(b, cp->KK), 0, NULL);
+        cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg, cg_iadd(b, dst, lt.iv));
+        cg_for_end(b, &lt, 0, NULL);
+        cg_for_end(b, &lo, 0, NULL);
     }
-    cg_store(b, m->pk == 2 ? cg_bf16_pair(b, v[0], v[1]) : v[0], ap, cg_iadd(b, arow, lk.iv));
-    cg_for_end(b, &lk, 0, NULL);
+    zero_range(b, zf, stg, row, n, cg_idx(b, ld));
     cg_for_end(b, &li, 0, NULL);
-    zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp,
-              m->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0));
+    zero_rows(b, stg, isub(b, i1, i0), cp->mbp, ld, zf);
+}
+
+/* ap[p] = the bf16 pair (stg[2 p], stg[2 p + 1]) for p in [0, n): 16 at a time, the two
+ * f32 of a pair being one i64 lane (the first in its low half), then one by one. */
+static void pair_up(kc *c, MlirValue stg, MlirValue ap, int64_t n) {
+    cg_b *b = c->b;
+    MlirType v32 = cg_vec_t(32, b->f32), v16l = cg_vec_t(16, b->i64), v16i = cg_vec_t(16, b->i32);
+    cg_for lv, ls;
+    cg_for_begin(b, &lv, cg_idx(b, 0), cg_idx(b, n / 16), 0, NULL);
+    MlirValue at = cg_imul_c(b, lv.iv, 16);
+    MlirValue l = cg_vbitcast(b, cg_vload(b, v32, stg, cg_imul_c(b, at, 2)), v16l);
+    MlirValue lo = cg_bin(b, "arith.andi",
+                          cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 16), v16l)),
+                          cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff), v16l));
+    MlirValue hi = cg_bin(b, "arith.andi",
+                          cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 32), v16l)),
+                          cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff0000ll), v16l));
+    cg_vstore(b, cg_conv(b, "arith.trunci", cg_bin(b, "arith.ori", lo, hi), v16i), ap, at);
+    cg_for_end(b, &lv, 0, NULL);
+    cg_for_begin(b, &ls, cg_idx(b, n / 16 * 16), cg_idx(b, n), 0, NULL);
+    MlirValue e = cg_imul_c(b, ls.iv, 2);
+    cg_store(b, cg_bf16_pair(b, cg_load(b, stg, e), cg_load(b, stg, cg_iadd(b, e, cg_idx(b, 1)))),
+             ap, ls.iv);
+    cg_for_end(b, &ls, 0, NULL);
 }
 
 /* The weight gradient's B = dy^T: rows the pixels of destination rows [r0, r1), columns
@@ -386,6 +408,8 @@ static loom_status plan_conv(kc *c, cv_plan *cp) {
     } else {
         cp->cols = cp->pix_rows * cp->dW;
         cp->kc = cp->K < CV_KC ? cp->K : CV_KC;
+        if (cp->role == CV_GRAD_INPUT && cp->kc < cp->K) /* whole output channels (runs of KK) */
+            cp->kc = cp->kc / cp->KK * cp->KK > 0 ? cp->kc / cp->KK * cp->KK : cp->KK;
         cp->nbk = ceil_div(cp->K, cp->kc);
     }
     cp->nbn =
@@ -462,10 +486,11 @@ loom_status cg_lower_conv(kc *c) {
     MlirValue ap = cg_alloc_buf(b, et, cp->mbp * m->kp);
     MlirValue bp = cg_alloc_buf(b, et, m->kp * m->nbp);
     MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
-    /* staged windows (f32): B's rows for conv2d and the input gradient, dy^T for the weight
-     * gradient; its A's rows when they pair (else staged into ap itself) */
+    /* staged operands (f32): B's rows (windows for conv2d and the input gradient, dy^T for
+     * the weight gradient) and A's when they pair (else staged into ap itself) */
     MlirValue stg = cg_alloc_buf(b, b->f32, m->kp * m->pk * m->nbp);
-    MlirValue stga = gw && m->pk == 2 ? cg_alloc_buf(b, b->f32, cp->mbp * m->kp * m->pk) : ap;
+    MlirValue stga = m->pk == 2 ? cg_alloc_buf(b, b->f32, cp->mbp * m->kp * m->pk) : ap;
+    int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
     cg_for lo, lk;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
     /* task = (g * nbn + jb) * nbm + ib */
@@ -485,25 +510,18 @@ loom_status cg_lower_conv(kc *c) {
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
         MlirValue k1 =
             cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
-        int64_t ld = m->kp * m->pk;
         stage_window(c, cp, stga, ld, ld, gi, i0, i1, k0, k1);
         zero_rows(b, stga, isub(b, i1, i0), cp->mbp, ld, cg_cf(b, b->f32, 0.0));
-        if (m->pk == 2) { /* ap[i * kp + kk] = pair(stga[i * ld + 2 kk], [... + 1]) */
-            cg_for lp;
-            cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, cp->mbp * m->kp), 0, NULL);
-            MlirValue lo2 = cg_load(b, stga, cg_imul_c(b, lp.iv, 2));
-            MlirValue hi2 = cg_load(b, stga, cg_iadd(b, cg_imul_c(b, lp.iv, 2), cg_idx(b, 1)));
-            cg_store(b, cg_bf16_pair(b, lo2, hi2), ap, lp.iv);
-            cg_for_end(b, &lp, 0, NULL);
-        }
         stage_dy_t(c, cp, stg, gi, c0, c1, k0, k1);
     } else { /* K chunk: window rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
-        pack_weights(c, cp, ap, gi, i0, i1, k0, k1);
+        stage_weights(c, cp, stga, ld, gi, i0, i1, k0, k1);
         stage_window(c, cp, stg, m->nbp, m->nbp, gi, k0, k1, c0, c1);
         zero_rows(b, stg, isub(b, k1, k0), m->kp * m->pk, m->nbp, cg_cf(b, b->f32, 0.0));
     }
+    if (m->pk == 2)
+        pair_up(c, stga, ap, cp->mbp * m->kp);
     panelize(c, cp, stg, bp);
     cg_mk_tiles(c, m, ap, bp, cs, isub(b, i1, i0), ncols, true);
     cg_for_end(b, &lk, 0, NULL);
@@ -511,7 +529,7 @@ loom_status cg_lower_conv(kc *c) {
         st = emit_epilogue(c, cp, cs, gi, i0, i1, c0, c1);
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[5] = {ap, bp, cs, stg, stga};
-    for (int q = 0; q < (gw && m->pk == 2 ? 5 : 4); q++)
+    for (int q = 0; q < (m->pk == 2 ? 5 : 4); q++)
         cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
 done:
     loom_ir_free(&c->s->alloc, cp, sizeof *cp);
