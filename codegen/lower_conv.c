@@ -181,8 +181,9 @@ static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
     cg_for_end(b, &lj, 0, NULL);
 }
 
-/* Packed B from staged rows stg[k * nbp + j] (k in [0, kp * pk): rows past the chunk's K
- * are zero): bp[(pn * kp + kk) * 16 + l], an f32 or a pair of rows 2 kk, 2 kk + 1. */
+/* B from staged rows stg[k * nbp + j] (k in [0, kp * pk): rows past the chunk's K are
+ * zero) in pairs of rows 2 kk, 2 kk + 1, row-major: bp[kk * nbp + j] (f32 B is read from
+ * the staged rows themselves). */
 static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
@@ -193,9 +194,8 @@ static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
     cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
     MlirValue from = cg_iadd(b, row, cg_imul_c(b, lp.iv, MK_PANEL));
     MlirValue v = cg_vload(b, vf, stg, from);
-    if (m->pk == 2)
-        v = cg_bf16_pair(b, v, cg_vload(b, vf, stg, cg_iadd(b, from, cg_idx(b, m->nbp))));
-    cg_vstore(b, v, bp, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, m->kp), lk.iv), MK_PANEL));
+    v = cg_bf16_pair(b, v, cg_vload(b, vf, stg, cg_iadd(b, from, cg_idx(b, m->nbp))));
+    cg_vstore(b, v, bp, cg_iadd(b, cg_imul_c(b, lk.iv, m->nbp), cg_imul_c(b, lp.iv, MK_PANEL)));
     cg_for_end(b, &lp, 0, NULL);
     cg_for_end(b, &lk, 0, NULL);
 }
@@ -430,6 +430,7 @@ static loom_status plan_conv(kc *c, cv_plan *cp) {
     m->pk = is_16(cp->dt) && cg_mk_pairs(cp->dt) ? 2 : 1;
     m->kp = ceil_div(cp->kc, m->pk);
     m->nbp = ceil_div(cp->cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
+    m->b_rows = true;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
     return LOOM_OK;
 }
@@ -484,7 +485,7 @@ loom_status cg_lower_conv(kc *c) {
     MlirType et = m->pk == 2 ? b->i32 : b->f32;
     bool gw = cp->role == CV_GRAD_WEIGHT;
     MlirValue ap = cg_alloc_buf(b, et, cp->mbp * m->kp);
-    MlirValue bp = cg_alloc_buf(b, et, m->kp * m->nbp);
+    MlirValue bp = m->pk == 2 ? cg_alloc_buf(b, et, m->kp * m->nbp) : ap;
     MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
     /* staged operands (f32): B's rows (windows for conv2d and the input gradient, dy^T for
      * the weight gradient) and A's when they pair (else staged into ap itself) */
@@ -520,16 +521,17 @@ loom_status cg_lower_conv(kc *c) {
         stage_window(c, cp, stg, m->nbp, m->nbp, gi, k0, k1, c0, c1);
         zero_rows(b, stg, isub(b, k1, k0), m->kp * m->pk, m->nbp, cg_cf(b, b->f32, 0.0));
     }
-    if (m->pk == 2)
+    if (m->pk == 2) {
         pair_up(c, stga, ap, cp->mbp * m->kp);
-    panelize(c, cp, stg, bp);
-    cg_mk_tiles(c, m, ap, bp, cs, isub(b, i1, i0), ncols, true);
+        panelize(c, cp, stg, bp);
+    }
+    cg_mk_tiles(c, m, ap, m->pk == 2 ? bp : stg, cs, isub(b, i1, i0), ncols, true);
     cg_for_end(b, &lk, 0, NULL);
     if (cp->n_epi > 0)
         st = emit_epilogue(c, cp, cs, gi, i0, i1, c0, c1);
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[5] = {ap, bp, cs, stg, stga};
-    for (int q = 0; q < (m->pk == 2 ? 5 : 4); q++)
+    MlirValue bufs[5] = {ap, cs, stg, bp, stga}; /* without pairs, bp and stga are ap */
+    for (int q = 0; q < (m->pk == 2 ? 5 : 3); q++)
         cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
 done:
     loom_ir_free(&c->s->alloc, cp, sizeof *cp);

@@ -343,13 +343,14 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs
             init[i * NV + v] =
                 cg_vload(b, vf, cs, cg_iadd(b, c0, cg_idx(b, i * m->nbp + v * MK_PANEL)));
     MlirValue arow0 = cg_imul_c(b, lit.iv, MR * m->kp);
-    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * m->kp * MK_PANEL);
+    /* B's element (kk, column 16 pn + l) at kk * ks + pn * ps + l */
+    int64_t ks = m->b_rows ? m->nbp : MK_PANEL, ps = m->b_rows ? MK_PANEL : m->kp * MK_PANEL;
+    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * ps);
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), NACC, init);
     MlirValue bv[2], acc[NACC];
+    MlirValue brow = cg_iadd(b, bpan0, cg_imul_c(b, lk.iv, ks));
     for (int v = 0; v < NV; v++)
-        bv[v] = cg_vload(
-            b, vi, bp,
-            cg_iadd(b, bpan0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, v * m->kp)), MK_PANEL)));
+        bv[v] = cg_vload(b, vi, bp, cg_iadd(b, brow, cg_idx(b, v * ps)));
     for (int i = 0; i < MR; i++) {
         MlirValue a = cg_load(b, ap, cg_iadd(b, arow0, cg_iadd(b, lk.iv, cg_idx(b, i * m->kp))));
         MlirValue av = cg_vbroadcast(b, a, vi);
