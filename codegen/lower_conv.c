@@ -29,10 +29,11 @@
 #include "lower_internal.h"
 
 enum {
-    CV_COLS = 256,    /* columns (pixels, or a weight gradient's output channels) of a task */
-    CV_ROWS = 256,    /* rows of a task at most */
-    CV_KC = 256,      /* K of a packed chunk (window rows; pixels for the weight gradient) */
-    CV_TASKS_MIN = 4, /* fewer tasks than this: split the rows */
+    CV_COLS = 256,       /* columns (pixels, or a weight gradient's output channels) of a task */
+    CV_ROWS = 256,       /* rows of a task at most */
+    CV_KC = 256,         /* K of a packed chunk (window rows; pixels for the weight gradient) */
+    CV_TASKS_MIN = 4,    /* fewer tasks than this: split the rows */
+    CV_TABLE_BELOW = 16, /* destination rows narrower than this: stage through a table */
 };
 
 typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
@@ -48,6 +49,8 @@ typedef struct cv_plan {
     int32_t win, plain; /* nodes: the window's source, the other operand */
     int64_t wch, wC, sH, sW, dH, dW;
     bool dst_big;
+    bool tab; /* stage through a pixel table (build_table) of ldt pixels a tap */
+    int64_t ldt;
     /* the GEMM per group, C [M, NC] = A [M, K] x B [K, NC], and its blocks */
     int64_t M, K, NC;
     int64_t rows, nbm, cols, nbn, kc, nbk;
@@ -108,6 +111,29 @@ static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, Mli
     cg_for_end(b, &l, 0, NULL);
 }
 
+/* The source coordinate along axis a (0: rows, 1: columns) of destination coordinate dst
+ * for kernel tap k, and in *ok whether the window reaches a source pixel there. */
+static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, MlirValue k,
+                           MlirValue *ok) {
+    MlirValue z = cg_idx(b, 0);
+    MlirValue e = isub(b, cg_idx(b, cp->pd[a]), cg_imul_c(b, k, cp->dl[a])); /* pad - k dil */
+    int64_t ext = a == 0 ? cp->sH : cp->sW;
+    MlirValue s;
+    if (!cp->dst_big) { /* s = dst * stride - e */
+        s = isub(b, cg_imul_c(b, dst, cp->st[a]), e);
+        *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
+        return s;
+    }
+    /* dst = s * stride - e: s = (dst + e) / stride when exact */
+    MlirValue num = cg_iadd(b, dst, e);
+    s = floordiv_s(b, num, cp->st[a]);
+    *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, num, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
+    if (cp->st[a] > 1)
+        *ok = and_i1(b, *ok,
+                     cg_cmpi(b, CG_I_EQ, cg_bin(b, "arith.remsi", num, cg_idx(b, cp->st[a])), z));
+    return s;
+}
+
 /* Stages window rows [j0, j1) x destination pixel rows [r0, r1) of group g into buf (f32):
  * buf[(j - j0) * ld + (r - r0) * dW + q] for q in [0, dW), and zeros in each row from
  * (r1 - r0) * dW up to width (the block's padding). */
@@ -137,21 +163,7 @@ static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
     MlirValue jrow = cg_imul_c(b, isub(b, lj.iv, j0), ld);
     cg_for_begin(b, &lr, r0, r1, 0, NULL);
     MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH);
-    /* the source row sy, and whether it exists */
-    MlirValue sy, vok;
-    MlirValue eh = isub(b, cg_idx(b, cp->pd[0]), cg_imul_c(b, kh, cp->dl[0]));
-    if (!cp->dst_big) { /* sy = y * s - eh */
-        sy = isub(b, cg_imul_c(b, y, cp->st[0]), eh);
-        vok = and_i1(b, cg_cmpi(b, CG_I_SGE, sy, z), cg_cmpi(b, CG_I_SLT, sy, cg_idx(b, cp->sH)));
-    } else { /* y = sy * s - eh: sy = (y + eh) / s when exact */
-        MlirValue num = cg_iadd(b, y, eh);
-        sy = floordiv_s(b, num, cp->st[0]);
-        vok = and_i1(b, cg_cmpi(b, CG_I_SGE, num, z), cg_cmpi(b, CG_I_SLT, sy, cg_idx(b, cp->sH)));
-        if (cp->st[0] > 1)
-            vok =
-                and_i1(b, vok,
-                       cg_cmpi(b, CG_I_EQ, cg_bin(b, "arith.remsi", num, cg_idx(b, cp->st[0])), z));
-    }
+    MlirValue vok, sy = src_coord(b, cp, 0, y, kh, &vok); /* the source row, if any */
     MlirValue ok = and_i1(b, vok, cg_cmpi(b, CG_I_SGT, T, z));
     MlirValue at = cg_iadd(b, jrow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
     cg_if fz, fc;
@@ -181,8 +193,60 @@ static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
     cg_for_end(b, &lj, 0, NULL);
 }
 
-/* B from staged rows stg[k * nbp + j] (k in [0, kp * pk): rows past the chunk's K are
- * zero) in pairs of rows 2 kk, 2 kk + 1, row-major: bp[kk * nbp + j] (f32 B is read from
+/* The window's pixel table for destination pixel rows [r0, r1) (narrow images, where a
+ * row's copy is too short to pay for its set-up): tab[kk * ldt + (r - r0) * dW + q] = the
+ * offset of the source pixel that tap kk reads there, less its channel's (n wC sH sW + sy sW
+ * + sx), or -1 where the window reads padding. The same for every channel: built once per
+ * block of pixels, used by all its window rows. */
+static void build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirValue r0,
+                        MlirValue r1) {
+    cg_b *b = c->b;
+    cg_for lk, lr, lq;
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->KK), 0, NULL);
+    MlirValue kh = idiv(b, lk.iv, cp->KW), kw = irem(b, lk.iv, cp->KW);
+    MlirValue trow = cg_imul_c(b, lk.iv, ldt);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH), vok, hok;
+    MlirValue sy = src_coord(b, cp, 0, y, kh, &vok);
+    MlirValue rowoff =
+        cg_iadd(b, cg_imul_c(b, n, cp->wC * cp->sH * cp->sW), cg_imul_c(b, sy, cp->sW));
+    MlirValue at = cg_iadd(b, trow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
+    cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
+    MlirValue sx = src_coord(b, cp, 1, lq.iv, kw, &hok);
+    MlirValue off = cg_conv(b, "arith.index_cast", cg_iadd(b, rowoff, sx), b->i32);
+    cg_store(b, cg_select(b, and_i1(b, vok, hok), off, cg_ci(b, b->i32, -1)), tab,
+             cg_iadd(b, at, lq.iv));
+    cg_for_end(b, &lq, 0, NULL);
+    cg_for_end(b, &lr, 0, NULL);
+    cg_for_end(b, &lk, 0, NULL);
+}
+
+/* stage_window through the pixel table of the block's npix pixels. */
+static void stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
+                             MlirValue tab, int64_t ldt, MlirValue g, MlirValue j0, MlirValue j1,
+                             MlirValue npix) {
+    cg_b *b = c->b;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    loom_dtype sdt = c->g->nodes[cp->win].dtype;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
+    cg_for lj, lp;
+    cg_for_begin(b, &lj, j0, j1, 0, NULL);
+    MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
+    MlirValue base = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->wch), ch), cp->sH * cp->sW);
+    MlirValue trow = cg_imul_c(b, kk, ldt), row = cg_imul_c(b, isub(b, lj.iv, j0), ld);
+    cg_for_begin(b, &lp, z, npix, 0, NULL);
+    MlirValue t = cg_load(b, tab, cg_iadd(b, trow, lp.iv));
+    MlirValue ok = cg_cmpi(b, CG_I_SGE, t, cg_ci(b, b->i32, 0));
+    MlirValue at =
+        cg_select(b, ok, cg_iadd(b, base, cg_conv(b, "arith.index_cast", t, b->index)), z);
+    cg_store(b, cg_select(b, ok, cg_load_val(b, sdt, src, at), zf), buf, cg_iadd(b, row, lp.iv));
+    cg_for_end(b, &lp, 0, NULL);
+    zero_range(b, zf, buf, row, npix, cg_idx(b, width));
+    cg_for_end(b, &lj, 0, NULL);
+}
+
+/* B from staged rows stg[k * b_ld + j] (k in [0, kp * pk): rows past the chunk's K are
+ * zero) in pairs of rows 2 kk, 2 kk + 1, row-major: bp[kk * b_ld + j] (f32 B is read from
  * the staged rows themselves). */
 static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
     cg_b *b = c->b;
@@ -190,12 +254,12 @@ static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
     MlirType vf = cg_vec_t(MK_PANEL, b->f32);
     cg_for lk, lp;
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), 0, NULL);
-    MlirValue row = cg_imul_c(b, lk.iv, m->pk * m->nbp);
+    MlirValue row = cg_imul_c(b, lk.iv, m->pk * m->b_ld);
     cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
     MlirValue from = cg_iadd(b, row, cg_imul_c(b, lp.iv, MK_PANEL));
     MlirValue v = cg_vload(b, vf, stg, from);
-    v = cg_bf16_pair(b, v, cg_vload(b, vf, stg, cg_iadd(b, from, cg_idx(b, m->nbp))));
-    cg_vstore(b, v, bp, cg_iadd(b, cg_imul_c(b, lk.iv, m->nbp), cg_imul_c(b, lp.iv, MK_PANEL)));
+    v = cg_bf16_pair(b, v, cg_vload(b, vf, stg, cg_iadd(b, from, cg_idx(b, m->b_ld))));
+    cg_vstore(b, v, bp, cg_iadd(b, cg_imul_c(b, lk.iv, m->b_ld), cg_imul_c(b, lp.iv, MK_PANEL)));
     cg_for_end(b, &lp, 0, NULL);
     cg_for_end(b, &lk, 0, NULL);
 }
@@ -269,8 +333,8 @@ static void pair_up(kc *c, MlirValue stg, MlirValue ap, int64_t n) {
 }
 
 /* The weight gradient's B = dy^T: rows the pixels of destination rows [r0, r1), columns
- * the output channels [j0, j1) of group g, staged as stg[k * nbp + (j - j0)] (zeros in the
- * columns up to nbp and the rows up to kp * pk). */
+ * the output channels [j0, j1) of group g, staged as stg[k * b_ld + (j - j0)] (zeros in the
+ * columns up to b_ld and the rows up to kp * pk). */
 static void stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirValue j0,
                        MlirValue j1, MlirValue r0, MlirValue r1) {
     cg_b *b = c->b;
@@ -289,16 +353,16 @@ static void stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, Mli
     MlirValue col = isub(b, lj.iv, j0);
     cg_for_begin(b, &lq, z, cg_idx(b, cp->OW), 0, NULL);
     MlirValue v = cg_load_val(b, ddt, dy, cg_iadd(b, src, lq.iv));
-    cg_store(b, v, stg, cg_iadd(b, cg_imul_c(b, cg_iadd(b, krow, lq.iv), m->nbp), col));
+    cg_store(b, v, stg, cg_iadd(b, cg_imul_c(b, cg_iadd(b, krow, lq.iv), m->b_ld), col));
     cg_for_end(b, &lq, 0, NULL);
     cg_for_end(b, &lj, 0, NULL);
     /* the padding columns of this pixel row's rows */
     cg_for lk;
     cg_for_begin(b, &lk, krow, cg_iadd(b, krow, cg_idx(b, cp->OW)), 0, NULL);
-    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->nbp), isub(b, j1, j0), cg_idx(b, m->nbp));
+    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->b_ld), isub(b, j1, j0), cg_idx(b, m->b_ld));
     cg_for_end(b, &lk, 0, NULL);
     cg_for_end(b, &lr, 0, NULL);
-    zero_rows(b, stg, cg_imul_c(b, isub(b, r1, r0), cp->OW), m->kp * m->pk, m->nbp, zf);
+    zero_rows(b, stg, cg_imul_c(b, isub(b, r1, r0), cp->OW), m->kp * m->pk, m->b_ld, zf);
 }
 
 /* The epilogue of a task's block: C's element (i, column) is the root's element at the
@@ -316,20 +380,34 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
             c->gv[ns->dim_group[d]] = (v);                                                         \
     } while (0)
     cg_for li, lr, lq;
-    cg_for_begin(b, &li, i0, i1, 0, NULL);
-    MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
-    if (cp->role == CV_GRAD_WEIGHT) { /* (i, j) = ((c, kh, kw), o) of dw [O, Cg, KH, KW] */
-        MlirValue kk = irem(b, li.iv, cp->KK);
-        SET_DIM(1, idiv(b, li.iv, cp->KK));
-        SET_DIM(2, idiv(b, kk, cp->KW));
-        SET_DIM(3, irem(b, kk, cp->KW));
+    if (cp->role == CV_GRAD_WEIGHT) {
+        /* C (i, o) = dw [g Og + o, c, kh, kw] for i = (c, kh, kw): o outer, so that dw is
+         * written in order (the other way round each store would be a page away); the row
+         * blocks are whole channels */
+        cg_for lc, lh, lw;
+        MlirValue ch0 = idiv(b, i0, cp->KK);
         cg_for_begin(b, &lq, c0, c1, 0, NULL);
         SET_DIM(0, cg_iadd(b, cg_imul_c(b, g, cp->Og), lq.iv));
-        MlirValue acc = cg_load(b, cs, cg_iadd(b, crow, isub(b, lq.iv, c0)));
+        MlirValue col = isub(b, lq.iv, c0);
+        cg_for_begin(b, &lc, ch0, idiv(b, i1, cp->KK), 0, NULL);
+        SET_DIM(1, lc.iv);
+        MlirValue crow = cg_imul_c(b, isub(b, lc.iv, ch0), cp->KK);
+        cg_for_begin(b, &lh, cg_idx(b, 0), cg_idx(b, cp->KH), 0, NULL);
+        SET_DIM(2, lh.iv);
+        MlirValue hrow = cg_iadd(b, crow, cg_imul_c(b, lh.iv, cp->KW));
+        cg_for_begin(b, &lw, cg_idx(b, 0), cg_idx(b, cp->KW), 0, NULL);
+        SET_DIM(3, lw.iv);
+        MlirValue at = cg_iadd(b, cg_imul_c(b, cg_iadd(b, hrow, lw.iv), cp->mk.nbp), col);
+        MlirValue acc = cg_load(b, cs, at);
         c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
         st = cg_emit_sinks(c, cp->n_epi, cp->epi);
+        cg_for_end(b, &lw, 0, NULL);
+        cg_for_end(b, &lh, 0, NULL);
+        cg_for_end(b, &lc, 0, NULL);
         cg_for_end(b, &lq, 0, NULL);
     } else { /* (i, (n, y, q)) of [N, M G, dH, dW] */
+        cg_for_begin(b, &li, i0, i1, 0, NULL);
+        MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
         SET_DIM(1, cg_iadd(b, cg_imul_c(b, g, cp->M), li.iv));
         cg_for_begin(b, &lr, c0, c1, 0, NULL);
         SET_DIM(0, idiv(b, lr.iv, cp->dH));
@@ -342,9 +420,9 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
         st = cg_emit_sinks(c, cp->n_epi, cp->epi);
         cg_for_end(b, &lq, 0, NULL);
         cg_for_end(b, &lr, 0, NULL);
+        cg_for_end(b, &li, 0, NULL);
     }
 #undef SET_DIM
-    cg_for_end(b, &li, 0, NULL);
     return st;
 }
 
@@ -421,6 +499,8 @@ static loom_status plan_conv(kc *c, cv_plan *cp) {
         int64_t r = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
         cp->rows = r < cp->rows ? r : cp->rows;
     }
+    if (cp->role == CV_GRAD_WEIGHT && cp->rows < cp->M) /* blocks of whole channels */
+        cp->rows = ceil_div(cp->rows, cp->KK) * cp->KK;
     if (cp->rows < 1)
         cp->rows = 1;
     cp->nbm = ceil_div(cp->M, cp->rows);
@@ -430,7 +510,12 @@ static loom_status plan_conv(kc *c, cv_plan *cp) {
     m->pk = is_16(cp->dt) && cg_mk_pairs(cp->dt) ? 2 : 1;
     m->kp = ceil_div(cp->kc, m->pk);
     m->nbp = ceil_div(cp->cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
-    m->b_rows = true;
+    /* staged B rows: a stride of a multiple of 128 floats made the weight gradient's tiles
+     * (loading two rows 1 KB apart per step) 1.9x slower */
+    m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
+    /* rows narrower than this copy faster through a table (its i32 offsets must fit) */
+    cp->tab = cp->dW < CV_TABLE_BELOW && loom_ir_numel(4, g->nodes[cp->win].shape) < INT32_MAX;
+    cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
     return LOOM_OK;
 }
@@ -485,13 +570,14 @@ loom_status cg_lower_conv(kc *c) {
     MlirType et = m->pk == 2 ? b->i32 : b->f32;
     bool gw = cp->role == CV_GRAD_WEIGHT;
     MlirValue ap = cg_alloc_buf(b, et, cp->mbp * m->kp);
-    MlirValue bp = m->pk == 2 ? cg_alloc_buf(b, et, m->kp * m->nbp) : ap;
+    MlirValue bp = m->pk == 2 ? cg_alloc_buf(b, et, m->kp * m->b_ld) : ap;
     MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
     /* staged operands (f32): B's rows (windows for conv2d and the input gradient, dy^T for
      * the weight gradient) and A's when they pair (else staged into ap itself) */
-    MlirValue stg = cg_alloc_buf(b, b->f32, m->kp * m->pk * m->nbp);
+    MlirValue stg = cg_alloc_buf(b, b->f32, m->kp * m->pk * m->b_ld);
     MlirValue stga = m->pk == 2 ? cg_alloc_buf(b, b->f32, cp->mbp * m->kp * m->pk) : ap;
     int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
+    MlirValue tab = cp->tab ? cg_alloc_buf(b, b->i32, cp->KK * cp->ldt) : stg;
     cg_for lo, lk;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
     /* task = (g * nbn + jb) * nbm + ib */
@@ -506,20 +592,31 @@ loom_status cg_lower_conv(kc *c) {
     MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
     MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
     zero_rows(b, cs, cg_idx(b, 0), cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    if (cp->tab && !gw)
+        build_table(c, cp, tab, cp->ldt, c0, c1);
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
     if (gw) { /* K chunk: destination pixel rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
         MlirValue k1 =
             cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
-        stage_window(c, cp, stga, ld, ld, gi, i0, i1, k0, k1);
+        if (cp->tab) {
+            build_table(c, cp, tab, cp->ldt, k0, k1);
+            stage_window_tab(c, cp, stga, ld, ld, tab, cp->ldt, gi, i0, i1,
+                             cg_imul_c(b, isub(b, k1, k0), cp->dW));
+        } else {
+            stage_window(c, cp, stga, ld, ld, gi, i0, i1, k0, k1);
+        }
         zero_rows(b, stga, isub(b, i1, i0), cp->mbp, ld, cg_cf(b, b->f32, 0.0));
         stage_dy_t(c, cp, stg, gi, c0, c1, k0, k1);
     } else { /* K chunk: window rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
         stage_weights(c, cp, stga, ld, gi, i0, i1, k0, k1);
-        stage_window(c, cp, stg, m->nbp, m->nbp, gi, k0, k1, c0, c1);
-        zero_rows(b, stg, isub(b, k1, k0), m->kp * m->pk, m->nbp, cg_cf(b, b->f32, 0.0));
+        if (cp->tab)
+            stage_window_tab(c, cp, stg, m->b_ld, m->nbp, tab, cp->ldt, gi, k0, k1, ncols);
+        else
+            stage_window(c, cp, stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
+        zero_rows(b, stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, cg_cf(b, b->f32, 0.0));
     }
     if (m->pk == 2) {
         pair_up(c, stga, ap, cp->mbp * m->kp);
@@ -533,6 +630,8 @@ loom_status cg_lower_conv(kc *c) {
     MlirValue bufs[5] = {ap, cs, stg, bp, stga}; /* without pairs, bp and stga are ap */
     for (int q = 0; q < (m->pk == 2 ? 5 : 3); q++)
         cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+    if (cp->tab)
+        cg_op(b, "memref.dealloc", 1, &tab, 0, NULL, 0, NULL);
 done:
     loom_ir_free(&c->s->alloc, cp, sizeof *cp);
     return st;

@@ -149,7 +149,7 @@ loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out);
 /* ---- the packed microkernel (lower_matmul.c), shared with lower_conv.c ----
  * A block's product C = A x B from packed operands: A row-major, ap[i * kp + kk]; B in
  * panels of 16 columns, bp[(pn * kp + kk) * 16 + l] holding element kk of column 16 pn + l
- * (or, with b_rows, row-major: bp[kk * nbp + 16 pn + l]);
+ * (or, with b_ld, row-major: bp[kk * b_ld + 16 pn + l]);
  * an element is a pair of bf16 along K (pk 2, for vdpbf16ps: B in the VNNI layout) or one
  * f32 (pk 1, for FMAs). C is f32, cs[i * nbp + j]. */
 enum {
@@ -163,7 +163,7 @@ typedef struct cg_mk {
     int64_t pk;     /* elements of K per packed element: 2 (bf16 pairs) or 1 (f32) */
     int64_t kp;     /* packed elements along K of a block */
     int64_t nbp;    /* columns of a block padded to whole tiles: C's row stride */
-    bool b_rows;    /* B row-major, nbp elements a row, instead of in panels */
+    int64_t b_ld;   /* B row-major with rows b_ld apart (>= nbp) instead of in panels: 0 */
 } cg_mk;
 
 /* Whether 16-bit dtype dt packs bf16 pairs for vdpbf16ps (else its values convert to f32). */

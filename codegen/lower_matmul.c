@@ -344,7 +344,7 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs
                 cg_vload(b, vf, cs, cg_iadd(b, c0, cg_idx(b, i * m->nbp + v * MK_PANEL)));
     MlirValue arow0 = cg_imul_c(b, lit.iv, MR * m->kp);
     /* B's element (kk, column 16 pn + l) at kk * ks + pn * ps + l */
-    int64_t ks = m->b_rows ? m->nbp : MK_PANEL, ps = m->b_rows ? MK_PANEL : m->kp * MK_PANEL;
+    int64_t ks = m->b_ld ? m->b_ld : MK_PANEL, ps = m->b_ld ? MK_PANEL : m->kp * MK_PANEL;
     MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * ps);
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), NACC, init);
     MlirValue bv[2], acc[NACC];
