@@ -34,6 +34,7 @@ enum {
     CV_KC = 256,         /* K of a packed chunk (window rows; pixels for the weight gradient) */
     CV_TASKS_MIN = 4,    /* fewer tasks than this: split the rows */
     CV_TABLE_BELOW = 16, /* destination rows narrower than this: stage through a table */
+    CV_TAPS_MAX = 16,    /* taps of a phase along an axis (larger windows are not phased) */
 };
 
 typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
@@ -51,6 +52,12 @@ typedef struct cv_plan {
     bool dst_big;
     bool tab; /* stage through a pixel table (build_table) of ldt pixels a tap */
     int64_t ldt;
+    /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
+     * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
+     * the source at the destination's y or q plus off[a][t]; KH, KW, KK, dH, dW, K are the
+     * phase's, KWf and KKf the whole window's */
+    bool phased;
+    int64_t ph[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
     /* the GEMM per group, C [M, NC] = A [M, K] x B [K, NC], and its blocks */
     int64_t M, K, NC;
     int64_t rows, nbm, cols, nbn, kc, nbk;
@@ -116,9 +123,17 @@ static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, Mli
 static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, MlirValue k,
                            MlirValue *ok) {
     MlirValue z = cg_idx(b, 0);
-    MlirValue e = isub(b, cg_idx(b, cp->pd[a]), cg_imul_c(b, k, cp->dl[a])); /* pad - k dil */
     int64_t ext = a == 0 ? cp->sH : cp->sW;
     MlirValue s;
+    if (cp->phased) { /* s = dst + off[a][k] */
+        MlirValue off = cg_idx(b, cp->off[a][0]);
+        for (int64_t t = 1; t < cp->ntap[a]; t++)
+            off = cg_select(b, cg_cmpi(b, CG_I_EQ, k, cg_idx(b, t)), cg_idx(b, cp->off[a][t]), off);
+        s = cg_iadd(b, dst, off);
+        *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
+        return s;
+    }
+    MlirValue e = isub(b, cg_idx(b, cp->pd[a]), cg_imul_c(b, k, cp->dl[a])); /* pad - k dil */
     if (!cp->dst_big) { /* s = dst * stride - e */
         s = isub(b, cg_imul_c(b, dst, cp->st[a]), e);
         *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
@@ -296,11 +311,21 @@ static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, int64_t ld, M
         MlirValue o0 = idiv(b, k0, cp->KK);
         cg_for_begin(b, &lo, o0, idiv(b, k1, cp->KK), 0, NULL);
         MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), lo.iv);
-        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), li.iv), cp->KK);
+        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), li.iv), cp->KKf);
         MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lo.iv, o0), cp->KK));
-        cg_for_begin(b, &lt, z, cg_idx(b, cp->KK), 0, NULL);
-        cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg, cg_iadd(b, dst, lt.iv));
-        cg_for_end(b, &lt, 0, NULL);
+        if (cp->phased) { /* the phase's taps, one by one */
+            for (int64_t th = 0; th < cp->ntap[0]; th++)
+                for (int64_t tw = 0; tw < cp->ntap[1]; tw++) {
+                    int64_t from = cp->tap[0][th] * cp->KWf + cp->tap[1][tw];
+                    cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, cg_idx(b, from))), stg,
+                             cg_iadd(b, dst, cg_idx(b, th * cp->ntap[1] + tw)));
+                }
+        } else {
+            cg_for_begin(b, &lt, z, cg_idx(b, cp->KK), 0, NULL);
+            cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg,
+                     cg_iadd(b, dst, lt.iv));
+            cg_for_end(b, &lt, 0, NULL);
+        }
         cg_for_end(b, &lo, 0, NULL);
     }
     zero_range(b, zf, stg, row, n, cg_idx(b, ld));
@@ -411,10 +436,12 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
         SET_DIM(1, cg_iadd(b, cg_imul_c(b, g, cp->M), li.iv));
         cg_for_begin(b, &lr, c0, c1, 0, NULL);
         SET_DIM(0, idiv(b, lr.iv, cp->dH));
-        SET_DIM(2, irem(b, lr.iv, cp->dH));
+        MlirValue y = irem(b, lr.iv, cp->dH);
+        SET_DIM(2, cp->phased ? cg_iadd(b, cg_imul_c(b, y, cp->st[0]), cg_idx(b, cp->ph[0])) : y);
         MlirValue at = cg_iadd(b, crow, cg_imul_c(b, isub(b, lr.iv, c0), cp->dW));
         cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
-        SET_DIM(3, lq.iv);
+        SET_DIM(3, cp->phased ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->st[1]), cg_idx(b, cp->ph[1]))
+                              : lq.iv);
         MlirValue acc = cg_load(b, cs, cg_iadd(b, at, lq.iv));
         c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
         st = cg_emit_sinks(c, cp->n_epi, cp->epi);
@@ -474,11 +501,19 @@ static loom_status plan_conv(kc *c, cv_plan *cp) {
         else
             cp->M = cp->Cg * cp->KK, cp->K = cp->N * cp->OH * cp->OW, cp->NC = cp->Og;
     }
+    cp->KWf = cp->KW, cp->KKf = cp->KK;
+    return LOOM_OK;
+}
+
+static bool table_fits(const kc *c, const cv_plan *cp) {
+    return loom_ir_numel(4, c->g->nodes[cp->win].shape) < INT32_MAX;
+}
+
+/* The blocks of the plan's GEMM (its shapes set). */
+static void plan_blocks(const kc *c, cv_plan *cp) {
     int64_t prow = cp->role == CV_GRAD_WEIGHT ? CV_KC : CV_COLS, all_rows = cp->N * cp->dH;
     cp->pix_rows = (prow + cp->dW / 2) / (cp->dW > 0 ? cp->dW : 1);
     cp->pix_rows = cp->pix_rows < 1 ? 1 : cp->pix_rows > all_rows ? all_rows : cp->pix_rows;
-    if (cp->pix_rows < 1)
-        cp->pix_rows = 1;
     if (cp->role == CV_GRAD_WEIGHT) {
         cp->cols = cp->NC < CV_COLS ? cp->NC : CV_COLS;
         cp->kc = cp->pix_rows * cp->dW;
@@ -514,10 +549,102 @@ static loom_status plan_conv(kc *c, cv_plan *cp) {
      * (loading two rows 1 KB apart per step) 1.9x slower */
     m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
     /* rows narrower than this copy faster through a table (its i32 offsets must fit) */
-    cp->tab = cp->dW < CV_TABLE_BELOW && loom_ir_numel(4, g->nodes[cp->win].shape) < INT32_MAX;
+    cp->tab = cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
-    return LOOM_OK;
+}
+
+/* Phase (p0, p1) of a strided input gradient (plan_conv's plan in *cp): its taps, pixels and
+ * GEMM. False when a window has more taps per phase than a phase holds. */
+static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
+    int64_t ph[2] = {p0, p1}, k[2] = {cp->KH, cp->KW}, ext[2] = {cp->H, cp->W}, n[2];
+    cp->phased = true;
+    for (int a = 0; a < 2; a++) {
+        cp->ph[a] = ph[a];
+        cp->ntap[a] = 0;
+        for (int64_t t = 0; t < k[a]; t++) {
+            int64_t num = ph[a] + cp->pd[a] - t * cp->dl[a], s = cp->st[a];
+            if (((num % s) + s) % s != 0)
+                continue;
+            if (cp->ntap[a] == CV_TAPS_MAX)
+                return false;
+            cp->tap[a][cp->ntap[a]] = t;
+            cp->off[a][cp->ntap[a]++] = (num - ((num % s) + s) % s) / s; /* exact: floor */
+        }
+        n[a] = ph[a] < ext[a] ? ceil_div(ext[a] - ph[a], cp->st[a]) : 0;
+    }
+    cp->KH = cp->ntap[0], cp->KW = cp->ntap[1], cp->KK = cp->KH * cp->KW;
+    cp->dH = n[0], cp->dW = n[1];
+    cp->K = cp->Og * cp->KK, cp->NC = cp->N * cp->dH * cp->dW;
+    plan_blocks(c, cp);
+    return true;
+}
+
+/* The task's buffers (sized for every phase's blocks). */
+typedef struct cv_bufs {
+    MlirValue ap, bp, cs, stg, stga, tab;
+} cv_bufs;
+
+/* One task of plan cp: t = (g * nbn + jb) * nbm + ib. */
+static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirValue t) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    bool gw = cp->role == CV_GRAD_WEIGHT;
+    int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
+    MlirValue gjb = idiv(b, t, cp->nbm), ib = irem(b, t, cp->nbm);
+    MlirValue gi = idiv(b, gjb, cp->nbn), jb = irem(b, gjb, cp->nbn);
+    MlirValue i0 = cg_imul_c(b, ib, cp->rows);
+    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cp->rows)), cg_idx(b, cp->M));
+    /* the block's columns: output channels [c0, c1) (weight gradient) or destination pixel
+     * rows [c0, c1) */
+    int64_t cstep = gw ? cp->cols : cp->pix_rows, cend = gw ? cp->NC : cp->N * cp->dH;
+    MlirValue c0 = cg_imul_c(b, jb, cstep);
+    MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
+    MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
+    MlirValue zf = cg_cf(b, b->f32, 0.0);
+    zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
+    if (cp->tab && !gw)
+        build_table(c, cp, u->tab, cp->ldt, c0, c1);
+    cg_for lk;
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
+    if (gw) { /* K chunk: destination pixel rows [k0, k1) */
+        MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
+        MlirValue k1 =
+            cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
+        if (cp->tab) {
+            build_table(c, cp, u->tab, cp->ldt, k0, k1);
+            stage_window_tab(c, cp, u->stga, ld, ld, u->tab, cp->ldt, gi, i0, i1,
+                             cg_imul_c(b, isub(b, k1, k0), cp->dW));
+        } else {
+            stage_window(c, cp, u->stga, ld, ld, gi, i0, i1, k0, k1);
+        }
+        zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
+        stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
+    } else { /* K chunk: window rows [k0, k1) */
+        MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
+        MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
+        stage_weights(c, cp, u->stga, ld, gi, i0, i1, k0, k1);
+        if (cp->tab)
+            stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
+        else
+            stage_window(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
+        zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
+    }
+    if (m->pk == 2) {
+        pair_up(c, u->stga, u->ap, cp->mbp * m->kp);
+        panelize(c, cp, u->stg, u->bp);
+    }
+    cg_mk_tiles(c, m, u->ap, m->pk == 2 ? u->bp : u->stg, u->cs, isub(b, i1, i0), ncols, true);
+    cg_for_end(b, &lk, 0, NULL);
+    return cp->n_epi > 0 ? emit_epilogue(c, cp, u->cs, gi, i0, i1, c0, c1) : LOOM_OK;
+}
+
+static int64_t max64(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+
+static int64_t tasks_of(const cv_plan *cp) {
+    return cp->G * cp->nbm * cp->nbn;
 }
 
 loom_status cg_lower_conv(kc *c) {
@@ -526,13 +653,34 @@ loom_status cg_lower_conv(kc *c) {
     const loom_ir_node *root = &g->nodes[root_id];
     if (root->n_inputs != 2)
         return cg_bad_plan(c, root_id, "a convolution without two operands");
-    cv_plan *cp = loom_ir_alloc(&c->s->alloc, sizeof *cp);
-    if (!cp)
+    /* cps[0]: the convolution's plan; a strided input gradient's phases in cps[1..] */
+    enum { PHASES_MAX = 16 };
+    size_t bytes = (1 + PHASES_MAX) * sizeof(cv_plan);
+    cv_plan *cps = loom_ir_alloc(&c->s->alloc, bytes), *cp = cps;
+    if (!cps)
         return cg_oom(c);
-    memset(cp, 0, sizeof *cp);
+    memset(cps, 0, bytes);
+    int32_t n_ph = 0;
     loom_status st = plan_conv(c, cp);
     if (st != LOOM_OK)
         goto done;
+    plan_blocks(c, cp);
+    /* a strided input gradient reads a pixel of dy only at the taps that reach it: per
+     * phase of the destination pixels, a GEMM over those taps (computing every tap at every
+     * pixel would multiply zeros: 3/4 of the work of a stride 2) */
+    if (cp->role == CV_GRAD_INPUT && (cp->st[0] > 1 || cp->st[1] > 1) &&
+        cp->st[0] * cp->st[1] <= PHASES_MAX && table_fits(c, cp)) {
+        for (int64_t p0 = 0; p0 < cp->st[0]; p0++)
+            for (int64_t p1 = 0; p1 < cp->st[1]; p1++) {
+                cps[1 + n_ph] = *cp;
+                if (!plan_phase(c, &cps[1 + n_ph], p0, p1)) {
+                    n_ph = 0;
+                    p0 = cp->st[0];
+                    break;
+                }
+                n_ph++;
+            }
+    }
     cg_nest_init(&cp->ns, root->rank, root->shape);
     cp->ns.no_merge = true;
     c->bound = root_id;
@@ -559,80 +707,73 @@ loom_status cg_lower_conv(kc *c) {
         goto done;
     if ((st = cg_plan_nest(c, &cp->ns, cp->n_epi, cp->epi)) != LOOM_OK)
         goto done;
-    int64_t numel = loom_ir_numel(root->rank, root->shape);
-    c->extent = numel > 0 ? cp->G * cp->nbm * cp->nbn : 1;
-    c->grain = cg_grain_for(cp->rows * cp->cols * (cp->K > 0 ? cp->K : 1));
+    for (int32_t q = 1; q <= n_ph; q++) { /* the epilogue is the same in every phase */
+        cps[q].ns = cp->ns;
+        cps[q].n_epi = cp->n_epi;
+        memcpy(cps[q].epi, cp->epi, sizeof cp->epi);
+    }
+    /* the plans that run: the convolution's, or its phases' one after the other */
+    cv_plan *run = n_ph > 0 ? cps + 1 : cps;
+    int32_t n_run = n_ph > 0 ? n_ph : 1;
+    int64_t numel = loom_ir_numel(root->rank, root->shape), tasks = 0, work = 0;
+    for (int32_t q = 0; q < n_run; q++) {
+        tasks += tasks_of(&run[q]);
+        work = max64(work, run[q].rows * run[q].cols * (run[q].K > 0 ? run[q].K : 1));
+    }
+    c->extent = numel > 0 && tasks > 0 ? tasks : 1;
+    c->grain = cg_grain_for(work);
     if (!c->emit || numel == 0)
         goto done;
 
     cg_b *b = c->b;
-    const cg_mk *m = &cp->mk;
-    MlirType et = m->pk == 2 ? b->i32 : b->f32;
-    bool gw = cp->role == CV_GRAD_WEIGHT;
-    MlirValue ap = cg_alloc_buf(b, et, cp->mbp * m->kp);
-    MlirValue bp = m->pk == 2 ? cg_alloc_buf(b, et, m->kp * m->b_ld) : ap;
-    MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
+    /* buffers for the largest blocks of any plan that runs */
+    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0;
+    for (int32_t q = 0; q < n_run; q++) {
+        const cv_plan *r = &run[q];
+        const cg_mk *m = &r->mk;
+        n_ap = max64(n_ap, r->mbp * m->kp);
+        n_bp = max64(n_bp, m->kp * m->b_ld);
+        n_cs = max64(n_cs, r->mbp * m->nbp);
+        n_stg = max64(n_stg, m->kp * m->pk * m->b_ld);
+        n_stga = max64(n_stga, r->mbp * m->kp * m->pk);
+        n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
+    }
+    bool pairs = cp->mk.pk == 2;
+    cv_bufs u;
+    u.ap = cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_ap);
+    u.bp = pairs ? cg_alloc_buf(b, b->i32, n_bp) : u.ap;
+    u.cs = cg_alloc_buf(b, b->f32, n_cs);
     /* staged operands (f32): B's rows (windows for conv2d and the input gradient, dy^T for
      * the weight gradient) and A's when they pair (else staged into ap itself) */
-    MlirValue stg = cg_alloc_buf(b, b->f32, m->kp * m->pk * m->b_ld);
-    MlirValue stga = m->pk == 2 ? cg_alloc_buf(b, b->f32, cp->mbp * m->kp * m->pk) : ap;
-    int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
-    MlirValue tab = cp->tab ? cg_alloc_buf(b, b->i32, cp->KK * cp->ldt) : stg;
-    cg_for lo, lk;
+    u.stg = cg_alloc_buf(b, b->f32, n_stg);
+    u.stga = pairs ? cg_alloc_buf(b, b->f32, n_stga) : u.ap;
+    u.tab = n_tab > 0 ? cg_alloc_buf(b, b->i32, n_tab) : u.stg;
+    cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    /* task = (g * nbn + jb) * nbm + ib */
-    MlirValue gjb = idiv(b, lo.iv, cp->nbm), ib = irem(b, lo.iv, cp->nbm);
-    MlirValue gi = idiv(b, gjb, cp->nbn), jb = irem(b, gjb, cp->nbn);
-    MlirValue i0 = cg_imul_c(b, ib, cp->rows);
-    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cp->rows)), cg_idx(b, cp->M));
-    /* the block's columns: output channels [c0, c1) (weight gradient) or destination pixel
-     * rows [c0, c1) */
-    int64_t cstep = gw ? cp->cols : cp->pix_rows, cend = gw ? cp->NC : cp->N * cp->dH;
-    MlirValue c0 = cg_imul_c(b, jb, cstep);
-    MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
-    MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
-    zero_rows(b, cs, cg_idx(b, 0), cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
-    if (cp->tab && !gw)
-        build_table(c, cp, tab, cp->ldt, c0, c1);
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
-    if (gw) { /* K chunk: destination pixel rows [k0, k1) */
-        MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
-        MlirValue k1 =
-            cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
-        if (cp->tab) {
-            build_table(c, cp, tab, cp->ldt, k0, k1);
-            stage_window_tab(c, cp, stga, ld, ld, tab, cp->ldt, gi, i0, i1,
-                             cg_imul_c(b, isub(b, k1, k0), cp->dW));
-        } else {
-            stage_window(c, cp, stga, ld, ld, gi, i0, i1, k0, k1);
+    int64_t first = 0;
+    for (int32_t q = 0; q < n_run && st == LOOM_OK; q++) {
+        int64_t n = tasks_of(&run[q]);
+        if (n == 0)
+            continue;
+        if (n_run == 1) {
+            st = emit_task(c, &run[q], &u, lo.iv);
+            break;
         }
-        zero_rows(b, stga, isub(b, i1, i0), cp->mbp, ld, cg_cf(b, b->f32, 0.0));
-        stage_dy_t(c, cp, stg, gi, c0, c1, k0, k1);
-    } else { /* K chunk: window rows [k0, k1) */
-        MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
-        MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
-        stage_weights(c, cp, stga, ld, gi, i0, i1, k0, k1);
-        if (cp->tab)
-            stage_window_tab(c, cp, stg, m->b_ld, m->nbp, tab, cp->ldt, gi, k0, k1, ncols);
-        else
-            stage_window(c, cp, stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
-        zero_rows(b, stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, cg_cf(b, b->f32, 0.0));
+        cg_if f;
+        MlirValue in = and_i1(b, cg_cmpi(b, CG_I_SGE, lo.iv, cg_idx(b, first)),
+                              cg_cmpi(b, CG_I_SLT, lo.iv, cg_idx(b, first + n)));
+        cg_if_begin(b, &f, in);
+        st = emit_task(c, &run[q], &u, isub(b, lo.iv, cg_idx(b, first)));
+        cg_if_end(b, &f);
+        first += n;
     }
-    if (m->pk == 2) {
-        pair_up(c, stga, ap, cp->mbp * m->kp);
-        panelize(c, cp, stg, bp);
-    }
-    cg_mk_tiles(c, m, ap, m->pk == 2 ? bp : stg, cs, isub(b, i1, i0), ncols, true);
-    cg_for_end(b, &lk, 0, NULL);
-    if (cp->n_epi > 0)
-        st = emit_epilogue(c, cp, cs, gi, i0, i1, c0, c1);
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[5] = {ap, cs, stg, bp, stga}; /* without pairs, bp and stga are ap */
-    for (int q = 0; q < (m->pk == 2 ? 5 : 3); q++)
-        cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
-    if (cp->tab)
-        cg_op(b, "memref.dealloc", 1, &tab, 0, NULL, 0, NULL);
+    MlirValue bufs[6] = {u.ap, u.cs, u.stg, u.bp, u.stga, u.tab};
+    bool own[6] = {true, true, true, pairs, pairs, n_tab > 0};
+    for (int q = 0; q < 6; q++)
+        if (own[q])
+            cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
 done:
-    loom_ir_free(&c->s->alloc, cp, sizeof *cp);
+    loom_ir_free(&c->s->alloc, cps, bytes);
     return st;
 }
