@@ -29,12 +29,13 @@
 #include "lower_internal.h"
 
 enum {
-    CV_COLS = 256,       /* columns (pixels, or a weight gradient's output channels) of a task */
-    CV_ROWS = 256,       /* rows of a task at most */
-    CV_KC = 256,         /* K of a packed chunk (window rows; pixels for the weight gradient) */
-    CV_TASKS_MIN = 4,    /* fewer tasks than this: split the rows */
-    CV_TABLE_BELOW = 16, /* destination rows narrower than this: stage through a table */
-    CV_TAPS_MAX = 16,    /* taps of a phase along an axis (larger windows are not phased) */
+    CV_COLS = 256,        /* columns (pixels, or a weight gradient's output channels) of a task */
+    CV_ROWS = 256,        /* rows of a task at most */
+    CV_KC = 256,          /* K of a packed chunk (window rows; pixels for the weight gradient) */
+    CV_TASKS_MIN = 4,     /* fewer tasks than this: split the rows */
+    CV_TABLE_BELOW = 16,  /* destination rows narrower than this: stage through a table */
+    CV_TAPS_MAX = 16,     /* taps of a phase along an axis (larger windows are not phased) */
+    CV_A_CACHE = 8 << 20, /* bytes of packed weights a thread keeps across its tasks */
 };
 
 typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
@@ -58,6 +59,9 @@ typedef struct cv_plan {
      * phase's, KWf and KKf the whole window's */
     bool phased;
     int64_t ph[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
+    /* conv2d and the input gradient: the weights' packed rows for all of K (a block of
+     * mbp x kp per chunk) are kept across a thread's consecutive tasks of one row block */
+    bool a_cache;
     /* the GEMM per group, C [M, NC] = A [M, K] x B [K, NC], and its blocks */
     int64_t M, K, NC;
     int64_t rows, nbm, cols, nbn, kc, nbk;
@@ -279,7 +283,15 @@ static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
     cg_for_end(b, &lk, 0, NULL);
 }
 
-/* Zeros rows [from, to) of a row-major buffer of ld columns. */
+/* Zeros rows [from, to) of a row-major buffer of ld columns at buf[base]. */
+static void zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to,
+                         int64_t ld, MlirValue zero) {
+    cg_for l;
+    cg_for_begin(b, &l, cg_imul_c(b, from, ld), cg_idx(b, to * ld), 0, NULL);
+    cg_store(b, zero, buf, cg_iadd(b, base, l.iv));
+    cg_for_end(b, &l, 0, NULL);
+}
+
 static void zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld,
                       MlirValue zero) {
     cg_for l;
@@ -288,19 +300,19 @@ static void zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_
     cg_for_end(b, &l, 0, NULL);
 }
 
-/* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[(i - i0) * ld + k -
- * k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
+/* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[base + (i - i0) * ld
+ * + k - k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
  * contiguous run per row; the input gradient's w[g Og + o, i, kh, kw] for k = (o, kh, kw),
  * runs of KK (its chunks are whole o's). */
-static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, int64_t ld, MlirValue g,
-                          MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
+static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, int64_t ld,
+                          MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
     cg_b *b = c->b;
     MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
     loom_dtype wdt = c->g->nodes[cp->plain].dtype;
     MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
     cg_for li, lo, lt;
     cg_for_begin(b, &li, i0, i1, 0, NULL);
-    MlirValue row = cg_imul_c(b, isub(b, li.iv, i0), ld), n = isub(b, k1, k0);
+    MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), ld)), n = isub(b, k1, k0);
     if (cp->role == CV_FWD) {
         MlirValue src =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), li.iv), cp->K), k0);
@@ -330,12 +342,12 @@ static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, int64_t ld, M
     }
     zero_range(b, zf, stg, row, n, cg_idx(b, ld));
     cg_for_end(b, &li, 0, NULL);
-    zero_rows(b, stg, isub(b, i1, i0), cp->mbp, ld, zf);
+    zero_rows_at(b, stg, base, isub(b, i1, i0), cp->mbp, ld, zf);
 }
 
-/* ap[p] = the bf16 pair (stg[2 p], stg[2 p + 1]) for p in [0, n): 16 at a time, the two
- * f32 of a pair being one i64 lane (the first in its low half), then one by one. */
-static void pair_up(kc *c, MlirValue stg, MlirValue ap, int64_t n) {
+/* ap[base + p] = the bf16 pair (stg[2 p], stg[2 p + 1]) for p in [0, n): 16 at a time, the
+ * two f32 of a pair being one i64 lane (the first in its low half), then one by one. */
+static void pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n) {
     cg_b *b = c->b;
     MlirType v32 = cg_vec_t(32, b->f32), v16l = cg_vec_t(16, b->i64), v16i = cg_vec_t(16, b->i32);
     cg_for lv, ls;
@@ -348,12 +360,13 @@ static void pair_up(kc *c, MlirValue stg, MlirValue ap, int64_t n) {
     MlirValue hi = cg_bin(b, "arith.andi",
                           cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 32), v16l)),
                           cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff0000ll), v16l));
-    cg_vstore(b, cg_conv(b, "arith.trunci", cg_bin(b, "arith.ori", lo, hi), v16i), ap, at);
+    cg_vstore(b, cg_conv(b, "arith.trunci", cg_bin(b, "arith.ori", lo, hi), v16i), ap,
+              cg_iadd(b, base, at));
     cg_for_end(b, &lv, 0, NULL);
     cg_for_begin(b, &ls, cg_idx(b, n / 16 * 16), cg_idx(b, n), 0, NULL);
     MlirValue e = cg_imul_c(b, ls.iv, 2);
     cg_store(b, cg_bf16_pair(b, cg_load(b, stg, e), cg_load(b, stg, cg_iadd(b, e, cg_idx(b, 1)))),
-             ap, ls.iv);
+             ap, cg_iadd(b, base, ls.iv));
     cg_for_end(b, &ls, 0, NULL);
 }
 
@@ -552,6 +565,8 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
     cp->tab = cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
+    cp->a_cache =
+        cp->role != CV_GRAD_WEIGHT && cp->nbn > 1 && cp->mbp * m->kp * cp->nbk * 4 <= CV_A_CACHE;
 }
 
 /* Phase (p0, p1) of a strided input gradient (plan_conv's plan in *cp): its taps, pixels and
@@ -583,16 +598,37 @@ static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
 /* The task's buffers (sized for every phase's blocks). */
 typedef struct cv_bufs {
     MlirValue ap, bp, cs, stg, stga, tab;
+    MlirValue afull, akey; /* a_cache: the packed weights, and whose they are (tag, row block) */
 } cv_bufs;
 
-/* One task of plan cp: t = (g * nbn + jb) * nbm + ib. */
-static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirValue t) {
+/* Stages the weights' rows [i0, i1) x K [k0, k1) as A at ap[base] (paired through stga). */
+static void pack_weights(kc *c, const cv_plan *cp, const cv_bufs *u, MlirValue ap, MlirValue base,
+                         MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
+    const cg_mk *m = &cp->mk;
+    if (m->pk == 1) {
+        stage_weights(c, cp, ap, base, m->kp, g, i0, i1, k0, k1);
+        return;
+    }
+    stage_weights(c, cp, u->stga, cg_idx(c->b, 0), m->kp * m->pk, g, i0, i1, k0, k1);
+    pair_up(c, u->stga, ap, base, cp->mbp * m->kp);
+}
+
+/* One task of plan cp (tag: its index among the kernel's plans): t = (g * nbm + ib) * nbn +
+ * jb for conv2d and the input gradient (a row block's tasks are consecutive, sharing its
+ * weights), (g * nbn + jb) * nbm + ib for the weight gradient. */
+static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirValue t, int32_t tag) {
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     bool gw = cp->role == CV_GRAD_WEIGHT;
     int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
-    MlirValue gjb = idiv(b, t, cp->nbm), ib = irem(b, t, cp->nbm);
-    MlirValue gi = idiv(b, gjb, cp->nbn), jb = irem(b, gjb, cp->nbn);
+    MlirValue gi, ib, jb, gib = {NULL};
+    if (gw) {
+        MlirValue gjb = idiv(b, t, cp->nbm);
+        ib = irem(b, t, cp->nbm), gi = idiv(b, gjb, cp->nbn), jb = irem(b, gjb, cp->nbn);
+    } else {
+        gib = idiv(b, t, cp->nbn);
+        jb = irem(b, t, cp->nbn), gi = idiv(b, gib, cp->nbm), ib = irem(b, gib, cp->nbm);
+    }
     MlirValue i0 = cg_imul_c(b, ib, cp->rows);
     MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cp->rows)), cg_idx(b, cp->M));
     /* the block's columns: output channels [c0, c1) (weight gradient) or destination pixel
@@ -605,6 +641,21 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         build_table(c, cp, u->tab, cp->ldt, c0, c1);
+    int64_t a_chunk = cp->mbp * m->kp;
+    if (cp->a_cache) { /* all of K's weights, unless this thread's last task packed them */
+        MlirValue key =
+            cg_conv(b, "arith.index_cast", cg_iadd(b, cg_idx(b, (int64_t)tag << 40), gib), b->i64);
+        cg_if f;
+        cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, u->akey, cg_idx(b, 0)), key));
+        cg_for la;
+        cg_for_begin(b, &la, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
+        MlirValue k0 = cg_imul_c(b, la.iv, cp->kc);
+        MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
+        pack_weights(c, cp, u, u->afull, cg_imul_c(b, la.iv, a_chunk), gi, i0, i1, k0, k1);
+        cg_for_end(b, &la, 0, NULL);
+        cg_store(b, key, u->akey, cg_idx(b, 0));
+        cg_if_end(b, &f);
+    }
     cg_for lk;
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
     if (gw) { /* K chunk: destination pixel rows [k0, k1) */
@@ -619,22 +670,25 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
             stage_window(c, cp, u->stga, ld, ld, gi, i0, i1, k0, k1);
         }
         zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
+        if (m->pk == 2)
+            pair_up(c, u->stga, u->ap, cg_idx(b, 0), cp->mbp * m->kp);
         stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
     } else { /* K chunk: window rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
-        stage_weights(c, cp, u->stga, ld, gi, i0, i1, k0, k1);
+        if (!cp->a_cache)
+            pack_weights(c, cp, u, u->ap, cg_idx(b, 0), gi, i0, i1, k0, k1);
         if (cp->tab)
             stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
         else
             stage_window(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
         zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
     }
-    if (m->pk == 2) {
-        pair_up(c, u->stga, u->ap, cp->mbp * m->kp);
+    if (m->pk == 2)
         panelize(c, cp, u->stg, u->bp);
-    }
-    cg_mk_tiles(c, m, u->ap, m->pk == 2 ? u->bp : u->stg, u->cs, isub(b, i1, i0), ncols, true);
+    MlirValue a0 = cp->a_cache ? cg_imul_c(b, lk.iv, a_chunk) : cg_idx(b, 0);
+    cg_mk_tiles(c, m, cp->a_cache ? u->afull : u->ap, a0, m->pk == 2 ? u->bp : u->stg, u->cs,
+                isub(b, i1, i0), ncols, true);
     cg_for_end(b, &lk, 0, NULL);
     return cp->n_epi > 0 ? emit_epilogue(c, cp, u->cs, gi, i0, i1, c0, c1) : LOOM_OK;
 }
@@ -727,7 +781,7 @@ loom_status cg_lower_conv(kc *c) {
 
     cg_b *b = c->b;
     /* buffers for the largest blocks of any plan that runs */
-    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0;
+    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0, n_afull = 0;
     for (int32_t q = 0; q < n_run; q++) {
         const cv_plan *r = &run[q];
         const cg_mk *m = &r->mk;
@@ -737,6 +791,7 @@ loom_status cg_lower_conv(kc *c) {
         n_stg = max64(n_stg, m->kp * m->pk * m->b_ld);
         n_stga = max64(n_stga, r->mbp * m->kp * m->pk);
         n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
+        n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
     }
     bool pairs = cp->mk.pk == 2;
     cv_bufs u;
@@ -748,6 +803,9 @@ loom_status cg_lower_conv(kc *c) {
     u.stg = cg_alloc_buf(b, b->f32, n_stg);
     u.stga = pairs ? cg_alloc_buf(b, b->f32, n_stga) : u.ap;
     u.tab = n_tab > 0 ? cg_alloc_buf(b, b->i32, n_tab) : u.stg;
+    u.afull = n_afull > 0 ? cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_afull) : u.ap;
+    u.akey = cg_alloc_buf(b, b->i64, 1);
+    cg_store(b, cg_ci(b, b->i64, -1), u.akey, cg_idx(b, 0));
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
     int64_t first = 0;
@@ -756,21 +814,21 @@ loom_status cg_lower_conv(kc *c) {
         if (n == 0)
             continue;
         if (n_run == 1) {
-            st = emit_task(c, &run[q], &u, lo.iv);
+            st = emit_task(c, &run[q], &u, lo.iv, q);
             break;
         }
         cg_if f;
         MlirValue in = and_i1(b, cg_cmpi(b, CG_I_SGE, lo.iv, cg_idx(b, first)),
                               cg_cmpi(b, CG_I_SLT, lo.iv, cg_idx(b, first + n)));
         cg_if_begin(b, &f, in);
-        st = emit_task(c, &run[q], &u, isub(b, lo.iv, cg_idx(b, first)));
+        st = emit_task(c, &run[q], &u, isub(b, lo.iv, cg_idx(b, first)), q);
         cg_if_end(b, &f);
         first += n;
     }
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[6] = {u.ap, u.cs, u.stg, u.bp, u.stga, u.tab};
-    bool own[6] = {true, true, true, pairs, pairs, n_tab > 0};
-    for (int q = 0; q < 6; q++)
+    MlirValue bufs[8] = {u.ap, u.cs, u.stg, u.bp, u.stga, u.tab, u.afull, u.akey};
+    bool own[8] = {true, true, true, pairs, pairs, n_tab > 0, n_afull > 0, true};
+    for (int q = 0; q < 8; q++)
         if (own[q])
             cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
 done:

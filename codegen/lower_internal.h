@@ -170,10 +170,10 @@ typedef struct cg_mk {
 static inline bool cg_mk_pairs(loom_dtype dt) {
     return dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16;
 }
-/* cs = ap x bp over tiles of mr x 16 nv for the block's mb rows and nb columns (padded to
- * whole tiles in the packing); accumulate: cs += instead. */
-void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs, MlirValue mb,
-                 MlirValue nb, bool accumulate);
+/* cs = A x bp over tiles of mr x 16 nv for the block's mb rows and nb columns (padded to
+ * whole tiles in the packing), A packed at ap[a0]; accumulate: cs += instead. */
+void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
+                 MlirValue mb, MlirValue nb, bool accumulate);
 /* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
 MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 /* Two bf16 (f32 values already rounded to bf16; scalars or vectors) as one i32 each: lo in

@@ -323,8 +323,8 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
     return LOOM_OK;
 }
 
-void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs, MlirValue mb,
-                 MlirValue nb, bool accumulate) {
+void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
+                 MlirValue mb, MlirValue nb, bool accumulate) {
     cg_b *b = c->b;
     enum { NACC = MK_ACC };
     const int64_t MR = m->mr, NV = m->nv, NR = NV * MK_PANEL;
@@ -342,7 +342,7 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue bp, MlirValue cs
         for (int v = 0; v < NV; v++)
             init[i * NV + v] =
                 cg_vload(b, vf, cs, cg_iadd(b, c0, cg_idx(b, i * m->nbp + v * MK_PANEL)));
-    MlirValue arow0 = cg_imul_c(b, lit.iv, MR * m->kp);
+    MlirValue arow0 = cg_iadd(b, a0, cg_imul_c(b, lit.iv, MR * m->kp));
     /* B's element (kk, column 16 pn + l) at kk * ks + pn * ps + l */
     int64_t ks = m->b_ld ? m->b_ld : MK_PANEL, ps = m->b_ld ? MK_PANEL : m->kp * MK_PANEL;
     MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * ps);
@@ -553,7 +553,7 @@ loom_status cg_lower_matmul(kc *c) {
         cg_clear_gv(c);
     }
     if (bf) {
-        cg_mk_tiles(c, &mp->mk, A, B, C, cg_bin(b, "arith.subi", i1, i0),
+        cg_mk_tiles(c, &mp->mk, A, cg_idx(b, 0), B, C, cg_bin(b, "arith.subi", i1, i0),
                     cg_bin(b, "arith.subi", j1, j0), false);
     } else if (mp->linalg) {
         MlirValue crow0 =
