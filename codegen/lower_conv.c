@@ -157,7 +157,8 @@ static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, Mli
  * buf[(j - j0) * ld + (r - r0) * dW + q] for q in [0, dW), and zeros in each row from
  * (r1 - r0) * dW up to width (the block's padding). */
 static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
-                         MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1) {
+                         MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
+                         MlirValue r1) {
     cg_b *b = c->b;
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
     loom_dtype sdt = c->g->nodes[cp->win].dtype;
@@ -179,10 +180,11 @@ static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
     MlirValue d0 = cp->dst_big ? big0 : slo, s0 = cp->dst_big ? slo : big0;
     int64_t dstep = cp->dst_big ? s1 : 1, sstep = cp->dst_big ? 1 : s1;
     MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
-    MlirValue jrow = cg_imul_c(b, isub(b, lj.iv, j0), ld);
+    MlirValue jrow = cg_imul_c(b, isub(b, lj.iv, j0), ld), trow = cg_imul_c(b, kh, cp->pix_rows);
     cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH);
-    MlirValue vok, sy = src_coord(b, cp, 0, y, kh, &vok); /* the source row, if any */
+    /* the source row, if any (build_rows) */
+    MlirValue roff = cg_load(b, rtab, cg_iadd(b, trow, isub(b, lr.iv, r0)));
+    MlirValue vok = cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0));
     MlirValue ok = and_i1(b, vok, cg_cmpi(b, CG_I_SGT, T, z));
     MlirValue at = cg_iadd(b, jrow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
     cg_if fz, fc;
@@ -197,8 +199,8 @@ static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
         zero_range(b, zf, buf, at, cg_iadd(b, d0, cg_imul_c(b, T, dstep)), cg_idx(b, cp->dW));
     }
     /* src row (clamped reads never happen: the branch holds only where sy exists) */
-    MlirValue srow = cg_imul_c(
-        b, cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->wC), chan), cp->sH), sy), cp->sW);
+    MlirValue srow = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index),
+                             cg_imul_c(b, chan, cp->sH * cp->sW));
     MlirValue sat = cg_iadd(b, srow, s0), dat = cg_iadd(b, at, d0);
     cg_for_begin(b, &lt, z, T, 0, NULL);
     MlirValue v = cg_load_val(b, sdt, src, cg_iadd(b, sat, cg_imul_c(b, lt.iv, sstep)));
@@ -210,6 +212,26 @@ static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
     MlirValue used = cg_imul_c(b, isub(b, r1, r0), cp->dW);
     zero_range(b, zf, buf, jrow, used, cg_idx(b, width));
     cg_for_end(b, &lj, 0, NULL);
+}
+
+/* The source rows of destination pixel rows [r0, r1) for stage_window, per kernel row kh:
+ * rtab[kh * pix_rows + r - r0] = the offset of row sy of image n in a channel's (n wC sH sW +
+ * sy sW), or -1 where the window reads padding rows. Built once per block of pixel rows for
+ * all its window rows (saves a division and the row's bounds per copied row). */
+static void build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    cg_for lk, lr;
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->KH), 0, NULL);
+    MlirValue trow = cg_imul_c(b, lk.iv, cp->pix_rows);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH), vok;
+    MlirValue sy = src_coord(b, cp, 0, y, lk.iv, &vok);
+    MlirValue off = cg_iadd(b, cg_imul_c(b, n, cp->wC * cp->sH * cp->sW), cg_imul_c(b, sy, cp->sW));
+    cg_store(b,
+             cg_select(b, vok, cg_conv(b, "arith.index_cast", off, b->i64), cg_ci(b, b->i64, -1)),
+             rtab, cg_iadd(b, trow, isub(b, lr.iv, r0)));
+    cg_for_end(b, &lr, 0, NULL);
+    cg_for_end(b, &lk, 0, NULL);
 }
 
 /* The window's pixel table for destination pixel rows [r0, r1) (narrow images, where a
@@ -533,9 +555,13 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->nbk = ceil_div(all_rows, cp->pix_rows);
     } else {
         cp->cols = cp->pix_rows * cp->dW;
-        cp->kc = cp->K < CV_KC ? cp->K : CV_KC;
-        if (cp->role == CV_GRAD_INPUT && cp->kc < cp->K) /* whole output channels (runs of KK) */
-            cp->kc = cp->kc / cp->KK * cp->KK > 0 ? cp->kc / cp->KK * cp->KK : cp->KK;
+        /* chunks of about equal size up to 1.5 CV_KC (conv2 of the CNN's K = 288 in chunks
+         * of 256 and 32 spent a pass over C on 32 rows of K); the input gradient's are whole
+         * output channels (runs of KK) */
+        int64_t kch = ceil_div(cp->K, ceil_div(cp->K, CV_KC + CV_KC / 2));
+        if (cp->role == CV_GRAD_INPUT && cp->KK > 0)
+            kch = ceil_div(kch, cp->KK) * cp->KK;
+        cp->kc = kch < cp->K ? kch : cp->K;
         cp->nbk = ceil_div(cp->K, cp->kc);
     }
     cp->nbn =
@@ -597,7 +623,7 @@ static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
 
 /* The task's buffers (sized for every phase's blocks). */
 typedef struct cv_bufs {
-    MlirValue ap, bp, cs, stg, stga, tab;
+    MlirValue ap, bp, cs, stg, stga, tab, rtab;
     MlirValue afull, akey; /* a_cache: the packed weights, and whose they are (tag, row block) */
 } cv_bufs;
 
@@ -641,6 +667,8 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         build_table(c, cp, u->tab, cp->ldt, c0, c1);
+    else if (!gw)
+        build_rows(c, cp, u->rtab, c0, c1);
     int64_t a_chunk = cp->mbp * m->kp;
     if (cp->a_cache) { /* all of K's weights, unless this thread's last task packed them */
         MlirValue key =
@@ -667,7 +695,8 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
             stage_window_tab(c, cp, u->stga, ld, ld, u->tab, cp->ldt, gi, i0, i1,
                              cg_imul_c(b, isub(b, k1, k0), cp->dW));
         } else {
-            stage_window(c, cp, u->stga, ld, ld, gi, i0, i1, k0, k1);
+            build_rows(c, cp, u->rtab, k0, k1);
+            stage_window(c, cp, u->stga, ld, ld, u->rtab, gi, i0, i1, k0, k1);
         }
         zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
         if (m->pk == 2)
@@ -681,7 +710,7 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         if (cp->tab)
             stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
         else
-            stage_window(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
+            stage_window(c, cp, u->stg, m->b_ld, m->nbp, u->rtab, gi, k0, k1, c0, c1);
         zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
     }
     if (m->pk == 2)
@@ -781,7 +810,7 @@ loom_status cg_lower_conv(kc *c) {
 
     cg_b *b = c->b;
     /* buffers for the largest blocks of any plan that runs */
-    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0, n_afull = 0;
+    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0, n_afull = 0, n_rtab = 0;
     for (int32_t q = 0; q < n_run; q++) {
         const cv_plan *r = &run[q];
         const cg_mk *m = &r->mk;
@@ -791,6 +820,7 @@ loom_status cg_lower_conv(kc *c) {
         n_stg = max64(n_stg, m->kp * m->pk * m->b_ld);
         n_stga = max64(n_stga, r->mbp * m->kp * m->pk);
         n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
+        n_rtab = max64(n_rtab, r->tab ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
     }
     bool pairs = cp->mk.pk == 2;
@@ -803,6 +833,7 @@ loom_status cg_lower_conv(kc *c) {
     u.stg = cg_alloc_buf(b, b->f32, n_stg);
     u.stga = pairs ? cg_alloc_buf(b, b->f32, n_stga) : u.ap;
     u.tab = n_tab > 0 ? cg_alloc_buf(b, b->i32, n_tab) : u.stg;
+    u.rtab = n_rtab > 0 ? cg_alloc_buf(b, b->i64, n_rtab) : u.stg;
     u.afull = n_afull > 0 ? cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_afull) : u.ap;
     u.akey = cg_alloc_buf(b, b->i64, 1);
     cg_store(b, cg_ci(b, b->i64, -1), u.akey, cg_idx(b, 0));
@@ -826,9 +857,9 @@ loom_status cg_lower_conv(kc *c) {
         first += n;
     }
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[8] = {u.ap, u.cs, u.stg, u.bp, u.stga, u.tab, u.afull, u.akey};
-    bool own[8] = {true, true, true, pairs, pairs, n_tab > 0, n_afull > 0, true};
-    for (int q = 0; q < 8; q++)
+    MlirValue bufs[9] = {u.ap, u.cs, u.stg, u.bp, u.stga, u.tab, u.afull, u.akey, u.rtab};
+    bool own[9] = {true, true, true, pairs, pairs, n_tab > 0, n_afull > 0, true, n_rtab > 0};
+    for (int q = 0; q < 9; q++)
         if (own[q])
             cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
 done:
