@@ -392,9 +392,50 @@ static void pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t 
     cg_for_end(b, &ls, 0, NULL);
 }
 
+/* 16 values of dtype dt at mem[off] as a vector of f32. */
+static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
+    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
+    if (dt == LOOM_DTYPE_F16)
+        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
+    if (dt != LOOM_DTYPE_BF16)
+        return cg_vload(b, vf, mem, off);
+    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
+    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
+    return cg_conv(b, "arith.bitcast", w, vf);
+}
+
+static MlirValue shuffle16(cg_b *b, MlirValue x, MlirValue y, const int64_t *mask) {
+    MlirType t = mlirValueGetType(x);
+    MlirAttribute lanes[16]; /* MLIR 19: an ArrayAttr of i64 */
+    for (int l = 0; l < 16; l++)
+        lanes[l] = mlirIntegerAttrGet(b->i64, mask[l]);
+    MlirNamedAttribute at = cg_named(b, "mask", mlirArrayAttrGet(b->ctx, 16, lanes));
+    MlirValue ops[2] = {x, y};
+    return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &at), 0);
+}
+
+/* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
+ * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles). */
+static void transpose16(cg_b *b, MlirValue *r) {
+    for (int s = 8; s >= 1; s /= 2) {
+        int64_t mi[16], mj[16];
+        for (int l = 0; l < 16; l++) {
+            mi[l] = (l & s) ? 16 + l - s : l;
+            mj[l] = (l & s) ? 16 + l : l + s;
+        }
+        for (int i = 0; i < 16; i++)
+            if (!(i & s)) {
+                MlirValue x = r[i], y = r[i + s];
+                r[i] = shuffle16(b, x, y, mi);
+                r[i + s] = shuffle16(b, x, y, mj);
+            }
+    }
+}
+
 /* The weight gradient's B = dy^T: rows the pixels of destination rows [r0, r1), columns
  * the output channels [j0, j1) of group g, staged as stg[k * b_ld + (j - j0)] (zeros in the
- * columns up to b_ld and the rows up to kp * pk). */
+ * columns up to nbp and the rows up to kp * pk): blocks of 16 x 16 transposed in registers
+ * (element by element, the strided stores cost as much as the product they feed). */
 static void stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirValue j0,
                        MlirValue j1, MlirValue r0, MlirValue r1) {
     cg_b *b = c->b;
@@ -402,27 +443,58 @@ static void stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, Mli
     MlirValue dy = c->bufs[c->s->buf_of[cp->plain]];
     loom_dtype ddt = c->g->nodes[cp->plain].dtype;
     MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
-    cg_for lr, lj, lq;
-    cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    MlirValue n = idiv(b, lr.iv, cp->OH), y = irem(b, lr.iv, cp->OH);
-    MlirValue krow = cg_imul_c(b, isub(b, lr.iv, r0), cp->OW);
-    cg_for_begin(b, &lj, j0, j1, 0, NULL);
-    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), lj.iv);
-    MlirValue src = cg_imul_c(
-        b, cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->O), o), cp->OH), y), cp->OW);
-    MlirValue col = isub(b, lj.iv, j0);
-    cg_for_begin(b, &lq, z, cg_idx(b, cp->OW), 0, NULL);
-    MlirValue v = cg_load_val(b, ddt, dy, cg_iadd(b, src, lq.iv));
-    cg_store(b, v, stg, cg_iadd(b, cg_imul_c(b, cg_iadd(b, krow, lq.iv), m->b_ld), col));
-    cg_for_end(b, &lq, 0, NULL);
+    int64_t L = cp->OH * cp->OW;
+    /* the chunk's pixels P in [P0, P1) are image n's pixels n L + l: one run per image */
+    MlirValue P0 = cg_imul_c(b, r0, cp->OW), P1 = cg_imul_c(b, r1, cp->OW);
+    MlirValue ncol = isub(b, j1, j0), nfo = idiv(b, ncol, 16);
+    cg_for ln, lob, lpb, lp, lj;
+    cg_for_begin(b, &ln, idiv(b, r0, cp->OH),
+                 cg_iadd(b, idiv(b, isub(b, r1, cg_idx(b, 1)), cp->OH), cg_idx(b, 1)), 0, NULL);
+    MlirValue nL = cg_imul_c(b, ln.iv, L);
+    MlirValue plo = imax_s(b, P0, nL), phi = imin_s(b, P1, cg_iadd(b, nL, cg_idx(b, L)));
+    MlirValue kb = isub(b, plo, P0), l0 = isub(b, plo, nL), cnt = isub(b, phi, plo);
+    MlirValue nfp = idiv(b, cnt, 16);
+    MlirValue obase = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->O), cg_imul_c(b, g, cp->Og)),
+                                L); /* o = 0 */
+    /* blocks of 16 channels x 16 pixels, transposed in registers */
+    cg_for_begin(b, &lob, z, nfo, 0, NULL);
+    MlirValue o0 = cg_iadd(b, j0, cg_imul_c(b, lob.iv, 16)), col0 = cg_imul_c(b, lob.iv, 16);
+    MlirValue orow = cg_iadd(b, obase, cg_imul_c(b, o0, L));
+    cg_for_begin(b, &lpb, z, nfp, 0, NULL);
+    MlirValue p = cg_iadd(b, l0, cg_imul_c(b, lpb.iv, 16)), v[16];
+    for (int i = 0; i < 16; i++)
+        v[i] = vload_f32(b, ddt, dy, cg_iadd(b, orow, cg_iadd(b, p, cg_idx(b, i * L))));
+    transpose16(b, v);
+    MlirValue k0 = cg_iadd(b, kb, cg_imul_c(b, lpb.iv, 16));
+    for (int t = 0; t < 16; t++)
+        cg_vstore(b, v[t], stg,
+                  cg_iadd(b, cg_imul_c(b, cg_iadd(b, k0, cg_idx(b, t)), m->b_ld), col0));
+    cg_for_end(b, &lpb, 0, NULL);
+    cg_for_begin(b, &lp, cg_imul_c(b, nfp, 16), cnt, 0, NULL); /* the run's last pixels */
+    MlirValue at = cg_iadd(b, cg_imul_c(b, cg_iadd(b, kb, lp.iv), m->b_ld), col0);
+    for (int i = 0; i < 16; i++)
+        cg_store(b,
+                 cg_load_val(b, ddt, dy,
+                             cg_iadd(b, orow, cg_iadd(b, cg_iadd(b, l0, lp.iv), cg_idx(b, i * L)))),
+                 stg, cg_iadd(b, at, cg_idx(b, i)));
+    cg_for_end(b, &lp, 0, NULL);
+    cg_for_end(b, &lob, 0, NULL);
+    /* the last channels, one by one */
+    cg_for_begin(b, &lj, cg_iadd(b, j0, cg_imul_c(b, nfo, 16)), j1, 0, NULL);
+    MlirValue jrow = cg_iadd(b, obase, cg_imul_c(b, lj.iv, L)), col = isub(b, lj.iv, j0);
+    cg_for_begin(b, &lp, z, cnt, 0, NULL);
+    cg_store(b, cg_load_val(b, ddt, dy, cg_iadd(b, jrow, cg_iadd(b, l0, lp.iv))), stg,
+             cg_iadd(b, cg_imul_c(b, cg_iadd(b, kb, lp.iv), m->b_ld), col));
+    cg_for_end(b, &lp, 0, NULL);
     cg_for_end(b, &lj, 0, NULL);
-    /* the padding columns of this pixel row's rows */
+    cg_for_end(b, &ln, 0, NULL);
+    /* the padding columns of the chunk's rows, and the rows past it */
+    MlirValue nk = isub(b, P1, P0);
     cg_for lk;
-    cg_for_begin(b, &lk, krow, cg_iadd(b, krow, cg_idx(b, cp->OW)), 0, NULL);
-    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->b_ld), isub(b, j1, j0), cg_idx(b, m->b_ld));
+    cg_for_begin(b, &lk, z, nk, 0, NULL);
+    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
-    cg_for_end(b, &lr, 0, NULL);
-    zero_rows(b, stg, cg_imul_c(b, isub(b, r1, r0), cp->OW), m->kp * m->pk, m->b_ld, zf);
+    zero_rows(b, stg, nk, m->kp * m->pk, m->b_ld, zf);
 }
 
 /* The epilogue of a task's block: C's element (i, column) is the root's element at the

@@ -266,7 +266,8 @@ static void compiled_step_matches_the_interpreter(const conv_case *cases, size_t
                 got[eager][t] = malloc((size_t)count[t] * 4);
                 loom_tensor_retain(g[t]);
             }
-            assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+            if (loom_mark_step(ctx) != LOOM_OK)
+                fail_msg("%s: %s", k->name, loom_context_error_message(ctx));
             for (int t = 0; t < 3; t++) {
                 tu_read_f32(ctx, g[t], got[eager][t], (size_t)count[t]);
                 loom_tensor_release(g[t]);
