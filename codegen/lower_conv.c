@@ -275,7 +275,28 @@ static void stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld
     MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
     MlirValue base = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->wch), ch), cp->sH * cp->sW);
     MlirValue trow = cg_imul_c(b, kk, ldt), row = cg_imul_c(b, isub(b, lj.iv, j0), ld);
-    cg_for_begin(b, &lp, z, npix, 0, NULL);
+    MlirValue p_rest = z; /* pixels from here on one by one */
+    if (sdt == LOOM_DTYPE_F32) {
+        /* 16 at a time, a masked gather (vgatherdps): one by one, the conditional loads
+         * took 5 cycles a pixel */
+        MlirType vi = cg_vec_t(16, b->i32), vf = cg_vec_t(16, b->f32), vb = cg_vec_t(16, b->i1);
+        MlirValue nv = idiv(b, npix, 16), vz = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
+        MlirValue vbase = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", base, b->i32), vi);
+        cg_for lv;
+        cg_for_begin(b, &lv, z, nv, 0, NULL);
+        MlirValue p0 = cg_imul_c(b, lv.iv, 16);
+        MlirValue tv = cg_vload(b, vi, tab, cg_iadd(b, trow, p0));
+        MlirNamedAttribute sge = cg_named(b, "predicate", mlirIntegerAttrGet(b->i64, CG_I_SGE));
+        MlirValue cops[2] = {tv, vz};
+        MlirValue okv = mlirOperationGetResult(cg_op(b, "arith.cmpi", 2, cops, 1, &vb, 1, &sge), 0);
+        MlirValue idx = cg_bin(b, "arith.addi", cg_select(b, okv, tv, vz), vbase);
+        MlirValue ops[5] = {src, z, idx, okv, cg_vbroadcast(b, zf, vf)};
+        MlirValue v = mlirOperationGetResult(cg_op(b, "vector.gather", 5, ops, 1, &vf, 0, NULL), 0);
+        cg_vstore(b, v, buf, cg_iadd(b, row, p0));
+        cg_for_end(b, &lv, 0, NULL);
+        p_rest = cg_imul_c(b, nv, 16);
+    }
+    cg_for_begin(b, &lp, p_rest, npix, 0, NULL);
     MlirValue t = cg_load(b, tab, cg_iadd(b, trow, lp.iv));
     MlirValue ok = cg_cmpi(b, CG_I_SGE, t, cg_ci(b, b->i32, 0));
     MlirValue at =
@@ -322,6 +343,46 @@ static void zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_
     cg_for_end(b, &l, 0, NULL);
 }
 
+/* 16 values of dtype dt at mem[off] as a vector of f32. */
+static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
+    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
+    if (dt == LOOM_DTYPE_F16)
+        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
+    if (dt != LOOM_DTYPE_BF16)
+        return cg_vload(b, vf, mem, off);
+    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
+    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
+    return cg_conv(b, "arith.bitcast", w, vf);
+}
+
+static MlirValue shuffle16(cg_b *b, MlirValue x, MlirValue y, const int64_t *mask) {
+    MlirType t = mlirValueGetType(x);
+    MlirAttribute lanes[16]; /* MLIR 19: an ArrayAttr of i64 */
+    for (int l = 0; l < 16; l++)
+        lanes[l] = mlirIntegerAttrGet(b->i64, mask[l]);
+    MlirNamedAttribute at = cg_named(b, "mask", mlirArrayAttrGet(b->ctx, 16, lanes));
+    MlirValue ops[2] = {x, y};
+    return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &at), 0);
+}
+
+/* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
+ * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles). */
+static void transpose16(cg_b *b, MlirValue *r) {
+    for (int s = 8; s >= 1; s /= 2) {
+        int64_t mi[16], mj[16];
+        for (int l = 0; l < 16; l++) {
+            mi[l] = (l & s) ? 16 + l - s : l;
+            mj[l] = (l & s) ? 16 + l : l + s;
+        }
+        for (int i = 0; i < 16; i++)
+            if (!(i & s)) {
+                MlirValue x = r[i], y = r[i + s];
+                r[i] = shuffle16(b, x, y, mi);
+                r[i + s] = shuffle16(b, x, y, mj);
+            }
+    }
+}
+
 /* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[base + (i - i0) * ld
  * + k - k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
  * contiguous run per row; the input gradient's w[g Og + o, i, kh, kw] for k = (o, kh, kw),
@@ -331,10 +392,43 @@ static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bas
     cg_b *b = c->b;
     MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
     loom_dtype wdt = c->g->nodes[cp->plain].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0), n = isub(b, k1, k0);
     cg_for li, lo, lt;
-    cg_for_begin(b, &li, i0, i1, 0, NULL);
-    MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), ld)), n = isub(b, k1, k0);
+    MlirValue i_rest = i0; /* rows from here on element by element */
+    if (cp->role == CV_GRAD_INPUT && cp->KKf == 1) {
+        /* 1x1 weights: A = w^T, in 16 x 16 blocks transposed in registers (element by
+         * element, each load was 4 KB from the last for 1024 input channels) */
+        cg_for lib, lob;
+        MlirValue nib = idiv(b, isub(b, i1, i0), 16), nob = idiv(b, n, 16);
+        cg_for_begin(b, &lib, z, nib, 0, NULL);
+        MlirValue c0 = cg_iadd(b, i0, cg_imul_c(b, lib.iv, 16));
+        MlirValue row0 = cg_iadd(b, base, cg_imul_c(b, isub(b, c0, i0), ld));
+        MlirValue wrow =
+            cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), k0), cp->Cg), c0);
+        cg_for_begin(b, &lob, z, nob, 0, NULL);
+        MlirValue src = cg_iadd(b, wrow, cg_imul_c(b, lob.iv, 16 * cp->Cg)), v[16];
+        for (int t = 0; t < 16; t++)
+            v[t] = vload_f32(b, wdt, wbuf, cg_iadd(b, src, cg_idx(b, t * cp->Cg)));
+        transpose16(b, v);
+        MlirValue dst = cg_iadd(b, row0, cg_imul_c(b, lob.iv, 16));
+        for (int t = 0; t < 16; t++)
+            cg_vstore(b, v[t], stg, cg_iadd(b, dst, cg_idx(b, t * ld)));
+        cg_for_end(b, &lob, 0, NULL);
+        cg_for_begin(b, &lo, cg_imul_c(b, nob, 16), n, 0, NULL); /* the chunk's last o's */
+        for (int t = 0; t < 16; t++)
+            cg_store(b,
+                     cg_load_val(
+                         b, wdt, wbuf,
+                         cg_iadd(b, wrow, cg_iadd(b, cg_imul_c(b, lo.iv, cp->Cg), cg_idx(b, t)))),
+                     stg, cg_iadd(b, row0, cg_iadd(b, lo.iv, cg_idx(b, t * ld))));
+        cg_for_end(b, &lo, 0, NULL);
+        for (int t = 0; t < 16; t++)
+            zero_range(b, zf, stg, cg_iadd(b, row0, cg_idx(b, t * ld)), n, cg_idx(b, ld));
+        cg_for_end(b, &lib, 0, NULL);
+        i_rest = cg_iadd(b, i0, cg_imul_c(b, nib, 16));
+    }
+    cg_for_begin(b, &li, i_rest, i1, 0, NULL);
+    MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), ld));
     if (cp->role == CV_FWD) {
         MlirValue src =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), li.iv), cp->K), k0);
@@ -390,46 +484,6 @@ static void pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t 
     cg_store(b, cg_bf16_pair(b, cg_load(b, stg, e), cg_load(b, stg, cg_iadd(b, e, cg_idx(b, 1)))),
              ap, cg_iadd(b, base, ls.iv));
     cg_for_end(b, &ls, 0, NULL);
-}
-
-/* 16 values of dtype dt at mem[off] as a vector of f32. */
-static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
-    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
-    if (dt == LOOM_DTYPE_F16)
-        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
-    if (dt != LOOM_DTYPE_BF16)
-        return cg_vload(b, vf, mem, off);
-    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
-    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
-    return cg_conv(b, "arith.bitcast", w, vf);
-}
-
-static MlirValue shuffle16(cg_b *b, MlirValue x, MlirValue y, const int64_t *mask) {
-    MlirType t = mlirValueGetType(x);
-    MlirAttribute lanes[16]; /* MLIR 19: an ArrayAttr of i64 */
-    for (int l = 0; l < 16; l++)
-        lanes[l] = mlirIntegerAttrGet(b->i64, mask[l]);
-    MlirNamedAttribute at = cg_named(b, "mask", mlirArrayAttrGet(b->ctx, 16, lanes));
-    MlirValue ops[2] = {x, y};
-    return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &at), 0);
-}
-
-/* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
- * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles). */
-static void transpose16(cg_b *b, MlirValue *r) {
-    for (int s = 8; s >= 1; s /= 2) {
-        int64_t mi[16], mj[16];
-        for (int l = 0; l < 16; l++) {
-            mi[l] = (l & s) ? 16 + l - s : l;
-            mj[l] = (l & s) ? 16 + l : l + s;
-        }
-        for (int i = 0; i < 16; i++)
-            if (!(i & s)) {
-                MlirValue x = r[i], y = r[i + s];
-                r[i] = shuffle16(b, x, y, mi);
-                r[i + s] = shuffle16(b, x, y, mj);
-            }
-    }
 }
 
 /* The weight gradient's B = dy^T: rows the pixels of destination rows [r0, r1), columns
@@ -549,7 +603,8 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
         cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
         SET_DIM(3, cp->phased ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->st[1]), cg_idx(b, cp->ph[1]))
                               : lq.iv);
-        MlirValue acc = cg_load(b, cs, cg_iadd(b, at, lq.iv));
+        /* a phase no tap reaches is zero (its C never written) */
+        MlirValue acc = cp->K > 0 ? cg_load(b, cs, cg_iadd(b, at, lq.iv)) : cg_cf(b, b->f32, 0.0);
         c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
         st = cg_emit_sinks(c, cp->n_epi, cp->epi);
         cg_for_end(b, &lq, 0, NULL);
@@ -736,7 +791,8 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
     MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
     MlirValue zf = cg_cf(b, b->f32, 0.0);
-    zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
+    if (cp->K > 0)
+        zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         build_table(c, cp, u->tab, cp->ldt, c0, c1);
     else if (!gw)
