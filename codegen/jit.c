@@ -155,7 +155,7 @@ const char *loom_cg_amx_missing(void) {
 const char *loom_cg_target_key(void) {
     loom_cg_init_once();
     /* the forced matmul ISA shapes the code: part of the key (a short, sanitized copy) */
-    static _Thread_local char key[sizeof target_key + 32];
+    static _Thread_local char key[sizeof target_key + 48];
     const char *forced = getenv("LOOM_MATMUL_ISA");
     char isa[17] = "auto";
     if (forced && forced[0]) {
@@ -166,7 +166,11 @@ const char *loom_cg_target_key(void) {
         }
         isa[i] = '\0';
     }
-    snprintf(key, sizeof key, "%s;mm-%s", target_key, isa);
+    /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c):
+     * a program compiled the other way has other kernels */
+    const char *conv = getenv("LOOM_CONV");
+    bool im2col = conv && strcmp(conv, "im2col") == 0;
+    snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, im2col ? ";conv-im2col" : "");
     return key;
 }
 

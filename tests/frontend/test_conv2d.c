@@ -300,6 +300,9 @@ static void test_compiled_step_matches_the_interpreter_in_f32(void **state) {
     (void)state;
     compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_F32, 1e-5);
     compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_F32, 1e-5);
+    setenv("LOOM_CONV", "im2col", 1); /* the decomposition, compiled */
+    compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_F32, 1e-5);
+    unsetenv("LOOM_CONV");
 }
 
 /* Under bf16 autocast both run the convolutions in bf16, accumulating in f32 and rounding
@@ -326,6 +329,20 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
     compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_F16, 4e-3);
 }
 
+/* LOOM_CONV=im2col compiles other kernels for the same graph: it is part of the compile
+ * cache key, so a cached program of one kind never serves the other. */
+static void test_im2col_switch_is_part_of_the_cache_key(void **state) {
+    (void)state;
+    unsetenv("LOOM_CONV");
+    char key[8192];
+    snprintf(key, sizeof key, "%s", loom_cg_target_key());
+    assert_null(strstr(key, "conv-im2col"));
+    setenv("LOOM_CONV", "im2col", 1);
+    assert_non_null(strstr(loom_cg_target_key(), ";conv-im2col"));
+    unsetenv("LOOM_CONV");
+    assert_string_equal(key, loom_cg_target_key());
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_records_one_node_with_its_window),
@@ -334,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_in_f32),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_bf16_autocast),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
+        cmocka_unit_test(test_im2col_switch_is_part_of_the_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
