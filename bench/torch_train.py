@@ -3,9 +3,10 @@
 
 --bench           samples/s of the MLP at batch 64 and 256 and the CNN at batch 64 on
                   synthetic in-memory data, one JSON line per configuration (each measured
-                  in a fresh process, so its peak RSS is its own); with --config r50_b32_64
-                  or r50_b8_224, torchvision's ResNet-50 at batch 32 on 64x64 images or
-                  batch 8 on 224x224 (1000 classes; bench/run_train_bench.sh --resnet). With --world-size N:
+                  in a fresh process, so its peak RSS is its own); with --config r50_b32_64,
+                  r50_b8_224 or r50_b32_224, torchvision's ResNet-50 at batch 32 on 64x64
+                  images, batch 8 or 32 on 224x224 (1000 classes;
+                  bench/run_train_bench.sh --resnet). With --world-size N:
                   DistributedDataParallel (gloo, default buckets) over N local processes of
                   --threads threads, each on its 1/N of the same global batch; global
                   samples/s, timed between barriers (bench/run_dp_bench.sh).
@@ -292,7 +293,8 @@ def autocast(args):
 
 # name: (model, batch, image size); the ResNet ones run only when named in --config.
 CONFIGS = {"mlp64": ("mlp", 64, 28), "mlp256": ("mlp", 256, 28), "cnn64": ("cnn", 64, 28),
-           "r50_b32_64": ("resnet50", 32, 64), "r50_b8_224": ("resnet50", 8, 224)}
+           "r50_b32_64": ("resnet50", 32, 64), "r50_b8_224": ("resnet50", 8, 224),
+           "r50_b32_224": ("resnet50", 32, 224)}
 DEFAULT_CONFIGS = ["mlp64", "mlp256", "cnn64"]
 
 
