@@ -791,8 +791,9 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
     MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
     MlirValue zf = cg_cf(b, b->f32, 0.0);
-    if (cp->K > 0)
-        zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
+    if (cp->K == 0) /* a phase no tap reaches: its epilogue alone (zeros), no product code */
+        return cp->n_epi > 0 ? emit_epilogue(c, cp, u->cs, gi, i0, i1, c0, c1) : LOOM_OK;
+    zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         build_table(c, cp, u->tab, cp->ldt, c0, c1);
     else if (!gw)
