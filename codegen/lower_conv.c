@@ -26,7 +26,7 @@
  * (of one image or several), so the epilogue and the staging need no division per pixel. */
 #include <string.h>
 
-#include "lower_internal.h"
+#include "conv_internal.h"
 
 enum {
     CV_COLS = 256,        /* columns (pixels, or a weight gradient's output channels) of a task */
@@ -34,522 +34,8 @@ enum {
     CV_KC = 256,          /* K of a packed chunk (window rows; pixels for the weight gradient) */
     CV_TASKS_MIN = 4,     /* fewer tasks than this: split the rows */
     CV_TABLE_BELOW = 16,  /* destination rows narrower than this: stage through a table */
-    CV_TAPS_MAX = 16,     /* taps of a phase along an axis (larger windows are not phased) */
     CV_A_CACHE = 8 << 20, /* bytes of packed weights a thread keeps across its tasks */
 };
-
-typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
-
-typedef struct cv_plan {
-    cv_role role;
-    loom_dtype dt;
-    /* the convolution in forward terms: x [N, C, H, W], w [O, Cg, KH, KW], y [N, O, OH, OW] */
-    int64_t N, C, H, W, O, OH, OW, KH, KW, G, Cg, Og, KK;
-    int64_t st[2], pd[2], dl[2];
-    /* the window matrix: source node and its channels (per group, in all), spatial extents
-     * of source and destination, and which of them is the big coordinate */
-    int32_t win, plain; /* nodes: the window's source, the other operand */
-    int64_t wch, wC, sH, sW, dH, dW;
-    bool dst_big;
-    bool tab; /* stage through a pixel table (build_table) of ldt pixels a tap */
-    int64_t ldt;
-    /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
-     * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
-     * the source at the destination's y or q plus off[a][t]; KH, KW, KK, dH, dW, K are the
-     * phase's, KWf and KKf the whole window's */
-    bool phased;
-    int64_t ph[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
-    /* conv2d and the input gradient: the weights' packed rows for all of K (a block of
-     * mbp x kp per chunk) are kept across a thread's consecutive tasks of one row block */
-    bool a_cache;
-    /* the GEMM per group, C [M, NC] = A [M, K] x B [K, NC], and its blocks */
-    int64_t M, K, NC;
-    int64_t rows, nbm, cols, nbn, kc, nbk;
-    int64_t pix_rows; /* destination pixel rows per column block (FWD, GI) or K chunk (GW) */
-    int64_t mbp;
-    cg_mk mk;
-    sink epi[64];
-    int32_t n_epi;
-    nest ns;
-} cv_plan;
-
-static MlirValue idiv(cg_b *b, MlirValue x, int64_t c) {
-    return c == 1 ? x : cg_bin(b, "arith.divui", x, cg_idx(b, c));
-}
-
-static MlirValue irem(cg_b *b, MlirValue x, int64_t c) {
-    return c == 1 ? cg_idx(b, 0) : cg_bin(b, "arith.remui", x, cg_idx(b, c));
-}
-
-static MlirValue isub(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.subi", x, y);
-}
-
-static MlirValue imax_s(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.maxsi", x, y);
-}
-
-static MlirValue imin_s(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.minsi", x, y);
-}
-
-/* floor(x / s) for signed x and s > 0 (arith.floordivsi would need the arith-expand pass) */
-static MlirValue floordiv_s(cg_b *b, MlirValue x, int64_t s) {
-    if (s == 1)
-        return x;
-    MlirValue z = cg_idx(b, 0);
-    MlirValue neg = isub(b, z,
-                         cg_bin(b, "arith.divsi", isub(b, cg_idx(b, s - 1), x),
-                                cg_idx(b, s))); /* -ceil(-x / s) for x < 0 */
-    return cg_select(b, cg_cmpi(b, CG_I_SLT, x, z), neg, cg_bin(b, "arith.divsi", x, cg_idx(b, s)));
-}
-
-static MlirValue ceildiv_s(cg_b *b, MlirValue x, int64_t s) {
-    MlirValue z = cg_idx(b, 0);
-    return isub(b, z, floordiv_s(b, isub(b, z, x), s));
-}
-
-static MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.andi", x, y);
-}
-
-/* buf[at + i] = 0 for i in [lo, hi) */
-static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValue lo,
-                       MlirValue hi) {
-    cg_for l;
-    cg_for_begin(b, &l, lo, hi, 0, NULL);
-    cg_store(b, zero, buf, cg_iadd(b, at, l.iv));
-    cg_for_end(b, &l, 0, NULL);
-}
-
-/* The source coordinate along axis a (0: rows, 1: columns) of destination coordinate dst
- * for kernel tap k, and in *ok whether the window reaches a source pixel there. */
-static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, MlirValue k,
-                           MlirValue *ok) {
-    MlirValue z = cg_idx(b, 0);
-    int64_t ext = a == 0 ? cp->sH : cp->sW;
-    MlirValue s;
-    if (cp->phased) { /* s = dst + off[a][k] */
-        MlirValue off = cg_idx(b, cp->off[a][0]);
-        for (int64_t t = 1; t < cp->ntap[a]; t++)
-            off = cg_select(b, cg_cmpi(b, CG_I_EQ, k, cg_idx(b, t)), cg_idx(b, cp->off[a][t]), off);
-        s = cg_iadd(b, dst, off);
-        *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
-        return s;
-    }
-    MlirValue e = isub(b, cg_idx(b, cp->pd[a]), cg_imul_c(b, k, cp->dl[a])); /* pad - k dil */
-    if (!cp->dst_big) { /* s = dst * stride - e */
-        s = isub(b, cg_imul_c(b, dst, cp->st[a]), e);
-        *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
-        return s;
-    }
-    /* dst = s * stride - e: s = (dst + e) / stride when exact */
-    MlirValue num = cg_iadd(b, dst, e);
-    s = floordiv_s(b, num, cp->st[a]);
-    *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, num, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
-    if (cp->st[a] > 1)
-        *ok = and_i1(b, *ok,
-                     cg_cmpi(b, CG_I_EQ, cg_bin(b, "arith.remsi", num, cg_idx(b, cp->st[a])), z));
-    return s;
-}
-
-/* Stages window rows [j0, j1) x destination pixel rows [r0, r1) of group g into buf (f32):
- * buf[(j - j0) * ld + (r - r0) * dW + q] for q in [0, dW), and zeros in each row from
- * (r1 - r0) * dW up to width (the block's padding). */
-static void stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
-                         MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
-                         MlirValue r1) {
-    cg_b *b = c->b;
-    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
-    loom_dtype sdt = c->g->nodes[cp->win].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0), one = cg_idx(b, 1);
-    /* along the width: small in [0, SMALL), big in [0, BIG) */
-    int64_t SMALL = cp->dst_big ? cp->sW : cp->dW, BIG = cp->dst_big ? cp->dW : cp->sW;
-    int64_t s1 = cp->st[1];
-    cg_for lj, lr, lt;
-    cg_for_begin(b, &lj, j0, j1, 0, NULL);
-    MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
-    MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
-    /* e = pad - kw * dil: big = small * s - e */
-    MlirValue e = isub(b, cg_idx(b, cp->pd[1]), cg_imul_c(b, kw, cp->dl[1]));
-    MlirValue slo = imax_s(b, z, ceildiv_s(b, e, s1));
-    MlirValue shi = imin_s(b, cg_idx(b, SMALL),
-                           cg_iadd(b, floordiv_s(b, cg_iadd(b, e, cg_idx(b, BIG - 1)), s1), one));
-    MlirValue T = imax_s(b, isub(b, shi, slo), z);
-    MlirValue big0 = isub(b, cg_imul_c(b, slo, s1), e);
-    MlirValue d0 = cp->dst_big ? big0 : slo, s0 = cp->dst_big ? slo : big0;
-    int64_t dstep = cp->dst_big ? s1 : 1, sstep = cp->dst_big ? 1 : s1;
-    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
-    MlirValue jrow = cg_imul_c(b, isub(b, lj.iv, j0), ld), trow = cg_imul_c(b, kh, cp->pix_rows);
-    cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    /* the source row, if any (build_rows) */
-    MlirValue roff = cg_load(b, rtab, cg_iadd(b, trow, isub(b, lr.iv, r0)));
-    MlirValue vok = cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0));
-    MlirValue ok = and_i1(b, vok, cg_cmpi(b, CG_I_SGT, T, z));
-    MlirValue at = cg_iadd(b, jrow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
-    cg_if fz, fc;
-    cg_if_begin(b, &fz, cg_bin(b, "arith.xori", ok, cg_ci(b, b->i1, 1)));
-    zero_range(b, zf, buf, at, z, cg_idx(b, cp->dW));
-    cg_if_end(b, &fz);
-    cg_if_begin(b, &fc, ok);
-    if (cp->dst_big && s1 > 1) {
-        zero_range(b, zf, buf, at, z, cg_idx(b, cp->dW));
-    } else {
-        zero_range(b, zf, buf, at, z, d0);
-        zero_range(b, zf, buf, at, cg_iadd(b, d0, cg_imul_c(b, T, dstep)), cg_idx(b, cp->dW));
-    }
-    /* src row (clamped reads never happen: the branch holds only where sy exists) */
-    MlirValue srow = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index),
-                             cg_imul_c(b, chan, cp->sH * cp->sW));
-    MlirValue sat = cg_iadd(b, srow, s0), dat = cg_iadd(b, at, d0);
-    cg_for_begin(b, &lt, z, T, 0, NULL);
-    MlirValue v = cg_load_val(b, sdt, src, cg_iadd(b, sat, cg_imul_c(b, lt.iv, sstep)));
-    cg_store(b, v, buf, cg_iadd(b, dat, cg_imul_c(b, lt.iv, dstep)));
-    cg_for_end(b, &lt, 0, NULL);
-    cg_if_end(b, &fc);
-    cg_for_end(b, &lr, 0, NULL);
-    /* the row's padding past the block's pixels */
-    MlirValue used = cg_imul_c(b, isub(b, r1, r0), cp->dW);
-    zero_range(b, zf, buf, jrow, used, cg_idx(b, width));
-    cg_for_end(b, &lj, 0, NULL);
-}
-
-/* The source rows of destination pixel rows [r0, r1) for stage_window, per kernel row kh:
- * rtab[kh * pix_rows + r - r0] = the offset of row sy of image n in a channel's (n wC sH sW +
- * sy sW), or -1 where the window reads padding rows. Built once per block of pixel rows for
- * all its window rows (saves a division and the row's bounds per copied row). */
-static void build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirValue r1) {
-    cg_b *b = c->b;
-    cg_for lk, lr;
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->KH), 0, NULL);
-    MlirValue trow = cg_imul_c(b, lk.iv, cp->pix_rows);
-    cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH), vok;
-    MlirValue sy = src_coord(b, cp, 0, y, lk.iv, &vok);
-    MlirValue off = cg_iadd(b, cg_imul_c(b, n, cp->wC * cp->sH * cp->sW), cg_imul_c(b, sy, cp->sW));
-    cg_store(b,
-             cg_select(b, vok, cg_conv(b, "arith.index_cast", off, b->i64), cg_ci(b, b->i64, -1)),
-             rtab, cg_iadd(b, trow, isub(b, lr.iv, r0)));
-    cg_for_end(b, &lr, 0, NULL);
-    cg_for_end(b, &lk, 0, NULL);
-}
-
-/* The window's pixel table for destination pixel rows [r0, r1) (narrow images, where a
- * row's copy is too short to pay for its set-up): tab[kk * ldt + (r - r0) * dW + q] = the
- * offset of the source pixel that tap kk reads there, less its channel's (n wC sH sW + sy sW
- * + sx), or -1 where the window reads padding. The same for every channel: built once per
- * block of pixels, used by all its window rows. */
-static void build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirValue r0,
-                        MlirValue r1) {
-    cg_b *b = c->b;
-    cg_for lk, lr, lq;
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->KK), 0, NULL);
-    MlirValue kh = idiv(b, lk.iv, cp->KW), kw = irem(b, lk.iv, cp->KW);
-    MlirValue trow = cg_imul_c(b, lk.iv, ldt);
-    cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH), vok, hok;
-    MlirValue sy = src_coord(b, cp, 0, y, kh, &vok);
-    MlirValue rowoff =
-        cg_iadd(b, cg_imul_c(b, n, cp->wC * cp->sH * cp->sW), cg_imul_c(b, sy, cp->sW));
-    MlirValue at = cg_iadd(b, trow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
-    cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
-    MlirValue sx = src_coord(b, cp, 1, lq.iv, kw, &hok);
-    MlirValue off = cg_conv(b, "arith.index_cast", cg_iadd(b, rowoff, sx), b->i32);
-    cg_store(b, cg_select(b, and_i1(b, vok, hok), off, cg_ci(b, b->i32, -1)), tab,
-             cg_iadd(b, at, lq.iv));
-    cg_for_end(b, &lq, 0, NULL);
-    cg_for_end(b, &lr, 0, NULL);
-    cg_for_end(b, &lk, 0, NULL);
-}
-
-/* stage_window through the pixel table of the block's npix pixels. */
-static void stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
-                             MlirValue tab, int64_t ldt, MlirValue g, MlirValue j0, MlirValue j1,
-                             MlirValue npix) {
-    cg_b *b = c->b;
-    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
-    loom_dtype sdt = c->g->nodes[cp->win].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
-    cg_for lj, lp;
-    cg_for_begin(b, &lj, j0, j1, 0, NULL);
-    MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
-    MlirValue base = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->wch), ch), cp->sH * cp->sW);
-    MlirValue trow = cg_imul_c(b, kk, ldt), row = cg_imul_c(b, isub(b, lj.iv, j0), ld);
-    MlirValue p_rest = z; /* pixels from here on one by one */
-    if (sdt == LOOM_DTYPE_F32) {
-        /* 16 at a time, a masked gather (vgatherdps): one by one, the conditional loads
-         * took 5 cycles a pixel */
-        MlirType vi = cg_vec_t(16, b->i32), vf = cg_vec_t(16, b->f32), vb = cg_vec_t(16, b->i1);
-        MlirValue nv = idiv(b, npix, 16), vz = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
-        MlirValue vbase = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", base, b->i32), vi);
-        cg_for lv;
-        cg_for_begin(b, &lv, z, nv, 0, NULL);
-        MlirValue p0 = cg_imul_c(b, lv.iv, 16);
-        MlirValue tv = cg_vload(b, vi, tab, cg_iadd(b, trow, p0));
-        MlirNamedAttribute sge = cg_named(b, "predicate", mlirIntegerAttrGet(b->i64, CG_I_SGE));
-        MlirValue cops[2] = {tv, vz};
-        MlirValue okv = mlirOperationGetResult(cg_op(b, "arith.cmpi", 2, cops, 1, &vb, 1, &sge), 0);
-        MlirValue idx = cg_bin(b, "arith.addi", cg_select(b, okv, tv, vz), vbase);
-        MlirValue ops[5] = {src, z, idx, okv, cg_vbroadcast(b, zf, vf)};
-        MlirValue v = mlirOperationGetResult(cg_op(b, "vector.gather", 5, ops, 1, &vf, 0, NULL), 0);
-        cg_vstore(b, v, buf, cg_iadd(b, row, p0));
-        cg_for_end(b, &lv, 0, NULL);
-        p_rest = cg_imul_c(b, nv, 16);
-    }
-    cg_for_begin(b, &lp, p_rest, npix, 0, NULL);
-    MlirValue t = cg_load(b, tab, cg_iadd(b, trow, lp.iv));
-    MlirValue ok = cg_cmpi(b, CG_I_SGE, t, cg_ci(b, b->i32, 0));
-    MlirValue at =
-        cg_select(b, ok, cg_iadd(b, base, cg_conv(b, "arith.index_cast", t, b->index)), z);
-    cg_store(b, cg_select(b, ok, cg_load_val(b, sdt, src, at), zf), buf, cg_iadd(b, row, lp.iv));
-    cg_for_end(b, &lp, 0, NULL);
-    zero_range(b, zf, buf, row, npix, cg_idx(b, width));
-    cg_for_end(b, &lj, 0, NULL);
-}
-
-/* B from staged rows stg[k * b_ld + j] (k in [0, kp * pk): rows past the chunk's K are
- * zero) in pairs of rows 2 kk, 2 kk + 1, row-major: bp[kk * b_ld + j] (f32 B is read from
- * the staged rows themselves). */
-static void panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
-    cg_b *b = c->b;
-    const cg_mk *m = &cp->mk;
-    MlirType vf = cg_vec_t(MK_PANEL, b->f32);
-    cg_for lk, lp;
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), 0, NULL);
-    MlirValue row = cg_imul_c(b, lk.iv, m->pk * m->b_ld);
-    cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
-    MlirValue from = cg_iadd(b, row, cg_imul_c(b, lp.iv, MK_PANEL));
-    MlirValue v = cg_vload(b, vf, stg, from);
-    v = cg_bf16_pair(b, v, cg_vload(b, vf, stg, cg_iadd(b, from, cg_idx(b, m->b_ld))));
-    cg_vstore(b, v, bp, cg_iadd(b, cg_imul_c(b, lk.iv, m->b_ld), cg_imul_c(b, lp.iv, MK_PANEL)));
-    cg_for_end(b, &lp, 0, NULL);
-    cg_for_end(b, &lk, 0, NULL);
-}
-
-/* Zeros rows [from, to) of a row-major buffer of ld columns at buf[base]. */
-static void zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to,
-                         int64_t ld, MlirValue zero) {
-    cg_for l;
-    cg_for_begin(b, &l, cg_imul_c(b, from, ld), cg_idx(b, to * ld), 0, NULL);
-    cg_store(b, zero, buf, cg_iadd(b, base, l.iv));
-    cg_for_end(b, &l, 0, NULL);
-}
-
-static void zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld,
-                      MlirValue zero) {
-    cg_for l;
-    cg_for_begin(b, &l, cg_imul_c(b, from, ld), cg_idx(b, to * ld), 0, NULL);
-    cg_store(b, zero, buf, l.iv);
-    cg_for_end(b, &l, 0, NULL);
-}
-
-/* 16 values of dtype dt at mem[off] as a vector of f32. */
-static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
-    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
-    if (dt == LOOM_DTYPE_F16)
-        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
-    if (dt != LOOM_DTYPE_BF16)
-        return cg_vload(b, vf, mem, off);
-    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
-    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
-    return cg_conv(b, "arith.bitcast", w, vf);
-}
-
-static MlirValue shuffle16(cg_b *b, MlirValue x, MlirValue y, const int64_t *mask) {
-    MlirType t = mlirValueGetType(x);
-    MlirAttribute lanes[16]; /* MLIR 19: an ArrayAttr of i64 */
-    for (int l = 0; l < 16; l++)
-        lanes[l] = mlirIntegerAttrGet(b->i64, mask[l]);
-    MlirNamedAttribute at = cg_named(b, "mask", mlirArrayAttrGet(b->ctx, 16, lanes));
-    MlirValue ops[2] = {x, y};
-    return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &at), 0);
-}
-
-/* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
- * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles). */
-static void transpose16(cg_b *b, MlirValue *r) {
-    for (int s = 8; s >= 1; s /= 2) {
-        int64_t mi[16], mj[16];
-        for (int l = 0; l < 16; l++) {
-            mi[l] = (l & s) ? 16 + l - s : l;
-            mj[l] = (l & s) ? 16 + l : l + s;
-        }
-        for (int i = 0; i < 16; i++)
-            if (!(i & s)) {
-                MlirValue x = r[i], y = r[i + s];
-                r[i] = shuffle16(b, x, y, mi);
-                r[i + s] = shuffle16(b, x, y, mj);
-            }
-    }
-}
-
-/* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[base + (i - i0) * ld
- * + k - k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
- * contiguous run per row; the input gradient's w[g Og + o, i, kh, kw] for k = (o, kh, kw),
- * runs of KK (its chunks are whole o's). */
-static void stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, int64_t ld,
-                          MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
-    cg_b *b = c->b;
-    MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
-    loom_dtype wdt = c->g->nodes[cp->plain].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0), n = isub(b, k1, k0);
-    cg_for li, lo, lt;
-    MlirValue i_rest = i0; /* rows from here on element by element */
-    if (cp->role == CV_GRAD_INPUT && cp->KKf == 1) {
-        /* 1x1 weights: A = w^T, in 16 x 16 blocks transposed in registers (element by
-         * element, each load was 4 KB from the last for 1024 input channels) */
-        cg_for lib, lob;
-        MlirValue nib = idiv(b, isub(b, i1, i0), 16), nob = idiv(b, n, 16);
-        cg_for_begin(b, &lib, z, nib, 0, NULL);
-        MlirValue c0 = cg_iadd(b, i0, cg_imul_c(b, lib.iv, 16));
-        MlirValue row0 = cg_iadd(b, base, cg_imul_c(b, isub(b, c0, i0), ld));
-        MlirValue wrow =
-            cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), k0), cp->Cg), c0);
-        cg_for_begin(b, &lob, z, nob, 0, NULL);
-        MlirValue src = cg_iadd(b, wrow, cg_imul_c(b, lob.iv, 16 * cp->Cg)), v[16];
-        for (int t = 0; t < 16; t++)
-            v[t] = vload_f32(b, wdt, wbuf, cg_iadd(b, src, cg_idx(b, t * cp->Cg)));
-        transpose16(b, v);
-        MlirValue dst = cg_iadd(b, row0, cg_imul_c(b, lob.iv, 16));
-        for (int t = 0; t < 16; t++)
-            cg_vstore(b, v[t], stg, cg_iadd(b, dst, cg_idx(b, t * ld)));
-        cg_for_end(b, &lob, 0, NULL);
-        cg_for_begin(b, &lo, cg_imul_c(b, nob, 16), n, 0, NULL); /* the chunk's last o's */
-        for (int t = 0; t < 16; t++)
-            cg_store(b,
-                     cg_load_val(
-                         b, wdt, wbuf,
-                         cg_iadd(b, wrow, cg_iadd(b, cg_imul_c(b, lo.iv, cp->Cg), cg_idx(b, t)))),
-                     stg, cg_iadd(b, row0, cg_iadd(b, lo.iv, cg_idx(b, t * ld))));
-        cg_for_end(b, &lo, 0, NULL);
-        for (int t = 0; t < 16; t++)
-            zero_range(b, zf, stg, cg_iadd(b, row0, cg_idx(b, t * ld)), n, cg_idx(b, ld));
-        cg_for_end(b, &lib, 0, NULL);
-        i_rest = cg_iadd(b, i0, cg_imul_c(b, nib, 16));
-    }
-    cg_for_begin(b, &li, i_rest, i1, 0, NULL);
-    MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), ld));
-    if (cp->role == CV_FWD) {
-        MlirValue src =
-            cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), li.iv), cp->K), k0);
-        cg_for_begin(b, &lt, z, n, 0, NULL);
-        cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg, cg_iadd(b, row, lt.iv));
-        cg_for_end(b, &lt, 0, NULL);
-    } else {
-        MlirValue o0 = idiv(b, k0, cp->KK);
-        cg_for_begin(b, &lo, o0, idiv(b, k1, cp->KK), 0, NULL);
-        MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), lo.iv);
-        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), li.iv), cp->KKf);
-        MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lo.iv, o0), cp->KK));
-        if (cp->phased) { /* the phase's taps, one by one */
-            for (int64_t th = 0; th < cp->ntap[0]; th++)
-                for (int64_t tw = 0; tw < cp->ntap[1]; tw++) {
-                    int64_t from = cp->tap[0][th] * cp->KWf + cp->tap[1][tw];
-                    cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, cg_idx(b, from))), stg,
-                             cg_iadd(b, dst, cg_idx(b, th * cp->ntap[1] + tw)));
-                }
-        } else {
-            cg_for_begin(b, &lt, z, cg_idx(b, cp->KK), 0, NULL);
-            cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg,
-                     cg_iadd(b, dst, lt.iv));
-            cg_for_end(b, &lt, 0, NULL);
-        }
-        cg_for_end(b, &lo, 0, NULL);
-    }
-    zero_range(b, zf, stg, row, n, cg_idx(b, ld));
-    cg_for_end(b, &li, 0, NULL);
-    zero_rows_at(b, stg, base, isub(b, i1, i0), cp->mbp, ld, zf);
-}
-
-/* ap[base + p] = the bf16 pair (stg[2 p], stg[2 p + 1]) for p in [0, n): 16 at a time, the
- * two f32 of a pair being one i64 lane (the first in its low half), then one by one. */
-static void pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n) {
-    cg_b *b = c->b;
-    MlirType v32 = cg_vec_t(32, b->f32), v16l = cg_vec_t(16, b->i64), v16i = cg_vec_t(16, b->i32);
-    cg_for lv, ls;
-    cg_for_begin(b, &lv, cg_idx(b, 0), cg_idx(b, n / 16), 0, NULL);
-    MlirValue at = cg_imul_c(b, lv.iv, 16);
-    MlirValue l = cg_vbitcast(b, cg_vload(b, v32, stg, cg_imul_c(b, at, 2)), v16l);
-    MlirValue lo = cg_bin(b, "arith.andi",
-                          cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 16), v16l)),
-                          cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff), v16l));
-    MlirValue hi = cg_bin(b, "arith.andi",
-                          cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 32), v16l)),
-                          cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff0000ll), v16l));
-    cg_vstore(b, cg_conv(b, "arith.trunci", cg_bin(b, "arith.ori", lo, hi), v16i), ap,
-              cg_iadd(b, base, at));
-    cg_for_end(b, &lv, 0, NULL);
-    cg_for_begin(b, &ls, cg_idx(b, n / 16 * 16), cg_idx(b, n), 0, NULL);
-    MlirValue e = cg_imul_c(b, ls.iv, 2);
-    cg_store(b, cg_bf16_pair(b, cg_load(b, stg, e), cg_load(b, stg, cg_iadd(b, e, cg_idx(b, 1)))),
-             ap, cg_iadd(b, base, ls.iv));
-    cg_for_end(b, &ls, 0, NULL);
-}
-
-/* The weight gradient's B = dy^T: rows the pixels of destination rows [r0, r1), columns
- * the output channels [j0, j1) of group g, staged as stg[k * b_ld + (j - j0)] (zeros in the
- * columns up to nbp and the rows up to kp * pk): blocks of 16 x 16 transposed in registers
- * (element by element, the strided stores cost as much as the product they feed). */
-static void stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirValue j0,
-                       MlirValue j1, MlirValue r0, MlirValue r1) {
-    cg_b *b = c->b;
-    const cg_mk *m = &cp->mk;
-    MlirValue dy = c->bufs[c->s->buf_of[cp->plain]];
-    loom_dtype ddt = c->g->nodes[cp->plain].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
-    int64_t L = cp->OH * cp->OW;
-    /* the chunk's pixels P in [P0, P1) are image n's pixels n L + l: one run per image */
-    MlirValue P0 = cg_imul_c(b, r0, cp->OW), P1 = cg_imul_c(b, r1, cp->OW);
-    MlirValue ncol = isub(b, j1, j0), nfo = idiv(b, ncol, 16);
-    cg_for ln, lob, lpb, lp, lj;
-    cg_for_begin(b, &ln, idiv(b, r0, cp->OH),
-                 cg_iadd(b, idiv(b, isub(b, r1, cg_idx(b, 1)), cp->OH), cg_idx(b, 1)), 0, NULL);
-    MlirValue nL = cg_imul_c(b, ln.iv, L);
-    MlirValue plo = imax_s(b, P0, nL), phi = imin_s(b, P1, cg_iadd(b, nL, cg_idx(b, L)));
-    MlirValue kb = isub(b, plo, P0), l0 = isub(b, plo, nL), cnt = isub(b, phi, plo);
-    MlirValue nfp = idiv(b, cnt, 16);
-    MlirValue obase = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->O), cg_imul_c(b, g, cp->Og)),
-                                L); /* o = 0 */
-    /* blocks of 16 channels x 16 pixels, transposed in registers */
-    cg_for_begin(b, &lob, z, nfo, 0, NULL);
-    MlirValue o0 = cg_iadd(b, j0, cg_imul_c(b, lob.iv, 16)), col0 = cg_imul_c(b, lob.iv, 16);
-    MlirValue orow = cg_iadd(b, obase, cg_imul_c(b, o0, L));
-    cg_for_begin(b, &lpb, z, nfp, 0, NULL);
-    MlirValue p = cg_iadd(b, l0, cg_imul_c(b, lpb.iv, 16)), v[16];
-    for (int i = 0; i < 16; i++)
-        v[i] = vload_f32(b, ddt, dy, cg_iadd(b, orow, cg_iadd(b, p, cg_idx(b, i * L))));
-    transpose16(b, v);
-    MlirValue k0 = cg_iadd(b, kb, cg_imul_c(b, lpb.iv, 16));
-    for (int t = 0; t < 16; t++)
-        cg_vstore(b, v[t], stg,
-                  cg_iadd(b, cg_imul_c(b, cg_iadd(b, k0, cg_idx(b, t)), m->b_ld), col0));
-    cg_for_end(b, &lpb, 0, NULL);
-    cg_for_begin(b, &lp, cg_imul_c(b, nfp, 16), cnt, 0, NULL); /* the run's last pixels */
-    MlirValue at = cg_iadd(b, cg_imul_c(b, cg_iadd(b, kb, lp.iv), m->b_ld), col0);
-    for (int i = 0; i < 16; i++)
-        cg_store(b,
-                 cg_load_val(b, ddt, dy,
-                             cg_iadd(b, orow, cg_iadd(b, cg_iadd(b, l0, lp.iv), cg_idx(b, i * L)))),
-                 stg, cg_iadd(b, at, cg_idx(b, i)));
-    cg_for_end(b, &lp, 0, NULL);
-    cg_for_end(b, &lob, 0, NULL);
-    /* the last channels, one by one */
-    cg_for_begin(b, &lj, cg_iadd(b, j0, cg_imul_c(b, nfo, 16)), j1, 0, NULL);
-    MlirValue jrow = cg_iadd(b, obase, cg_imul_c(b, lj.iv, L)), col = isub(b, lj.iv, j0);
-    cg_for_begin(b, &lp, z, cnt, 0, NULL);
-    cg_store(b, cg_load_val(b, ddt, dy, cg_iadd(b, jrow, cg_iadd(b, l0, lp.iv))), stg,
-             cg_iadd(b, cg_imul_c(b, cg_iadd(b, kb, lp.iv), m->b_ld), col));
-    cg_for_end(b, &lp, 0, NULL);
-    cg_for_end(b, &lj, 0, NULL);
-    cg_for_end(b, &ln, 0, NULL);
-    /* the padding columns of the chunk's rows, and the rows past it */
-    MlirValue nk = isub(b, P1, P0);
-    cg_for lk;
-    cg_for_begin(b, &lk, z, nk, 0, NULL);
-    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
-    cg_for_end(b, &lk, 0, NULL);
-    zero_rows(b, stg, nk, m->kp * m->pk, m->b_ld, zf);
-}
 
 /* The epilogue of a task's block: C's element (i, column) is the root's element at the
  * nest indices set here; the fused sinks evaluate and store from it. */
@@ -759,11 +245,11 @@ static void pack_weights(kc *c, const cv_plan *cp, const cv_bufs *u, MlirValue a
                          MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
     const cg_mk *m = &cp->mk;
     if (m->pk == 1) {
-        stage_weights(c, cp, ap, base, m->kp, g, i0, i1, k0, k1);
+        cv_stage_weights(c, cp, ap, base, m->kp, g, i0, i1, k0, k1);
         return;
     }
-    stage_weights(c, cp, u->stga, cg_idx(c->b, 0), m->kp * m->pk, g, i0, i1, k0, k1);
-    pair_up(c, u->stga, ap, base, cp->mbp * m->kp);
+    cv_stage_weights(c, cp, u->stga, cg_idx(c->b, 0), m->kp * m->pk, g, i0, i1, k0, k1);
+    cv_pair_up(c, u->stga, ap, base, cp->mbp * m->kp);
 }
 
 /* One task of plan cp (tag: its index among the kernel's plans): t = (g * nbm + ib) * nbn +
@@ -793,11 +279,11 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     MlirValue zf = cg_cf(b, b->f32, 0.0);
     if (cp->K == 0) /* a phase no tap reaches: its epilogue alone (zeros), no product code */
         return cp->n_epi > 0 ? emit_epilogue(c, cp, u->cs, gi, i0, i1, c0, c1) : LOOM_OK;
-    zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
+    cv_zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
-        build_table(c, cp, u->tab, cp->ldt, c0, c1);
+        cv_build_table(c, cp, u->tab, cp->ldt, c0, c1);
     else if (!gw)
-        build_rows(c, cp, u->rtab, c0, c1);
+        cv_build_rows(c, cp, u->rtab, c0, c1);
     int64_t a_chunk = cp->mbp * m->kp;
     if (cp->a_cache) { /* all of K's weights, unless this thread's last task packed them */
         MlirValue key =
@@ -820,30 +306,30 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         MlirValue k1 =
             cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
         if (cp->tab) {
-            build_table(c, cp, u->tab, cp->ldt, k0, k1);
-            stage_window_tab(c, cp, u->stga, ld, ld, u->tab, cp->ldt, gi, i0, i1,
-                             cg_imul_c(b, isub(b, k1, k0), cp->dW));
+            cv_build_table(c, cp, u->tab, cp->ldt, k0, k1);
+            cv_stage_window_tab(c, cp, u->stga, ld, ld, u->tab, cp->ldt, gi, i0, i1,
+                                cg_imul_c(b, isub(b, k1, k0), cp->dW));
         } else {
-            build_rows(c, cp, u->rtab, k0, k1);
-            stage_window(c, cp, u->stga, ld, ld, u->rtab, gi, i0, i1, k0, k1);
+            cv_build_rows(c, cp, u->rtab, k0, k1);
+            cv_stage_window(c, cp, u->stga, ld, ld, u->rtab, gi, i0, i1, k0, k1);
         }
-        zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
+        cv_zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
         if (m->pk == 2)
-            pair_up(c, u->stga, u->ap, cg_idx(b, 0), cp->mbp * m->kp);
-        stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
+            cv_pair_up(c, u->stga, u->ap, cg_idx(b, 0), cp->mbp * m->kp);
+        cv_stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
     } else { /* K chunk: window rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
         if (!cp->a_cache)
             pack_weights(c, cp, u, u->ap, cg_idx(b, 0), gi, i0, i1, k0, k1);
         if (cp->tab)
-            stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
+            cv_stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
         else
-            stage_window(c, cp, u->stg, m->b_ld, m->nbp, u->rtab, gi, k0, k1, c0, c1);
-        zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
+            cv_stage_window(c, cp, u->stg, m->b_ld, m->nbp, u->rtab, gi, k0, k1, c0, c1);
+        cv_zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
     }
     if (m->pk == 2)
-        panelize(c, cp, u->stg, u->bp);
+        cv_panelize(c, cp, u->stg, u->bp);
     MlirValue a0 = cp->a_cache ? cg_imul_c(b, lk.iv, a_chunk) : cg_idx(b, 0);
     cg_mk_tiles(c, m, cp->a_cache ? u->afull : u->ap, a0, m->pk == 2 ? u->bp : u->stg, u->cs,
                 isub(b, i1, i0), ncols, true);
@@ -893,31 +379,7 @@ loom_status cg_lower_conv(kc *c) {
                 n_ph++;
             }
     }
-    cg_nest_init(&cp->ns, root->rank, root->shape);
-    cp->ns.no_merge = true;
-    c->bound = root_id;
-    cg_identity_map(&cp->ns, &c->bound_map);
-    for (int32_t i = 0; i < c->k->n_results; i++) {
-        int32_t id = c->k->results[i];
-        const loom_ir_node *n = &g->nodes[id];
-        if (!c->s->dep_root[id])
-            continue;
-        if (!same_shape(n, root)) {
-            st = cg_unsupported(c, id,
-                                "a convolution epilogue result whose shape is not the "
-                                "convolution's");
-            goto done;
-        }
-        if (cp->n_epi == 64) {
-            st = cg_unsupported(c, id, "more than 64 epilogue results");
-            goto done;
-        }
-        cp->epi[cp->n_epi] = (sink){.node = id, .store = true};
-        cg_identity_map(&cp->ns, &cp->epi[cp->n_epi++].map);
-    }
-    if ((st = cg_side_nests(c, root, SIDE_MATMUL)) != LOOM_OK)
-        goto done;
-    if ((st = cg_plan_nest(c, &cp->ns, cp->n_epi, cp->epi)) != LOOM_OK)
+    if ((st = cg_plan_epilogue(c, &cp->ns, cp->epi, &cp->n_epi, -1)) != LOOM_OK)
         goto done;
     for (int32_t q = 1; q <= n_ph; q++) { /* the epilogue is the same in every phase */
         cps[q].ns = cp->ns;

@@ -1,6 +1,7 @@
 /* Internals of the kernel lowering shared by its files (lower_kernel.c: scratch, errors,
  * nests and entry points; lower_eval.c: dtypes and per-element evaluation of fused nodes;
- * lower_elementwise.c, lower_reduction.c, lower_matmul.c: one kernel kind each). How a
+ * lower_elementwise.c, lower_reduction.c, lower_matmul.c, lower_conv.c with conv_stage.c:
+ * one kernel kind each). How a
  * kernel becomes loops is described at the top of lower_kernel.c. */
 #ifndef LOOM_CODEGEN_LOWER_INTERNAL_H
 #define LOOM_CODEGEN_LOWER_INTERNAL_H
@@ -132,6 +133,11 @@ void cg_delinearize(kc *c, MlirValue q, int32_t n, const int32_t *groups);
 void cg_clear_gv(kc *c);
 loom_status cg_side_nests(kc *c, const loom_ir_node *space, side_mode mode);
 int64_t cg_grain_for(int64_t work_per_iter);
+enum { CG_EPI_MAX = 64 }; /* epilogue results of a matmul or convolution kernel */
+/* The epilogue of a matmul or convolution kernel (root bound to the product): its nest over
+ * the root's shape (one group per dim), the results that depend on the root as stored sinks
+ * but `skip` (-1: none), the side nests of the others, then the plan of the nest. */
+loom_status cg_plan_epilogue(kc *c, nest *ns, sink *epi, int32_t *n_epi, int32_t skip);
 
 /* ---- memo, dtypes, evaluation of fused nodes (lower_eval.c) ---- */
 void cg_map_none(imap *m);

@@ -296,6 +296,33 @@ loom_status cg_side_nests(kc *c, const loom_ir_node *space, side_mode mode) {
     return LOOM_OK;
 }
 
+loom_status cg_plan_epilogue(kc *c, nest *ns, sink *epi, int32_t *n_epi, int32_t skip) {
+    const loom_ir_graph *g = c->g;
+    const loom_ir_node *root = &g->nodes[c->k->root];
+    cg_nest_init(ns, root->rank, root->shape);
+    ns->no_merge = true;
+    c->bound = c->k->root;
+    cg_identity_map(ns, &c->bound_map);
+    *n_epi = 0;
+    for (int32_t i = 0; i < c->k->n_results; i++) {
+        int32_t id = c->k->results[i];
+        if (!c->s->dep_root[id])
+            continue;
+        if (!same_shape(&g->nodes[id], root))
+            return cg_unsupported(c, id,
+                                  "an epilogue result whose shape is not its kernel's "
+                                  "product's");
+        if (id == skip)
+            continue;
+        if (*n_epi == CG_EPI_MAX)
+            return cg_unsupported(c, id, "more than 64 epilogue results");
+        epi[*n_epi] = (sink){.node = id, .store = true};
+        cg_identity_map(ns, &epi[(*n_epi)++].map);
+    }
+    loom_status st = cg_side_nests(c, root, SIDE_MATMUL);
+    return st != LOOM_OK ? st : cg_plan_nest(c, ns, *n_epi, epi);
+}
+
 int64_t cg_grain_for(int64_t work_per_iter) {
     int64_t w = work_per_iter > 0 ? work_per_iter : 1;
     int64_t gr = ceil_div(TASK_WORK, w);

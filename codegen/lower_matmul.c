@@ -37,7 +37,7 @@ typedef struct mm_plan {
     loom_dtype dt;
     MlirType acc_t;
     int32_t acc_res; /* result node whose buffer holds the products, -1: scratch */
-    sink epi[64];
+    sink epi[CG_EPI_MAX];
     int32_t n_epi;
     nest ns; /* the root's dims, one group per dim */
     bool linalg;
@@ -443,38 +443,19 @@ loom_status cg_lower_matmul(kc *c) {
             goto done;
     }
 
-    cg_nest_init(&mp->ns, root->rank, root->shape);
-    mp->ns.no_merge = true;
-    c->bound = root_id;
-    cg_identity_map(&mp->ns, &c->bound_map);
     /* the accumulator: the root's own buffer when it has the accumulator's type, else an
      * epilogue result's of the same type and shape (overwritten in place), else scratch */
     bool own = mp->dt == LOOM_DTYPE_F32 || mp->dt == LOOM_DTYPE_F64 || mp->dt == LOOM_DTYPE_I32 ||
                mp->dt == LOOM_DTYPE_I64;
     mp->acc_res = own && c->s->res_of[root_id] >= 0 ? root_id : -1;
-    for (int32_t i = 0; i < c->k->n_results; i++) {
+    for (int32_t i = 0; i < c->k->n_results && own && mp->acc_res < 0; i++) {
         int32_t id = c->k->results[i];
-        const loom_ir_node *n = &g->nodes[id];
-        if (!c->s->dep_root[id])
-            continue;
-        if (!same_shape(n, root)) {
-            st = cg_unsupported(c, id, "a matmul epilogue result whose shape is not the product's");
-            goto done;
-        }
-        if (mp->acc_res < 0 && own && n->dtype == mp->dt)
+        if (c->s->dep_root[id] && same_shape(&g->nodes[id], root) && g->nodes[id].dtype == mp->dt)
             mp->acc_res = id;
-        if (id == root_id && mp->acc_res == root_id)
-            continue; /* written by the product loop itself */
-        if (mp->n_epi == 64) {
-            st = cg_unsupported(c, id, "more than 64 epilogue results");
-            goto done;
-        }
-        mp->epi[mp->n_epi] = (sink){.node = id, .store = true};
-        cg_identity_map(&mp->ns, &mp->epi[mp->n_epi++].map);
     }
-    if ((st = cg_side_nests(c, root, SIDE_MATMUL)) != LOOM_OK)
-        goto done;
-    if ((st = cg_plan_nest(c, &mp->ns, mp->n_epi, mp->epi)) != LOOM_OK)
+    /* the root itself is written by the product loop when it is the accumulator */
+    if ((st = cg_plan_epilogue(c, &mp->ns, mp->epi, &mp->n_epi,
+                               mp->acc_res == root_id ? root_id : -1)) != LOOM_OK)
         goto done;
     int64_t numel = loom_ir_numel(root->rank, root->shape);
     c->extent = numel > 0 ? mp->P * mp->nbm * mp->nbn : 1;

@@ -1,0 +1,103 @@
+/* Internals of the convolution kernels shared by their files (lower_conv.c: the plan, its
+ * tasks and epilogue; conv_stage.c: how each block's operands are staged from the
+ * activations and the weights). How a convolution becomes GEMMs is described at the top of
+ * lower_conv.c. */
+#ifndef LOOM_CODEGEN_CONV_INTERNAL_H
+#define LOOM_CODEGEN_CONV_INTERNAL_H
+
+#include "lower_internal.h"
+
+enum {
+    CV_TAPS_MAX = 16, /* taps of a phase along an axis (larger windows are not phased) */
+};
+
+typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
+
+typedef struct cv_plan {
+    cv_role role;
+    loom_dtype dt;
+    /* the convolution in forward terms: x [N, C, H, W], w [O, Cg, KH, KW], y [N, O, OH, OW] */
+    int64_t N, C, H, W, O, OH, OW, KH, KW, G, Cg, Og, KK;
+    int64_t st[2], pd[2], dl[2];
+    /* the window matrix: source node and its channels (per group, in all), spatial extents
+     * of source and destination, and which of them is the big coordinate */
+    int32_t win, plain; /* nodes: the window's source, the other operand */
+    int64_t wch, wC, sH, sW, dH, dW;
+    bool dst_big;
+    bool tab; /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
+    int64_t ldt;
+    /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
+     * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
+     * the source at the destination's y or q plus off[a][t]; KH, KW, KK, dH, dW, K are the
+     * phase's, KWf and KKf the whole window's */
+    bool phased;
+    int64_t ph[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
+    /* conv2d and the input gradient: the weights' packed rows for all of K (a block of
+     * mbp x kp per chunk) are kept across a thread's consecutive tasks of one row block */
+    bool a_cache;
+    /* the GEMM per group, C [M, NC] = A [M, K] x B [K, NC], and its blocks */
+    int64_t M, K, NC;
+    int64_t rows, nbm, cols, nbn, kc, nbk;
+    int64_t pix_rows; /* destination pixel rows per column block (FWD, GI) or K chunk (GW) */
+    int64_t mbp;
+    cg_mk mk;
+    sink epi[CG_EPI_MAX];
+    int32_t n_epi;
+    nest ns;
+} cv_plan;
+
+static inline MlirValue idiv(cg_b *b, MlirValue x, int64_t c) {
+    return c == 1 ? x : cg_bin(b, "arith.divui", x, cg_idx(b, c));
+}
+
+static inline MlirValue irem(cg_b *b, MlirValue x, int64_t c) {
+    return c == 1 ? cg_idx(b, 0) : cg_bin(b, "arith.remui", x, cg_idx(b, c));
+}
+
+static inline MlirValue isub(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.subi", x, y);
+}
+
+static inline MlirValue imax_s(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.maxsi", x, y);
+}
+
+static inline MlirValue imin_s(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.minsi", x, y);
+}
+
+static inline MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.andi", x, y);
+}
+
+/* ---- staging (conv_stage.c) ---- */
+/* Window rows [j0, j1) x destination pixel rows [r0, r1) of group g, staged in f32 as
+ * buf[(j - j0) * ld + (r - r0) * dW + q], zeros up to width: a strided copy per row between
+ * bounds computed per tap, the rows' sources from cv_build_rows' table rtab. */
+void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
+                     MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
+                     MlirValue r1);
+void cv_build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirValue r1);
+/* The same through a table of every pixel's source (narrow images, strided phases):
+ * cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab for its npix pixels. */
+void cv_build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirValue r0,
+                    MlirValue r1);
+void cv_stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
+                         MlirValue tab, int64_t ldt, MlirValue g, MlirValue j0, MlirValue j1,
+                         MlirValue npix);
+/* The weights' rows [i0, i1) x K [k0, k1) of group g as A, staged in f32 at stg[base]. */
+void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, int64_t ld,
+                      MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1);
+/* The weight gradient's B = dy^T for output channels [j0, j1) and pixel rows [r0, r1). */
+void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirValue j0, MlirValue j1,
+                   MlirValue r0, MlirValue r1);
+/* bf16 pairs for vdpbf16ps from staged f32: of A's rows (ap[base + p] = (stg[2p],
+ * stg[2p + 1]), n of them) and of B's (rows 2 kk and 2 kk + 1). */
+void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);
+void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
+/* Zeros rows [from, to) of a row-major buffer of ld columns (at buf[base]). */
+void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld, MlirValue zero);
+void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to, int64_t ld,
+                     MlirValue zero);
+
+#endif
