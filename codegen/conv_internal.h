@@ -25,6 +25,7 @@ typedef struct cv_plan {
     int64_t wch, wC, sH, sW, dH, dW;
     bool dst_big;
     bool tab; /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
+    bool identity; /* 1x1, stride 1, no padding: a window row is its channel's pixels */
     int64_t ldt;
     /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
      * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
@@ -85,6 +86,9 @@ void cv_build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirVa
 void cv_stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
                          MlirValue tab, int64_t ldt, MlirValue g, MlirValue j0, MlirValue j1,
                          MlirValue npix);
+/* The same for an identity window (cv_plan.identity): contiguous runs, one per image. */
+void cv_stage_runs(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width, MlirValue g,
+                   MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 /* The weights' rows [i0, i1) x K [k0, k1) of group g as A, staged in f32 at stg[base]. */
 void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, int64_t ld,
                       MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1);

@@ -120,6 +120,52 @@ void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_
     cg_for_end(b, &lj, 0, NULL);
 }
 
+/* 16 values of dtype dt at mem[off] as a vector of f32. */
+static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
+    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
+    if (dt == LOOM_DTYPE_F16)
+        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
+    if (dt != LOOM_DTYPE_BF16)
+        return cg_vload(b, vf, mem, off);
+    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
+    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
+    return cg_conv(b, "arith.bitcast", w, vf);
+}
+
+/* An identity window's rows [j0, j1) x pixel rows [r0, r1): channel g wch + j of each image
+ * in the block, a contiguous run, copied 16 at a time (converted to f32). */
+void cv_stage_runs(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width, MlirValue g,
+                   MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    loom_dtype sdt = c->g->nodes[cp->win].dtype;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
+    int64_t HW = cp->dH * cp->dW;
+    MlirValue P0 = cg_imul_c(b, r0, cp->dW), P1 = cg_imul_c(b, r1, cp->dW);
+    cg_for lj, ln, lv, lt;
+    cg_for_begin(b, &lj, j0, j1, 0, NULL);
+    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), lj.iv);
+    MlirValue row = cg_imul_c(b, isub(b, lj.iv, j0), ld);
+    cg_for_begin(b, &ln, idiv(b, r0, cp->dH),
+                 cg_iadd(b, idiv(b, isub(b, r1, cg_idx(b, 1)), cp->dH), cg_idx(b, 1)), 0, NULL);
+    MlirValue nHW = cg_imul_c(b, ln.iv, HW);
+    MlirValue plo = imax_s(b, P0, nHW), phi = imin_s(b, P1, cg_iadd(b, nHW, cg_idx(b, HW)));
+    MlirValue cnt = isub(b, phi, plo), nv = idiv(b, cnt, 16);
+    MlirValue from = cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->wC), chan), HW),
+                             isub(b, plo, nHW));
+    MlirValue to = cg_iadd(b, row, isub(b, plo, P0));
+    cg_for_begin(b, &lv, z, nv, 0, NULL);
+    MlirValue o16 = cg_imul_c(b, lv.iv, 16);
+    cg_vstore(b, vload_f32(b, sdt, src, cg_iadd(b, from, o16)), buf, cg_iadd(b, to, o16));
+    cg_for_end(b, &lv, 0, NULL);
+    cg_for_begin(b, &lt, cg_imul_c(b, nv, 16), cnt, 0, NULL);
+    cg_store(b, cg_load_val(b, sdt, src, cg_iadd(b, from, lt.iv)), buf, cg_iadd(b, to, lt.iv));
+    cg_for_end(b, &lt, 0, NULL);
+    cg_for_end(b, &ln, 0, NULL);
+    zero_range(b, zf, buf, row, isub(b, P1, P0), cg_idx(b, width));
+    cg_for_end(b, &lj, 0, NULL);
+}
+
 /* The source rows of destination pixel rows [r0, r1) for stage_window, per kernel row kh:
  * rtab[kh * pix_rows + r - r0] = the offset of row sy of image n in a channel's (n wC sH sW +
  * sy sW), or -1 where the window reads padding rows. Built once per block of pixel rows for
@@ -246,18 +292,6 @@ void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld
     cg_for_begin(b, &l, cg_imul_c(b, from, ld), cg_idx(b, to * ld), 0, NULL);
     cg_store(b, zero, buf, l.iv);
     cg_for_end(b, &l, 0, NULL);
-}
-
-/* 16 values of dtype dt at mem[off] as a vector of f32. */
-static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
-    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
-    if (dt == LOOM_DTYPE_F16)
-        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
-    if (dt != LOOM_DTYPE_BF16)
-        return cg_vload(b, vf, mem, off);
-    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
-    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
-    return cg_conv(b, "arith.bitcast", w, vf);
 }
 
 static MlirValue shuffle16(cg_b *b, MlirValue x, MlirValue y, const int64_t *mask) {

@@ -201,7 +201,9 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
      * (loading two rows 1 KB apart per step) 1.9x slower */
     m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
     /* rows narrower than this copy faster through a table (its i32 offsets must fit) */
-    cp->tab = cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp));
+    cp->identity = !cp->phased && cp->KH == 1 && cp->KW == 1 && cp->st[0] == 1 && cp->st[1] == 1 &&
+                   cp->pd[0] == 0 && cp->pd[1] == 0;
+    cp->tab = !cp->identity && (cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp)));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
     cp->a_cache =
@@ -282,7 +284,7 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     cv_zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         cv_build_table(c, cp, u->tab, cp->ldt, c0, c1);
-    else if (!gw)
+    else if (!gw && !cp->identity)
         cv_build_rows(c, cp, u->rtab, c0, c1);
     int64_t a_chunk = cp->mbp * m->kp;
     if (cp->a_cache) { /* all of K's weights, unless this thread's last task packed them */
@@ -305,7 +307,9 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
         MlirValue k1 =
             cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
-        if (cp->tab) {
+        if (cp->identity) {
+            cv_stage_runs(c, cp, u->stga, ld, ld, gi, i0, i1, k0, k1);
+        } else if (cp->tab) {
             cv_build_table(c, cp, u->tab, cp->ldt, k0, k1);
             cv_stage_window_tab(c, cp, u->stga, ld, ld, u->tab, cp->ldt, gi, i0, i1,
                                 cg_imul_c(b, isub(b, k1, k0), cp->dW));
@@ -322,7 +326,9 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
         if (!cp->a_cache)
             pack_weights(c, cp, u, u->ap, cg_idx(b, 0), gi, i0, i1, k0, k1);
-        if (cp->tab)
+        if (cp->identity)
+            cv_stage_runs(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
+        else if (cp->tab)
             cv_stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
         else
             cv_stage_window(c, cp, u->stg, m->b_ld, m->nbp, u->rtab, gi, k0, k1, c0, c1);
@@ -411,7 +417,7 @@ loom_status cg_lower_conv(kc *c) {
         n_stg = max64(n_stg, m->kp * m->pk * m->b_ld);
         n_stga = max64(n_stga, r->mbp * m->kp * m->pk);
         n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
-        n_rtab = max64(n_rtab, r->tab ? 0 : r->KH * r->pix_rows);
+        n_rtab = max64(n_rtab, r->tab || r->identity ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
     }
     bool pairs = cp->mk.pk == 2;

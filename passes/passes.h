@@ -54,9 +54,10 @@ extern const loom_pass loom_pass_autocast;
  * OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_matmul_casts;
 
-/* Convolution decomposition (passes/conv_decompose.c), the stand-in until codegen has conv
- * kernels: conv2d, conv2d_grad_input and conv2d_grad_weight become im2col (pad, strided
- * slices, concat) and matmuls, the gradients as autograd derived them from that im2col.
+/* Convolution decomposition (passes/conv_decompose.c), for the convolutions codegen has no
+ * kernel for (f64; every one with LOOM_CONV=im2col): conv2d, conv2d_grad_input and
+ * conv2d_grad_weight become im2col (pad, strided slices, concat) and matmuls, the gradients
+ * as autograd derived them from that im2col.
  * Runs after autocast, before CSE (which merges the im2col a forward and its weight gradient
  * both build). Errors: OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_conv_decompose;
