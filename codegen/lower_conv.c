@@ -17,13 +17,19 @@
  * dilation holds, 0 where it holds for no source pixel. For X the destination is the
  * small coordinate (the output pixel) and the source the big one (x's); for D the other
  * way round (dy's pixels are the small ones). A row of destination pixels is then one
- * strided copy between bounds computed per (kh, kw): for stride 1 a contiguous copy.
- * Windows are staged row-major (f32, the compute type) and repacked into panels or pairs.
+ * strided copy between bounds computed per (kh, kw): for stride 1 a contiguous copy. Images
+ * narrower than 16 pixels go through a table of every pixel's source instead (gathered 16
+ * at a time), and a 1x1 stride-1 window is its channels' pixels (copied a run per image).
+ * A strided input gradient runs per phase of the destination pixels (ph0 + s y, ph1 + s q):
+ * each a GEMM over the taps that reach that phase, so no zero is multiplied. Windows are
+ * staged row-major in f32 (conv_stage.c); the microkernel reads f32 rows as its B, bf16 ones
+ * after pairing.
  *
- * Tasks: (group, row block, column block); each packs and multiplies its K in chunks that
+ * Tasks: (group, row block, column block); each stages and multiplies its K in chunks that
  * fit the caches, accumulating in an f32 block of C, then runs the epilogue over the block.
  * Column blocks of conv2d and its input gradient are whole rows of destination pixels
- * (of one image or several), so the epilogue and the staging need no division per pixel. */
+ * (of one image or several), so the epilogue and the staging need no division per pixel;
+ * their weights, packed for all of K, serve a thread's consecutive tasks of one row block. */
 #include <string.h>
 
 #include "conv_internal.h"
