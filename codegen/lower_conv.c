@@ -207,8 +207,14 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
      * (loading two rows 1 KB apart per step) 1.9x slower */
     m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
     /* rows narrower than this copy faster through a table (its i32 offsets must fit) */
-    cp->identity = !cp->phased && cp->KH == 1 && cp->KW == 1 && cp->st[0] == 1 && cp->st[1] == 1 &&
-                   cp->pd[0] == 0 && cp->pd[1] == 0;
+    /* a window row is its channel's pixels: a 1x1 of stride 1 without padding, or the one
+     * phase of a strided 1x1's input gradient that its tap reaches, on dy's own grid */
+    if (cp->phased)
+        cp->identity = cp->KK == 1 && cp->off[0][0] == 0 && cp->off[1][0] == 0 &&
+                       cp->dH == cp->sH && cp->dW == cp->sW;
+    else
+        cp->identity = cp->KH == 1 && cp->KW == 1 && cp->st[0] == 1 && cp->st[1] == 1 &&
+                       cp->pd[0] == 0 && cp->pd[1] == 0;
     cp->tab = !cp->identity && (cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp)));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
