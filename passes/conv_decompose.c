@@ -29,14 +29,13 @@
 
 #include "passes.h"
 
-/* Whether conv node n is rewritten here (else a convolution kernel computes it). */
-static bool decomposes(const loom_ir_node *n) {
+/* Whether conv node n is rewritten here (else a convolution kernel computes it); all:
+ * LOOM_CONV=im2col, read once per run. */
+static bool decomposes(const loom_ir_node *n, bool all) {
     if (loom_ir_op_table[n->op].kind != LOOM_IR_KIND_CONV)
         return false;
-    const char *how = getenv("LOOM_CONV");
-    if (how && strcmp(how, "im2col") == 0)
-        return true;
-    return n->dtype != LOOM_DTYPE_F32 && n->dtype != LOOM_DTYPE_BF16 && n->dtype != LOOM_DTYPE_F16;
+    return all || (n->dtype != LOOM_DTYPE_F32 && n->dtype != LOOM_DTYPE_BF16 &&
+                   n->dtype != LOOM_DTYPE_F16);
 }
 
 typedef struct cd_state {
@@ -307,14 +306,14 @@ static int32_t decompose(cd_state *s, const loom_ir_graph *g, const loom_ir_node
  * else (loom_conv2d's bias): then *conv gets the conv2d and *bias the broadcast's operand,
  * whose extents are 1 but the channel axis's (O). uses[v]: how many operand slots and
  * outputs read v. */
-static bool is_biased_conv(const loom_ir_graph *g, int32_t i, const int32_t *uses, int32_t *conv,
-                           int32_t *bias) {
+static bool is_biased_conv(const loom_ir_graph *g, int32_t i, const int32_t *uses, bool all,
+                           int32_t *conv, int32_t *bias) {
     const loom_ir_node *n = &g->nodes[i];
     if (n->op != LOOM_IR_OP_ADD)
         return false;
     for (int k = 0; k < 2; k++) {
         const loom_ir_node *c = &g->nodes[n->inputs[k]], *v = &g->nodes[n->inputs[1 - k]];
-        if (c->op != LOOM_IR_OP_CONV2D || !decomposes(c) || uses[n->inputs[k]] != 1 ||
+        if (c->op != LOOM_IR_OP_CONV2D || !decomposes(c, all) || uses[n->inputs[k]] != 1 ||
             v->op != LOOM_IR_OP_BROADCAST)
             continue;
         const loom_ir_node *b = &g->nodes[v->inputs[0]];
@@ -363,9 +362,10 @@ static int32_t bias_grad(cd_state *s, const loom_ir_graph *g, const loom_ir_node
 
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     *out_changed = false;
-    bool any = false;
+    const char *how = getenv("LOOM_CONV");
+    bool all = how && strcmp(how, "im2col") == 0, any = false;
     for (int32_t i = 0; i < g->n_nodes && !any; i++)
-        any = decomposes(&g->nodes[i]);
+        any = decomposes(&g->nodes[i], all);
     if (!any)
         return LOOM_OK;
     cd_state s = {.d = d, .st = LOOM_OK};
@@ -385,7 +385,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         uses[g->outputs[o].node]++;
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         int32_t c, b;
-        if (is_biased_conv(g, i, uses, &c, &b))
+        if (is_biased_conv(g, i, uses, all, &c, &b))
             uses[c] = -1 - i;
     }
     /* is_dy: the dy operands of the gradients */
@@ -397,12 +397,12 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         const loom_ir_node *n = &g->nodes[i];
         if ((n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT || n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT) &&
-            decomposes(n))
+            decomposes(n, all))
             is_dy[n->inputs[n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? 0 : 1]] = 1;
     }
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         const loom_ir_node *n = &g->nodes[i];
-        if (decomposes(n)) {
+        if (decomposes(n, all)) {
             map[i] = uses[i] < 0 ? -1 : decompose(&s, g, n, map, -1);
             continue;
         }

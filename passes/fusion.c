@@ -42,10 +42,10 @@
  *     a buffer costs one pass over memory, which is what recomputing would save.
  *     Reductions and matmuls always start kernels; a reduction's operand chain joins it as its
  *     prologue by the rule above. A convolution (conv2d or a gradient) starts a MATMUL
- *     kernel too, its operands materialized. Each collective is a COLLECTIVE kernel of its own,
- * which the runtime runs on the host: its operand is materialized and its value is always a result
- * (the communicator works on buffers); it completes before the next kernel (the allreduce bucketing
- * pass merges and moves them).
+ *     kernel too, its operands materialized. Each collective is a COLLECTIVE kernel of
+ *     its own, which the runtime runs on the host: its operand is materialized and its
+ *     value is always a result (the communicator works on buffers); it completes before
+ *     the next kernel (the allreduce bucketing pass merges and moves them).
  *  2. Epilogues (one sweep in execution order). An ELEMENTWISE kernel E whose loop space
  *     equals the reduced (or product) shape of a REDUCTION (or MATMUL) kernel T joins T when
  *     T is the latest kernel E reads from (so every other value E reads exists before T
