@@ -86,9 +86,13 @@ void cv_build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirVa
 void cv_stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
                          MlirValue tab, int64_t ldt, MlirValue g, MlirValue j0, MlirValue j1,
                          MlirValue npix);
-/* The same for an identity window (cv_plan.identity): contiguous runs, one per image. */
+/* The same for an identity window (cv_plan.identity): contiguous runs, one per image; and,
+ * for a bf16 source under the pairing microkernel, B's bf16 pairs of rows (2 kk, 2 kk + 1)
+ * built straight from the source as bp[kk * b_ld + column] (zeros past the block). */
 void cv_stage_runs(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width, MlirValue g,
                    MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
+void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
+                         MlirValue j1, MlirValue r0, MlirValue r1);
 /* The weights' rows [i0, i1) x K [k0, k1) of group g as A, staged in f32 at stg[base]. */
 void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, int64_t ld,
                       MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1);

@@ -166,6 +166,53 @@ void cv_stage_runs(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t 
     cg_for_end(b, &lj, 0, NULL);
 }
 
+void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
+                         MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0);
+    MlirType vh = cg_vec_t(16, b->i16), vi = cg_vec_t(16, b->i32);
+    int64_t HW = cp->dH * cp->dW;
+    MlirValue P0 = cg_imul_c(b, r0, cp->dW), P1 = cg_imul_c(b, r1, cp->dW);
+    MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
+    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
+    cg_for lk, ln, lv, lt;
+    cg_for_begin(b, &lk, z, npair, 0, NULL);
+    MlirValue ja = cg_iadd(b, j0, cg_imul_c(b, lk.iv, 2)), jb = cg_iadd(b, ja, cg_idx(b, 1));
+    MlirValue has_b = cg_cmpi(b, CG_I_ULT, jb, j1); /* an odd chunk's last row pairs with 0 */
+    MlirValue ca = cg_iadd(b, cg_imul_c(b, g, cp->wch), ja);
+    MlirValue cb = cg_select(b, has_b, cg_iadd(b, ca, cg_idx(b, 1)), ca);
+    MlirValue row = cg_imul_c(b, lk.iv, m->b_ld);
+    cg_for_begin(b, &ln, idiv(b, r0, cp->dH),
+                 cg_iadd(b, idiv(b, isub(b, r1, cg_idx(b, 1)), cp->dH), cg_idx(b, 1)), 0, NULL);
+    MlirValue nHW = cg_imul_c(b, ln.iv, HW);
+    MlirValue plo = imax_s(b, P0, nHW), phi = imin_s(b, P1, cg_iadd(b, nHW, cg_idx(b, HW)));
+    MlirValue cnt = isub(b, phi, plo), nv = idiv(b, cnt, 16), in0 = isub(b, plo, nHW);
+    MlirValue img = cg_imul_c(b, ln.iv, cp->wC);
+    MlirValue fa = cg_iadd(b, cg_imul_c(b, cg_iadd(b, img, ca), HW), in0);
+    MlirValue fb = cg_iadd(b, cg_imul_c(b, cg_iadd(b, img, cb), HW), in0);
+    MlirValue to = cg_iadd(b, row, isub(b, plo, P0));
+    MlirValue keep = cg_vbroadcast(b, cg_select(b, has_b, cg_ci(b, b->i32, -1), zi), vi);
+    cg_for_begin(b, &lv, z, nv, 0, NULL);
+    MlirValue o16 = cg_imul_c(b, lv.iv, 16);
+    MlirValue lo = cg_conv(b, "arith.extui", cg_vload(b, vh, src, cg_iadd(b, fa, o16)), vi);
+    MlirValue hi = cg_conv(b, "arith.extui", cg_vload(b, vh, src, cg_iadd(b, fb, o16)), vi);
+    hi = cg_bin(b, "arith.andi", cg_bin(b, "arith.shli", hi, sh), keep);
+    cg_vstore(b, cg_bin(b, "arith.ori", lo, hi), bp, cg_iadd(b, to, o16));
+    cg_for_end(b, &lv, 0, NULL);
+    cg_for_begin(b, &lt, cg_imul_c(b, nv, 16), cnt, 0, NULL);
+    MlirValue l1 = cg_conv(b, "arith.extui", cg_load(b, src, cg_iadd(b, fa, lt.iv)), b->i32);
+    MlirValue h1 = cg_conv(b, "arith.extui", cg_load(b, src, cg_iadd(b, fb, lt.iv)), b->i32);
+    h1 = cg_select(b, has_b, cg_bin(b, "arith.shli", h1, cg_ci(b, b->i32, 16)), zi);
+    cg_store(b, cg_bin(b, "arith.ori", l1, h1), bp, cg_iadd(b, to, lt.iv));
+    cg_for_end(b, &lt, 0, NULL);
+    cg_for_end(b, &ln, 0, NULL);
+    zero_range(b, zi, bp, row, isub(b, P1, P0), cg_idx(b, m->nbp));
+    cg_for_end(b, &lk, 0, NULL);
+    cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
+}
+
 /* The source rows of destination pixel rows [r0, r1) for stage_window, per kernel row kh:
  * rtab[kh * pix_rows + r - r0] = the offset of row sy of image n in a channel's (n wC sH sW +
  * sy sW), or -1 where the window reads padding rows. Built once per block of pixel rows for

@@ -313,6 +313,9 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         cg_store(b, key, u->akey, cg_idx(b, 0));
         cg_if_end(b, &f);
     }
+    /* bf16 windows of a 1x1 read as pairs of channels straight into B (no f32 copy) */
+    bool pairs_direct =
+        !gw && cp->identity && m->pk == 2 && c->g->nodes[cp->win].dtype == LOOM_DTYPE_BF16;
     cg_for lk;
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
     if (gw) { /* K chunk: destination pixel rows [k0, k1) */
@@ -338,15 +341,18 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
         if (!cp->a_cache)
             pack_weights(c, cp, u, u->ap, cg_idx(b, 0), gi, i0, i1, k0, k1);
-        if (cp->identity)
+        if (pairs_direct)
+            cv_stage_runs_pairs(c, cp, u->bp, gi, k0, k1, c0, c1);
+        else if (cp->identity)
             cv_stage_runs(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
         else if (cp->tab)
             cv_stage_window_tab(c, cp, u->stg, m->b_ld, m->nbp, u->tab, cp->ldt, gi, k0, k1, ncols);
         else
             cv_stage_window(c, cp, u->stg, m->b_ld, m->nbp, u->rtab, gi, k0, k1, c0, c1);
-        cv_zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
+        if (!pairs_direct)
+            cv_zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
     }
-    if (m->pk == 2)
+    if (m->pk == 2 && !pairs_direct)
         cv_panelize(c, cp, u->stg, u->bp);
     MlirValue a0 = cp->a_cache ? cg_imul_c(b, lk.iv, a_chunk) : cg_idx(b, 0);
     cg_mk_tiles(c, m, cp->a_cache ? u->afull : u->ap, a0, m->pk == 2 ? u->bp : u->stg, u->cs,
