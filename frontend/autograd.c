@@ -299,8 +299,9 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
         int32_t d = bin(a, LOOM_IR_OP_MUL, id, bin(a, LOOM_IR_OP_SUB, full_like(a, id, 1.0), id));
         return bin(a, LOOM_IR_OP_MUL, g, d);
     }
-    case LOOM_IR_OP_RELU:
-        return sel(a, bin(a, LOOM_IR_OP_GT, x, full_like(a, x, 0.0)), g, full_like(a, g, 0.0));
+    case LOOM_IR_OP_RELU: /* y > 0 exactly where x > 0: the output, which the next layer
+                           * keeps anyway, not the input (as PyTorch's threshold_backward) */
+        return sel(a, bin(a, LOOM_IR_OP_GT, id, full_like(a, id, 0.0)), g, full_like(a, g, 0.0));
     case LOOM_IR_OP_GELU: {
         /* gelu = x Phi(x): d = Phi(x) + x phi(x). Phi(x) = gelu(x) / x away from 0 (exact
          * in floating point: a quotient keeps relative precision), 1/2 at 0. */
@@ -592,12 +593,10 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             a.loc = nd(&a, i)->loc;
             a.autocast = nd(&a, i)->attrs.autocast;
             int32_t nin = nd(&a, i)->n_inputs;
-            /* conv2d: the weight gradient first, so that the columns it shares with the
-             * forward (once decomposed into im2col) die before the input gradient's as
-             * large columns are made: 33 MB less peak in the Fashion-MNIST CNN */
-            bool w_first = nd(&a, i)->op == LOOM_IR_OP_CONV2D;
-            for (int32_t kk = 0; kk < nin && !a.failed; kk++) {
-                int32_t k = w_first ? nin - 1 - kk : kk;
+            /* operands in order: for conv2d the input gradient, which reads the weight,
+             * before the weight gradient, into whose epilogue fusion moves the optimizer's
+             * update, so that the update writes the weight (and its momentum) in place */
+            for (int32_t k = 0; k < nin && !a.failed; k++) {
                 int32_t in = nd(&a, i)->inputs[k];
                 if (!needs[in] || !is_float_node(&a, in))
                     continue;

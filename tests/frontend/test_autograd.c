@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "frontend/frontend.h"
 #include "loom/nn.h"
 
 #define MAXIN 4
@@ -361,6 +362,34 @@ static void test_gradients_of_a_hand_derived_expression(void **state) {
     loom_context_destroy(ctx);
 }
 
+static void test_relu_gradient_reads_the_output_not_the_input(void **state) {
+    (void)state;
+    /* As PyTorch's threshold_backward: relu(x) > 0 exactly where x > 0, and the output is
+     * what the next layer keeps for its own gradient anyway, so x need not be kept. */
+    loom_context *ctx = tu_context(false);
+    float xv[4] = {-1, 0, 2, -0.0f};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){4}, xv);
+    loom_tensor *y = loom_relu(ctx, loom_mul(ctx, x, x));
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, x), 0, NULL, false);
+    loom_tensor *g = NULL;
+    assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
+    loom_fe_tensor *yt = loom_fe_tensor_get(ctx, y, __FILE__, __LINE__, "test");
+    int32_t compares = 0;
+    for (int32_t i = 0; i < ctx->trace.n_nodes; i++)
+        if (ctx->trace.nodes[i].op == LOOM_IR_OP_GT) {
+            assert_int_equal(ctx->trace.nodes[i].inputs[0], yt->node);
+            compares++;
+        }
+    assert_int_equal(compares, 1);
+    /* d/dx [relu(x^2) x] = 3x^2 where x^2 > 0, else 0 */
+    float gv[4];
+    tu_read_f32(ctx, g, gv, 4);
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(gv[i], xv[i] * xv[i] > 0 ? 3 * xv[i] * xv[i] : 0, 0);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
 static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
@@ -506,6 +535,7 @@ int main(void) {
         cmocka_unit_test(test_movement_and_reduction_vjps_match_finite_differences),
         cmocka_unit_test(test_nn_op_gradients_match_finite_differences),
         cmocka_unit_test(test_gradients_of_a_hand_derived_expression),
+        cmocka_unit_test(test_relu_gradient_reads_the_output_not_the_input),
         cmocka_unit_test(test_backward_twice_accumulates_and_unrelated_inputs_get_zeros),
         cmocka_unit_test(test_detach_stops_the_gradient),
         cmocka_unit_test(test_jit_gradients_match_the_interpreter),
