@@ -450,7 +450,13 @@ loom_status cg_lower_matmul(kc *c) {
     mp->acc_res = own && c->s->res_of[root_id] >= 0 ? root_id : -1;
     for (int32_t i = 0; i < c->k->n_results && own && mp->acc_res < 0; i++) {
         int32_t id = c->k->results[i];
-        if (c->s->dep_root[id] && same_shape(&g->nodes[id], root) && g->nodes[id].dtype == mp->dt)
+        /* not one that may be a donated input the epilogue reads (updated in place:
+         * loom_ir_plan_can_update_in_place), which the product would overwrite first */
+        bool may_alias = false;
+        for (int32_t a = 0; a < c->k->n_args && !may_alias; a++)
+            may_alias = same_shape(&g->nodes[c->k->args[a]], &g->nodes[id]);
+        if (c->s->dep_root[id] && !may_alias && same_shape(&g->nodes[id], root) &&
+            g->nodes[id].dtype == mp->dt)
             mp->acc_res = id;
     }
     /* the root itself is written by the product loop when it is the accumulator */

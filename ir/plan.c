@@ -809,7 +809,17 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
     if (k < 0 || k >= p->n_kernels)
         return false;
     const loom_ir_kernel *kn = &p->kernels[k];
-    if (kn->kind != LOOM_IR_KERNEL_ELEMENTWISE || kn->root != x)
+    /* The output must be stored in the kernel's main loop, where every result at an index
+     * is stored after all of them are evaluated (codegen's cg_emit_sinks): the root of an
+     * elementwise kernel, or a result of its shape (a concat kernel stores only its root
+     * there), or a result of a matmul's epilogue (computed from the product, once per
+     * element, after all of it). Results elsewhere are stored by loops of their own. */
+    const loom_ir_node *root = &g->nodes[kn->root];
+    bool main_loop = kn->kind == LOOM_IR_KERNEL_ELEMENTWISE
+                         ? kn->root == x || (root->op != LOOM_IR_OP_CONCAT &&
+                                             same_type_shape(&g->nodes[x], root))
+                         : kn->kind == LOOM_IR_KERNEL_MATMUL && kn->root != x;
+    if (!main_loop)
         return false;
     int32_t in = -1;
     for (int32_t i = 0; i < g->n_nodes && in < 0; i++)
@@ -821,24 +831,30 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
      * the input would read it at another index than the one written (a broadcast constant is
      * fine). Kernel nodes are in graph order, so one forward sweep marks what depends on the
      * input. */
-    uint64_t dep_small[8] = {0};
+    uint64_t dep_small[8] = {0}, root_small[8] = {0}; /* depends on the input; on the root */
     if (kn->n_nodes > 64 * 8)
         return false; /* large kernels: stay on the copy path rather than allocate */
     for (int32_t j = 0; j < kn->n_nodes; j++) {
         const loom_ir_node *nd = &g->nodes[kn->nodes[j]];
-        bool dep = false;
-        for (int32_t q = 0; q < nd->n_inputs && !dep; q++) {
+        bool dep = false, on_root = kn->nodes[j] == kn->root;
+        for (int32_t q = 0; q < nd->n_inputs; q++) {
             int32_t src = nd->inputs[q], pos = sorted_find(kn->nodes, j, src);
-            dep = loom_ir_view_base(g, src) == in ||
+            dep = dep || loom_ir_view_base(g, src) == in ||
                   (pos >= 0 && (dep_small[pos / 64] >> (pos % 64) & 1));
+            on_root = on_root || (pos >= 0 && (root_small[pos / 64] >> (pos % 64) & 1));
         }
+        if (on_root)
+            root_small[j / 64] |= (uint64_t)1 << (j % 64);
+        if (kn->nodes[j] == x && kn->kind == LOOM_IR_KERNEL_MATMUL && !on_root)
+            return false; /* not the epilogue's: a loop of its own */
         if (!dep)
             continue;
         dep_small[j / 64] |= (uint64_t)1 << (j % 64);
         loom_ir_kind kind = loom_ir_op_table[nd->op].kind;
         if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE ||
             kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD || kind == LOOM_IR_KIND_CONCAT ||
-            kind == LOOM_IR_KIND_RAND)
+            kind == LOOM_IR_KIND_RAND || kind == LOOM_IR_KIND_CONTRACTION ||
+            kind == LOOM_IR_KIND_CONV || kind == LOOM_IR_KIND_REDUCTION)
             return false;
     }
     for (int32_t a = 0; a < kn->n_args; a++)

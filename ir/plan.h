@@ -115,11 +115,14 @@ loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
  * pass over memory of its own. Every other matmul operand is an arg. */
 bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t operand);
 /* Whether output `output` of g, which aliases a graph input, may be written by its kernel
- * straight into the donated input's buffer: the kernel is ELEMENTWISE with the output as
- * its root and no broadcast, transpose, slice, pad, concat or rand_uniform of the input
- * inside (so it reads every element of the input, through args of the root's shape, only
- * at the index it writes), and nothing reads the
- * input afterwards (no later kernel, no copy). Needs the kernels (fusion's part) only. */
+ * straight into the donated input's buffer: the output is a result of an ELEMENTWISE
+ * kernel, or of a MATMUL kernel's epilogue (not its root), with no broadcast, transpose,
+ * slice, pad, concat, rand_uniform, reduction or product of the input inside (so it
+ * reads every element of the input, through args of the output's shape, only at the
+ * index it writes, and writes that element once: fusion's rule for outputs), and nothing
+ * reads the input afterwards (no later kernel, no copy). A matmul kernel therefore never
+ * accumulates its product in a result that has an arg's shape (codegen/lower_matmul.c). Needs the
+ * kernels (fusion's part) only. */
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
                                       int32_t output);
 /* What kernel kn of a plan for g costs per run, as the plan's printout says: the estimated

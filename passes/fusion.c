@@ -39,7 +39,9 @@
  *     A loop op used by a reshape, by several kernels, or by none becomes the root of a new
  *     ELEMENTWISE kernel. Shared values are materialized, never recomputed: the plan's rule
  *     that a node belongs to one kernel keeps each value computed once, and a kernel reading
- *     a buffer costs one pass over memory, which is what recomputing would save.
+ *     a buffer costs one pass over memory, which is what recomputing would save. (Where
+ *     recomputing saves memory instead, the recompute pass has already given each reader
+ *     a copy of its own: passes/recompute.c.)
  *     Reductions and matmuls always start kernels; a reduction's operand chain joins it as its
  *     prologue by the rule above. A convolution (conv2d or a gradient) starts a MATMUL
  *     kernel too, its operands materialized. Each collective is a COLLECTIVE kernel of

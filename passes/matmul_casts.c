@@ -35,16 +35,7 @@ static int32_t pack_cast_of(const loom_ir_graph *g, int32_t mm, int32_t x) {
 }
 
 static int32_t emit_copy(mc_state *s, const loom_ir_node *n, const int32_t *inputs) {
-    if (s->st != LOOM_OK)
-        return -1;
-    int32_t id;
-    s->st = loom_ir_graph_add(&s->out,
-                              &(loom_ir_node_desc){.op = n->op, .n_inputs = n->n_inputs,
-                                                   .inputs = inputs, .dtype = n->dtype,
-                                                   .rank = n->rank, .shape = n->shape,
-                                                   .attrs = n->attrs, .loc = n->loc},
-                              &id, s->d);
-    return s->st == LOOM_OK ? id : -1;
+    return loom_pass_add_copy(&s->out, n, inputs, &s->st, s->d);
 }
 
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {

@@ -5,9 +5,9 @@
 
 #include "passes.h"
 
-static const loom_pass *const all_passes[] = {&loom_pass_autocast, &loom_pass_conv_decompose,
-                                              &loom_pass_dce,      &loom_pass_cse,
-                                              &loom_pass_fold,     &loom_pass_matmul_casts};
+static const loom_pass *const all_passes[] = {
+    &loom_pass_autocast, &loom_pass_conv_decompose, &loom_pass_dce,      &loom_pass_cse,
+    &loom_pass_fold,     &loom_pass_matmul_casts,   &loom_pass_recompute};
 
 const loom_pass *loom_pass_find(const char *name) {
     for (size_t i = 0; i < sizeof all_passes / sizeof all_passes[0]; i++)
@@ -32,6 +32,24 @@ loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_s
     *g = *out;
     *out_changed = true;
     return LOOM_OK;
+}
+
+int32_t loom_pass_add_copy(loom_ir_graph *out, const loom_ir_node *n, const int32_t *inputs,
+                           loom_status *st, loom_ir_diag *d) {
+    if (*st != LOOM_OK)
+        return -1;
+    int32_t id;
+    *st = loom_ir_graph_add(out,
+                            &(loom_ir_node_desc){.op = n->op,
+                                                 .n_inputs = n->n_inputs,
+                                                 .inputs = inputs,
+                                                 .dtype = n->dtype,
+                                                 .rank = n->rank,
+                                                 .shape = n->shape,
+                                                 .attrs = n->attrs,
+                                                 .loc = n->loc},
+                            &id, d);
+    return *st == LOOM_OK ? id : -1;
 }
 
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,
@@ -123,10 +141,11 @@ loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts
     if (!g || !plan)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "build plan: %s is NULL",
                                 !g ? "the graph" : "the plan");
-    static const loom_pass *const pipeline[] = {&loom_pass_autocast, &loom_pass_conv_decompose,
-                                                &loom_pass_dce,      &loom_pass_cse,
-                                                &loom_pass_fold,     &loom_pass_matmul_casts};
-    loom_status st = loom_pass_run_pipeline(g, pipeline, 6, opts, d);
+    static const loom_pass *const pipeline[] = {
+        &loom_pass_autocast, &loom_pass_conv_decompose, &loom_pass_dce,      &loom_pass_cse,
+        &loom_pass_fold,     &loom_pass_matmul_casts,   &loom_pass_recompute};
+    loom_status st = loom_pass_run_pipeline(
+        g, pipeline, (int32_t)(sizeof pipeline / sizeof pipeline[0]), opts, d);
     if (st != LOOM_OK)
         return st;
     int64_t bucket = bucket_bytes(opts ? opts->allreduce_bucket_mb : 0);

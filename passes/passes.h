@@ -29,6 +29,12 @@ typedef struct loom_pass_options {
 loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_status st,
                                     bool *out_changed);
 
+/* Appends to out a copy of node n (op, type, attributes, location) reading `inputs`
+ * (n->n_inputs ids of out): its id. Does nothing and returns -1 when *st is already an
+ * error; on failure sets *st and d. */
+int32_t loom_pass_add_copy(loom_ir_graph *out, const loom_ir_node *n, const int32_t *inputs,
+                           loom_status *st, loom_ir_diag *d);
+
 /* Runs the passes in order. A pass error or a verifier failure stops the pipeline; the
  * message names the pass. */
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,
@@ -53,6 +59,13 @@ extern const loom_pass loom_pass_autocast;
  * fusion materializing a shared value (a pass over memory). Runs after CSE. Errors:
  * OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_matmul_casts;
+
+/* Recomputation: a broadcast, or an elementwise op over broadcasts and one value kept
+ * alive anyway, that several kernels read is copied at each reader that evaluates it at an
+ * index, so that fusion recomputes it there instead of keeping a buffer alive from the
+ * forward to the backward (rules at the top of passes/recompute.c). Runs after CSE.
+ * Errors: OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_recompute;
 
 /* Convolution decomposition (passes/conv_decompose.c), for the convolutions codegen has no
  * kernel for (f64; every one with LOOM_CONV=im2col): conv2d, conv2d_grad_input and
@@ -111,13 +124,13 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: autocast, conv-decompose, dce, cse, fold, matmul-casts
- * through loom_pass_run_pipeline (opts may be NULL; its dumps and verify_each apply), then fusion,
- * all-reduce bucketing (opts->allreduce_bucket_mb), memory planning and loom_ir_plan_verify. g is
- * rewritten in place; plan (initialized by the caller) describes the rewritten g. When outputs
- * exchange donated inputs (out0 = in1 into in0, out1 = in0 into in1), a cast of one input to its
- * own dtype is appended so that a kernel copies it aside first. Errors: those of the passes,
- * VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
+/* The default JIT pipeline in one call: autocast, conv-decompose, dce, cse, fold, matmul-casts,
+ * recompute through loom_pass_run_pipeline (opts may be NULL; its dumps and verify_each apply),
+ * then fusion, all-reduce bucketing (opts->allreduce_bucket_mb), memory planning and
+ * loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller) describes the
+ * rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0 into in1), a
+ * cast of one input to its own dtype is appended so that a kernel copies it aside first. Errors:
+ * those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
 loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
                                  loom_ir_plan *plan, loom_ir_diag *d);
 

@@ -1,8 +1,11 @@
-/* Shared test helpers: a failing, counting allocator and graph-building shorthands. */
+/* Shared test helpers: a failing, counting allocator, graph-building shorthands and plans. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_util.h"
+
+#include "passes/passes.h"
 
 static void *test_alloc_fn(void *ud, void *ptr, size_t old_size, size_t new_size) {
     test_alloc *ta = ud;
@@ -145,4 +148,121 @@ int tu_runtime_setup(tu_runtime *r) {
 void tu_runtime_teardown(tu_runtime *r) {
     loom_rt_pool_destroy(r->pool);
     loom_rt_device_destroy(r->dev);
+}
+
+/* ---- plans ---------------------------------------------------------------------------- */
+
+void tu_parse(loom_ir_graph *g, const char *text) {
+    loom_allocator sys = loom_allocator_system();
+    loom_ir_graph_init(g, &sys);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_ir_graph_parse(g, text, strlen(text), &d) != LOOM_OK)
+        fail_msg("parse: %d:%d: %s", (int)d.line, (int)d.col, d.msg);
+}
+
+void tu_expect_no_overlap(const loom_ir_graph *g, const loom_ir_plan *p) {
+    int32_t *first = malloc((size_t)g->n_nodes * sizeof *first);
+    int32_t *last = malloc((size_t)g->n_nodes * sizeof *last);
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        first[i] = last[i] = -1;
+    for (int32_t k = 0; k < p->n_kernels; k++) {
+        for (int32_t r = 0; r < p->kernels[k].n_results; r++)
+            first[p->kernels[k].results[r]] = last[p->kernels[k].results[r]] = k;
+        for (int32_t a = 0; a < p->kernels[k].n_args; a++) {
+            int32_t b = p->kernels[k].args[a];
+            while (g->nodes[b].op == LOOM_IR_OP_RESHAPE)
+                b = g->nodes[b].inputs[0];
+            last[b] = k;
+        }
+    }
+    for (int32_t c = 0; c < p->n_copies; c++) {
+        int32_t b = p->copies[c].node;
+        while (g->nodes[b].op == LOOM_IR_OP_RESHAPE)
+            b = g->nodes[b].inputs[0];
+        last[b] = p->n_kernels;
+    }
+    for (int32_t x = 0; x < g->n_nodes; x++)
+        for (int32_t y = x + 1; y < g->n_nodes; y++) {
+            const loom_ir_placement *px = &p->placement[x], *py = &p->placement[y];
+            if (first[x] < 0 || first[y] < 0 || !p->has_placement[x] || !p->has_placement[y] ||
+                px->kind != LOOM_IR_BUFFER_ARENA || py->kind != LOOM_IR_BUFFER_ARENA)
+                continue;
+            bool time = first[x] <= last[y] && first[y] <= last[x];
+            bool space = px->offset < py->offset + py->bytes && py->offset < px->offset + px->bytes;
+            if (time && space)
+                fail_msg("%%%d and %%%d overlap in the arena while both alive", (int)x, (int)y);
+        }
+    free(first);
+    free(last);
+}
+
+void tu_fuse_ok(const loom_ir_graph *g, loom_ir_plan *p) {
+    loom_allocator sys = loom_allocator_system();
+    loom_ir_plan_init(p, &sys);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    if (loom_pass_fuse(g, p, &d) != LOOM_OK)
+        fail_msg("fuse: %s", d.msg);
+    if (loom_pass_plan_memory(g, p, &d) != LOOM_OK)
+        fail_msg("plan memory: %s", d.msg);
+    if (loom_ir_plan_verify(p, g, &d) != LOOM_OK)
+        fail_msg("plan verify: %s", d.msg);
+    tu_expect_no_overlap(g, p);
+}
+
+static void put_list(char *buf, size_t size, size_t *n, const int32_t *v, int32_t count) {
+    for (int32_t i = 0; i < count && *n < size; i++)
+        *n += (size_t)snprintf(buf + *n, size - *n, i ? " %d" : "%d", (int)v[i]);
+}
+
+const char *tu_plan_str(const loom_ir_plan *p) {
+    static char buf[4096];
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int32_t k = 0; k < p->n_kernels && n < sizeof buf; k++) {
+        const loom_ir_kernel *kn = &p->kernels[k];
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%c{", k ? " | " : "", "ERM"[kn->kind]);
+        put_list(buf, sizeof buf, &n, kn->nodes, kn->n_nodes);
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "}<-{");
+        put_list(buf, sizeof buf, &n, kn->args, kn->n_args);
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "}->{");
+        put_list(buf, sizeof buf, &n, kn->results, kn->n_results);
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "}");
+    }
+    return buf;
+}
+
+const char *tu_placement_str(const loom_ir_plan *p, const loom_ir_graph *g) {
+    static char buf[2048];
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int32_t i = 0; i < g->n_nodes && n < sizeof buf; i++) {
+        if (!p->has_placement[i])
+            continue;
+        const loom_ir_placement *pl = &p->placement[i];
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%%%d:", n ? " " : "", (int)i);
+        if (pl->kind == LOOM_IR_BUFFER_INPUT)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "in%d", (int)pl->index);
+        else if (pl->kind == LOOM_IR_BUFFER_OUTPUT)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "out%d", (int)pl->index);
+        else
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "arena+%zu", pl->offset);
+    }
+    return buf;
+}
+
+const char *tu_copies_str(const loom_ir_plan *p) {
+    static char buf[512];
+    size_t n = 0;
+    buf[0] = '\0';
+    for (int32_t c = 0; c < p->n_copies && n < sizeof buf; c++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%%%d->out%d", c ? " " : "",
+                              (int)p->copies[c].node, (int)p->copies[c].output);
+    return buf;
+}
+
+void tu_deinit_both(loom_ir_graph *g, loom_ir_plan *p) {
+    loom_ir_plan_deinit(p);
+    loom_ir_graph_deinit(g);
 }

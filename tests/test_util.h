@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "ir/ir.h"
+#include "ir/plan.h"
 #include "loom/loom.h"
 #include "runtime/kernel.h"
 
@@ -84,5 +85,29 @@ size_t tu_node_bytes(const loom_ir_node *n);
 
 /* "%3->0,%4": g's outputs with their aliases, in a static buffer. */
 const char *tu_output_list(const loom_ir_graph *g);
+
+/* ---- plans (fusion and memory planning) ---- */
+
+/* Parses IR text into g (initialized here), failing the test on an error. */
+void tu_parse(loom_ir_graph *g, const char *text);
+
+/* Fails the test if two arena values alive in the same kernel share bytes (independent of
+ * the plan verifier). */
+void tu_expect_no_overlap(const loom_ir_graph *g, const loom_ir_plan *p);
+
+/* Fuses and plans g into p (initialized here), verifying the plan, or fails the test. */
+void tu_fuse_ok(const loom_ir_graph *g, loom_ir_plan *p);
+
+/* "M{5 6 7 8}<-{0 1 2}->{8} | R{...}...": per kernel its kind (E, R, M), nodes, args and
+ * results, in a static buffer. */
+const char *tu_plan_str(const loom_ir_plan *p);
+
+/* "%3:out0 %5:arena+0 %7:in1": every placement, in a static buffer. */
+const char *tu_placement_str(const loom_ir_plan *p, const loom_ir_graph *g);
+
+/* "%5->out0 %1->out3": the copies after the kernels, in a static buffer. */
+const char *tu_copies_str(const loom_ir_plan *p);
+
+void tu_deinit_both(loom_ir_graph *g, loom_ir_plan *p);
 
 #endif

@@ -1,0 +1,211 @@
+/* Recomputing cheap values at their readers instead of keeping them in memory.
+ *
+ * Fusion materializes a value that several kernels read (passes/fusion.c, rule 1): a
+ * buffer alive from its producer to its last reader. In a training step that reader is
+ * often in the backward, so the buffer lives through the whole forward. Two kinds of value
+ * cost that memory for nothing, because reading them back costs as many bytes as computing
+ * them again from what is in memory anyway:
+ *  - A BROADCAST (a batch norm's per-channel mean, 1/std or weight, spread over
+ *    [N, C, H, W]): its operand is smaller, and a reader that evaluates it at an index
+ *    reads the operand at the mapped index.
+ *  - An elementwise op (unary, binary, compare, select, cast) whose operands are
+ *    broadcasts, constants, and at most one full-size value that stays alive at least as
+ *    long as the op's own value does (a batch norm's (x - mean) * (1/std), read by the
+ *    forward and by the weight's gradient, while x - mean is kept for the variance's
+ *    gradient anyway). Only when every reader evaluates its operands at an index (no
+ *    matmul, convolution, reshape, pad, concat or collective reads it): otherwise the
+ *    value is materialized anyway.
+ * Each reader that evaluates its operands at an index (elementwise and broadcast-like ops,
+ * and reductions, whose prologue does) gets its own copy of such a value, and of the
+ * broadcasts that copy reads, right before it; readers of other kinds keep the shared node.
+ * Fusion then puts each copy in its reader's kernel. Nodes nothing reads any more are
+ * dropped (DCE). "Alive" is judged by the position of a value's last reader in the node
+ * order, which is the kernels' execution order. Runs after CSE, which would merge the
+ * copies back, and before fusion.
+ */
+#include "passes.h"
+
+enum { RC_NONE = 0, RC_BROADCAST = 1, RC_ELEMENTWISE = 2 };
+enum { RC_MAX_DEPTH = 4 }; /* copies of copies' operands: broadcast under elementwise, ... */
+
+typedef struct rc_state {
+    const loom_ir_graph *g;
+    loom_ir_graph out;
+    int32_t *map;    /* g node -> out node (the shared original) */
+    uint8_t *kind;   /* RC_*: how a node may be recomputed */
+    int32_t *stamp;  /* per g node: the reader whose copy copy[] holds */
+    int32_t *copy;   /* per g node: its copy for reader stamp[] */
+    int32_t *inputs; /* scratch operand lists, RC_MAX_DEPTH + 1 of max_inputs each */
+    int32_t max_inputs;
+    loom_ir_diag *d;
+    loom_status st;
+} rc_state;
+
+/* Whether reader u evaluates its operands at an index inside its kernel, so that a copy of
+ * an operand joins it. */
+static bool evaluates_operands(const loom_ir_graph *g, int32_t u) {
+    switch (loom_ir_op_table[g->nodes[u].op].kind) {
+    case LOOM_IR_KIND_UNARY:
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_BINARY:
+    case LOOM_IR_KIND_COMPARE:
+    case LOOM_IR_KIND_SELECT:
+    case LOOM_IR_KIND_CAST:
+    case LOOM_IR_KIND_BROADCAST:
+    case LOOM_IR_KIND_TRANSPOSE:
+    case LOOM_IR_KIND_SLICE:
+    case LOOM_IR_KIND_REDUCTION: return true;
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_CONCAT:
+    case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_RAND:
+    case LOOM_IR_KIND_RESHAPE:
+    case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_COLLECTIVE:
+    case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_COUNT_: return false;
+    }
+    return false;
+}
+
+static bool is_elementwise(const loom_ir_node *n) {
+    loom_ir_kind k = loom_ir_op_table[n->op].kind;
+    return k == LOOM_IR_KIND_UNARY || k == LOOM_IR_KIND_PREDICATE || k == LOOM_IR_KIND_BINARY ||
+           k == LOOM_IR_KIND_COMPARE || k == LOOM_IR_KIND_SELECT || k == LOOM_IR_KIND_CAST;
+}
+
+/* Sets s->kind for every node. last[i]: the position of i's last reader (INT32_MAX for
+ * outputs); readers/fusing: how many operand slots read i, and how many of them evaluate
+ * it at an index. */
+static bool classify(rc_state *s, const int32_t *last, const int32_t *readers,
+                     const int32_t *fusing, const uint8_t *is_output) {
+    const loom_ir_graph *g = s->g;
+    bool any = false;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        s->kind[i] = RC_NONE;
+        if (is_output[i] || readers[i] < 2 || fusing[i] == 0)
+            continue;
+        if (n->op == LOOM_IR_OP_BROADCAST) {
+            s->kind[i] = RC_BROADCAST;
+        } else if (is_elementwise(n) && fusing[i] == readers[i]) {
+            int32_t full = 0; /* operands read from memory at full size */
+            bool ok = true;
+            for (int32_t k = 0; k < n->n_inputs && ok; k++) {
+                int32_t x = n->inputs[k];
+                const loom_ir_node *xn = &g->nodes[x];
+                if (xn->op == LOOM_IR_OP_BROADCAST || xn->op == LOOM_IR_OP_CONSTANT)
+                    continue;
+                /* alive at least as long; an elementwise copy itself is not kept */
+                ok = ++full <= 1 && (xn->op == LOOM_IR_OP_INPUT || last[x] >= last[i]) &&
+                     s->kind[x] != RC_ELEMENTWISE;
+            }
+            if (ok)
+                s->kind[i] = RC_ELEMENTWISE;
+        }
+        any = any || s->kind[i] != RC_NONE;
+    }
+    return any;
+}
+
+/* The operand x of reader u in the new graph: a copy made for u when x may be recomputed
+ * and u evaluates it at an index, else the shared node. */
+static int32_t operand(rc_state *s, int32_t u, int32_t reader, int32_t x, int32_t depth) {
+    const loom_ir_graph *g = s->g;
+    if (s->st != LOOM_OK)
+        return -1;
+    if (s->kind[x] == RC_NONE || depth >= RC_MAX_DEPTH || !evaluates_operands(g, u))
+        return s->map[x];
+    if (s->stamp[x] == reader) /* u's kernel already has a copy */
+        return s->copy[x];
+    const loom_ir_node *xn = &g->nodes[x];
+    int32_t *in = s->inputs + (size_t)(depth + 1) * (size_t)s->max_inputs;
+    for (int32_t k = 0; k < xn->n_inputs; k++)
+        in[k] = operand(s, x, reader, xn->inputs[k], depth + 1);
+    int32_t id = loom_pass_add_copy(&s->out, xn, in, &s->st, s->d);
+    s->stamp[x] = reader;
+    s->copy[x] = id;
+    return id;
+}
+
+static void rebuild(rc_state *s) {
+    const loom_ir_graph *g = s->g;
+    for (int32_t i = 0; i < g->n_nodes && s->st == LOOM_OK; i++) {
+        const loom_ir_node *n = &g->nodes[i];
+        for (int32_t k = 0; k < n->n_inputs; k++)
+            s->inputs[k] = operand(s, i, i, n->inputs[k], 0);
+        s->map[i] = loom_pass_add_copy(&s->out, n, s->inputs, &s->st, s->d);
+    }
+    for (int32_t o = 0; o < g->n_outputs && s->st == LOOM_OK; o++)
+        if (loom_ir_graph_add_output(&s->out, s->map[g->outputs[o].node], g->outputs[o].alias) !=
+            LOOM_OK)
+            s->st = loom_ir_diag_set(s->d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+}
+
+static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
+    *out_changed = false;
+    const int32_t n = g->n_nodes;
+    int32_t max_inputs = 1;
+    for (int32_t i = 0; i < n; i++)
+        max_inputs = g->nodes[i].n_inputs > max_inputs ? g->nodes[i].n_inputs : max_inputs;
+    const size_t words = (size_t)n * sizeof(int32_t);
+    const size_t scratch = (size_t)(RC_MAX_DEPTH + 1) * (size_t)max_inputs * sizeof(int32_t);
+    rc_state s = {.g = g, .d = d, .st = LOOM_OK, .max_inputs = max_inputs};
+    int32_t *last = loom_ir_alloc(&g->alloc, words);
+    int32_t *readers = loom_ir_alloc(&g->alloc, words);
+    int32_t *fusing = loom_ir_alloc(&g->alloc, words);
+    uint8_t *is_output = loom_ir_alloc(&g->alloc, (size_t)n);
+    s.kind = loom_ir_alloc(&g->alloc, (size_t)n);
+    s.map = loom_ir_alloc(&g->alloc, words);
+    s.stamp = loom_ir_alloc(&g->alloc, words);
+    s.copy = loom_ir_alloc(&g->alloc, words);
+    s.inputs = loom_ir_alloc(&g->alloc, scratch);
+    loom_status st = LOOM_OK;
+    if (!last || !readers || !fusing || !is_output || !s.kind || !s.map || !s.stamp || !s.copy ||
+        !s.inputs) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        goto done;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        last[i] = -1;
+        readers[i] = fusing[i] = 0;
+        is_output[i] = 0;
+        s.stamp[i] = -1;
+    }
+    for (int32_t o = 0; o < g->n_outputs; o++) {
+        is_output[g->outputs[o].node] = 1;
+        last[g->outputs[o].node] = INT32_MAX;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        bool evaluates = evaluates_operands(g, i);
+        for (int32_t k = 0; k < g->nodes[i].n_inputs; k++) {
+            int32_t x = g->nodes[i].inputs[k];
+            last[x] = last[x] > i ? last[x] : i;
+            readers[x]++;
+            fusing[x] += evaluates;
+        }
+    }
+    if (!classify(&s, last, readers, fusing, is_output))
+        goto done;
+    loom_ir_graph_init(&s.out, &g->alloc);
+    rebuild(&s);
+    st = loom_pass_replace_graph(g, &s.out, s.st, out_changed);
+    if (st == LOOM_OK) { /* the shared nodes every reader now copies */
+        bool dropped = false;
+        st = loom_pass_dce.run(g, &dropped, d);
+    }
+done:
+    loom_ir_free(&g->alloc, last, words);
+    loom_ir_free(&g->alloc, readers, words);
+    loom_ir_free(&g->alloc, fusing, words);
+    loom_ir_free(&g->alloc, is_output, (size_t)n);
+    loom_ir_free(&g->alloc, s.kind, (size_t)n);
+    loom_ir_free(&g->alloc, s.map, words);
+    loom_ir_free(&g->alloc, s.stamp, words);
+    loom_ir_free(&g->alloc, s.copy, words);
+    loom_ir_free(&g->alloc, s.inputs, scratch);
+    return st;
+}
+
+const loom_pass loom_pass_recompute = {"recompute", run};
