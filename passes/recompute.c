@@ -9,15 +9,20 @@
  *    [N, C, H, W]): its operand is smaller, and a reader that evaluates it at an index
  *    reads the operand at the mapped index.
  *  - An elementwise op (unary, binary, compare, select, cast) whose operands are
- *    broadcasts, constants, and at most one full-size value that stays alive at least as
- *    long as the op's own value does (a batch norm's (x - mean) * (1/std), read by the
- *    forward and by the weight's gradient, while x - mean is kept for the variance's
- *    gradient anyway). Only when every reader evaluates its operands at an index (no
- *    matmul, convolution, reshape, pad, concat or collective reads it): otherwise the
- *    value is materialized anyway.
+ *    broadcasts, constants, and one full-size value, its "leaf", read directly or through
+ *    operands recomputed themselves (a chain), when the leaf stays alive at least as long
+ *    as the op's value does, or is no larger (it then takes the value's place). A batch
+ *    norm over a convolution's output x is such a chain, from (x - mean) to the ReLU: the
+ *    backward recomputes it from x, which costs what keeping x - mean would in f32 and
+ *    half of it in bf16, and the forward writes no x - mean. Only when every reader
+ *    evaluates its operands at an index (no matmul, convolution, reshape, pad, concat or
+ *    collective reads it): otherwise the value is materialized anyway. Small values of
+ *    costly ops (under RC_MIN_BYTES) are kept.
  * Each reader that evaluates its operands at an index (elementwise and broadcast-like ops,
- * and reductions, whose prologue does) gets its own copy of such a value, and of the
- * broadcasts that copy reads, right before it; readers of other kinds keep the shared node.
+ * and reductions, whose prologue does) gets its own copy of such a value, of the values of
+ * its chain and of the broadcasts they read, right before it; readers of other kinds keep
+ * the shared node. Values with a single reader qualify too: copies of that reader would
+ * otherwise all read one shared value.
  * Fusion then puts each copy in its reader's kernel. Nodes nothing reads any more are
  * dropped (DCE). "Alive" is judged by the position of a value's last reader in the node
  * order, which is the kernels' execution order. Runs after CSE, which would merge the
@@ -26,13 +31,20 @@
 #include "passes.h"
 
 enum { RC_NONE = 0, RC_BROADCAST = 1, RC_ELEMENTWISE = 2 };
-enum { RC_MAX_DEPTH = 4 }; /* copies of copies' operands: broadcast under elementwise, ... */
+enum { RC_MAX_DEPTH = 12 }; /* chains of copies: a batch norm's output from its input */
+/* Smaller elementwise values computed by a costly op are kept: they cost little memory, and
+ * recomputing one inside a larger loop (1/std under a broadcast) would evaluate it once per
+ * element there. Cheap ones are still copied (an optimizer's found_inf test, which would
+ * otherwise keep its update out of the weight gradient's epilogue). */
+enum { RC_MIN_BYTES = 64 * 1024 };
 
 typedef struct rc_state {
     const loom_ir_graph *g;
     loom_ir_graph out;
     int32_t *map;    /* g node -> out node (the shared original) */
     uint8_t *kind;   /* RC_*: how a node may be recomputed */
+    int32_t *leaf;   /* RC_ELEMENTWISE: the full-size value it is recomputed from; else itself */
+    int32_t *depth;  /* RC_ELEMENTWISE: copies stacked above its leaf (1: reads it directly) */
     int32_t *stamp;  /* per g node: the reader whose copy copy[] holds */
     int32_t *copy;   /* per g node: its copy for reader stamp[] */
     int32_t *inputs; /* scratch operand lists, RC_MAX_DEPTH + 1 of max_inputs each */
@@ -69,6 +81,12 @@ static bool evaluates_operands(const loom_ir_graph *g, int32_t u) {
     return false;
 }
 
+static bool is_costly(loom_ir_op op) {
+    return op == LOOM_IR_OP_EXP || op == LOOM_IR_OP_LOG || op == LOOM_IR_OP_SQRT ||
+           op == LOOM_IR_OP_RSQRT || op == LOOM_IR_OP_TANH || op == LOOM_IR_OP_SIGMOID ||
+           op == LOOM_IR_OP_GELU || op == LOOM_IR_OP_DIV || op == LOOM_IR_OP_POW;
+}
+
 static bool is_elementwise(const loom_ir_node *n) {
     loom_ir_kind k = loom_ir_op_table[n->op].kind;
     return k == LOOM_IR_KIND_UNARY || k == LOOM_IR_KIND_PREDICATE || k == LOOM_IR_KIND_BINARY ||
@@ -85,24 +103,39 @@ static bool classify(rc_state *s, const int32_t *last, const int32_t *readers,
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const loom_ir_node *n = &g->nodes[i];
         s->kind[i] = RC_NONE;
-        if (is_output[i] || readers[i] < 2 || fusing[i] == 0)
+        s->leaf[i] = i;
+        s->depth[i] = 0;
+        if (is_output[i] || fusing[i] == 0)
             continue;
+        /* with one reader too: copies of that reader may multiply it */
         if (n->op == LOOM_IR_OP_BROADCAST) {
             s->kind[i] = RC_BROADCAST;
         } else if (is_elementwise(n) && fusing[i] == readers[i]) {
-            int32_t full = 0; /* operands read from memory at full size */
+            /* the one value read from memory at full size, through operands that are
+             * recomputed themselves (a chain: cast, x - mean, * 1/std, ...) */
+            int32_t leaf = -1, depth = 1;
             bool ok = true;
             for (int32_t k = 0; k < n->n_inputs && ok; k++) {
                 int32_t x = n->inputs[k];
                 const loom_ir_node *xn = &g->nodes[x];
                 if (xn->op == LOOM_IR_OP_BROADCAST || xn->op == LOOM_IR_OP_CONSTANT)
                     continue;
-                /* alive at least as long; an elementwise copy itself is not kept */
-                ok = ++full <= 1 && (xn->op == LOOM_IR_OP_INPUT || last[x] >= last[i]) &&
-                     s->kind[x] != RC_ELEMENTWISE;
+                ok = leaf < 0 || s->leaf[x] == leaf; /* x * x reads one value */
+                leaf = s->leaf[x];
+                depth = s->depth[x] + 1 > depth ? s->depth[x] + 1 : depth;
             }
-            if (ok)
+            /* Reading the leaf instead costs no memory when the leaf stays alive anyway,
+             * or when it is no larger: it then takes this value's place (a bf16
+             * convolution's output instead of its f32 normalization). */
+            const loom_ir_node *ln = leaf >= 0 ? &g->nodes[leaf] : NULL;
+            bool keep = is_costly(n->op) && loom_ir_node_bytes(n) < RC_MIN_BYTES;
+            if (ok && ln && depth < RC_MAX_DEPTH && !keep &&
+                (ln->op == LOOM_IR_OP_INPUT || last[leaf] >= last[i] ||
+                 loom_ir_node_bytes(ln) <= loom_ir_node_bytes(n))) {
                 s->kind[i] = RC_ELEMENTWISE;
+                s->leaf[i] = leaf;
+                s->depth[i] = depth;
+            }
         }
         any = any || s->kind[i] != RC_NONE;
     }
@@ -160,10 +193,12 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     s.map = loom_ir_alloc(&g->alloc, words);
     s.stamp = loom_ir_alloc(&g->alloc, words);
     s.copy = loom_ir_alloc(&g->alloc, words);
+    s.leaf = loom_ir_alloc(&g->alloc, words);
+    s.depth = loom_ir_alloc(&g->alloc, words);
     s.inputs = loom_ir_alloc(&g->alloc, scratch);
     loom_status st = LOOM_OK;
     if (!last || !readers || !fusing || !is_output || !s.kind || !s.map || !s.stamp || !s.copy ||
-        !s.inputs) {
+        !s.leaf || !s.depth || !s.inputs) {
         st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
@@ -204,6 +239,8 @@ done:
     loom_ir_free(&g->alloc, s.map, words);
     loom_ir_free(&g->alloc, s.stamp, words);
     loom_ir_free(&g->alloc, s.copy, words);
+    loom_ir_free(&g->alloc, s.leaf, words);
+    loom_ir_free(&g->alloc, s.depth, words);
     loom_ir_free(&g->alloc, s.inputs, scratch);
     return st;
 }
