@@ -129,6 +129,9 @@ static bool classify(rc_state *s, const int32_t *last, const int32_t *readers,
              * convolution's output instead of its f32 normalization). */
             const loom_ir_node *ln = leaf >= 0 ? &g->nodes[leaf] : NULL;
             bool keep = is_costly(n->op) && loom_ir_node_bytes(n) < RC_MIN_BYTES;
+            /* from a bool leaf: measured slower than reading the value (a max pool's
+             * gradient mask cast to f32 for two readers; bool loads vectorize poorly) */
+            keep = keep || (ln && ln->dtype == LOOM_DTYPE_BOOL && n->dtype != LOOM_DTYPE_BOOL);
             if (ok && ln && depth < RC_MAX_DEPTH && !keep &&
                 (ln->op == LOOM_IR_OP_INPUT || last[leaf] >= last[i] ||
                  loom_ir_node_bytes(ln) <= loom_ir_node_bytes(n))) {
