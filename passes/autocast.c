@@ -16,6 +16,8 @@
  *    Constants (through broadcasts and reshapes) take the dtype of the others instead of
  *    widening it, as Python scalars do in PyTorch: relu's backward, select(x > 0, dy, 0),
  *    stays in bf16 although its zeros were recorded f32;
+ *  - a tagged sign test, x > 0 or x < 0 (relu's gradient mask), of an f32 x that already
+ *    has a copy in the tag's dtype tests that copy (test_sign_on_copy);
  *  - a collective (tagged or not) gets its operand in the dtype it was recorded with: the
  *    all-reduce of an f32 parameter's gradient reduces f32 values across the ranks, as DDP
  *    does under autocast, even when the gradient now comes out of a bf16 matmul;
@@ -179,6 +181,32 @@ static bool is_fill(const loom_ir_graph *g, int32_t x) {
     return g->nodes[x].op == LOOM_IR_OP_CONSTANT;
 }
 
+/* Whether g node x is a fill of exact zeros, through broadcasts and reshapes. */
+static bool is_zero_fill(const loom_ir_graph *g, int32_t x) {
+    while (g->nodes[x].op == LOOM_IR_OP_BROADCAST || g->nodes[x].op == LOOM_IR_OP_RESHAPE)
+        x = g->nodes[x].inputs[0];
+    return g->nodes[x].op == LOOM_IR_OP_CONSTANT && g->nodes[x].attrs.value == 0;
+}
+
+/* A tagged sign test, x > 0 or x < 0 (relu's gradient mask), of an f32 x that already has
+ * a copy in the tag's dtype (the next layer's 16-bit operand) tests the copy, as PyTorch's
+ * autocast, whose relu runs on 16-bit values, does: rounding keeps every sign but that of
+ * magnitudes below the 16-bit type's smallest subnormal. The backward then needs no f32
+ * copy of the activation (ResNet's residual sums). Sets ops[k] for that operand. */
+static void test_sign_on_copy(ac_state *s, int32_t i, int32_t *ops) {
+    const loom_ir_node *n = &s->g->nodes[i];
+    loom_dtype tag = n->attrs.autocast;
+    if ((n->op != LOOM_IR_OP_GT && n->op != LOOM_IR_OP_LT) ||
+        (tag != LOOM_DTYPE_BF16 && tag != LOOM_DTYPE_F16))
+        return;
+    for (int32_t k = 0; k < 2; k++) {
+        int32_t x = ops[k];
+        if (s->out.nodes[x].dtype == LOOM_DTYPE_F32 && is_zero_fill(s->g, n->inputs[1 - k]) &&
+            s->memo[x * LOOM_DTYPE_COUNT_ + tag] >= 0)
+            ops[k] = s->memo[x * LOOM_DTYPE_COUNT_ + tag];
+    }
+}
+
 /* The dtype operand k of g node i must arrive in, given the dtypes its operands now have
  * (out nodes ops[]): LOOM_DTYPE_COUNT_ for "as it is". */
 static loom_dtype wanted(const ac_state *s, int32_t i, int32_t k, const int32_t *ops) {
@@ -241,6 +269,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         const loom_ir_node *n = &g->nodes[i];
         for (int32_t k = 0; k < n->n_inputs; k++)
             s.ops[k] = s.map[n->inputs[k]];
+        test_sign_on_copy(&s, i, s.ops);
         /* Operands are converted one by one: converting one never changes what the next
          * wants (a promotion's widest dtype stays the widest once an operand has it). */
         for (int32_t k = 0; k < n->n_inputs && s.st == LOOM_OK; k++) {
