@@ -54,43 +54,18 @@ typedef struct rc_state {
 } rc_state;
 
 /* Whether reader u evaluates its operands at an index inside its kernel, so that a copy of
- * an operand joins it. */
+ * an operand joins it: elementwise ops, broadcasts, transposes, slices, and reductions (in
+ * their prologue). */
 static bool evaluates_operands(const loom_ir_graph *g, int32_t u) {
-    switch (loom_ir_op_table[g->nodes[u].op].kind) {
-    case LOOM_IR_KIND_UNARY:
-    case LOOM_IR_KIND_PREDICATE:
-    case LOOM_IR_KIND_BINARY:
-    case LOOM_IR_KIND_COMPARE:
-    case LOOM_IR_KIND_SELECT:
-    case LOOM_IR_KIND_CAST:
-    case LOOM_IR_KIND_BROADCAST:
-    case LOOM_IR_KIND_TRANSPOSE:
-    case LOOM_IR_KIND_SLICE:
-    case LOOM_IR_KIND_REDUCTION: return true;
-    case LOOM_IR_KIND_SOURCE:
-    case LOOM_IR_KIND_PAD:
-    case LOOM_IR_KIND_CONCAT:
-    case LOOM_IR_KIND_IOTA:
-    case LOOM_IR_KIND_RAND:
-    case LOOM_IR_KIND_RESHAPE:
-    case LOOM_IR_KIND_CONTRACTION:
-    case LOOM_IR_KIND_COLLECTIVE:
-    case LOOM_IR_KIND_CONV:
-    case LOOM_IR_KIND_COUNT_: return false;
-    }
-    return false;
+    loom_ir_kind k = loom_ir_op_table[g->nodes[u].op].kind;
+    return loom_ir_op_is_elementwise(g->nodes[u].op) || k == LOOM_IR_KIND_BROADCAST ||
+           k == LOOM_IR_KIND_TRANSPOSE || k == LOOM_IR_KIND_SLICE || k == LOOM_IR_KIND_REDUCTION;
 }
 
 static bool is_costly(loom_ir_op op) {
     return op == LOOM_IR_OP_EXP || op == LOOM_IR_OP_LOG || op == LOOM_IR_OP_SQRT ||
            op == LOOM_IR_OP_RSQRT || op == LOOM_IR_OP_TANH || op == LOOM_IR_OP_SIGMOID ||
            op == LOOM_IR_OP_GELU || op == LOOM_IR_OP_DIV || op == LOOM_IR_OP_POW;
-}
-
-static bool is_elementwise(const loom_ir_node *n) {
-    loom_ir_kind k = loom_ir_op_table[n->op].kind;
-    return k == LOOM_IR_KIND_UNARY || k == LOOM_IR_KIND_PREDICATE || k == LOOM_IR_KIND_BINARY ||
-           k == LOOM_IR_KIND_COMPARE || k == LOOM_IR_KIND_SELECT || k == LOOM_IR_KIND_CAST;
 }
 
 /* Sets s->kind for every node. last[i]: the position of i's last reader (INT32_MAX for
@@ -110,7 +85,7 @@ static bool classify(rc_state *s, const int32_t *last, const int32_t *readers,
         /* with one reader too: copies of that reader may multiply it */
         if (n->op == LOOM_IR_OP_BROADCAST) {
             s->kind[i] = RC_BROADCAST;
-        } else if (is_elementwise(n) && fusing[i] == readers[i]) {
+        } else if (loom_ir_op_is_elementwise(n->op) && fusing[i] == readers[i]) {
             /* the one value read from memory at full size, through operands that are
              * recomputed themselves (a chain: cast, x - mean, * 1/std, ...) */
             int32_t leaf = -1, depth = 1;
