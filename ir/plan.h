@@ -121,8 +121,8 @@ bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t op
  * reads every element of the input, through args of the output's shape, only at the
  * index it writes, and writes that element once: fusion's rule for outputs), and nothing
  * reads the input afterwards (no later kernel, no copy). A matmul kernel therefore never
- * accumulates its product in a result that has an arg's shape (codegen/lower_matmul.c). Needs the
- * kernels (fusion's part) only. */
+ * accumulates its product in a result that has an arg's shape (codegen/lower_matmul.c).
+ * Needs the kernels (fusion's part) only. */
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
                                       int32_t output);
 /* What kernel kn of a plan for g costs per run, as the plan's printout says: the estimated

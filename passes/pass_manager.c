@@ -5,6 +5,7 @@
 
 #include "passes.h"
 
+/* The registered passes, in the default JIT pipeline's order (loom_pass_build_plan). */
 static const loom_pass *const all_passes[] = {
     &loom_pass_autocast, &loom_pass_conv_decompose, &loom_pass_dce,      &loom_pass_cse,
     &loom_pass_fold,     &loom_pass_matmul_casts,   &loom_pass_recompute};
@@ -141,11 +142,8 @@ loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts
     if (!g || !plan)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "build plan: %s is NULL",
                                 !g ? "the graph" : "the plan");
-    static const loom_pass *const pipeline[] = {
-        &loom_pass_autocast, &loom_pass_conv_decompose, &loom_pass_dce,      &loom_pass_cse,
-        &loom_pass_fold,     &loom_pass_matmul_casts,   &loom_pass_recompute};
     loom_status st = loom_pass_run_pipeline(
-        g, pipeline, (int32_t)(sizeof pipeline / sizeof pipeline[0]), opts, d);
+        g, all_passes, (int32_t)(sizeof all_passes / sizeof all_passes[0]), opts, d);
     if (st != LOOM_OK)
         return st;
     int64_t bucket = bucket_bytes(opts ? opts->allreduce_bucket_mb : 0);
