@@ -417,6 +417,11 @@ static void try_epilogue(fuse_state *s, int32_t e) {
     if (troot->rank != eroot->rank ||
         memcmp(troot->shape, eroot->shape, (size_t)troot->rank * sizeof troot->shape[0]) != 0)
         return;
+    /* A weight gradient's epilogue runs element by element in dw's order, reading C down
+     * its columns: one that reads other full-size buffers too (an optimizer's update of the
+     * weight and its state) ran 1.5-2x slower there than the elementwise kernel it saves. */
+    bool gw = troot->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT;
+    int64_t numel = loom_ir_numel(troot->rank, troot->shape);
     for (int32_t m = 0; m < ke->n_members; m++) {
         int32_t u = s->members[ke->first_member + m];
         const loom_ir_node *un = &g->nodes[u];
@@ -424,6 +429,10 @@ static void try_epilogue(fuse_state *s, int32_t e) {
             return; /* its operand must stay in a buffer */
         for (int32_t q = 0; q < un->n_inputs; q++) {
             int32_t o = un->inputs[q];
+            const loom_ir_node *on = &g->nodes[o];
+            if (gw && s->fn[o].kernel != target && s->fn[o].kernel != e &&
+                on->op != LOOM_IR_OP_CONSTANT && loom_ir_numel(on->rank, on->shape) == numel)
+                return;
             if (s->fn[o].kernel != target)
                 continue;
             fmap map; /* a pad reads a buffer, which the epilogue's value never is */
