@@ -426,15 +426,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         }
         for (int32_t k = 0; k < n->n_inputs; k++)
             in[k] = map[n->inputs[k]];
-        loom_ir_node_desc desc = {.op = n->op,
-                                  .n_inputs = n->n_inputs,
-                                  .inputs = in,
-                                  .dtype = n->dtype,
-                                  .rank = n->rank,
-                                  .shape = n->shape,
-                                  .attrs = n->attrs,
-                                  .loc = n->loc};
-        s.st = loom_ir_graph_add(&s.out, &desc, &map[i], d);
+        map[i] = loom_pass_add_copy(&s.out, n, in, &s.st, d);
         if (in != small)
             loom_ir_free(&g->alloc, in, (size_t)n->n_inputs * sizeof *in);
     }

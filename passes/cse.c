@@ -121,15 +121,7 @@ static loom_status rebuild(loom_ir_graph *g, const int32_t *canon, int32_t *map,
         int32_t *dst = tmp ? tmp : ops;
         for (int32_t k = 0; k < n->n_inputs; k++)
             dst[k] = map[canon[in[k]]];
-        loom_ir_node_desc desc = {.op = n->op,
-                                  .n_inputs = n->n_inputs,
-                                  .inputs = dst,
-                                  .dtype = n->dtype,
-                                  .rank = n->rank,
-                                  .shape = n->shape,
-                                  .attrs = n->attrs,
-                                  .loc = n->loc};
-        st = loom_ir_graph_add(&out, &desc, &map[i], d);
+        map[i] = loom_pass_add_copy(&out, n, dst, &st, d);
         loom_ir_free(&g->alloc, tmp, tmp_bytes);
     }
     for (int32_t o = 0; o < g->n_outputs && st == LOOM_OK; o++)

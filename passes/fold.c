@@ -351,18 +351,7 @@ static loom_status fold_build(const loom_ir_graph *g, loom_ir_graph *out, int32_
         else
             act.kind = FOLD_KEEP;
         switch (act.kind) {
-        case FOLD_KEEP: {
-            loom_ir_node_desc desc = {.op = n->op,
-                                      .n_inputs = n->n_inputs,
-                                      .inputs = ops,
-                                      .dtype = n->dtype,
-                                      .rank = n->rank,
-                                      .shape = n->shape,
-                                      .attrs = n->attrs,
-                                      .loc = n->loc};
-            st = loom_ir_graph_add(out, &desc, &map[i], d);
-            break;
-        }
+        case FOLD_KEEP: map[i] = loom_pass_add_copy(out, n, ops, &st, d); break;
         case FOLD_REPLACE: map[i] = act.replace; break;
         case FOLD_NEW: st = loom_ir_graph_add(out, &act.desc, &map[i], d); break;
         }

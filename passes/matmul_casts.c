@@ -9,10 +9,8 @@
 #include "passes.h"
 
 typedef struct mc_state {
-    const loom_ir_graph *g;
     loom_ir_graph out;
     int32_t *map; /* g node -> out node */
-    loom_ir_diag *d;
     loom_status st;
 } mc_state;
 
@@ -32,10 +30,6 @@ static int32_t pack_cast_of(const loom_ir_graph *g, int32_t mm, int32_t x) {
     if (g->nodes[x].op == LOOM_IR_OP_TRANSPOSE)
         x = g->nodes[x].inputs[0];
     return is_pack_cast(g, x) ? x : -1;
-}
-
-static int32_t emit_copy(mc_state *s, const loom_ir_node *n, const int32_t *inputs) {
-    return loom_pass_add_copy(&s->out, n, inputs, &s->st, s->d);
 }
 
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
@@ -75,7 +69,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         any = is_pack_cast(g, i) && readers[i] > 1;
     loom_status st = LOOM_OK;
     if (any) {
-        mc_state s = {.g = g, .d = d, .st = LOOM_OK};
+        mc_state s = {.st = LOOM_OK};
         loom_ir_graph_init(&s.out, &g->alloc);
         s.map = loom_ir_alloc(&g->alloc, bytes);
         if (!s.map)
@@ -102,13 +96,13 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
                 }
                 /* a private copy of the cast, and of the transpose when there is one */
                 int32_t src = s.map[g->nodes[c].inputs[0]];
-                int32_t v = emit_copy(&s, &g->nodes[c], &src);
+                int32_t v = loom_pass_add_copy(&s.out, &g->nodes[c], &src, &s.st, d);
                 if (x != c && v >= 0)
-                    v = emit_copy(&s, &g->nodes[x], &v);
+                    v = loom_pass_add_copy(&s.out, &g->nodes[x], &v, &s.st, d);
                 in[k] = v;
             }
             if (small) {
-                s.map[i] = emit_copy(&s, n, in);
+                s.map[i] = loom_pass_add_copy(&s.out, n, in, &s.st, d);
                 continue;
             }
             /* wide nodes (concat) read no matmul operand slot */
@@ -119,7 +113,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
             }
             for (int32_t k = 0; k < n->n_inputs; k++)
                 wide[k] = s.map[n->inputs[k]];
-            s.map[i] = emit_copy(&s, n, wide);
+            s.map[i] = loom_pass_add_copy(&s.out, n, wide, &s.st, d);
             loom_ir_free(&g->alloc, wide, (size_t)n->n_inputs * sizeof *wide);
         }
         for (int32_t o = 0; o < g->n_outputs && s.st == LOOM_OK; o++)
