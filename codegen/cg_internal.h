@@ -118,6 +118,14 @@ MlirValue cg_vload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i);
 void cg_vstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i);
 MlirValue cg_vbroadcast(cg_b *b, MlirValue x, MlirType vt);
 MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt);
+/* A constant vector<n x i32>; x <p> y lane by lane (a vector of i1); a load of the lanes mask
+ * sets (zeros in the others, which touch no memory: AVX-512 masked moves) and a store of
+ * them; lanes of x (0..k-1) and y (k..2k-1) picked into a vector of n (at most 64). */
+MlirValue cg_vconst_i32(cg_b *b, int64_t n, const int32_t *lanes);
+MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y);
+MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask);
+void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
+MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes);
 /* acc + pairwise bf16 dot products (llvm.x86.avx512bf16.dpbf16ps.512, vdpbf16ps): acc is
  * vector<16xf32>, a and bv vector<16xi32> each holding 16 pairs of bf16 (low half first).
  * Only for hosts with AVX512-BF16. */

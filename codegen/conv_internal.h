@@ -26,6 +26,7 @@ typedef struct cv_plan {
     bool dst_big;
     bool tab; /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
     bool identity; /* 1x1, stride 1, no padding: a window row is its channel's pixels */
+    bool pairs_win; /* B's bf16 pairs staged straight from the window (cv_stage_window_pairs) */
     int64_t ldt;
     /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
      * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
@@ -79,6 +80,13 @@ void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_
                      MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
                      MlirValue r1);
 void cv_build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirValue r1);
+/* The same for a bf16 source under the pairing microkernel, straight into B's pairs of rows
+ * (2 kk, 2 kk + 1) as bp[kk * b_ld + column] (zeros past the block), 16 columns of a pixel
+ * row at a time by masked loads: conv2d of stride 1 or 2 and the input gradient (phases too),
+ * where cv_window_pairs_ok. */
+bool cv_window_pairs_ok(const kc *c, const cv_plan *cp);
+void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rtab, MlirValue g,
+                           MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 /* The same through a table of every pixel's source (narrow images, strided phases):
  * cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab for its npix pixels. */
 void cv_build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirValue r0,

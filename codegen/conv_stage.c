@@ -28,6 +28,14 @@ static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, Mli
     cg_for_end(b, &l, 0, NULL);
 }
 
+/* A phase's offset off[a][k] of tap k along axis a. */
+static MlirValue phase_off(cg_b *b, const cv_plan *cp, int a, MlirValue k) {
+    MlirValue off = cg_idx(b, cp->off[a][0]);
+    for (int64_t t = 1; t < cp->ntap[a]; t++)
+        off = cg_select(b, cg_cmpi(b, CG_I_EQ, k, cg_idx(b, t)), cg_idx(b, cp->off[a][t]), off);
+    return off;
+}
+
 /* The source coordinate along axis a (0: rows, 1: columns) of destination coordinate dst
  * for kernel tap k, and in *ok whether the window reaches a source pixel there. */
 static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, MlirValue k,
@@ -36,10 +44,7 @@ static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, Mli
     int64_t ext = a == 0 ? cp->sH : cp->sW;
     MlirValue s;
     if (cp->phased) { /* s = dst + off[a][k] */
-        MlirValue off = cg_idx(b, cp->off[a][0]);
-        for (int64_t t = 1; t < cp->ntap[a]; t++)
-            off = cg_select(b, cg_cmpi(b, CG_I_EQ, k, cg_idx(b, t)), cg_idx(b, cp->off[a][t]), off);
-        s = cg_iadd(b, dst, off);
+        s = cg_iadd(b, dst, phase_off(b, cp, a, k));
         *ok = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, ext)));
         return s;
     }
@@ -59,32 +64,58 @@ static MlirValue src_coord(cg_b *b, const cv_plan *cp, int a, MlirValue dst, Mli
     return s;
 }
 
+/* Where window column tap kw reaches along a row of destination pixels: T pixels from
+ * column d0 on, every dstep-th, read the source row's columns from s0 on, every sstep-th. */
+typedef struct win_span {
+    MlirValue T, d0, s0;
+    int64_t dstep, sstep;
+} win_span;
+
+static win_span row_span(cg_b *b, const cv_plan *cp, MlirValue kw) {
+    win_span sp;
+    MlirValue z = cg_idx(b, 0), one = cg_idx(b, 1);
+    if (cp->phased) { /* source column q + off */
+        MlirValue off = phase_off(b, cp, 1, kw);
+        sp.d0 = imax_s(b, z, isub(b, z, off));
+        MlirValue hi = imin_s(b, cg_idx(b, cp->dW), isub(b, cg_idx(b, cp->sW), off));
+        sp.T = imax_s(b, isub(b, hi, sp.d0), z);
+        sp.s0 = cg_iadd(b, sp.d0, off);
+        sp.dstep = sp.sstep = 1;
+        return sp;
+    }
+    /* along the width: small in [0, SMALL), big in [0, BIG) */
+    int64_t SMALL = cp->dst_big ? cp->sW : cp->dW, BIG = cp->dst_big ? cp->dW : cp->sW;
+    int64_t s1 = cp->st[1];
+    /* e = pad - kw * dil: big = small * s - e */
+    MlirValue e = isub(b, cg_idx(b, cp->pd[1]), cg_imul_c(b, kw, cp->dl[1]));
+    MlirValue slo = imax_s(b, z, ceildiv_s(b, e, s1));
+    MlirValue shi = imin_s(b, cg_idx(b, SMALL),
+                           cg_iadd(b, floordiv_s(b, cg_iadd(b, e, cg_idx(b, BIG - 1)), s1), one));
+    sp.T = imax_s(b, isub(b, shi, slo), z);
+    MlirValue big0 = isub(b, cg_imul_c(b, slo, s1), e);
+    sp.d0 = cp->dst_big ? big0 : slo, sp.s0 = cp->dst_big ? slo : big0;
+    sp.dstep = cp->dst_big ? s1 : 1, sp.sstep = cp->dst_big ? 1 : s1;
+    return sp;
+}
+
 /* Stages window rows [j0, j1) x destination pixel rows [r0, r1) of group g into buf (f32):
  * buf[(j - j0) * ld + (r - r0) * dW + q] for q in [0, dW), and zeros in each row from
- * (r1 - r0) * dW up to width (the block's padding). */
+ * (r1 - r0) * dW up to width (the block's padding). Not for phases. */
 void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
                      MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
                      MlirValue r1) {
     cg_b *b = c->b;
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
     loom_dtype sdt = c->g->nodes[cp->win].dtype;
-    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0), one = cg_idx(b, 1);
-    /* along the width: small in [0, SMALL), big in [0, BIG) */
-    int64_t SMALL = cp->dst_big ? cp->sW : cp->dW, BIG = cp->dst_big ? cp->dW : cp->sW;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), z = cg_idx(b, 0);
     int64_t s1 = cp->st[1];
     cg_for lj, lr, lt;
     cg_for_begin(b, &lj, j0, j1, 0, NULL);
     MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
     MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
-    /* e = pad - kw * dil: big = small * s - e */
-    MlirValue e = isub(b, cg_idx(b, cp->pd[1]), cg_imul_c(b, kw, cp->dl[1]));
-    MlirValue slo = imax_s(b, z, ceildiv_s(b, e, s1));
-    MlirValue shi = imin_s(b, cg_idx(b, SMALL),
-                           cg_iadd(b, floordiv_s(b, cg_iadd(b, e, cg_idx(b, BIG - 1)), s1), one));
-    MlirValue T = imax_s(b, isub(b, shi, slo), z);
-    MlirValue big0 = isub(b, cg_imul_c(b, slo, s1), e);
-    MlirValue d0 = cp->dst_big ? big0 : slo, s0 = cp->dst_big ? slo : big0;
-    int64_t dstep = cp->dst_big ? s1 : 1, sstep = cp->dst_big ? 1 : s1;
+    win_span sp = row_span(b, cp, kw);
+    MlirValue T = sp.T, d0 = sp.d0, s0 = sp.s0;
+    int64_t dstep = sp.dstep, sstep = sp.sstep;
     MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
     MlirValue jrow = cg_imul_c(b, isub(b, lj.iv, j0), ld), trow = cg_imul_c(b, kh, cp->pix_rows);
     cg_for_begin(b, &lr, r0, r1, 0, NULL);
@@ -209,6 +240,109 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
     cg_for_end(b, &lt, 0, NULL);
     cg_for_end(b, &ln, 0, NULL);
     zero_range(b, zi, bp, row, isub(b, P1, P0), cg_idx(b, m->nbp));
+    cg_for_end(b, &lk, 0, NULL);
+    cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
+}
+
+/* One window row's source values at destination columns [q0, q0 + 16) of a pixel row, as a
+ * vector<16xi16>: masked loads of the lanes whose column is in [lo, hi) where the row is ok
+ * (zeros elsewhere, no memory touched); at is the source index of column 0 (lanes before lo
+ * may point before the buffer: they are never read). A source step of 2 loads 32 lanes and
+ * keeps the even ones. */
+static MlirValue row_lanes(cg_b *b, int64_t sstep, MlirValue src, MlirValue at, MlirValue lo,
+                           MlirValue hi, MlirValue ok, int64_t q0) {
+    int64_t n = 16 * sstep;
+    int32_t qv[32], even[32];
+    int64_t keep[16];
+    for (int64_t l = 0; l < n; l++) {
+        qv[l] = (int32_t)(q0 + l / sstep);
+        even[l] = l % sstep == 0 ? 1 : 0;
+    }
+    for (int64_t l = 0; l < 16; l++)
+        keep[l] = l * sstep;
+    MlirValue q = cg_vconst_i32(b, n, qv);
+    MlirValue mask =
+        and_i1(b, and_i1(b, cg_vcmpi(b, CG_I_SGE, q, lo), cg_vcmpi(b, CG_I_SLT, q, hi)), ok);
+    if (sstep > 1)
+        mask = and_i1(b, mask,
+                      cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, n, even),
+                               cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(n, b->i32))));
+    MlirValue v =
+        cg_vmaskload(b, cg_vec_t(n, b->i16), src, cg_iadd(b, at, cg_idx(b, q0 * sstep)), mask);
+    return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
+}
+
+bool cv_window_pairs_ok(const kc *c, const cv_plan *cp) {
+    if (cp->role == CV_GRAD_WEIGHT || cp->identity || cp->mk.pk != 2 ||
+        c->g->nodes[cp->win].dtype != LOOM_DTYPE_BF16)
+        return false;
+    if (cp->phased)
+        return true;
+    return cp->dst_big ? cp->st[1] == 1 : cp->st[1] <= 2;
+}
+
+void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rtab, MlirValue g,
+                           MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0);
+    MlirType vi = cg_vec_t(16, b->i32);
+    MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
+    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
+    int64_t sstep = 0;
+    cg_for lk, lr;
+    cg_for_begin(b, &lk, z, npair, 0, NULL);
+    MlirValue ja = cg_iadd(b, j0, cg_imul_c(b, lk.iv, 2));
+    /* the pair's two window rows (an odd chunk's last row pairs with zeros) */
+    MlirValue base[2], lo[2], hi[2], trow[2], has[2];
+    for (int q = 0; q < 2; q++) {
+        MlirValue j = cg_iadd(b, ja, cg_idx(b, q));
+        has[q] = q == 0 ? cg_ci(b, b->i1, 1) : cg_cmpi(b, CG_I_ULT, j, j1);
+        j = q == 0 ? j : cg_select(b, has[q], j, ja);
+        MlirValue ch = idiv(b, j, cp->KK), kk = irem(b, j, cp->KK);
+        MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
+        win_span sp = row_span(b, cp, kw);
+        sstep = sp.sstep;
+        MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
+        base[q] = isub(b, cg_iadd(b, cg_imul_c(b, chan, cp->sH * cp->sW), sp.s0),
+                       cg_imul_c(b, sp.d0, sp.sstep));
+        MlirValue end = cg_select(b, has[q], cg_iadd(b, sp.d0, sp.T), sp.d0);
+        MlirType vt = cg_vec_t(16 * sp.sstep, b->i32);
+        lo[q] = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", sp.d0, b->i32), vt);
+        hi[q] = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", end, b->i32), vt);
+        trow[q] = cg_imul_c(b, kh, cp->pix_rows);
+    }
+    MlirValue prow = cg_imul_c(b, lk.iv, m->b_ld);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue at[2], ok[2];
+    for (int q = 0; q < 2; q++) { /* the source row, if any (cv_build_rows) */
+        MlirValue roff = cg_load(b, rtab, cg_iadd(b, trow[q], isub(b, lr.iv, r0)));
+        ok[q] = cg_vbroadcast(b, cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0)),
+                              cg_vec_t(16 * sstep, b->i1));
+        at[q] = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), base[q]);
+    }
+    MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
+    for (int64_t q0 = 0; q0 < cp->dW; q0 += 16) {
+        MlirValue va = row_lanes(b, sstep, src, at[0], lo[0], hi[0], ok[0], q0);
+        MlirValue vb = row_lanes(b, sstep, src, at[1], lo[1], hi[1], ok[1], q0);
+        MlirValue pair = cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", va, vi),
+                                cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", vb, vi), sh));
+        MlirValue to = cg_iadd(b, dst, cg_idx(b, q0));
+        if (q0 + 16 <= cp->dW) {
+            cg_vstore(b, pair, bp, to);
+        } else { /* the row's last pixels */
+            int32_t lanes[16], lim[16];
+            for (int l = 0; l < 16; l++)
+                lanes[l] = l, lim[l] = (int32_t)(cp->dW - q0);
+            cg_vmaskstore(
+                b, pair, bp, to,
+                cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim)));
+        }
+    }
+    cg_for_end(b, &lr, 0, NULL);
+    /* the row's padding past the block's pixels */
+    zero_range(b, zi, bp, prow, cg_imul_c(b, isub(b, r1, r0), cp->dW), cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
@@ -338,16 +472,6 @@ void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld
     cv_zero_rows_at(b, buf, cg_idx(b, 0), from, to, ld, zero); /* + 0 folds away */
 }
 
-static MlirValue shuffle16(cg_b *b, MlirValue x, MlirValue y, const int64_t *mask) {
-    MlirType t = mlirValueGetType(x);
-    MlirAttribute lanes[16]; /* MLIR 19: an ArrayAttr of i64 */
-    for (int l = 0; l < 16; l++)
-        lanes[l] = mlirIntegerAttrGet(b->i64, mask[l]);
-    MlirNamedAttribute at = cg_named(b, "mask", mlirArrayAttrGet(b->ctx, 16, lanes));
-    MlirValue ops[2] = {x, y};
-    return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &at), 0);
-}
-
 /* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
  * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles). */
 static void transpose16(cg_b *b, MlirValue *r) {
@@ -360,8 +484,8 @@ static void transpose16(cg_b *b, MlirValue *r) {
         for (int i = 0; i < 16; i++)
             if (!(i & s)) {
                 MlirValue x = r[i], y = r[i + s];
-                r[i] = shuffle16(b, x, y, mi);
-                r[i + s] = shuffle16(b, x, y, mj);
+                r[i] = cg_vshuffle(b, x, y, 16, mi);
+                r[i + s] = cg_vshuffle(b, x, y, 16, mj);
             }
     }
 }

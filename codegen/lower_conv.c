@@ -215,7 +215,9 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
     else
         cp->identity = cp->KH == 1 && cp->KW == 1 && cp->st[0] == 1 && cp->st[1] == 1 &&
                        cp->pd[0] == 0 && cp->pd[1] == 0;
-    cp->tab = !cp->identity && (cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp)));
+    cp->pairs_win = cv_window_pairs_ok(c, cp);
+    cp->tab = !cp->identity && !cp->pairs_win &&
+              (cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp)));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
     cp->a_cache =
@@ -313,9 +315,11 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         cg_store(b, key, u->akey, cg_idx(b, 0));
         cg_if_end(b, &f);
     }
-    /* bf16 windows of a 1x1 read as pairs of channels straight into B (no f32 copy) */
-    bool pairs_direct =
+    /* bf16 windows read as pairs of rows straight into B (no f32 copy): a 1x1's channels, or
+     * through masked loads */
+    bool runs_pairs =
         !gw && cp->identity && m->pk == 2 && c->g->nodes[cp->win].dtype == LOOM_DTYPE_BF16;
+    bool pairs_direct = runs_pairs || cp->pairs_win;
     cg_for lk;
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
     if (gw) { /* K chunk: destination pixel rows [k0, k1) */
@@ -341,8 +345,10 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
         if (!cp->a_cache)
             pack_weights(c, cp, u, u->ap, cg_idx(b, 0), gi, i0, i1, k0, k1);
-        if (pairs_direct)
+        if (runs_pairs)
             cv_stage_runs_pairs(c, cp, u->bp, gi, k0, k1, c0, c1);
+        else if (cp->pairs_win)
+            cv_stage_window_pairs(c, cp, u->bp, u->rtab, gi, k0, k1, c0, c1);
         else if (cp->identity)
             cv_stage_runs(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
         else if (cp->tab)

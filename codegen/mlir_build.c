@@ -274,6 +274,41 @@ MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt) {
     return cg_v(b, "vector.bitcast", 1, &v, vt);
 }
 
+MlirValue cg_vconst_i32(cg_b *b, int64_t n, const int32_t *lanes) {
+    MlirType vt = cg_vec_t(n, b->i32);
+    return constant(b, vt, mlirDenseElementsAttrInt32Get(vt, n, lanes));
+}
+
+MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y) {
+    MlirValue ops[2] = {x, y};
+    MlirType vt = cg_vec_t(mlirShapedTypeGetDimSize(mlirValueGetType(x), 0), b->i1);
+    MlirNamedAttribute a = cg_named(b, "predicate", mlirIntegerAttrGet(b->i64, p));
+    return mlirOperationGetResult(cg_op(b, "arith.cmpi", 2, ops, 1, &vt, 1, &a), 0);
+}
+
+MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask) {
+    MlirType et = mlirShapedTypeGetElementType(vt);
+    MlirValue zero =
+        cg_vbroadcast(b, mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0), vt);
+    MlirValue ops[4] = {mem, i, mask, zero};
+    return cg_v(b, "vector.maskedload", 4, ops, vt);
+}
+
+void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask) {
+    MlirValue ops[4] = {mem, i, mask, v};
+    cg_op(b, "vector.maskedstore", 4, ops, 0, NULL, 0, NULL);
+}
+
+MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes) {
+    MlirAttribute at[64]; /* MLIR 19: an ArrayAttr of i64 */
+    for (int64_t l = 0; l < n && l < 64; l++)
+        at[l] = mlirIntegerAttrGet(b->i64, lanes[l]);
+    MlirNamedAttribute a = cg_named(b, "mask", mlirArrayAttrGet(b->ctx, n < 64 ? n : 64, at));
+    MlirType t = cg_vec_t(n, mlirShapedTypeGetElementType(mlirValueGetType(x)));
+    MlirValue ops[2] = {x, y};
+    return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &a), 0);
+}
+
 MlirValue cg_dpbf16(cg_b *b, MlirValue acc, MlirValue a, MlirValue bv) {
     /* a declaration named after the intrinsic becomes the intrinsic in LLVM IR */
     static const char name[] = "llvm.x86.avx512bf16.dpbf16ps.512";
