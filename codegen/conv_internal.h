@@ -87,6 +87,12 @@ void cv_build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirV
 bool cv_window_pairs_ok(const kc *c, const cv_plan *cp);
 void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rtab, MlirValue g,
                            MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
+/* The weight gradient's A from a bf16 window the same way: window rows [i0, i1) x pixel rows
+ * [r0, r1) as pairs of pixels along K, ap[(j - i0) kp + (r - r0) ceil(dW / 2) + p] (zeros
+ * past the block and in the rows up to mbp); cv_panelize pairs dy^T's pixels alike. The
+ * plan's kp holds pix_rows ceil(dW / 2) pairs. */
+void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rtab, MlirValue g,
+                            MlirValue i0, MlirValue i1, MlirValue r0, MlirValue r1);
 /* The same through a table of every pixel's source (narrow images, strided phases):
  * cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab for its npix pixels. */
 void cv_build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirValue r0,
@@ -111,6 +117,8 @@ void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirVal
  * stg[2p + 1]), n of them) and of B's (rows 2 kk and 2 kk + 1). */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);
 void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
+/* Transposes the 16 x 16 matrix of rows r[0..15] (vectors of 16) in place. */
+void cv_transpose16(cg_b *b, MlirValue *r);
 /* Zeros rows [from, to) of a row-major buffer of ld columns (at buf[base]). */
 void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld, MlirValue zero);
 void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to, int64_t ld,

@@ -244,6 +244,19 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
 
+/* The first n of v's 16 lanes to mem[at] (a masked store below 16). */
+static void store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n) {
+    if (n >= 16) {
+        cg_vstore(b, v, mem, at);
+        return;
+    }
+    int32_t lanes[16], lim[16];
+    for (int l = 0; l < 16; l++)
+        lanes[l] = l, lim[l] = (int32_t)n;
+    cg_vmaskstore(b, v, mem, at,
+                  cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim)));
+}
+
 /* One window row's source values at destination columns [q0, q0 + 16) of a pixel row, as a
  * vector<16xi16>: masked loads of the lanes whose column is in [lo, hi) where the row is ok
  * (zeros elsewhere, no memory touched); at is the source index of column 0 (lanes before lo
@@ -273,8 +286,11 @@ static MlirValue row_lanes(cg_b *b, int64_t sstep, MlirValue src, MlirValue at, 
 }
 
 bool cv_window_pairs_ok(const kc *c, const cv_plan *cp) {
-    if (cp->role == CV_GRAD_WEIGHT || cp->identity || cp->mk.pk != 2 ||
-        c->g->nodes[cp->win].dtype != LOOM_DTYPE_BF16)
+    if (cp->mk.pk != 2 || c->g->nodes[cp->win].dtype != LOOM_DTYPE_BF16)
+        return false;
+    if (cp->role == CV_GRAD_WEIGHT) /* its source step: the stride (identity windows too) */
+        return cp->st[1] <= 2;
+    if (cp->identity) /* cv_stage_runs_pairs */
         return false;
     if (cp->phased)
         return true;
@@ -328,23 +344,99 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
         MlirValue vb = row_lanes(b, sstep, src, at[1], lo[1], hi[1], ok[1], q0);
         MlirValue pair = cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", va, vi),
                                 cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", vb, vi), sh));
-        MlirValue to = cg_iadd(b, dst, cg_idx(b, q0));
-        if (q0 + 16 <= cp->dW) {
-            cg_vstore(b, pair, bp, to);
-        } else { /* the row's last pixels */
-            int32_t lanes[16], lim[16];
-            for (int l = 0; l < 16; l++)
-                lanes[l] = l, lim[l] = (int32_t)(cp->dW - q0);
-            cg_vmaskstore(
-                b, pair, bp, to,
-                cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim)));
-        }
+        store_lanes(b, pair, bp, cg_iadd(b, dst, cg_idx(b, q0)), cp->dW - q0);
     }
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
     zero_range(b, zi, bp, prow, cg_imul_c(b, isub(b, r1, r0), cp->dW), cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
+}
+
+/* The weight gradient's pairs along K (pixels): a destination row's pixels in segments of
+ * 32 (the last one shorter), segment [s, s + R) paired (s + l, s + h + l) for l < h =
+ * ceil(R / 2) at pair s / 2 + l of the row's ceil(dW / 2) (cv_kpair_rows); A (the window)
+ * and B (dy^T, cv_panelize) pair the same pixels. */
+static int64_t kpair_half(const cv_plan *cp, int64_t s) {
+    int64_t len = cp->dW - s < 32 ? cp->dW - s : 32;
+    return (len + 1) / 2;
+}
+
+void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rtab, MlirValue g,
+                            MlirValue i0, MlirValue i1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    MlirValue zi = cg_ci(b, b->i32, 0);
+    MlirType vi = cg_vec_t(16, b->i32);
+    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
+    int64_t P = ceil_div(cp->dW, 2);
+    cg_for lj, lr;
+    cg_for_begin(b, &lj, i0, i1, 0, NULL);
+    MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
+    MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
+    win_span sp = row_span(b, cp, kw);
+    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
+    MlirValue base = isub(b, cg_iadd(b, cg_imul_c(b, chan, cp->sH * cp->sW), sp.s0),
+                          cg_imul_c(b, sp.d0, sp.sstep));
+    MlirType vt = cg_vec_t(16 * sp.sstep, b->i32);
+    MlirValue lo = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", sp.d0, b->i32), vt);
+    MlirValue hi =
+        cg_vbroadcast(b, cg_conv(b, "arith.index_cast", cg_iadd(b, sp.d0, sp.T), b->i32), vt);
+    MlirValue trow = cg_imul_c(b, kh, cp->pix_rows);
+    MlirValue row = cg_imul_c(b, isub(b, lj.iv, i0), m->kp);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue roff = cg_load(b, rtab, cg_iadd(b, trow, isub(b, lr.iv, r0)));
+    MlirValue ok = cg_vbroadcast(b, cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0)),
+                                 cg_vec_t(16 * sp.sstep, b->i1));
+    MlirValue at = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), base);
+    MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), P));
+    for (int64_t s = 0; s < cp->dW; s += 32) {
+        int64_t h = kpair_half(cp, s);
+        MlirValue va = row_lanes(b, sp.sstep, src, at, lo, hi, ok, s);
+        MlirValue vb = row_lanes(b, sp.sstep, src, at, lo, hi, ok, s + h);
+        MlirValue pair = cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", va, vi),
+                                cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", vb, vi), sh));
+        store_lanes(b, pair, ap, cg_iadd(b, dst, cg_idx(b, s / 2)), h);
+    }
+    cg_for_end(b, &lr, 0, NULL);
+    zero_range(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));
+    cg_for_end(b, &lj, 0, NULL);
+    cv_zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp, zi);
+}
+
+/* B = dy^T's pairs from its staged rows (pixels) as cv_stage_window_kpairs pairs them. */
+static void panelize_kpairs(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirType vf = cg_vec_t(MK_PANEL, b->f32);
+    MlirValue zf = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf);
+    int64_t P = ceil_div(cp->dW, 2);
+    cg_for lr, ll, lp;
+    cg_for_begin(b, &lr, cg_idx(b, 0), cg_idx(b, cp->pix_rows), 0, NULL);
+    for (int64_t s = 0; s < cp->dW; s += 32) {
+        int64_t len = cp->dW - s < 32 ? cp->dW - s : 32, h = kpair_half(cp, s);
+        MlirValue pa0 = cg_iadd(b, cg_imul_c(b, lr.iv, cp->dW), cg_idx(b, s));
+        MlirValue kk0 = cg_iadd(b, cg_imul_c(b, lr.iv, P), cg_idx(b, s / 2));
+        for (int odd = 0; odd < 2; odd++) { /* pairs (l, l + h); an odd len's last l alone */
+            if (odd && len % 2 == 0)
+                break;
+            cg_for_begin(b, &ll, cg_idx(b, odd ? h - 1 : 0), cg_idx(b, odd ? h : len - h), 0, NULL);
+            MlirValue pa = cg_imul_c(b, cg_iadd(b, pa0, ll.iv), m->b_ld);
+            MlirValue to = cg_imul_c(b, cg_iadd(b, kk0, ll.iv), m->b_ld);
+            cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
+            MlirValue col = cg_imul_c(b, lp.iv, MK_PANEL);
+            MlirValue va = cg_vload(b, vf, stg, cg_iadd(b, pa, col));
+            MlirValue vb =
+                odd ? zf
+                    : cg_vload(b, vf, stg, cg_iadd(b, cg_iadd(b, pa, cg_idx(b, h * m->b_ld)), col));
+            cg_vstore(b, cg_bf16_pair(b, va, vb), bp, cg_iadd(b, to, col));
+            cg_for_end(b, &lp, 0, NULL);
+            cg_for_end(b, &ll, 0, NULL);
+        }
+    }
+    cg_for_end(b, &lr, 0, NULL);
+    cv_zero_rows(b, bp, cg_idx(b, cp->pix_rows * P), m->kp, m->b_ld, cg_ci(b, b->i32, 0));
 }
 
 /* The source rows of destination pixel rows [r0, r1) for stage_window, per kernel row kh:
@@ -444,6 +536,10 @@ void cv_stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
  * zero) in pairs of rows 2 kk, 2 kk + 1, row-major: bp[kk * b_ld + j] (f32 B is read from
  * the staged rows themselves). */
 void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
+    if (cp->role == CV_GRAD_WEIGHT && cp->pairs_win) {
+        panelize_kpairs(c, cp, stg, bp);
+        return;
+    }
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     MlirType vf = cg_vec_t(MK_PANEL, b->f32);
@@ -474,7 +570,7 @@ void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld
 
 /* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
  * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles). */
-static void transpose16(cg_b *b, MlirValue *r) {
+void cv_transpose16(cg_b *b, MlirValue *r) {
     for (int s = 8; s >= 1; s /= 2) {
         int64_t mi[16], mj[16];
         for (int l = 0; l < 16; l++) {
@@ -516,7 +612,7 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
         MlirValue src = cg_iadd(b, wrow, cg_imul_c(b, lob.iv, 16 * cp->Cg)), v[16];
         for (int t = 0; t < 16; t++)
             v[t] = vload_f32(b, wdt, wbuf, cg_iadd(b, src, cg_idx(b, t * cp->Cg)));
-        transpose16(b, v);
+        cv_transpose16(b, v);
         MlirValue dst = cg_iadd(b, row0, cg_imul_c(b, lob.iv, 16));
         for (int t = 0; t < 16; t++)
             cg_vstore(b, v[t], stg, cg_iadd(b, dst, cg_idx(b, t * ld)));
@@ -625,7 +721,7 @@ void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirVal
     MlirValue p = cg_iadd(b, l0, cg_imul_c(b, lpb.iv, 16)), v[16];
     for (int i = 0; i < 16; i++)
         v[i] = vload_f32(b, ddt, dy, cg_iadd(b, orow, cg_iadd(b, p, cg_idx(b, i * L))));
-    transpose16(b, v);
+    cv_transpose16(b, v);
     MlirValue k0 = cg_iadd(b, kb, cg_imul_c(b, lpb.iv, 16));
     for (int t = 0; t < 16; t++)
         cg_vstore(b, v[t], stg,

@@ -43,11 +43,78 @@ enum {
     CV_A_CACHE = 8 << 20, /* bytes of packed weights a thread keeps across its tasks */
 };
 
+/* dw[g Og + o, i] = C (i - i0, o - c0) rounded to the root's dtype, for i in [ia, ib) and
+ * o - c0 in [oa, ob), one by one. */
+static void store_dw_scalar(kc *c, const cv_plan *cp, MlirValue cs, MlirValue dw, MlirValue g,
+                            MlirValue i0, MlirValue ia, MlirValue ib, MlirValue c0, MlirValue oa,
+                            MlirValue ob) {
+    cg_b *b = c->b;
+    cg_for lo, li;
+    cg_for_begin(b, &lo, oa, ob, 0, NULL);
+    MlirValue drow =
+        cg_imul_c(b, cg_iadd(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), c0), lo.iv), cp->M);
+    cg_for_begin(b, &li, ia, ib, 0, NULL);
+    MlirValue v = cg_load(b, cs, cg_iadd(b, cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp), lo.iv));
+    cg_store_val(b, cp->dt, is_16(cp->dt) ? cg_round16(b, cp->dt, v) : v, dw,
+                 cg_iadd(b, drow, li.iv));
+    cg_for_end(b, &li, 0, NULL);
+    cg_for_end(b, &lo, 0, NULL);
+}
+
+/* The weight gradient's block stored alone (no fused op reads it): C's 16 x 16 blocks
+ * transposed in registers and stored 16 rows of dw at a time (the generic epilogue reads C
+ * down its columns, one element at a time), the edges one by one. */
+static void store_dw(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirValue i0,
+                     MlirValue i1, MlirValue c0, MlirValue c1) {
+    cg_b *b = c->b;
+    MlirValue dw = c->bufs[c->s->res_of[c->k->root]], z = cg_idx(b, 0);
+    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
+    MlirValue nr = isub(b, i1, i0), nc = isub(b, c1, c0);
+    MlirValue nr16 = cg_imul_c(b, idiv(b, nr, 16), 16), nc16 = cg_imul_c(b, idiv(b, nc, 16), 16);
+    cg_for lob, lib;
+    cg_for_begin(b, &lob, z, idiv(b, nc, 16), 0, NULL);
+    MlirValue o16 = cg_imul_c(b, lob.iv, 16);
+    MlirValue drow = cg_imul_c(b, cg_iadd(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), c0), o16), cp->M);
+    cg_for_begin(b, &lib, z, idiv(b, nr, 16), 0, NULL);
+    MlirValue r16 = cg_imul_c(b, lib.iv, 16), v[16];
+    MlirValue from = cg_iadd(b, cg_imul_c(b, r16, cp->mk.nbp), o16);
+    for (int t = 0; t < 16; t++)
+        v[t] = cg_vload(b, vf, cs, cg_iadd(b, from, cg_idx(b, t * cp->mk.nbp)));
+    cv_transpose16(b, v);
+    MlirValue to = cg_iadd(b, drow, cg_iadd(b, i0, r16));
+    for (int t = 0; t < 16; t++) {
+        MlirValue at = cg_iadd(b, to, cg_idx(b, t * cp->M)), x = v[t];
+        if (cp->dt == LOOM_DTYPE_BF16) {
+            MlirValue u = cg_conv(b, "arith.bitcast", cg_round16(b, cp->dt, x), vi);
+            u = cg_bin(b, "arith.shrui", u, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
+            x = cg_conv(b, "arith.trunci", u, cg_vec_t(16, b->i16));
+        } else if (cp->dt == LOOM_DTYPE_F16) {
+            x = cg_conv(b, "arith.truncf", x, cg_vec_t(16, b->f16));
+        }
+        cg_vstore(b, x, dw, at);
+    }
+    cg_for_end(b, &lib, 0, NULL);
+    /* the block's last rows, past the whole 16s */
+    store_dw_scalar(c, cp, cs, dw, g, i0, cg_iadd(b, i0, nr16), i1, c0, o16,
+                    cg_iadd(b, o16, cg_idx(b, 16)));
+    cg_for_end(b, &lob, 0, NULL);
+    store_dw_scalar(c, cp, cs, dw, g, i0, i0, i1, c0, nc16, nc); /* the last columns */
+}
+
+/* Whether the root's own store is the whole epilogue (store_dw). */
+static bool root_stored_alone(const kc *c, const cv_plan *cp) {
+    return cp->n_epi == 1 && cp->epi[0].node == c->k->root && cp->epi[0].store;
+}
+
 /* The epilogue of a task's block: C's element (i, column) is the root's element at the
  * nest indices set here; the fused sinks evaluate and store from it. */
 static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirValue i0,
                                  MlirValue i1, MlirValue c0, MlirValue c1) {
     cg_b *b = c->b;
+    if (cp->role == CV_GRAD_WEIGHT && root_stored_alone(c, cp)) {
+        store_dw(c, cp, cs, g, i0, i1, c0, c1);
+        return LOOM_OK;
+    }
     const nest *ns = &cp->ns;
     loom_status st;
     c->ns = ns;
@@ -216,6 +283,8 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->identity = cp->KH == 1 && cp->KW == 1 && cp->st[0] == 1 && cp->st[1] == 1 &&
                        cp->pd[0] == 0 && cp->pd[1] == 0;
     cp->pairs_win = cv_window_pairs_ok(c, cp);
+    if (cp->pairs_win && cp->role == CV_GRAD_WEIGHT) /* whole pixel rows of pairs */
+        m->kp = cp->pix_rows * ceil_div(cp->dW, 2);
     cp->tab = !cp->identity && !cp->pairs_win &&
               (cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp)));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
@@ -319,14 +388,17 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
      * through masked loads */
     bool runs_pairs =
         !gw && cp->identity && m->pk == 2 && c->g->nodes[cp->win].dtype == LOOM_DTYPE_BF16;
-    bool pairs_direct = runs_pairs || cp->pairs_win;
+    bool pairs_direct = runs_pairs || (!gw && cp->pairs_win);
     cg_for lk;
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
     if (gw) { /* K chunk: destination pixel rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
         MlirValue k1 =
             cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
-        if (cp->identity) {
+        if (cp->pairs_win) {
+            cv_build_rows(c, cp, u->rtab, k0, k1);
+            cv_stage_window_kpairs(c, cp, u->ap, u->rtab, gi, i0, i1, k0, k1);
+        } else if (cp->identity) {
             cv_stage_runs(c, cp, u->stga, ld, ld, gi, i0, i1, k0, k1);
         } else if (cp->tab) {
             cv_build_table(c, cp, u->tab, cp->ldt, k0, k1);
@@ -336,9 +408,11 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
             cv_build_rows(c, cp, u->rtab, k0, k1);
             cv_stage_window(c, cp, u->stga, ld, ld, u->rtab, gi, i0, i1, k0, k1);
         }
-        cv_zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
-        if (m->pk == 2)
-            cv_pair_up(c, u->stga, u->ap, cg_idx(b, 0), cp->mbp * m->kp);
+        if (!cp->pairs_win) {
+            cv_zero_rows(b, u->stga, isub(b, i1, i0), cp->mbp, ld, zf);
+            if (m->pk == 2)
+                cv_pair_up(c, u->stga, u->ap, cg_idx(b, 0), cp->mbp * m->kp);
+        }
         cv_stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
     } else { /* K chunk: window rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
@@ -441,7 +515,7 @@ loom_status cg_lower_conv(kc *c) {
         n_stg = max64(n_stg, m->kp * m->pk * m->b_ld);
         n_stga = max64(n_stga, r->mbp * m->kp * m->pk);
         n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
-        n_rtab = max64(n_rtab, r->tab || r->identity ? 0 : r->KH * r->pix_rows);
+        n_rtab = max64(n_rtab, r->tab || (r->identity && !r->pairs_win) ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
     }
     bool pairs = cp->mk.pk == 2;

@@ -97,20 +97,35 @@ MlirType cg_compute_type(cg_b *b, loom_dtype dt) {
 
 /* Rounds an f32 value to the 16-bit dtype's precision (and back to f32). bf16 follows
  * loom_ir_f32_to_bf16 bit for bit: round to nearest even, NaN kept quiet. */
+/* An i32 constant of v's shape (a scalar, or a vector of v's lanes). */
+static MlirValue i32_like(cg_b *b, MlirValue v, int64_t x) {
+    MlirType t = mlirValueGetType(v);
+    MlirValue s = cg_ci(b, b->i32, x);
+    return mlirTypeIsAVector(t)
+               ? cg_vbroadcast(b, s, cg_vec_t(mlirShapedTypeGetDimSize(t, 0), b->i32))
+               : s;
+}
+
+static MlirType like(cg_b *b, MlirValue v, MlirType elem) {
+    MlirType t = mlirValueGetType(v);
+    return mlirTypeIsAVector(t) ? cg_vec_t(mlirShapedTypeGetDimSize(t, 0), elem) : elem;
+}
+
 MlirValue cg_round16(cg_b *b, loom_dtype dt, MlirValue v) {
+    MlirType ft = mlirValueGetType(v);
     if (dt == LOOM_DTYPE_F16)
-        return cg_conv(b, "arith.extf", cg_conv(b, "arith.truncf", v, b->f16), b->f32);
-    MlirValue u = cg_conv(b, "arith.bitcast", v, b->i32);
-    MlirValue absu = cg_bin(b, "arith.andi", u, cg_ci(b, b->i32, 0x7fffffff));
-    MlirValue nan = cg_cmpi(b, CG_I_UGT, absu, cg_ci(b, b->i32, 0x7f800000));
-    MlirValue odd = cg_bin(b, "arith.andi", cg_bin(b, "arith.shrui", u, cg_ci(b, b->i32, 16)),
-                           cg_ci(b, b->i32, 1));
-    MlirValue r =
-        cg_bin(b, "arith.addi", u, cg_bin(b, "arith.addi", odd, cg_ci(b, b->i32, 0x7fff)));
-    MlirValue quiet = cg_bin(b, "arith.ori", u, cg_ci(b, b->i32, 0x400000));
+        return cg_conv(b, "arith.extf", cg_conv(b, "arith.truncf", v, like(b, v, b->f16)), ft);
+    MlirValue u = cg_conv(b, "arith.bitcast", v, like(b, v, b->i32));
+    MlirValue absu = cg_bin(b, "arith.andi", u, i32_like(b, v, 0x7fffffff));
+    MlirValue nan = mlirTypeIsAVector(ft) ? cg_vcmpi(b, CG_I_UGT, absu, i32_like(b, v, 0x7f800000))
+                                          : cg_cmpi(b, CG_I_UGT, absu, i32_like(b, v, 0x7f800000));
+    MlirValue odd =
+        cg_bin(b, "arith.andi", cg_bin(b, "arith.shrui", u, i32_like(b, v, 16)), i32_like(b, v, 1));
+    MlirValue r = cg_bin(b, "arith.addi", u, cg_bin(b, "arith.addi", odd, i32_like(b, v, 0x7fff)));
+    MlirValue quiet = cg_bin(b, "arith.ori", u, i32_like(b, v, 0x400000));
     r = cg_select(b, nan, quiet, r);
-    r = cg_bin(b, "arith.andi", r, cg_ci(b, b->i32, (int32_t)0xffff0000u));
-    return cg_conv(b, "arith.bitcast", r, b->f32);
+    r = cg_bin(b, "arith.andi", r, i32_like(b, v, (int32_t)0xffff0000u));
+    return cg_conv(b, "arith.bitcast", r, ft);
 }
 
 MlirValue cg_load_val(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {

@@ -145,6 +145,7 @@ int32_t cg_memo_mark(kc *c);
 void cg_memo_pop(kc *c, int32_t mark);
 MlirType cg_storage_type(cg_b *b, loom_dtype dt);
 MlirType cg_compute_type(cg_b *b, loom_dtype dt);
+/* f32 v (a scalar or a vector) rounded to dt (bf16: to nearest even, NaN kept quiet), as f32. */
 MlirValue cg_round16(cg_b *b, loom_dtype dt, MlirValue v);
 MlirValue cg_load_val(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off);
 void cg_store_val(cg_b *b, loom_dtype dt, MlirValue v, MlirValue mem, MlirValue off);
