@@ -27,6 +27,7 @@ typedef struct cv_plan {
     bool tab; /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
     bool identity; /* 1x1, stride 1, no padding: a window row is its channel's pixels */
     bool pairs_win; /* B's bf16 pairs staged straight from the window (cv_stage_window_pairs) */
+    bool lanes_win; /* else its rows staged in f32 by masked loads (cv_stage_window_lanes) */
     int64_t ldt;
     /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
      * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
@@ -85,6 +86,12 @@ void cv_build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirV
  * row at a time by masked loads: conv2d of stride 1 or 2 and the input gradient (phases too),
  * where cv_window_pairs_ok. */
 bool cv_window_pairs_ok(const kc *c, const cv_plan *cp);
+/* cv_stage_window's rows by masked loads, 16 pixels at a time (any source dtype, converted
+ * to f32), where cv_window_lanes_ok: phases too. */
+bool cv_window_lanes_ok(const cv_plan *cp);
+void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
+                           MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
+                           MlirValue r1);
 void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rtab, MlirValue g,
                            MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 /* The weight gradient's A from a bf16 window the same way: window rows [i0, i1) x pixel rows

@@ -151,16 +151,21 @@ void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_
     cg_for_end(b, &lj, 0, NULL);
 }
 
-/* 16 values of dtype dt at mem[off] as a vector of f32. */
-static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
+/* A vector of 16 values of dtype dt in its storage type, as f32. */
+static MlirValue widen_f32(cg_b *b, loom_dtype dt, MlirValue v) {
     MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
     if (dt == LOOM_DTYPE_F16)
-        return cg_conv(b, "arith.extf", cg_vload(b, cg_vec_t(16, b->f16), mem, off), vf);
+        return cg_conv(b, "arith.extf", v, vf);
     if (dt != LOOM_DTYPE_BF16)
-        return cg_vload(b, vf, mem, off);
-    MlirValue w = cg_conv(b, "arith.extui", cg_vload(b, cg_vec_t(16, b->i16), mem, off), vi);
+        return v;
+    MlirValue w = cg_conv(b, "arith.extui", v, vi);
     w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
     return cg_conv(b, "arith.bitcast", w, vf);
+}
+
+/* 16 values of dtype dt at mem[off] as a vector of f32. */
+static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
+    return widen_f32(b, dt, cg_vload(b, cg_vec_t(16, cg_storage_type(b, dt)), mem, off));
 }
 
 /* An identity window's rows [j0, j1) x pixel rows [r0, r1): channel g wch + j of each image
@@ -257,14 +262,51 @@ static void store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64
                   cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim)));
 }
 
-/* One window row's source values at destination columns [q0, q0 + 16) of a pixel row, as a
- * vector<16xi16>: masked loads of the lanes whose column is in [lo, hi) where the row is ok
- * (zeros elsewhere, no memory touched); at is the source index of column 0 (lanes before lo
- * may point before the buffer: they are never read). A source step of 2 loads 32 lanes and
- * keeps the even ones. */
-static MlirValue row_lanes(cg_b *b, int64_t sstep, MlirValue src, MlirValue at, MlirValue lo,
-                           MlirValue hi, MlirValue ok, int64_t q0) {
-    int64_t n = 16 * sstep;
+/* One window row j (of group g) as its lanes read it: the source index of destination
+ * column 0 less the source row's offset (base), the columns [lo, hi) it reaches (vectors of
+ * 16 sstep i32; an empty range where has is false), and its kernel row's entries in rtab. */
+typedef struct win_row {
+    MlirValue base, lo, hi, trow;
+    int64_t sstep;
+} win_row;
+
+static win_row window_row(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue j, MlirValue has) {
+    win_row w;
+    MlirValue ch = idiv(b, j, cp->KK), kk = irem(b, j, cp->KK);
+    MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
+    win_span sp = row_span(b, cp, kw);
+    w.sstep = sp.sstep;
+    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
+    w.base = isub(b, cg_iadd(b, cg_imul_c(b, chan, cp->sH * cp->sW), sp.s0),
+                  cg_imul_c(b, sp.d0, sp.sstep));
+    MlirValue end = cg_iadd(b, sp.d0, sp.T);
+    if (!mlirValueIsNull(has))
+        end = cg_select(b, has, end, sp.d0);
+    MlirType vt = cg_vec_t(16 * sp.sstep, b->i32);
+    w.lo = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", sp.d0, b->i32), vt);
+    w.hi = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", end, b->i32), vt);
+    w.trow = cg_imul_c(b, kh, cp->pix_rows);
+    return w;
+}
+
+/* Window row w at destination pixel row r (of the block from r0): the source index of column
+ * 0 in *at, and in *ok (a vector of i1) whether the row reads a source row (cv_build_rows). */
+static void window_row_at(cg_b *b, const win_row *w, MlirValue rtab, MlirValue r, MlirValue r0,
+                          MlirValue *at, MlirValue *ok) {
+    MlirValue roff = cg_load(b, rtab, cg_iadd(b, w->trow, isub(b, r, r0)));
+    *ok = cg_vbroadcast(b, cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0)),
+                        cg_vec_t(16 * w->sstep, b->i1));
+    *at = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), w->base);
+}
+
+/* Window row w's source values at destination columns [q0, q0 + 16) of a pixel row, as a
+ * vector of 16 of the source's storage type et: masked loads of the lanes whose column is in
+ * [lo, hi) where the row is ok (zeros elsewhere, no memory touched); at is the source index
+ * of column 0 (lanes before lo may point before the buffer: they are never read). A source
+ * step of 2 loads 32 lanes and keeps the even ones. */
+static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src, MlirValue at,
+                           MlirValue ok, int64_t q0) {
+    int64_t sstep = w->sstep, n = 16 * sstep;
     int32_t qv[32], even[32];
     int64_t keep[16];
     for (int64_t l = 0; l < n; l++) {
@@ -275,26 +317,44 @@ static MlirValue row_lanes(cg_b *b, int64_t sstep, MlirValue src, MlirValue at, 
         keep[l] = l * sstep;
     MlirValue q = cg_vconst_i32(b, n, qv);
     MlirValue mask =
-        and_i1(b, and_i1(b, cg_vcmpi(b, CG_I_SGE, q, lo), cg_vcmpi(b, CG_I_SLT, q, hi)), ok);
+        and_i1(b, and_i1(b, cg_vcmpi(b, CG_I_SGE, q, w->lo), cg_vcmpi(b, CG_I_SLT, q, w->hi)), ok);
     if (sstep > 1)
         mask = and_i1(b, mask,
                       cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, n, even),
                                cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(n, b->i32))));
     MlirValue v =
-        cg_vmaskload(b, cg_vec_t(n, b->i16), src, cg_iadd(b, at, cg_idx(b, q0 * sstep)), mask);
+        cg_vmaskload(b, cg_vec_t(n, et), src, cg_iadd(b, at, cg_idx(b, q0 * sstep)), mask);
     return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
+}
+
+/* Two vectors of 16 bf16 (as i16) as 16 pairs, a's in the low halves. */
+static MlirValue pair16(cg_b *b, MlirValue a, MlirValue hi) {
+    MlirType vi = cg_vec_t(16, b->i32);
+    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
+    return cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", a, vi),
+                  cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", hi, vi), sh));
+}
+
+/* Whether window rows can be read by masked loads: a source step of 1 or 2, written to
+ * consecutive destination columns. */
+static bool rows_by_lanes(const cv_plan *cp) {
+    if (cp->phased)
+        return true;
+    if (cp->role == CV_GRAD_WEIGHT)
+        return cp->st[1] <= 2;
+    return cp->dst_big ? cp->st[1] == 1 : cp->st[1] <= 2;
 }
 
 bool cv_window_pairs_ok(const kc *c, const cv_plan *cp) {
     if (cp->mk.pk != 2 || c->g->nodes[cp->win].dtype != LOOM_DTYPE_BF16)
         return false;
-    if (cp->role == CV_GRAD_WEIGHT) /* its source step: the stride (identity windows too) */
-        return cp->st[1] <= 2;
-    if (cp->identity) /* cv_stage_runs_pairs */
+    if (cp->identity && cp->role != CV_GRAD_WEIGHT) /* cv_stage_runs_pairs */
         return false;
-    if (cp->phased)
-        return true;
-    return cp->dst_big ? cp->st[1] == 1 : cp->st[1] <= 2;
+    return rows_by_lanes(cp);
+}
+
+bool cv_window_lanes_ok(const cv_plan *cp) {
+    return !cp->identity && rows_by_lanes(cp);
 }
 
 void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rtab, MlirValue g,
@@ -302,55 +362,56 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
-    MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0);
-    MlirType vi = cg_vec_t(16, b->i32);
+    MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0), none = {NULL};
     MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
-    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
-    int64_t sstep = 0;
     cg_for lk, lr;
     cg_for_begin(b, &lk, z, npair, 0, NULL);
-    MlirValue ja = cg_iadd(b, j0, cg_imul_c(b, lk.iv, 2));
     /* the pair's two window rows (an odd chunk's last row pairs with zeros) */
-    MlirValue base[2], lo[2], hi[2], trow[2], has[2];
-    for (int q = 0; q < 2; q++) {
-        MlirValue j = cg_iadd(b, ja, cg_idx(b, q));
-        has[q] = q == 0 ? cg_ci(b, b->i1, 1) : cg_cmpi(b, CG_I_ULT, j, j1);
-        j = q == 0 ? j : cg_select(b, has[q], j, ja);
-        MlirValue ch = idiv(b, j, cp->KK), kk = irem(b, j, cp->KK);
-        MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
-        win_span sp = row_span(b, cp, kw);
-        sstep = sp.sstep;
-        MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
-        base[q] = isub(b, cg_iadd(b, cg_imul_c(b, chan, cp->sH * cp->sW), sp.s0),
-                       cg_imul_c(b, sp.d0, sp.sstep));
-        MlirValue end = cg_select(b, has[q], cg_iadd(b, sp.d0, sp.T), sp.d0);
-        MlirType vt = cg_vec_t(16 * sp.sstep, b->i32);
-        lo[q] = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", sp.d0, b->i32), vt);
-        hi[q] = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", end, b->i32), vt);
-        trow[q] = cg_imul_c(b, kh, cp->pix_rows);
-    }
+    MlirValue ja = cg_iadd(b, j0, cg_imul_c(b, lk.iv, 2)), jb = cg_iadd(b, ja, cg_idx(b, 1));
+    MlirValue has_b = cg_cmpi(b, CG_I_ULT, jb, j1);
+    win_row w[2] = {window_row(b, cp, g, ja, none),
+                    window_row(b, cp, g, cg_select(b, has_b, jb, ja), has_b)};
     MlirValue prow = cg_imul_c(b, lk.iv, m->b_ld);
     cg_for_begin(b, &lr, r0, r1, 0, NULL);
     MlirValue at[2], ok[2];
-    for (int q = 0; q < 2; q++) { /* the source row, if any (cv_build_rows) */
-        MlirValue roff = cg_load(b, rtab, cg_iadd(b, trow[q], isub(b, lr.iv, r0)));
-        ok[q] = cg_vbroadcast(b, cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0)),
-                              cg_vec_t(16 * sstep, b->i1));
-        at[q] = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), base[q]);
-    }
+    for (int q = 0; q < 2; q++)
+        window_row_at(b, &w[q], rtab, lr.iv, r0, &at[q], &ok[q]);
     MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
     for (int64_t q0 = 0; q0 < cp->dW; q0 += 16) {
-        MlirValue va = row_lanes(b, sstep, src, at[0], lo[0], hi[0], ok[0], q0);
-        MlirValue vb = row_lanes(b, sstep, src, at[1], lo[1], hi[1], ok[1], q0);
-        MlirValue pair = cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", va, vi),
-                                cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", vb, vi), sh));
-        store_lanes(b, pair, bp, cg_iadd(b, dst, cg_idx(b, q0)), cp->dW - q0);
+        MlirValue va = row_lanes(b, b->i16, &w[0], src, at[0], ok[0], q0);
+        MlirValue vb = row_lanes(b, b->i16, &w[1], src, at[1], ok[1], q0);
+        store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, dst, cg_idx(b, q0)), cp->dW - q0);
     }
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
     zero_range(b, zi, bp, prow, cg_imul_c(b, isub(b, r1, r0), cp->dW), cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
+}
+
+void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
+                           MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
+                           MlirValue r1) {
+    cg_b *b = c->b;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]], none = {NULL};
+    loom_dtype sdt = c->g->nodes[cp->win].dtype;
+    MlirType et = cg_storage_type(b, sdt);
+    cg_for lj, lr;
+    cg_for_begin(b, &lj, j0, j1, 0, NULL);
+    win_row w = window_row(b, cp, g, lj.iv, none);
+    MlirValue row = cg_imul_c(b, isub(b, lj.iv, j0), ld);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue at, ok;
+    window_row_at(b, &w, rtab, lr.iv, r0, &at, &ok);
+    MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
+    for (int64_t q0 = 0; q0 < cp->dW; q0 += 16)
+        store_lanes(b, widen_f32(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
+                    cg_iadd(b, dst, cg_idx(b, q0)), cp->dW - q0);
+    cg_for_end(b, &lr, 0, NULL);
+    /* the row's padding past the block's pixels */
+    zero_range(b, cg_cf(b, b->f32, 0.0), buf, row, cg_imul_c(b, isub(b, r1, r0), cp->dW),
+               cg_idx(b, width));
+    cg_for_end(b, &lj, 0, NULL);
 }
 
 /* The weight gradient's pairs along K (pixels): a destination row's pixels in segments of
@@ -367,37 +428,21 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
-    MlirValue zi = cg_ci(b, b->i32, 0);
-    MlirType vi = cg_vec_t(16, b->i32);
-    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
+    MlirValue zi = cg_ci(b, b->i32, 0), none = {NULL};
     int64_t P = ceil_div(cp->dW, 2);
     cg_for lj, lr;
     cg_for_begin(b, &lj, i0, i1, 0, NULL);
-    MlirValue ch = idiv(b, lj.iv, cp->KK), kk = irem(b, lj.iv, cp->KK);
-    MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
-    win_span sp = row_span(b, cp, kw);
-    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
-    MlirValue base = isub(b, cg_iadd(b, cg_imul_c(b, chan, cp->sH * cp->sW), sp.s0),
-                          cg_imul_c(b, sp.d0, sp.sstep));
-    MlirType vt = cg_vec_t(16 * sp.sstep, b->i32);
-    MlirValue lo = cg_vbroadcast(b, cg_conv(b, "arith.index_cast", sp.d0, b->i32), vt);
-    MlirValue hi =
-        cg_vbroadcast(b, cg_conv(b, "arith.index_cast", cg_iadd(b, sp.d0, sp.T), b->i32), vt);
-    MlirValue trow = cg_imul_c(b, kh, cp->pix_rows);
+    win_row w = window_row(b, cp, g, lj.iv, none);
     MlirValue row = cg_imul_c(b, isub(b, lj.iv, i0), m->kp);
     cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    MlirValue roff = cg_load(b, rtab, cg_iadd(b, trow, isub(b, lr.iv, r0)));
-    MlirValue ok = cg_vbroadcast(b, cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0)),
-                                 cg_vec_t(16 * sp.sstep, b->i1));
-    MlirValue at = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), base);
+    MlirValue at, ok;
+    window_row_at(b, &w, rtab, lr.iv, r0, &at, &ok);
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), P));
     for (int64_t s = 0; s < cp->dW; s += 32) {
         int64_t h = kpair_half(cp, s);
-        MlirValue va = row_lanes(b, sp.sstep, src, at, lo, hi, ok, s);
-        MlirValue vb = row_lanes(b, sp.sstep, src, at, lo, hi, ok, s + h);
-        MlirValue pair = cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", va, vi),
-                                cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", vb, vi), sh));
-        store_lanes(b, pair, ap, cg_iadd(b, dst, cg_idx(b, s / 2)), h);
+        MlirValue va = row_lanes(b, b->i16, &w, src, at, ok, s);
+        MlirValue vb = row_lanes(b, b->i16, &w, src, at, ok, s + h);
+        store_lanes(b, pair16(b, va, vb), ap, cg_iadd(b, dst, cg_idx(b, s / 2)), h);
     }
     cg_for_end(b, &lr, 0, NULL);
     zero_range(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));

@@ -17,13 +17,16 @@
  * dilation holds, 0 where it holds for no source pixel. For X the destination is the
  * small coordinate (the output pixel) and the source the big one (x's); for D the other
  * way round (dy's pixels are the small ones). A row of destination pixels is then one
- * strided copy between bounds computed per (kh, kw): for stride 1 a contiguous copy. Images
- * narrower than 16 pixels go through a table of every pixel's source instead (gathered 16
- * at a time), and a 1x1 stride-1 window is its channels' pixels (copied a run per image).
- * A strided input gradient runs per phase of the destination pixels (ph0 + s y, ph1 + s q):
- * each a GEMM over the taps that reach that phase, so no zero is multiplied. Windows are
- * staged row-major in f32 (conv_stage.c); the microkernel reads f32 rows as its B, bf16 ones
- * after pairing.
+ * strided run between bounds computed per (kh, kw), read 16 pixels at a time by masked
+ * loads (lanes outside the run or on a padding row masked off: zeros) where the source step
+ * is 1 or 2. Other steps copy element by element (narrow images through a table of every
+ * pixel's source, gathered 16 at a time), and a 1x1 stride-1 window is its channels' pixels
+ * (copied a run per image). A strided input gradient runs per phase of the destination
+ * pixels (ph0 + s y, ph1 + s q): each a GEMM over the taps that reach that phase, so no zero
+ * is multiplied. Windows are staged row-major in f32 for the FMA microkernel (conv_stage.c);
+ * for vdpbf16ps a bf16 window goes straight into bf16 pairs along K: pairs of window rows
+ * (conv2d, input gradient: B), or of a window row's pixels (weight gradient: A, and dy^T's
+ * rows paired alike).
  *
  * Tasks: (group, row block, column block); each stages and multiplies its K in chunks that
  * fit the caches, accumulating in an f32 block of C, then runs the epilogue over the block.
@@ -285,7 +288,8 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
     cp->pairs_win = cv_window_pairs_ok(c, cp);
     if (cp->pairs_win && cp->role == CV_GRAD_WEIGHT) /* whole pixel rows of pairs */
         m->kp = cp->pix_rows * ceil_div(cp->dW, 2);
-    cp->tab = !cp->identity && !cp->pairs_win &&
+    cp->lanes_win = !cp->pairs_win && cv_window_lanes_ok(cp);
+    cp->tab = !cp->identity && !cp->pairs_win && !cp->lanes_win &&
               (cp->phased || (cp->dW < CV_TABLE_BELOW && table_fits(c, cp)));
     cp->ldt = cp->role == CV_GRAD_WEIGHT ? cp->kc : cp->cols;
     cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
@@ -398,6 +402,9 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
         if (cp->pairs_win) {
             cv_build_rows(c, cp, u->rtab, k0, k1);
             cv_stage_window_kpairs(c, cp, u->ap, u->rtab, gi, i0, i1, k0, k1);
+        } else if (cp->lanes_win) {
+            cv_build_rows(c, cp, u->rtab, k0, k1);
+            cv_stage_window_lanes(c, cp, u->stga, ld, ld, u->rtab, gi, i0, i1, k0, k1);
         } else if (cp->identity) {
             cv_stage_runs(c, cp, u->stga, ld, ld, gi, i0, i1, k0, k1);
         } else if (cp->tab) {
@@ -423,6 +430,8 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
             cv_stage_runs_pairs(c, cp, u->bp, gi, k0, k1, c0, c1);
         else if (cp->pairs_win)
             cv_stage_window_pairs(c, cp, u->bp, u->rtab, gi, k0, k1, c0, c1);
+        else if (cp->lanes_win)
+            cv_stage_window_lanes(c, cp, u->stg, m->b_ld, m->nbp, u->rtab, gi, k0, k1, c0, c1);
         else if (cp->identity)
             cv_stage_runs(c, cp, u->stg, m->b_ld, m->nbp, gi, k0, k1, c0, c1);
         else if (cp->tab)
