@@ -75,6 +75,13 @@ extern const loom_pass loom_pass_recompute;
  * both build). Errors: OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_conv_decompose;
 
+/* Reduction factoring: a reduce_sum or reduce_mean (f32, f64) of a product (mul and neg
+ * nodes) takes out the factors that do not vary along the summed axes (broadcasts of values
+ * that are 1 there, constants) and the sign: sum(a * b * w) becomes sum(a * b) * w', the
+ * factors left inside multiplied in node order, so that CSE then merges sums of the same
+ * factors (a batch norm's backward: four sums become two). Rules at the top of
+ * passes/reduce_factor.c. Runs before CSE. Errors: OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_reduce_factor;
 /* Dead-code elimination: drops nodes no output depends on (graph inputs stay). */
 extern const loom_pass loom_pass_dce;
 
@@ -124,13 +131,13 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: autocast, conv-decompose, dce, cse, fold, matmul-casts,
- * recompute through loom_pass_run_pipeline (opts may be NULL; its dumps and verify_each apply),
- * then fusion, all-reduce bucketing (opts->allreduce_bucket_mb), memory planning and
- * loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller) describes the
- * rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0 into in1), a
- * cast of one input to its own dtype is appended so that a kernel copies it aside first. Errors:
- * those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
+/* The default JIT pipeline in one call: autocast, conv-decompose, dce, reduce-factor, cse, fold,
+ * matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its dumps and
+ * verify_each apply), then fusion, all-reduce bucketing (opts->allreduce_bucket_mb), memory
+ * planning and loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller)
+ * describes the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0
+ * into in1), a cast of one input to its own dtype is appended so that a kernel copies it aside
+ * first. Errors: those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
 loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
                                  loom_ir_plan *plan, loom_ir_diag *d);
 
