@@ -502,11 +502,22 @@ loom_status cg_lower_conv(kc *c) {
     /* the plans that run: the convolution's, or its phases' one after the other */
     cv_plan *run = n_ph > 0 ? cps + 1 : cps;
     int32_t n_run = n_ph > 0 ? n_ph : 1;
-    int64_t numel = loom_ir_numel(root->rank, root->shape), tasks = 0, work = 0;
+    /* Phases' tasks interleave: task (g, ib, q, jb) of phase q, each phase over the largest
+     * nbm and nbn (past its own: no work), so that the contiguous range of tasks the pool
+     * gives a thread holds every phase's share of the rows, and a thread's consecutive
+     * tasks still share a row block's weights (a_cache); where phases without taps write
+     * zeros (a strided 1x1's three of four), (g, ib, jb, q), whose ranges hold every phase's
+     * share of a single row block too (in phase order, the phase with taps went to one
+     * thread and the zeros to the other: 2x slower). */
+    int64_t numel = loom_ir_numel(root->rank, root->shape), nbm_max = 0, nbn_max = 0, work = 0;
+    bool zero_phase = false;
     for (int32_t q = 0; q < n_run; q++) {
-        tasks += tasks_of(&run[q]);
+        nbm_max = max64(nbm_max, run[q].nbm);
+        nbn_max = max64(nbn_max, run[q].nbn);
+        zero_phase = zero_phase || run[q].K == 0;
         work = max64(work, run[q].rows * run[q].cols * (run[q].K > 0 ? run[q].K : 1));
     }
+    int64_t tasks = n_run == 1 ? tasks_of(&run[0]) : cp->G * nbm_max * n_run * nbn_max;
     c->extent = numel > 0 && tasks > 0 ? tasks : 1;
     c->grain = cg_grain_for(work);
     if (!c->emit || numel == 0)
@@ -543,22 +554,32 @@ loom_status cg_lower_conv(kc *c) {
     cg_store(b, cg_ci(b, b->i64, -1), u.akey, cg_idx(b, 0));
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    int64_t first = 0;
-    for (int32_t q = 0; q < n_run && st == LOOM_OK; q++) {
-        int64_t n = tasks_of(&run[q]);
-        if (n == 0)
-            continue;
-        if (n_run == 1) {
-            st = emit_task(c, &run[q], &u, lo.iv, q);
-            break;
+    if (n_run == 1) {
+        st = emit_task(c, &run[0], &u, lo.iv, 0);
+    } else {
+        MlirValue q, jb, gib, r;
+        if (zero_phase) { /* (g, ib, jb, q) */
+            q = irem(b, lo.iv, n_run), r = idiv(b, lo.iv, n_run);
+            jb = irem(b, r, nbn_max), gib = idiv(b, r, nbn_max);
+        } else { /* (g, ib, q, jb) */
+            jb = irem(b, lo.iv, nbn_max), r = idiv(b, lo.iv, nbn_max);
+            q = irem(b, r, n_run), gib = idiv(b, r, n_run);
         }
-        cg_if f;
-        MlirValue in = and_i1(b, cg_cmpi(b, CG_I_SGE, lo.iv, cg_idx(b, first)),
-                              cg_cmpi(b, CG_I_SLT, lo.iv, cg_idx(b, first + n)));
-        cg_if_begin(b, &f, in);
-        st = emit_task(c, &run[q], &u, isub(b, lo.iv, cg_idx(b, first)), q);
-        cg_if_end(b, &f);
-        first += n;
+        MlirValue gi = idiv(b, gib, nbm_max), ib = irem(b, gib, nbm_max);
+        for (int32_t k = 0; k < n_run && st == LOOM_OK; k++) {
+            const cv_plan *ph = &run[k];
+            if (tasks_of(ph) == 0)
+                continue;
+            cg_if f;
+            MlirValue in = and_i1(b, cg_cmpi(b, CG_I_EQ, q, cg_idx(b, k)),
+                                  and_i1(b, cg_cmpi(b, CG_I_ULT, ib, cg_idx(b, ph->nbm)),
+                                         cg_cmpi(b, CG_I_ULT, jb, cg_idx(b, ph->nbn))));
+            cg_if_begin(b, &f, in);
+            MlirValue t =
+                cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, gi, ph->nbm), ib), ph->nbn), jb);
+            st = emit_task(c, ph, &u, t, k);
+            cg_if_end(b, &f);
+        }
     }
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[9] = {u.ap, u.cs, u.stg, u.bp, u.stga, u.tab, u.afull, u.akey, u.rtab};
