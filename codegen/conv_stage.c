@@ -299,32 +299,76 @@ static void window_row_at(cg_b *b, const win_row *w, MlirValue rtab, MlirValue r
     *at = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), w->base);
 }
 
-/* Window row w's source values at destination columns [q0, q0 + 16) of a pixel row, as a
+/* Window row w's source values at destination columns [q0, q0 + 16) of a pixel row (q0 an
+ * index value), as a
  * vector of 16 of the source's storage type et: masked loads of the lanes whose column is in
  * [lo, hi) where the row is ok (zeros elsewhere, no memory touched); at is the source index
  * of column 0 (lanes before lo may point before the buffer: they are never read). A source
  * step of 2 loads 32 lanes and keeps the even ones. */
 static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src, MlirValue at,
-                           MlirValue ok, int64_t q0) {
+                           MlirValue ok, MlirValue q0) {
     int64_t sstep = w->sstep, n = 16 * sstep;
     int32_t qv[32], even[32];
     int64_t keep[16];
     for (int64_t l = 0; l < n; l++) {
-        qv[l] = (int32_t)(q0 + l / sstep);
+        qv[l] = (int32_t)(l / sstep);
         even[l] = l % sstep == 0 ? 1 : 0;
     }
     for (int64_t l = 0; l < 16; l++)
         keep[l] = l * sstep;
-    MlirValue q = cg_vconst_i32(b, n, qv);
+    MlirType vt = cg_vec_t(n, b->i32);
+    MlirValue q = cg_bin(b, "arith.addi", cg_vconst_i32(b, n, qv),
+                         cg_vbroadcast(b, cg_conv(b, "arith.index_cast", q0, b->i32), vt));
     MlirValue mask =
         and_i1(b, and_i1(b, cg_vcmpi(b, CG_I_SGE, q, w->lo), cg_vcmpi(b, CG_I_SLT, q, w->hi)), ok);
     if (sstep > 1)
         mask = and_i1(b, mask,
                       cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, n, even),
-                               cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(n, b->i32))));
+                               cg_vbroadcast(b, cg_ci(b, b->i32, 1), vt)));
     MlirValue v =
-        cg_vmaskload(b, cg_vec_t(n, et), src, cg_iadd(b, at, cg_idx(b, q0 * sstep)), mask);
+        cg_vmaskload(b, cg_vec_t(n, et), src, cg_iadd(b, at, cg_imul_c(b, q0, sstep)), mask);
     return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
+}
+
+/* Blocks of `step` columns of a row of n: the whole ones (an scf.for when there are three or
+ * more, which spares LLVM unrolled copies to compile; one by one otherwise), then the last
+ * partial one. lanes_begin/lanes_next give each block's first column (an index value) with
+ * lb.lanes its width; the loop stops at lb.at == lb.end. */
+typedef struct lane_blocks {
+    int64_t n, step, full, at, end, lanes;
+    bool looped;
+    cg_for l;
+} lane_blocks;
+
+static MlirValue lanes_block(cg_b *b, lane_blocks *lb) {
+    if (lb->at >= lb->end)
+        return cg_idx(b, 0);
+    bool in_loop = lb->looped && lb->at < lb->full;
+    lb->lanes = in_loop                                ? lb->step
+                : lb->n - lb->at * lb->step < lb->step ? lb->n - lb->at * lb->step
+                                                       : lb->step;
+    if (in_loop) {
+        cg_for_begin(b, &lb->l, cg_idx(b, 0), cg_idx(b, lb->full), 0, NULL);
+        return cg_imul_c(b, lb->l.iv, lb->step);
+    }
+    return cg_idx(b, lb->at * lb->step);
+}
+
+static MlirValue lanes_begin(cg_b *b, lane_blocks *lb, int64_t n, int64_t step) {
+    lb->n = n, lb->step = step, lb->full = n / step, lb->at = 0;
+    lb->end = ceil_div(n, step);
+    lb->looped = lb->full >= 3;
+    return lanes_block(b, lb);
+}
+
+static MlirValue lanes_next(cg_b *b, lane_blocks *lb) {
+    if (lb->looped && lb->at < lb->full) {
+        cg_for_end(b, &lb->l, 0, NULL);
+        lb->at = lb->full;
+    } else {
+        lb->at++;
+    }
+    return lanes_block(b, lb);
 }
 
 /* Two vectors of 16 bf16 (as i16) as 16 pairs, a's in the low halves. */
@@ -377,10 +421,11 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
     for (int q = 0; q < 2; q++)
         window_row_at(b, &w[q], rtab, lr.iv, r0, &at[q], &ok[q]);
     MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
-    for (int64_t q0 = 0; q0 < cp->dW; q0 += 16) {
+    lane_blocks lb;
+    for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb)) {
         MlirValue va = row_lanes(b, b->i16, &w[0], src, at[0], ok[0], q0);
         MlirValue vb = row_lanes(b, b->i16, &w[1], src, at[1], ok[1], q0);
-        store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, dst, cg_idx(b, q0)), cp->dW - q0);
+        store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, dst, q0), lb.lanes);
     }
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
@@ -404,9 +449,10 @@ void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, 
     MlirValue at, ok;
     window_row_at(b, &w, rtab, lr.iv, r0, &at, &ok);
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
-    for (int64_t q0 = 0; q0 < cp->dW; q0 += 16)
+    lane_blocks lb;
+    for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb))
         store_lanes(b, widen_f32(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
-                    cg_iadd(b, dst, cg_idx(b, q0)), cp->dW - q0);
+                    cg_iadd(b, dst, q0), lb.lanes);
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
     zero_range(b, cg_cf(b, b->f32, 0.0), buf, row, cg_imul_c(b, isub(b, r1, r0), cp->dW),
@@ -416,8 +462,8 @@ void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, 
 
 /* The weight gradient's pairs along K (pixels): a destination row's pixels in segments of
  * 32 (the last one shorter), segment [s, s + R) paired (s + l, s + h + l) for l < h =
- * ceil(R / 2) at pair s / 2 + l of the row's ceil(dW / 2) (cv_kpair_rows); A (the window)
- * and B (dy^T, cv_panelize) pair the same pixels. */
+ * ceil(R / 2) at pair s / 2 + l of the row's ceil(dW / 2); A (the window,
+ * cv_stage_window_kpairs) and B (dy^T, cv_panelize) pair the same pixels. */
 static int64_t kpair_half(const cv_plan *cp, int64_t s) {
     int64_t len = cp->dW - s < 32 ? cp->dW - s : 32;
     return (len + 1) / 2;
@@ -438,11 +484,12 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
     MlirValue at, ok;
     window_row_at(b, &w, rtab, lr.iv, r0, &at, &ok);
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), P));
-    for (int64_t s = 0; s < cp->dW; s += 32) {
-        int64_t h = kpair_half(cp, s);
+    lane_blocks lb; /* segments of 32 pixels: h = lb.lanes / 2 rounded up */
+    for (MlirValue s = lanes_begin(b, &lb, cp->dW, 32); lb.at < lb.end; s = lanes_next(b, &lb)) {
+        int64_t h = (lb.lanes + 1) / 2;
         MlirValue va = row_lanes(b, b->i16, &w, src, at, ok, s);
-        MlirValue vb = row_lanes(b, b->i16, &w, src, at, ok, s + h);
-        store_lanes(b, pair16(b, va, vb), ap, cg_iadd(b, dst, cg_idx(b, s / 2)), h);
+        MlirValue vb = row_lanes(b, b->i16, &w, src, at, ok, cg_iadd(b, s, cg_idx(b, h)));
+        store_lanes(b, pair16(b, va, vb), ap, cg_iadd(b, dst, idiv(b, s, 2)), h);
     }
     cg_for_end(b, &lr, 0, NULL);
     zero_range(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));

@@ -39,7 +39,8 @@ static const conv_case sweep[] = {
  * and strided; rows of 16 pixels or more, which the kernels copy as runs instead of through
  * a table of pixels (strided, and dilated with a 5x3 window); a 1x1 whose windows are its
  * images' channels (copied a run per image, blocks spanning images); a K of 405 window rows
- * in two chunks of 203, so that the second chunk's pairs of rows start at an odd row. */
+ * in two chunks of 203, so that the second chunk's pairs of rows start at an odd row; rows
+ * of 50 and 99 pixels, read 16 (or 32 pixels' pairs) at a time in a loop. */
 static const conv_case blocks[] = {
     {"blocks: 3x3 C40 O36 at 13x13", 2, 40, 13, 13, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"blocks: 1x1 stride 2 C24 O40", 2, 24, 15, 15, 40, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
@@ -47,19 +48,9 @@ static const conv_case blocks[] = {
     {"wide: 3x3 stride 2 at 9x35", 2, 6, 9, 35, 10, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true},
     {"wide: 5x3 dilation 2 at 7x21", 1, 5, 7, 21, 6, 5, 3, {1, 1}, {3, 1}, {2, 2}, 1, false},
     {"1x1 C40 O24 at 9x11 (runs)", 3, 40, 9, 11, 24, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},
-    {"3x3 C45 O20 at 6x18 (K in two odd chunks)",
-     1,
-     45,
-     6,
-     18,
-     20,
-     3,
-     3,
-     {1, 1},
-     {1, 1},
-     {1, 1},
-     1,
-     false},
+    {"K 405 in odd chunks", 1, 45, 6, 18, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wide: 3x3 at 3x50 (block loop)", 1, 3, 3, 50, 4, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wide: 1x3 stride 1x2 at 2x197", 1, 2, 2, 197, 3, 1, 3, {1, 2}, {0, 1}, {1, 1}, 1, false},
 };
 #define N_BLOCKS (sizeof blocks / sizeof blocks[0])
 
