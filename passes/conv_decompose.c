@@ -419,21 +419,9 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
             map[i] = decompose(&s, g, &g->nodes[n->inputs[slot]], map, map[bias]);
             continue;
         }
-        int32_t small[3], *in = small;
-        if (n->n_inputs > 3 && !(in = loom_ir_alloc(&g->alloc, (size_t)n->n_inputs * sizeof *in))) {
-            s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
-            break;
-        }
-        for (int32_t k = 0; k < n->n_inputs; k++)
-            in[k] = map[n->inputs[k]];
-        map[i] = loom_pass_add_copy(&s.out, n, in, &s.st, d);
-        if (in != small)
-            loom_ir_free(&g->alloc, in, (size_t)n->n_inputs * sizeof *in);
+        map[i] = loom_pass_add_mapped(&s.out, g, i, map, &s.st, d);
     }
-    for (int32_t o = 0; o < g->n_outputs && s.st == LOOM_OK; o++)
-        if (loom_ir_graph_add_output(&s.out, map[g->outputs[o].node], g->outputs[o].alias) !=
-            LOOM_OK)
-            s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    loom_pass_add_outputs(&s.out, g, map, &s.st, d);
     loom_ir_free(&g->alloc, map, bytes);
     loom_ir_free(&g->alloc, uses, bytes);
     loom_ir_free(&g->alloc, is_dy, (size_t)g->n_nodes);

@@ -106,20 +106,9 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
                 continue;
             }
             /* wide nodes (concat) read no matmul operand slot */
-            int32_t *wide = loom_ir_alloc(&g->alloc, (size_t)n->n_inputs * sizeof *wide);
-            if (!wide) {
-                s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
-                break;
-            }
-            for (int32_t k = 0; k < n->n_inputs; k++)
-                wide[k] = s.map[n->inputs[k]];
-            s.map[i] = loom_pass_add_copy(&s.out, n, wide, &s.st, d);
-            loom_ir_free(&g->alloc, wide, (size_t)n->n_inputs * sizeof *wide);
+            s.map[i] = loom_pass_add_mapped(&s.out, g, i, s.map, &s.st, d);
         }
-        for (int32_t o = 0; o < g->n_outputs && s.st == LOOM_OK; o++)
-            if (loom_ir_graph_add_output(&s.out, s.map[g->outputs[o].node],
-                                         g->outputs[o].alias) != LOOM_OK)
-                s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        loom_pass_add_outputs(&s.out, g, s.map, &s.st, d);
         loom_ir_free(&g->alloc, s.map, bytes);
         st = loom_pass_replace_graph(g, &s.out, s.st, out_changed);
     }

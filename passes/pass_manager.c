@@ -36,22 +36,53 @@ loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_s
     return LOOM_OK;
 }
 
-int32_t loom_pass_add_copy(loom_ir_graph *out, const loom_ir_node *n, const int32_t *inputs,
-                           loom_status *st, loom_ir_diag *d) {
+int32_t loom_pass_add_node(loom_ir_graph *out, const loom_ir_node_desc *desc, loom_status *st,
+                           loom_ir_diag *d) {
     if (*st != LOOM_OK)
         return -1;
     int32_t id;
-    *st = loom_ir_graph_add(out,
-                            &(loom_ir_node_desc){.op = n->op,
-                                                 .n_inputs = n->n_inputs,
-                                                 .inputs = inputs,
-                                                 .dtype = n->dtype,
-                                                 .rank = n->rank,
-                                                 .shape = n->shape,
-                                                 .attrs = n->attrs,
-                                                 .loc = n->loc},
-                            &id, d);
+    *st = loom_ir_graph_add(out, desc, &id, d);
     return *st == LOOM_OK ? id : -1;
+}
+
+int32_t loom_pass_add_copy(loom_ir_graph *out, const loom_ir_node *n, const int32_t *inputs,
+                           loom_status *st, loom_ir_diag *d) {
+    return loom_pass_add_node(out,
+                              &(loom_ir_node_desc){.op = n->op,
+                                                   .n_inputs = n->n_inputs,
+                                                   .inputs = inputs,
+                                                   .dtype = n->dtype,
+                                                   .rank = n->rank,
+                                                   .shape = n->shape,
+                                                   .attrs = n->attrs,
+                                                   .loc = n->loc},
+                              st, d);
+}
+
+int32_t loom_pass_add_mapped(loom_ir_graph *out, const loom_ir_graph *g, int32_t i,
+                             const int32_t *map, loom_status *st, loom_ir_diag *d) {
+    const loom_ir_node *n = &g->nodes[i];
+    int32_t small[4] = {0}, *in = small;
+    size_t bytes = (size_t)n->n_inputs * sizeof *in;
+    if (*st != LOOM_OK)
+        return -1;
+    if (n->n_inputs > 4 && !(in = loom_ir_alloc(&out->alloc, bytes))) {
+        *st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return -1;
+    }
+    for (int32_t k = 0; k < n->n_inputs; k++)
+        in[k] = map[n->inputs[k]];
+    int32_t id = loom_pass_add_copy(out, n, in, st, d);
+    if (in != small)
+        loom_ir_free(&out->alloc, in, bytes);
+    return id;
+}
+
+void loom_pass_add_outputs(loom_ir_graph *out, const loom_ir_graph *g, const int32_t *map,
+                           loom_status *st, loom_ir_diag *d) {
+    for (int32_t o = 0; o < g->n_outputs && *st == LOOM_OK; o++)
+        if (loom_ir_graph_add_output(out, map[g->outputs[o].node], g->outputs[o].alias) != LOOM_OK)
+            *st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
 }
 
 loom_status loom_pass_run_pipeline(loom_ir_graph *g, const loom_pass *const *passes,

@@ -34,6 +34,16 @@ loom_status loom_pass_replace_graph(loom_ir_graph *g, loom_ir_graph *out, loom_s
  * error; on failure sets *st and d. */
 int32_t loom_pass_add_copy(loom_ir_graph *out, const loom_ir_node *n, const int32_t *inputs,
                            loom_status *st, loom_ir_diag *d);
+/* The same for a node described from scratch; and for g's node i reading map[x] (an out id)
+ * for each operand x. */
+int32_t loom_pass_add_node(loom_ir_graph *out, const loom_ir_node_desc *desc, loom_status *st,
+                           loom_ir_diag *d);
+int32_t loom_pass_add_mapped(loom_ir_graph *out, const loom_ir_graph *g, int32_t i,
+                             const int32_t *map, loom_status *st, loom_ir_diag *d);
+/* Appends g's outputs to out, node x as map[x], with their aliases; sets *st and d on
+ * failure (nothing when *st is already an error). */
+void loom_pass_add_outputs(loom_ir_graph *out, const loom_ir_graph *g, const int32_t *map,
+                           loom_status *st, loom_ir_diag *d);
 
 /* Runs the passes in order. A pass error or a verifier failure stops the pipeline; the
  * message names the pass. */

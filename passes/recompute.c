@@ -148,10 +148,7 @@ static void rebuild(rc_state *s) {
             s->inputs[k] = operand(s, i, i, n->inputs[k], 0);
         s->map[i] = loom_pass_add_copy(&s->out, n, s->inputs, &s->st, s->d);
     }
-    for (int32_t o = 0; o < g->n_outputs && s->st == LOOM_OK; o++)
-        if (loom_ir_graph_add_output(&s->out, s->map[g->outputs[o].node], g->outputs[o].alias) !=
-            LOOM_OK)
-            s->st = loom_ir_diag_set(s->d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+    loom_pass_add_outputs(&s->out, g, s->map, &s->st, s->d);
 }
 
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {

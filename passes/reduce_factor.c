@@ -75,10 +75,7 @@ typedef struct rf_state {
 
 static int32_t add(rf_state *s, loom_ir_op op, int32_t n_inputs, const int32_t *inputs,
                    loom_dtype dt, int32_t rank, const int64_t *shape, loom_ir_attrs attrs) {
-    if (s->st != LOOM_OK)
-        return -1;
-    int32_t id;
-    s->st = loom_ir_graph_add(&s->out,
+    return loom_pass_add_node(&s->out,
                               &(loom_ir_node_desc){.op = op,
                                                    .n_inputs = n_inputs,
                                                    .inputs = inputs,
@@ -87,8 +84,7 @@ static int32_t add(rf_state *s, loom_ir_op op, int32_t n_inputs, const int32_t *
                                                    .shape = shape,
                                                    .attrs = attrs,
                                                    .loc = s->loc},
-                              &id, s->d);
-    return s->st == LOOM_OK ? id : -1;
+                              &s->st, s->d);
 }
 
 static int32_t mul(rf_state *s, int32_t a, int32_t b) {
@@ -179,35 +175,12 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     if (!s.map)
         s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
     bool changed = false;
-    int32_t *wide = NULL;
-    size_t wide_bytes = 0;
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
-        const loom_ir_node *n = &g->nodes[i];
         int32_t v = factored(&s, i);
-        if (v >= 0) {
-            s.map[i] = v;
-            changed = true;
-            continue;
-        }
-        size_t need = (size_t)n->n_inputs * sizeof *wide;
-        if (need > wide_bytes) {
-            loom_ir_free(&g->alloc, wide, wide_bytes);
-            wide = loom_ir_alloc(&g->alloc, need);
-            wide_bytes = wide ? need : 0;
-            if (!wide) {
-                s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
-                break;
-            }
-        }
-        for (int32_t k = 0; k < n->n_inputs; k++)
-            wide[k] = s.map[n->inputs[k]];
-        s.map[i] = loom_pass_add_copy(&s.out, n, wide, &s.st, d);
+        changed = changed || v >= 0;
+        s.map[i] = v >= 0 ? v : loom_pass_add_mapped(&s.out, g, i, s.map, &s.st, d);
     }
-    for (int32_t o = 0; o < g->n_outputs && s.st == LOOM_OK; o++)
-        if (loom_ir_graph_add_output(&s.out, s.map[g->outputs[o].node], g->outputs[o].alias) !=
-            LOOM_OK)
-            s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
-    loom_ir_free(&g->alloc, wide, wide_bytes);
+    loom_pass_add_outputs(&s.out, g, s.map, &s.st, d);
     loom_ir_free(&g->alloc, s.map, bytes);
     if (!changed && s.st == LOOM_OK) {
         loom_ir_graph_deinit(&s.out);
