@@ -1,6 +1,7 @@
 /* Staging of the convolution kernels' operands (lower_conv.c): each block's window rows
- * copied or gathered from the activations, the weights as A, dy^T for the weight gradient,
- * and the bf16 pairs the vdpbf16ps microkernel reads. */
+ * read from the activations 16 pixels at a time by masked loads (source steps 1 and 2), or
+ * copied and gathered element by element (other steps), the weights as A, dy^T for the
+ * weight gradient, and the bf16 pairs the vdpbf16ps microkernel reads. */
 #include "conv_internal.h"
 
 /* floor(x / s) for signed x and s > 0 (arith.floordivsi would need the arith-expand pass) */
