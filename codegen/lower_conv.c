@@ -42,6 +42,8 @@ enum {
     CV_ROWS = 256,        /* rows of a task at most */
     CV_KC = 256,          /* K of a packed chunk (window rows; pixels for the weight gradient) */
     CV_TASKS_MIN = 4,     /* fewer tasks than this: split the rows */
+    CV_TASKS_EVEN = 8,    /* an odd count below this: rows in twice the blocks (two threads
+                           * shared 7 tasks 4 and 3: layer3's 3x3s at 14x14) */
     CV_TABLE_BELOW = 16,  /* destination rows narrower than this: stage through a table */
     CV_A_CACHE = 8 << 20, /* bytes of packed weights a thread keeps across its tasks */
 };
@@ -257,8 +259,9 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->role == CV_GRAD_WEIGHT ? ceil_div(cp->NC, cp->cols) : ceil_div(all_rows, cp->pix_rows);
     cp->rows = cp->M < CV_ROWS ? cp->M : CV_ROWS;
     int64_t tasks = cp->G * cp->nbn * ceil_div(cp->M, cp->rows);
-    if (tasks < CV_TASKS_MIN && cp->M > 16) {
-        int64_t nbm = ceil_div(CV_TASKS_MIN, cp->G * cp->nbn);
+    if ((tasks < CV_TASKS_MIN || (tasks < CV_TASKS_EVEN && tasks % 2 == 1)) && cp->M > 16) {
+        int64_t nbm = tasks < CV_TASKS_MIN ? ceil_div(CV_TASKS_MIN, cp->G * cp->nbn)
+                                           : 2 * ceil_div(cp->M, cp->rows);
         int64_t r = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
         cp->rows = r < cp->rows ? r : cp->rows;
     }
