@@ -76,32 +76,32 @@ static inline MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
 /* ---- staging (conv_stage.c) ---- */
 /* Window rows [j0, j1) x destination pixel rows [r0, r1) of group g, staged in f32 as
  * buf[(j - j0) * ld + (r - r0) * dW + q], zeros up to width: a strided copy per row between
- * bounds computed per tap, the rows' sources from cv_build_rows' table rtab. */
+ * bounds computed per tap, element by element (source steps above 2), the rows' sources
+ * from cv_build_rows' table rtab. Not for phases. */
 void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
                      MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
                      MlirValue r1);
 void cv_build_rows(kc *c, const cv_plan *cp, MlirValue rtab, MlirValue r0, MlirValue r1);
-/* The same for a bf16 source under the pairing microkernel, straight into B's pairs of rows
- * (2 kk, 2 kk + 1) as bp[kk * b_ld + column] (zeros past the block), 16 columns of a pixel
- * row at a time by masked loads: conv2d of stride 1 or 2 and the input gradient (phases too),
- * where cv_window_pairs_ok. */
-bool cv_window_pairs_ok(const kc *c, const cv_plan *cp);
-/* cv_stage_window's rows by masked loads, 16 pixels at a time (any source dtype, converted
- * to f32), where cv_window_lanes_ok: phases too. */
+/* The same by masked loads, 16 pixels of a row at a time, any source dtype converted to f32,
+ * where cv_window_lanes_ok: source steps 1 and 2, a strided input gradient's phases too. */
 bool cv_window_lanes_ok(const cv_plan *cp);
 void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
                            MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
                            MlirValue r1);
+/* For a bf16 source under the pairing microkernel (where cv_window_pairs_ok), straight into
+ * bf16 pairs: conv2d's and the input gradient's B as pairs of window rows (2 kk, 2 kk + 1),
+ * bp[kk * b_ld + column] (zeros past the block); the weight gradient's A, window rows
+ * [i0, i1) x pixel rows [r0, r1), as pairs of pixels along K, ap[(j - i0) kp + (r - r0)
+ * ceil(dW / 2) + p] (zeros past the block and in the rows up to mbp; cv_panelize pairs dy^T's
+ * pixels alike, and the plan's kp holds pix_rows ceil(dW / 2) pairs). */
+bool cv_window_pairs_ok(const kc *c, const cv_plan *cp);
 void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rtab, MlirValue g,
                            MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
-/* The weight gradient's A from a bf16 window the same way: window rows [i0, i1) x pixel rows
- * [r0, r1) as pairs of pixels along K, ap[(j - i0) kp + (r - r0) ceil(dW / 2) + p] (zeros
- * past the block and in the rows up to mbp); cv_panelize pairs dy^T's pixels alike. The
- * plan's kp holds pix_rows ceil(dW / 2) pairs. */
 void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rtab, MlirValue g,
                             MlirValue i0, MlirValue i1, MlirValue r0, MlirValue r1);
-/* The same through a table of every pixel's source (narrow images, strided phases):
- * cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab for its npix pixels. */
+/* cv_stage_window through a table of every pixel's source (narrow images and phases of
+ * source steps above 2): cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab
+ * for its npix pixels. */
 void cv_build_table(kc *c, const cv_plan *cp, MlirValue tab, int64_t ldt, MlirValue r0,
                     MlirValue r1);
 void cv_stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
