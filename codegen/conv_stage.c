@@ -152,21 +152,9 @@ void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_
     cg_for_end(b, &lj, 0, NULL);
 }
 
-/* A vector of 16 values of dtype dt in its storage type, as f32. */
-static MlirValue widen_f32(cg_b *b, loom_dtype dt, MlirValue v) {
-    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
-    if (dt == LOOM_DTYPE_F16)
-        return cg_conv(b, "arith.extf", v, vf);
-    if (dt != LOOM_DTYPE_BF16)
-        return v;
-    MlirValue w = cg_conv(b, "arith.extui", v, vi);
-    w = cg_bin(b, "arith.shli", w, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
-    return cg_conv(b, "arith.bitcast", w, vf);
-}
-
 /* 16 values of dtype dt at mem[off] as a vector of f32. */
 static MlirValue vload_f32(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
-    return widen_f32(b, dt, cg_vload(b, cg_vec_t(16, cg_storage_type(b, dt)), mem, off));
+    return cg_widen16(b, dt, cg_vload(b, cg_vec_t(16, cg_storage_type(b, dt)), mem, off));
 }
 
 /* An identity window's rows [j0, j1) x pixel rows [r0, r1): channel g wch + j of each image
@@ -203,17 +191,28 @@ void cv_stage_runs(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t 
     cg_for_end(b, &lj, 0, NULL);
 }
 
+/* bf16 values a and hi (i16 bits: scalars, or vectors of 16) as pairs, a in the low halves. */
+static MlirValue pair16(cg_b *b, MlirValue a, MlirValue hi) {
+    bool vec = mlirTypeIsAVector(mlirValueGetType(a));
+    MlirType it = vec ? cg_vec_t(16, b->i32) : b->i32;
+    MlirValue sh = cg_ci(b, b->i32, 16);
+    if (vec)
+        sh = cg_vbroadcast(b, sh, it);
+    return cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", a, it),
+                  cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", hi, it), sh));
+}
+
 void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
                          MlirValue j1, MlirValue r0, MlirValue r1) {
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
     MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0);
-    MlirType vh = cg_vec_t(16, b->i16), vi = cg_vec_t(16, b->i32);
+    MlirType vh = cg_vec_t(16, b->i16);
+    MlirValue zh = cg_ci(b, b->i16, 0), zv = cg_vbroadcast(b, zh, vh);
     int64_t HW = cp->dH * cp->dW;
     MlirValue P0 = cg_imul_c(b, r0, cp->dW), P1 = cg_imul_c(b, r1, cp->dW);
     MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
-    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
     cg_for lk, ln, lv, lt;
     cg_for_begin(b, &lk, z, npair, 0, NULL);
     MlirValue ja = cg_iadd(b, j0, cg_imul_c(b, lk.iv, 2)), jb = cg_iadd(b, ja, cg_idx(b, 1));
@@ -230,19 +229,14 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
     MlirValue fa = cg_iadd(b, cg_imul_c(b, cg_iadd(b, img, ca), HW), in0);
     MlirValue fb = cg_iadd(b, cg_imul_c(b, cg_iadd(b, img, cb), HW), in0);
     MlirValue to = cg_iadd(b, row, isub(b, plo, P0));
-    MlirValue keep = cg_vbroadcast(b, cg_select(b, has_b, cg_ci(b, b->i32, -1), zi), vi);
     cg_for_begin(b, &lv, z, nv, 0, NULL);
     MlirValue o16 = cg_imul_c(b, lv.iv, 16);
-    MlirValue lo = cg_conv(b, "arith.extui", cg_vload(b, vh, src, cg_iadd(b, fa, o16)), vi);
-    MlirValue hi = cg_conv(b, "arith.extui", cg_vload(b, vh, src, cg_iadd(b, fb, o16)), vi);
-    hi = cg_bin(b, "arith.andi", cg_bin(b, "arith.shli", hi, sh), keep);
-    cg_vstore(b, cg_bin(b, "arith.ori", lo, hi), bp, cg_iadd(b, to, o16));
+    MlirValue hi = cg_select(b, has_b, cg_vload(b, vh, src, cg_iadd(b, fb, o16)), zv);
+    cg_vstore(b, pair16(b, cg_vload(b, vh, src, cg_iadd(b, fa, o16)), hi), bp, cg_iadd(b, to, o16));
     cg_for_end(b, &lv, 0, NULL);
     cg_for_begin(b, &lt, cg_imul_c(b, nv, 16), cnt, 0, NULL);
-    MlirValue l1 = cg_conv(b, "arith.extui", cg_load(b, src, cg_iadd(b, fa, lt.iv)), b->i32);
-    MlirValue h1 = cg_conv(b, "arith.extui", cg_load(b, src, cg_iadd(b, fb, lt.iv)), b->i32);
-    h1 = cg_select(b, has_b, cg_bin(b, "arith.shli", h1, cg_ci(b, b->i32, 16)), zi);
-    cg_store(b, cg_bin(b, "arith.ori", l1, h1), bp, cg_iadd(b, to, lt.iv));
+    MlirValue h1 = cg_select(b, has_b, cg_load(b, src, cg_iadd(b, fb, lt.iv)), zh);
+    cg_store(b, pair16(b, cg_load(b, src, cg_iadd(b, fa, lt.iv)), h1), bp, cg_iadd(b, to, lt.iv));
     cg_for_end(b, &lt, 0, NULL);
     cg_for_end(b, &ln, 0, NULL);
     zero_range(b, zi, bp, row, isub(b, P1, P0), cg_idx(b, m->nbp));
@@ -372,14 +366,6 @@ static MlirValue lanes_next(cg_b *b, lane_blocks *lb) {
     return lanes_block(b, lb);
 }
 
-/* Two vectors of 16 bf16 (as i16) as 16 pairs, a's in the low halves. */
-static MlirValue pair16(cg_b *b, MlirValue a, MlirValue hi) {
-    MlirType vi = cg_vec_t(16, b->i32);
-    MlirValue sh = cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi);
-    return cg_bin(b, "arith.ori", cg_conv(b, "arith.extui", a, vi),
-                  cg_bin(b, "arith.shli", cg_conv(b, "arith.extui", hi, vi), sh));
-}
-
 /* Whether window rows can be read by masked loads: a source step of 1 or 2, written to
  * consecutive destination columns. */
 static bool rows_by_lanes(const cv_plan *cp) {
@@ -452,7 +438,7 @@ void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, 
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
     lane_blocks lb;
     for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb))
-        store_lanes(b, widen_f32(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
+        store_lanes(b, cg_widen16(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
                     cg_iadd(b, dst, q0), lb.lanes);
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */

@@ -73,7 +73,7 @@ static void store_dw(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirVa
                      MlirValue i1, MlirValue c0, MlirValue c1) {
     cg_b *b = c->b;
     MlirValue dw = c->bufs[c->s->res_of[c->k->root]], z = cg_idx(b, 0);
-    MlirType vf = cg_vec_t(16, b->f32), vi = cg_vec_t(16, b->i32);
+    MlirType vf = cg_vec_t(16, b->f32);
     MlirValue nr = isub(b, i1, i0), nc = isub(b, c1, c0);
     MlirValue nr16 = cg_imul_c(b, idiv(b, nr, 16), 16), nc16 = cg_imul_c(b, idiv(b, nc, 16), 16);
     cg_for lob, lib;
@@ -88,15 +88,8 @@ static void store_dw(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirVa
     cv_transpose16(b, v);
     MlirValue to = cg_iadd(b, drow, cg_iadd(b, i0, r16));
     for (int t = 0; t < 16; t++) {
-        MlirValue at = cg_iadd(b, to, cg_idx(b, t * cp->M)), x = v[t];
-        if (cp->dt == LOOM_DTYPE_BF16) {
-            MlirValue u = cg_conv(b, "arith.bitcast", cg_round16(b, cp->dt, x), vi);
-            u = cg_bin(b, "arith.shrui", u, cg_vbroadcast(b, cg_ci(b, b->i32, 16), vi));
-            x = cg_conv(b, "arith.trunci", u, cg_vec_t(16, b->i16));
-        } else if (cp->dt == LOOM_DTYPE_F16) {
-            x = cg_conv(b, "arith.truncf", x, cg_vec_t(16, b->f16));
-        }
-        cg_vstore(b, x, dw, at);
+        MlirValue x = is_16(cp->dt) ? cg_narrow16(b, cp->dt, cg_round16(b, cp->dt, v[t])) : v[t];
+        cg_vstore(b, x, dw, cg_iadd(b, to, cg_idx(b, t * cp->M)));
     }
     cg_for_end(b, &lib, 0, NULL);
     /* the block's last rows, past the whole 16s */

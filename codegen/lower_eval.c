@@ -95,8 +95,6 @@ MlirType cg_compute_type(cg_b *b, loom_dtype dt) {
     return b->i1;
 }
 
-/* Rounds an f32 value to the 16-bit dtype's precision (and back to f32). bf16 follows
- * loom_ir_f32_to_bf16 bit for bit: round to nearest even, NaN kept quiet. */
 /* An i32 constant of v's shape (a scalar, or a vector of v's lanes). */
 static MlirValue i32_like(cg_b *b, MlirValue v, int64_t x) {
     MlirType t = mlirValueGetType(v);
@@ -111,6 +109,8 @@ static MlirType like(cg_b *b, MlirValue v, MlirType elem) {
     return mlirTypeIsAVector(t) ? cg_vec_t(mlirShapedTypeGetDimSize(t, 0), elem) : elem;
 }
 
+/* Rounds an f32 value to the 16-bit dtype's precision (and back to f32). bf16 follows
+ * loom_ir_f32_to_bf16 bit for bit: round to nearest even, NaN kept quiet. */
 MlirValue cg_round16(cg_b *b, loom_dtype dt, MlirValue v) {
     MlirType ft = mlirValueGetType(v);
     if (dt == LOOM_DTYPE_F16)
@@ -128,15 +128,31 @@ MlirValue cg_round16(cg_b *b, loom_dtype dt, MlirValue v) {
     return cg_conv(b, "arith.bitcast", r, ft);
 }
 
+MlirValue cg_widen16(cg_b *b, loom_dtype dt, MlirValue v) {
+    if (dt == LOOM_DTYPE_F16)
+        return cg_conv(b, "arith.extf", v, like(b, v, b->f32));
+    if (dt != LOOM_DTYPE_BF16)
+        return v;
+    MlirValue w = cg_conv(b, "arith.extui", v, like(b, v, b->i32));
+    w = cg_bin(b, "arith.shli", w, i32_like(b, v, 16));
+    return cg_conv(b, "arith.bitcast", w, like(b, v, b->f32));
+}
+
+MlirValue cg_narrow16(cg_b *b, loom_dtype dt, MlirValue v) {
+    if (dt == LOOM_DTYPE_F16)
+        return cg_conv(b, "arith.truncf", v, like(b, v, b->f16));
+    if (dt != LOOM_DTYPE_BF16)
+        return v;
+    MlirValue u = cg_conv(b, "arith.bitcast", v, like(b, v, b->i32));
+    u = cg_bin(b, "arith.shrui", u, i32_like(b, v, 16));
+    return cg_conv(b, "arith.trunci", u, like(b, v, b->i16));
+}
+
 MlirValue cg_load_val(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
     MlirValue raw = cg_load(b, mem, off);
     switch (dt) {
-    case LOOM_DTYPE_F16: return cg_conv(b, "arith.extf", raw, b->f32);
-    case LOOM_DTYPE_BF16: {
-        MlirValue w = cg_conv(b, "arith.extui", raw, b->i32);
-        w = cg_bin(b, "arith.shli", w, cg_ci(b, b->i32, 16));
-        return cg_conv(b, "arith.bitcast", w, b->f32);
-    }
+    case LOOM_DTYPE_F16:
+    case LOOM_DTYPE_BF16: return cg_widen16(b, dt, raw);
     case LOOM_DTYPE_BOOL: return cg_cmpi(b, CG_I_NE, raw, cg_ci(b, b->i8, 0));
     case LOOM_DTYPE_F32:
     case LOOM_DTYPE_F64:
@@ -150,13 +166,8 @@ MlirValue cg_load_val(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off) {
 /* v is in the compute type and already rounded to dt. */
 void cg_store_val(cg_b *b, loom_dtype dt, MlirValue v, MlirValue mem, MlirValue off) {
     switch (dt) {
-    case LOOM_DTYPE_F16: v = cg_conv(b, "arith.truncf", v, b->f16); break;
-    case LOOM_DTYPE_BF16: {
-        MlirValue u = cg_conv(b, "arith.bitcast", v, b->i32);
-        u = cg_bin(b, "arith.shrui", u, cg_ci(b, b->i32, 16));
-        v = cg_conv(b, "arith.trunci", u, b->i16);
-        break;
-    }
+    case LOOM_DTYPE_F16:
+    case LOOM_DTYPE_BF16: v = cg_narrow16(b, dt, v); break;
     case LOOM_DTYPE_BOOL: v = cg_conv(b, "arith.extui", v, b->i8); break;
     case LOOM_DTYPE_F32:
     case LOOM_DTYPE_F64:

@@ -147,6 +147,10 @@ MlirType cg_storage_type(cg_b *b, loom_dtype dt);
 MlirType cg_compute_type(cg_b *b, loom_dtype dt);
 /* f32 v (a scalar or a vector) rounded to dt (bf16: to nearest even, NaN kept quiet), as f32. */
 MlirValue cg_round16(cg_b *b, loom_dtype dt, MlirValue v);
+/* A 16-bit dtype's storage value (bf16 as i16 bits, f16; a scalar or a vector) as f32, and an
+ * f32 value already rounded to dt as its storage value; other dtypes pass through. */
+MlirValue cg_widen16(cg_b *b, loom_dtype dt, MlirValue v);
+MlirValue cg_narrow16(cg_b *b, loom_dtype dt, MlirValue v);
 MlirValue cg_load_val(cg_b *b, loom_dtype dt, MlirValue mem, MlirValue off);
 void cg_store_val(cg_b *b, loom_dtype dt, MlirValue v, MlirValue mem, MlirValue off);
 loom_status cg_add_leaf(kc *c, const loom_ir_node *n, const imap *map);
