@@ -123,6 +123,7 @@ MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt);
  * them; lanes of x (0..k-1) and y (k..2k-1) picked into a vector of n (at most 64). */
 MlirValue cg_vconst_i32(cg_b *b, int64_t n, const int32_t *lanes);
 MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y);
+MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y);
 MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask);
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
 MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes);

@@ -49,30 +49,6 @@ typedef struct cv_plan {
     nest ns;
 } cv_plan;
 
-static inline MlirValue idiv(cg_b *b, MlirValue x, int64_t c) {
-    return c == 1 ? x : cg_bin(b, "arith.divui", x, cg_idx(b, c));
-}
-
-static inline MlirValue irem(cg_b *b, MlirValue x, int64_t c) {
-    return c == 1 ? cg_idx(b, 0) : cg_bin(b, "arith.remui", x, cg_idx(b, c));
-}
-
-static inline MlirValue isub(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.subi", x, y);
-}
-
-static inline MlirValue imax_s(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.maxsi", x, y);
-}
-
-static inline MlirValue imin_s(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.minsi", x, y);
-}
-
-static inline MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
-    return cg_bin(b, "arith.andi", x, y);
-}
-
 /* ---- staging (conv_stage.c) ---- */
 /* Window rows [j0, j1) x destination pixel rows [r0, r1) of group g, staged in f32 as
  * buf[(j - j0) * ld + (r - r0) * dW + q], zeros up to width: a strided copy per row between

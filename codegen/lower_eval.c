@@ -667,6 +667,9 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_CONV2D_GRAD_INPUT:
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
         return cg_unsupported(c, id, "a convolution (no conv kernel yet: decomposed first)");
+    case LOOM_IR_OP_MAX_POOL2D: /* fusion makes them roots */
+    case LOOM_IR_OP_MAX_POOL2D_GRAD:
+        return cg_unsupported(c, id, "a max pool that is not its kernel's root");
     case LOOM_IR_OP_SLICE:
     case LOOM_IR_OP_CONSTANT:
     case LOOM_IR_OP_NEG:
@@ -834,6 +837,8 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_CONV2D:
     case LOOM_IR_OP_CONV2D_GRAD_INPUT:
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
+    case LOOM_IR_OP_MAX_POOL2D:
+    case LOOM_IR_OP_MAX_POOL2D_GRAD:
     case LOOM_IR_OP_COUNT_: return cg_bad_plan(c, id, "unreachable op");
     }
     *out = round ? cg_round16(b, dt, v) : v;

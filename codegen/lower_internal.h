@@ -121,6 +121,31 @@ static inline bool same_shape(const loom_ir_node *a, const loom_ir_node *b) {
     return a->rank == b->rank && memcmp(a->shape, b->shape, (size_t)a->rank * sizeof(int64_t)) == 0;
 }
 
+/* Index arithmetic on values known non-negative (div, rem), and on i1 (and). */
+static inline MlirValue idiv(cg_b *b, MlirValue x, int64_t c) {
+    return c == 1 ? x : cg_bin(b, "arith.divui", x, cg_idx(b, c));
+}
+
+static inline MlirValue irem(cg_b *b, MlirValue x, int64_t c) {
+    return c == 1 ? cg_idx(b, 0) : cg_bin(b, "arith.remui", x, cg_idx(b, c));
+}
+
+static inline MlirValue isub(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.subi", x, y);
+}
+
+static inline MlirValue imax_s(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.maxsi", x, y);
+}
+
+static inline MlirValue imin_s(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.minsi", x, y);
+}
+
+static inline MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
+    return cg_bin(b, "arith.andi", x, y);
+}
+
 /* ---- errors, nests (lower_kernel.c) ---- */
 loom_status cg_unsupported(kc *c, int32_t id, const char *why);
 loom_status cg_bad_plan(kc *c, int32_t id, const char *why);
@@ -192,10 +217,11 @@ MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 MlirValue cg_bf16_pair(cg_b *b, MlirValue lo, MlirValue hi);
 
 /* ---- one kernel kind each (lower_elementwise.c, lower_reduction.c, lower_matmul.c,
- * lower_conv.c) ---- */
+ * lower_conv.c, lower_pool.c) ---- */
 loom_status cg_lower_elementwise(kc *c);
 loom_status cg_lower_reduction(kc *c);
 loom_status cg_lower_matmul(kc *c);
 loom_status cg_lower_conv(kc *c);
+loom_status cg_lower_pool(kc *c);
 
 #endif

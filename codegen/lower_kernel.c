@@ -405,9 +405,10 @@ static loom_status lower(kc *c) {
                      : cg_bad_plan(c, c->k->root, "a REDUCTION kernel whose root is no reduction");
             break;
         case LOOM_IR_KERNEL_MATMUL:
-            st = root->op == LOOM_IR_OP_MATMUL ? cg_lower_matmul(c)
-                 : loom_ir_op_table[root->op].kind == LOOM_IR_KIND_CONV
-                     ? cg_lower_conv(c)
+            st = root->op == LOOM_IR_OP_MATMUL                          ? cg_lower_matmul(c)
+                 : loom_ir_op_table[root->op].kind == LOOM_IR_KIND_CONV ? cg_lower_conv(c)
+                 : loom_ir_op_table[root->op].kind == LOOM_IR_KIND_POOL
+                     ? cg_lower_pool(c)
                      : cg_bad_plan(c, c->k->root,
                                    "a MATMUL kernel whose root is no matmul or convolution");
             break;

@@ -286,6 +286,13 @@ MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y) {
     return mlirOperationGetResult(cg_op(b, "arith.cmpi", 2, ops, 1, &vt, 1, &a), 0);
 }
 
+MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y) {
+    MlirValue ops[2] = {x, y};
+    MlirType vt = cg_vec_t(mlirShapedTypeGetDimSize(mlirValueGetType(x), 0), b->i1);
+    MlirNamedAttribute a = cg_named(b, "predicate", mlirIntegerAttrGet(b->i64, p));
+    return mlirOperationGetResult(cg_op(b, "arith.cmpf", 2, ops, 1, &vt, 1, &a), 0);
+}
+
 MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask) {
     MlirType et = mlirShapedTypeGetElementType(vt);
     MlirValue zero =

@@ -229,6 +229,9 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
                           loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV
                               ? " (differentiating conv2d's gradient, a second derivative, is "
                                 "not supported)"
+                          : n->op == LOOM_IR_OP_MAX_POOL2D_GRAD
+                              ? " (differentiating max_pool2d's gradient, a second derivative, "
+                                "is not supported)"
                               : "");
     }
     a->failed = true;
@@ -261,7 +264,16 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER:
     case LOOM_IR_OP_CONV2D_GRAD_INPUT: /* conv2d's second derivative: not supported */
-    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT: return no_vjp(a, &n);
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
+    case LOOM_IR_OP_MAX_POOL2D_GRAD: return no_vjp(a, &n);
+    case LOOM_IR_OP_MAX_POOL2D: { /* g to the pixel each window selected */
+        int32_t in[2] = {x, g};
+        return g < 0 ? -1
+                     : emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_MAX_POOL2D_GRAD,
+                                                    .n_inputs = 2,
+                                                    .inputs = in,
+                                                    .attrs = {.conv = n.attrs.conv}});
+    }
     case LOOM_IR_OP_CONV2D: { /* the gradient ops with the forward's window, x's / w's shape */
         if (g < 0)
             return -1;

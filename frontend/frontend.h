@@ -163,6 +163,10 @@ loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, i
  * name the user's arguments); NULL after recording an error. */
 loom_tensor *loom_fe_conv2d(loom_context *ctx, loom_tensor *x, loom_tensor *w,
                             const loom_ir_conv *cv, const char *file, int line);
+/* Records max_pool2d(x) over window (kernel, stride, padding; dilation 1), validated by the
+ * caller likewise. */
+loom_tensor *loom_fe_max_pool2d(loom_context *ctx, loom_tensor *x, const loom_ir_conv *window,
+                                const char *file, int line);
 
 /* ---- data.c ---- */
 /* Formats a message into err (err_size bytes; nothing when err is NULL or err_size 0), for

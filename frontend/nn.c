@@ -269,7 +269,7 @@ static bool pair(loom_context *ctx, const int64_t *p, int64_t dflt, int64_t min,
 }
 
 /* The KH*KW shifted, strided windows of x [A, B, H, W] (after padding with `fill`), each
- * [A, B, OH, OW], in row-major (kh, kw) order: pooling's (conv2d's im2col, the same, is in
+ * [A, B, OH, OW], in row-major (kh, kw) order: average pooling's (conv2d's im2col, the same, is in
  * passes/conv_decompose.c). */
 static bool windows(loom_context *ctx, loom_tensor *x, const int64_t *s, const int64_t k[2],
                     const int64_t st[2], const int64_t pd[2], const int64_t dl[2], double fill,
@@ -327,7 +327,7 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
     }
     /* One conv2d node (the JIT decomposes it until codegen has a conv kernel); the bias is
      * an add over the channel axis, an epilogue the autocast pass keeps in the conv's dtype. */
-    loom_ir_conv cv = {{st[0], st[1]}, {pd[0], pd[1]}, {dl[0], dl[1]}, groups};
+    loom_ir_conv cv = {{st[0], st[1]}, {pd[0], pd[1]}, {dl[0], dl[1]}, groups, {0, 0}};
     loom_tensor *y = loom_fe_conv2d(ctx, x, weight, &cv, file, line);
     if (!bias)
         return y;
@@ -369,28 +369,28 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
                       fmt_type(t, sizeof t, dx, rx, sx));
         return NULL;
     }
+    if (is_max) { /* one kernel each way (codegen/lower_pool.c), PyTorch's choice of pixel */
+        loom_ir_conv window = {{st[0], st[1]}, {pd[0], pd[1]}, {1, 1}, 0, {k[0], k[1]}};
+        return loom_fe_max_pool2d(ctx, x, &window, file, line);
+    }
     if (st[0] == k[0] && st[1] == k[1] && !pd[0] && !pd[1] && sx[2] % k[0] == 0 &&
         sx[3] % k[1] == 0) {
-        /* Windows that tile x exactly: x as [N, C, OH, KH, OW, KW] reduced over the window
+        /* Windows that tile x exactly: x as [N, C, OH, KH, OW, KW] averaged over the window
          * axes, one reduction forward and one elementwise pass backward (strided slices
          * would come back as interior pads, which cost several passes). */
         loom_tensor *tiles = loom_reshape_at(
             ctx, x, 6, (int64_t[]){sx[0], sx[1], o[0], k[0], o[1], k[1]}, file, line);
-        return is_max ? loom_max_at(ctx, tiles, 2, (int32_t[]){3, 5}, false, file, line)
-                      : loom_mean_at(ctx, tiles, 2, (int32_t[]){3, 5}, false, file, line);
+        return loom_mean_at(ctx, tiles, 2, (int32_t[]){3, 5}, false, file, line);
     }
-    loom_tensor *win[MAX_WINDOW];
-    if (!windows(ctx, x, sx, k, st, pd, one, is_max ? -INFINITY : 0.0, o, win, file, line))
+    loom_tensor *win[MAX_WINDOW]; /* the sum of the windows (zero padded) over their size */
+    if (!windows(ctx, x, sx, k, st, pd, one, 0.0, o, win, file, line))
         return NULL;
     loom_tensor *acc = win[0];
     for (int64_t i = 1; i < k[0] * k[1]; i++)
-        acc = is_max ? loom_maximum_at(ctx, acc, win[i], file, line)
-                     : loom_add_at(ctx, acc, win[i], file, line);
-    if (!is_max)
-        acc = loom_mul_at(ctx, acc,
-                          loom_full_at(ctx, dx, 0, NULL, 1.0 / (double)(k[0] * k[1]), file, line),
-                          file, line);
-    return acc;
+        acc = loom_add_at(ctx, acc, win[i], file, line);
+    return loom_mul_at(ctx, acc,
+                       loom_full_at(ctx, dx, 0, NULL, 1.0 / (double)(k[0] * k[1]), file, line),
+                       file, line);
 }
 
 LOOM_API loom_tensor *loom_max_pool2d_at(loom_context *ctx, loom_tensor *x, const int64_t *kernel,

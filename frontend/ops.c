@@ -66,6 +66,20 @@ loom_tensor *loom_fe_conv2d(loom_context *ctx, loom_tensor *x, loom_tensor *w,
     return finish(ctx, &desc, op);
 }
 
+loom_tensor *loom_fe_max_pool2d(loom_context *ctx, loom_tensor *x, const loom_ir_conv *window,
+                                const char *file, int line) {
+    static const char op[] = "max_pool2d";
+    int32_t node;
+    if (!ctx || !operands(ctx, 1, &x, &node, file, line, op))
+        return NULL;
+    loom_ir_node_desc desc = {.op = LOOM_IR_OP_MAX_POOL2D,
+                              .n_inputs = 1,
+                              .inputs = &node,
+                              .attrs = {.conv = *window},
+                              .loc = {file, line}};
+    return finish(ctx, &desc, op);
+}
+
 /* numpy broadcasting of n operands: the common shape, or false after recording an error. */
 static bool broadcast_shape(loom_context *ctx, int32_t n, const int32_t *nodes, int32_t *out_rank,
                             int64_t *out_shape, const char *file, int line, const char *op) {

@@ -51,6 +51,7 @@ const char *loom_ir_kind_name(loom_ir_kind kind) {
     case LOOM_IR_KIND_RAND: return "rand";
     case LOOM_IR_KIND_COLLECTIVE: return "collective";
     case LOOM_IR_KIND_CONV: return "conv";
+    case LOOM_IR_KIND_POOL: return "pool";
     case LOOM_IR_KIND_COUNT_: break;
     }
     return "?";
@@ -90,6 +91,7 @@ bool loom_ir_op_is_elementwise(loom_ir_op op) {
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return false;
@@ -305,6 +307,11 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
                                                                         : b;
         const loom_ir_node *w = n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT ? n : b;
         return 2.0 * (double)loom_ir_numel(4, y->shape) * (double)loom_ir_numel(3, w->shape + 1);
+    }
+    case LOOM_IR_KIND_POOL: { /* a compare per window tap of each pooled element */
+        const loom_ir_node *y = n->op == LOOM_IR_OP_MAX_POOL2D ? n : &g->nodes[n->inputs[1]];
+        return (double)loom_ir_numel(4, y->shape) * (double)n->attrs.conv.kernel[0] *
+               (double)n->attrs.conv.kernel[1];
     }
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_BROADCAST:

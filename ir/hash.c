@@ -70,6 +70,16 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
         mix(s, (uint64_t)c->groups);
         break;
     }
+    case LOOM_IR_ATTRS_POOL: {
+        const loom_ir_conv *c = &n->attrs.conv;
+        for (int i = 0; i < 2; i++) {
+            mix(s, (uint64_t)c->kernel[i]);
+            mix(s, (uint64_t)c->stride[i]);
+            mix(s, (uint64_t)c->padding[i]);
+            mix(s, (uint64_t)c->dilation[i]);
+        }
+        break;
+    }
     case LOOM_IR_ATTRS_COUNT_: break;
     }
 }
@@ -91,7 +101,7 @@ uint64_t loom_ir_graph_hash(const loom_ir_graph *g) {
 bool loom_ir_conv_equal(const loom_ir_conv *a, const loom_ir_conv *b) {
     for (int i = 0; i < 2; i++)
         if (a->stride[i] != b->stride[i] || a->padding[i] != b->padding[i] ||
-            a->dilation[i] != b->dilation[i])
+            a->dilation[i] != b->dilation[i] || a->kernel[i] != b->kernel[i])
             return false;
     return a->groups == b->groups;
 }
@@ -119,7 +129,8 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
                memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: return a->attrs.index == b->attrs.index;
-    case LOOM_IR_ATTRS_CONV: return loom_ir_conv_equal(&a->attrs.conv, &b->attrs.conv);
+    case LOOM_IR_ATTRS_CONV:
+    case LOOM_IR_ATTRS_POOL: return loom_ir_conv_equal(&a->attrs.conv, &b->attrs.conv);
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return false;

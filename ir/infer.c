@@ -1,6 +1,7 @@
 /* Shape and dtype inference: the one place that knows each op kind's typing rules. The
  * frontend calls it to validate user calls; the verifier calls it to re-check graphs. */
 #include <math.h>
+#include <string.h>
 
 #include "ir.h"
 
@@ -156,6 +157,59 @@ static loom_status infer_conv(const loom_ir_node_desc *desc, const loom_ir_node 
     if (which == 1)
         return check_conv(cv, *out_dtype, out_shape, in[1]->shape, in[0]->shape, d);
     return check_conv(cv, *out_dtype, in[0]->shape, out_shape, in[1]->shape, d);
+}
+
+/* max_pool2d and its gradient: x [N,C,H,W] and the window; the gradient's dy must have the
+ * pooled shape. Padding at most half the kernel keeps every window on a pixel of x. */
+static loom_status infer_pool(const loom_ir_node_desc *desc, const loom_ir_node *const *in,
+                              loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
+                              loom_ir_diag *d) {
+    const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
+    const loom_ir_conv *cv = &desc->attrs.conv;
+    char tx[LOOM_IR_TYPE_STR_MAX], ty[LOOM_IR_TYPE_STR_MAX];
+    TYPE(tx, in[0]);
+    if (in[0]->rank != 4)
+        return loom_ir_diag_set(d, BAD, "needs a rank-4 (NCHW) x, got %s", tx);
+    for (int i = 0; i < 2; i++)
+        if (cv->kernel[i] < 1 || cv->kernel[i] > INT32_MAX || cv->stride[i] < 1 ||
+            cv->stride[i] > INT32_MAX || cv->dilation[i] < 1 || cv->dilation[i] > INT32_MAX ||
+            cv->padding[i] < 0 || 2 * cv->padding[i] > (cv->kernel[i] - 1) * cv->dilation[i] + 1)
+            return loom_ir_diag_set(
+                d, BAD,
+                "kernel [%lld, %lld], stride [%lld, %lld] and dilation "
+                "[%lld, %lld] must be in 1..%d, padding [%lld, %lld] in 0.."
+                "half the dilated kernel",
+                (long long)cv->kernel[0], (long long)cv->kernel[1], (long long)cv->stride[0],
+                (long long)cv->stride[1], (long long)cv->dilation[0], (long long)cv->dilation[1],
+                INT32_MAX, (long long)cv->padding[0], (long long)cv->padding[1]);
+    int64_t ys[4] = {in[0]->shape[0], in[0]->shape[1], 0, 0};
+    for (int i = 0; i < 2; i++) {
+        ys[2 + i] = loom_ir_conv_out_extent(in[0]->shape[2 + i], cv->kernel[i], cv->stride[i],
+                                            cv->padding[i], cv->dilation[i]);
+        if (ys[2 + i] < 1)
+            return loom_ir_diag_set(d, BAD,
+                                    "the %lldx%lld window (dilation [%lld, %lld]) does not fit "
+                                    "x %s padded by [%lld, %lld]: the output would be empty",
+                                    (long long)cv->kernel[0], (long long)cv->kernel[1],
+                                    (long long)cv->dilation[0], (long long)cv->dilation[1], tx,
+                                    (long long)cv->padding[0], (long long)cv->padding[1]);
+    }
+    *out_dtype = in[0]->dtype;
+    *out_rank = 4;
+    if (desc->op == LOOM_IR_OP_MAX_POOL2D) {
+        memcpy(out_shape, ys, sizeof ys);
+        loom_ir_node_desc res = {.rank = 4, .shape = out_shape};
+        return check_shape(&res, d);
+    }
+    TYPE(ty, in[1]);
+    if (in[1]->dtype != in[0]->dtype || in[1]->rank != 4 ||
+        memcmp(in[1]->shape, ys, sizeof ys) != 0) {
+        char tp[LOOM_IR_TYPE_STR_MAX];
+        loom_ir_format_type(tp, sizeof tp, in[0]->dtype, 4, ys);
+        return loom_ir_diag_set(d, BAD, "dy %s must be the pooled %s of x %s", ty, tp, tx);
+    }
+    memcpy(out_shape, in[0]->shape, sizeof ys);
+    return LOOM_OK;
 }
 
 loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
@@ -462,6 +516,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         return check_shape(&res, d);
     }
     case LOOM_IR_KIND_CONV: return infer_conv(desc, in, out_dtype, out_rank, out_shape, d);
+    case LOOM_IR_KIND_POOL: return infer_pool(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_COUNT_:
         break;
     }

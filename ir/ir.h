@@ -34,6 +34,7 @@ typedef enum loom_ir_kind {
     LOOM_IR_KIND_RAND,        /* (seed) -> counter-based random numbers of the node's type */
     LOOM_IR_KIND_COLLECTIVE,  /* across ranks through the communicator (runtime/comm.h) */
     LOOM_IR_KIND_CONV,        /* 2-D convolution and its gradients, by attrs.conv */
+    LOOM_IR_KIND_POOL,        /* 2-D max pooling and its gradient, by attrs.conv */
     LOOM_IR_KIND_COUNT_
 } loom_ir_kind;
 
@@ -70,6 +71,7 @@ typedef enum loom_ir_attrs_kind {
     LOOM_IR_ATTRS_ROOT,   /* attrs.index: the root rank (broadcast_from) */
     LOOM_IR_ATTRS_WORLD,  /* attrs.index: the world size (all_gather) */
     LOOM_IR_ATTRS_CONV,   /* attrs.conv: stride, padding, dilation, groups */
+    LOOM_IR_ATTRS_POOL,   /* attrs.conv: kernel, stride, padding, dilation (groups 0) */
     LOOM_IR_ATTRS_COUNT_
 } loom_ir_attrs_kind;
 
@@ -261,10 +263,13 @@ typedef struct loom_ir_loc {
 } loom_ir_loc;
 
 /* A convolution's window: stride >= 1, padding >= 0 (both sides), dilation >= 1 over
- * {h, w}; groups >= 1 divides the input and output channels. */
+ * {h, w}; groups >= 1 divides the input and output channels. A pooling window has its
+ * kernel {KH, KW} >= 1 here and groups 0; a convolution's kernel is 0 (its weight's shape
+ * gives it). */
 typedef struct loom_ir_conv {
     int64_t stride[2], padding[2], dilation[2];
     int64_t groups;
+    int64_t kernel[2];
 } loom_ir_conv;
 
 typedef struct loom_ir_attrs {

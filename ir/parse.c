@@ -454,12 +454,13 @@ typedef enum attr_id {
     ATTR_PADDING,  /* conv */
     ATTR_DILATION, /* conv */
     ATTR_GROUPS,   /* conv */
+    ATTR_KERNEL,   /* max_pool2d */
     ATTR_COUNT_
 } attr_id;
 static const char *const attr_names[ATTR_COUNT_] = {
     "index", "value",    "perm",    "axes",     "keepdim", "start", "stride",
     "low",   "interior", "axis",    "autocast", "reduce",  "scale", "root",
-    "world", "stride",   "padding", "dilation", "groups"};
+    "world", "stride",   "padding", "dilation", "groups",  "kernel"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
@@ -507,6 +508,12 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
         ids[1] = ATTR_PADDING;
         ids[2] = ATTR_DILATION;
         ids[3] = ATTR_GROUPS;
+        return 4;
+    case LOOM_IR_ATTRS_POOL:
+        ids[0] = ATTR_KERNEL;
+        ids[1] = ATTR_STRIDES;
+        ids[2] = ATTR_PADDING;
+        ids[3] = ATTR_DILATION;
         return 4;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
@@ -622,10 +629,12 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
                 return false;
             pa->attrs.index = v;
             break;
+        case ATTR_KERNEL:
         case ATTR_STRIDES:
         case ATTR_PADDING:
         case ATTR_DILATION: {
-            int64_t *dst = id == ATTR_STRIDES   ? pa->attrs.conv.stride
+            int64_t *dst = id == ATTR_KERNEL    ? pa->attrs.conv.kernel
+                           : id == ATTR_STRIDES ? pa->attrs.conv.stride
                            : id == ATTR_PADDING ? pa->attrs.conv.padding
                                                 : pa->attrs.conv.dilation;
             int64_t pair[LOOM_MAX_RANK];
@@ -633,7 +642,7 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
             if (!parse_bounded_list(p, attr_names[id], attr_names[id], INT32_MAX, pair, &n))
                 return false;
             if (n != 2)
-                return fail_tok(p, &at, "%s has %d entries; a 2-D convolution needs [h, w]",
+                return fail_tok(p, &at, "%s has %d entries; a 2-D window needs [h, w]",
                                 attr_names[id], (int)n);
             dst[0] = pair[0];
             dst[1] = pair[1];

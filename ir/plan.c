@@ -175,7 +175,8 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                         (int)kn->root, loom_ir_op_name(root_op));
         break;
     case LOOM_IR_KERNEL_MATMUL:
-        if (root_kind != LOOM_IR_KIND_CONTRACTION && root_kind != LOOM_IR_KIND_CONV)
+        if (root_kind != LOOM_IR_KIND_CONTRACTION && root_kind != LOOM_IR_KIND_CONV &&
+            root_kind != LOOM_IR_KIND_POOL)
             return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k, (int)kn->root,
                         loom_ir_op_name(root_op));
         break;
@@ -266,10 +267,11 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n);
             break;
         case LOOM_IR_KIND_CONV:
+        case LOOM_IR_KIND_POOL:
             if (kn->kind != LOOM_IR_KERNEL_MATMUL || kn->root != n)
                 return fail(d, n,
                             "kernel %d (%s): %s %%%d is not the root of a matmul kernel, which "
-                            "alone computes convolutions",
+                            "alone computes convolutions and pools",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n);
             break;
         case LOOM_IR_KIND_COUNT_:
@@ -294,10 +296,10 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                             "matmul's operands are args (but casts and transposes into a "
                             "16-bit one)",
                             (int)k, kname, (int)n, (int)o);
-            if (inside && kind == LOOM_IR_KIND_CONV)
+            if (inside && (kind == LOOM_IR_KIND_CONV || kind == LOOM_IR_KIND_POOL))
                 return fail(d, n,
                             "kernel %d (%s): %s %%%d computes its operand %%%d; a "
-                            "convolution's operands are args",
+                            "convolution's or pool's operands are args",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n, (int)o);
             if (!inside && s->arg_of[o] != k)
                 return fail(d, n,
@@ -854,7 +856,8 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
         if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE ||
             kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD || kind == LOOM_IR_KIND_CONCAT ||
             kind == LOOM_IR_KIND_RAND || kind == LOOM_IR_KIND_CONTRACTION ||
-            kind == LOOM_IR_KIND_CONV || kind == LOOM_IR_KIND_REDUCTION)
+            kind == LOOM_IR_KIND_CONV || kind == LOOM_IR_KIND_POOL ||
+            kind == LOOM_IR_KIND_REDUCTION)
             return false;
     }
     for (int32_t a = 0; a < kn->n_args; a++)

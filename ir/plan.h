@@ -40,8 +40,8 @@ typedef enum loom_ir_kernel_kind {
     /* a reduction (root) with its elementwise prologue (the chain feeding it, evaluated
      * inside the reduction loop) and elementwise epilogue (ops on the reduced value) */
     LOOM_IR_KERNEL_REDUCTION,
-    /* a matmul or a convolution (root) with an elementwise epilogue (bias, activation,
-     * cast); a convolution reads its operands from buffers */
+    /* a matmul, a convolution or a max pool (root) with an elementwise epilogue (bias,
+     * activation, cast); convolutions and pools read their operands from buffers */
     LOOM_IR_KERNEL_MATMUL,
     /* collectives (ops.def kind COLLECTIVE), run on the host through the communicator, not
      * compiled: one node, or a bucket of ALL_REDUCEs with the same dtype, reduce op and

@@ -112,6 +112,16 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortes
                               (long long)c->groups);
         return true;
     }
+    case LOOM_IR_ATTRS_POOL: {
+        const loom_ir_conv *c = &n->attrs.conv;
+        loom_ir_writer_printf(p, "kernel = [%lld, %lld], stride = [%lld, %lld], ",
+                              (long long)c->kernel[0], (long long)c->kernel[1],
+                              (long long)c->stride[0], (long long)c->stride[1]);
+        loom_ir_writer_printf(p, "padding = [%lld, %lld], dilation = [%lld, %lld]",
+                              (long long)c->padding[0], (long long)c->padding[1],
+                              (long long)c->dilation[0], (long long)c->dilation[1]);
+        return true;
+    }
     case LOOM_IR_ATTRS_COUNT_: return false;
     }
     return false;

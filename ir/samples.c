@@ -289,7 +289,8 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         loom_ir_conv cv = {{rnd_int(b, 1, 2), rnd_int(b, 1, 2)},
                            {rnd_int(b, 0, 1), rnd_int(b, 0, 1)},
                            {rnd_int(b, 1, 2), rnd_int(b, 1, 2)},
-                           grp};
+                           grp,
+                           {0, 0}};
         int64_t xs[4] = {rnd_int(b, 1, 2), grp * cg, 0, 0};
         int64_t ws[4] = {grp * og, cg, rnd_int(b, 1, 3), 0};
         ws[3] = rnd_int(b, 1, 3);
@@ -305,6 +306,25 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
                                 : op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? xs
                                                                      : ws;
         s = *res = add(b, op, 2, in, dt, stated ? 4 : 0, stated, (loom_ir_attrs){.conv = cv});
+        break;
+    }
+    case LOOM_IR_KIND_POOL: { /* a random window with padding up to half of it */
+        loom_ir_conv cv = {.groups = 0};
+        int64_t xs[4] = {rnd_int(b, 1, 2), rnd_int(b, 1, 3), 0, 0}, ys[4] = {xs[0], xs[1], 0, 0};
+        for (int i = 0; i < 2; i++) {
+            cv.kernel[i] = rnd_int(b, 1, 3);
+            cv.stride[i] = rnd_int(b, 1, 2);
+            cv.dilation[i] = rnd_int(b, 1, 2);
+            int64_t span = cv.dilation[i] * (cv.kernel[i] - 1) + 1;
+            cv.padding[i] = rnd_int(b, 0, span / 2);
+            xs[2 + i] = span + rnd_int(b, 0, 6);
+            ys[2 + i] = loom_ir_conv_out_extent(xs[2 + i], cv.kernel[i], cv.stride[i],
+                                                cv.padding[i], cv.dilation[i]);
+        }
+        int32_t in[2] = {input(b, dt, 4, xs), -1};
+        if (op == LOOM_IR_OP_MAX_POOL2D_GRAD)
+            in[1] = input(b, dt, 4, ys);
+        s = *res = add(b, op, in[1] >= 0 ? 2 : 1, in, dt, 0, NULL, (loom_ir_attrs){.conv = cv});
         break;
     }
     case LOOM_IR_KIND_COUNT_: break;
@@ -335,6 +355,10 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
     case LOOM_IR_OP_REDUCE_SUM:
     case LOOM_IR_OP_REDUCE_MEAN:
     case LOOM_IR_OP_MATMUL:
+        rel = 1e-5;
+        abs = 1e-4;
+        break;
+    case LOOM_IR_OP_MAX_POOL2D_GRAD: /* sums of dy where windows overlap */
         rel = 1e-5;
         abs = 1e-4;
         break;
@@ -377,6 +401,7 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
     case LOOM_IR_OP_ALL_REDUCE:
     case LOOM_IR_OP_BROADCAST_FROM:
     case LOOM_IR_OP_ALL_GATHER:
+    case LOOM_IR_OP_MAX_POOL2D:
     case LOOM_IR_OP_COUNT_: break;
     }
     if (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) { /* rounded after every node */
@@ -392,7 +417,8 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
     }
     loom_ir_kind kind = loom_ir_op_table[op].kind; /* data movement, exact generators */
     if (kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD || kind == LOOM_IR_KIND_CONCAT ||
-        kind == LOOM_IR_KIND_IOTA || kind == LOOM_IR_KIND_RAND || kind == LOOM_IR_KIND_COLLECTIVE)
+        kind == LOOM_IR_KIND_IOTA || kind == LOOM_IR_KIND_RAND || kind == LOOM_IR_KIND_COLLECTIVE ||
+        op == LOOM_IR_OP_MAX_POOL2D)
         rel = abs = 0;
     *out = (loom_ir_sample){.lo = lo, .hi = hi, .rel_tol = rel, .abs_tol = abs};
 }

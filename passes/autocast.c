@@ -116,6 +116,7 @@ static bool moves_data(loom_ir_op op) {
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
     case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COLLECTIVE: /* an all_reduce in bf16 is not one in f32 */

@@ -64,6 +64,10 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
                 (uint64_t)n->attrs.conv.dilation[i]);
         h = mix(h, (uint64_t)n->attrs.conv.groups);
         break;
+    case LOOM_IR_ATTRS_POOL:
+        for (int i = 0; i < 2; i++)
+            h = mix(mix(h, (uint64_t)n->attrs.conv.kernel[i]), (uint64_t)n->attrs.conv.stride[i]);
+        break;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
     return h;

@@ -83,6 +83,7 @@ static bool eval_elementwise(const loom_ir_node *n, const loom_ir_node *const *x
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
     case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_SLICE:
     case LOOM_IR_KIND_PAD:
     case LOOM_IR_KIND_CONCAT:
@@ -322,6 +323,7 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_CONTRACTION:
     case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_COLLECTIVE:

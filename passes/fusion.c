@@ -175,6 +175,7 @@ static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32
     case LOOM_IR_KIND_CONTRACTION:
     case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_COUNT_:
         for (int32_t i = 0; i < on->rank; i++) {
             om->dim[i] = um->dim[i];
@@ -264,6 +265,7 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
             case LOOM_IR_KIND_RESHAPE:
             case LOOM_IR_KIND_COLLECTIVE:
             case LOOM_IR_KIND_CONV:
+            case LOOM_IR_KIND_POOL:
             case LOOM_IR_KIND_COUNT_: return -1;
             }
             if (target < 0) {
@@ -336,7 +338,7 @@ static void group_producers(fuse_state *s) {
                     loom_ir_kind uk = loom_ir_op_table[g->nodes[s->users[e]].op].kind;
                     needs_buffer = needs_buffer || uk == LOOM_IR_KIND_RESHAPE ||
                                    uk == LOOM_IR_KIND_CONTRACTION || uk == LOOM_IR_KIND_CONV ||
-                                   uk == LOOM_IR_KIND_COLLECTIVE;
+                                   uk == LOOM_IR_KIND_POOL || uk == LOOM_IR_KIND_COLLECTIVE;
                 }
                 if (needs_buffer)
                     s->ckernel[i] = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
@@ -369,6 +371,7 @@ static void group_producers(fuse_state *s) {
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_COLLECTIVE, i);
             break;
         case LOOM_IR_KIND_CONV: /* a contraction of its own kind: operands from buffers */
+        case LOOM_IR_KIND_POOL: /* likewise a window's */
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i);
             break;
         case LOOM_IR_KIND_COUNT_: break;

@@ -423,6 +423,70 @@ static void run_conv(const loom_ir_node *n, const loom_ir_node *const *x, const 
 #undef Y_AT
 }
 
+/* The pixel (ih W + iw) that window (oh, ow) of the H x W plane at x[base] selects, as
+ * PyTorch's kernel does: the first tap (in row-major order) until a tap is greater than
+ * the value so far or NaN (so the last NaN wins); its value in *val. Every window holds a pixel
+ * (infer.c: padding <= half the window). */
+static int64_t pool_argmax(const loom_ir_conv *cv, const void *x, loom_dtype dt, int64_t base,
+                           int64_t H, int64_t W, int64_t oh, int64_t ow, double *val) {
+    int64_t best = -1;
+    double m = -INFINITY;
+    for (int64_t kh = 0; kh < cv->kernel[0]; kh++)
+        for (int64_t kw = 0, ih, iw; kw < cv->kernel[1]; kw++) {
+            if (!conv_tap(cv, oh, ow, kh, kw, H, W, &ih, &iw))
+                continue;
+            double v = loom_ir_load_f64(x, dt, base + ih * W + iw);
+            if (best < 0)
+                best = ih * W + iw;
+            if (v > m || isnan(v)) {
+                m = v;
+                best = ih * W + iw;
+            }
+        }
+    *val = m;
+    return best;
+}
+
+/* max_pool2d(x) and max_pool2d_grad(x, dy): each window's value, or each pixel's sum of the
+ * dy elements whose windows selected it (gathered in window order: the scatter's sum). */
+static void run_pool(const loom_ir_node *n, const loom_ir_node *const *x, const void *xd,
+                     const void *dyd, void *dst) {
+    const loom_ir_conv *cv = &n->attrs.conv;
+    const int64_t *xs = x[0]->shape;
+    loom_dtype dt = n->dtype;
+    int64_t H = xs[2], W = xs[3], planes = xs[0] * xs[1];
+    int64_t OH =
+        loom_ir_conv_out_extent(H, cv->kernel[0], cv->stride[0], cv->padding[0], cv->dilation[0]);
+    int64_t OW =
+        loom_ir_conv_out_extent(W, cv->kernel[1], cv->stride[1], cv->padding[1], cv->dilation[1]);
+    double v;
+    for (int64_t p = 0; p < planes; p++) {
+        if (n->op == LOOM_IR_OP_MAX_POOL2D) {
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    pool_argmax(cv, xd, dt, p * H * W, H, W, oh, ow, &v);
+                    loom_ir_store_f64(dst, dt, (p * OH + oh) * OW + ow, v);
+                }
+            continue;
+        }
+        for (int64_t ih = 0; ih < H; ih++)
+            for (int64_t iw = 0; iw < W; iw++) {
+                double acc = 0.0;
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        int64_t h0 = oh * cv->stride[0] - cv->padding[0];
+                        int64_t w0 = ow * cv->stride[1] - cv->padding[1];
+                        if (ih < h0 || ih > h0 + (cv->kernel[0] - 1) * cv->dilation[0] || iw < w0 ||
+                            iw > w0 + (cv->kernel[1] - 1) * cv->dilation[1])
+                            continue;
+                        if (pool_argmax(cv, xd, dt, p * H * W, H, W, oh, ow, &v) == ih * W + iw)
+                            acc += loom_ir_load_f64(dyd, dt, (p * OH + oh) * OW + ow);
+                    }
+                loom_ir_store_f64(dst, dt, (p * H + ih) * W + iw, acc);
+            }
+    }
+}
+
 /* Before the first collective of a step on several ranks, the ranks check that they are about
  * to run the same collectives (collective.h): a mismatch would otherwise hang or corrupt
  * inside MPI. */
@@ -511,6 +575,10 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_CONV2D:
     case LOOM_IR_OP_CONV2D_GRAD_INPUT:
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT: run_conv(n, x, src[0], src[1], dst); return LOOM_OK;
+    case LOOM_IR_OP_MAX_POOL2D:
+    case LOOM_IR_OP_MAX_POOL2D_GRAD:
+        run_pool(n, x, src[0], n->op == LOOM_IR_OP_MAX_POOL2D ? NULL : src[1], dst);
+        return LOOM_OK;
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);

@@ -99,7 +99,9 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
 #define loom_conv2d(...) loom_conv2d_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Max / average pooling over [N, C, H, W] with window kernel {kh, kw}; stride NULL means
- * the kernel size, padding NULL means 0 (avg: padded zeros count, count_include_pad). */
+ * the kernel size, padding NULL means 0 (avg: padded zeros count, count_include_pad). Max
+ * pooling is one op each way (max_pool2d, max_pool2d_grad in the IR) and sends each
+ * window's gradient to the pixel PyTorch's does: its first maximum (the last NaN). */
 LOOM_API loom_tensor *loom_max_pool2d_at(loom_context *ctx, loom_tensor *x, const int64_t *kernel,
                                          const int64_t *stride, const int64_t *padding,
                                          const char *file, int line);

@@ -578,9 +578,21 @@ static void check_op_f32(loom_ir_op op) {
     case LOOM_IR_OP_ALL_REDUCE:     /* no kernel's work: fusion refuses graphs with collectives */
     case LOOM_IR_OP_BROADCAST_FROM: /* (UNSUPPORTED; test_conformance checks it) */
     case LOOM_IR_OP_ALL_GATHER: fx_deinit(&f); return;
-    case LOOM_IR_OP_CONV2D: /* no conv kernel yet: decomposed before fusion (test_conv) */
+    case LOOM_IR_OP_CONV2D: /* their kernels have tests of their own (test_conv) */
     case LOOM_IR_OP_CONV2D_GRAD_INPUT:
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT: fx_deinit(&f); return;
+    case LOOM_IR_OP_MAX_POOL2D: /* ResNet's stem pool on a 9x8 plane: padding, NaN, inf */
+    case LOOM_IR_OP_MAX_POOL2D_GRAD: {
+        const loom_ir_attrs w = {.conv = {{2, 2}, {1, 1}, {1, 1}, 0, {3, 3}}};
+        x = input(&f, F, 4, S(2, 3, 9, 8));
+        y = op == LOOM_IR_OP_MAX_POOL2D ? -1 : input(&f, F, 4, S(2, 3, 5, 4));
+        r = add(&f,
+                (loom_ir_node_desc){
+                    .op = op, .n_inputs = y < 0 ? 1 : 2, .inputs = (int32_t[]){x, y}, .attrs = w});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_MATMUL, r, 1, &r);
+        break;
+    }
     case LOOM_IR_OP_COUNT_: fail();
     }
     fill_all(&f, lo, hi, specials);

@@ -136,6 +136,7 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
     int32_t cx = add_input(&g, 6, LOOM_DTYPE_F32, SHAPE(1, 2, 5, 5));
     int32_t cw = add_input(&g, 7, LOOM_DTYPE_F32, SHAPE(4, 1, 3, 3));
     int32_t cy = add_input(&g, 8, LOOM_DTYPE_F32, SHAPE(1, 4, 3, 3));
+    int32_t py = add_input(&g, 9, LOOM_DTYPE_F32, SHAPE(1, 2, 3, 2));
     const int64_t sh45[2] = {4, 5}, sh23[2] = {2, 3}, sh312[3] = {3, 1, 2}, sh12[2] = {1, 2};
     int n_checked = 0;
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
@@ -267,8 +268,17 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
             desc.inputs = ops[w];
             desc.rank = w ? 4 : 0;
             desc.shape = res[w];
-            desc.attrs.conv = (loom_ir_conv){{2, 2}, {1, 1}, {1, 1}, 2};
+            desc.attrs.conv = (loom_ir_conv){{2, 2}, {1, 1}, {1, 1}, 2, {0, 0}};
             want = w == 0 ? "f32[1,4,3,3]" : w == 1 ? "f32[1,2,5,5]" : "f32[4,1,3,3]";
+            break;
+        }
+        case LOOM_IR_KIND_POOL: { /* 3x2 window, stride 2, padding [1, 0]: 5x5 -> 3x2 */
+            static int32_t ops[2];
+            ops[0] = cx, ops[1] = py;
+            desc.n_inputs = op == LOOM_IR_OP_MAX_POOL2D ? 1 : 2;
+            desc.inputs = ops;
+            desc.attrs.conv = (loom_ir_conv){{2, 2}, {1, 0}, {1, 1}, 0, {3, 2}};
+            want = op == LOOM_IR_OP_MAX_POOL2D ? "f32[1,2,3,2]" : "f32[1,2,5,5]";
             break;
         }
         case LOOM_IR_KIND_COUNT_:
@@ -343,9 +353,9 @@ static void test_infer_rejects_operands_outside_the_ops_dtype_class(void **state
         n_float += is_float;
         n_num += !is_float;
     }
-    /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, isfinite, pow, reduce_mean, and conv2d with
-     * its two gradients */
-    assert_int_equal(n_float, 13);
+    /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, isfinite, pow, reduce_mean, conv2d with
+     * its two gradients, and max_pool2d with its gradient */
+    assert_int_equal(n_float, 15);
     assert_true(n_num >= 10);
     int32_t small = add_input(&g, 2, LOOM_DTYPE_I32, SHAPE(2));
     assert_string_equal(infer_error(&g, (loom_ir_node_desc){.op = LOOM_IR_OP_EXP, .n_inputs = 1,

@@ -165,7 +165,7 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
         break;
     case LOOM_IR_KIND_CONV: { /* every attribute off its default: groups 2, 7x6 -> 4x4 */
         const int64_t sx[] = {1, 4, 7, 6}, sw[] = {6, 2, 3, 2}, sy[] = {1, 6, 4, 4};
-        loom_ir_attrs cv = {.conv = {{2, 1}, {1, 0}, {1, 2}, 2}};
+        loom_ir_attrs cv = {.conv = {{2, 1}, {1, 0}, {1, 2}, 2, {0, 0}}};
         int32_t ins[2] = {-1, input(g, 1, dt, 4, sw)};
         ins[0] = input(g, 2, dt, 4, op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? sy : sx);
         if (op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT)
@@ -174,6 +174,13 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
                 ? add(g, op, 2, ins, dt, 0, NULL, cv, "model.c", 32)
                 : add(g, op, 2, ins, dt, 4, op == LOOM_IR_OP_CONV2D_GRAD_INPUT ? sx : sw, cv,
                       "model.c", 32);
+        break;
+    }
+    case LOOM_IR_KIND_POOL: { /* every attribute off its default: 7x6 -> 3x3 */
+        const int64_t sx[] = {1, 4, 7, 6}, sy[] = {1, 4, 3, 3};
+        loom_ir_attrs cv = {.conv = {{2, 2}, {1, 0}, {2, 1}, 0, {3, 2}}};
+        int32_t ins[2] = {input(g, 1, dt, 4, sx), input(g, 2, dt, 4, sy)};
+        r = add(g, op, op == LOOM_IR_OP_MAX_POOL2D ? 1 : 2, ins, dt, 0, NULL, cv, "model.c", 33);
         break;
     }
     case LOOM_IR_KIND_COUNT_:

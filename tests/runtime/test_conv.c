@@ -31,15 +31,15 @@ typedef struct conv_case {
 } conv_case;
 
 static const conv_case sweep[] = {
-    {"odd 7x5, 3x3 pad 1", 2, 3, 7, 5, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}},
-    {"stride 2", 1, 2, 9, 8, 3, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}},
-    {"dilation 2", 1, 2, 9, 9, 2, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 1}},
-    {"groups 2, 3x2, stride 2x1", 2, 4, 6, 5, 6, 3, 2, {{2, 1}, {1, 0}, {1, 1}, 2}},
-    {"depthwise 3x3", 1, 3, 6, 6, 3, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 3}},
-    {"depthwise, 2 per channel", 1, 2, 5, 5, 4, 3, 3, {{2, 2}, {0, 0}, {1, 1}, 2}},
-    {"1x1", 2, 5, 4, 3, 3, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1}},
-    {"7x7 stride 2 pad 3", 1, 3, 11, 10, 2, 7, 7, {{2, 2}, {3, 3}, {1, 1}, 1}},
-    {"2x4, stride 1x3, dilation 2x1", 1, 1, 5, 7, 1, 2, 4, {{1, 3}, {0, 2}, {2, 1}, 1}},
+    {"odd 7x5, 3x3 pad 1", 2, 3, 7, 5, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1, {0, 0}}},
+    {"stride 2", 1, 2, 9, 8, 3, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1, {0, 0}}},
+    {"dilation 2", 1, 2, 9, 9, 2, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 1, {0, 0}}},
+    {"groups 2, 3x2, stride 2x1", 2, 4, 6, 5, 6, 3, 2, {{2, 1}, {1, 0}, {1, 1}, 2, {0, 0}}},
+    {"depthwise 3x3", 1, 3, 6, 6, 3, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 3, {0, 0}}},
+    {"depthwise, 2 per channel", 1, 2, 5, 5, 4, 3, 3, {{2, 2}, {0, 0}, {1, 1}, 2, {0, 0}}},
+    {"1x1", 2, 5, 4, 3, 3, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1, {0, 0}}},
+    {"7x7 stride 2 pad 3", 1, 3, 11, 10, 2, 7, 7, {{2, 2}, {3, 3}, {1, 1}, 1, {0, 0}}},
+    {"2x4, stride 1x3, dilation 2x1", 1, 1, 5, 7, 1, 2, 4, {{1, 3}, {0, 2}, {2, 1}, 1, {0, 0}}},
 };
 #define N_SWEEP (sizeof sweep / sizeof sweep[0])
 
@@ -450,7 +450,8 @@ static void test_inference_errors_name_the_operands_and_the_window(void **state)
     int32_t x = tu_input(&g, F, 4, S(2, 6, 5, 5)), w = tu_input(&g, F, 4, S(4, 3, 3, 3));
     int32_t x3 = tu_input(&g, F, 3, S(6, 5, 5)), dy = tu_input(&g, F, 4, S(2, 4, 3, 3));
     int32_t wh = tu_input(&g, LOOM_DTYPE_F64, 4, S(4, 3, 3, 3));
-    const loom_ir_conv one = {{1, 1}, {0, 0}, {1, 1}, 1}, two = {{1, 1}, {0, 0}, {1, 1}, 2};
+    const loom_ir_conv one = {{1, 1}, {0, 0}, {1, 1}, 1, {0, 0}},
+                       two = {{1, 1}, {0, 0}, {1, 1}, 2, {0, 0}};
     assert_string_equal(infer_msg(&g, LOOM_IR_OP_CONV2D, x3, w, 0, NULL, one),
                         "needs rank-4 (NCHW) operands: x f32[6,5,5], weight f32[4,3,3,3]");
     assert_string_equal(infer_msg(&g, LOOM_IR_OP_CONV2D, x, wh, 0, NULL, two),
@@ -458,20 +459,20 @@ static void test_inference_errors_name_the_operands_and_the_window(void **state)
     assert_string_equal(infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL, one),
                         "weight f32[4,3,3,3] needs 6 input channels (x f32[2,6,5,5] has 6, "
                         "groups 1)");
-    assert_string_equal(
-        infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 4}),
-        "groups 4 must divide the input channels of x f32[2,6,5,5] and the "
-        "output channels of weight f32[4,3,3,3]");
-    assert_string_equal(
-        infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {3, 3}, 2}),
-        "the 3x3 kernel of weight f32[4,3,3,3] (dilation [3, 3]) does not fit "
-        "x f32[2,6,5,5] padded by [0, 0]: the output would be empty");
-    assert_non_null(strstr(
-        infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL, (loom_ir_conv){{0, 1}, {0, 0}, {1, 1}, 2}),
-        "stride [0, 1] and dilation [1, 1] must be in 1.."));
-    assert_non_null(strstr(
-        infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 0}),
-        "groups 0 must be in 1.."));
+    assert_string_equal(infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL,
+                                  (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 4, {0, 0}}),
+                        "groups 4 must divide the input channels of x f32[2,6,5,5] and the "
+                        "output channels of weight f32[4,3,3,3]");
+    assert_string_equal(infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL,
+                                  (loom_ir_conv){{1, 1}, {0, 0}, {3, 3}, 2, {0, 0}}),
+                        "the 3x3 kernel of weight f32[4,3,3,3] (dilation [3, 3]) does not fit "
+                        "x f32[2,6,5,5] padded by [0, 0]: the output would be empty");
+    assert_non_null(strstr(infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL,
+                                     (loom_ir_conv){{0, 1}, {0, 0}, {1, 1}, 2, {0, 0}}),
+                           "stride [0, 1] and dilation [1, 1] must be in 1.."));
+    assert_non_null(strstr(infer_msg(&g, LOOM_IR_OP_CONV2D, x, w, 0, NULL,
+                                     (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 0, {0, 0}}),
+                           "groups 0 must be in 1.."));
     /* the gradients check the shape they state against their operands */
     assert_string_equal(infer_msg(&g, LOOM_IR_OP_CONV2D_GRAD_INPUT, dy, w, 4, S(2, 6, 6, 5), two),
                         "output f32[2,4,3,3] does not match x f32[2,6,6,5] and weight "
@@ -546,7 +547,7 @@ static void test_parser_rejects_bad_windows(void **state) {
         const char *attrs, *msg;
     } bad[] = {
         {"stride = [2], padding = [0, 0], dilation = [1, 1], groups = 1",
-         "stride has 1 entries; a 2-D convolution needs [h, w]"},
+         "stride has 1 entries; a 2-D window needs [h, w]"},
         {"stride = [1, 1, 1], padding = [0, 0], dilation = [1, 1], groups = 1",
          "stride has 3 entries"},
         {"stride = [1, 1], padding = [0, 0], dilation = [1, 1]", "needs attribute 'groups'"},

@@ -1030,11 +1030,13 @@ static void test_conv2d_slides_the_window_with_padding_stride_and_groups(void **
     tg_init(&t);
     int32_t x = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 3, 3)),
             w = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
-    int32_t y = conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1});
+    int32_t y =
+        conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1, {0, 0}});
     expect_type(&t, y, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
     output(&t, y, -1);
     /* padding 1, stride 2: the windows at rows/cols -1..0 and 1..2 */
-    int32_t z = conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{2, 2}, {1, 1}, {1, 1}, 1});
+    int32_t z =
+        conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{2, 2}, {1, 1}, {1, 1}, 1, {0, 0}});
     expect_type(&t, z, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
     output(&t, z, -1);
     float ys[4], zs[4];
@@ -1046,8 +1048,10 @@ static void test_conv2d_slides_the_window_with_padding_stride_and_groups(void **
     tg_init(&t);
     x = input(&t, LOOM_DTYPE_F32, 4, S(1, 2, 2, 2));
     w = input(&t, LOOM_DTYPE_F32, 4, S(2, 1, 1, 1));
-    output(&t, conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 2}),
-           -1);
+    output(
+        &t,
+        conv(&t, LOOM_IR_OP_CONV2D, x, w, NULL, (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 2, {0, 0}}),
+        -1);
     float xs[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ws[2] = {2, -1}, gs[8];
     run_graph(&t, (const void *[]){xs, ws}, (void *[]){gs});
     EXPECT_F32(gs, 0, 2, 4, 6, 8, -5, -6, -7, -8);
@@ -1061,13 +1065,13 @@ static void test_conv2d_grad_input_scatters_dy_through_the_kernel(void **state) 
     int32_t dy = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2)),
             w = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
     int32_t dx = conv(&t, LOOM_IR_OP_CONV2D_GRAD_INPUT, dy, w, S(1, 1, 3, 3),
-                      (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1});
+                      (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1, {0, 0}});
     output(&t, dx, -1);
     /* stride 2 over a 3x3 x: one window, and x's last row and column get nothing */
     int32_t dy1 = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 1, 1));
     output(&t,
            conv(&t, LOOM_IR_OP_CONV2D_GRAD_INPUT, dy1, w, S(1, 1, 3, 3),
-                (loom_ir_conv){{2, 2}, {0, 0}, {1, 1}, 1}),
+                (loom_ir_conv){{2, 2}, {0, 0}, {1, 1}, 1, {0, 0}}),
            -1);
     float ones[4] = {1, 1, 1, 1}, two[1] = {2}, a[9], b[9];
     run_graph(&t, (const void *[]){ones, conv_w4, two}, (void *[]){a, b});
@@ -1084,7 +1088,7 @@ static void test_conv2d_grad_weight_sums_x_windows_weighted_by_dy(void **state) 
     int32_t x = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 3, 3)),
             dy = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
     int32_t dw = conv(&t, LOOM_IR_OP_CONV2D_GRAD_WEIGHT, x, dy, S(1, 1, 2, 2),
-                      (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1});
+                      (loom_ir_conv){{1, 1}, {0, 0}, {1, 1}, 1, {0, 0}});
     output(&t, dw, -1);
     float ones[4] = {1, 1, 1, 1}, a[4];
     run_graph(&t, (const void *[]){conv_x9, ones}, (void *[]){a});
@@ -1430,6 +1434,51 @@ static void test_executable_create_out_of_memory_is_clean(void **state) {
     tg_deinit(&t);
 }
 
+/* max_pool2d (x only) or its gradient (x, dy) over a kernel x kernel window. */
+static int32_t pool(tg *t, int32_t x, int32_t dy, int64_t kernel, int64_t stride, int64_t pad) {
+    loom_ir_conv w = {{stride, stride}, {pad, pad}, {1, 1}, 0, {kernel, kernel}};
+    return add_node(
+        t, (loom_ir_node_desc){.op = dy < 0 ? LOOM_IR_OP_MAX_POOL2D : LOOM_IR_OP_MAX_POOL2D_GRAD,
+                               .n_inputs = dy < 0 ? 1 : 2,
+                               .inputs = (int32_t[]){x, dy},
+                               .attrs = {.conv = w}});
+}
+
+static const float pool_x16[16] = {1, 5, 2, 0, 3, 3, 7, 7, -1, -2, 4, 4, -3, -1, 4, 9};
+
+static void test_max_pool2d_skips_the_padding_and_propagates_nan(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 4, 4));
+    int32_t y = pool(&t, x, -1, 3, 2, 1); /* windows at rows / cols -1..1 and 1..3 */
+    expect_type(&t, y, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    output(&t, y, -1);
+    int32_t n = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 2, 2));
+    output(&t, pool(&t, n, -1, 2, 1, 0), -1);
+    float ys[4], nan[4] = {2, NAN, 1, 3}, zs[1];
+    run_graph(&t, (const void *[]){pool_x16, nan}, (void *[]){ys, zs});
+    EXPECT_F32(ys, 0, 5, 7, 3, 9);
+    assert_true(isnan(zs[0]));
+    tg_deinit(&t);
+}
+
+static void test_max_pool2d_grad_sends_dy_to_the_first_max_of_each_window(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t x = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 4, 4));
+    int32_t dy = input(&t, LOOM_DTYPE_F32, 4, S(1, 1, 3, 3));
+    int32_t dx = pool(&t, x, dy, 2, 1, 0);
+    expect_type(&t, dx, LOOM_DTYPE_F32, 4, S(1, 1, 4, 4));
+    output(&t, dx, -1);
+    float dys[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, dxs[16];
+    run_graph(&t, (const void *[]){pool_x16, dys}, (void *[]){dxs});
+    /* the 7 at (1, 2) is the first max of four windows; -1 at (2, 0) before the one at (3, 1) */
+    EXPECT_F32(dxs, 0, 0, 1, 0, 0, 4, 0, 2 + 3 + 5 + 6, 0, 7, 0, 8, 0, 0, 0, 0, 9);
+    tg_deinit(&t);
+}
+
 /* ---- the op table ------------------------------------------------------------------------- */
 
 /* One test per op in ops.def; a new op fails the static_assert until it has one. */
@@ -1485,6 +1534,8 @@ static const struct op_case {
     OP_CASE(CONV2D, test_conv2d_slides_the_window_with_padding_stride_and_groups),
     OP_CASE(CONV2D_GRAD_INPUT, test_conv2d_grad_input_scatters_dy_through_the_kernel),
     OP_CASE(CONV2D_GRAD_WEIGHT, test_conv2d_grad_weight_sums_x_windows_weighted_by_dy),
+    OP_CASE(MAX_POOL2D, test_max_pool2d_skips_the_padding_and_propagates_nan),
+    OP_CASE(MAX_POOL2D_GRAD, test_max_pool2d_grad_sends_dy_to_the_first_max_of_each_window),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");
