@@ -29,11 +29,11 @@ typedef struct pl_plan {
 /* What a row block's scan reads and keeps: the plane's offset in x, the window row, the
  * first window's column and how many of the 16 lanes are windows. */
 typedef struct pl_row {
-    MlirValue x, xbase, oh, ow0, nl, nl_v, scratch;
+    MlirValue x, xbase, oh, ow0, nl, scratch;
 } pl_row;
 
-static MlirValue splat_i32(cg_b *b, MlirValue x) {
-    return cg_vbroadcast(b, cg_conv(b, "arith.index_cast", x, b->i32), cg_vec_t(PL_LANES, b->i32));
+static MlirValue splat_i32(cg_b *b, MlirValue x, int64_t n) {
+    return cg_vbroadcast(b, cg_conv(b, "arith.index_cast", x, b->i32), cg_vec_t(n, b->i32));
 }
 
 static MlirValue lanes_i32(cg_b *b, int64_t step) {
@@ -43,80 +43,118 @@ static MlirValue lanes_i32(cg_b *b, int64_t step) {
     return cg_vconst_i32(b, PL_LANES, l);
 }
 
-/* Tap (ih, c0 + s l) of lane l's window, in the storage type, where `ok` (lane by lane: the
- * tap is a pixel of a window) is set; c0 may be negative (lanes before the row are off and
- * touch no memory). */
-static MlirValue tap_lanes(kc *c, const pl_plan *pp, const pl_row *r, MlirValue row,
-                           MlirValue rowok, MlirValue c0, MlirValue ok) {
-    cg_b *b = c->b;
-    MlirType et = cg_storage_type(b, pp->dt);
-    int64_t s = pp->st[1];
-    MlirValue at = cg_iadd(b, row, c0);
-    if (s == 1)
-        return cg_vmaskload(b, cg_vec_t(PL_LANES, et), r->x, at, ok);
-    if (s == 2) { /* 32 lanes: lane 2 l holds lane l's tap, odd lanes off */
-        int64_t even[PL_LANES], spread[2 * PL_LANES];
-        for (int64_t l = 0; l < PL_LANES; l++)
-            even[l] = 2 * l;
-        for (int64_t l = 0; l < 2 * PL_LANES; l++)
-            spread[l] = l % 2 ? PL_LANES : l / 2;
-        MlirValue none = cg_vbroadcast(b, cg_ci(b, b->i1, 0), cg_vec_t(PL_LANES, b->i1));
-        MlirValue ok32 = cg_vshuffle(b, ok, none, 2 * PL_LANES, spread);
-        MlirValue v = cg_vmaskload(b, cg_vec_t(2 * PL_LANES, et), r->x, at, ok32);
-        return cg_vshuffle(b, v, v, PL_LANES, even);
-    }
-    /* wider strides: pixel by pixel through scratch; a lane off reads the plane's start */
-    for (int64_t l = 0; l < PL_LANES; l++) {
-        MlirValue col = cg_iadd(b, c0, cg_idx(b, l * s));
-        MlirValue in = and_i1(b, and_i1(b, rowok, cg_cmpi(b, CG_I_SGE, col, cg_idx(b, 0))),
-                              cg_cmpi(b, CG_I_SLT, col, cg_idx(b, pp->W)));
-        MlirValue off = cg_select(b, in, cg_iadd(b, row, col), r->xbase);
-        cg_store(b, cg_load(b, r->x, off), r->scratch, cg_idx(b, l));
-    }
-    return cg_vload(b, cg_vec_t(PL_LANES, et), r->scratch, cg_idx(b, 0));
+/* -inf in dt's storage type (bf16 as its i16 bits). */
+static MlirValue neg_inf(cg_b *b, loom_dtype dt) {
+    if (dt == LOOM_DTYPE_BF16)
+        return cg_ci(b, b->i16, (int16_t)0xff80);
+    return cg_cf(b, cg_storage_type(b, dt), -INFINITY);
 }
 
-/* The 16 windows of a row block: each one's value (vector of the compute type) and pixel
- * (ih W + iw within the plane, i32). */
+/* n lanes of x from column c0 of a row (an index value, negative or past the row where the
+ * row is in the padding: every lane off): columns in [0, W) are loaded, the others read as
+ * -inf and touch no memory. */
+static MlirValue row_lanes(kc *c, const pl_plan *pp, const pl_row *r, MlirValue row, MlirValue c0,
+                           int64_t n) {
+    cg_b *b = c->b;
+    MlirType vt = cg_vec_t(n, b->i32);
+    int32_t iota[2 * PL_LANES];
+    for (int32_t j = 0; j < n; j++)
+        iota[j] = j;
+    MlirValue col = cg_bin(b, "arith.addi", cg_vconst_i32(b, n, iota), splat_i32(b, c0, n));
+    MlirValue ok =
+        and_i1(b, cg_vcmpi(b, CG_I_SGE, col, cg_vbroadcast(b, cg_ci(b, b->i32, 0), vt)),
+               cg_vcmpi(b, CG_I_SLT, col, cg_vbroadcast(b, cg_ci(b, b->i32, pp->W), vt)));
+    MlirType lt = cg_vec_t(n, cg_storage_type(b, pp->dt));
+    MlirValue ops[4] = {r->x, cg_iadd(b, row, c0), ok, cg_vbroadcast(b, neg_inf(b, pp->dt), lt)};
+    return cg_v(b, "vector.maskedload", 4, ops, lt);
+}
+
+/* Tap (ih, c0 + s l) of lane l's window as a vector of the compute type, -inf where it is
+ * not a pixel of x (rowok false: the row is in the padding). */
+static MlirValue tap_lanes(kc *c, const pl_plan *pp, const pl_row *r, MlirValue row,
+                           MlirValue rowok, MlirValue c0) {
+    cg_b *b = c->b;
+    int64_t s = pp->st[1];
+    MlirValue off = cg_select(b, rowok, c0, cg_idx(b, -((int64_t)1 << 30)));
+    MlirValue v;
+    if (s <= 2) { /* 16 s lanes from column c0, every s-th kept */
+        v = row_lanes(c, pp, r, row, off, s * PL_LANES);
+        if (s == 2) {
+            int64_t keep[PL_LANES];
+            for (int64_t l = 0; l < PL_LANES; l++)
+                keep[l] = 2 * l;
+            v = cg_vshuffle(b, v, v, PL_LANES, keep);
+        }
+        return cg_widen16(b, pp->dt, v);
+    }
+    /* wider strides: pixel by pixel through scratch (a tap off the row: -inf) */
+    MlirValue ninf = neg_inf(b, pp->dt);
+    for (int64_t l = 0; l < PL_LANES; l++) {
+        MlirValue col = cg_iadd(b, off, cg_idx(b, l * s));
+        MlirValue in = and_i1(b, cg_cmpi(b, CG_I_SGE, col, cg_idx(b, 0)),
+                              cg_cmpi(b, CG_I_SLT, col, cg_idx(b, pp->W)));
+        MlirValue at = cg_select(b, in, cg_iadd(b, row, col), r->xbase);
+        cg_store(b, cg_select(b, in, cg_load(b, r->x, at), ninf), r->scratch, cg_idx(b, l));
+    }
+    return cg_widen16(
+        b, pp->dt,
+        cg_vload(b, cg_vec_t(PL_LANES, cg_storage_type(b, pp->dt)), r->scratch, cg_idx(b, 0)));
+}
+
+/* i + d ceil(max(-i, 0) / d): the first tap at or after index i on a grid of step d. */
+static MlirValue first_on_grid(cg_b *b, MlirValue i, MlirValue zero, int64_t d) {
+    MlirValue t = cg_bin(b, "arith.maxsi", cg_bin(b, "arith.subi", zero, i), zero);
+    if (d == 1)
+        return cg_bin(b, "arith.addi", i, t);
+    MlirType ty = mlirValueGetType(i);
+    bool vec = mlirTypeIsAVector(ty);
+    MlirValue dv = vec ? cg_vbroadcast(b, cg_ci(b, b->i32, d), ty) : cg_idx(b, d);
+    MlirValue dm1 = vec ? cg_vbroadcast(b, cg_ci(b, b->i32, d - 1), ty) : cg_idx(b, d - 1);
+    MlirValue q = cg_bin(b, "arith.divsi", cg_bin(b, "arith.addi", t, dm1), dv);
+    return cg_bin(b, "arith.addi", i, cg_bin(b, "arith.muli", q, dv));
+}
+
+/* The 16 windows of a row block: each one's value (a vector of the compute type) and, for
+ * the gradient, its pixel (ih W + iw within the plane, i32): the first tap until one is
+ * greater or NaN. A tap off x reads -inf, which never replaces a value; a window whose
+ * pixels are all -inf keeps its first pixel, as PyTorch's does. */
 static void scan_windows(kc *c, const pl_plan *pp, const pl_row *r, MlirValue *val,
                          MlirValue *pix) {
     cg_b *b = c->b;
     MlirType ct = cg_compute_type(b, pp->dt);
-    MlirType vt = cg_vec_t(PL_LANES, ct), vi = cg_vec_t(PL_LANES, b->i32);
+    MlirType vt = cg_vec_t(PL_LANES, ct);
     MlirValue m = cg_vbroadcast(b, cg_cf(b, ct, -INFINITY), vt);
-    MlirValue p = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
-    MlirValue seen = cg_vbroadcast(b, cg_ci(b, b->i1, 0), cg_vec_t(PL_LANES, b->i1));
-    MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), r->nl_v);
     MlirValue step = lanes_i32(b, pp->st[1]);
     MlirValue h0 = isub(b, cg_imul_c(b, r->oh, pp->st[0]), cg_idx(b, pp->pd[0]));
     MlirValue w0 = isub(b, cg_imul_c(b, r->ow0, pp->st[1]), cg_idx(b, pp->pd[1]));
-    MlirValue zero_v = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
-    MlirValue w_v = cg_vbroadcast(b, cg_ci(b, b->i32, pp->W), vi);
+    MlirValue w0v = cg_bin(b, "arith.addi", splat_i32(b, w0, PL_LANES), step);
+    MlirValue p = {NULL};
+    if (pp->grad) {
+        MlirValue ih = first_on_grid(b, h0, cg_idx(b, 0), pp->dl[0]);
+        MlirValue iw = first_on_grid(
+            b, w0v, cg_vbroadcast(b, cg_ci(b, b->i32, 0), cg_vec_t(PL_LANES, b->i32)), pp->dl[1]);
+        p = cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), iw);
+    }
     for (int64_t kh = 0; kh < pp->KH; kh++) {
         MlirValue ih = cg_iadd(b, h0, cg_idx(b, kh * pp->dl[0]));
         MlirValue rowok = and_i1(b, cg_cmpi(b, CG_I_SGE, ih, cg_idx(b, 0)),
                                  cg_cmpi(b, CG_I_SLT, ih, cg_idx(b, pp->H)));
-        /* a row in the padding reads at the plane's start, every lane off */
         MlirValue ihc = cg_select(b, rowok, ih, cg_idx(b, 0));
         MlirValue row = cg_iadd(b, r->xbase, cg_imul_c(b, ihc, pp->W));
-        MlirValue rowok_v = cg_vbroadcast(b, rowok, cg_vec_t(PL_LANES, b->i1));
-        MlirValue rowpix = splat_i32(b, cg_imul_c(b, ihc, pp->W));
         for (int64_t kw = 0; kw < pp->KW; kw++) {
             MlirValue c0 = cg_iadd(b, w0, cg_idx(b, kw * pp->dl[1]));
-            MlirValue col = cg_bin(b, "arith.addi", splat_i32(b, c0), step);
-            MlirValue ok = and_i1(
-                b, and_i1(b, cg_vcmpi(b, CG_I_SGE, col, zero_v), cg_vcmpi(b, CG_I_SLT, col, w_v)),
-                and_i1(b, lane_ok, rowok_v));
-            MlirValue v = cg_widen16(b, pp->dt, tap_lanes(c, pp, r, row, rowok, c0, ok));
+            MlirValue v = tap_lanes(c, pp, r, row, rowok, c0);
             MlirValue up =
                 cg_bin(b, "arith.ori", cg_vcmpf(b, CG_F_OGT, v, m), cg_vcmpf(b, CG_F_UNO, v, v));
-            MlirValue first =
-                cg_bin(b, "arith.xori", seen,
-                       cg_vbroadcast(b, cg_ci(b, b->i1, 1), cg_vec_t(PL_LANES, b->i1)));
-            up = and_i1(b, ok, cg_bin(b, "arith.ori", up, first));
             m = cg_select(b, up, v, m);
-            p = cg_select(b, up, cg_bin(b, "arith.addi", rowpix, col), p);
-            seen = cg_bin(b, "arith.ori", seen, ok);
+            if (pp->grad) {
+                MlirValue at =
+                    cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ihc, pp->W), PL_LANES),
+                           cg_bin(b, "arith.addi", w0v,
+                                  cg_vbroadcast(b, cg_ci(b, b->i32, kw * pp->dl[1]),
+                                                cg_vec_t(PL_LANES, b->i32))));
+                p = cg_select(b, up, at, p);
+            }
         }
     }
     *val = m;
@@ -190,7 +228,7 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
     cg_for_begin(b, &lb, cg_idx(b, 0), cg_idx(b, ceil_div(pp->OW, PL_LANES)), 0, NULL);
     MlirValue ow0 = cg_imul_c(b, lb.iv, PL_LANES);
     MlirValue nl = cg_imin(b, cg_idx(b, PL_LANES), isub(b, cg_idx(b, pp->OW), ow0));
-    pl_row r = {args[0], xbase, lh.iv, ow0, nl, splat_i32(b, nl), scratch};
+    pl_row r = {args[0], xbase, lh.iv, ow0, nl, scratch};
     MlirValue val, pix;
     scan_windows(c, pp, &r, &val, &pix);
     if (!pp->grad) {
@@ -198,7 +236,7 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
     } else { /* dy's lanes, then each window's dy to its pixel */
         MlirValue at =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, pp->OH), lh.iv), pp->OW), ow0);
-        MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), r.nl_v);
+        MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), splat_i32(b, nl, PL_LANES));
         MlirValue dy =
             cg_vmaskload(b, cg_vec_t(PL_LANES, cg_storage_type(b, pp->dt)), args[1], at, lane_ok);
         cg_vstore(b, cg_widen16(b, pp->dt, dy), dybuf, cg_idx(b, 0));
