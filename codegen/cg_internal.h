@@ -124,6 +124,8 @@ MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt);
 MlirValue cg_vconst_i32(cg_b *b, int64_t n, const int32_t *lanes);
 MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y);
 MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y);
+/* A hint to bring mem[i]'s cache line in for reading (memref.prefetch; no fault). */
+void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i);
 MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask);
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
 MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes);

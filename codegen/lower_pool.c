@@ -114,51 +114,65 @@ static MlirValue first_on_grid(cg_b *b, MlirValue i, MlirValue zero, int64_t d) 
     return cg_bin(b, "arith.addi", i, cg_bin(b, "arith.muli", q, dv));
 }
 
+/* Taps [lo, hi) of a row block's windows combined in tap order: a later part replaces an
+ * earlier one where it is greater or NaN (PyTorch's rule, associative: a balanced tree
+ * keeps the chain of dependent compares at log2 of the taps). */
+static void combine_taps(cg_b *b, const MlirValue *v, const MlirValue *p, int64_t lo, int64_t hi,
+                         MlirValue *val, MlirValue *pix) {
+    if (hi - lo == 1) {
+        *val = v[lo];
+        *pix = p[lo];
+        return;
+    }
+    MlirValue va, pa, vb, pb;
+    int64_t mid = lo + (hi - lo) / 2;
+    combine_taps(b, v, p, lo, mid, &va, &pa);
+    combine_taps(b, v, p, mid, hi, &vb, &pb);
+    MlirValue up =
+        cg_bin(b, "arith.ori", cg_vcmpf(b, CG_F_OGT, vb, va), cg_vcmpf(b, CG_F_UNO, vb, vb));
+    *val = cg_select(b, up, vb, va);
+    *pix = mlirValueIsNull(pa) ? pa : cg_select(b, up, pb, pa);
+}
+
 /* The 16 windows of a row block: each one's value (a vector of the compute type) and, for
- * the gradient, its pixel (ih W + iw within the plane, i32): the first tap until one is
- * greater or NaN. A tap off x reads -inf, which never replaces a value; a window whose
- * pixels are all -inf keeps its first pixel, as PyTorch's does. */
+ * the gradient, its pixel (ih W + iw within the plane, i32). A tap off x reads -inf, which
+ * never wins; a window whose pixels are all -inf takes its first pixel, as PyTorch's does. */
 static void scan_windows(kc *c, const pl_plan *pp, const pl_row *r, MlirValue *val,
                          MlirValue *pix) {
+    enum { TAPS_MAX = 256 };
     cg_b *b = c->b;
-    MlirType ct = cg_compute_type(b, pp->dt);
-    MlirType vt = cg_vec_t(PL_LANES, ct);
-    MlirValue m = cg_vbroadcast(b, cg_cf(b, ct, -INFINITY), vt);
-    MlirValue step = lanes_i32(b, pp->st[1]);
+    MlirType vi = cg_vec_t(PL_LANES, b->i32);
     MlirValue h0 = isub(b, cg_imul_c(b, r->oh, pp->st[0]), cg_idx(b, pp->pd[0]));
     MlirValue w0 = isub(b, cg_imul_c(b, r->ow0, pp->st[1]), cg_idx(b, pp->pd[1]));
-    MlirValue w0v = cg_bin(b, "arith.addi", splat_i32(b, w0, PL_LANES), step);
-    MlirValue p = {NULL};
-    if (pp->grad) {
-        MlirValue ih = first_on_grid(b, h0, cg_idx(b, 0), pp->dl[0]);
-        MlirValue iw = first_on_grid(
-            b, w0v, cg_vbroadcast(b, cg_ci(b, b->i32, 0), cg_vec_t(PL_LANES, b->i32)), pp->dl[1]);
-        p = cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), iw);
-    }
+    MlirValue w0v = cg_bin(b, "arith.addi", splat_i32(b, w0, PL_LANES), lanes_i32(b, pp->st[1]));
+    MlirValue v[TAPS_MAX], p[TAPS_MAX];
+    int64_t k = 0;
     for (int64_t kh = 0; kh < pp->KH; kh++) {
         MlirValue ih = cg_iadd(b, h0, cg_idx(b, kh * pp->dl[0]));
         MlirValue rowok = and_i1(b, cg_cmpi(b, CG_I_SGE, ih, cg_idx(b, 0)),
                                  cg_cmpi(b, CG_I_SLT, ih, cg_idx(b, pp->H)));
         MlirValue ihc = cg_select(b, rowok, ih, cg_idx(b, 0));
         MlirValue row = cg_iadd(b, r->xbase, cg_imul_c(b, ihc, pp->W));
-        for (int64_t kw = 0; kw < pp->KW; kw++) {
+        MlirValue rowpix =
+            cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ihc, pp->W), PL_LANES), w0v);
+        for (int64_t kw = 0; kw < pp->KW; kw++, k++) {
             MlirValue c0 = cg_iadd(b, w0, cg_idx(b, kw * pp->dl[1]));
-            MlirValue v = tap_lanes(c, pp, r, row, rowok, c0);
-            MlirValue up =
-                cg_bin(b, "arith.ori", cg_vcmpf(b, CG_F_OGT, v, m), cg_vcmpf(b, CG_F_UNO, v, v));
-            m = cg_select(b, up, v, m);
-            if (pp->grad) {
-                MlirValue at =
-                    cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ihc, pp->W), PL_LANES),
-                           cg_bin(b, "arith.addi", w0v,
-                                  cg_vbroadcast(b, cg_ci(b, b->i32, kw * pp->dl[1]),
-                                                cg_vec_t(PL_LANES, b->i32))));
-                p = cg_select(b, up, at, p);
-            }
+            v[k] = tap_lanes(c, pp, r, row, rowok, c0);
+            p[k] = !pp->grad ? (MlirValue){NULL}
+                             : cg_bin(b, "arith.addi", rowpix,
+                                      cg_vbroadcast(b, cg_ci(b, b->i32, kw * pp->dl[1]), vi));
         }
     }
-    *val = m;
-    *pix = p;
+    combine_taps(b, v, p, 0, k, val, pix);
+    if (pp->grad) { /* all -inf: the first pixel (a tap off x may have kept the lead) */
+        MlirValue ih = first_on_grid(b, h0, cg_idx(b, 0), pp->dl[0]);
+        MlirValue iw = first_on_grid(b, w0v, cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi), pp->dl[1]);
+        MlirValue first =
+            cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), iw);
+        MlirType ct = cg_compute_type(b, pp->dt);
+        MlirValue ninf = cg_vbroadcast(b, cg_cf(b, ct, -INFINITY), cg_vec_t(PL_LANES, ct));
+        *pix = cg_select(b, cg_vcmpf(b, CG_F_OEQ, *val, ninf), first, *pix);
+    }
 }
 
 /* The epilogue at one element of the root: its value v, its indices (n, ch, i, j). */
@@ -210,7 +224,7 @@ static loom_status plan_pool(kc *c, pl_plan *pp) {
 
 /* One plane (task p): its rows of windows, then (gradient) its pixels. */
 static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *args,
-                              MlirValue rowbuf, MlirValue acc, MlirValue pixbuf, MlirValue dybuf,
+                              MlirValue rowbuf, MlirValue acc, MlirValue pixbuf,
                               MlirValue scratch) {
     cg_b *b = c->b;
     MlirType ct = cg_compute_type(b, pp->dt);
@@ -225,6 +239,17 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
     }
     cg_for lh, lb, lw;
     cg_for_begin(b, &lh, cg_idx(b, 0), cg_idx(b, pp->OH), 0, NULL);
+    /* the rows of the row of windows after next, line by line: masked loads train no
+     * prefetcher (a plane from memory ran 3x slower than from the cache) */
+    int64_t line = 64 / loom_dtype_size(pp->dt);
+    for (int64_t kh = 0; kh < pp->KH; kh++) {
+        MlirValue ih = cg_iadd(b, cg_imul_c(b, lh.iv, pp->st[0]),
+                               cg_idx(b, 2 * pp->st[0] - pp->pd[0] + kh * pp->dl[0]));
+        ih = imax_s(b, cg_imin(b, ih, cg_idx(b, pp->H - 1)), cg_idx(b, 0));
+        MlirValue row = cg_iadd(b, xbase, cg_imul_c(b, ih, pp->W));
+        for (int64_t j = 0; j < pp->W; j += line)
+            cg_prefetch(b, args[0], cg_iadd(b, row, cg_idx(b, j)));
+    }
     cg_for_begin(b, &lb, cg_idx(b, 0), cg_idx(b, ceil_div(pp->OW, PL_LANES)), 0, NULL);
     MlirValue ow0 = cg_imul_c(b, lb.iv, PL_LANES);
     MlirValue nl = cg_imin(b, cg_idx(b, PL_LANES), isub(b, cg_idx(b, pp->OW), ow0));
@@ -239,15 +264,16 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
         MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), splat_i32(b, nl, PL_LANES));
         MlirValue dy =
             cg_vmaskload(b, cg_vec_t(PL_LANES, cg_storage_type(b, pp->dt)), args[1], at, lane_ok);
-        cg_vstore(b, cg_widen16(b, pp->dt, dy), dybuf, cg_idx(b, 0));
-        cg_vstore(b, pix, pixbuf, cg_idx(b, 0));
-        cg_for ll;
-        cg_for_begin(b, &ll, cg_idx(b, 0), nl, 0, NULL);
-        MlirValue q = cg_conv(b, "arith.index_cast", cg_load(b, pixbuf, ll.iv), b->index);
-        cg_store(b, cg_bin(b, "arith.addf", cg_load(b, acc, q), cg_load(b, dybuf, ll.iv)), acc, q);
-        cg_for_end(b, &ll, 0, NULL);
+        cg_vstore(b, cg_widen16(b, pp->dt, dy), rowbuf, ow0);
+        cg_vstore(b, pix, pixbuf, ow0);
     }
     cg_for_end(b, &lb, 0, NULL);
+    if (pp->grad) { /* the row's windows in order, read back after the vector stores retire */
+        cg_for_begin(b, &lw, cg_idx(b, 0), cg_idx(b, pp->OW), 0, NULL);
+        MlirValue q = cg_conv(b, "arith.index_cast", cg_load(b, pixbuf, lw.iv), b->index);
+        cg_store(b, cg_bin(b, "arith.addf", cg_load(b, acc, q), cg_load(b, rowbuf, lw.iv)), acc, q);
+        cg_for_end(b, &lw, 0, NULL);
+    }
     if (!pp->grad) {
         cg_for_begin(b, &lw, cg_idx(b, 0), cg_idx(b, pp->OW), 0, NULL);
         st = epilogue_at(c, pp, cg_load(b, rowbuf, lw.iv), n, ch, lh.iv, lw.iv);
@@ -284,15 +310,15 @@ loom_status cg_lower_pool(kc *c) {
         args[1] = c->bufs[c->s->buf_of[c->g->nodes[c->k->root].inputs[1]]];
     MlirValue rowbuf = cg_alloc_buf(b, ct, ceil_div(pp->OW, PL_LANES) * PL_LANES);
     MlirValue acc = cg_alloc_buf(b, ct, pp->grad ? pp->H * pp->W : 1);
-    MlirValue pixbuf = cg_alloc_buf(b, b->i32, PL_LANES);
-    MlirValue dybuf = cg_alloc_buf(b, ct, PL_LANES);
+    MlirValue pixbuf =
+        cg_alloc_buf(b, b->i32, pp->grad ? ceil_div(pp->OW, PL_LANES) * PL_LANES : 1);
     MlirValue scratch = cg_alloc_buf(b, cg_storage_type(b, pp->dt), PL_LANES);
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    st = emit_plane(c, pp, lo.iv, args, rowbuf, acc, pixbuf, dybuf, scratch);
+    st = emit_plane(c, pp, lo.iv, args, rowbuf, acc, pixbuf, scratch);
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[5] = {rowbuf, acc, pixbuf, dybuf, scratch};
-    for (int q = 0; q < 5; q++)
+    MlirValue bufs[4] = {rowbuf, acc, pixbuf, scratch};
+    for (int q = 0; q < 4; q++)
         cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
 done:
     loom_ir_free(&c->s->alloc, pp, sizeof *pp);

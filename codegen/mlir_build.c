@@ -286,6 +286,16 @@ MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y) {
     return mlirOperationGetResult(cg_op(b, "arith.cmpi", 2, ops, 1, &vt, 1, &a), 0);
 }
 
+void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i) {
+    MlirValue ops[2] = {mem, i};
+    MlirNamedAttribute a[3] = {
+        cg_named(b, "isWrite", mlirBoolAttrGet(b->ctx, 0)),
+        cg_named(b, "localityHint", mlirIntegerAttrGet(b->i32, 3)),
+        cg_named(b, "isDataCache", mlirBoolAttrGet(b->ctx, 1)),
+    };
+    cg_op(b, "memref.prefetch", 2, ops, 0, NULL, 3, a);
+}
+
 MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y) {
     MlirValue ops[2] = {x, y};
     MlirType vt = cg_vec_t(mlirShapedTypeGetDimSize(mlirValueGetType(x), 0), b->i1);
