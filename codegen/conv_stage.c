@@ -262,7 +262,7 @@ static void store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64
  * 16 sstep i32; an empty range where has is false), and its kernel row's entries in rtab. */
 typedef struct win_row {
     MlirValue base, lo, hi, trow;
-    int64_t sstep;
+    int64_t sstep, ahead; /* ahead: the next channel's offset, prefetched */
 } win_row;
 
 static win_row window_row(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue j, MlirValue has) {
@@ -271,6 +271,7 @@ static win_row window_row(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue j, 
     MlirValue kh = idiv(b, kk, cp->KW), kw = irem(b, kk, cp->KW);
     win_span sp = row_span(b, cp, kw);
     w.sstep = sp.sstep;
+    w.ahead = cp->sH * cp->sW;
     MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), ch);
     w.base = isub(b, cg_iadd(b, cg_imul_c(b, chan, cp->sH * cp->sW), sp.s0),
                   cg_imul_c(b, sp.d0, sp.sstep));
@@ -320,8 +321,11 @@ static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src
         mask = and_i1(b, mask,
                       cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, n, even),
                                cg_vbroadcast(b, cg_ci(b, b->i32, 1), vt)));
-    MlirValue v =
-        cg_vmaskload(b, cg_vec_t(n, et), src, cg_iadd(b, at, cg_imul_c(b, q0, sstep)), mask);
+    MlirValue from = cg_iadd(b, at, cg_imul_c(b, q0, sstep));
+    /* masked loads train no prefetcher: the same lanes of the next channel, which a later
+     * window row reads (from memory, a conv's staging waited on each line) */
+    cg_prefetch(b, src, cg_iadd(b, from, cg_idx(b, w->ahead)));
+    MlirValue v = cg_vmaskload(b, cg_vec_t(n, et), src, from, mask);
     return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
 }
 
