@@ -55,6 +55,10 @@
  *     matmul, the values of T that E reads are used by nothing but T and E (the epilogue
  *     never stores an intermediate that something else needs; graph outputs excepted). Several
  *     elementwise kernels may join one reduction (sqrt(mean) and exp(mean) both fuse).
+ *     Likewise E joins the ELEMENTWISE kernel T of its shape that runs just before it (no
+ *     kernel's root between theirs) as a sibling, when E writes no graph output: T then
+ *     writes E's results beside its own (a residual sum and the bf16 cast of its ReLU for the
+ *     next convolutions: one pass over the sum instead of two), and E's root becomes T's.
  *  3. Constants are recomputed inside every kernel that uses them (a fill is free), except
  *     where a buffer is needed: a constant that is a graph output, a matmul or collective
  *     operand or a reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
@@ -384,7 +388,28 @@ static int32_t producer(const fuse_state *s, int32_t b) {
     return s->g->nodes[b].op == LOOM_IR_OP_CONSTANT ? s->ckernel[b] : s->fn[b].kernel;
 }
 
-/* Rule 2 for ELEMENTWISE kernel e: merges it into a reduction or matmul when allowed. */
+/* Whether ELEMENTWISE kernel e may join ELEMENTWISE kernel t as a sibling (rule 2): t
+ * writes neither a concat nor a constant alone, e no graph output (their kernels may write
+ * them in place), and no kernel's root lies between theirs,
+ * so t runs just before e (e's values are made no earlier than they were) and t, rooted at
+ * e's root, keeps its place among the kernels. */
+static bool sibling_ok(const fuse_state *s, int32_t t, int32_t e) {
+    int32_t lo = s->kernels[t].root, hi = s->kernels[e].root;
+    loom_ir_op op = s->g->nodes[lo].op;
+    if (op == LOOM_IR_OP_CONCAT || op == LOOM_IR_OP_CONSTANT || lo >= hi)
+        return false;
+    const fkernel *ke = &s->kernels[e];
+    for (int32_t m = 0; m < ke->n_members; m++) /* graph outputs keep their own kernels */
+        if (s->is_output[s->members[ke->first_member + m]])
+            return false;
+    for (int32_t k = 0; k < s->n_kernels; k++)
+        if (s->kernels[k].final != -2 && s->kernels[k].root > lo && s->kernels[k].root < hi)
+            return false;
+    return true;
+}
+
+/* Rule 2 for ELEMENTWISE kernel e: merges it into a reduction or matmul when allowed, or
+ * into the elementwise kernel before it. */
 static void try_epilogue(fuse_state *s, int32_t e) {
     const loom_ir_graph *g = s->g;
     const fkernel *ke = &s->kernels[e];
@@ -414,7 +439,9 @@ static void try_epilogue(fuse_state *s, int32_t e) {
     if (target < 0 || target_via_view)
         return;
     const fkernel *kt = &s->kernels[target];
-    if (kt->kind != LOOM_IR_KERNEL_REDUCTION && kt->kind != LOOM_IR_KERNEL_MATMUL)
+    bool sibling = kt->kind == LOOM_IR_KERNEL_ELEMENTWISE;
+    if (kt->kind != LOOM_IR_KERNEL_REDUCTION && kt->kind != LOOM_IR_KERNEL_MATMUL &&
+        !(sibling && sibling_ok(s, target, e)))
         return;
     const loom_ir_node *troot = &g->nodes[kt->root], *eroot = &g->nodes[ke->root];
     if (troot->rank != eroot->rank ||
@@ -453,6 +480,8 @@ static void try_epilogue(fuse_state *s, int32_t e) {
     }
     for (int32_t m = 0; m < ke->n_members; m++)
         s->fn[s->members[ke->first_member + m]].kernel = target;
+    if (sibling) /* an elementwise kernel's root is its last node */
+        s->kernels[target].root = ke->root;
     s->kernels[e].n_members = 0;
     s->kernels[e].final = -2; /* merged */
 }
