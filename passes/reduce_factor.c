@@ -12,6 +12,10 @@
  * batch norm backward computes them. After this pass and CSE they are two. Layer norm's
  * backward and a softmax's sum(dy * y * c) factor the same way.
  *
+ * A sum whose terms cancel in exact arithmetic, c (x - mean(x)) with c the same along the
+ * summed axes (sums_to_zero), becomes a constant 0: the variance's share of the mean's
+ * gradient, which PyTorch's batch norm backward never computes.
+ *
  * Only f32 and f64 sums: moving a factor out changes the rounding of the product (as XLA's
  * algebraic simplifier does), which in 16 bits would also drop a rounding per element.
  * Runs before CSE. Errors: OUT_OF_MEMORY (the graph is unchanged). */
@@ -62,6 +66,42 @@ static bool collect(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t r,
         p->var[p->n_var++] = x;
     }
     return true;
+}
+
+/* Whether v is x less its mean over axes within `axes`, broadcast back: v = sub(x,
+ * broadcast(reduce_mean(x, A, keepdim))) with A a subset of axes, whose sum over axes is 0. */
+static bool centered(const loom_ir_graph *g, int32_t v, uint32_t axes) {
+    const loom_ir_node *n = &g->nodes[v];
+    if (n->op != LOOM_IR_OP_SUB)
+        return false;
+    const loom_ir_node *b = &g->nodes[n->inputs[1]];
+    if (b->op != LOOM_IR_OP_BROADCAST)
+        return false;
+    const loom_ir_node *m = &g->nodes[b->inputs[0]];
+    return m->op == LOOM_IR_OP_REDUCE_MEAN && m->attrs.keepdim && m->inputs[0] == n->inputs[0] &&
+           (m->attrs.axes & ~axes) == 0 && m->rank == n->rank;
+}
+
+/* Whether the sum of x over axes is 0 in exact arithmetic: x is a product of one centered
+ * value (see centered) and factors that do not vary along the axes, or a sum, difference or
+ * negation of such. Autograd's batch norm backward sums 2 c (x - mean) through the variance
+ * into the mean's gradient: a full pass over the activations (and a copy of c (x - mean)
+ * kept for it) for a rounding error, which PyTorch's batch norm backward never computes. */
+static bool sums_to_zero(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t r, int depth) {
+    const loom_ir_node *n = &g->nodes[x];
+    if (depth > 8)
+        return false;
+    if (centered(g, x, axes))
+        return true;
+    if (n->op == LOOM_IR_OP_ADD || n->op == LOOM_IR_OP_SUB)
+        return sums_to_zero(g, n->inputs[0], axes, r, depth + 1) &&
+               sums_to_zero(g, n->inputs[1], axes, r, depth + 1);
+    if (n->op == LOOM_IR_OP_NEG)
+        return sums_to_zero(g, n->inputs[0], axes, r, depth + 1);
+    if (n->op != LOOM_IR_OP_MUL)
+        return false;
+    rf_product p = {.n_var = 0, .n_inv = 0, .neg = false};
+    return collect(g, x, axes, r, &p) && p.n_var == 1 && centered(g, p.var[0], axes);
 }
 
 typedef struct rf_state {
@@ -134,6 +174,11 @@ static int32_t factored(rf_state *s, int32_t i) {
         (n->dtype != LOOM_DTYPE_F32 && n->dtype != LOOM_DTYPE_F64))
         return -1;
     const loom_ir_node *x = &g->nodes[n->inputs[0]];
+    if (sums_to_zero(g, n->inputs[0], n->attrs.axes, x->rank, 0)) {
+        s->loc = n->loc;
+        return add(s, LOOM_IR_OP_CONSTANT, 0, NULL, n->dtype, n->rank, n->shape,
+                   (loom_ir_attrs){.value = 0.0});
+    }
     if (x->op != LOOM_IR_OP_MUL && x->op != LOOM_IR_OP_NEG)
         return -1;
     rf_product p = {.n_var = 0, .n_inv = 0, .neg = false};
@@ -162,9 +207,10 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     bool any = false;
     for (int32_t i = 0; i < g->n_nodes && !any; i++) {
         const loom_ir_node *n = &g->nodes[i];
+        loom_ir_op xop = n->n_inputs > 0 ? g->nodes[n->inputs[0]].op : LOOM_IR_OP_COUNT_;
         any = (n->op == LOOM_IR_OP_REDUCE_SUM || n->op == LOOM_IR_OP_REDUCE_MEAN) &&
-              (g->nodes[n->inputs[0]].op == LOOM_IR_OP_MUL ||
-               g->nodes[n->inputs[0]].op == LOOM_IR_OP_NEG);
+              (xop == LOOM_IR_OP_MUL || xop == LOOM_IR_OP_NEG || xop == LOOM_IR_OP_ADD ||
+               xop == LOOM_IR_OP_SUB);
     }
     if (!any)
         return LOOM_OK;
