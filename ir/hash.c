@@ -60,16 +60,7 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
     }
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: mix(s, (uint64_t)n->attrs.index); break;
-    case LOOM_IR_ATTRS_CONV: {
-        const loom_ir_conv *c = &n->attrs.conv;
-        for (int i = 0; i < 2; i++) {
-            mix(s, (uint64_t)c->stride[i]);
-            mix(s, (uint64_t)c->padding[i]);
-            mix(s, (uint64_t)c->dilation[i]);
-        }
-        mix(s, (uint64_t)c->groups);
-        break;
-    }
+    case LOOM_IR_ATTRS_CONV: /* a convolution's kernel and a pool's groups are 0 */
     case LOOM_IR_ATTRS_POOL: {
         const loom_ir_conv *c = &n->attrs.conv;
         for (int i = 0; i < 2; i++) {
@@ -78,6 +69,7 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
             mix(s, (uint64_t)c->padding[i]);
             mix(s, (uint64_t)c->dilation[i]);
         }
+        mix(s, (uint64_t)c->groups);
         break;
     }
     case LOOM_IR_ATTRS_COUNT_: break;

@@ -44,6 +44,16 @@ static void put_quoted(loom_ir_writer *p, const char *s) {
 }
 
 /* The op's own attributes, without braces; false when it has none. */
+/* A window's {h, w} pairs: the kernel first where it is an attribute (pooling), then
+ * stride, padding and dilation. */
+static void put_window(loom_ir_writer *p, const loom_ir_conv *c, bool kernel) {
+    static const char *const names[4] = {"kernel", "stride", "padding", "dilation"};
+    const int64_t *v[4] = {c->kernel, c->stride, c->padding, c->dilation};
+    for (int k = kernel ? 0 : 1; k < 4; k++)
+        loom_ir_writer_printf(p, "%s%s = [%lld, %lld]", k > (kernel ? 0 : 1) ? ", " : "", names[k],
+                              (long long)v[k][0], (long long)v[k][1]);
+}
+
 static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortest) {
     switch (loom_ir_op_table[n->op].attrs) {
     case LOOM_IR_ATTRS_NONE: return false;
@@ -104,24 +114,11 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortes
         return true;
     case LOOM_IR_ATTRS_CONV: {
         const loom_ir_conv *c = &n->attrs.conv;
-        loom_ir_writer_printf(p, "stride = [%lld, %lld], padding = [%lld, %lld], ",
-                              (long long)c->stride[0], (long long)c->stride[1],
-                              (long long)c->padding[0], (long long)c->padding[1]);
-        loom_ir_writer_printf(p, "dilation = [%lld, %lld], groups = %lld",
-                              (long long)c->dilation[0], (long long)c->dilation[1],
-                              (long long)c->groups);
+        put_window(p, c, false);
+        loom_ir_writer_printf(p, ", groups = %lld", (long long)c->groups);
         return true;
     }
-    case LOOM_IR_ATTRS_POOL: {
-        const loom_ir_conv *c = &n->attrs.conv;
-        loom_ir_writer_printf(p, "kernel = [%lld, %lld], stride = [%lld, %lld], ",
-                              (long long)c->kernel[0], (long long)c->kernel[1],
-                              (long long)c->stride[0], (long long)c->stride[1]);
-        loom_ir_writer_printf(p, "padding = [%lld, %lld], dilation = [%lld, %lld]",
-                              (long long)c->padding[0], (long long)c->padding[1],
-                              (long long)c->dilation[0], (long long)c->dilation[1]);
-        return true;
-    }
+    case LOOM_IR_ATTRS_POOL: put_window(p, &n->attrs.conv, true); return true;
     case LOOM_IR_ATTRS_COUNT_: return false;
     }
     return false;

@@ -57,16 +57,14 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
         break;
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: h = (uint64_t)n->attrs.index; break;
-    case LOOM_IR_ATTRS_CONV:
-        for (int i = 0; i < 2; i++)
-            h = mix(
-                mix(mix(h, (uint64_t)n->attrs.conv.stride[i]), (uint64_t)n->attrs.conv.padding[i]),
-                (uint64_t)n->attrs.conv.dilation[i]);
-        h = mix(h, (uint64_t)n->attrs.conv.groups);
-        break;
+    case LOOM_IR_ATTRS_CONV: /* a convolution's kernel and a pool's groups are 0 */
     case LOOM_IR_ATTRS_POOL:
         for (int i = 0; i < 2; i++)
-            h = mix(mix(h, (uint64_t)n->attrs.conv.kernel[i]), (uint64_t)n->attrs.conv.stride[i]);
+            h = mix(mix(mix(mix(h, (uint64_t)n->attrs.conv.kernel[i]),
+                            (uint64_t)n->attrs.conv.stride[i]),
+                        (uint64_t)n->attrs.conv.padding[i]),
+                    (uint64_t)n->attrs.conv.dilation[i]);
+        h = mix(h, (uint64_t)n->attrs.conv.groups);
         break;
     case LOOM_IR_ATTRS_COUNT_: break;
     }
