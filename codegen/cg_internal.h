@@ -127,6 +127,9 @@ MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y);
 /* A hint to bring mem[i]'s cache line in for reading (memref.prefetch; no fault). */
 void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i);
 MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask);
+/* The same with the other lanes set to scalar pass (of vt's element type). */
+MlirValue cg_vmaskload_or(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask,
+                          MlirValue pass);
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
 MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes);
 /* acc + pairwise bf16 dot products (llvm.x86.avx512bf16.dpbf16ps.512, vdpbf16ps): acc is

@@ -5,9 +5,11 @@
  * A task is one plane (image, channel) of x. A row of windows is scanned 16 windows at a
  * time: for each tap (kh, kw), a vector of the 16 windows' pixels under that tap, read by a
  * masked load (at a column stride of 2, 32 lanes with the even ones kept; above 2, pixel by
- * pixel), lanes whose pixel is in the padding or past the row's last window masked off.
- * PyTorch's rule then applies lane by lane: the tap becomes the window's value and pixel
- * where it is the window's first pixel, greater than the value so far, or NaN.
+ * pixel), a tap in the padding read as -inf. The taps combine by PyTorch's rule (a later tap
+ * wins where it is greater or NaN) as a balanced tree; a window whose pixels are all -inf
+ * takes its first pixel, as PyTorch's does. Masked loads train no prefetcher (Zen 5: a
+ * plane from memory ran 3x slower than from the cache), so each row of windows prefetches
+ * the rows of the row after next.
  *  - max_pool2d: the row's values go to a row of scratch, the epilogue runs per window.
  *  - max_pool2d_grad: each window's dy is added to its pixel in a plane of scratch (f32;
  *    f64 for f64), window after window, then the epilogue runs per pixel of the plane. */
@@ -64,9 +66,8 @@ static MlirValue row_lanes(kc *c, const pl_plan *pp, const pl_row *r, MlirValue 
     MlirValue ok =
         and_i1(b, cg_vcmpi(b, CG_I_SGE, col, cg_vbroadcast(b, cg_ci(b, b->i32, 0), vt)),
                cg_vcmpi(b, CG_I_SLT, col, cg_vbroadcast(b, cg_ci(b, b->i32, pp->W), vt)));
-    MlirType lt = cg_vec_t(n, cg_storage_type(b, pp->dt));
-    MlirValue ops[4] = {r->x, cg_iadd(b, row, c0), ok, cg_vbroadcast(b, neg_inf(b, pp->dt), lt)};
-    return cg_v(b, "vector.maskedload", 4, ops, lt);
+    return cg_vmaskload_or(b, cg_vec_t(n, cg_storage_type(b, pp->dt)), r->x, cg_iadd(b, row, c0),
+                           ok, neg_inf(b, pp->dt));
 }
 
 /* Tap (ih, c0 + s l) of lane l's window as a vector of the compute type, -inf where it is

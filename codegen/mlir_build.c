@@ -303,12 +303,16 @@ MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y) {
     return mlirOperationGetResult(cg_op(b, "arith.cmpf", 2, ops, 1, &vt, 1, &a), 0);
 }
 
+MlirValue cg_vmaskload_or(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask,
+                          MlirValue pass) {
+    MlirValue ops[4] = {mem, i, mask, cg_vbroadcast(b, pass, vt)};
+    return cg_v(b, "vector.maskedload", 4, ops, vt);
+}
+
 MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask) {
     MlirType et = mlirShapedTypeGetElementType(vt);
-    MlirValue zero =
-        cg_vbroadcast(b, mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0), vt);
-    MlirValue ops[4] = {mem, i, mask, zero};
-    return cg_v(b, "vector.maskedload", 4, ops, vt);
+    return cg_vmaskload_or(b, vt, mem, i, mask,
+                           mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0));
 }
 
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask) {

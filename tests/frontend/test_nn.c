@@ -158,6 +158,81 @@ static void test_max_and_avg_pool_match_naive_loops(void **state) {
     }
 }
 
+/* max_pool2d and its gradient (loss = sum(y * r): dy = r) against loops written here with
+ * PyTorch's rule: each window's value and gradient go to its first maximum. Rows of 16
+ * windows and a tail, column strides 1, 2 and 3 (the kernel's three ways of reading a
+ * tap), padding, and runs of equal values (ties) in x. */
+typedef struct pool_case {
+    int64_t h, w, k[2], st[2], pd[2];
+} pool_case;
+
+static void check_max_pool(const pool_case *pc, bool eager) {
+    enum { N = 2, C = 2, MAXX = N * C * 9 * 40, MAXY = N * C * 9 * 40 };
+    loom_context *ctx = tu_context(eager);
+    int64_t oh = (pc->h + 2 * pc->pd[0] - pc->k[0]) / pc->st[0] + 1;
+    int64_t ow = (pc->w + 2 * pc->pd[1] - pc->k[1]) / pc->st[1] + 1;
+    int64_t nx = N * C * pc->h * pc->w, ny = N * C * oh * ow;
+    static float x[MAXX], r[MAXY], y[MAXY], dx[MAXX];
+    assert_true(nx <= MAXX && ny <= MAXY);
+    fill(x, nx, 11);
+    fill(r, ny, 12);
+    for (int64_t i = 0; i < nx; i += 7) /* ties: runs of one value */
+        x[i] = x[i + 1 < nx ? i + 1 : i] = 0.25f;
+    loom_tensor *tx =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, pc->h, pc->w}, x);
+    loom_tensor *tr = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, oh, ow}, r);
+    loom_tensor *ty = loom_max_pool2d(ctx, tx, pc->k, pc->st, pc->pd);
+    loom_tensor *g = NULL;
+    assert_int_equal(
+        loom_backward(ctx, loom_sum(ctx, loom_mul(ctx, ty, tr), 0, NULL, false), 1, &tx, &g),
+        LOOM_OK);
+    tu_read_f32(ctx, ty, y, (size_t)ny);
+    tu_read_f32(ctx, g, dx, (size_t)nx);
+    static double want_dx[MAXX];
+    memset(want_dx, 0, sizeof want_dx);
+    for (int64_t nc = 0; nc < N * C; nc++)
+        for (int64_t i = 0; i < oh; i++)
+            for (int64_t j = 0; j < ow; j++) {
+                int64_t best = -1;
+                for (int64_t p = 0; p < pc->k[0]; p++)
+                    for (int64_t q = 0; q < pc->k[1]; q++) {
+                        int64_t hi = i * pc->st[0] - pc->pd[0] + p,
+                                wi = j * pc->st[1] - pc->pd[1] + q;
+                        if (hi < 0 || hi >= pc->h || wi < 0 || wi >= pc->w)
+                            continue;
+                        int64_t at = (nc * pc->h + hi) * pc->w + wi;
+                        if (best < 0 || x[at] > x[best])
+                            best = at;
+                    }
+                int64_t o = (nc * oh + i) * ow + j;
+                assert_float_equal(y[o], x[best], 0.0);
+                want_dx[best] += r[o];
+            }
+    for (int64_t i = 0; i < nx; i++)
+        if (fabs(dx[i] - want_dx[i]) > 1e-6)
+            fail_msg("%lldx%lld window, stride %lldx%lld, %s: dx[%lld] = %g, want %g",
+                     (long long)pc->k[0], (long long)pc->k[1], (long long)pc->st[0],
+                     (long long)pc->st[1], eager ? "eager" : "compiled", (long long)i, dx[i],
+                     want_dx[i]);
+    loom_tensor_release(tx);
+    loom_tensor_release(tr);
+    loom_context_destroy(ctx);
+}
+
+static void test_max_pool_sends_the_gradient_to_each_windows_first_maximum(void **state) {
+    (void)state;
+    static const pool_case cases[] = {
+        {9, 40, {3, 3}, {2, 2}, {1, 1}}, /* ResNet's stem pool: 20 windows a row */
+        {7, 37, {3, 3}, {1, 1}, {1, 1}}, /* stride 1: 37 windows, overlapping */
+        {8, 38, {2, 3}, {3, 3}, {0, 1}}, /* stride 3: pixel by pixel */
+        {6, 33, {2, 2}, {2, 2}, {0, 0}}, /* tiling windows, the last column left over */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        check_max_pool(&cases[i], true);
+        check_max_pool(&cases[i], false);
+    }
+}
+
 /* ---- losses and labels ----------------------------------------------------------------- */
 
 static void test_cross_entropy_matches_hand_computed_values(void **state) {
@@ -387,6 +462,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_matches_naive_loops),
         cmocka_unit_test(test_max_and_avg_pool_match_naive_loops),
+        cmocka_unit_test(test_max_pool_sends_the_gradient_to_each_windows_first_maximum),
         cmocka_unit_test(test_cross_entropy_matches_hand_computed_values),
         cmocka_unit_test(test_argmax_takes_the_first_maximum_and_one_hot_marks_labels),
         cmocka_unit_test(test_batch_norm_normalises_and_updates_running_stats),
