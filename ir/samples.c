@@ -313,7 +313,7 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         int64_t xs[4] = {rnd_int(b, 1, 2), rnd_int(b, 1, 3), 0, 0}, ys[4] = {xs[0], xs[1], 0, 0};
         for (int i = 0; i < 2; i++) {
             cv.kernel[i] = rnd_int(b, 1, 3);
-            cv.stride[i] = rnd_int(b, 1, 2);
+            cv.stride[i] = rnd_int(b, 1, 3); /* 3: the kernel reads taps pixel by pixel */
             cv.dilation[i] = rnd_int(b, 1, 2);
             int64_t span = cv.dilation[i] * (cv.kernel[i] - 1) + 1;
             cv.padding[i] = rnd_int(b, 0, span / 2);
