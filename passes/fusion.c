@@ -389,10 +389,10 @@ static int32_t producer(const fuse_state *s, int32_t b) {
 }
 
 /* Whether ELEMENTWISE kernel e may join ELEMENTWISE kernel t as a sibling (rule 2): t
- * writes neither a concat nor a constant alone, e no graph output (their kernels may write
- * them in place), and no kernel's root lies between theirs,
- * so t runs just before e (e's values are made no earlier than they were) and t, rooted at
- * e's root, keeps its place among the kernels. */
+ * writes neither a concat nor a constant alone; e writes no graph output (outputs may be
+ * written in place of an input); and no kernel's root lies between theirs, so t runs just
+ * before e (e's values are made no earlier than they were) and t, rooted at e's root from
+ * then on, keeps its place among the kernels. */
 static bool sibling_ok(const fuse_state *s, int32_t t, int32_t e) {
     int32_t lo = s->kernels[t].root, hi = s->kernels[e].root;
     loom_ir_op op = s->g->nodes[lo].op;
