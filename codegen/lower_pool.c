@@ -28,10 +28,10 @@ typedef struct pl_plan {
     nest ns;
 } pl_plan;
 
-/* What a row block's scan reads and keeps: the plane's offset in x, the window row, the
- * first window's column and how many of the 16 lanes are windows. */
+/* What a row block's scan reads: x, the plane's offset in it, the window row, the first
+ * window's column, and scratch for taps read pixel by pixel. */
 typedef struct pl_row {
-    MlirValue x, xbase, oh, ow0, nl, scratch;
+    MlirValue x, xbase, oh, ow0, scratch;
 } pl_row;
 
 static MlirValue splat_i32(cg_b *b, MlirValue x, int64_t n) {
@@ -186,7 +186,8 @@ static loom_status epilogue_at(kc *c, const pl_plan *pp, MlirValue v, MlirValue 
     for (int32_t d = 0; d < 4; d++)
         if (ns->dim_group[d] >= 0)
             c->gv[ns->dim_group[d]] = at[d];
-    c->bound_v = is_16(pp->dt) ? cg_round16(c->b, pp->dt, v) : v;
+    /* a window's value is one of x's; a gradient's sum is rounded to its dtype */
+    c->bound_v = pp->grad && is_16(pp->dt) ? cg_round16(c->b, pp->dt, v) : v;
     return cg_emit_sinks(c, pp->n_epi, pp->epi);
 }
 
@@ -254,7 +255,7 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
     cg_for_begin(b, &lb, cg_idx(b, 0), cg_idx(b, ceil_div(pp->OW, PL_LANES)), 0, NULL);
     MlirValue ow0 = cg_imul_c(b, lb.iv, PL_LANES);
     MlirValue nl = cg_imin(b, cg_idx(b, PL_LANES), isub(b, cg_idx(b, pp->OW), ow0));
-    pl_row r = {args[0], xbase, lh.iv, ow0, nl, scratch};
+    pl_row r = {args[0], xbase, lh.iv, ow0, scratch};
     MlirValue val, pix;
     scan_windows(c, pp, &r, &val, &pix);
     if (!pp->grad) {

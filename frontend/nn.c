@@ -268,20 +268,20 @@ static bool pair(loom_context *ctx, const int64_t *p, int64_t dflt, int64_t min,
     return true;
 }
 
-/* The KH*KW shifted, strided windows of x [A, B, H, W] (after padding with `fill`), each
- * [A, B, OH, OW], in row-major (kh, kw) order: average pooling's (conv2d's im2col, the same, is in
- * passes/conv_decompose.c). */
+/* The KH*KW shifted, strided windows of x [A, B, H, W] (after padding with zeros), each
+ * [A, B, OH, OW], in row-major (kh, kw) order: average pooling's (conv2d's im2col, the same,
+ * is in passes/conv_decompose.c). */
 static bool windows(loom_context *ctx, loom_tensor *x, const int64_t *s, const int64_t k[2],
-                    const int64_t st[2], const int64_t pd[2], const int64_t dl[2], double fill,
-                    const int64_t o[2], loom_tensor **out, const char *file, int line) {
+                    const int64_t st[2], const int64_t pd[2], const int64_t o[2], loom_tensor **out,
+                    const char *file, int line) {
     if (pd[0] || pd[1])
         x = loom_pad_at(ctx, x, (int64_t[]){0, 0, pd[0], pd[1]}, (int64_t[]){0, 0, pd[0], pd[1]},
-                        NULL, fill, file, line);
+                        NULL, 0.0, file, line);
     for (int64_t i = 0; i < k[0]; i++)
         for (int64_t j = 0; j < k[1]; j++)
-            out[i * k[1] + j] = loom_slice_at(ctx, x, (int64_t[]){0, 0, i * dl[0], j * dl[1]},
-                                              (int64_t[]){s[0], s[1], o[0], o[1]},
-                                              (int64_t[]){1, 1, st[0], st[1]}, file, line);
+            out[i * k[1] + j] =
+                loom_slice_at(ctx, x, (int64_t[]){0, 0, i, j}, (int64_t[]){s[0], s[1], o[0], o[1]},
+                              (int64_t[]){1, 1, st[0], st[1]}, file, line);
     return loom_context_error(ctx) == LOOM_OK;
 }
 
@@ -342,7 +342,6 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
     loom_dtype dx;
     int32_t rx;
     int64_t sx[LOOM_MAX_RANK], k[2], st[2], pd[2];
-    static const int64_t one[2] = {1, 1};
     if (!ctx || !type_of(ctx, x, "x", file, line, op, &dx, &rx, sx))
         return NULL;
     if (!kernel) {
@@ -383,7 +382,7 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
         return loom_mean_at(ctx, tiles, 2, (int32_t[]){3, 5}, false, file, line);
     }
     loom_tensor *win[MAX_WINDOW]; /* the sum of the windows (zero padded) over their size */
-    if (!windows(ctx, x, sx, k, st, pd, one, 0.0, o, win, file, line))
+    if (!windows(ctx, x, sx, k, st, pd, o, win, file, line))
         return NULL;
     loom_tensor *acc = win[0];
     for (int64_t i = 1; i < k[0] * k[1]; i++)

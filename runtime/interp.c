@@ -454,11 +454,8 @@ static void run_pool(const loom_ir_node *n, const loom_ir_node *const *x, const 
     const loom_ir_conv *cv = &n->attrs.conv;
     const int64_t *xs = x[0]->shape;
     loom_dtype dt = n->dtype;
-    int64_t H = xs[2], W = xs[3], planes = xs[0] * xs[1];
-    int64_t OH =
-        loom_ir_conv_out_extent(H, cv->kernel[0], cv->stride[0], cv->padding[0], cv->dilation[0]);
-    int64_t OW =
-        loom_ir_conv_out_extent(W, cv->kernel[1], cv->stride[1], cv->padding[1], cv->dilation[1]);
+    const int64_t *ys = n->op == LOOM_IR_OP_MAX_POOL2D ? n->shape : x[1]->shape; /* pooled */
+    int64_t H = xs[2], W = xs[3], planes = xs[0] * xs[1], OH = ys[2], OW = ys[3];
     double v;
     for (int64_t p = 0; p < planes; p++) {
         if (n->op == LOOM_IR_OP_MAX_POOL2D) {
