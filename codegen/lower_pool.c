@@ -140,13 +140,12 @@ static void combine_taps(cg_b *b, const MlirValue *v, const MlirValue *p, int64_
  * never wins; a window whose pixels are all -inf takes its first pixel, as PyTorch's does. */
 static void scan_windows(kc *c, const pl_plan *pp, const pl_row *r, MlirValue *val,
                          MlirValue *pix) {
-    enum { TAPS_MAX = 256 };
     cg_b *b = c->b;
     MlirType vi = cg_vec_t(PL_LANES, b->i32);
     MlirValue h0 = isub(b, cg_imul_c(b, r->oh, pp->st[0]), cg_idx(b, pp->pd[0]));
     MlirValue w0 = isub(b, cg_imul_c(b, r->ow0, pp->st[1]), cg_idx(b, pp->pd[1]));
     MlirValue w0v = cg_bin(b, "arith.addi", splat_i32(b, w0, PL_LANES), lanes_i32(b, pp->st[1]));
-    MlirValue v[TAPS_MAX], p[TAPS_MAX];
+    MlirValue v[LOOM_IR_POOL_TAPS_MAX], p[LOOM_IR_POOL_TAPS_MAX];
     int64_t k = 0;
     for (int64_t kh = 0; kh < pp->KH; kh++) {
         MlirValue ih = cg_iadd(b, h0, cg_idx(b, kh * pp->dl[0]));
@@ -217,10 +216,10 @@ static loom_status plan_pool(kc *c, pl_plan *pp) {
     }
     const loom_ir_node *y = pp->grad ? &g->nodes[root->inputs[1]] : root;
     pp->OH = y->shape[2], pp->OW = y->shape[3];
-    if (pp->H * pp->W >= INT32_MAX || pp->KH * pp->KW > 256)
-        return cg_unsupported(c, c->k->root,
-                              "a max pool of a plane of 2^31 pixels or more, or a window of "
-                              "more than 256 taps");
+    if (pp->KH * pp->KW > LOOM_IR_POOL_TAPS_MAX) /* inference refuses them */
+        return cg_bad_plan(c, c->k->root, "a max pool window of too many taps");
+    if (pp->H * pp->W >= INT32_MAX)
+        return cg_unsupported(c, c->k->root, "a max pool of a plane of 2^31 pixels or more");
     return cg_plan_epilogue(c, &pp->ns, pp->epi, &pp->n_epi, -1);
 }
 

@@ -182,6 +182,10 @@ static loom_status infer_pool(const loom_ir_node_desc *desc, const loom_ir_node 
                 (long long)cv->kernel[0], (long long)cv->kernel[1], (long long)cv->stride[0],
                 (long long)cv->stride[1], (long long)cv->dilation[0], (long long)cv->dilation[1],
                 INT32_MAX, (long long)cv->padding[0], (long long)cv->padding[1]);
+    if (cv->kernel[0] * cv->kernel[1] > LOOM_IR_POOL_TAPS_MAX)
+        return loom_ir_diag_set(d, BAD, "a %lldx%lld window has more than %d taps",
+                                (long long)cv->kernel[0], (long long)cv->kernel[1],
+                                LOOM_IR_POOL_TAPS_MAX);
     int64_t ys[4] = {in[0]->shape[0], in[0]->shape[1], 0, 0};
     for (int i = 0; i < 2; i++) {
         ys[2 + i] = loom_ir_conv_out_extent(in[0]->shape[2 + i], cv->kernel[i], cv->stride[i],

@@ -272,6 +272,9 @@ typedef struct loom_ir_conv {
     int64_t kernel[2];
 } loom_ir_conv;
 
+/* The most taps (KH * KW) a max pool's window may have: its kernel unrolls them. */
+enum { LOOM_IR_POOL_TAPS_MAX = 256 };
+
 typedef struct loom_ir_attrs {
     int64_t index;                /* INDEX, AXIS, REDUCE (the op), ROOT, WORLD */
     double value;                 /* VALUE, PAD (the fill value), REDUCE (the scale) */

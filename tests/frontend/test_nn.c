@@ -439,6 +439,15 @@ static void test_nn_ops_reject_bad_arguments_with_clear_messages(void **state) {
     assert_null(loom_max_pool2d(ctx, x, (int64_t[]){5, 5}, NULL, NULL));
     assert_non_null(strstr(loom_context_error_message(ctx), "does not fit"));
     loom_context_clear_error(ctx);
+    /* the pool's kernel unrolls its window: above 256 taps it is refused when recorded,
+     * not when the step compiles */
+    loom_tensor *big =
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 1, 1, 300}, (float[300]){0});
+    assert_null(loom_max_pool2d(ctx, big, (int64_t[]){1, 257}, NULL, NULL));
+    assert_non_null(
+        strstr(loom_context_error_message(ctx), "a 1x257 window has more than 256 taps"));
+    loom_context_clear_error(ctx);
+    assert_non_null(loom_max_pool2d(ctx, big, (int64_t[]){1, 256}, NULL, NULL));
     assert_null(loom_cross_entropy(ctx, m, m, LOOM_REDUCTION_MEAN));
     assert_non_null(strstr(loom_context_error_message(ctx), "integer labels"));
     loom_context_clear_error(ctx);
