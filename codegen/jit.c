@@ -9,6 +9,7 @@
 
 #include <llvm-c/Core.h>
 #include <llvm-c/Error.h>
+#include <llvm-c/Support.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
@@ -38,7 +39,22 @@ static void copy_str(char *dst, size_t size, char *src) {
     LLVMDisposeMessage(src);
 }
 
+/* LLVM's loop strength reduction is off in codegen unless LOOM_CG_LSR=1 (read once, at the
+ * first compile). On ResNet-50's convolution kernels it took a third of the object emission
+ * and sped nothing up: off, the bf16 step at batch 8, 224x224 compiles in ~3.4 s instead of
+ * ~4.8 s, its kernels as fast as before (bench/README.md, "Compile time"). The option is
+ * LLVM's process-wide -disable-lsr; its errors, if any, are ignored (LLVMParseCommandLineOptions
+ * writes them to a null stream and never exits). */
+static bool lsr_on(void) {
+    const char *env = getenv("LOOM_CG_LSR");
+    return env && strcmp(env, "1") == 0;
+}
+
 static void init(void) {
+    if (!lsr_on()) {
+        const char *argv[] = {"loom", "-disable-lsr"};
+        LLVMParseCommandLineOptions(2, argv, "");
+    }
     LLVMInitializeNativeTarget();
     LLVMInitializeNativeAsmPrinter();
     LLVMInitializeNativeAsmParser();
@@ -63,8 +79,8 @@ static void init(void) {
         }
         p += len + (end ? 1 : 0);
     }
-    snprintf(target_key + n, sizeof target_key - n, ";cg%d;build-%s", LOOM_CG_FORMAT_VERSION,
-             LOOM_BUILD_ID);
+    snprintf(target_key + n, sizeof target_key - n, ";cg%d;build-%s%s", LOOM_CG_FORMAT_VERSION,
+             LOOM_BUILD_ID, lsr_on() ? ";lsr" : "");
 }
 
 void loom_cg_init_once(void) {

@@ -761,6 +761,9 @@ static void test_target_key_names_llvm_cpu_and_format(void **state) {
     assert_int_equal(strncmp(key, "llvm-19.", 8), 0);
     assert_non_null(strstr(key, ";cg"));
     assert_ptr_equal(key, loom_cg_target_key()); /* stable */
+    /* code compiled with LLVM's loop strength reduction is cached apart (LOOM_CG_LSR=1) */
+    const char *lsr = getenv("LOOM_CG_LSR");
+    assert_int_equal(strstr(key, ";lsr") != NULL, lsr && strcmp(lsr, "1") == 0);
 #if defined(__x86_64__)
     assert_non_null(strstr(key, "+sse2"));
 #endif
