@@ -27,7 +27,8 @@
  *            loop-vectorize, instcombine, simplifycfg)
  * (every instcombine without its fixpoint verification, which aborts: see below)
  * with the target triple, data layout, CPU and feature string of the host (detected at run
- * time), codegen at the default level, PIC, small code model. */
+ * time), codegen at the default level without loop strength reduction (jit.c), PIC, small
+ * code model. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>

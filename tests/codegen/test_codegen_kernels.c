@@ -456,6 +456,45 @@ static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **sta
             }
 }
 
+/* A float sum over its innermost dims (batch norm's, over batch and pixels) runs in vector
+ * lanes of f64 partial sums (compile.c mark_reductions lets its adds reassociate): the LLVM
+ * IR holds a vector fadd marked reassoc, and the sums, bf16 operands widened, agree with the
+ * interpreter's in-order f64 sums once rounded (odd sizes: the vector loop's remainder). */
+static void test_float_sums_add_in_vector_lanes_of_f64(void **state) {
+    (void)state;
+    char dir[] = "/tmp/loom_cg_sumXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_BF16, 4, S(3, 5, 37, 41));
+    int32_t s = reduce(&f, LOOM_IR_OP_REDUCE_SUM, cast(&f, x, LOOM_DTYPE_F32),
+                       (1u << 0) | (1u << 2) | (1u << 3), false);
+    output(&f, s);
+    kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, s - 1, s);
+    fill_all(&f, -2, 2, false);
+    check(&f, 1e-7, 0, "bf16 sum over axes 0, 2, 3");
+    loom_cg_options opts = {.compile_threads = 1, .dump_dir = dir, .dump_prefix = "sum"};
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(loom_cg_compile(&f.g, &f.plan, &opts, &code, &k, &f.d), LOOM_OK);
+    loom_cg_code_destroy(code);
+    static const char *const files[] = {"sum.mlir", "sum.lowered.mlir", "sum.m0.ll", "sum.m0.s"};
+    for (size_t i = 0; i < LEN(files); i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (i == 2) {
+            char *text = tu_read_file(path);
+            assert_non_null(text);
+            if (!strstr(text, "fadd reassoc <"))
+                fail_msg("%s: the sum is not vectorized", path);
+            free(text);
+        }
+        unlink(path);
+    }
+    rmdir(dir);
+    fx_deinit(&f);
+}
+
 /* A max over a few elements per output with the innermost dim reduced (a pool's windows)
  * is unrolled under the loop over the innermost kept dim (lower_kernel.c small_reduction).
  * With a stored prologue, an epilogue, NaN and infinities (max propagates NaN), on 2 threads:
@@ -883,6 +922,7 @@ int main(void) {
         cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),
         cmocka_unit_test(test_zero_sized_tensors_compile_and_write_nothing),
         cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
+        cmocka_unit_test(test_float_sums_add_in_vector_lanes_of_f64),
         cmocka_unit_test(test_max_over_small_windows_is_unrolled),
         cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),
         cmocka_unit_test(test_integer_sums_wrap_and_maxima_are_exact),
