@@ -20,7 +20,11 @@
  *    instead, the tile innermost (transposed_group).
  *  - REDUCTION: the nest is the reduce operand's dims. When its innermost dim is reduced,
  *    the outer loop runs over the kept elements and nested loops accumulate in a scalar
- *    (vectorized as a reduction after jit.c marks the add reassociable); a max over a few
+ *    (vectorized as a reduction after compile.c marks the add reassociable), unless reduced
+ *    dims lie outside the innermost kept dim as well (batch norm's sums over batch and
+ *    pixels): then a task takes a tile of that kept dim and, for each element of the
+ *    outer reduced dims, sums the tile's contiguous run into a stack buffer of the tile's
+ *    accumulators (per output it read a run per image, a layer apart); a max over a few
  *    elements (a pool's window) is instead unrolled under a loop over the innermost kept
  *    dim, which LLVM vectorizes across outputs. When the innermost dim is kept (column
  *    sums), a tile of RED_TILE outputs accumulates in a stack buffer and the innermost

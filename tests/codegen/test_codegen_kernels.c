@@ -456,6 +456,46 @@ static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **sta
             }
 }
 
+/* Reductions over dims on both sides of the innermost kept one (batch norm's over batch and
+ * pixels of NCHW) run blocked: a task takes a tile of channels and sums, image by image,
+ * the tile's contiguous run (lower_reduction.c). Tiles of one channel and of many, a last
+ * tile short, a reduced dim between two kept ones, a stored prologue (x - 0.25) * x and an
+ * epilogue, sum, mean and max, each against the interpreter with its calls in 3 ranges. */
+static void test_blocked_reductions_over_batch_and_pixels(void **state) {
+    (void)state;
+    static const struct {
+        int64_t shape[4];
+        uint32_t axes;
+    } cases[] = {
+        {{3, 37, 7, 9}, (1u << 0) | (1u << 2) | (1u << 3)},    /* 63 a run: tiles of 2 */
+        {{2, 5, 181, 183}, (1u << 0) | (1u << 2) | (1u << 3)}, /* runs above 32768: 1 */
+        {{4, 300, 3, 1}, (1u << 0) | (1u << 2)},               /* 3: tiles of 19 of 300 */
+        {{5, 6, 7, 8}, (1u << 1) | (1u << 3)}, /* kept 0 (per task) and 2 (the tile) */
+    };
+    const loom_ir_op ops[] = {LOOM_IR_OP_REDUCE_SUM, LOOM_IR_OP_REDUCE_MEAN, LOOM_IR_OP_REDUCE_MAX};
+    for (size_t i = 0; i < LEN(cases); i++)
+        for (size_t o = 0; o < LEN(ops); o++) {
+            fx f;
+            fx_init(&f);
+            const int64_t *sh = cases[i].shape;
+            int32_t x = input(&f, LOOM_DTYPE_F32, 4, sh);
+            int32_t d = op2(&f, LOOM_IR_OP_SUB, x, cst(&f, LOOM_DTYPE_F32, 4, sh, 0.25));
+            int32_t p = op2(&f, LOOM_IR_OP_MUL, d, x);
+            int32_t r = reduce(&f, ops[o], p, cases[i].axes, o == 1);
+            const loom_ir_node *rn = node(&f, r);
+            int32_t e = op2(&f, LOOM_IR_OP_MUL, r, cst(&f, LOOM_DTYPE_F32, rn->rank, rn->shape, 3));
+            output(&f, e);
+            output(&f, p);
+            kernel(&f, LOOM_IR_KERNEL_REDUCTION, r, 4, (int32_t[]){d, p, r, e});
+            fill_all(&f, -2, 2, false);
+            char what[96];
+            snprintf(what, sizeof what, "%s of [%d,%d,%d,%d] axes %#x", loom_ir_op_name(ops[o]),
+                     (int)sh[0], (int)sh[1], (int)sh[2], (int)sh[3], cases[i].axes);
+            check(&f, 2e-6, 1e-6, what);
+            fx_deinit(&f);
+        }
+}
+
 /* A float sum over its innermost dims (batch norm's, over batch and pixels) runs in vector
  * lanes of f64 partial sums (compile.c mark_reductions lets its adds reassociate): the LLVM
  * IR holds a vector fadd marked reassoc, and the sums, bf16 operands widened, agree with the
@@ -922,6 +962,7 @@ int main(void) {
         cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),
         cmocka_unit_test(test_zero_sized_tensors_compile_and_write_nothing),
         cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
+        cmocka_unit_test(test_blocked_reductions_over_batch_and_pixels),
         cmocka_unit_test(test_float_sums_add_in_vector_lanes_of_f64),
         cmocka_unit_test(test_max_over_small_windows_is_unrolled),
         cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),
