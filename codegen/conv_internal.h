@@ -35,6 +35,9 @@ typedef struct cv_plan {
      * phase's, KWf and KKf the whole window's */
     bool phased;
     int64_t ph[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
+    /* the only phase with taps, all phases of one size (a strided 1x1's): its epilogue runs
+     * over every phase's pixels, the others' value 0, a destination row at a time */
+    bool spread;
     /* conv2d and the input gradient: the weights' packed rows for all of K (a block of
      * mbp x kp per chunk) are kept across a thread's consecutive tasks of one row block */
     bool a_cache;

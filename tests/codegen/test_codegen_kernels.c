@@ -421,6 +421,63 @@ static void test_zero_sized_tensors_compile_and_write_nothing(void **state) {
     fx_deinit(&f);
 }
 
+/* ---- convolution epilogues ------------------------------------------------------------- */
+
+/* A strided 1x1's input gradient with the residual add and ReLU mask of a ResNet downsample
+ * fused (dx = select(x > 0, o + conv2d_grad_input(dy, w), 0)), against the interpreter, f32
+ * and bf16: where only one phase of the destination pixels has taps and all phases are
+ * equally large, that phase's epilogue writes every phase's pixels, the others' value 0
+ * (lower_conv.c spread): stride 2 and 2x3, the tap phase (1, 1) under padding 1; and a
+ * 7x9 image, whose phases differ in size, one pass per phase as before. */
+static void test_strided_1x1_input_gradient_with_a_fused_epilogue(void **state) {
+    (void)state;
+    static const struct {
+        int64_t h, w, st[2], pad;
+    } cases[] = {{8, 10, {2, 2}, 0}, {8, 9, {2, 3}, 0}, {8, 10, {2, 2}, 1}, {7, 9, {2, 2}, 0}};
+    const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
+    for (size_t i = 0; i < LEN(cases); i++)
+        for (size_t d = 0; d < LEN(dts); d++) {
+            fx f;
+            fx_init(&f);
+            loom_dtype dt = dts[d];
+            int64_t n = 2, c = 6, o = 8, p = cases[i].pad;
+            int64_t dh = (cases[i].h + 2 * p - 1) / cases[i].st[0] + 1;
+            int64_t dw = (cases[i].w + 2 * p - 1) / cases[i].st[1] + 1;
+            const int64_t xs[4] = {n, c, cases[i].h, cases[i].w};
+            int32_t dy = input(&f, dt, 4, S(n, o, dh, dw));
+            int32_t w = input(&f, dt, 4, S(o, c, 1, 1));
+            int32_t res = input(&f, dt, 4, xs);
+            int32_t x = input(&f, dt, 4, xs);
+            loom_ir_conv cv = {.stride = {cases[i].st[0], cases[i].st[1]},
+                               .padding = {p, p},
+                               .dilation = {1, 1},
+                               .groups = 1};
+            int32_t dx = add(&f, (loom_ir_node_desc){.op = LOOM_IR_OP_CONV2D_GRAD_INPUT,
+                                                     .n_inputs = 2,
+                                                     .inputs = (int32_t[]){dy, w},
+                                                     .dtype = dt,
+                                                     .rank = 4,
+                                                     .shape = xs,
+                                                     .attrs = {.conv = cv}});
+            int32_t s = op2(&f, LOOM_IR_OP_ADD, res, dx);
+            int32_t z = cst(&f, dt, 4, xs, 0.0);
+            int32_t m = op2(&f, LOOM_IR_OP_GT, x, z);
+            int32_t r = op3(&f, LOOM_IR_OP_SELECT, m, s, z);
+            output(&f, r);
+            kernel(&f, LOOM_IR_KERNEL_MATMUL, dx, 4, (int32_t[]){dx, s, m, r});
+            fill_all(&f, -2, 2, false);
+            char what[96];
+            snprintf(what, sizeof what, "%s %lldx%lld stride %lldx%lld pad %lld",
+                     loom_dtype_name(dt), (long long)cases[i].h, (long long)cases[i].w,
+                     (long long)cases[i].st[0], (long long)cases[i].st[1], (long long)p);
+            /* bf16: dx's rounding may differ by an ulp (f32 sums against the interpreter's
+             * f64), 0.125 at |dx| < 32, and o + dx may cancel */
+            check_with(&f, 2, dt == LOOM_DTYPE_BF16 ? 1e-2 : 1e-5,
+                       dt == LOOM_DTYPE_BF16 ? 0.125 : 1e-5, what);
+            fx_deinit(&f);
+        }
+}
+
 /* ---- reductions --------------------------------------------------------------------------- */
 
 static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **state) {
@@ -962,6 +1019,7 @@ int main(void) {
         cmocka_unit_test(test_bool_values_compare_select_and_store_as_bytes),
         cmocka_unit_test(test_zero_sized_tensors_compile_and_write_nothing),
         cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
+        cmocka_unit_test(test_strided_1x1_input_gradient_with_a_fused_epilogue),
         cmocka_unit_test(test_blocked_reductions_over_batch_and_pixels),
         cmocka_unit_test(test_float_sums_add_in_vector_lanes_of_f64),
         cmocka_unit_test(test_max_over_small_windows_is_unrolled),
