@@ -594,12 +594,15 @@ loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out) {
         return LOOM_OK;
     }
     loom_status st = LOOM_OK;
-    if (id == c->bound) {
+    int32_t more = -1;
+    for (int32_t i = 0; i < c->n_more; i++)
+        more = id == c->more[i] ? i : more;
+    if (id == c->bound || more >= 0) {
         if (!map_equal(map, &c->bound_map))
             return cg_unsupported(c, id,
                                   "the reduced or multiplied value is read through a "
                                   "broadcast, transpose or slice inside its own kernel");
-        v = c->bound_v;
+        v = more >= 0 ? c->more_v[more] : c->bound_v;
     } else if (c->s->buf_of[id] >= 0) {
         if (c->collect && (st = cg_add_leaf(c, n, map)) != LOOM_OK)
             return st;

@@ -13,6 +13,7 @@
 enum {
     TASK_WORK = 32768, /* elements (or multiply-adds) a task should do at least */
     PAD_CUTS_MAX = 64, /* pad ranges recorded per nest (more: the rest are not split at) */
+    CG_RED_ROOTS_MAX = LOOM_IR_KERNEL_REDUCTIONS_MAX, /* reductions of a REDUCTION kernel */
 };
 
 #define R LOOM_MAX_RANK
@@ -82,6 +83,10 @@ typedef struct kc {
     int32_t bound;   /* node whose value is supplied (reduced value, matmul product) */
     imap bound_map;
     MlirValue bound_v;
+    /* a multi-output reduction's other reduced values, read through bound_map too */
+    int32_t n_more;
+    int32_t more[CG_RED_ROOTS_MAX - 1];
+    MlirValue more_v[CG_RED_ROOTS_MAX - 1];
     int64_t extent, grain;
     /* Pads' ranges along the nest's dims, recorded while planning (pad_axis_range): nest
      * index j of dim cut_dim reads the operand where cut_lo <= j < cut_hi. The innermost

@@ -33,7 +33,8 @@
  *    or so), max in the compute type, integers in their own width (wrapping, as the
  *    interpreter's int64 sums stored narrow). Prologue results are stored inside the
  *    accumulation loop (each operand element is visited exactly once), epilogue results
- *    after it.
+ *    after it. A kernel of several reductions (fusion's reduction siblings) runs them in
+ *    the same loops, an accumulator each, its epilogue reading all of them.
  *  - MATMUL: the outer loop runs over (batch, block of 32..128 rows, block of columns); each
  *    block computes C[rows, cols] = A rows x B[:, cols] (i, k, j order: the j loop is
  *    contiguous), or, with use_linalg, a static-shape linalg.matmul on memref views for the
@@ -367,11 +368,13 @@ static loom_status kernel_begin(kc *c) {
     }
     if (!s->in_kernel[k->root])
         return cg_bad_plan(c, k->root, "the root is not among the kernel's nodes");
-    /* nodes depending on the root (graph order = topological order) */
+    /* nodes depending on the root, or on any reduction of a REDUCTION kernel (graph order =
+     * topological order) */
     for (int32_t i = 0; i < k->n_nodes; i++) {
         int32_t id = k->nodes[i];
         const loom_ir_node *nd = &c->g->nodes[id];
-        bool dep = id == k->root;
+        bool dep = id == k->root || (k->kind == LOOM_IR_KERNEL_REDUCTION &&
+                                     loom_ir_op_table[nd->op].kind == LOOM_IR_KIND_REDUCTION);
         for (int32_t j = 0; j < nd->n_inputs && !dep; j++)
             dep = nd->inputs[j] >= 0 && nd->inputs[j] < n && s->dep_root[nd->inputs[j]];
         s->dep_root[id] = dep;

@@ -56,52 +56,69 @@ static MlirValue red_finish(cg_b *b, const red_ops *r, MlirValue acc, int64_t n_
     return is_16(r->dt) ? cg_round16(b, r->dt, f) : f;
 }
 
+/* A REDUCTION kernel's reductions (its root first, then, in a multi-output kernel, the
+ * others of its nodes, each over an operand of the root's operand's shape along the same
+ * axes): one loop nest, an accumulator each. */
 typedef struct red_plan {
-    red_ops ops;
-    int32_t x;     /* the reduced operand */
-    int64_t n_red; /* reduced elements per output */
-    sink pro[64];  /* prologue: x itself (not stored) and results of x's shape */
+    int32_t n;                      /* reductions */
+    int32_t root[CG_RED_ROOTS_MAX]; /* the reduction nodes */
+    red_ops ops[CG_RED_ROOTS_MAX];
+    int32_t x[CG_RED_ROOTS_MAX]; /* their reduced operands */
+    int64_t n_red;               /* reduced elements per output */
+    sink pro[64]; /* prologue: the operands (pro[i] is x[i]) and results of their shape */
     int32_t n_pro;
     sink epi[64]; /* epilogue results (maps into the nest's kept dims) */
     int32_t n_epi;
 } red_plan;
 
-static loom_status emit_red_loops(kc *c, red_plan *rp, const int32_t *rgroups, int32_t nr,
-                                  int32_t i, MlirValue acc, MlirValue *out);
+static void red_init_all(cg_b *b, const red_plan *rp, MlirValue *acc) {
+    for (int32_t i = 0; i < rp->n; i++)
+        acc[i] = red_init(b, &rp->ops[i]);
+}
 
-/* Inner body: evaluates x and the prologue sinks at the current index (storing those that
- * are results), folds x into acc. */
-static loom_status emit_red_body(kc *c, red_plan *rp, MlirValue acc, MlirValue *out) {
+static loom_status emit_red_loops(kc *c, red_plan *rp, const int32_t *rgroups, int32_t nr,
+                                  int32_t i, MlirValue *acc);
+
+/* Inner body: evaluates the operands and the prologue sinks at the current index (storing
+ * those that are results), folds each operand into its accumulator (acc, updated). */
+static loom_status emit_red_body(kc *c, red_plan *rp, MlirValue *acc) {
     int32_t mark = cg_memo_mark(c);
-    MlirValue v;
-    loom_status st = cg_eval(c, rp->x, &rp->pro[0].map, &v);
+    MlirValue v[CG_RED_ROOTS_MAX];
+    loom_status st = LOOM_OK;
+    for (int32_t i = 0; i < rp->n && st == LOOM_OK; i++)
+        st = cg_eval(c, rp->x[i], &rp->pro[i].map, &v[i]);
     if (st == LOOM_OK)
-        st = cg_emit_sinks(c, rp->n_pro, rp->pro); /* x itself is a memo hit */
-    if (st == LOOM_OK)
-        *out = red_combine(c->b, &rp->ops, acc, v);
+        st = cg_emit_sinks(c, rp->n_pro, rp->pro); /* the operands are memo hits */
+    for (int32_t i = 0; i < rp->n && st == LOOM_OK; i++)
+        acc[i] = red_combine(c->b, &rp->ops[i], acc[i], v[i]);
     cg_memo_pop(c, mark);
     return st;
 }
 
+/* The reduced loops from group i in, carrying the accumulators (acc: in, then out). */
 static loom_status emit_red_loops(kc *c, red_plan *rp, const int32_t *rgroups, int32_t nr,
-                                  int32_t i, MlirValue acc, MlirValue *out) {
+                                  int32_t i, MlirValue *acc) {
     if (i == nr)
-        return emit_red_body(c, rp, acc, out);
+        return emit_red_body(c, rp, acc);
     cg_for l;
-    cg_for_begin(c->b, &l, cg_idx(c->b, 0), cg_idx(c->b, c->ns->g_ext[rgroups[i]]), 1, &acc);
+    cg_for_begin(c->b, &l, cg_idx(c->b, 0), cg_idx(c->b, c->ns->g_ext[rgroups[i]]), rp->n, acc);
     c->gv[rgroups[i]] = l.iv;
-    MlirValue next;
-    loom_status st = emit_red_loops(c, rp, rgroups, nr, i + 1, l.iter[0], &next);
+    MlirValue next[CG_RED_ROOTS_MAX];
+    memcpy(next, l.iter, (size_t)rp->n * sizeof next[0]);
+    loom_status st = emit_red_loops(c, rp, rgroups, nr, i + 1, next);
     if (st != LOOM_OK)
         return st;
-    cg_for_end(c->b, &l, 1, &next);
-    *out = cg_for_result(&l, 0);
+    cg_for_end(c->b, &l, rp->n, next);
+    for (int32_t j = 0; j < rp->n; j++)
+        acc[j] = cg_for_result(&l, j);
     return LOOM_OK;
 }
 
-/* Epilogue at the current output index: binds the root's value, evaluates and stores. */
-static loom_status emit_red_epilogue(kc *c, red_plan *rp, MlirValue acc) {
-    c->bound_v = red_finish(c->b, &rp->ops, acc, rp->n_red);
+/* Epilogue at the current output index: binds the reduced values, evaluates and stores. */
+static loom_status emit_red_epilogue(kc *c, red_plan *rp, const MlirValue *acc) {
+    c->bound_v = red_finish(c->b, &rp->ops[0], acc[0], rp->n_red);
+    for (int32_t i = 1; i < rp->n; i++)
+        c->more_v[i - 1] = red_finish(c->b, &rp->ops[i], acc[i], rp->n_red);
     return cg_emit_sinks(c, rp->n_epi, rp->epi);
 }
 
@@ -120,7 +137,8 @@ static loom_status small_reduction(kc *c, red_plan *rp, const int32_t *kgroups, 
     cg_delinearize(c, lo.iv, nk - 1, kgroups);
     cg_for_begin(b, &li, cg_idx(b, 0), cg_idx(b, ns->g_ext[tg]), 0, NULL);
     c->gv[tg] = li.iv;
-    MlirValue acc = red_init(b, &rp->ops);
+    MlirValue acc[CG_RED_ROOTS_MAX];
+    red_init_all(b, rp, acc);
     loom_status st = LOOM_OK;
     for (int64_t r = 0; r < rp->n_red && st == LOOM_OK; r++) {
         int64_t q = r;
@@ -129,7 +147,7 @@ static loom_status small_reduction(kc *c, red_plan *rp, const int32_t *kgroups, 
             c->gv[rgroups[i]] = cg_idx(b, q % e);
             q /= e;
         }
-        st = emit_red_body(c, rp, acc, &acc);
+        st = emit_red_body(c, rp, acc);
     }
     for (int32_t i = 0; i < nr; i++)
         c->gv[rgroups[i]] = (MlirValue){NULL};
@@ -138,6 +156,13 @@ static loom_status small_reduction(kc *c, red_plan *rp, const int32_t *kgroups, 
     cg_for_end(b, &li, 0, NULL);
     cg_for_end(b, &lo, 0, NULL);
     return st;
+}
+
+static bool is_operand(const red_plan *rp, int32_t id) {
+    for (int32_t i = 0; i < rp->n; i++)
+        if (rp->x[i] == id)
+            return true;
+    return false;
 }
 
 loom_status cg_lower_reduction(kc *c) {
@@ -151,13 +176,36 @@ loom_status cg_lower_reduction(kc *c) {
         return cg_oom(c);
     memset(rp, 0, sizeof *rp);
     loom_status st = LOOM_OK;
-    rp->x = root->inputs[0];
-    const loom_ir_node *x = &g->nodes[rp->x];
-    rp->ops.op = root->op;
-    rp->ops.dt = root->dtype;
-    if (root->op == LOOM_IR_OP_REDUCE_MEAN && !loom_ir_dtype_is_float(root->dtype)) {
-        st = cg_unsupported(c, root_id, "an integer mean");
-        goto done;
+    const loom_ir_node *x = &g->nodes[root->inputs[0]];
+    /* the root, then the kernel's other reductions, which must reduce an operand of x's
+     * shape along the same axes and not read another's value */
+    rp->root[rp->n++] = root_id;
+    for (int32_t i = 0; i < c->k->n_nodes; i++) {
+        int32_t id = c->k->nodes[i];
+        const loom_ir_node *n = &g->nodes[id];
+        if (id == root_id || loom_ir_op_table[n->op].kind != LOOM_IR_KIND_REDUCTION)
+            continue;
+        const loom_ir_node *xn = &g->nodes[n->inputs[0]];
+        if (rp->n == CG_RED_ROOTS_MAX || !same_shape(xn, x) || !same_shape(n, root) ||
+            n->attrs.axes != root->attrs.axes || n->attrs.keepdim != root->attrs.keepdim ||
+            c->s->dep_root[n->inputs[0]]) {
+            st = cg_unsupported(c, id,
+                                "a second reduction in a kernel, unless over an operand of the "
+                                "first's shape, along its axes, not reading its value "
+                                "(at most 4)");
+            goto done;
+        }
+        rp->root[rp->n++] = id;
+    }
+    for (int32_t i = 0; i < rp->n; i++) {
+        const loom_ir_node *ri = &g->nodes[rp->root[i]];
+        rp->x[i] = ri->inputs[0];
+        rp->ops[i].op = ri->op;
+        rp->ops[i].dt = ri->dtype;
+        if (ri->op == LOOM_IR_OP_REDUCE_MEAN && !loom_ir_dtype_is_float(ri->dtype)) {
+            st = cg_unsupported(c, rp->root[i], "an integer mean");
+            goto done;
+        }
     }
 
     nest ns;
@@ -183,10 +231,14 @@ loom_status cg_lower_reduction(kc *c) {
     }
     c->bound = root_id;
     c->bound_map = rmap;
+    c->n_more = rp->n - 1;
+    memcpy(c->more, rp->root + 1, (size_t)c->n_more * sizeof c->more[0]);
 
-    rp->pro[0] = (sink){.node = rp->x, .store = c->s->res_of[rp->x] >= 0};
-    cg_identity_map(&ns, &rp->pro[0].map);
-    rp->n_pro = 1;
+    for (int32_t i = 0; i < rp->n; i++) {
+        rp->pro[i] = (sink){.node = rp->x[i], .store = c->s->res_of[rp->x[i]] >= 0};
+        cg_identity_map(&ns, &rp->pro[i].map);
+    }
+    rp->n_pro = rp->n;
     for (int32_t r = 0; r < c->k->n_results; r++) {
         int32_t id = c->k->results[r];
         const loom_ir_node *n = &g->nodes[id];
@@ -203,7 +255,7 @@ loom_status cg_lower_reduction(kc *c) {
             }
             rp->epi[rp->n_epi] = (sink){.node = id, .store = true};
             rp->epi[rp->n_epi++].map = rmap;
-        } else if (same_shape(n, x) && id != rp->x) {
+        } else if (same_shape(n, x) && !is_operand(rp, id)) {
             if (rp->n_pro == 64) {
                 st = cg_unsupported(c, id, "more than 64 prologue results");
                 goto done;
@@ -242,7 +294,7 @@ loom_status cg_lower_reduction(kc *c) {
      * (small_reduction). Not for sums: their loop per output is cheap, and vectorized
      * across outputs they read through gathers (the 2x2 pool's tie counts: 400 us as loops,
      * 650 us as gathers; the max pool itself: 1200 us as loops, 540 us as gathers). */
-    bool small = !inner_kept && nk > 0 && root->op == LOOM_IR_OP_REDUCE_MAX &&
+    bool small = !inner_kept && nk > 0 && rp->n == 1 && root->op == LOOM_IR_OP_REDUCE_MAX &&
                  rp->n_red <= RED_UNROLL_MAX && ns.g_ext[kgroups[nk - 1]] >= RED_UNROLL_MIN_INNER;
     /* Blocked: the innermost kept dim has reduced dims both outside and inside it (batch
      * norm's sums over batch and pixels of NCHW): a task takes a tile of it, and per
@@ -277,8 +329,11 @@ loom_status cg_lower_reduction(kc *c) {
     cg_b *b = c->b;
     c->ns = &ns;
     cg_clear_gv(c);
-    rp->ops.fsum = root->op != LOOM_IR_OP_REDUCE_MAX && loom_ir_dtype_is_float(root->dtype);
-    rp->ops.acc_t = rp->ops.fsum ? b->f64 : cg_compute_type(b, root->dtype);
+    for (int32_t i = 0; i < rp->n; i++) {
+        red_ops *o = &rp->ops[i];
+        o->fsum = o->op != LOOM_IR_OP_REDUCE_MAX && loom_ir_dtype_is_float(o->dt);
+        o->acc_t = o->fsum ? b->f64 : cg_compute_type(b, o->dt);
+    }
     if (small) {
         st = small_reduction(c, rp, kgroups, nk, rgroups, nr);
         goto done;
@@ -287,20 +342,25 @@ loom_status cg_lower_reduction(kc *c) {
         cg_for lo;
         cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
         cg_delinearize(c, lo.iv, nk, kgroups);
-        MlirValue acc;
-        st = emit_red_loops(c, rp, rgroups, nr, 0, red_init(b, &rp->ops), &acc);
+        MlirValue acc[CG_RED_ROOTS_MAX];
+        red_init_all(b, rp, acc);
+        st = emit_red_loops(c, rp, rgroups, nr, 0, acc);
         if (st == LOOM_OK)
             st = emit_red_epilogue(c, rp, acc);
         cg_for_end(b, &lo, 0, NULL);
         goto done;
     }
-    /* inner dim kept, or blocked: a tile of accumulators in a stack buffer (allocated once,
-     * at entry) */
-    MlirType buf_t = mlirMemRefTypeContiguousGet(rp->ops.acc_t, 1, &tile, mlirAttributeGetNull());
+    /* inner dim kept, or blocked: a tile of accumulators per reduction in stack buffers
+     * (allocated once, at entry) */
+    MlirValue accbuf[CG_RED_ROOTS_MAX], acc[CG_RED_ROOTS_MAX];
     MlirNamedAttribute seg =
         cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
-    MlirValue accbuf =
-        mlirOperationGetResult(cg_op(b, "memref.alloca", 0, NULL, 1, &buf_t, 1, &seg), 0);
+    for (int32_t i = 0; i < rp->n; i++) {
+        MlirType buf_t =
+            mlirMemRefTypeContiguousGet(rp->ops[i].acc_t, 1, &tile, mlirAttributeGetNull());
+        accbuf[i] =
+            mlirOperationGetResult(cg_op(b, "memref.alloca", 0, NULL, 1, &buf_t, 1, &seg), 0);
+    }
     int32_t tg = kgroups[nk - 1];
     int64_t text = ns.g_ext[tg];
     cg_for lo;
@@ -315,7 +375,8 @@ loom_status cg_lower_reduction(kc *c) {
     cg_delinearize(c, q, nk - 1, kgroups);
     cg_for li;
     cg_for_begin(b, &li, cg_idx(b, 0), tn, 0, NULL);
-    cg_store(b, red_init(b, &rp->ops), accbuf, li.iv);
+    for (int32_t i = 0; i < rp->n; i++)
+        cg_store(b, red_init(b, &rp->ops[i]), accbuf[i], li.iv);
     cg_for_end(b, &li, 0, NULL);
     /* the outer reduced loops, then the tile, then (blocked) the inner reduced loops
      * summing into the tile's accumulator */
@@ -327,10 +388,11 @@ loom_status cg_lower_reduction(kc *c) {
     cg_for lt;
     cg_for_begin(b, &lt, cg_idx(b, 0), tn, 0, NULL);
     c->gv[tg] = cg_iadd(b, t0, lt.iv);
-    MlirValue next;
-    st = emit_red_loops(c, rp, rgroups + n_pre, nr - n_pre, 0, cg_load(b, accbuf, lt.iv), &next);
-    if (st == LOOM_OK)
-        cg_store(b, next, accbuf, lt.iv);
+    for (int32_t i = 0; i < rp->n; i++)
+        acc[i] = cg_load(b, accbuf[i], lt.iv);
+    st = emit_red_loops(c, rp, rgroups + n_pre, nr - n_pre, 0, acc);
+    for (int32_t i = 0; i < rp->n && st == LOOM_OK; i++)
+        cg_store(b, acc[i], accbuf[i], lt.iv);
     cg_for_end(b, &lt, 0, NULL);
     for (int32_t i = nr - 1; i >= 0; i--) {
         if (i < n_pre)
@@ -341,11 +403,14 @@ loom_status cg_lower_reduction(kc *c) {
         cg_for le;
         cg_for_begin(b, &le, cg_idx(b, 0), tn, 0, NULL);
         c->gv[tg] = cg_iadd(b, t0, le.iv);
-        st = emit_red_epilogue(c, rp, cg_load(b, accbuf, le.iv));
+        for (int32_t i = 0; i < rp->n; i++)
+            acc[i] = cg_load(b, accbuf[i], le.iv);
+        st = emit_red_epilogue(c, rp, acc);
         cg_for_end(b, &le, 0, NULL);
     }
     cg_for_end(b, &lo, 0, NULL);
 done:
+    c->n_more = 0;
     loom_ir_free(&c->s->alloc, rp, sizeof *rp);
     return st;
 }

@@ -218,6 +218,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
     }
 
     /* The nodes: what may be computed in this kind of kernel, and who owns each. */
+    int32_t n_red = 1; /* reductions of a REDUCTION kernel, its root counted */
     for (int32_t j = 0; j < kn->n_nodes; j++) {
         int32_t n = kn->nodes[j];
         const loom_ir_node *nd = &g->nodes[n];
@@ -241,6 +242,25 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                         "reshape is a view its readers take as an arg",
                         (int)k, kname, (int)n);
         case LOOM_IR_KIND_REDUCTION:
+            if (n != kn->root && kn->kind == LOOM_IR_KERNEL_REDUCTION) {
+                /* another reduction of the kernel: over the root's operand shape and axes */
+                const loom_ir_node *r = &g->nodes[kn->root];
+                const loom_ir_node *rx = &g->nodes[r->inputs[0]], *nx = &g->nodes[nd->inputs[0]];
+                if (++n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX || nd->attrs.axes != r->attrs.axes ||
+                    nd->attrs.keepdim != r->attrs.keepdim || nx->rank != rx->rank ||
+                    memcmp(nx->shape, rx->shape, (size_t)rx->rank * sizeof rx->shape[0]) != 0)
+                    return fail(d, n,
+                                "kernel %d (reduction): %s %%%d is not the root and does not "
+                                "reduce an operand of the root's shape along its axes (or is "
+                                "one reduction more than %d)",
+                                (int)k, loom_ir_op_name(nd->op), (int)n,
+                                (int)LOOM_IR_KERNEL_REDUCTIONS_MAX);
+                break;
+            }
+            if (n != kn->root)
+                return fail(d, n, "kernel %d (%s): %s %%%d is not the kernel's root", (int)k, kname,
+                            loom_ir_op_name(nd->op), (int)n);
+            break;
         case LOOM_IR_KIND_CONTRACTION:
             if (n != kn->root)
                 return fail(d, n, "kernel %d (%s): %s %%%d is not the kernel's root", (int)k, kname,

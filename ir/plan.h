@@ -38,7 +38,9 @@ typedef enum loom_ir_kernel_kind {
      * constants, fused; the root is the last node (the one whose value is written) */
     LOOM_IR_KERNEL_ELEMENTWISE,
     /* a reduction (root) with its elementwise prologue (the chain feeding it, evaluated
-     * inside the reduction loop) and elementwise epilogue (ops on the reduced value) */
+     * inside the reduction loop) and elementwise epilogue (ops on the reduced value); up to
+     * LOOM_IR_KERNEL_REDUCTIONS_MAX independent reductions over operands of one shape along
+     * the same axes share the kernel (one pass over their operands), the root the first */
     LOOM_IR_KERNEL_REDUCTION,
     /* a matmul, a convolution or a max pool (root) with an elementwise epilogue (bias,
      * activation, cast); convolutions and pools read their operands from buffers */
@@ -51,6 +53,8 @@ typedef enum loom_ir_kernel_kind {
     LOOM_IR_KERNEL_COLLECTIVE,
     LOOM_IR_KERNEL_COUNT_
 } loom_ir_kernel_kind;
+
+enum { LOOM_IR_KERNEL_REDUCTIONS_MAX = 4 };
 
 typedef struct loom_ir_kernel {
     loom_ir_kernel_kind kind;

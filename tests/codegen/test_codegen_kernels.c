@@ -553,6 +553,51 @@ static void test_blocked_reductions_over_batch_and_pixels(void **state) {
         }
 }
 
+/* A REDUCTION kernel with several reductions over operands of one shape along the same
+ * axes (batch norm's backward: sum(dy) and sum(dy * (x - mean)) in one pass over dy and x):
+ * one loop nest, an accumulator each, the epilogue reading all of them; per output, blocked
+ * and inner-kept forms, sum, mean and max together, against the interpreter. A second
+ * reduction along other axes is refused with its reason. */
+static void test_reductions_sharing_one_pass(void **state) {
+    (void)state;
+    const uint32_t axis_sets[] = {1u << 3, (1u << 0) | (1u << 2) | (1u << 3),
+                                  (1u << 0) | (1u << 1)};
+    for (size_t a = 0; a < LEN(axis_sets); a++) {
+        fx f;
+        fx_init(&f);
+        const int64_t *sh = S(3, 37, 9, 41);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 4, sh), y = input(&f, LOOM_DTYPE_F32, 4, sh);
+        int32_t xy = op2(&f, LOOM_IR_OP_MUL, x, y); /* a prologue result too */
+        int32_t s1 = reduce(&f, LOOM_IR_OP_REDUCE_SUM, x, axis_sets[a], true);
+        int32_t s2 = reduce(&f, LOOM_IR_OP_REDUCE_MEAN, xy, axis_sets[a], true);
+        int32_t m = reduce(&f, LOOM_IR_OP_REDUCE_MAX, y, axis_sets[a], true);
+        int32_t e = op2(&f, LOOM_IR_OP_ADD, op2(&f, LOOM_IR_OP_MUL, s1, s2), m);
+        output(&f, e);
+        output(&f, s2);
+        output(&f, xy);
+        kernel(&f, LOOM_IR_KERNEL_REDUCTION, s1, 6, (int32_t[]){xy, s1, s2, m, e - 1, e});
+        fill_all(&f, -2, 2, false);
+        char what[64];
+        snprintf(what, sizeof what, "three reductions over axes %#x", axis_sets[a]);
+        check_with(&f, 2, 1e-5, 1e-5, what);
+        fx_deinit(&f);
+    }
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(8, 16));
+    int32_t s1 = reduce(&f, LOOM_IR_OP_REDUCE_SUM, x, 1u << 1, true);
+    int32_t s2 = reduce(&f, LOOM_IR_OP_REDUCE_SUM, x, 1u << 0, true);
+    output(&f, s1);
+    output(&f, s2);
+    kernel(&f, LOOM_IR_KERNEL_REDUCTION, s1, 2, (int32_t[]){s1, s2});
+    loom_rt_kernel k[2];
+    loom_cg_code *code = NULL;
+    assert_int_equal(compile(&f, 1, &code, k), LOOM_STATUS_UNSUPPORTED);
+    assert_null(code);
+    assert_non_null(strstr(f.d.msg, "along its axes"));
+    fx_deinit(&f);
+}
+
 /* A float sum over its innermost dims (batch norm's, over batch and pixels) runs in vector
  * lanes of f64 partial sums (compile.c mark_reductions lets its adds reassociate): the LLVM
  * IR holds a vector fadd marked reassoc, and the sums, bf16 operands widened, agree with the
@@ -1021,6 +1066,7 @@ int main(void) {
         cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
         cmocka_unit_test(test_strided_1x1_input_gradient_with_a_fused_epilogue),
         cmocka_unit_test(test_blocked_reductions_over_batch_and_pixels),
+        cmocka_unit_test(test_reductions_sharing_one_pass),
         cmocka_unit_test(test_float_sums_add_in_vector_lanes_of_f64),
         cmocka_unit_test(test_max_over_small_windows_is_unrolled),
         cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),
