@@ -59,6 +59,10 @@
  *     kernel's root between theirs) as a sibling, when E writes no graph output: T then
  *     writes E's results beside its own (a residual sum and the bf16 cast of its ReLU for the
  *     next convolutions: one pass over the sum instead of two), and E's root becomes T's.
+ *     And a REDUCTION kernel (a float sum or mean) joins the REDUCTION kernel just before it
+ *     when both reduce operands of one shape along the same axes and it reads nothing that
+ *     kernel computes, up to LOOM_IR_KERNEL_REDUCTIONS_MAX reductions: batch norm's
+ *     backward sums over dy in one pass (try_reduction_sibling).
  *  3. Constants are recomputed inside every kernel that uses them (a fill is free), except
  *     where a buffer is needed: a constant that is a graph output, a matmul or collective
  *     operand or a reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
@@ -408,6 +412,52 @@ static bool sibling_ok(const fuse_state *s, int32_t t, int32_t e) {
     return true;
 }
 
+/* Rule 2 for REDUCTION kernel e (a float sum or mean with its prologue): merges it into
+ * the REDUCTION kernel t just before it (no kernel's root between theirs) when t's first
+ * reduction is a float sum or mean over an operand of the shape e's reduces, along the
+ * same axes, t holds fewer than LOOM_IR_KERNEL_REDUCTIONS_MAX reductions, and e reads
+ * nothing t computes. e then runs at t's place: every value it reads is made before t
+ * (no root between), and its readers come after e's old place. Batch norm's backward:
+ * sum(dy) and sum(dy * (x - mean)), one pass over dy instead of two. */
+static void try_reduction_sibling(fuse_state *s, int32_t e) {
+    const loom_ir_graph *g = s->g;
+    const fkernel *ke = &s->kernels[e];
+    int32_t t = -1;
+    for (int32_t k = 0; k < s->n_kernels; k++)
+        if (s->kernels[k].final != -2 && s->kernels[k].root < ke->root &&
+            (t < 0 || s->kernels[k].root > s->kernels[t].root))
+            t = k;
+    if (t < 0 || s->kernels[t].kind != LOOM_IR_KERNEL_REDUCTION)
+        return;
+    const loom_ir_node *tr = &g->nodes[s->kernels[t].root], *er = &g->nodes[ke->root];
+    const loom_ir_node *tx = &g->nodes[tr->inputs[0]], *ex = &g->nodes[er->inputs[0]];
+    bool sums = (tr->op == LOOM_IR_OP_REDUCE_SUM || tr->op == LOOM_IR_OP_REDUCE_MEAN) &&
+                (er->op == LOOM_IR_OP_REDUCE_SUM || er->op == LOOM_IR_OP_REDUCE_MEAN) &&
+                loom_ir_dtype_is_float(tr->dtype) && loom_ir_dtype_is_float(er->dtype);
+    if (!sums || tr->attrs.axes != er->attrs.axes || tr->attrs.keepdim != er->attrs.keepdim ||
+        tx->rank != ex->rank ||
+        memcmp(tx->shape, ex->shape, (size_t)tx->rank * sizeof tx->shape[0]) != 0)
+        return;
+    int32_t n_red = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++)
+        n_red +=
+            s->fn[i].kernel == t && loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_REDUCTION;
+    if (n_red >= LOOM_IR_KERNEL_REDUCTIONS_MAX)
+        return;
+    for (int32_t m = 0; m < ke->n_members; m++) {
+        const loom_ir_node *un = &g->nodes[s->members[ke->first_member + m]];
+        if (s->fn[s->members[ke->first_member + m]].pad_view)
+            return;
+        for (int32_t q = 0; q < un->n_inputs; q++)
+            if (s->fn[un->inputs[q]].kernel == t)
+                return;
+    }
+    for (int32_t m = 0; m < ke->n_members; m++)
+        s->fn[s->members[ke->first_member + m]].kernel = t;
+    s->kernels[e].n_members = 0;
+    s->kernels[e].final = -2; /* merged */
+}
+
 /* Rule 2 for ELEMENTWISE kernel e: merges it into a reduction or matmul when allowed, or
  * into the elementwise kernel before it. */
 static void try_epilogue(fuse_state *s, int32_t e) {
@@ -678,6 +728,8 @@ loom_status loom_pass_fuse(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_d
             g->nodes[s.kernels[k].root].op != LOOM_IR_OP_CONSTANT &&
             g->nodes[s.kernels[k].root].op != LOOM_IR_OP_CONCAT)
             try_epilogue(&s, k);
+        else if (s.kernels[k].kind == LOOM_IR_KERNEL_REDUCTION)
+            try_reduction_sibling(&s, k);
     }
     int32_t n_live = 0;
     for (int32_t j = 0; j < s.n_kernels; j++)

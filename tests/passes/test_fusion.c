@@ -229,6 +229,67 @@ static void test_fusion_materializes_a_node_used_by_two_kernels(void **state) {
     tu_deinit_both(&g, &p);
 }
 
+/* Rule 2 for reductions: a float sum or mean joins the reduction kernel just before it
+ * when it reduces an operand of the same shape along the same axes and reads nothing that
+ * kernel computes (batch norm's backward sums over dy, one pass); up to 4 in a kernel. */
+static void test_fusion_runs_reductions_over_one_shape_in_one_pass(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    loom_ir_plan p;
+    /* sum(dy) and sum(dy * x) with their epilogues: one kernel; the max over the same axes
+     * (not a sum) and the sum along other axes keep their own */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[2,3,4,5]\n"
+                 "  %1 = input {index = 1} : f32[2,3,4,5]\n"
+                 "  %2 = reduce_sum %0 {axes = [0, 2, 3], keepdim = false} : f32[3]\n"
+                 "  %3 = mul %0, %1 : f32[2,3,4,5]\n"
+                 "  %4 = reduce_sum %3 {axes = [0, 2, 3], keepdim = false} : f32[3]\n"
+                 "  %5 = mul %2, %4 : f32[3]\n"
+                 "  %6 = reduce_max %1 {axes = [0, 2, 3], keepdim = false} : f32[3]\n"
+                 "  %7 = reduce_mean %1 {axes = [0, 1], keepdim = false} : f32[4,5]\n"
+                 "  return %5, %6, %7\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{2 3 4 5}<-{0 1}->{5} | R{6}<-{1}->{6} | "
+                                         "R{7}<-{1}->{7}");
+    tu_deinit_both(&g, &p);
+
+    /* a sum of the first's value (variance after the mean) stays apart; so does a sum
+     * with a kernel's root between them */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[2,3,4,5]\n"
+                 "  %1 = reduce_mean %0 {axes = [0, 2, 3], keepdim = true} : f32[1,3,1,1]\n"
+                 "  %2 = broadcast %1 : f32[2,3,4,5]\n"
+                 "  %3 = sub %0, %2 : f32[2,3,4,5]\n"
+                 "  %4 = mul %3, %3 : f32[2,3,4,5]\n"
+                 "  %5 = reduce_mean %4 {axes = [0, 2, 3], keepdim = true} : f32[1,3,1,1]\n"
+                 "  %6 = exp %0 : f32[2,3,4,5]\n"
+                 "  %7 = reduce_sum %6 {axes = [0, 2, 3], keepdim = true} : f32[1,3,1,1]\n"
+                 "  %8 = reduce_sum %0 {axes = [0, 2, 3], keepdim = true} : f32[1,3,1,1]\n"
+                 "  return %3, %5, %6, %7, %8\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{1}<-{0}->{1} | E{2 3}<-{0 1}->{3} | "
+                                         "R{4 5}<-{3}->{5} | E{6}<-{0}->{6} | "
+                                         "R{7 8}<-{0 6}->{7 8}");
+    tu_deinit_both(&g, &p);
+
+    /* five sums of one shape: four share a kernel, the fifth starts the next */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,16]\n"
+                 "  %1 = reduce_sum %0 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  %2 = neg %0 : f32[8,16]\n"
+                 "  %3 = reduce_sum %2 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  %4 = exp %0 : f32[8,16]\n"
+                 "  %5 = reduce_sum %4 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  %6 = abs %0 : f32[8,16]\n"
+                 "  %7 = reduce_sum %6 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  %8 = sqrt %0 : f32[8,16]\n"
+                 "  %9 = reduce_mean %8 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  return %1, %3, %5, %7, %9\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{1 2 3 4 5 6 7}<-{0}->{1 3 5 7} | R{8 9}<-{0}->{9}");
+    tu_deinit_both(&g, &p);
+}
+
 static void test_fusion_runs_an_elementwise_sibling_beside_the_kernel_before_it(void **state) {
     (void)state;
     /* the sum is kept (a reduction reads it too); the kernel of its relu and neg runs just
@@ -265,8 +326,8 @@ static void test_fusion_runs_an_elementwise_sibling_beside_the_kernel_before_it(
                  "  return %5, %6, %7, %8\n}\n");
     tu_fuse_ok(&g, &p);
     assert_string_equal(tu_plan_str(&p), "E{2}<-{0 1}->{2} | E{3}<-{1}->{3} | "
-                                         "E{4 5}<-{2 3}->{5} | R{6}<-{2}->{6} | "
-                                         "R{7}<-{3}->{7} | E{8}<-{2}->{8}");
+                                         "E{4 5}<-{2 3}->{5} | R{6 7}<-{2 3}->{6 7} | "
+                                         "E{8}<-{2}->{8}");
     tu_deinit_both(&g, &p);
 
     /* a sibling that writes a graph output keeps its kernel (outputs may be written in
@@ -742,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_fusion_does_not_fuse_a_broadcast_of_a_reduction_as_epilogue),
         cmocka_unit_test(test_fusion_materializes_a_node_used_by_two_kernels),
         cmocka_unit_test(test_fusion_runs_an_elementwise_sibling_beside_the_kernel_before_it),
+        cmocka_unit_test(test_fusion_runs_reductions_over_one_shape_in_one_pass),
         cmocka_unit_test(test_fusion_writes_outputs_in_the_middle_of_a_chain),
         cmocka_unit_test(test_fusion_gives_a_constant_output_its_own_kernel),
         cmocka_unit_test(test_fusion_fuses_a_transpose_into_its_consumer),
