@@ -98,6 +98,7 @@ typedef struct fkernel {
     int32_t root;
     int32_t final; /* index in the plan once emitted; -2 once merged into another kernel */
     int32_t first_member, n_members; /* phase-1 members, into fuse_state.members */
+    int32_t n_red;                   /* REDUCTION: its reductions (rule 2's siblings join) */
 } fkernel;
 
 typedef struct fuse_state {
@@ -209,7 +210,7 @@ static const loom_ir_node *space_node(const fuse_state *s, const fkernel *k, int
 
 static int32_t new_kernel(fuse_state *s, loom_ir_kernel_kind kind, int32_t root) {
     int32_t id = s->n_kernels++;
-    s->kernels[id] = (fkernel){.kind = kind, .root = root, .final = -1};
+    s->kernels[id] = (fkernel){.kind = kind, .root = root, .final = -1, .n_red = 1};
     return id;
 }
 
@@ -438,11 +439,7 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
         tx->rank != ex->rank ||
         memcmp(tx->shape, ex->shape, (size_t)tx->rank * sizeof tx->shape[0]) != 0)
         return;
-    int32_t n_red = 0;
-    for (int32_t i = 0; i < g->n_nodes; i++)
-        n_red +=
-            s->fn[i].kernel == t && loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_REDUCTION;
-    if (n_red >= LOOM_IR_KERNEL_REDUCTIONS_MAX)
+    if (s->kernels[t].n_red + ke->n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX)
         return;
     for (int32_t m = 0; m < ke->n_members; m++) {
         const loom_ir_node *un = &g->nodes[s->members[ke->first_member + m]];
@@ -454,6 +451,7 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
     }
     for (int32_t m = 0; m < ke->n_members; m++)
         s->fn[s->members[ke->first_member + m]].kernel = t;
+    s->kernels[t].n_red += ke->n_red;
     s->kernels[e].n_members = 0;
     s->kernels[e].final = -2; /* merged */
 }
