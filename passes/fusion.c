@@ -416,10 +416,10 @@ static bool sibling_ok(const fuse_state *s, int32_t t, int32_t e) {
 /* Rule 2 for REDUCTION kernel e (a float sum or mean with its prologue): merges it into
  * the REDUCTION kernel t just before it (no kernel's root between theirs) when t's first
  * reduction is a float sum or mean over an operand of the shape e's reduces, along the
- * same axes, t holds fewer than LOOM_IR_KERNEL_REDUCTIONS_MAX reductions, and e reads
- * nothing t computes. e then runs at t's place: every value it reads is made before t
- * (no root between), and its readers come after e's old place. Batch norm's backward:
- * sum(dy) and sum(dy * (x - mean)), one pass over dy instead of two. */
+ * same axes, the two hold at most LOOM_IR_KERNEL_REDUCTIONS_MAX reductions together, and
+ * e reads nothing t computes, directly or through a reshape. e then runs at t's place: every value
+ * it reads is made before t (no root between), and its readers come after e's old place. Batch
+ * norm's backward: sum(dy) and sum(dy * (x - mean)), one pass over dy instead of two. */
 static void try_reduction_sibling(fuse_state *s, int32_t e) {
     const loom_ir_graph *g = s->g;
     const fkernel *ke = &s->kernels[e];
@@ -445,8 +445,8 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
         const loom_ir_node *un = &g->nodes[s->members[ke->first_member + m]];
         if (s->fn[s->members[ke->first_member + m]].pad_view)
             return;
-        for (int32_t q = 0; q < un->n_inputs; q++)
-            if (s->fn[un->inputs[q]].kernel == t)
+        for (int32_t q = 0; q < un->n_inputs; q++) /* directly or through a reshape */
+            if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel == t)
                 return;
     }
     for (int32_t m = 0; m < ke->n_members; m++)

@@ -272,6 +272,19 @@ static void test_fusion_runs_reductions_over_one_shape_in_one_pass(void **state)
                                          "R{7 8}<-{0 6}->{7 8}");
     tu_deinit_both(&g, &p);
 
+    /* a sum that reads the first's value through a reshape stays apart too */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,16]\n"
+                 "  %1 = reduce_sum %0 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  %2 = reshape %1 : f32[8,1]\n"
+                 "  %3 = broadcast %2 : f32[8,16]\n"
+                 "  %4 = mul %0, %3 : f32[8,16]\n"
+                 "  %5 = reduce_sum %4 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  return %5\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{1}<-{0}->{1} | R{3 4 5}<-{0 2}->{5}");
+    tu_deinit_both(&g, &p);
+
     /* five sums of one shape: four share a kernel, the fifth starts the next */
     tu_parse(&g, "loom.graph {\n"
                  "  %0 = input {index = 0} : f32[8,16]\n"
