@@ -179,7 +179,7 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
                 SET_DIM(3, cp->phased ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->st[1]), cg_idx(b, xb))
                                       : lq.iv);
                 /* a phase no tap reaches is zero (its C never written) */
-                bool taps = cp->K > 0 && ya == cp->ph[0] && xb == cp->ph[1];
+                bool taps = cp->K > 0 && xb == cp->ph[1]; /* ya is the phase's row */
                 MlirValue acc =
                     taps ? cg_load(b, cs, cg_iadd(b, at, lq.iv)) : cg_cf(b, b->f32, 0.0);
                 c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;

@@ -185,9 +185,7 @@ loom_status cg_lower_reduction(kc *c) {
         const loom_ir_node *n = &g->nodes[id];
         if (id == root_id || loom_ir_op_table[n->op].kind != LOOM_IR_KIND_REDUCTION)
             continue;
-        const loom_ir_node *xn = &g->nodes[n->inputs[0]];
-        if (rp->n == CG_RED_ROOTS_MAX || !same_shape(xn, x) || !same_shape(n, root) ||
-            n->attrs.axes != root->attrs.axes || n->attrs.keepdim != root->attrs.keepdim ||
+        if (rp->n == CG_RED_ROOTS_MAX || !loom_ir_reductions_share_loops(g, root_id, id) ||
             c->s->dep_root[n->inputs[0]]) {
             st = cg_unsupported(c, id,
                                 "a second reduction in a kernel, unless over an operand of the "

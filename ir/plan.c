@@ -141,6 +141,14 @@ static loom_status check_collective(const loom_ir_plan *p, const loom_ir_graph *
     return LOOM_OK;
 }
 
+bool loom_ir_reductions_share_loops(const loom_ir_graph *g, int32_t a, int32_t b) {
+    const loom_ir_node *na = &g->nodes[a], *nb = &g->nodes[b];
+    const loom_ir_node *xa = &g->nodes[na->inputs[0]], *xb = &g->nodes[nb->inputs[0]];
+    return na->attrs.axes == nb->attrs.axes && na->attrs.keepdim == nb->attrs.keepdim &&
+           xa->rank == xb->rank &&
+           memcmp(xa->shape, xb->shape, (size_t)xa->rank * sizeof xa->shape[0]) == 0;
+}
+
 static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, int32_t k,
                                 vscratch *s, loom_ir_diag *d) {
     const loom_ir_kernel *kn = &p->kernels[k];
@@ -244,11 +252,8 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         case LOOM_IR_KIND_REDUCTION:
             if (n != kn->root && kn->kind == LOOM_IR_KERNEL_REDUCTION) {
                 /* another reduction of the kernel: over the root's operand shape and axes */
-                const loom_ir_node *r = &g->nodes[kn->root];
-                const loom_ir_node *rx = &g->nodes[r->inputs[0]], *nx = &g->nodes[nd->inputs[0]];
-                if (++n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX || nd->attrs.axes != r->attrs.axes ||
-                    nd->attrs.keepdim != r->attrs.keepdim || nx->rank != rx->rank ||
-                    memcmp(nx->shape, rx->shape, (size_t)rx->rank * sizeof rx->shape[0]) != 0)
+                if (++n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX ||
+                    !loom_ir_reductions_share_loops(g, kn->root, n))
                     return fail(d, n,
                                 "kernel %d (reduction): %s %%%d is not the root and does not "
                                 "reduce an operand of the root's shape along its axes (or is "

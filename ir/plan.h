@@ -56,6 +56,10 @@ typedef enum loom_ir_kernel_kind {
 
 enum { LOOM_IR_KERNEL_REDUCTIONS_MAX = 4 };
 
+/* Whether reductions a and b may share a REDUCTION kernel's loops: they reduce operands of
+ * one shape along the same axes, with the same keepdim (so their results share a shape). */
+bool loom_ir_reductions_share_loops(const loom_ir_graph *g, int32_t a, int32_t b);
+
 typedef struct loom_ir_kernel {
     loom_ir_kernel_kind kind;
     int32_t root;      /* the reduction / matmul node; for ELEMENTWISE the last node */

@@ -431,13 +431,10 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
     if (t < 0 || s->kernels[t].kind != LOOM_IR_KERNEL_REDUCTION)
         return;
     const loom_ir_node *tr = &g->nodes[s->kernels[t].root], *er = &g->nodes[ke->root];
-    const loom_ir_node *tx = &g->nodes[tr->inputs[0]], *ex = &g->nodes[er->inputs[0]];
     bool sums = (tr->op == LOOM_IR_OP_REDUCE_SUM || tr->op == LOOM_IR_OP_REDUCE_MEAN) &&
                 (er->op == LOOM_IR_OP_REDUCE_SUM || er->op == LOOM_IR_OP_REDUCE_MEAN) &&
                 loom_ir_dtype_is_float(tr->dtype) && loom_ir_dtype_is_float(er->dtype);
-    if (!sums || tr->attrs.axes != er->attrs.axes || tr->attrs.keepdim != er->attrs.keepdim ||
-        tx->rank != ex->rank ||
-        memcmp(tx->shape, ex->shape, (size_t)tx->rank * sizeof tx->shape[0]) != 0)
+    if (!sums || !loom_ir_reductions_share_loops(g, s->kernels[t].root, ke->root))
         return;
     if (s->kernels[t].n_red + ke->n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX)
         return;
