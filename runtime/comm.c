@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "comm.h"
+#include "bulk.h"
 #include "runtime.h"
 
 static const char *const kind_names[] = {
@@ -230,6 +231,8 @@ loom_status loom_rt_comm_destroy(loom_rt_comm *c, loom_ir_diag *d) {
                               "dist: MPI left unfinalized after an earlier failure (%s): exit "
                               "with a non-zero status so that mpiexec ends the other ranks",
                               c->failure.msg);
+    for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+        loom_ir_free(&c->alloc, c->spare[i], c->spare_bytes[i]);
     pthread_mutex_destroy(&c->mu);
     loom_allocator a = c->alloc;
     loom_ir_free(&a, c, sizeof *c);
@@ -296,10 +299,55 @@ static loom_status new_request(loom_rt_comm *c, loom_rt_comm_kind kind, size_t c
     return LOOM_OK;
 }
 
+/* An f32 staging of at least bytes for r: the smallest spare that fits, else a new one. */
+static bool take_staging(loom_rt_comm *c, loom_rt_comm_request *r, size_t bytes) {
+    int best = -1;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+        if (c->spare[i] && c->spare_bytes[i] >= bytes &&
+            (best < 0 || c->spare_bytes[i] < c->spare_bytes[best]))
+            best = i;
+    if (best >= 0) {
+        r->staging = c->spare[best];
+        r->staging_bytes = c->spare_bytes[best];
+        c->spare[best] = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (best < 0) {
+        r->staging = loom_ir_alloc(&c->alloc, bytes);
+        r->staging_bytes = r->staging ? bytes : 0;
+    }
+    return r->staging != NULL;
+}
+
+/* Keeps a finished request's staging as a spare (in a free place, or instead of a smaller
+ * spare), else frees it. */
+static void give_staging(loom_rt_comm *c, float *p, size_t bytes) {
+    if (!p)
+        return;
+    int at = -1, smallest = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < LOOM_RT_COMM_SPARES && at < 0; i++)
+        if (!c->spare[i])
+            at = i;
+        else if (c->spare_bytes[i] < c->spare_bytes[smallest])
+            smallest = i;
+    if (at < 0 && c->spare_bytes[smallest] < bytes)
+        at = smallest;
+    float *drop = p;
+    size_t drop_bytes = bytes;
+    if (at >= 0) {
+        drop = c->spare[at], drop_bytes = c->spare_bytes[at];
+        c->spare[at] = p, c->spare_bytes[at] = bytes;
+    }
+    pthread_mutex_unlock(&c->mu);
+    loom_ir_free(&c->alloc, drop, drop_bytes);
+}
+
 static void free_request(loom_rt_comm_request *r, bool free_staging) {
     loom_rt_comm *c = r->comm;
     if (free_staging)
-        loom_ir_free(&c->alloc, r->staging, r->staging_bytes);
+        give_staging(c, r->staging, r->staging_bytes);
     loom_ir_free(&c->alloc, r, sizeof *r);
 }
 
@@ -402,9 +450,7 @@ static void backoff(int64_t waited_ns) {
 
 static void scale_in_place(void *buf, size_t count, loom_dtype dt, double scale) {
     if (dt == LOOM_DTYPE_F32) {
-        float *x = buf, s = (float)scale;
-        for (size_t i = 0; i < count; i++)
-            x[i] *= s;
+        loom_rt_scale_f32(buf, buf, count, (float)scale);
     } else if (dt == LOOM_DTYPE_F64) {
         double *x = buf;
         for (size_t i = 0; i < count; i++)
@@ -414,17 +460,10 @@ static void scale_in_place(void *buf, size_t count, loom_dtype dt, double scale)
 
 /* Writes a completed allreduce's result into the caller's buffer. */
 static void finish_allreduce(loom_rt_comm_request *r) {
-    if (r->staging) {
-        float s = (float)r->scale;
-        uint16_t *out = r->buf;
-        bool bf16 = r->dtype == LOOM_DTYPE_BF16;
-        for (size_t i = 0; i < r->count; i++) {
-            float v = r->staging[i] * s;
-            out[i] = bf16 ? loom_ir_f32_to_bf16(v) : loom_ir_f32_to_f16(v);
-        }
-    } else if (r->scale != 1.0) {
+    if (r->staging)
+        loom_rt_narrow16(r->buf, r->staging, r->count, (float)r->scale, r->dtype);
+    else if (r->scale != 1.0)
         scale_in_place(r->buf, r->count, r->dtype, r->scale);
-    }
 }
 
 /* The payload of a completed collective on this rank: what it reduced (the f32 staging of
@@ -433,7 +472,7 @@ static size_t payload_bytes(const loom_rt_comm_request *r) {
     switch (r->kind) {
     case LOOM_RT_COMM_BARRIER: return 0;
     case LOOM_RT_COMM_ALLREDUCE:
-        return r->staging ? r->staging_bytes : r->count * loom_dtype_size(r->dtype);
+        return r->count * (r->staging ? sizeof(float) : loom_dtype_size(r->dtype));
     case LOOM_RT_COMM_BROADCAST: return r->count * loom_dtype_size(r->dtype);
     case LOOM_RT_COMM_ALLGATHER:
         return r->count * (size_t)r->comm->size * loom_dtype_size(r->dtype);
@@ -552,18 +591,13 @@ loom_status loom_rt_comm_allreduce_start(loom_rt_comm *c, void *buf, size_t coun
     r->buf = buf;
     void *reduced = buf;
     if (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) {
-        r->staging_bytes = count * sizeof(float);
-        r->staging = count ? loom_ir_alloc(&c->alloc, r->staging_bytes) : NULL;
-        if (count && !r->staging) {
+        if (count && !take_staging(c, r, count * sizeof(float))) {
             free_request(r, false);
             return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
                                     "dist: allreduce: out of memory staging %zu %s elements", count,
                                     loom_dtype_name(dt));
         }
-        const uint16_t *h = buf;
-        for (size_t i = 0; i < count; i++)
-            r->staging[i] =
-                dt == LOOM_DTYPE_BF16 ? loom_ir_bf16_to_f32(h[i]) : loom_ir_f16_to_f32(h[i]);
+        loom_rt_widen16(r->staging, buf, count, dt);
         reduced = r->staging;
     }
     st = post(c, r, (post_args){.buf = reduced}, d);

@@ -48,6 +48,9 @@
 /* Default for LOOM_DIST_TIMEOUT_S: long enough for one rank to compile a step that another
  * found in its cache, short enough that a dead peer ends the job within minutes. */
 #define LOOM_RT_COMM_DEFAULT_TIMEOUT_S 300.0
+/* 16-bit all-reduce stagings a communicator keeps for reuse: one per bucket of a step that
+ * has up to this many in flight. */
+#define LOOM_RT_COMM_SPARES 8
 
 typedef struct loom_rt_comm loom_rt_comm;
 typedef struct loom_rt_comm_request loom_rt_comm_request;
@@ -107,7 +110,13 @@ struct loom_rt_comm {
     atomic_bool failed;
     loom_ir_diag failure; /* the first failure, repeated by later calls */
     loom_rt_metrics stats; /* CollectiveTime, CollectiveBytes; under mu */
-    void *impl;           /* the backend's state */
+    /* f32 stagings of finished 16-bit all-reduces, kept for the next ones (under mu): a fresh
+     * buffer each time paid its page faults and, under MPI's zero-copy transports, the
+     * walk of its new pages (a bf16 all-reduce of 25 MB of f32 took 28 ms against 7 ms in
+     * f32) */
+    float *spare[LOOM_RT_COMM_SPARES];
+    size_t spare_bytes[LOOM_RT_COMM_SPARES];
+    void *impl; /* the backend's state */
 };
 
 /* ---- creation ---------------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "bulk.h"
 #include "collective.h"
 #include "kernel.h"
 #include "trace.h"
@@ -343,14 +344,10 @@ static loom_status start_collective(program *p, prog_coll *c, loom_ir_diag *d) {
         const void *src = bufs[j];
         char *dst = bufs[c->n_members + j];
         size_t bytes = loom_ir_node_bytes(&g->nodes[p->coll_nodes[c->first_member + j]]);
-        if (prescale) {
-            const float *restrict s = src;
-            float *restrict t = (float *)dst;
-            for (size_t e = 0; e < bytes / sizeof(float); e++)
-                t[e] = s[e] * scale;
-        } else if (bytes && dst != src) {
+        if (prescale)
+            loom_rt_scale_f32((float *)dst, src, bytes / sizeof(float), scale);
+        else if (bytes && dst != src)
             memcpy(dst, src, bytes);
-        }
         if (j + 1 < c->n_members)
             memset(dst + bytes, 0, (size_t)((char *)bufs[c->n_members + j + 1] - dst) - bytes);
     }

@@ -12,6 +12,7 @@
 #include "frontend/frontend.h"
 #include "loom/dist.h"
 #include "runtime/comm.h"
+#include "runtime/bulk.h"
 #include "runtime/runtime.h"
 #include "runtime/kernel.h"
 #include "test_util.h"
@@ -170,6 +171,61 @@ static void test_nonblocking_allreduces_are_waited_in_any_order(void **state) {
     assert_true(a[0] == 1.0f && a[1] == 2.0f);
     assert_int_equal(atomic_load(&c->pending), 0);
     destroy_ok(c);
+}
+
+/* A finished 16-bit all-reduce's f32 staging serves the next one that fits; two in flight
+ * never share one (each result is its own values'), and a staging too small is not taken. */
+static void test_16_bit_stagings_are_reused_and_never_shared(void **state) {
+    (void)state;
+    loom_rt_comm *c = self_comm();
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    enum { N = 64 };
+    uint16_t a[N], b[2 * N];
+    for (int i = 0; i < N; i++)
+        a[i] = loom_ir_f32_to_bf16((float)i);
+    assert_int_equal(loom_rt_comm_allreduce(c, a, N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &d),
+                     LOOM_OK);
+    float *kept = c->spare[0];
+    assert_non_null(kept);
+    assert_true(c->spare_bytes[0] == N * sizeof(float));
+
+    for (int i = 0; i < N; i++) {
+        a[i] = loom_ir_f32_to_bf16((float)i);
+        b[i] = loom_ir_f32_to_f16((float)-i);
+    }
+    loom_rt_comm_request *ra = NULL, *rb = NULL;
+    assert_int_equal(
+        loom_rt_comm_allreduce_start(c, a, N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 0.5, &ra, &d),
+        LOOM_OK);
+    assert_int_equal(
+        loom_rt_comm_allreduce_start(c, b, N, LOOM_DTYPE_F16, LOOM_REDUCE_SUM, 2, &rb, &d),
+        LOOM_OK);
+    assert_ptr_equal(ra->staging, kept);
+    assert_ptr_not_equal(rb->staging, kept);
+    assert_int_equal(loom_rt_comm_wait(rb, &d), LOOM_OK);
+    assert_int_equal(loom_rt_comm_wait(ra, &d), LOOM_OK);
+    for (int i = 0; i < N; i++) {
+        assert_true(loom_ir_bf16_to_f32(a[i]) == 0.5f * (float)i);
+        assert_true(loom_ir_f16_to_f32(b[i]) == -2.0f * (float)i);
+    }
+    int spares = 0;
+    for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+        spares += c->spare[i] != NULL;
+    assert_int_equal(spares, 2);
+
+    for (int i = 0; i < 2 * N; i++)
+        b[i] = loom_ir_f32_to_bf16(1.0f);
+    loom_rt_comm_request *rc = NULL;
+    assert_int_equal(
+        loom_rt_comm_allreduce_start(c, b, 2 * N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 3, &rc, &d),
+        LOOM_OK);
+    for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+        assert_ptr_not_equal(rc->staging, c->spare[i]);
+    assert_int_equal(loom_rt_comm_wait(rc, &d), LOOM_OK);
+    for (int i = 0; i < 2 * N; i++)
+        assert_true(loom_ir_bf16_to_f32(b[i]) == 3.0f);
+    destroy_ok(c); /* frees the spares (ASan's run checks) */
 }
 
 static void write_chunk(const char *chunk, size_t len, void *ud) {
@@ -629,12 +685,92 @@ static void test_a_context_takes_the_local_ranks_device_and_share_of_cores(void 
     expect_context(NULL, 0, "npu:0", online);
 }
 
+/* The staging's whole-buffer conversions give ir.h's per-element results bit for bit: every
+ * 16-bit pattern widened, and f32 patterns around every rounding boundary narrowed (ties,
+ * NaNs, infinities, f16's subnormals and overflow), with and without a scale, at lengths
+ * that leave a tail for the element-by-element path; the f32 scaling likewise. */
+static void test_bulk_loops_give_the_per_element_results(void **state) {
+    (void)state;
+    if (!loom_rt_bulk_vector()) {
+        printf("# skipped the vector path: this CPU has no AVX-512F (the element-by-element "
+               "path is the per-element functions themselves)\n");
+        return;
+    }
+    enum { N16 = 65536 + 7, LOWS = 12 };
+    static const uint32_t lows[LOWS] = {0,      1,      0x0fff, 0x1000, 0x1001, 0x2000,
+                                        0x7fff, 0x8000, 0x8001, 0xa000, 0xf000, 0xffff};
+    uint16_t *h = malloc(sizeof *h * N16), *got = malloc(sizeof *got * (size_t)65536 * LOWS);
+    float *f = malloc(sizeof *f * (size_t)65536 * LOWS);
+    assert_non_null(h);
+    assert_non_null(got);
+    assert_non_null(f);
+    static const loom_dtype dts[2] = {LOOM_DTYPE_BF16, LOOM_DTYPE_F16};
+    for (int t = 0; t < 2; t++) {
+        loom_dtype dt = dts[t];
+        for (size_t i = 0; i < N16; i++)
+            h[i] = (uint16_t)i;
+        loom_rt_widen16(f, h, N16, dt);
+        for (size_t i = 0; i < N16; i++) {
+            float want =
+                dt == LOOM_DTYPE_BF16 ? loom_ir_bf16_to_f32(h[i]) : loom_ir_f16_to_f32(h[i]);
+            if (memcmp(&f[i], &want, sizeof want) != 0)
+                fail_msg("%s 0x%04x widened to %a, want %a", loom_dtype_name(dt), h[i], f[i], want);
+        }
+        size_t n = (size_t)65536 * LOWS - 3;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)(i / LOWS) << 16 | lows[i % LOWS];
+            memcpy(&f[i], &u, sizeof u);
+        }
+        static const float scales[3] = {1.0f, 0.5f, 1.0f / 3.0f};
+        for (int s = 0; s < 3; s++) {
+            loom_rt_narrow16(got, f, n, scales[s], dt);
+            for (size_t i = 0; i < n; i++) {
+                float v = f[i] * scales[s];
+                uint16_t want =
+                    dt == LOOM_DTYPE_BF16 ? loom_ir_f32_to_bf16(v) : loom_ir_f32_to_f16(v);
+                if (got[i] != want)
+                    fail_msg("%s: %a x %a narrowed to 0x%04x, want 0x%04x", loom_dtype_name(dt),
+                             f[i], scales[s], got[i], want);
+            }
+        }
+    }
+    /* f32 scaled, into another buffer and in place (patterns: the narrowing's) */
+    size_t n = (size_t)65536 * LOWS - 5;
+    float *s = malloc(sizeof *s * n);
+    assert_non_null(s);
+    loom_rt_scale_f32(s, f, n, 1.0f / 3.0f);
+    for (size_t i = 0; i < n; i++) {
+        float want = f[i] * (1.0f / 3.0f);
+        if (memcmp(&s[i], &want, sizeof want) != 0 && !(isnan(s[i]) && isnan(want)))
+            fail_msg("%a scaled to %a, want %a", f[i], s[i], want);
+    }
+    loom_rt_scale_f32(s, s, n, 3.0f);
+    for (size_t i = 0; i < n; i++) {
+        float want = f[i] * (1.0f / 3.0f) * 3.0f;
+        if (memcmp(&s[i], &want, sizeof want) != 0 && !(isnan(s[i]) && isnan(want)))
+            fail_msg("%a scaled in place to %a, want %a", f[i], s[i], want);
+    }
+    free(s);
+    /* the element-by-element path when the vector one is switched off: the same results */
+    loom_rt_bulk_allow_vector(false);
+    assert_false(loom_rt_bulk_vector());
+    loom_rt_narrow16(got, f, 40, 0.5f, LOOM_DTYPE_F16);
+    loom_rt_bulk_allow_vector(true);
+    for (size_t i = 0; i < 40; i++)
+        assert_int_equal(got[i], loom_ir_f32_to_f16(f[i] * 0.5f));
+    free(h);
+    free(got);
+    free(f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_without_a_launcher_the_communicator_is_rank_0_of_1, clean_env),
         cmocka_unit_test_setup(test_self_allreduce_scales_floats_and_keeps_integers, clean_env),
+        cmocka_unit_test(test_bulk_loops_give_the_per_element_results),
         cmocka_unit_test_setup(test_self_broadcast_and_allgather_copy_this_ranks_values, clean_env),
         cmocka_unit_test_setup(test_nonblocking_allreduces_are_waited_in_any_order, clean_env),
+        cmocka_unit_test_setup(test_16_bit_stagings_are_reused_and_never_shared, clean_env),
         cmocka_unit_test_setup(test_completed_collectives_count_their_time_and_payload_bytes,
                                clean_env),
         cmocka_unit_test_setup(test_finalize_with_a_pending_request_is_refused, clean_env),
