@@ -41,7 +41,8 @@
 
 enum {
     CV_COLS = 256,        /* columns (pixels, or a weight gradient's output channels) of a task */
-    CV_ROWS = 256,        /* rows of a task at most */
+    CV_ROWS = 256,        /* rows of a task at most (a weight gradient's: twice, to deal out
+                           * its channels evenly) */
     CV_KC = 256,          /* K of a packed chunk (window rows; pixels for the weight gradient) */
     CV_TASKS_MIN = 4,     /* fewer tasks than this: split the rows */
     CV_TASKS_EVEN = 8,    /* an odd count below this: rows in twice the blocks (two threads
@@ -250,6 +251,41 @@ static bool table_fits(const kc *c, const cv_plan *cp) {
     return loom_ir_numel(4, c->g->nodes[cp->win].shape) < INT32_MAX;
 }
 
+/* A weight gradient's row blocks: whole input channels (KK rows each), about CV_ROWS rows, at
+ * least CV_TASKS_MIN tasks, and an even count of tasks when there are few. Each task stages
+ * its own columns of dy^T and rows of the window, so equal tasks in an odd count left a
+ * thread idle for one task's time: l2's and l3's 3x3s ran 9 (12-25% slower than 8 or 10).
+ * Where whole channels cannot be dealt out evenly (the stem's 3), one row block and two
+ * column blocks (9.1 -> 6.3 ms, f32). Sets rows, and cols and nbn for that split. */
+static void plan_gw_blocks(cv_plan *cp) {
+    int64_t kk = cp->KK > 0 ? cp->KK : 1, cg = ceil_div(cp->M, kk), other = cp->G * cp->nbn;
+    int64_t per = CV_ROWS / kk > 1 ? CV_ROWS / kk : 1; /* channels a block */
+    int64_t nbm = ceil_div(cg, per);
+    if (other * nbm < CV_TASKS_MIN && cp->M > 16) {
+        int64_t want = ceil_div(CV_TASKS_MIN, other);
+        nbm = want < cg ? want : cg;
+    }
+    int64_t ch = ceil_div(cg, nbm);
+    nbm = ceil_div(cg, ch);
+    if (other * nbm < CV_TASKS_EVEN && (other * nbm) % 2 == 1 && cp->M > 16) {
+        /* one block fewer or more, of whole channels, none short by over a quarter */
+        bool even = false;
+        for (int64_t cand = nbm - 1; cand <= nbm + 1 && !even; cand += 2) {
+            int64_t c2 = cand > 0 ? ceil_div(cg, cand) : 0;
+            if (cand < 1 || ceil_div(cg, c2) != cand || cand * c2 - cg > c2 / 4 ||
+                c2 * kk > 2 * CV_ROWS)
+                continue;
+            ch = c2, nbm = cand, even = true;
+        }
+        if (!even && other == cp->G && cp->NC >= 2 * MK_PANEL && cp->M <= 2 * CV_ROWS) {
+            ch = cg;
+            cp->cols = ceil_div(ceil_div(cp->NC, 2), MK_PANEL) * MK_PANEL;
+            cp->nbn = ceil_div(cp->NC, cp->cols);
+        }
+    }
+    cp->rows = ch * kk < cp->M ? ch * kk : cp->M;
+}
+
 /* The blocks of the plan's GEMM (its shapes set). */
 static void plan_blocks(const kc *c, cv_plan *cp) {
     int64_t prow = cp->role == CV_GRAD_WEIGHT ? CV_KC : CV_COLS, all_rows = cp->N * cp->dH;
@@ -272,16 +308,18 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
     }
     cp->nbn =
         cp->role == CV_GRAD_WEIGHT ? ceil_div(cp->NC, cp->cols) : ceil_div(all_rows, cp->pix_rows);
-    cp->rows = cp->M < CV_ROWS ? cp->M : CV_ROWS;
-    int64_t tasks = cp->G * cp->nbn * ceil_div(cp->M, cp->rows);
-    if ((tasks < CV_TASKS_MIN || (tasks < CV_TASKS_EVEN && tasks % 2 == 1)) && cp->M > 16) {
-        int64_t nbm = tasks < CV_TASKS_MIN ? ceil_div(CV_TASKS_MIN, cp->G * cp->nbn)
-                                           : 2 * ceil_div(cp->M, cp->rows);
-        int64_t r = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
-        cp->rows = r < cp->rows ? r : cp->rows;
+    if (cp->role == CV_GRAD_WEIGHT) {
+        plan_gw_blocks(cp);
+    } else {
+        cp->rows = cp->M < CV_ROWS ? cp->M : CV_ROWS;
+        int64_t tasks = cp->G * cp->nbn * ceil_div(cp->M, cp->rows);
+        if ((tasks < CV_TASKS_MIN || (tasks < CV_TASKS_EVEN && tasks % 2 == 1)) && cp->M > 16) {
+            int64_t nbm = tasks < CV_TASKS_MIN ? ceil_div(CV_TASKS_MIN, cp->G * cp->nbn)
+                                               : 2 * ceil_div(cp->M, cp->rows);
+            int64_t r = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
+            cp->rows = r < cp->rows ? r : cp->rows;
+        }
     }
-    if (cp->role == CV_GRAD_WEIGHT && cp->rows < cp->M) /* blocks of whole channels */
-        cp->rows = ceil_div(cp->rows, cp->KK) * cp->KK;
     if (cp->rows < 1)
         cp->rows = 1;
     cp->nbm = ceil_div(cp->M, cp->rows);
