@@ -43,7 +43,8 @@ static const conv_case sweep[] = {
  * of 50 and 99 pixels, read 16 (or 32 pixels' pairs) at a time in a loop; weight gradients
  * whose row blocks of whole channels are dealt out evenly: 128 channels of a 3x3 in 4
  * blocks of 288 rows (not 5), and the stem's 3 channels of a 7x7 in one row block with its
- * 40 output channels in two column blocks (32 and 8). */
+ * 40 output channels in two column blocks (32 and 8); a 1x1 from 24 to 128 channels whose
+ * weight gradient splits its columns (dy the bigger operand) into 4 blocks of 32. */
 static const conv_case blocks[] = {
     {"blocks: 3x3 C40 O36 at 13x13", 2, 40, 13, 13, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"blocks: 1x1 stride 2 C24 O40", 2, 24, 15, 15, 40, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
@@ -56,6 +57,7 @@ static const conv_case blocks[] = {
     {"wide: 1x3 stride 1x2 at 2x197", 1, 2, 2, 197, 3, 1, 3, {1, 2}, {0, 1}, {1, 1}, 1, false},
     {"dw: 3x3 C128 in 4 row blocks", 1, 128, 5, 5, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"dw: 7x7 stride 2 C3 O40", 1, 3, 12, 12, 40, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, false},
+    {"dw: 1x1 C24 O128, columns split", 2, 24, 6, 5, 128, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, false},
 };
 #define N_BLOCKS (sizeof blocks / sizeof blocks[0])
 
