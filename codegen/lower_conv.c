@@ -309,12 +309,11 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
     int64_t prow = cp->role == CV_GRAD_WEIGHT ? CV_KC : CV_COLS, all_rows = cp->N * cp->dH;
     cp->pix_rows = (prow + cp->dW / 2) / (cp->dW > 0 ? cp->dW : 1);
     cp->pix_rows = cp->pix_rows < 1 ? 1 : cp->pix_rows > all_rows ? all_rows : cp->pix_rows;
-    /* a weight gradient's K chunks: as many, of equal rows (layer4's 56 rows of 7 pixels ran
-     * in chunks of 37 and 19 rows, 1.3x slower than two of 28; layer3's 112 rows of 14 in six
-     * of 18 and one of 4, 1.1x slower than seven of 16) */
-    if (cp->role == CV_GRAD_WEIGHT)
-        cp->pix_rows = ceil_div(all_rows, ceil_div(all_rows, cp->pix_rows));
     if (cp->role == CV_GRAD_WEIGHT) {
+        /* K chunks: as many, of equal rows (layer4's 56 rows of 7 pixels ran in chunks of 37
+         * and 19 rows, 1.3x slower than two of 28; layer3's 112 rows of 14 in six of 18 and
+         * one of 4, 1.1x slower than seven of 16) */
+        cp->pix_rows = ceil_div(all_rows, ceil_div(all_rows, cp->pix_rows));
         cp->cols = cp->NC < CV_COLS ? cp->NC : CV_COLS;
         cp->kc = cp->pix_rows * cp->dW;
         cp->nbk = ceil_div(all_rows, cp->pix_rows);
