@@ -4,7 +4,8 @@
  * all-reduces; and f32 scaled by a constant, for the gradients' 1/world. 16 elements at a
  * time with AVX-512 where the CPU has it (checked at run time), element by element
  * elsewhere: the library is built for baseline x86-64, where the compiler's -O2 leaves
- * such loops scalar (a 2.7 MB bucket's scaled copy took ~0.2 ms). */
+ * such loops scalar (vectorizing the MLP's 2.7 MB bucket copy-in took 0.07 ms off its 1.37 ms
+ * data-parallel step; narrowing 6.25M values to bf16 took 5.0 ms scalar, 0.9 ms here). */
 #ifndef LOOM_RUNTIME_BULK_H
 #define LOOM_RUNTIME_BULK_H
 

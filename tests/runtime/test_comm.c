@@ -736,21 +736,21 @@ static void test_bulk_loops_give_the_per_element_results(void **state) {
     }
     /* f32 scaled, into another buffer and in place (patterns: the narrowing's) */
     size_t n = (size_t)65536 * LOWS - 5;
-    float *s = malloc(sizeof *s * n);
-    assert_non_null(s);
-    loom_rt_scale_f32(s, f, n, 1.0f / 3.0f);
+    float *scaled = malloc(sizeof *scaled * n);
+    assert_non_null(scaled);
+    loom_rt_scale_f32(scaled, f, n, 1.0f / 3.0f);
     for (size_t i = 0; i < n; i++) {
         float want = f[i] * (1.0f / 3.0f);
-        if (memcmp(&s[i], &want, sizeof want) != 0 && !(isnan(s[i]) && isnan(want)))
-            fail_msg("%a scaled to %a, want %a", f[i], s[i], want);
+        if (memcmp(&scaled[i], &want, sizeof want) != 0 && !(isnan(scaled[i]) && isnan(want)))
+            fail_msg("%a scaled to %a, want %a", f[i], scaled[i], want);
     }
-    loom_rt_scale_f32(s, s, n, 3.0f);
+    loom_rt_scale_f32(scaled, scaled, n, 3.0f);
     for (size_t i = 0; i < n; i++) {
         float want = f[i] * (1.0f / 3.0f) * 3.0f;
-        if (memcmp(&s[i], &want, sizeof want) != 0 && !(isnan(s[i]) && isnan(want)))
-            fail_msg("%a scaled in place to %a, want %a", f[i], s[i], want);
+        if (memcmp(&scaled[i], &want, sizeof want) != 0 && !(isnan(scaled[i]) && isnan(want)))
+            fail_msg("%a scaled in place to %a, want %a", f[i], scaled[i], want);
     }
-    free(s);
+    free(scaled);
     /* the element-by-element path when the vector one is switched off: the same results */
     loom_rt_bulk_allow_vector(false);
     assert_false(loom_rt_bulk_vector());
