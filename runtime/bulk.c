@@ -129,6 +129,8 @@ VECTOR_FN static void scale_vector(float *dst, const float *src, size_t n, float
 
 void loom_rt_scale_f32(float *dst, const float *src, size_t n, float scale) {
     size_t i = 0;
+    if (n == 0) /* dst and src may be NULL */
+        return;
 #if HAVE_X86_VECTOR
     if (loom_rt_bulk_vector()) {
         i = n / 16 * 16;
@@ -141,6 +143,8 @@ void loom_rt_scale_f32(float *dst, const float *src, size_t n, float scale) {
 
 void loom_rt_widen16(float *dst, const uint16_t *src, size_t n, loom_dtype dt) {
     size_t done = 0;
+    if (n == 0)
+        return;
 #if HAVE_X86_VECTOR
     if (loom_rt_bulk_vector() && (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16)) {
         done = n / 16 * 16;
@@ -152,6 +156,8 @@ void loom_rt_widen16(float *dst, const uint16_t *src, size_t n, loom_dtype dt) {
 
 void loom_rt_narrow16(uint16_t *dst, const float *src, size_t n, float scale, loom_dtype dt) {
     size_t done = 0;
+    if (n == 0)
+        return;
 #if HAVE_X86_VECTOR
     if (loom_rt_bulk_vector() && (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16)) {
         done = n / 16 * 16;

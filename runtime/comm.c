@@ -537,10 +537,11 @@ loom_status loom_rt_comm_wait(loom_rt_comm_request *req, loom_ir_diag *d) {
         finish_allreduce(req);
     if (st == LOOM_OK)
         count_collective(c, req);
-    atomic_fetch_sub(&c->pending, 1);
     /* A collective that never completed may still write its staging buffer if MPI makes
-     * progress later: leave that buffer to MPI rather than free it under its feet. */
+     * progress later: leave that buffer to MPI rather than free it under its feet. The
+     * request goes before the count drops: a finalize that sees none pending may free c. */
     free_request(req, done);
+    atomic_fetch_sub(&c->pending, 1);
     return st;
 }
 
