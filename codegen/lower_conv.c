@@ -262,9 +262,10 @@ static void plan_gw_blocks(cv_plan *cp) {
     int64_t kk = cp->KK > 0 ? cp->KK : 1, cg = ceil_div(cp->M, kk), other = cp->G * cp->nbn;
     int64_t per = CV_ROWS / kk > 1 ? CV_ROWS / kk : 1; /* channels a block */
     int64_t nbm = ceil_div(cg, per);
-    if (other * nbm < CV_TASKS_MIN && cp->M > 16) {
-        int64_t want = ceil_div(CV_TASKS_MIN, other);
-        nbm = want < cg ? want : cg;
+    if (other * nbm < CV_TASKS_MIN && cp->M > 16) { /* blocks of 16 rows or more */
+        int64_t want = ceil_div(CV_TASKS_MIN, other), most = cg / ceil_div(16, kk);
+        most = most > 1 ? most : 1;
+        nbm = want < most ? want : most;
     }
     int64_t ch = ceil_div(cg, nbm);
     nbm = ceil_div(cg, ch);
@@ -444,8 +445,11 @@ static loom_status emit_task(kc *c, const cv_plan *cp, const cv_bufs *u, MlirVal
     MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, cstep)), cg_idx(b, cend));
     MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
     MlirValue zf = cg_cf(b, b->f32, 0.0);
-    if (cp->K == 0) /* a phase no tap reaches: its epilogue alone (zeros), no product code */
+    if (cp->K == 0) { /* a phase no tap reaches, or no pixels: the epilogue alone, of zeros */
+        if (gw)       /* which reads C (an empty batch's weight gradient) */
+            cv_zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
         return cp->n_epi > 0 ? emit_epilogue(c, cp, u->cs, gi, i0, i1, c0, c1) : LOOM_OK;
+    }
     cv_zero_rows(b, u->cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         cv_build_table(c, cp, u->tab, cp->ldt, c0, c1);

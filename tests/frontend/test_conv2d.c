@@ -44,7 +44,8 @@ static const conv_case sweep[] = {
  * whose row blocks of whole channels are dealt out evenly: 128 channels of a 3x3 in 4
  * blocks of 288 rows (not 5), and the stem's 3 channels of a 7x7 in one row block with its
  * 40 output channels in two column blocks (32 and 8); a 1x1 from 24 to 128 channels whose
- * weight gradient splits its columns (dy the bigger operand) into 4 blocks of 32. */
+ * weight gradient splits its columns (dy the bigger operand) into 4 blocks of 32; 3 groups
+ * of 3 channels (2 row blocks each); and an empty batch, whose weight gradient is zeros. */
 static const conv_case blocks[] = {
     {"blocks: 3x3 C40 O36 at 13x13", 2, 40, 13, 13, 36, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"blocks: 1x1 stride 2 C24 O40", 2, 24, 15, 15, 40, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
@@ -58,6 +59,8 @@ static const conv_case blocks[] = {
     {"dw: 3x3 C128 in 4 row blocks", 1, 128, 5, 5, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"dw: 7x7 stride 2 C3 O40", 1, 3, 12, 12, 40, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, false},
     {"dw: 1x1 C24 O128, columns split", 2, 24, 6, 5, 128, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, false},
+    {"dw: groups 3, 3x3 C9 O12", 1, 9, 6, 6, 12, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3, false},
+    {"batch 0", 0, 4, 5, 5, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
 };
 #define N_BLOCKS (sizeof blocks / sizeof blocks[0])
 
