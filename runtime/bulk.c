@@ -125,44 +125,51 @@ VECTOR_FN static void scale_vector(float *dst, const float *src, size_t n, float
     for (size_t i = 0; i < n; i += 16)
         _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_loadu_ps(src + i), s));
 }
+#else /* loom_rt_bulk_vector() is false: never called */
+static void widen_vector(float *dst, const uint16_t *src, size_t n, loom_dtype dt) {
+    (void)dst, (void)src, (void)n, (void)dt;
+}
+static void narrow_vector(uint16_t *dst, const float *src, size_t n, float scale, loom_dtype dt) {
+    (void)dst, (void)src, (void)n, (void)scale, (void)dt;
+}
+static void scale_vector(float *dst, const float *src, size_t n, float scale) {
+    (void)dst, (void)src, (void)n, (void)scale;
+}
 #endif
 
+/* The leading elements of n that the vector path takes: whole 16s, where the CPU has it. */
+static size_t vector_count(size_t n) {
+    return loom_rt_bulk_vector() ? n / 16 * 16 : 0;
+}
+
+static bool is_16(loom_dtype dt) {
+    return dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16;
+}
+
 void loom_rt_scale_f32(float *dst, const float *src, size_t n, float scale) {
-    size_t i = 0;
     if (n == 0) /* dst and src may be NULL */
         return;
-#if HAVE_X86_VECTOR
-    if (loom_rt_bulk_vector()) {
-        i = n / 16 * 16;
+    size_t i = vector_count(n);
+    if (i > 0)
         scale_vector(dst, src, i, scale);
-    }
-#endif
     for (; i < n; i++)
         dst[i] = src[i] * scale;
 }
 
 void loom_rt_widen16(float *dst, const uint16_t *src, size_t n, loom_dtype dt) {
-    size_t done = 0;
     if (n == 0)
         return;
-#if HAVE_X86_VECTOR
-    if (loom_rt_bulk_vector() && (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16)) {
-        done = n / 16 * 16;
+    size_t done = is_16(dt) ? vector_count(n) : 0;
+    if (done > 0)
         widen_vector(dst, src, done, dt);
-    }
-#endif
     widen_scalar(dst + done, src + done, n - done, dt);
 }
 
 void loom_rt_narrow16(uint16_t *dst, const float *src, size_t n, float scale, loom_dtype dt) {
-    size_t done = 0;
     if (n == 0)
         return;
-#if HAVE_X86_VECTOR
-    if (loom_rt_bulk_vector() && (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16)) {
-        done = n / 16 * 16;
+    size_t done = is_16(dt) ? vector_count(n) : 0;
+    if (done > 0)
         narrow_vector(dst, src, done, scale, dt);
-    }
-#endif
     narrow_scalar(dst + done, src + done, n - done, scale, dt);
 }
