@@ -38,6 +38,10 @@ typedef struct cv_plan {
     /* the only phase with taps, all phases of one size (a strided 1x1's): its epilogue runs
      * over every phase's pixels, the others' value 0, a destination row at a time */
     bool spread;
+    /* an unphased epilogue whose values are all contiguous across a destination row's end:
+     * the nest's dims y and q are one group, and a task's rows of one image one loop over
+     * their pixels (merge_pixels) */
+    bool flat;
     /* conv2d and the input gradient: the weights' packed rows for all of K (a block of
      * mbp x kp per chunk) are kept across a thread's consecutive tasks of one row block */
     bool a_cache;

@@ -151,6 +151,30 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
         cg_for_end(b, &lh, 0, NULL);
         cg_for_end(b, &lc, 0, NULL);
         cg_for_end(b, &lq, 0, NULL);
+    } else if (cp->flat) { /* (i, n, (y, q)): a task's pixels of one image in one loop */
+        cg_for ln;
+        cg_for_begin(b, &li, i0, i1, 0, NULL);
+        MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
+        SET_DIM(1, cg_iadd(b, cg_imul_c(b, g, cp->M), li.iv));
+        /* the images the rows [c0, c1) of (n, y) reach, and in each its rows [ra, rb) */
+        cg_for_begin(b, &ln, idiv(b, c0, cp->dH),
+                     idiv(b, cg_iadd(b, c1, cg_idx(b, cp->dH - 1)), cp->dH), 0, NULL);
+        SET_DIM(0, ln.iv);
+        MlirValue first = cg_imul_c(b, ln.iv, cp->dH);
+        MlirValue ra = imax_s(b, c0, first);
+        MlirValue rb = imin_s(b, c1, cg_iadd(b, first, cg_idx(b, cp->dH)));
+        MlirValue pa = cg_imul_c(b, isub(b, ra, first), cp->dW);
+        MlirValue pb = cg_imul_c(b, isub(b, rb, first), cp->dW);
+        /* C's column of pixel p of the image: (ra - c0) dW + p - pa */
+        MlirValue at = isub(b, cg_iadd(b, crow, cg_imul_c(b, isub(b, ra, c0), cp->dW)), pa);
+        cg_for_begin(b, &lq, pa, pb, 0, NULL);
+        SET_DIM(3, lq.iv); /* y and q's group: y dW + q */
+        MlirValue acc = cp->K > 0 ? cg_load(b, cs, cg_iadd(b, at, lq.iv)) : cg_cf(b, b->f32, 0.0);
+        c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
+        st = cg_emit_sinks(c, cp->n_epi, cp->epi);
+        cg_for_end(b, &lq, 0, NULL);
+        cg_for_end(b, &ln, 0, NULL);
+        cg_for_end(b, &li, 0, NULL);
     } else { /* (i, (n, y, q)) of [N, M G, dH, dW] */
         cg_for_begin(b, &li, i0, i1, 0, NULL);
         MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
@@ -193,6 +217,30 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
     }
 #undef SET_DIM
     return st;
+}
+
+/* An unphased epilogue of conv2d or its input gradient runs over a task's pixels of one
+ * image in one loop, (y, q) as one group of its nest, when every value it reads or writes
+ * (the nest's leaves, just planned) is contiguous from one row's end to the next row (no
+ * transposed read, no pad split at a row): a row's loop of 7 to 56 pixels left its last
+ * 7 or 8 to scalar code, a layer4 row all of it. Sets cp->flat. */
+static void merge_pixels(kc *c, cv_plan *cp) {
+    nest *ns = &cp->ns;
+    if (cp->role == CV_GRAD_WEIGHT || ns->n_dims != 4 || ns->ext[2] == 1 || ns->ext[3] == 1 ||
+        c->n_cuts > 0 || ns->dim_group[3] != ns->n_groups - 1 ||
+        ns->dim_group[2] != ns->n_groups - 2)
+        return;
+    for (int32_t l = 0; l < c->s->n_leaves; l++) {
+        const int64_t *S = c->s->leaves[l].s;
+        if (S[2] != S[3] * ns->ext[3])
+            return;
+    }
+    int32_t g2 = ns->dim_group[2];
+    ns->g_last[g2] = 3;
+    ns->g_ext[g2] *= ns->ext[3];
+    ns->dim_group[3] = g2;
+    ns->n_groups--;
+    cp->flat = true;
 }
 
 /* The plan's shapes and blocks from the root and its operands. */
@@ -576,6 +624,8 @@ loom_status cg_lower_conv(kc *c) {
     }
     if ((st = cg_plan_epilogue(c, &cp->ns, cp->epi, &cp->n_epi, -1)) != LOOM_OK)
         goto done;
+    if (n_ph == 0)
+        merge_pixels(c, cp);
     for (int32_t q = 1; q <= n_ph; q++) { /* the epilogue is the same in every phase */
         cps[q].ns = cp->ns;
         cps[q].n_epi = cp->n_epi;

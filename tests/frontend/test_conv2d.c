@@ -348,6 +348,62 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
 
 /* LOOM_CONV=im2col compiles other kernels for the same graph: it is part of the compile
  * cache key, so a cached program of one kind never serves the other. */
+/* relu(conv2d(x, w) + v) as one kernel (v fused into the epilogue), compiled against the
+ * interpreter in f32, with v per channel [1, O, 1, 1] and full-size: the epilogue runs over
+ * a task's pixels of one image in one loop (here blocks of 42 rows of 6 pixels over 9
+ * images of 5 rows: the first spans images and ends mid-image, where the second starts); with v per
+ * row [1, 1, OH, 1] or per column [1, 1, 1, OW], which are not contiguous from one row's end to the
+ * next, row by row. */
+static void test_epilogues_by_pixels_and_by_rows_match_the_interpreter(void **state) {
+    (void)state;
+    static const int64_t vshape[4][4] = {{1, 24, 1, 1}, {9, 24, 5, 6}, {1, 1, 5, 1}, {1, 1, 1, 6}};
+    const int64_t xs[4] = {9, 8, 5, 6}, ws[4] = {24, 8, 3, 3}, ys = 9 * 24 * 5 * 6;
+    const int64_t one[2] = {1, 1};
+    for (int v = 0; v < 4; v++) {
+        int64_t nv = vshape[v][0] * vshape[v][1] * vshape[v][2] * vshape[v][3];
+        float *got[2];
+        for (int eager = 0; eager < 2; eager++) {
+            loom_context *ctx = tu_context(eager);
+            float *xf = malloc(9 * 8 * 5 * 6 * 4), *wf = malloc(24 * 8 * 9 * 4),
+                  *vf = malloc((size_t)nv * 4);
+            rng = 0xC0FFEEull + (uint64_t)v;
+            for (int64_t i = 0; i < 9 * 8 * 5 * 6; i++)
+                xf[i] = (float)(urand() - 0.5);
+            for (int64_t i = 0; i < 24 * 8 * 9; i++)
+                wf[i] = (float)(urand() - 0.5);
+            for (int64_t i = 0; i < nv; i++)
+                vf[i] = (float)(urand() - 0.5);
+            loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, xs, xf);
+            loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, ws, wf);
+            loom_tensor *vt = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, vshape[v], vf);
+            loom_tensor *y = loom_conv2d(ctx, x, w, NULL, one, one, one, 1);
+            loom_tensor *out = loom_relu(ctx, loom_add(ctx, y, vt));
+            assert_non_null(out);
+            loom_tensor_retain(out);
+            if (loom_mark_step(ctx) != LOOM_OK)
+                fail_msg("v %d: %s", v, loom_context_error_message(ctx));
+            got[eager] = malloc((size_t)ys * 4);
+            tu_read_f32(ctx, out, got[eager], (size_t)ys);
+            loom_tensor_release(out);
+            loom_tensor_release(x);
+            loom_tensor_release(w);
+            loom_tensor_release(vt);
+            free(xf);
+            free(wf);
+            free(vf);
+            loom_context_destroy(ctx);
+        }
+        for (int64_t i = 0; i < ys; i++)
+            if (!(fabsf(got[0][i] - got[1][i]) <= 1e-5f * (1 + fabsf(got[1][i]))))
+                fail_msg("v of shape [%lld,%lld,%lld,%lld]: element %lld: JIT %.9g, "
+                         "interpreter %.9g",
+                         (long long)vshape[v][0], (long long)vshape[v][1], (long long)vshape[v][2],
+                         (long long)vshape[v][3], (long long)i, got[0][i], got[1][i]);
+        free(got[0]);
+        free(got[1]);
+    }
+}
+
 static void test_im2col_switch_is_part_of_the_cache_key(void **state) {
     (void)state;
     unsetenv("LOOM_CONV");
@@ -368,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_in_f32),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_bf16_autocast),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
+        cmocka_unit_test(test_epilogues_by_pixels_and_by_rows_match_the_interpreter),
         cmocka_unit_test(test_im2col_switch_is_part_of_the_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
