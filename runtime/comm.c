@@ -186,6 +186,7 @@ loom_status loom_rt_comm_init_base(loom_rt_comm *c, const loom_rt_comm_vtable *v
     c->vt = vt;
     c->alloc = *a;
     c->timeout_ns = timeout_ns;
+    c->spare_cap = LOOM_RT_COMM_SPARE_BYTES;
     c->size = c->local_size = 1;
     atomic_init(&c->pending, 0);
     atomic_init(&c->failed, false);
@@ -321,27 +322,46 @@ static bool take_staging(loom_rt_comm *c, loom_rt_comm_request *r, size_t bytes)
 }
 
 /* Keeps a finished request's staging as a spare (in a free place, or instead of a smaller
- * spare), else frees it. */
+ * spare), the smallest others freed while the spares exceed spare_cap; else frees it (and
+ * one larger than the cap). */
 static void give_staging(loom_rt_comm *c, float *p, size_t bytes) {
     if (!p)
         return;
-    int at = -1, smallest = 0;
+    float *drop[LOOM_RT_COMM_SPARES + 1];
+    size_t drop_bytes[LOOM_RT_COMM_SPARES + 1];
+    int n_drop = 0, at = -1, smallest = 0;
     pthread_mutex_lock(&c->mu);
-    for (int i = 0; i < LOOM_RT_COMM_SPARES && at < 0; i++)
+    for (int i = 0; i < LOOM_RT_COMM_SPARES && at < 0 && bytes <= c->spare_cap; i++)
         if (!c->spare[i])
             at = i;
         else if (c->spare_bytes[i] < c->spare_bytes[smallest])
             smallest = i;
-    if (at < 0 && c->spare_bytes[smallest] < bytes)
+    if (at < 0 && bytes <= c->spare_cap && c->spare_bytes[smallest] < bytes)
         at = smallest;
-    float *drop = p;
-    size_t drop_bytes = bytes;
-    if (at >= 0) {
-        drop = c->spare[at], drop_bytes = c->spare_bytes[at];
+    if (at < 0) {
+        drop[n_drop] = p, drop_bytes[n_drop++] = bytes;
+    } else {
+        if (c->spare[at])
+            drop[n_drop] = c->spare[at], drop_bytes[n_drop++] = c->spare_bytes[at];
         c->spare[at] = p, c->spare_bytes[at] = bytes;
+        size_t total = 0;
+        for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+            total += c->spare[i] ? c->spare_bytes[i] : 0;
+        while (total > c->spare_cap) { /* p alone fits: the others go, the smallest first */
+            int s = -1;
+            for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+                if (i != at && c->spare[i] && (s < 0 || c->spare_bytes[i] < c->spare_bytes[s]))
+                    s = i;
+            if (s < 0)
+                break; /* not reached: p alone is within the cap */
+            drop[n_drop] = c->spare[s], drop_bytes[n_drop++] = c->spare_bytes[s];
+            total -= c->spare_bytes[s];
+            c->spare[s] = NULL, c->spare_bytes[s] = 0;
+        }
     }
     pthread_mutex_unlock(&c->mu);
-    loom_ir_free(&c->alloc, drop, drop_bytes);
+    for (int i = 0; i < n_drop; i++)
+        loom_ir_free(&c->alloc, drop[i], drop_bytes[i]);
 }
 
 static void free_request(loom_rt_comm_request *r, bool free_staging) {

@@ -49,8 +49,10 @@
  * found in its cache, short enough that a dead peer ends the job within minutes. */
 #define LOOM_RT_COMM_DEFAULT_TIMEOUT_S 300.0
 /* 16-bit all-reduce stagings a communicator keeps for reuse: one per bucket of a step that
- * has up to this many in flight. */
+ * has up to this many in flight, and together at most this many bytes (a 25 MB bf16 bucket
+ * stages 50 MB of f32: five of them). */
 #define LOOM_RT_COMM_SPARES 8
+#define LOOM_RT_COMM_SPARE_BYTES ((size_t)256 << 20)
 
 typedef struct loom_rt_comm loom_rt_comm;
 typedef struct loom_rt_comm_request loom_rt_comm_request;
@@ -116,6 +118,7 @@ struct loom_rt_comm {
      * f32) */
     float *spare[LOOM_RT_COMM_SPARES];
     size_t spare_bytes[LOOM_RT_COMM_SPARES];
+    size_t spare_cap; /* their bytes at most: LOOM_RT_COMM_SPARE_BYTES (tests lower it) */
     void *impl; /* the backend's state */
 };
 

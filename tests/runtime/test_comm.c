@@ -231,6 +231,67 @@ static void test_16_bit_stagings_are_reused_and_never_shared(void **state) {
     destroy_ok(c); /* frees the spares (ASan's run checks) */
 }
 
+/* The bytes of c's spares, and how many there are in *n. */
+static size_t spare_total(const loom_rt_comm *c, int *n) {
+    size_t total = 0;
+    *n = 0;
+    for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+        if (c->spare[i]) {
+            total += c->spare_bytes[i];
+            ++*n;
+        }
+    return total;
+}
+
+/* The spares stay within spare_cap bytes (LOOM_RT_COMM_SPARE_BYTES, lowered here): a
+ * staging larger than the cap is not kept, and a newly kept one pushes out the smallest
+ * others until the spares fit again. */
+static void test_16_bit_stagings_kept_stay_within_their_byte_cap(void **state) {
+    (void)state;
+    loom_rt_comm *c = self_comm();
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    enum { N = 64 };
+    const size_t row = N * sizeof(float);
+    c->spare_cap = 3 * row;
+    uint16_t a[4 * N], b[2 * N];
+    for (int i = 0; i < 4 * N; i++)
+        a[i] = loom_ir_f32_to_bf16(1.0f);
+    int n = 0;
+    assert_int_equal(loom_rt_comm_allreduce(c, a, N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &d),
+                     LOOM_OK);
+    assert_int_equal(loom_rt_comm_allreduce(c, a, 2 * N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &d),
+                     LOOM_OK);
+    assert_true(spare_total(c, &n) == 3 * row && n == 2); /* at the cap: both kept */
+    assert_int_equal(loom_rt_comm_allreduce(c, a, 4 * N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &d),
+                     LOOM_OK);
+    assert_true(spare_total(c, &n) == 3 * row && n == 2); /* 4 rows: over the cap, not kept */
+
+    /* two of 2 rows in flight: the first takes the spare of 2 rows, the second a new one;
+     * given back, the second pushes out the spare of 1 row and then the other of 2 */
+    for (int i = 0; i < 2 * N; i++)
+        b[i] = loom_ir_f32_to_bf16(2.0f);
+    loom_rt_comm_request *ra = NULL, *rb = NULL;
+    assert_int_equal(
+        loom_rt_comm_allreduce_start(c, a, 2 * N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &ra, &d),
+        LOOM_OK);
+    assert_int_equal(
+        loom_rt_comm_allreduce_start(c, b, 2 * N, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM, 1, &rb, &d),
+        LOOM_OK);
+    float *second = rb->staging;
+    assert_int_equal(loom_rt_comm_wait(ra, &d), LOOM_OK);
+    assert_true(spare_total(c, &n) == 3 * row && n == 2);
+    assert_int_equal(loom_rt_comm_wait(rb, &d), LOOM_OK);
+    assert_true(spare_total(c, &n) == 2 * row && n == 1);
+    int kept = -1;
+    for (int i = 0; i < LOOM_RT_COMM_SPARES; i++)
+        kept = c->spare[i] ? i : kept;
+    assert_ptr_equal(c->spare[kept], second);
+    for (int i = 0; i < 2 * N; i++)
+        assert_true(loom_ir_bf16_to_f32(a[i]) == 1.0f && loom_ir_bf16_to_f32(b[i]) == 2.0f);
+    destroy_ok(c); /* frees the spare, and ASan checks the ones pushed out were freed */
+}
+
 static void write_chunk(const char *chunk, size_t len, void *ud) {
     fwrite(chunk, 1, len, ud);
 }
@@ -774,6 +835,7 @@ int main(void) {
         cmocka_unit_test_setup(test_self_broadcast_and_allgather_copy_this_ranks_values, clean_env),
         cmocka_unit_test_setup(test_nonblocking_allreduces_are_waited_in_any_order, clean_env),
         cmocka_unit_test_setup(test_16_bit_stagings_are_reused_and_never_shared, clean_env),
+        cmocka_unit_test_setup(test_16_bit_stagings_kept_stay_within_their_byte_cap, clean_env),
         cmocka_unit_test_setup(test_completed_collectives_count_their_time_and_payload_bytes,
                                clean_env),
         cmocka_unit_test_setup(test_finalize_with_a_pending_request_is_refused, clean_env),
