@@ -107,6 +107,16 @@ static bool root_stored_alone(const kc *c, const cv_plan *cp) {
     return cp->n_epi == 1 && cp->epi[0].node == c->k->root && cp->epi[0].store;
 }
 
+/* One element of conv2d's or the input gradient's epilogue at the nest indices set: the
+ * root's value C (cs[at]) rounded to its dtype, or 0 where no tap reaches (`taps` false),
+ * through the fused sinks. */
+static loom_status emit_element(kc *c, const cv_plan *cp, MlirValue cs, MlirValue at, bool taps) {
+    cg_b *b = c->b;
+    MlirValue acc = taps ? cg_load(b, cs, at) : cg_cf(b, b->f32, 0.0);
+    c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
+    return cg_emit_sinks(c, cp->n_epi, cp->epi);
+}
+
 /* The epilogue of a task's block: C's element (i, column) is the root's element at the
  * nest indices set here; the fused sinks evaluate and store from it. */
 static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirValue i0,
@@ -151,68 +161,60 @@ static loom_status emit_epilogue(kc *c, const cv_plan *cp, MlirValue cs, MlirVal
         cg_for_end(b, &lh, 0, NULL);
         cg_for_end(b, &lc, 0, NULL);
         cg_for_end(b, &lq, 0, NULL);
-    } else if (cp->flat) { /* (i, n, (y, q)): a task's pixels of one image in one loop */
-        cg_for ln;
-        cg_for_begin(b, &li, i0, i1, 0, NULL);
-        MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
-        SET_DIM(1, cg_iadd(b, cg_imul_c(b, g, cp->M), li.iv));
-        /* the images the rows [c0, c1) of (n, y) reach, and in each its rows [ra, rb) */
-        cg_for_begin(b, &ln, idiv(b, c0, cp->dH),
-                     idiv(b, cg_iadd(b, c1, cg_idx(b, cp->dH - 1)), cp->dH), 0, NULL);
-        SET_DIM(0, ln.iv);
-        MlirValue first = cg_imul_c(b, ln.iv, cp->dH);
-        MlirValue ra = imax_s(b, c0, first);
-        MlirValue rb = imin_s(b, c1, cg_iadd(b, first, cg_idx(b, cp->dH)));
-        MlirValue pa = cg_imul_c(b, isub(b, ra, first), cp->dW);
-        MlirValue pb = cg_imul_c(b, isub(b, rb, first), cp->dW);
-        /* C's column of pixel p of the image: (ra - c0) dW + p - pa */
-        MlirValue at = isub(b, cg_iadd(b, crow, cg_imul_c(b, isub(b, ra, c0), cp->dW)), pa);
-        cg_for_begin(b, &lq, pa, pb, 0, NULL);
-        SET_DIM(3, lq.iv); /* y and q's group: y dW + q */
-        MlirValue acc = cp->K > 0 ? cg_load(b, cs, cg_iadd(b, at, lq.iv)) : cg_cf(b, b->f32, 0.0);
-        c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
-        st = cg_emit_sinks(c, cp->n_epi, cp->epi);
-        cg_for_end(b, &lq, 0, NULL);
-        cg_for_end(b, &ln, 0, NULL);
-        cg_for_end(b, &li, 0, NULL);
     } else { /* (i, (n, y, q)) of [N, M G, dH, dW] */
         cg_for_begin(b, &li, i0, i1, 0, NULL);
         MlirValue crow = cg_imul_c(b, isub(b, li.iv, i0), cp->mk.nbp);
         SET_DIM(1, cg_iadd(b, cg_imul_c(b, g, cp->M), li.iv));
-        cg_for_begin(b, &lr, c0, c1, 0, NULL);
-        SET_DIM(0, idiv(b, lr.iv, cp->dH));
-        MlirValue y = irem(b, lr.iv, cp->dH);
-        MlirValue at = cg_iadd(b, crow, cg_imul_c(b, isub(b, lr.iv, c0), cp->dW));
-        /* spread: destination rows y st + a and, in each, pixels q st + b for every phase
-         * (a, b), so the epilogue reads and writes whole rows; else the phase's own */
-        int64_t na = cp->spread ? cp->st[0] : 1, nb = cp->spread ? cp->st[1] : 1;
-        for (int64_t a = 0; a < na && st == LOOM_OK; a++) {
-            int64_t ya = cp->spread ? a : cp->ph[0];
-            SET_DIM(2, cp->phased ? cg_iadd(b, cg_imul_c(b, y, cp->st[0]), cg_idx(b, ya)) : y);
-            if (ya != cp->ph[0]) { /* a row without taps: zeros through the epilogue */
-                cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW * cp->st[1]), 0, NULL);
-                SET_DIM(3, lq.iv);
-                MlirValue zero = cg_cf(b, b->f32, 0.0);
-                c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, zero) : zero;
-                st = cg_emit_sinks(c, cp->n_epi, cp->epi);
-                cg_for_end(b, &lq, 0, NULL);
-                continue;
-            }
-            cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
-            for (int64_t bb = 0; bb < nb && st == LOOM_OK; bb++) {
-                int64_t xb = cp->spread ? bb : cp->ph[1];
-                SET_DIM(3, cp->phased ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->st[1]), cg_idx(b, xb))
-                                      : lq.iv);
-                /* a phase no tap reaches is zero (its C never written) */
-                bool taps = cp->K > 0 && xb == cp->ph[1]; /* ya is the phase's row */
-                MlirValue acc =
-                    taps ? cg_load(b, cs, cg_iadd(b, at, lq.iv)) : cg_cf(b, b->f32, 0.0);
-                c->bound_v = is_16(cp->dt) ? cg_round16(b, cp->dt, acc) : acc;
-                st = cg_emit_sinks(c, cp->n_epi, cp->epi);
-            }
+        if (cp->flat) { /* (n, (y, q)): a task's pixels of one image in one loop */
+            cg_for ln;
+            /* the images the rows [c0, c1) of (n, y) reach, and in each its rows [ra, rb) */
+            cg_for_begin(b, &ln, idiv(b, c0, cp->dH),
+                         idiv(b, cg_iadd(b, c1, cg_idx(b, cp->dH - 1)), cp->dH), 0, NULL);
+            SET_DIM(0, ln.iv);
+            MlirValue first = cg_imul_c(b, ln.iv, cp->dH);
+            MlirValue ra = imax_s(b, c0, first);
+            MlirValue rb = imin_s(b, c1, cg_iadd(b, first, cg_idx(b, cp->dH)));
+            MlirValue pa = cg_imul_c(b, isub(b, ra, first), cp->dW);
+            MlirValue pb = cg_imul_c(b, isub(b, rb, first), cp->dW);
+            /* C's column of pixel p of the image: (ra - c0) dW + p - pa */
+            MlirValue at = isub(b, cg_iadd(b, crow, cg_imul_c(b, isub(b, ra, c0), cp->dW)), pa);
+            cg_for_begin(b, &lq, pa, pb, 0, NULL);
+            SET_DIM(3, lq.iv); /* y and q's group: y dW + q */
+            st = emit_element(c, cp, cs, cg_iadd(b, at, lq.iv), cp->K > 0);
             cg_for_end(b, &lq, 0, NULL);
+            cg_for_end(b, &ln, 0, NULL);
+        } else { /* ((n, y), q) row by row */
+            cg_for_begin(b, &lr, c0, c1, 0, NULL);
+            SET_DIM(0, idiv(b, lr.iv, cp->dH));
+            MlirValue y = irem(b, lr.iv, cp->dH);
+            MlirValue at = cg_iadd(b, crow, cg_imul_c(b, isub(b, lr.iv, c0), cp->dW));
+            /* spread: destination rows y st + a and, in each, pixels q st + b for every phase
+             * (a, b), so the epilogue reads and writes whole rows; else the phase's own */
+            int64_t na = cp->spread ? cp->st[0] : 1, nb = cp->spread ? cp->st[1] : 1;
+            for (int64_t a = 0; a < na && st == LOOM_OK; a++) {
+                int64_t ya = cp->spread ? a : cp->ph[0];
+                SET_DIM(2, cp->phased ? cg_iadd(b, cg_imul_c(b, y, cp->st[0]), cg_idx(b, ya)) : y);
+                if (ya != cp->ph[0]) { /* a row without taps: zeros through the epilogue */
+                    cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW * cp->st[1]), 0, NULL);
+                    SET_DIM(3, lq.iv);
+                    st = emit_element(c, cp, cs, at, false);
+                    cg_for_end(b, &lq, 0, NULL);
+                    continue;
+                }
+                cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW), 0, NULL);
+                for (int64_t bb = 0; bb < nb && st == LOOM_OK; bb++) {
+                    int64_t xb = cp->spread ? bb : cp->ph[1];
+                    SET_DIM(3, cp->phased
+                                   ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->st[1]), cg_idx(b, xb))
+                                   : lq.iv);
+                    /* a phase no tap reaches is zero (its C never written) */
+                    bool taps = cp->K > 0 && xb == cp->ph[1]; /* ya is the phase's row */
+                    st = emit_element(c, cp, cs, cg_iadd(b, at, lq.iv), taps);
+                }
+                cg_for_end(b, &lq, 0, NULL);
+            }
+            cg_for_end(b, &lr, 0, NULL);
         }
-        cg_for_end(b, &lr, 0, NULL);
         cg_for_end(b, &li, 0, NULL);
     }
 #undef SET_DIM

@@ -166,7 +166,8 @@ int64_t cg_grain_for(int64_t work_per_iter);
 enum { CG_EPI_MAX = 64 }; /* epilogue results of a matmul or convolution kernel */
 /* The epilogue of a matmul or convolution kernel (root bound to the product): its nest over
  * the root's shape (one group per dim), the results that depend on the root as stored sinks
- * but `skip` (-1: none), the side nests of the others, then the plan of the nest. */
+ * but `skip` (-1: none), the side nests of the others, then the plan of the nest (planned
+ * last: on return c->s->leaves holds its leaves, which lower_conv.c's merge_pixels reads). */
 loom_status cg_plan_epilogue(kc *c, nest *ns, sink *epi, int32_t *n_epi, int32_t skip);
 
 /* ---- memo, dtypes, evaluation of fused nodes (lower_eval.c) ---- */
