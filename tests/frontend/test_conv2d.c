@@ -99,7 +99,7 @@ static void operands_deinit(operands *p) {
     free(p->b);
 }
 
-/* sum(conv2d(x, w, b) * r) with r fixed pseudo-random weights in [0.5, 1.5). */
+/* sum(conv2d(x, w, b) * r) with r fixed pseudo-random weights in [0.5, 1.5), in y's dtype. */
 static loom_tensor *weighted_loss(loom_context *ctx, const conv_case *k, loom_tensor *x,
                                   loom_tensor *w, loom_tensor *b) {
     loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
@@ -115,9 +115,10 @@ static loom_tensor *weighted_loss(loom_context *ctx, const conv_case *k, loom_te
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         r[i] = 0.5 + (double)(st >> 11) * 0x1.0p-53;
     }
-    loom_tensor *rt = loom_tensor_from_host(ctx, dt, 4, s, r);
+    loom_tensor *rt = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 4, s, r);
     free(r);
-    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, rt), 0, NULL, false);
+    loom_tensor *loss = loom_sum(
+        ctx, loom_mul(ctx, y, dt == LOOM_DTYPE_F64 ? rt : loom_cast(ctx, rt, dt)), 0, NULL, false);
     loom_tensor_release(rt);
     return loss;
 }
@@ -404,6 +405,80 @@ static void test_epilogues_by_pixels_and_by_rows_match_the_interpreter(void **st
     }
 }
 
+/* The input gradient of a strided convolution with the ReLU's mask fused into its epilogue,
+ * d/dx0 sum(conv2d(relu(x0), w) * r), compiled against the interpreter, in f32 and under
+ * bf16 autocast. Its destination pixels run per phase (ph0 + st0 y, ph1 + st1 q): at 28x28
+ * with stride 2 (and 28x30 with stride 2x3) every phase has taps and all are one size, so
+ * a task runs the phases along W side by side and writes whole rows (blocks of 18 phase
+ * rows over 3 images of 14: they span images); at 27x27 the phases differ in size and run
+ * one by one; a strided 1x1 has one phase with taps, whose epilogue writes the zeros of
+ * the others. */
+static void test_strided_input_gradients_match_the_interpreter(void **state) {
+    (void)state;
+    static const conv_case cases[] = {
+        {"3x3 stride 2 at 28x28", 3, 24, 28, 28, 16, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
+        {"3x3 stride 2x3 at 28x30", 3, 24, 28, 30, 16, 3, 3, {2, 3}, {1, 1}, {1, 1}, 1, false},
+        {"3x3 stride 2 at 27x27", 3, 24, 27, 27, 16, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
+        {"1x1 stride 2 at 28x28", 3, 24, 28, 28, 16, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
+    };
+    static const loom_dtype amps[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
+    for (size_t a = 0; a < 2; a++) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            const conv_case *k = &cases[c];
+            int64_t nx = 0;
+            float *got[2];
+            for (int eager = 0; eager < 2; eager++) {
+                loom_context *ctx = tu_context(eager);
+                rng = 0xABCDEFull + c;
+                operands p;
+                operands_init(&p, k);
+                nx = p.nx;
+                float *xf = malloc((size_t)p.nx * 4), *wf = malloc((size_t)p.nw * 4);
+                for (int64_t i = 0; i < p.nx; i++)
+                    xf[i] = (float)p.x[i];
+                for (int64_t i = 0; i < p.nw; i++)
+                    wf[i] = (float)p.w[i];
+                loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.xs, xf);
+                loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.ws, wf);
+                if (amps[a] != LOOM_DTYPE_F32)
+                    assert_int_equal(loom_autocast_begin(ctx, amps[a]), LOOM_OK);
+                loom_tensor *loss = weighted_loss(ctx, k, loom_relu(ctx, x), w, NULL);
+                if (amps[a] != LOOM_DTYPE_F32)
+                    assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
+                loom_tensor *g = NULL;
+                assert_int_equal(loom_backward(ctx, loss, 1, &x, &g), LOOM_OK);
+                loom_tensor_retain(g);
+                if (loom_mark_step(ctx) != LOOM_OK)
+                    fail_msg("%s: %s", k->name, loom_context_error_message(ctx));
+                got[eager] = malloc((size_t)p.nx * 4);
+                tu_read_f32(ctx, g, got[eager], (size_t)p.nx);
+                loom_tensor_release(g);
+                loom_tensor_release(x);
+                loom_tensor_release(w);
+                free(xf);
+                free(wf);
+                operands_deinit(&p);
+                loom_context_destroy(ctx);
+            }
+            float scale = 0, tol = amps[a] == LOOM_DTYPE_F32 ? 1e-5f : 3e-2f;
+            int64_t zeros = 0;
+            for (int64_t i = 0; i < nx; i++) {
+                scale = fmaxf(scale, fabsf(got[1][i]));
+                zeros += got[1][i] == 0.0f;
+            }
+            if (zeros < nx / 4 || zeros > nx - nx / 16) /* the mask took effect, not all 0 */
+                fail_msg("%s %s: %lld of %lld zeros", k->name, loom_dtype_name(amps[a]),
+                         (long long)zeros, (long long)nx);
+            for (int64_t i = 0; i < nx; i++)
+                if (!(fabsf(got[0][i] - got[1][i]) <= tol * scale))
+                    fail_msg("%s %s: element %lld: JIT %.9g, interpreter %.9g", k->name,
+                             loom_dtype_name(amps[a]), (long long)i, got[0][i], got[1][i]);
+            free(got[0]);
+            free(got[1]);
+        }
+    }
+}
+
 static void test_im2col_switch_is_part_of_the_cache_key(void **state) {
     (void)state;
     unsetenv("LOOM_CONV");
@@ -425,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_bf16_autocast),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
         cmocka_unit_test(test_epilogues_by_pixels_and_by_rows_match_the_interpreter),
+        cmocka_unit_test(test_strided_input_gradients_match_the_interpreter),
         cmocka_unit_test(test_im2col_switch_is_part_of_the_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
