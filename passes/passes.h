@@ -92,6 +92,12 @@ extern const loom_pass loom_pass_conv_decompose;
  * factors (a batch norm's backward: four sums become two). Rules at the top of
  * passes/reduce_factor.c. Runs before CSE. Errors: OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_reduce_factor;
+/* Moments in one pass: a variance recorded as mean((x - mean(x))^2) over the mean's axes
+ * (batch norm's, layer norm's; f32) becomes mean(x^2) - mean(x)^2 from two f64 sums of x,
+ * which fusion reads in one kernel; the mean becomes the f64 sum's, rounded: bit for bit the
+ * same. Rules and the error bound at the top of passes/moments.c. Runs after CSE, before
+ * fold. Errors: OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_moments;
 /* Dead-code elimination: drops nodes no output depends on (graph inputs stay). */
 extern const loom_pass loom_pass_dce;
 
@@ -141,8 +147,8 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
  * serve; loom_pass_build_plan breaks such cycles first), OUT_OF_MEMORY. */
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
-/* The default JIT pipeline in one call: autocast, conv-decompose, dce, reduce-factor, cse, fold,
- * matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its dumps and
+/* The default JIT pipeline in one call: autocast, conv-decompose, dce, reduce-factor, cse, moments,
+ * fold, matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its dumps and
  * verify_each apply), then fusion, all-reduce bucketing (opts->allreduce_bucket_mb), memory
  * planning and loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller)
  * describes the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0
