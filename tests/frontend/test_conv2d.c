@@ -93,6 +93,17 @@ static void operands_init(operands *p, const conv_case *k) {
         p->b[i] = urand();
 }
 
+/* An f32 tensor of v's n values (rounded from f64). */
+static loom_tensor *f32_tensor(loom_context *ctx, int32_t rank, const int64_t *shape,
+                               const double *v, int64_t n) {
+    float *f = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++)
+        f[i] = (float)v[i];
+    loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, rank, shape, f);
+    free(f);
+    return t;
+}
+
 static void operands_deinit(operands *p) {
     free(p->x);
     free(p->w);
@@ -260,17 +271,9 @@ static void compiled_step_matches_the_interpreter(const conv_case *cases, size_t
             count[0] = p.nx;
             count[1] = p.nw;
             count[2] = p.no;
-            float *xf = malloc((size_t)p.nx * 4), *wf = malloc((size_t)p.nw * 4),
-                  *bf = malloc((size_t)p.no * 4);
-            for (int64_t i = 0; i < p.nx; i++)
-                xf[i] = (float)p.x[i];
-            for (int64_t i = 0; i < p.nw; i++)
-                wf[i] = (float)p.w[i];
-            for (int64_t i = 0; i < p.no; i++)
-                bf[i] = (float)p.b[i];
-            loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.xs, xf);
-            loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.ws, wf);
-            loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, &p.no, bf);
+            loom_tensor *x = f32_tensor(ctx, 4, p.xs, p.x, p.nx);
+            loom_tensor *w = f32_tensor(ctx, 4, p.ws, p.w, p.nw);
+            loom_tensor *b = f32_tensor(ctx, 1, &p.no, p.b, p.no);
             if (autocast != LOOM_DTYPE_F32)
                 assert_int_equal(loom_autocast_begin(ctx, autocast), LOOM_OK);
             loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
@@ -293,9 +296,6 @@ static void compiled_step_matches_the_interpreter(const conv_case *cases, size_t
             loom_tensor_release(x);
             loom_tensor_release(w);
             loom_tensor_release(b);
-            free(xf);
-            free(wf);
-            free(bf);
             operands_deinit(&p);
             loom_context_destroy(ctx);
         }
@@ -433,13 +433,8 @@ static void test_strided_input_gradients_match_the_interpreter(void **state) {
                 operands p;
                 operands_init(&p, k);
                 nx = p.nx;
-                float *xf = malloc((size_t)p.nx * 4), *wf = malloc((size_t)p.nw * 4);
-                for (int64_t i = 0; i < p.nx; i++)
-                    xf[i] = (float)p.x[i];
-                for (int64_t i = 0; i < p.nw; i++)
-                    wf[i] = (float)p.w[i];
-                loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.xs, xf);
-                loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, p.ws, wf);
+                loom_tensor *x = f32_tensor(ctx, 4, p.xs, p.x, p.nx);
+                loom_tensor *w = f32_tensor(ctx, 4, p.ws, p.w, p.nw);
                 if (amps[a] != LOOM_DTYPE_F32)
                     assert_int_equal(loom_autocast_begin(ctx, amps[a]), LOOM_OK);
                 loom_tensor *loss = weighted_loss(ctx, k, loom_relu(ctx, x), w, NULL);
@@ -455,8 +450,6 @@ static void test_strided_input_gradients_match_the_interpreter(void **state) {
                 loom_tensor_release(g);
                 loom_tensor_release(x);
                 loom_tensor_release(w);
-                free(xf);
-                free(wf);
                 operands_deinit(&p);
                 loom_context_destroy(ctx);
             }
