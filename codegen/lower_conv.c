@@ -601,12 +601,12 @@ static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_b
     /* C per phase along W that the epilogue writes (NULL: no tap reaches it, zeros) */
     MlirValue cs[CV_PHASES_MAX] = {{NULL}};
     int64_t nw = wide > 1 || cp->spread ? cp->st[1] : 1;
-    for (int32_t w = 0; w < wide; w++)
-        if (cps[w].K > 0)
-            emit_product(c, &cps[w], u, w, tag + w, gi, gib, i0, i1, c0, c1, ncols);
-    for (int32_t w = 0; w < wide; w++)
-        if (cps[w].K > 0)
-            cs[wide > 1 ? w : cp->spread ? cp->ph[1] : 0] = u->cs[w];
+    for (int32_t w = 0; w < wide; w++) {
+        if (cps[w].K == 0)
+            continue;
+        emit_product(c, &cps[w], u, w, tag + w, gi, gib, i0, i1, c0, c1, ncols);
+        cs[wide > 1 ? w : cp->spread ? cp->ph[1] : 0] = u->cs[w];
+    }
     if (gw) { /* C is read even with no K (an empty batch's weight gradient: zeros) */
         if (cp->K == 0)
             cv_zero_rows(b, u->cs[0], cg_idx(b, 0), cp->mbp, cp->mk.nbp, cg_cf(b, b->f32, 0.0));
