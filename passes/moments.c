@@ -74,6 +74,11 @@ static int32_t add(mo_state *s, loom_ir_op op, int32_t a, int32_t b, loom_dtype 
 
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     *out_changed = false;
+    bool any = false;
+    for (int32_t i = 0; i < g->n_nodes && !any; i++)
+        any = variance_of(g, i) >= 0;
+    if (!any) /* most graphs: nothing allocated */
+        return LOOM_OK;
     const size_t bytes = (size_t)g->n_nodes * sizeof(int32_t);
     /* var_of[m]: the variance taken around mean m (the first), or -1 */
     int32_t *var_of = loom_ir_alloc(&g->alloc, bytes), *map = loom_ir_alloc(&g->alloc, bytes);
@@ -81,17 +86,14 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     loom_ir_graph_init(&s.out, &g->alloc);
     if (!var_of || !map)
         s.st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
-    bool any = false;
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++)
         var_of[i] = map[i] = -1;
     for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
         int32_t m = variance_of(g, i);
-        if (m >= 0 && var_of[m] < 0) {
+        if (m >= 0 && var_of[m] < 0)
             var_of[m] = i;
-            any = true;
-        }
     }
-    if (any) {
+    if (s.st == LOOM_OK) {
         const loom_ir_attrs none = {0};
         for (int32_t i = 0; i < g->n_nodes && s.st == LOOM_OK; i++) {
             int32_t v = var_of[i];
@@ -121,10 +123,6 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         loom_ir_free(&g->alloc, var_of, bytes);
     if (map)
         loom_ir_free(&g->alloc, map, bytes);
-    if (!any && s.st == LOOM_OK) {
-        loom_ir_graph_deinit(&s.out);
-        return LOOM_OK;
-    }
     return loom_pass_replace_graph(g, &s.out, s.st, out_changed);
 }
 
