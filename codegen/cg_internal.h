@@ -124,8 +124,9 @@ MlirValue cg_vbitcast(cg_b *b, MlirValue v, MlirType vt);
 MlirValue cg_vconst_i32(cg_b *b, int64_t n, const int32_t *lanes);
 MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y);
 MlirValue cg_vcmpf(cg_b *b, cg_fpred p, MlirValue x, MlirValue y);
-/* A hint to bring mem[i]'s cache line in for reading (memref.prefetch; no fault). */
-void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i);
+/* A hint to bring mem[i]'s cache line in for reading, or for writing (`write`), into every
+ * cache level (`near`) or from L2 outwards (memref.prefetch; no fault, whatever i). */
+void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i, bool write, bool near);
 MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask);
 /* The same with the other lanes set to scalar pass (of vt's element type). */
 MlirValue cg_vmaskload_or(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask,

@@ -324,7 +324,7 @@ static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src
     MlirValue from = cg_iadd(b, at, cg_imul_c(b, q0, sstep));
     /* masked loads train no prefetcher: the same lanes of the next channel, which a later
      * window row reads (from memory, a conv's staging waited on each line) */
-    cg_prefetch(b, src, cg_iadd(b, from, cg_idx(b, w->ahead)));
+    cg_prefetch(b, src, cg_iadd(b, from, cg_idx(b, w->ahead)), false, true);
     MlirValue v = cg_vmaskload(b, cg_vec_t(n, et), src, from, mask);
     return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
 }

@@ -212,10 +212,18 @@ typedef struct cg_mk {
 static inline bool cg_mk_pairs(loom_dtype dt) {
     return dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16;
 }
+/* Emitted at the start of each tile of cg_mk_tiles (its column tile jt and row tile it),
+ * before the tile's product: lower_conv.c prefetches there what the block's epilogue will
+ * read and write, so that memory traffic overlaps the multiply-adds. */
+typedef struct cg_mk_hook {
+    void (*emit)(kc *c, const void *arg, MlirValue jt, MlirValue it);
+    const void *arg;
+} cg_mk_hook;
 /* cs = A x bp over tiles of mr x 16 nv for the block's mb rows and nb columns (padded to
- * whole tiles in the packing), A packed at ap[a0]; accumulate: cs += instead. */
+ * whole tiles in the packing), A packed at ap[a0]; accumulate: cs += instead; hook: NULL or
+ * emitted in every tile. */
 void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
-                 MlirValue mb, MlirValue nb, bool accumulate);
+                 MlirValue mb, MlirValue nb, bool accumulate, const cg_mk_hook *hook);
 /* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
 MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 /* Two bf16 (f32 values already rounded to bf16; scalars or vectors) as one i32 each: lo in

@@ -324,7 +324,7 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
 }
 
 void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
-                 MlirValue mb, MlirValue nb, bool accumulate) {
+                 MlirValue mb, MlirValue nb, bool accumulate, const cg_mk_hook *hook) {
     cg_b *b = c->b;
     enum { NACC = MK_ACC };
     const int64_t MR = m->mr, NV = m->nv, NR = NV * MK_PANEL;
@@ -334,6 +334,8 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp
     cg_for ljt, lit, lk;
     cg_for_begin(b, &ljt, cg_idx(b, 0), n_jt, 0, NULL);
     cg_for_begin(b, &lit, cg_idx(b, 0), n_it, 0, NULL);
+    if (hook)
+        hook->emit(c, hook->arg, ljt.iv, lit.iv);
     MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf), init[NACC];
     MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * m->nbp), cg_imul_c(b, ljt.iv, NR));
     for (int i = 0; i < NACC; i++)
@@ -541,7 +543,7 @@ loom_status cg_lower_matmul(kc *c) {
     }
     if (bf) {
         cg_mk_tiles(c, &mp->mk, A, cg_idx(b, 0), B, C, cg_bin(b, "arith.subi", i1, i0),
-                    cg_bin(b, "arith.subi", j1, j0), false);
+                    cg_bin(b, "arith.subi", j1, j0), false, NULL);
     } else if (mp->linalg) {
         MlirValue crow0 =
             scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);

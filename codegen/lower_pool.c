@@ -249,7 +249,7 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
         ih = imax_s(b, cg_imin(b, ih, cg_idx(b, pp->H - 1)), cg_idx(b, 0));
         MlirValue row = cg_iadd(b, xbase, cg_imul_c(b, ih, pp->W));
         for (int64_t j = 0; j < pp->W; j += line)
-            cg_prefetch(b, args[0], cg_iadd(b, row, cg_idx(b, j)));
+            cg_prefetch(b, args[0], cg_iadd(b, row, cg_idx(b, j)), false, true);
     }
     cg_for_begin(b, &lb, cg_idx(b, 0), cg_idx(b, ceil_div(pp->OW, PL_LANES)), 0, NULL);
     MlirValue ow0 = cg_imul_c(b, lb.iv, PL_LANES);
@@ -263,7 +263,8 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
         MlirValue at =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, pp->OH), lh.iv), pp->OW), ow0);
         MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), splat_i32(b, nl, PL_LANES));
-        cg_prefetch(b, args[1], cg_iadd(b, at, cg_idx(b, 2 * pp->OW))); /* two rows ahead */
+        cg_prefetch(b, args[1], cg_iadd(b, at, cg_idx(b, 2 * pp->OW)), false,
+                    true); /* two rows ahead */
         MlirValue dy =
             cg_vmaskload(b, cg_vec_t(PL_LANES, cg_storage_type(b, pp->dt)), args[1], at, lane_ok);
         cg_vstore(b, cg_widen16(b, pp->dt, dy), rowbuf, ow0);

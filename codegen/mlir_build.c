@@ -286,11 +286,11 @@ MlirValue cg_vcmpi(cg_b *b, cg_ipred p, MlirValue x, MlirValue y) {
     return mlirOperationGetResult(cg_op(b, "arith.cmpi", 2, ops, 1, &vt, 1, &a), 0);
 }
 
-void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i) {
+void cg_prefetch(cg_b *b, MlirValue mem, MlirValue i, bool write, bool near) {
     MlirValue ops[2] = {mem, i};
     MlirNamedAttribute a[3] = {
-        cg_named(b, "isWrite", mlirBoolAttrGet(b->ctx, 0)),
-        cg_named(b, "localityHint", mlirIntegerAttrGet(b->i32, 3)),
+        cg_named(b, "isWrite", mlirBoolAttrGet(b->ctx, write)),
+        cg_named(b, "localityHint", mlirIntegerAttrGet(b->i32, near ? 3 : 2)),
         cg_named(b, "isDataCache", mlirBoolAttrGet(b->ctx, 1)),
     };
     cg_op(b, "memref.prefetch", 2, ops, 0, NULL, 3, a);

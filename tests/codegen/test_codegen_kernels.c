@@ -478,6 +478,65 @@ static void test_strided_1x1_input_gradient_with_a_fused_epilogue(void **state) 
         }
 }
 
+/* A convolution's tiles prefetch what its epilogue reads and writes (lower_conv.c cv_pf): a
+ * 1x1 input gradient with a ResNet block's residual add and ReLU mask fused, whose MLIR
+ * holds read prefetches (the addend, the mask's source) and write ones (dx), and whose
+ * values still match the interpreter's, f32 and bf16, on 2 threads, with images whose rows
+ * split across the tiles' 32 columns (13x11). */
+static void test_conv_epilogue_operands_are_prefetched(void **state) {
+    (void)state;
+    const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
+    for (size_t d = 0; d < LEN(dts); d++) {
+        char dir[] = "/tmp/loom_cg_pfXXXXXX";
+        assert_non_null(mkdtemp(dir));
+        fx f;
+        fx_init(&f);
+        loom_dtype dt = dts[d];
+        const int64_t xs[4] = {3, 40, 13, 11};
+        int32_t dy = input(&f, dt, 4, S(3, 24, 13, 11));
+        int32_t w = input(&f, dt, 4, S(24, 40, 1, 1));
+        int32_t res = input(&f, dt, 4, xs);
+        int32_t x = input(&f, dt, 4, xs);
+        loom_ir_conv cv = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
+        int32_t dx = add(&f, (loom_ir_node_desc){.op = LOOM_IR_OP_CONV2D_GRAD_INPUT,
+                                                 .n_inputs = 2,
+                                                 .inputs = (int32_t[]){dy, w},
+                                                 .dtype = dt,
+                                                 .rank = 4,
+                                                 .shape = xs,
+                                                 .attrs = {.conv = cv}});
+        int32_t s = op2(&f, LOOM_IR_OP_ADD, res, dx);
+        int32_t z = cst(&f, dt, 4, xs, 0.0);
+        int32_t r = op3(&f, LOOM_IR_OP_SELECT, op2(&f, LOOM_IR_OP_GT, x, z), s, z);
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_MATMUL, dx, 4, (int32_t[]){dx, s, r - 1, r});
+        fill_all(&f, -2, 2, false);
+        check_with(&f, 2, dt == LOOM_DTYPE_BF16 ? 1e-2 : 1e-5, dt == LOOM_DTYPE_BF16 ? 0.125 : 1e-5,
+                   loom_dtype_name(dt));
+        loom_cg_options opts = {.compile_threads = 1, .dump_dir = dir, .dump_prefix = "pf"};
+        loom_rt_kernel k;
+        loom_cg_code *code = NULL;
+        assert_int_equal(loom_cg_compile(&f.g, &f.plan, &opts, &code, &k, &f.d), LOOM_OK);
+        loom_cg_code_destroy(code);
+        static const char *const files[] = {"pf.mlir", "pf.lowered.mlir", "pf.m0.ll", "pf.m0.s"};
+        for (size_t i = 0; i < LEN(files); i++) {
+            char path[256];
+            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            if (i == 0) {
+                char *text = tu_read_file(path);
+                assert_non_null(text);
+                if (!strstr(text, "memref.prefetch") || !strstr(text, "read, locality<2>") ||
+                    !strstr(text, "write, locality<2>"))
+                    fail_msg("%s: the epilogue's operands and result are not prefetched", path);
+                free(text);
+            }
+            unlink(path);
+        }
+        rmdir(dir);
+        fx_deinit(&f);
+    }
+}
+
 /* ---- reductions --------------------------------------------------------------------------- */
 
 static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **state) {
@@ -1065,6 +1124,7 @@ int main(void) {
         cmocka_unit_test(test_zero_sized_tensors_compile_and_write_nothing),
         cmocka_unit_test(test_reductions_with_prologue_and_epilogue_over_axis_sets),
         cmocka_unit_test(test_strided_1x1_input_gradient_with_a_fused_epilogue),
+        cmocka_unit_test(test_conv_epilogue_operands_are_prefetched),
         cmocka_unit_test(test_blocked_reductions_over_batch_and_pixels),
         cmocka_unit_test(test_reductions_sharing_one_pass),
         cmocka_unit_test(test_float_sums_add_in_vector_lanes_of_f64),
