@@ -263,8 +263,8 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
         MlirValue at =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, pp->OH), lh.iv), pp->OW), ow0);
         MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), splat_i32(b, nl, PL_LANES));
-        cg_prefetch(b, args[1], cg_iadd(b, at, cg_idx(b, 2 * pp->OW)), false,
-                    true); /* two rows ahead */
+        /* two rows ahead */
+        cg_prefetch(b, args[1], cg_iadd(b, at, cg_idx(b, 2 * pp->OW)), false, true);
         MlirValue dy =
             cg_vmaskload(b, cg_vec_t(PL_LANES, cg_storage_type(b, pp->dt)), args[1], at, lane_ok);
         cg_vstore(b, cg_widen16(b, pp->dt, dy), rowbuf, ow0);

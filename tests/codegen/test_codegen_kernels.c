@@ -478,6 +478,35 @@ static void test_strided_1x1_input_gradient_with_a_fused_epilogue(void **state) 
         }
 }
 
+/* Compiles f's kernels with their dumps in a fresh folder and fails (naming `what`) unless
+ * dump `which` (0 the MLIR, 1 the lowered MLIR, 2 the LLVM IR, 3 the assembly) holds each of
+ * the n needles; the folder is removed. */
+static void check_dump_holds(fx *f, int which, size_t n, const char *const *needles,
+                             const char *what) {
+    char dir[] = "/tmp/loom_cg_dumpXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    loom_cg_options opts = {.compile_threads = 1, .dump_dir = dir, .dump_prefix = "k"};
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(loom_cg_compile(&f->g, &f->plan, &opts, &code, &k, &f->d), LOOM_OK);
+    loom_cg_code_destroy(code);
+    static const char *const ext[] = {".mlir", ".lowered.mlir", ".m0.ll", ".m0.s"};
+    for (int i = 0; i < (int)LEN(ext); i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/k%s", dir, ext[i]);
+        if (i == which) {
+            char *text = tu_read_file(path);
+            assert_non_null(text);
+            for (size_t j = 0; j < n; j++)
+                if (!strstr(text, needles[j]))
+                    fail_msg("%s: %s (no '%s')", path, what, needles[j]);
+            free(text);
+        }
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 /* A convolution's tiles prefetch what its epilogue reads and writes (lower_conv.c cv_pf): a
  * 1x1 input gradient with a ResNet block's residual add and ReLU mask fused, whose MLIR
  * holds read prefetches (the addend, the mask's source) and write ones (dx), and whose
@@ -487,8 +516,6 @@ static void test_conv_epilogue_operands_are_prefetched(void **state) {
     (void)state;
     const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
     for (size_t d = 0; d < LEN(dts); d++) {
-        char dir[] = "/tmp/loom_cg_pfXXXXXX";
-        assert_non_null(mkdtemp(dir));
         fx f;
         fx_init(&f);
         loom_dtype dt = dts[d];
@@ -513,26 +540,10 @@ static void test_conv_epilogue_operands_are_prefetched(void **state) {
         fill_all(&f, -2, 2, false);
         check_with(&f, 2, dt == LOOM_DTYPE_BF16 ? 1e-2 : 1e-5, dt == LOOM_DTYPE_BF16 ? 0.125 : 1e-5,
                    loom_dtype_name(dt));
-        loom_cg_options opts = {.compile_threads = 1, .dump_dir = dir, .dump_prefix = "pf"};
-        loom_rt_kernel k;
-        loom_cg_code *code = NULL;
-        assert_int_equal(loom_cg_compile(&f.g, &f.plan, &opts, &code, &k, &f.d), LOOM_OK);
-        loom_cg_code_destroy(code);
-        static const char *const files[] = {"pf.mlir", "pf.lowered.mlir", "pf.m0.ll", "pf.m0.s"};
-        for (size_t i = 0; i < LEN(files); i++) {
-            char path[256];
-            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-            if (i == 0) {
-                char *text = tu_read_file(path);
-                assert_non_null(text);
-                if (!strstr(text, "memref.prefetch") || !strstr(text, "read, locality<2>") ||
-                    !strstr(text, "write, locality<2>"))
-                    fail_msg("%s: the epilogue's operands and result are not prefetched", path);
-                free(text);
-            }
-            unlink(path);
-        }
-        rmdir(dir);
+        static const char *const needles[] = {"memref.prefetch", "read, locality<2>",
+                                              "write, locality<2>"};
+        check_dump_holds(&f, 0, LEN(needles), needles,
+                         "the epilogue's operands and result are not prefetched");
         fx_deinit(&f);
     }
 }
@@ -663,8 +674,6 @@ static void test_reductions_sharing_one_pass(void **state) {
  * interpreter's in-order f64 sums once rounded (odd sizes: the vector loop's remainder). */
 static void test_float_sums_add_in_vector_lanes_of_f64(void **state) {
     (void)state;
-    char dir[] = "/tmp/loom_cg_sumXXXXXX";
-    assert_non_null(mkdtemp(dir));
     fx f;
     fx_init(&f);
     int32_t x = input(&f, LOOM_DTYPE_BF16, 4, S(3, 5, 37, 41));
@@ -674,25 +683,8 @@ static void test_float_sums_add_in_vector_lanes_of_f64(void **state) {
     kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, s - 1, s);
     fill_all(&f, -2, 2, false);
     check(&f, 1e-7, 0, "bf16 sum over axes 0, 2, 3");
-    loom_cg_options opts = {.compile_threads = 1, .dump_dir = dir, .dump_prefix = "sum"};
-    loom_rt_kernel k;
-    loom_cg_code *code = NULL;
-    assert_int_equal(loom_cg_compile(&f.g, &f.plan, &opts, &code, &k, &f.d), LOOM_OK);
-    loom_cg_code_destroy(code);
-    static const char *const files[] = {"sum.mlir", "sum.lowered.mlir", "sum.m0.ll", "sum.m0.s"};
-    for (size_t i = 0; i < LEN(files); i++) {
-        char path[256];
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        if (i == 2) {
-            char *text = tu_read_file(path);
-            assert_non_null(text);
-            if (!strstr(text, "fadd reassoc <"))
-                fail_msg("%s: the sum is not vectorized", path);
-            free(text);
-        }
-        unlink(path);
-    }
-    rmdir(dir);
+    check_dump_holds(&f, 2, 1, (const char *const[]){"fadd reassoc <"},
+                     "the sum is not vectorized");
     fx_deinit(&f);
 }
 
