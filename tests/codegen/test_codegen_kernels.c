@@ -423,6 +423,31 @@ static void test_zero_sized_tensors_compile_and_write_nothing(void **state) {
 
 /* ---- convolution epilogues ------------------------------------------------------------- */
 
+/* A ResNet block's 1x1 input gradient with the residual add and ReLU mask fused, one kernel:
+ * select(x > 0, res + conv2d_grad_input(dy, w), 0) for x and res of shape xs, dy of shape ys
+ * (w [ys[1], xs[1], 1, 1]), its operands filled in [-2, 2). */
+static void residual_input_gradient(fx *f, loom_dtype dt, const int64_t *xs, const int64_t *ys,
+                                    const loom_ir_conv *cv) {
+    int32_t dy = input(f, dt, 4, ys);
+    int32_t w = input(f, dt, 4, S(ys[1], xs[1], 1, 1));
+    int32_t res = input(f, dt, 4, xs);
+    int32_t x = input(f, dt, 4, xs);
+    int32_t dx = add(f, (loom_ir_node_desc){.op = LOOM_IR_OP_CONV2D_GRAD_INPUT,
+                                            .n_inputs = 2,
+                                            .inputs = (int32_t[]){dy, w},
+                                            .dtype = dt,
+                                            .rank = 4,
+                                            .shape = xs,
+                                            .attrs = {.conv = *cv}});
+    int32_t s = op2(f, LOOM_IR_OP_ADD, res, dx);
+    int32_t z = cst(f, dt, 4, xs, 0.0);
+    int32_t m = op2(f, LOOM_IR_OP_GT, x, z);
+    int32_t r = op3(f, LOOM_IR_OP_SELECT, m, s, z);
+    output(f, r);
+    kernel(f, LOOM_IR_KERNEL_MATMUL, dx, 4, (int32_t[]){dx, s, m, r});
+    fill_all(f, -2, 2, false);
+}
+
 /* A strided 1x1's input gradient with the residual add and ReLU mask of a ResNet downsample
  * fused (dx = select(x > 0, o + conv2d_grad_input(dy, w), 0)), against the interpreter, f32
  * and bf16: where only one phase of the destination pixels has taps and all phases are
@@ -443,29 +468,11 @@ static void test_strided_1x1_input_gradient_with_a_fused_epilogue(void **state) 
             int64_t n = 2, c = 6, o = 8, p = cases[i].pad;
             int64_t dh = (cases[i].h + 2 * p - 1) / cases[i].st[0] + 1;
             int64_t dw = (cases[i].w + 2 * p - 1) / cases[i].st[1] + 1;
-            const int64_t xs[4] = {n, c, cases[i].h, cases[i].w};
-            int32_t dy = input(&f, dt, 4, S(n, o, dh, dw));
-            int32_t w = input(&f, dt, 4, S(o, c, 1, 1));
-            int32_t res = input(&f, dt, 4, xs);
-            int32_t x = input(&f, dt, 4, xs);
             loom_ir_conv cv = {.stride = {cases[i].st[0], cases[i].st[1]},
                                .padding = {p, p},
                                .dilation = {1, 1},
                                .groups = 1};
-            int32_t dx = add(&f, (loom_ir_node_desc){.op = LOOM_IR_OP_CONV2D_GRAD_INPUT,
-                                                     .n_inputs = 2,
-                                                     .inputs = (int32_t[]){dy, w},
-                                                     .dtype = dt,
-                                                     .rank = 4,
-                                                     .shape = xs,
-                                                     .attrs = {.conv = cv}});
-            int32_t s = op2(&f, LOOM_IR_OP_ADD, res, dx);
-            int32_t z = cst(&f, dt, 4, xs, 0.0);
-            int32_t m = op2(&f, LOOM_IR_OP_GT, x, z);
-            int32_t r = op3(&f, LOOM_IR_OP_SELECT, m, s, z);
-            output(&f, r);
-            kernel(&f, LOOM_IR_KERNEL_MATMUL, dx, 4, (int32_t[]){dx, s, m, r});
-            fill_all(&f, -2, 2, false);
+            residual_input_gradient(&f, dt, S(n, c, cases[i].h, cases[i].w), S(n, o, dh, dw), &cv);
             char what[96];
             snprintf(what, sizeof what, "%s %lldx%lld stride %lldx%lld pad %lld",
                      loom_dtype_name(dt), (long long)cases[i].h, (long long)cases[i].w,
@@ -519,25 +526,8 @@ static void test_conv_epilogue_operands_are_prefetched(void **state) {
         fx f;
         fx_init(&f);
         loom_dtype dt = dts[d];
-        const int64_t xs[4] = {3, 40, 13, 11};
-        int32_t dy = input(&f, dt, 4, S(3, 24, 13, 11));
-        int32_t w = input(&f, dt, 4, S(24, 40, 1, 1));
-        int32_t res = input(&f, dt, 4, xs);
-        int32_t x = input(&f, dt, 4, xs);
         loom_ir_conv cv = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
-        int32_t dx = add(&f, (loom_ir_node_desc){.op = LOOM_IR_OP_CONV2D_GRAD_INPUT,
-                                                 .n_inputs = 2,
-                                                 .inputs = (int32_t[]){dy, w},
-                                                 .dtype = dt,
-                                                 .rank = 4,
-                                                 .shape = xs,
-                                                 .attrs = {.conv = cv}});
-        int32_t s = op2(&f, LOOM_IR_OP_ADD, res, dx);
-        int32_t z = cst(&f, dt, 4, xs, 0.0);
-        int32_t r = op3(&f, LOOM_IR_OP_SELECT, op2(&f, LOOM_IR_OP_GT, x, z), s, z);
-        output(&f, r);
-        kernel(&f, LOOM_IR_KERNEL_MATMUL, dx, 4, (int32_t[]){dx, s, r - 1, r});
-        fill_all(&f, -2, 2, false);
+        residual_input_gradient(&f, dt, S(3, 40, 13, 11), S(3, 24, 13, 11), &cv);
         check_with(&f, 2, dt == LOOM_DTYPE_BF16 ? 1e-2 : 1e-5, dt == LOOM_DTYPE_BF16 ? 0.125 : 1e-5,
                    loom_dtype_name(dt));
         static const char *const needles[] = {"memref.prefetch", "read, locality<2>",
