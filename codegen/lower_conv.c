@@ -498,7 +498,6 @@ typedef struct cv_pf {
     MlirValue mem[CV_PF_MAX];
     bool write[CV_PF_MAX];
     int64_t step[CV_PF_MAX]; /* elements per cache line */
-    int64_t numel;
     /* a column (y, q) of the plan's destination grid covers the destination's rows
      * y sy + a + oy for a in [0, ny) and its pixels from q sx on, sx at a time */
     int64_t ny, sy, oy, sx;
@@ -523,7 +522,7 @@ static void emit_prefetch(kc *c, const void *arg, MlirValue jt, MlirValue it) {
         cg_iadd(b, cg_iadd(b, cg_imul_c(b, pf->g, cp->M), pf->i0), cg_imul_c(b, it, cp->mk.mr));
     MlirValue img = cg_iadd(b, cg_imul_c(b, idiv(b, pr, cp->dH), root->shape[1]), ch);
     MlirValue base = cg_iadd(b, cg_imul_c(b, img, hw), cg_iadd(b, cg_imul_c(b, y, W), q));
-    MlirValue end = cg_idx(b, pf->numel - 1);
+    MlirValue end = cg_idx(b, loom_ir_numel(root->rank, root->shape) - 1);
     for (int64_t r = 0; r < cp->mk.mr; r++)
         for (int64_t a = 0; a < pf->ny; a++) {
             MlirValue at = cg_iadd(b, base, cg_idx(b, r * hw + a * W));
@@ -664,7 +663,6 @@ static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_b
     int64_t nw = wide > 1 || cp->spread ? cp->st[1] : 1;
     cv_pf pf = {.cp = cp, .g = gi, .i0 = i0, .c0 = c0, .ny = 1, .sy = 1, .sx = 1};
     const loom_ir_node *root = &c->g->nodes[c->k->root];
-    pf.numel = loom_ir_numel(root->rank, root->shape);
     if (cp->phased) { /* every phase's pixels along W; along H too where spread */
         pf.sy = cp->st[0], pf.sx = cp->st[1];
         pf.ny = cp->spread ? cp->st[0] : 1;
