@@ -193,6 +193,10 @@ bool loom_cg_host_has(const char *feature);
  * imply F32). Read at each compile; loom_cg_target_key includes the variable. */
 typedef enum cg_mm16 { CG_MM16_F32, CG_MM16_AVX512BF16, CG_MM16_COUNT_ } cg_mm16;
 cg_mm16 loom_cg_mm16_path(void);
+/* Whether large f32 matmuls run on that FMA microkernel (lower_matmul.c) rather than the
+ * matmul schedule: on AVX-512 hosts (its 16 accumulators of 16 lanes are 16 zmm registers),
+ * unless LOOM_MATMUL_ISA forces another ISA's register tiles. */
+bool loom_cg_f32_microkernel(void);
 
 typedef struct cg_kernel_rec {
     char name[32];

@@ -153,6 +153,13 @@ cg_mm16 loom_cg_mm16_path(void) {
     return CG_MM16_F32;
 }
 
+bool loom_cg_f32_microkernel(void) {
+    const char *forced = getenv("LOOM_MATMUL_ISA");
+    if (forced && forced[0] && strcmp(forced, "avx512") != 0)
+        return false;
+    return loom_cg_host_has("avx512f");
+}
+
 const char *loom_cg_matmul16_path(loom_dtype dt) {
     if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16)
         return NULL;

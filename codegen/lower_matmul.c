@@ -16,14 +16,28 @@ enum {
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
     MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
     MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
+    MM_PACK_F32_ROWS = 256, /* f32 matmuls pack for the microkernel from these many rows */
+    MM_PACK_F32_MACS = 1 << 29, /* and multiply-adds (512 x 1024 x 1024) */
 };
 
 /* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
  * integers); 16-bit matmuls pack each task's operands first, evaluating them (so a cast
- * into the matmul costs no pass of its own), for the packed microkernel (cg_mk_tiles). */
+ * into the matmul costs no pass of its own), for the packed microkernel (cg_mk_tiles).
+ * So do large f32 matmuls on AVX-512 hosts (loom_cg_f32_microkernel), where B streams from
+ * memory (K x N >= MM_B_STREAMS) and M x K x N >= MM_PACK_F32_MACS with M >= 256. Measured
+ * on a Zen 4 (bench_gemm --dtype bf16, its "Loom f32" column; GFLOP/s on 1 and 2 threads,
+ * microkernel against the matmul schedule's cache tiles): 1024^3 107-109 / 207-208 against
+ * 99-101 / 200-204, 2048^3 109 / 208-212 against 97-98 / 199-202, 256 x 2048 x 2048 96-97 /
+ * 163-170 against 78 / 149-155, 512 x 1024 x 1024 103-107 / 200-204 against 93-98 /
+ * 188-208; but 256 x 1024 x 1024 on 2 threads 188-196 against 213-214, and 512^3 and the
+ * MLP's layers stay as fast or faster on the schedule (the MLP's 64-row ones 112 against
+ * 95). */
 typedef enum mm_kind { MM_PLAIN, MM_PACK_F32, MM_PACK_BF16 } mm_kind;
 
-static mm_kind mm_kind_of(loom_dtype dt) {
+static mm_kind mm_kind_of(loom_dtype dt, int64_t M, int64_t K, int64_t N) {
+    if (dt == LOOM_DTYPE_F32 && M >= MM_PACK_F32_ROWS && K * N >= MM_B_STREAMS &&
+        M * K * N >= MM_PACK_F32_MACS && loom_cg_f32_microkernel())
+        return MM_PACK_F32;
     if (!is_16(dt))
         return MM_PLAIN;
     return cg_mk_pairs(dt) ? MM_PACK_BF16 : MM_PACK_F32;
@@ -375,7 +389,9 @@ loom_status cg_lower_matmul(kc *c) {
     const loom_ir_node *root = &g->nodes[root_id];
     if (root->n_inputs != 2 || root->rank < 2)
         return cg_bad_plan(c, root_id, "a matmul without two operands of rank >= 2");
-    mm_kind kind = mm_kind_of(root->dtype);
+    const loom_ir_node *an = &g->nodes[root->inputs[0]];
+    int32_t r = root->rank;
+    mm_kind kind = mm_kind_of(root->dtype, an->shape[r - 2], an->shape[r - 1], root->shape[r - 1]);
     for (int32_t i = 0; i < 2; i++)
         if (c->s->buf_of[root->inputs[i]] < 0 && kind == MM_PLAIN)
             return cg_unsupported(c, root->inputs[i],
@@ -388,8 +404,6 @@ loom_status cg_lower_matmul(kc *c) {
         return cg_oom(c);
     memset(mp, 0, sizeof *mp);
     loom_status st = LOOM_OK;
-    const loom_ir_node *an = &g->nodes[root->inputs[0]];
-    int32_t r = root->rank;
     mp->P = loom_ir_numel(r - 2, root->shape);
     mp->M = an->shape[r - 2];
     mp->K = an->shape[r - 1];
@@ -446,9 +460,10 @@ loom_status cg_lower_matmul(kc *c) {
     }
 
     /* the accumulator: the root's own buffer when it has the accumulator's type, else an
-     * epilogue result's of the same type and shape (overwritten in place), else scratch */
-    bool own = mp->dt == LOOM_DTYPE_F32 || mp->dt == LOOM_DTYPE_F64 || mp->dt == LOOM_DTYPE_I32 ||
-               mp->dt == LOOM_DTYPE_I64;
+     * epilogue result's of the same type and shape (overwritten in place), else scratch
+     * (always for the packed kinds: the microkernel's C has rows of whole tiles) */
+    bool own = mp->kind == MM_PLAIN && (mp->dt == LOOM_DTYPE_F32 || mp->dt == LOOM_DTYPE_F64 ||
+                                        mp->dt == LOOM_DTYPE_I32 || mp->dt == LOOM_DTYPE_I64);
     mp->acc_res = own && c->s->res_of[root_id] >= 0 ? root_id : -1;
     for (int32_t i = 0; i < c->k->n_results && own && mp->acc_res < 0; i++) {
         int32_t id = c->k->results[i];

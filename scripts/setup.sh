@@ -2,12 +2,27 @@
 # Installs the Debian packages Loom needs (when any is missing) and configures + builds
 # build/ (and build-asan/ with ASan+UBSan when --asan is given). Idempotent: a second run
 # only rebuilds what changed. Used by `make demo`, `make test` and .ci/run.
+# --bench also installs what only the benchmarks compare against (OpenBLAS, oneDNN, PyTorch
+# and torchvision) and reconfigures build/ so bench_gemm and bench_conv find them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+asan=false
+bench=false
+for arg in "$@"; do
+    case "$arg" in
+    --asan) asan=true ;;
+    --bench) bench=true ;;
+    *) echo "usage: scripts/setup.sh [--asan] [--bench]" >&2; exit 2 ;;
+    esac
+done
 
 PACKAGES=(build-essential g++ pkg-config ninja-build meson llvm-19-dev libmlir-19-dev
           mlir-19-tools libcmocka-dev zlib1g-dev libxxhash-dev mpich libmpich-dev dataset-fashion-mnist
           graphviz) # graphviz: the tests render the DOT dumps with dot
+# Benchmarks only (bench/README.md): the libraries and the PyTorch they measure Loom against.
+BENCH_PACKAGES=(libopenblas-dev libdnnl-dev python3-torch python3-torchvision python3-numpy)
+$bench && PACKAGES+=("${BENCH_PACKAGES[@]}")
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -36,7 +51,11 @@ configure() { # dir, extra meson args...
     ninja -C "$dir"
 }
 
+# A build/ configured before the benchmark libraries were installed must look for them again.
+if $bench && [ -f build/build.ninja ] && [ ${#missing[@]} -gt 0 ]; then
+    meson setup --reconfigure build --native-file scripts/native.ini -Dwerror=$werror
+fi
 configure build
-if [ "${1:-}" = "--asan" ]; then
+if $asan; then
     configure build-asan -Db_sanitize=address,undefined -Db_lundef=false
 fi

@@ -1,11 +1,13 @@
 /* 16-bit (bf16, f16) matmul kernels on every path this CPU has (LOOM_MATMUL_ISA forces
  * each): against an f64 reference of the 16-bit inputs on odd and batched shapes, with
  * fused epilogues, and with the casts of f32 operands fused into the matmul's packing
- * against the unfused interpreter. Paths the CPU lacks are skipped, saying why. */
+ * against the unfused interpreter. Paths the CPU lacks are skipped, saying why. Also the
+ * large f32 matmuls that share the 16-bit kinds' FMA microkernel on AVX-512 hosts. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -16,6 +18,7 @@
 #define S(...) ((const int64_t[]){__VA_ARGS__})
 
 static loom_allocator sys;
+static const char *dump_dir; /* compile_and_run's dumps go here when set */
 
 /* ---- paths -------------------------------------------------------------------------------- */
 
@@ -91,7 +94,7 @@ static int32_t compile_and_run(const loom_ir_graph *g, case_io *io) {
         fail_msg("plan: %s", d.msg);
     loom_rt_kernel *ks = calloc((size_t)plan.n_kernels + 1, sizeof *ks);
     loom_cg_code *code = NULL;
-    loom_cg_options opts = {.compile_threads = 2};
+    loom_cg_options opts = {.compile_threads = 2, .dump_dir = dump_dir, .dump_prefix = "k"};
     if (loom_cg_compile(g, &plan, &opts, &code, ks, &d) != LOOM_OK)
         fail_msg("compile: %s", d.msg);
     for (int32_t k = 0; k < plan.n_kernels; k++) {
@@ -123,19 +126,19 @@ static int32_t compile_and_run(const loom_ir_graph *g, case_io *io) {
     return n;
 }
 
-/* Unit roundoff of a 16-bit dtype: its results are rounded once, from f32. */
-static double unit16(loom_dtype dt) {
-    return dt == LOOM_DTYPE_BF16 ? 0x1p-8 : 0x1p-11;
+/* Unit roundoff of the result's dtype: 16-bit results are rounded once, from f32. */
+static double unit_roundoff(loom_dtype dt) {
+    return dt == LOOM_DTYPE_BF16 ? 0x1p-8 : dt == LOOM_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
 }
 
 /* Checks out (the product of a and b, [P,M,N]) against an f64 sum of the 16-bit inputs:
  * within one rounding to dt plus an f32 accumulation's error (K steps of 2^-24, on the sum
- * of |a||b|). */
-static void check_product(loom_dtype dt, int64_t P, int64_t M, int64_t N, int64_t K, const void *a,
-                          const void *b, const void *out, const char *what) {
+ * of |a||b|); every row_step-th row and the last. */
+static void check_rows(loom_dtype dt, int64_t P, int64_t M, int64_t N, int64_t K, const void *a,
+                       const void *b, const void *out, int64_t row_step, const char *what) {
     for (int64_t p = 0; p < P; p++)
         for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) {
+            for (int64_t j = 0; j < N && (i % row_step == 0 || i == M - 1); j++) {
                 double ref = 0, mag = 0;
                 for (int64_t k = 0; k < K; k++) {
                     double t = loom_ir_load_f64(a, dt, (p * M + i) * K + k) *
@@ -144,7 +147,8 @@ static void check_product(loom_dtype dt, int64_t P, int64_t M, int64_t N, int64_
                     mag += fabs(t);
                 }
                 double got = loom_ir_load_f64(out, dt, (p * M + i) * N + j);
-                double tol = unit16(dt) * fabs(ref) + 2.0 * (double)K * 0x1p-24 * mag + 1e-30;
+                double tol =
+                    unit_roundoff(dt) * fabs(ref) + 2.0 * (double)K * 0x1p-24 * mag + 1e-30;
                 if (!(fabs(got - ref) <= tol))
                     fail_msg("%s: [%lld,%lld,%lld] = %.9g, want %.9g (tolerance %.3g)", what,
                              (long long)p, (long long)i, (long long)j, got, ref, tol);
@@ -157,8 +161,10 @@ typedef struct mm_shape {
     int64_t P, M, N, K;
 } mm_shape;
 
-/* Many independent matmuls in one graph (one compile): each its own kernel. */
-static void check_shapes(loom_dtype dt, const mm_shape *shapes, int n, const char *path) {
+/* Many independent matmuls in one graph (one compile): each its own kernel, checked on
+ * every row_step-th row. */
+static void check_shapes(loom_dtype dt, const mm_shape *shapes, int n, int64_t row_step,
+                         const char *path) {
     loom_ir_graph g;
     loom_ir_graph_init(&g, &sys);
     for (int s = 0; s < n; s++) {
@@ -180,8 +186,8 @@ static void check_shapes(loom_dtype dt, const mm_shape *shapes, int n, const cha
         snprintf(what, sizeof what, "%s %s matmul P%lld M%lld N%lld K%lld", path,
                  loom_dtype_name(dt), (long long)sh->P, (long long)sh->M, (long long)sh->N,
                  (long long)sh->K);
-        check_product(dt, sh->P, sh->M, sh->N, sh->K, io.in[2 * s], io.in[2 * s + 1], io.out[s],
-                      what);
+        check_rows(dt, sh->P, sh->M, sh->N, sh->K, io.in[2 * s], io.in[2 * s + 1], io.out[s],
+                   row_step, what);
     }
     free_io(&g, &io);
     loom_ir_graph_deinit(&g);
@@ -209,8 +215,8 @@ static void test_16_bit_matmuls_match_f64_on_odd_and_batched_shapes_on_each_path
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
         if (!use_path(&paths[p]))
             continue;
-        check_shapes(LOOM_DTYPE_BF16, shapes, n, paths[p].name);
-        check_shapes(LOOM_DTYPE_F16, shapes, n, paths[p].name);
+        check_shapes(LOOM_DTYPE_BF16, shapes, n, 1, paths[p].name);
+        check_shapes(LOOM_DTYPE_F16, shapes, n, 1, paths[p].name);
         ran++;
     }
     unsetenv("LOOM_MATMUL_ISA");
@@ -226,7 +232,7 @@ static void test_amx_path_runs_where_the_cpu_has_amx(void **state) {
     /* Loom has no AMX kernels yet: forcing amx must warn and fall back, never fault */
     setenv("LOOM_MATMUL_ISA", "amx", 1);
     mm_shape sh = {1, 33, 65, 17};
-    check_shapes(LOOM_DTYPE_BF16, &sh, 1, "amx (falls back to f32)");
+    check_shapes(LOOM_DTYPE_BF16, &sh, 1, 1, "amx (falls back to f32)");
     unsetenv("LOOM_MATMUL_ISA");
 }
 
@@ -235,7 +241,7 @@ static void test_forcing_a_path_the_cpu_lacks_falls_back_to_f32(void **state) {
     /* amx where there is none (or where Loom has no AMX kernel): a warning, the f32 path */
     setenv("LOOM_MATMUL_ISA", "amx", 1);
     mm_shape sh = {1, 17, 33, 15};
-    check_shapes(LOOM_DTYPE_BF16, &sh, 1, "amx forced");
+    check_shapes(LOOM_DTYPE_BF16, &sh, 1, 1, "amx forced");
     /* the forced path is part of the cache key: objects of one path never serve another */
     char key[8192];
     snprintf(key, sizeof key, "%s", loom_cg_target_key());
@@ -266,7 +272,8 @@ static void check_against_interpreter(const loom_ir_graph *g, loom_dtype dt, int
         for (int64_t e = 0; e < loom_ir_numel(n->rank, n->shape); e++) {
             double got = loom_ir_load_f64(io.out[o], n->dtype, e);
             double want = loom_ir_load_f64(ref.out[o], n->dtype, e);
-            double tol = 2.0 * unit16(dt) * (fabs(want) + 1.0) + 2.0 * (double)K * 0x1p-24 * K;
+            double tol =
+                2.0 * unit_roundoff(dt) * (fabs(want) + 1.0) + 2.0 * (double)K * 0x1p-24 * K;
             if (!(fabs(got - want) <= tol))
                 fail_msg("%s: output %d [%lld] = %.9g, want %.9g", what, (int)o, (long long)e, got,
                          want);
@@ -350,6 +357,68 @@ static void test_a_transposed_b_is_packed_along_its_rows(void **state) {
     on_each_path(build_transposed_b, "x @ transpose(dy)");
 }
 
+/* ---- large f32 matmuls --------------------------------------------------------------------- */
+
+/* Whether the kernel compile_and_run dumped to dir/k.mlir holds needle. */
+static bool dump_holds(const char *dir, const char *needle) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/k.mlir", dir);
+    char *text = tu_read_file(path);
+    assert_non_null(text);
+    bool holds = strstr(text, needle) != NULL;
+    free(text);
+    return holds;
+}
+
+/* A large f32 matmul (K x N >= 2^20, M x K x N >= 2^29, M >= 256) runs on the packed FMA
+ * microkernel on AVX-512 hosts (lower_matmul.c; its MLIR multiplies with math.fma and has no
+ * linalg.matmul), and on the matmul schedule when LOOM_MATMUL_ISA forces the AVX2 tiles; both
+ * against f64, with a partial last panel of columns (N = 1025) and one more row than the tiles
+ * hold (M = 513). One with 511 rows stays on the schedule. */
+static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
+    (void)state;
+    char dir[] = "/tmp/loom_mm16_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    dump_dir = dir;
+    const mm_shape big = {1, 513, 1025, 1024}, fewer = {1, 511, 1025, 1024};
+    struct {
+        const char *isa; /* LOOM_MATMUL_ISA, NULL: unset */
+        const mm_shape *sh;
+        bool microkernel;
+    } cases[] = {
+        {NULL, &big, true},
+        {"avx2", &big, false},
+        {NULL, &fewer, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].microkernel && !host_has("avx512f")) {
+            print_message("skipping the microkernel case: this CPU has no AVX-512\n");
+            continue;
+        }
+        if (cases[i].isa)
+            setenv("LOOM_MATMUL_ISA", cases[i].isa, 1);
+        else
+            unsetenv("LOOM_MATMUL_ISA");
+        char what[64];
+        snprintf(what, sizeof what, "f32 %lld rows, LOOM_MATMUL_ISA=%s", (long long)cases[i].sh->M,
+                 cases[i].isa ? cases[i].isa : "(unset)");
+        check_shapes(LOOM_DTYPE_F32, cases[i].sh, 1, 3, what);
+        if (dump_holds(dir, "math.fma") != cases[i].microkernel ||
+            dump_holds(dir, "linalg.matmul") == cases[i].microkernel)
+            fail_msg("%s: expected the %s", what,
+                     cases[i].microkernel ? "FMA microkernel" : "matmul schedule");
+    }
+    unsetenv("LOOM_MATMUL_ISA");
+    dump_dir = NULL;
+    static const char *const ext[] = {".mlir", ".lowered.mlir", ".m0.ll", ".m0.s"};
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "%s/k%s", dir, ext[i]);
+        unlink(path);
+    }
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -359,6 +428,7 @@ int main(void) {
         cmocka_unit_test(test_16_bit_matmuls_fuse_bias_and_relu_epilogues),
         cmocka_unit_test(test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel),
         cmocka_unit_test(test_a_transposed_b_is_packed_along_its_rows),
+        cmocka_unit_test(test_large_f32_matmuls_run_on_the_fma_microkernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
