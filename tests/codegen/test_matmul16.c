@@ -131,8 +131,8 @@ static double unit_roundoff(loom_dtype dt) {
     return dt == LOOM_DTYPE_BF16 ? 0x1p-8 : dt == LOOM_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
 }
 
-/* Checks out (the product of a and b, [P,M,N]) against an f64 sum of the 16-bit inputs:
- * within one rounding to dt plus an f32 accumulation's error (K steps of 2^-24, on the sum
+/* Checks out (the product of a and b, [P,M,N]) against an f64 sum of the inputs: within
+ * one rounding to dt plus an f32 accumulation's error (K steps of 2^-24, on the sum
  * of |a||b|); every row_step-th row and the last. */
 static void check_rows(loom_dtype dt, int64_t P, int64_t M, int64_t N, int64_t K, const void *a,
                        const void *b, const void *out, int64_t row_step, const char *what) {
