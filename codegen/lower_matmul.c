@@ -35,8 +35,9 @@ enum {
 typedef enum mm_kind { MM_PLAIN, MM_PACK_F32, MM_PACK_BF16 } mm_kind;
 
 static mm_kind mm_kind_of(loom_dtype dt, int64_t M, int64_t K, int64_t N) {
+    /* M x K x N >= MACS, as a division: the product of three dims may overflow */
     if (dt == LOOM_DTYPE_F32 && M >= MM_PACK_F32_ROWS && K * N >= MM_B_STREAMS &&
-        M * K * N >= MM_PACK_F32_MACS && loom_cg_f32_microkernel())
+        M >= ceil_div(MM_PACK_F32_MACS, K * N) && loom_cg_f32_microkernel())
         return MM_PACK_F32;
     if (!is_16(dt))
         return MM_PLAIN;
