@@ -103,6 +103,12 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
 /* The weight gradient's B = dy^T for output channels [j0, j1) and pixel rows [r0, r1). */
 void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirValue j0, MlirValue j1,
                    MlirValue r0, MlirValue r1);
+/* The same for a bf16 dy straight into B's bf16 pairs, as cv_stage_window_kpairs pairs A's
+ * pixels (where the window is staged so, cv_plan.pairs_win): per pixel row and segment of 32
+ * pixels, the pairs of 16 channels at a time transposed in registers as 32-bit lanes (no f32
+ * copy, no cv_panelize). */
+void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
+                          MlirValue j1, MlirValue r0, MlirValue r1);
 /* bf16 pairs for vdpbf16ps from staged f32: of A's rows (ap[base + p] = (stg[2p],
  * stg[2p + 1]), n of them) and of B's (rows 2 kk and 2 kk + 1). */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);

@@ -522,6 +522,88 @@ static void panelize_kpairs(kc *c, const cv_plan *cp, MlirValue stg, MlirValue b
     cv_zero_rows(b, bp, cg_idx(b, cp->pix_rows * P), m->kp, m->b_ld, cg_ci(b, b->i32, 0));
 }
 
+/* 16 bf16 values (i16 bits) of a row at mem[at], its first n (1..16) lanes; zeros in the
+ * others, which no load touches. */
+static MlirValue load_lanes16(cg_b *b, MlirValue mem, MlirValue at, int64_t n) {
+    MlirType vt = cg_vec_t(16, b->i16);
+    if (n == 16)
+        return cg_vload(b, vt, mem, at);
+    int32_t iota[16];
+    for (int32_t l = 0; l < 16; l++)
+        iota[l] = l;
+    MlirValue lim = cg_vbroadcast(b, cg_ci(b, b->i32, n), cg_vec_t(16, b->i32));
+    return cg_vmaskload(b, vt, mem, at, cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, iota), lim));
+}
+
+void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
+                          MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue dy = c->bufs[c->s->buf_of[cp->plain]];
+    MlirValue zi = cg_ci(b, b->i32, 0), z = cg_idx(b, 0);
+    int64_t L = cp->OH * cp->OW, P = ceil_div(cp->dW, 2);
+    MlirValue ncol = isub(b, j1, j0), nfo = idiv(b, ncol, 16);
+    cg_for lr, lob, lj, ll;
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    /* row (n, y) of dy's channel g Og + o starts at (n O + g Og + o) L + y OW */
+    MlirValue n = idiv(b, lr.iv, cp->dH), y = irem(b, lr.iv, cp->dH);
+    MlirValue rbase =
+        cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->O), cg_imul_c(b, g, cp->Og)), L),
+                cg_imul_c(b, y, cp->OW));
+    MlirValue kr = cg_imul_c(b, isub(b, lr.iv, r0), P); /* the row's first pair */
+    /* blocks of 16 channels: each channel's 16 pairs in a vector, transposed in registers */
+    cg_for_begin(b, &lob, z, nfo, 0, NULL);
+    MlirValue col0 = cg_imul_c(b, lob.iv, 16);
+    MlirValue obase = cg_iadd(b, rbase, cg_imul_c(b, cg_iadd(b, j0, col0), L));
+    for (int64_t s = 0; s < cp->dW; s += 32) {
+        int64_t len = cp->dW - s < 32 ? cp->dW - s : 32, h = kpair_half(cp, s);
+        MlirValue v[16];
+        for (int i = 0; i < 16; i++) {
+            MlirValue at = cg_iadd(b, obase, cg_idx(b, i * L + s));
+            MlirValue va = load_lanes16(b, dy, at, h);
+            MlirValue vb = len - h > 0
+                               ? load_lanes16(b, dy, cg_iadd(b, at, cg_idx(b, h)), len - h)
+                               : cg_vbroadcast(b, cg_ci(b, b->i16, 0), cg_vec_t(16, b->i16));
+            v[i] = pair16(b, va, vb);
+        }
+        cv_transpose16(b, v);
+        for (int64_t t = 0; t < h; t++)
+            cg_vstore(
+                b, v[t], bp,
+                cg_iadd(b, cg_imul_c(b, cg_iadd(b, kr, cg_idx(b, s / 2 + t)), m->b_ld), col0));
+    }
+    cg_for_end(b, &lob, 0, NULL);
+    /* the last channels, one by one */
+    cg_for_begin(b, &lj, cg_iadd(b, j0, cg_imul_c(b, nfo, 16)), j1, 0, NULL);
+    MlirValue jrow = cg_iadd(b, rbase, cg_imul_c(b, lj.iv, L)), col = isub(b, lj.iv, j0);
+    for (int64_t s = 0; s < cp->dW; s += 32) {
+        int64_t len = cp->dW - s < 32 ? cp->dW - s : 32, h = kpair_half(cp, s);
+        for (int odd = 0; odd < 2; odd++) { /* pairs (l, l + h); an odd len's last l alone */
+            if (odd && len % 2 == 0)
+                break;
+            cg_for_begin(b, &ll, cg_idx(b, odd ? h - 1 : 0), cg_idx(b, odd ? h : len - h), 0, NULL);
+            MlirValue at = cg_iadd(b, jrow, cg_iadd(b, cg_idx(b, s), ll.iv));
+            MlirValue va = cg_load(b, dy, at);
+            MlirValue vb = odd ? cg_ci(b, b->i16, 0) : cg_load(b, dy, cg_iadd(b, at, cg_idx(b, h)));
+            cg_store(
+                b, pair16(b, va, vb), bp,
+                cg_iadd(b,
+                        cg_imul_c(b, cg_iadd(b, kr, cg_iadd(b, cg_idx(b, s / 2), ll.iv)), m->b_ld),
+                        col));
+            cg_for_end(b, &ll, 0, NULL);
+        }
+    }
+    cg_for_end(b, &lj, 0, NULL);
+    cg_for_end(b, &lr, 0, NULL);
+    /* the padding columns of the chunk's pairs, and the pairs past it */
+    MlirValue nk = cg_imul_c(b, isub(b, r1, r0), P);
+    cg_for lk;
+    cg_for_begin(b, &lk, z, nk, 0, NULL);
+    zero_range(b, zi, bp, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
+    cg_for_end(b, &lk, 0, NULL);
+    cv_zero_rows(b, bp, nk, m->kp, m->b_ld, zi);
+}
+
 /* The source rows of destination pixel rows [r0, r1) for stage_window, per kernel row kh:
  * rtab[kh * pix_rows + r - r0] = the offset of row sy of image n in a channel's (n wC sH sW +
  * sy sW), or -1 where the window reads padding rows. Built once per block of pixel rows for

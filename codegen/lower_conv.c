@@ -575,6 +575,8 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
     bool runs_pairs =
         !gw && cp->identity && m->pk == 2 && c->g->nodes[cp->win].dtype == LOOM_DTYPE_BF16;
     bool pairs_direct = runs_pairs || (!gw && cp->pairs_win);
+    /* the weight gradient's bf16 dy^T likewise, paired as its window's pixels are */
+    bool dy_pairs = gw && cp->pairs_win && c->g->nodes[cp->plain].dtype == LOOM_DTYPE_BF16;
     cg_for lk;
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
     if (gw) { /* K chunk: destination pixel rows [k0, k1) */
@@ -602,7 +604,10 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
             if (m->pk == 2)
                 cv_pair_up(c, u->stga, u->ap, cg_idx(b, 0), cp->mbp * m->kp);
         }
-        cv_stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
+        if (dy_pairs)
+            cv_stage_dy_t_kpairs(c, cp, u->bp, gi, c0, c1, k0, k1);
+        else
+            cv_stage_dy_t(c, cp, u->stg, gi, c0, c1, k0, k1);
     } else { /* K chunk: window rows [k0, k1) */
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->kc);
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
@@ -623,7 +628,7 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
         if (!pairs_direct)
             cv_zero_rows(b, u->stg, isub(b, k1, k0), m->kp * m->pk, m->b_ld, zf);
     }
-    if (m->pk == 2 && !pairs_direct)
+    if (m->pk == 2 && !pairs_direct && !dy_pairs)
         cv_panelize(c, cp, u->stg, u->bp);
     MlirValue a0 = cp->a_cache ? cg_imul_c(b, lk.iv, a_chunk) : cg_idx(b, 0);
     cv_pf pfl;
