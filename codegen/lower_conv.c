@@ -382,7 +382,7 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         /* column blocks of equal rows too: layer4's 56 rows of 7 pixels ran in blocks of 37
          * and 19 rows (259 and 133 pixels, each padded to whole panels of 32), and layer3's 112
          * rows of 14 in six of 18 and one of 4; in two of 28 and seven of 16 rows their forwards
-         * and input gradients took 2-8% less time on one thread (Zen 4) */
+         * and input gradients took 0-8% less time on one thread (Zen 4), 3% in all */
         cp->pix_rows = ceil_div(all_rows, ceil_div(all_rows, cp->pix_rows));
         cp->cols = cp->pix_rows * cp->dW;
         /* chunks of about equal size up to 1.5 CV_KC (conv2 of the CNN's K = 288 in chunks
