@@ -245,16 +245,19 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
 }
 
 /* The first n of v's 16 lanes to mem[at] (a masked store below 16). */
-static void store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n) {
-    if (n >= 16) {
-        cg_vstore(b, v, mem, at);
-        return;
-    }
+/* The mask of a vector of 16's first n lanes. */
+static MlirValue first_lanes(cg_b *b, int64_t n) {
     int32_t lanes[16], lim[16];
     for (int l = 0; l < 16; l++)
         lanes[l] = l, lim[l] = (int32_t)n;
-    cg_vmaskstore(b, v, mem, at,
-                  cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim)));
+    return cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim));
+}
+
+static void store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n) {
+    if (n >= 16)
+        cg_vstore(b, v, mem, at);
+    else
+        cg_vmaskstore(b, v, mem, at, first_lanes(b, n));
 }
 
 /* One window row j (of group g) as its lanes read it: the source index of destination
@@ -526,13 +529,7 @@ static void panelize_kpairs(kc *c, const cv_plan *cp, MlirValue stg, MlirValue b
  * others, which no load touches. */
 static MlirValue load_lanes16(cg_b *b, MlirValue mem, MlirValue at, int64_t n) {
     MlirType vt = cg_vec_t(16, b->i16);
-    if (n == 16)
-        return cg_vload(b, vt, mem, at);
-    int32_t iota[16];
-    for (int32_t l = 0; l < 16; l++)
-        iota[l] = l;
-    MlirValue lim = cg_vbroadcast(b, cg_ci(b, b->i32, n), cg_vec_t(16, b->i32));
-    return cg_vmaskload(b, vt, mem, at, cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, iota), lim));
+    return n == 16 ? cg_vload(b, vt, mem, at) : cg_vmaskload(b, vt, mem, at, first_lanes(b, n));
 }
 
 void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
