@@ -91,6 +91,12 @@ loom_status loom_cg_code_load(const void *blob, size_t len, const loom_ir_plan *
                               loom_cg_code **out_code, loom_rt_kernel *out_kernels,
                               loom_ir_diag *d);
 
+/* Fills kernels[k].code_bytes, for each of the n_kernels kernels of code (as built or
+ * loaded), with the size of its machine code, from the object files' symbol tables (ELF's
+ * st_size); kernels sharing code get the same size, and kernels without code keep 0. For
+ * perf maps (loom_rt_program_perf_map): the JIT itself has no use for it. */
+void loom_cg_code_sizes(const loom_cg_code *code, int32_t n_kernels, loom_rt_kernel *kernels);
+
 /* What compiled code depends on besides the graph, for cache keys: LLVM version, target
  * triple, host CPU name, the enabled host features and codegen's own format version, e.g.
  * "llvm-19.1.7;x86_64-pc-linux-gnu;znver5;+avx,+avx2,...;cg1;build-...;mm-auto" (about 600

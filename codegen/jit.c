@@ -11,6 +11,7 @@
 #include <llvm-c/Error.h>
 #include <llvm-c/Support.h>
 #include <llvm-c/LLJIT.h>
+#include <llvm-c/Object.h>
 #include <llvm-c/Orc.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
@@ -334,6 +335,33 @@ loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const ui
     }
     *out_code = code;
     return LOOM_OK;
+}
+
+void loom_cg_code_sizes(const loom_cg_code *code, int32_t n_kernels, loom_rt_kernel *kernels) {
+    if (!code || !kernels)
+        return;
+    n_kernels = n_kernels < code->n_kernels ? n_kernels : code->n_kernels;
+    for (int32_t i = 0; i < code->n_objs; i++) {
+        LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRange(
+            (const char *)code->objs[i], code->obj_lens[i], "loom-kernels", 0);
+        char *msg = NULL;
+        LLVMBinaryRef bin = mb ? LLVMCreateBinary(mb, NULL, &msg) : NULL;
+        LLVMDisposeMessage(msg);
+        LLVMSymbolIteratorRef it = bin ? LLVMObjectFileCopySymbolIterator(bin) : NULL;
+        for (; it && !LLVMObjectFileIsSymbolIteratorAtEnd(bin, it); LLVMMoveToNextSymbol(it)) {
+            const char *name = LLVMGetSymbolName(it);
+            uint64_t size = LLVMGetSymbolSize(it);
+            for (int32_t k = 0; name && size && k < n_kernels; k++)
+                if (code->recs[k].name[0] && strcmp(code->recs[k].name, name) == 0)
+                    kernels[k].code_bytes = (int64_t)size;
+        }
+        if (it)
+            LLVMDisposeSymbolIterator(it);
+        if (bin)
+            LLVMDisposeBinary(bin);
+        if (mb)
+            LLVMDisposeMemoryBuffer(mb);
+    }
 }
 
 /* ---- the cache blob ------------------------------------------------------------------------

@@ -252,6 +252,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         st = get_code(&g, &plan, hash, o, a, m, &code, kernels, d);
     if (st == LOOM_OK && o->dump_dir) /* dumping compiles: get_code skipped the disk cache */
         write_summary(o, &plan, &g, &mem, &dc, t_planned - t_start, loom_rt_now_ns() - t_planned);
+    if (st == LOOM_OK && o->perf_map)
+        loom_cg_code_sizes(code, plan.n_kernels, kernels);
     if (st == LOOM_OK) {
         /* The program takes the code; from here it releases it, also on failure. */
         st = loom_rt_program_create(&g, hash, &plan, kernels, code, loom_cg_code_release, pool,
@@ -268,6 +270,12 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     if (st == LOOM_OK && o->trace &&
         (st = loom_rt_program_trace(*out_exe, o->trace, &plan, &g)) != LOOM_OK)
         drop_exe(out_exe, st, d, "tracing the program");
+    if (st == LOOM_OK && o->perf_map) { /* a map that cannot be written costs the step nothing */
+        loom_ir_diag pd;
+        loom_ir_diag_init(&pd);
+        if (loom_rt_program_perf_map(*out_exe, &plan, &g, o->perf_map, &pd) != LOOM_OK)
+            fprintf(stderr, "loom: warning: LOOM_PERF_MAP: %s\n", pd.msg);
+    }
     if (have_mem)
         loom_ir_memory_report_deinit(&mem);
     if (st == LOOM_OK)

@@ -81,14 +81,17 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     if (!ctx->eager) {
-        loom_fe_jit_options o = {.compile_threads = loom_rt_pool_threads(ctx->pool),
-                                 .verify_passes = ctx->verify_passes,
-                                 .cache_dir = ctx->cache_dir,
-                                 .dump_dir = ctx->dump_dir,
-                                 .dump_prefix = prefix,
-                                 .profile = ctx->profiling ? &ctx->profile : NULL,
-                                 .allreduce_bucket_mb = ctx->allreduce_bucket_mb,
-                                 .trace = ctx->chrome};
+        char perf_map[64];
+        loom_fe_jit_options o = {
+            .compile_threads = loom_rt_pool_threads(ctx->pool),
+            .verify_passes = ctx->verify_passes,
+            .cache_dir = ctx->cache_dir,
+            .dump_dir = ctx->dump_dir,
+            .dump_prefix = prefix,
+            .profile = ctx->profiling ? &ctx->profile : NULL,
+            .allreduce_bucket_mb = ctx->allreduce_bucket_mb,
+            .trace = ctx->chrome,
+            .perf_map = ctx->perf_map ? loom_rt_perf_map_path(perf_map, sizeof perf_map) : NULL};
         st = loom_fe_jit_build(&ctx->cut, hash, &o, ctx->pool, &ctx->alloc, &ctx->metrics, &exe, &d);
         if (st == LOOM_STATUS_UNSUPPORTED) {
             loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FALLBACKS, 1);

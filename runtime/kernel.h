@@ -16,6 +16,7 @@ typedef struct loom_rt_kernel {
     loom_rt_kernel_fn fn;
     int64_t extent; /* iterations of the outer loop (>= 1) */
     int64_t grain;  /* fewest iterations worth a task of their own (>= 1) */
+    int64_t code_bytes; /* the size of fn's machine code; 0: not known (loom_cg_code_sizes) */
 } loom_rt_kernel;
 
 /* ---- thread pool -------------------------------------------------------------------------- */
@@ -81,5 +82,19 @@ loom_status loom_rt_program_profile(loom_rt_executable *exe, loom_rt_profile *pr
 struct loom_rt_trace;
 loom_status loom_rt_program_trace(loom_rt_executable *exe, struct loom_rt_trace *trace,
                                   const loom_ir_plan *plan, const loom_ir_graph *g);
+
+/* Appends a perf map of exe's compiled kernels to path (the format `perf report` reads from
+ * /tmp/perf-<pid>.map: "<start> <size> <name>" in hex, one line per distinct piece of code),
+ * each named as the profile names it: "loom 6313aa135caee3fc:56 cast bf16[8,256,56,56]
+ * resnet_model.c:182", with " (+2 kernels sharing its code)" when several kernels run the
+ * same code. Kernels without a size (loom_rt_kernel.code_bytes 0) are left out. The lines go
+ * out in one append (O_APPEND), so programs of several threads do not interleave; the file
+ * is created when missing and never followed through a symlink. Executables of other kinds:
+ * no-op. Errors: INVALID_ARGUMENT (NULL, or plan does not match exe), OUT_OF_MEMORY, IO_ERROR
+ * (message in d). */
+loom_status loom_rt_program_perf_map(loom_rt_executable *exe, const loom_ir_plan *plan,
+                                     const loom_ir_graph *g, const char *path, loom_ir_diag *d);
+/* Where perf looks for this process's map: "/tmp/perf-<pid>.map", into buf. */
+const char *loom_rt_perf_map_path(char *buf, size_t size);
 
 #endif

@@ -130,6 +130,10 @@ typedef struct loom_context_options {
                                  destroy (LOOM_TRACE=<file.json>): tracing, passes, compiles
                                  per module and thread, disk-cache loads, steps, kernels,
                                  transfers, collectives; NULL: none */
+    bool perf_map;            /* LOOM_PERF_MAP=1: append every compiled kernel's address, size
+                                 and name (as the profile names it) to /tmp/perf-<pid>.map,
+                                 so `perf report` names Loom's kernels instead of showing
+                                 bare addresses */
     double allreduce_bucket_mb; /* gradient all-reduces are reduced in buckets of at least
                                    this many MB (loom/dist.h); 0: LOOM_ALLREDUCE_BUCKET_MB,
                                    else 25 (DDP's); negative: one bucket per all-reduce (as
@@ -137,11 +141,11 @@ typedef struct loom_context_options {
 } loom_context_options;
 
 /* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP,
- * LOOM_SYNC, LOOM_PROFILE; num_threads 0 and cache_dir NULL leave LOOM_NUM_THREADS and
- * LOOM_CACHE_DIR to be read when the context is created). A context calls its allocator
- * only from the thread using the context (steps that would allocate while running, such as
- * the interpreter's, run on that thread); one allocator shared by contexts used from
- * several threads must be thread-safe. */
+ * LOOM_SYNC, LOOM_PROFILE, LOOM_DEBUG, LOOM_TRACE, LOOM_PERF_MAP; num_threads 0 and cache_dir NULL
+ * leave LOOM_NUM_THREADS and LOOM_CACHE_DIR to be read when the context is created). A context
+ * calls its allocator only from the thread using the context (steps that would allocate while
+ * running, such as the interpreter's, run on that thread); one allocator shared by contexts used
+ * from several threads must be thread-safe. */
 LOOM_API void loom_context_options_init(loom_context_options *opts);
 
 /* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the

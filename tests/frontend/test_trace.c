@@ -2,21 +2,24 @@
  * destroy holds an event for each thing Loom did (tracing, passes, compile modules,
  * disk-cache loads, steps, kernels named by root op and source line, transfers,
  * collectives), as JSON that Perfetto opens; a path that cannot be written is reported and
- * leaves the program running. */
+ * leaves the program running. LOOM_PERF_MAP (.perf_map): perf's map of the compiled
+ * kernels, compiled or loaded from the disk cache. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_util.h"
 #include "loom/dist.h"
 
-static loom_context *traced_context(const char *trace, const char *cache) {
+static loom_context *traced_context(const char *trace, const char *cache, bool perf_map) {
     loom_context_options o;
     loom_context_options_init(&o);
     o.eager = false;
     o.dump_dir = NULL;
     o.cache_dir = cache;
     o.trace_path = trace;
+    o.perf_map = perf_map;
     loom_context *ctx = NULL;
     assert_int_equal(loom_context_create(&o, &ctx), LOOM_OK);
     return ctx;
@@ -53,7 +56,7 @@ static void test_the_trace_has_an_event_for_each_thing_loom_did(void **state) {
     snprintf(cache, sizeof cache, "%s/cache", dir);
     for (int run = 0; run < 2; run++) { /* compiled, then from the disk cache */
         snprintf(trace, sizeof trace, "%s/run%d.json", dir, run);
-        loom_context *ctx = traced_context(trace, cache);
+        loom_context *ctx = traced_context(trace, cache, false);
         one_step(ctx);
         loom_context_destroy(ctx);
         char *t = tu_read_file(trace);
@@ -85,17 +88,53 @@ static void test_the_trace_has_an_event_for_each_thing_loom_did(void **state) {
 /* A trace that cannot be written: destroy says so on stderr and returns; nothing aborts. */
 static void test_an_unwritable_trace_path_is_reported_at_destroy(void **state) {
     (void)state;
-    loom_context *ctx = traced_context("/nonexistent-dir/trace.json", "");
+    loom_context *ctx = traced_context("/nonexistent-dir/trace.json", "", false);
     one_step(ctx);
     loom_context_destroy(ctx);
     FILE *f = fopen("/nonexistent-dir/trace.json", "rb");
     assert_null(f);
 }
 
+/* Two contexts, the second loading the step from the disk cache: each appends its matmul's
+ * code to /tmp/perf-<pid>.map, named as the profile names it; the all-reduce has no code. */
+static void test_the_perf_map_names_compiled_and_cached_kernels(void **state) {
+    (void)state;
+    char dir[] = "/tmp/loom-perf-map-test-XXXXXX", map[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(map, sizeof map, "/tmp/perf-%ld.map", (long)getpid());
+    unlink(map);
+    for (int run = 0; run < 2; run++) {
+        loom_context *ctx = traced_context(NULL, dir, true);
+        one_step(ctx);
+        loom_context_destroy(ctx);
+    }
+    char *m = tu_read_file(map);
+    assert_non_null(m);
+    const char *line = m;
+    for (int run = 0; run < 2; run++) {
+        unsigned long start = 0, size = 0;
+        int used = 0;
+        char hash[17] = "", tail[96];
+        assert_int_equal(sscanf(line, "%lx %lx loom %16[0-9a-f]:0 %n", &start, &size, hash, &used),
+                         3);
+        assert_true(start != 0 && size > 16 && size < 65536 && strlen(hash) == 16);
+        snprintf(tail, sizeof tail, "matmul f32[2,2] test_trace.c:%d\n", step_line);
+        assert_memory_equal(line + used, tail, strlen(tail));
+        line += used + strlen(tail);
+    }
+    assert_string_equal(line, ""); /* nothing for the all-reduce */
+    free(m);
+    unlink(map);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_the_trace_has_an_event_for_each_thing_loom_did),
         cmocka_unit_test(test_an_unwritable_trace_path_is_reported_at_destroy),
+        cmocka_unit_test(test_the_perf_map_names_compiled_and_cached_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

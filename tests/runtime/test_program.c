@@ -1,8 +1,10 @@
 /* Tests of program executables: hand-written kernels with the kernel ABI over hand-built
  * graphs and plans, run on the NPU device: values, arena offsets, copies, donation, arena
- * reuse, bad plans and buffers, out-of-memory. */
+ * reuse, bad plans and buffers, out-of-memory, perf maps. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/kernel.h"
 #include "test_util.h"
@@ -150,9 +152,9 @@ static void build_step(loom_ir_graph *g, loom_ir_plan *p, const loom_allocator *
 }
 
 static const loom_rt_kernel step_kernels[] = {
-    {add_rows, 4, 1},
-    {mul_rows, 4, 1},
-    {sub_rows, 4, 1},
+    {add_rows, 4, 1, 0},
+    {mul_rows, 4, 1, 0},
+    {sub_rows, 4, 1, 0},
 };
 
 static loom_rt_device *make_device(const loom_allocator *a) {
@@ -372,7 +374,7 @@ static void test_program_resolves_an_unplaced_reshape_to_its_operand(void **stat
     place(&p, x, LOOM_IR_BUFFER_INPUT, 0, 0, 24);
     place(&p, n, LOOM_IR_BUFFER_OUTPUT, 0, 0, 24);
     add_copy(&p, r, 1);
-    const loom_rt_kernel kernels[] = {{neg_all, 6, 2}};
+    const loom_rt_kernel kernels[] = {{neg_all, 6, 2, 0}};
 
     loom_rt_device *dev = make_device(&sys);
     loom_rt_pool *pool = make_pool(2, &sys);
@@ -624,6 +626,60 @@ static void test_program_run_reports_arena_out_of_memory(void **state) {
     assert_int_equal(ta.live_bytes, 0);
 }
 
+static void test_program_perf_map_names_each_piece_of_code_once(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    loom_ir_plan p;
+    build_step(&g, &p, &sys);
+    loom_rt_pool *pool = make_pool(1, &sys);
+    /* kernels 0 and 2 share add_rows' code; kernel 1's size is not known */
+    const loom_rt_kernel ks[] = {
+        {add_rows, 4, 1, 0x40}, {mul_rows, 4, 1, 0}, {add_rows, 4, 1, 0x40}};
+    loom_rt_executable *exe = make_program(&g, &p, ks, pool, &sys);
+    char dir[] = "/tmp/loom-perf-map-XXXXXX", path[64], link_path[64], missing[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/perf.map", dir);
+    snprintf(link_path, sizeof link_path, "%s/link.map", dir);
+    snprintf(missing, sizeof missing, "%s/none/perf.map", dir);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, path, &d), LOOM_OK);
+    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, path, &d), LOOM_OK); /* appends */
+    char line[160], want[320];
+    snprintf(line, sizeof line,
+             "%lx 40 loom %016llx:0 add f32[4,3] ? (+1 kernel sharing its code)\n",
+             (unsigned long)(uintptr_t)add_rows, (unsigned long long)exe->hash);
+    snprintf(want, sizeof want, "%s%s", line, line);
+    char *got = tu_read_file(path);
+    assert_string_equal(got, want);
+    free(got);
+
+    /* a directory that does not exist, a symlink (never followed), no path */
+    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, missing, &d), LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(d.msg, "perf map: cannot open"));
+    assert_non_null(strstr(d.msg, missing));
+    assert_int_equal(symlink(path, link_path), 0);
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, link_path, &d), LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(d.msg, link_path));
+    got = tu_read_file(path);
+    assert_string_equal(got, want);
+    free(got);
+    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, NULL, &d), LOOM_STATUS_INVALID_ARGUMENT);
+    loom_rt_executable_destroy(exe);
+    /* no kernel with a known size: nothing to write, and no file */
+    unlink(link_path);
+    unlink(path);
+    exe = make_program(&g, &p, step_kernels, pool, &sys);
+    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, path, &d), LOOM_OK);
+    assert_int_equal(access(path, F_OK), -1);
+    rmdir(dir);
+    loom_rt_executable_destroy(exe);
+    loom_rt_pool_destroy(pool);
+    loom_ir_plan_deinit(&p);
+    loom_ir_graph_deinit(&g);
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -636,6 +692,7 @@ int main(void) {
         cmocka_unit_test(test_program_refuses_overlapping_runs),
         cmocka_unit_test(test_program_create_out_of_memory_leaks_nothing),
         cmocka_unit_test(test_program_run_reports_arena_out_of_memory),
+        cmocka_unit_test(test_program_perf_map_names_each_piece_of_code_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
