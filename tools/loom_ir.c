@@ -593,7 +593,9 @@ static const command commands[] = {
      "seed S (default 1: floats in [-1, 1), integers in [-8, 8), random bools) and prints\n"
      "the median, min and max run time, the compile time and the kernels by total time.\n"
      "--check first compares the outputs with the reference interpreter's (exit 1 when\n"
-     "they differ beyond float tolerance).\n",
+     "an element differs by more than rtol x (|value| + the output's RMS); rtol is 1e-4\n"
+     "for f32, 2e-2 for bf16 and f16, 1e-9 for f64). With LOOM_PERF_MAP=1 the kernels\n"
+     "go into /tmp/perf-<pid>.map, so `perf record` of the run names them.\n",
      run_run},
     {"ops", "ops [--op=NAME] [--check] [--json]",
      "every op of ops.def and what exists for it in each layer",

@@ -157,28 +157,41 @@ static void write_stdout(const char *chunk, size_t len, void *ud) {
     fwrite(chunk, 1, len, stdout);
 }
 
-/* Compares out against the interpreter's want; prints the worst difference. */
+/* Compares out against the interpreter's want; prints the worst difference. An element may
+ * differ by rtol times its magnitude plus the output's RMS: a value that cancels to near zero
+ * (a dot product of random signs) carries the rounding of the terms it summed, which are of
+ * the output's scale, not of its own. */
 static bool check(const loom_ir_graph *g, void *const *out, void *const *want) {
     bool ok = true;
     for (int32_t o = 0; o < g->n_outputs; o++) {
         const loom_ir_node *n = &g->nodes[g->outputs[o].node];
         int64_t count = loom_ir_numel(n->rank, n->shape);
         bool f16 = n->dtype == LOOM_DTYPE_BF16 || n->dtype == LOOM_DTYPE_F16;
-        double rtol = f16 ? 2e-2 : n->dtype == LOOM_DTYPE_F64 ? 1e-9 : 1e-4, worst = 0;
-        int64_t bad = 0;
+        double rtol = f16 ? 2e-2 : n->dtype == LOOM_DTYPE_F64 ? 1e-9 : 1e-4, worst = 0, sq = 0;
+        int64_t bad = 0, finite = 0;
+        for (int64_t i = 0; i < count; i++) {
+            double w = loom_ir_load_f64(want[o], n->dtype, i);
+            if (isfinite(w)) {
+                sq += w * w;
+                finite++;
+            }
+        }
+        double rms = finite ? sqrt(sq / (double)finite) : 0, scale = rms > 0 ? rms : 1e-3;
         for (int64_t i = 0; i < count; i++) {
             double w = loom_ir_load_f64(want[o], n->dtype, i);
             double x = loom_ir_load_f64(out[o], n->dtype, i);
             if ((isnan(w) && isnan(x)) || w == x)
                 continue;
-            double err = fabs(w - x) / (rtol * (fabs(w) + 1e-3));
+            double err = fabs(w - x) / (rtol * (fabs(w) + scale));
             worst = err > worst ? err : worst;
             bad += !(err <= 1);
         }
         char ty[LOOM_IR_TYPE_STR_MAX];
-        printf("check: output %d %s: %s (largest difference %.3g of the tolerance %g relative)\n",
+        printf("check: output %d %s: %s (largest difference %.3g of the tolerance, %g x (|value| "
+               "+ %.3g, the output's RMS))\n",
                (int)o, loom_ir_format_type(ty, sizeof ty, n->dtype, n->rank, n->shape),
-               bad ? "DIFFERS from the interpreter" : "matches the interpreter", worst, rtol);
+               bad ? "DIFFERS from the interpreter" : "matches the interpreter", worst, rtol,
+               scale);
         ok = ok && bad == 0;
     }
     return ok;

@@ -101,6 +101,19 @@ check "run --check compares every output with the interpreter" \
     count_is "$TMP/out" '^check: output [01] f32.*: matches the interpreter' 2
 check "run prints the median time and the kernels by time" grep -q '^run: 3 runs on .*median' "$TMP/out"
 check "run names each kernel's source line" grep -q ' matmul f32\[4,16\] *mlp.c:40$' "$TMP/out"
+# 1024 random terms: outputs near zero keep the rounding of terms of the output's scale
+cat > "$TMP/dot.loom" <<'EOF'
+loom.graph {
+  %a = input {index = 0} : f32[64,1024]
+  %b = input {index = 1} : f32[1024,256]
+  %c = matmul %a, %b : f32[64,256]
+  return %c
+}
+EOF
+check "run --check holds values that cancel to the output's scale" \
+    exit_is 0 "$LOOM_IR" run --check --repeat=1 "$TMP/dot.loom"
+check "run --check names the output's RMS in its tolerance" grep -q \
+    '^check: output 0 f32\[64,256\]: matches the interpreter (largest difference .* of the tolerance, 0.0001 x (|value| + 1[01].*, the output.s RMS))$' "$TMP/out"
 check "compile --emit=llvm exits 0" exit_is 0 "$LOOM_IR" compile --emit=llvm "$DATA/mlp.loom"
 check "compile --emit=llvm names each module" first_line_is "$TMP/out" "; ---- x.m0.ll"
 if command -v opt-19 >/dev/null 2>&1; then
