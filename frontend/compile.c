@@ -135,6 +135,18 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     return LOOM_OK;
 }
 
+/* LOOM_PERF_MAP: the perf map and the jitdump of a new program; failures are warnings. */
+static void perf_views(loom_rt_executable *exe, const loom_ir_plan *plan, const loom_ir_graph *g,
+                       const loom_fe_jit_options *o) {
+    loom_ir_diag pd;
+    loom_ir_diag_init(&pd);
+    if (o->perf_map && loom_rt_program_perf_map(exe, plan, g, o->perf_map, &pd) != LOOM_OK)
+        fprintf(stderr, "loom: warning: LOOM_PERF_MAP: %s\n", pd.msg);
+    loom_ir_diag_init(&pd);
+    if (o->jitdump_dir && loom_rt_program_jitdump(exe, plan, g, o->jitdump_dir, &pd) != LOOM_OK)
+        fprintf(stderr, "loom: warning: LOOM_PERF_MAP=jitdump: %s\n", pd.msg);
+}
+
 /* LOOM_DUMP's <prefix>.summary.txt: what a person wants first. The kernels by kind, FLOPs
  * and bytes moved, the planned peak, the compile time (passes and planning, then codegen),
  * which passes changed what, then the memory report. */
@@ -252,7 +264,7 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
         st = get_code(&g, &plan, hash, o, a, m, &code, kernels, d);
     if (st == LOOM_OK && o->dump_dir) /* dumping compiles: get_code skipped the disk cache */
         write_summary(o, &plan, &g, &mem, &dc, t_planned - t_start, loom_rt_now_ns() - t_planned);
-    if (st == LOOM_OK && o->perf_map)
+    if (st == LOOM_OK && (o->perf_map || o->jitdump_dir))
         loom_cg_code_sizes(code, plan.n_kernels, kernels);
     if (st == LOOM_OK) {
         /* The program takes the code; from here it releases it, also on failure. */
@@ -270,12 +282,8 @@ loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loo
     if (st == LOOM_OK && o->trace &&
         (st = loom_rt_program_trace(*out_exe, o->trace, &plan, &g)) != LOOM_OK)
         drop_exe(out_exe, st, d, "tracing the program");
-    if (st == LOOM_OK && o->perf_map) { /* a map that cannot be written costs the step nothing */
-        loom_ir_diag pd;
-        loom_ir_diag_init(&pd);
-        if (loom_rt_program_perf_map(*out_exe, &plan, &g, o->perf_map, &pd) != LOOM_OK)
-            fprintf(stderr, "loom: warning: LOOM_PERF_MAP: %s\n", pd.msg);
-    }
+    if (st == LOOM_OK) /* a map that cannot be written costs the step nothing */
+        perf_views(*out_exe, &plan, &g, o);
     if (have_mem)
         loom_ir_memory_report_deinit(&mem);
     if (st == LOOM_OK)

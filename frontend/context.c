@@ -82,6 +82,7 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     opts->trace_path = trace && *trace ? trace : NULL;
     const char *perf_map = getenv("LOOM_PERF_MAP");
     opts->perf_map = perf_map && *perf_map && strcmp(perf_map, "0") != 0;
+    opts->perf_jitdump = perf_map && strcmp(perf_map, "jitdump") == 0;
 }
 
 static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
@@ -115,7 +116,8 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->sync = opts->sync;
     ctx->profiling = opts->profile;
     ctx->debug = opts->debug;
-    ctx->perf_map = opts->perf_map;
+    ctx->perf_map = opts->perf_map || opts->perf_jitdump;
+    ctx->perf_jitdump = opts->perf_jitdump;
     double mb = opts->allreduce_bucket_mb == 0 ? env_bucket_mb() : opts->allreduce_bucket_mb;
     ctx->allreduce_bucket_mb = isnan(mb) || mb == 0 ? 25 : mb;
     loom_rt_profile_init(&ctx->profile, &ctx->alloc);

@@ -85,6 +85,7 @@ struct loom_context {
     struct loom_rt_trace *chrome; /* LOOM_TRACE's Chrome trace; NULL: not tracing */
     bool debug;                   /* LOOM_DEBUG=1: warn about recompilations, forced reads */
     bool perf_map;                /* LOOM_PERF_MAP=1: kernels into /tmp/perf-<pid>.map */
+    bool perf_jitdump;            /* LOOM_PERF_MAP=jitdump: and into /tmp/jit-<pid>.dump */
     char *memory_report;          /* the last compiled step's (loom_memory_report), or NULL */
     uint64_t memory_report_hash;  /* the graph hash of the executable it came from */
     int64_t late_compiles;        /* compiles after the first LOOM_FE_DEBUG_WARMUP steps */
@@ -207,6 +208,7 @@ typedef struct loom_fe_jit_options {
     double allreduce_bucket_mb; /* loom_pass_options.allreduce_bucket_mb; part of the cache key */
     struct loom_rt_trace *trace; /* NULL: not tracing */
     const char *perf_map;        /* append the kernels' perf map here (LOOM_PERF_MAP); NULL: no */
+    const char *jitdump_dir;     /* and their code to <dir>/jit-<pid>.dump; NULL: no */
 } loom_fe_jit_options;
 
 struct loom_rt_pool;

@@ -83,18 +83,34 @@ struct loom_rt_trace;
 loom_status loom_rt_program_trace(loom_rt_executable *exe, struct loom_rt_trace *trace,
                                   const loom_ir_plan *plan, const loom_ir_graph *g);
 
-/* Appends a perf map of exe's compiled kernels to path (the format `perf report` reads from
- * /tmp/perf-<pid>.map: "<start> <size> <name>" in hex, one line per distinct piece of code),
- * each named as the profile names it: "loom 6313aa135caee3fc:56 cast bf16[8,256,56,56]
- * resnet_model.c:182", with " (+2 kernels sharing its code)" when several kernels run the
- * same code. Kernels without a size (loom_rt_kernel.code_bytes 0) are left out. The lines go
- * out in one append (O_APPEND), so programs of several threads do not interleave; the file
- * is created when missing and never followed through a symlink. Executables of other kinds:
- * no-op. Errors: INVALID_ARGUMENT (NULL, or plan does not match exe), OUT_OF_MEMORY, IO_ERROR
- * (message in d). */
+/* Calls fn once per distinct piece of exe's compiled code whose size is known
+ * (loom_rt_kernel.code_bytes > 0), named as the profile names its first kernel: "loom
+ * 6313aa135caee3fc:56 cast bf16[8,256,56,56] resnet_model.c:182", with " (+2 kernels sharing
+ * its code)" when several kernels run it. Executables of other kinds: no calls.
+ * Errors: INVALID_ARGUMENT (NULL, or plan does not match exe). */
+typedef void (*loom_rt_code_fn)(void *ud, const void *code, size_t bytes, const char *name);
+loom_status loom_rt_program_each_code(loom_rt_executable *exe, const loom_ir_plan *plan,
+                                      const loom_ir_graph *g, loom_rt_code_fn fn, void *ud);
+
+/* ---- perf (perf.c) ------------------------------------------------------------------------ */
+
+/* Appends a perf map of exe's compiled code to path (the format `perf report` reads from
+ * /tmp/perf-<pid>.map: "<start> <size> <name>", hex, a line per loom_rt_program_each_code).
+ * The lines go out in one append (O_APPEND), so programs of several threads do not
+ * interleave; the file is created when missing and never followed through a symlink.
+ * Errors: INVALID_ARGUMENT, OUT_OF_MEMORY, IO_ERROR (message in d). */
 loom_status loom_rt_program_perf_map(loom_rt_executable *exe, const loom_ir_plan *plan,
                                      const loom_ir_graph *g, const char *path, loom_ir_diag *d);
 /* Where perf looks for this process's map: "/tmp/perf-<pid>.map", into buf. */
 const char *loom_rt_perf_map_path(char *buf, size_t size);
+
+/* Appends exe's compiled code, bytes and names, to this process's jitdump ("<dir>/jit-<pid>.dump",
+ * perf's jitdump format; created with its header by the first call that succeeds, whose dir
+ * later calls keep, and kept mapped executable so that `perf record -k mono` notes it), for
+ * `perf inject --jit` to turn into symbols whose instructions `perf annotate` shows.
+ * Thread-safe.
+ * Errors: INVALID_ARGUMENT, IO_ERROR (message in d). */
+loom_status loom_rt_program_jitdump(loom_rt_executable *exe, const loom_ir_plan *plan,
+                                    const loom_ir_graph *g, const char *dir, loom_ir_diag *d);
 
 #endif

@@ -3,13 +3,10 @@
  * kernels run here on the host through the communicator (collective.h): an all-reduce
  * starts where its kernel stands and is waited on before kernel wait_before, the MPI
  * requests in flight being polled between kernels so communication overlaps them. */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "bulk.h"
 #include "collective.h"
@@ -651,20 +648,11 @@ loom_status loom_rt_program_trace(loom_rt_executable *exe, loom_rt_trace *trace,
     return LOOM_OK;
 }
 
-const char *loom_rt_perf_map_path(char *buf, size_t size) {
-    snprintf(buf, size, "/tmp/perf-%ld.map", (long)getpid());
-    return buf;
-}
-
-loom_status loom_rt_program_perf_map(loom_rt_executable *exe, const loom_ir_plan *plan,
-                                     const loom_ir_graph *g, const char *path, loom_ir_diag *d) {
+loom_status loom_rt_program_each_code(loom_rt_executable *exe, const loom_ir_plan *plan,
+                                      const loom_ir_graph *g, loom_rt_code_fn fn, void *ud) {
     loom_status st;
-    program *p = instrumentable(exe, path, plan, g, &st);
-    if (!p)
-        return st == LOOM_OK ? st : loom_ir_diag_set(d, st, "perf map: bad arguments");
-    loom_ir_sbuf sb;
-    loom_ir_sbuf_init(&sb, &p->base.alloc);
-    for (int32_t k = 0; k < p->n_kernels; k++) {
+    program *p = instrumentable(exe, fn ? plan : NULL, plan, g, &st);
+    for (int32_t k = 0; p && k < p->n_kernels; k++) {
         const loom_rt_kernel *rk = &p->kernels[k].k;
         bool first = rk->fn && rk->code_bytes > 0;
         for (int32_t j = 0; j < k && first; j++) /* shared code: named after its first kernel */
@@ -674,33 +662,14 @@ loom_status loom_rt_program_perf_map(loom_rt_executable *exe, const loom_ir_plan
         int32_t sharing = 0;
         for (int32_t j = k + 1; j < p->n_kernels; j++)
             sharing += p->kernels[j].k.fn == rk->fn;
-        char root[LOOM_IR_TYPE_STR_MAX + 32], loc[128], more[48] = "";
+        char root[LOOM_IR_TYPE_STR_MAX + 32], loc[128], more[48] = "", name[384];
         describe_kernel(plan, g, k, root, sizeof root, loc, sizeof loc);
         if (sharing)
             snprintf(more, sizeof more, " (+%d kernel%s sharing its code)", (int)sharing,
                      sharing > 1 ? "s" : "");
-        loom_ir_sbuf_printf(&sb, "%" PRIxPTR " %" PRIx64 " loom %016" PRIx64 ":%d %s %s%s\n",
-                            (uintptr_t)rk->fn, (uint64_t)rk->code_bytes, exe->hash, (int)k, root,
-                            *loc ? loc : "?", more);
+        snprintf(name, sizeof name, "loom %016" PRIx64 ":%d %s %s%s", exe->hash, (int)k, root,
+                 *loc ? loc : "?", more);
+        fn(ud, (const void *)(uintptr_t)rk->fn, (size_t)rk->code_bytes, name);
     }
-    if (sb.oom) {
-        loom_ir_sbuf_deinit(&sb);
-        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "perf map: out of memory");
-    }
-    st = LOOM_OK;
-    int fd = sb.len ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644) : -2;
-    if (fd == -1)
-        st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "perf map: cannot open %s: %s", path,
-                              strerror(errno));
-    else if (fd >= 0) {
-        ssize_t n = write(fd, sb.data, sb.len);
-        if (n != (ssize_t)sb.len)
-            st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "perf map: writing %s: %s", path,
-                                  n < 0 ? strerror(errno) : "short write");
-        if (close(fd) != 0 && st == LOOM_OK)
-            st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "perf map: closing %s: %s", path,
-                                  strerror(errno));
-    }
-    loom_ir_sbuf_deinit(&sb);
     return st;
 }

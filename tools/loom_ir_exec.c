@@ -50,7 +50,9 @@ static loom_rt_executable *build(pipeline *p, const loom_ir_graph *g, const char
                              .profile = profile ? &p->profile : NULL,
                              .perf_map = perf_map && *perf_map && strcmp(perf_map, "0") != 0
                                              ? loom_rt_perf_map_path(map_path, sizeof map_path)
-                                             : NULL};
+                                             : NULL,
+                             .jitdump_dir =
+                                 perf_map && strcmp(perf_map, "jitdump") == 0 ? "/tmp" : NULL};
     loom_rt_executable *exe = NULL;
     loom_ir_diag d;
     loom_ir_diag_init(&d);

@@ -134,6 +134,10 @@ typedef struct loom_context_options {
                                  and name (as the profile names it) to /tmp/perf-<pid>.map,
                                  so `perf report` names Loom's kernels instead of showing
                                  bare addresses */
+    bool perf_jitdump;        /* LOOM_PERF_MAP=jitdump: the map, and the kernels' code into
+                                 /tmp/jit-<pid>.dump for `perf inject --jit`, so that
+                                 `perf annotate` shows their hot instructions (record with
+                                 `perf record -k mono`) */
     double allreduce_bucket_mb; /* gradient all-reduces are reduced in buckets of at least
                                    this many MB (loom/dist.h); 0: LOOM_ALLREDUCE_BUCKET_MB,
                                    else 25 (DDP's); negative: one bucket per all-reduce (as

@@ -1,6 +1,6 @@
 /* Tests of program executables: hand-written kernels with the kernel ABI over hand-built
  * graphs and plans, run on the NPU device: values, arena offsets, copies, donation, arena
- * reuse, bad plans and buffers, out-of-memory, perf maps. */
+ * reuse, bad plans and buffers, out-of-memory, perf maps and jitdumps. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -680,6 +680,77 @@ static void test_program_perf_map_names_each_piece_of_code_once(void **state) {
     loom_ir_graph_deinit(&g);
 }
 
+/* The jitdump: perf's header, then one code-load record per distinct piece of code with its
+ * name and bytes; the file stays mapped executable (how perf record learns of it). */
+static void test_program_jitdump_holds_each_piece_of_code_and_its_bytes(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    loom_ir_plan p;
+    build_step(&g, &p, &sys);
+    loom_rt_pool *pool = make_pool(1, &sys);
+    const loom_rt_kernel ks[] = {
+        {add_rows, 4, 1, 0x40}, {mul_rows, 4, 1, 0}, {add_rows, 4, 1, 0x40}};
+    loom_rt_executable *exe = make_program(&g, &p, ks, pool, &sys);
+    char dir[] = "/tmp/loom-jitdump-XXXXXX", missing[64], path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(missing, sizeof missing, "%s/none", dir);
+    snprintf(path, sizeof path, "%s/jit-%ld.dump", dir, (long)getpid());
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_program_jitdump(exe, &p, &g, missing, &d), LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(d.msg, "jitdump: cannot open"));
+    assert_non_null(strstr(d.msg, missing));
+    assert_int_equal(loom_rt_program_jitdump(exe, &p, &g, NULL, &d), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_rt_program_jitdump(exe, &p, &g, dir, &d), LOOM_OK);
+
+    char name[128];
+    snprintf(name, sizeof name, "loom %016llx:0 add f32[4,3] ? (+1 kernel sharing its code)",
+             (unsigned long long)exe->hash);
+    size_t name_len = strlen(name) + 1, rec = 56 + name_len + 0x40;
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    unsigned char buf[512];
+    assert_int_equal(fread(buf, 1, sizeof buf, f), 40 + rec); /* all of it */
+    fclose(f);
+    uint32_t u32[10];
+    uint64_t u64[6];
+    memcpy(u32, buf, 24); /* magic, version, total size, machine, pad, pid */
+    assert_int_equal(u32[0], 0x4A695444);
+    assert_int_equal(u32[1], 1);
+    assert_int_equal(u32[2], 40);
+#if defined(__x86_64__)
+    assert_int_equal(u32[3], 62);
+#endif
+    assert_int_equal(u32[5], (uint32_t)getpid());
+    memcpy(u32, buf + 40, 8); /* the record: id, total size */
+    assert_int_equal(u32[0], 0);
+    assert_int_equal(u32[1], rec);
+    memcpy(u32, buf + 56, 4);
+    assert_int_equal(u32[0], (uint32_t)getpid());
+    memcpy(u64, buf + 64, 32); /* vma, code address, size, index */
+    assert_int_equal(u64[0], (uint64_t)(uintptr_t)add_rows);
+    assert_int_equal(u64[1], (uint64_t)(uintptr_t)add_rows);
+    assert_int_equal(u64[2], 0x40);
+    assert_int_equal(u64[3], 0);
+    assert_string_equal((const char *)buf + 96, name);
+    assert_memory_equal(buf + 96 + name_len, (const void *)(uintptr_t)add_rows, 0x40);
+    FILE *maps = fopen("/proc/self/maps", "r"); /* the file is mapped executable */
+    assert_non_null(maps);
+    char line[512];
+    bool mapped = false;
+    while (!mapped && fgets(line, sizeof line, maps))
+        mapped = strstr(line, path) && strstr(line, " r-xp ");
+    fclose(maps);
+    assert_true(mapped);
+
+    loom_rt_executable_destroy(exe);
+    unlink(path);
+    rmdir(dir);
+    loom_rt_pool_destroy(pool);
+    loom_ir_plan_deinit(&p);
+    loom_ir_graph_deinit(&g);
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -693,6 +764,7 @@ int main(void) {
         cmocka_unit_test(test_program_create_out_of_memory_leaks_nothing),
         cmocka_unit_test(test_program_run_reports_arena_out_of_memory),
         cmocka_unit_test(test_program_perf_map_names_each_piece_of_code_once),
+        cmocka_unit_test(test_program_jitdump_holds_each_piece_of_code_and_its_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
