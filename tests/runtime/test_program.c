@@ -626,94 +626,107 @@ static void test_program_run_reports_arena_out_of_memory(void **state) {
     assert_int_equal(ta.live_bytes, 0);
 }
 
-static void test_program_perf_map_names_each_piece_of_code_once(void **state) {
-    (void)state;
+/* A program whose kernels 0 and 2 share add_rows' code (0x40 bytes, as if compiled) and
+ * whose kernel 1's size is not known, and a fresh directory for what perf reads. */
+typedef struct code_fx {
     loom_ir_graph g;
     loom_ir_plan p;
-    build_step(&g, &p, &sys);
-    loom_rt_pool *pool = make_pool(1, &sys);
-    /* kernels 0 and 2 share add_rows' code; kernel 1's size is not known */
+    loom_rt_pool *pool;
+    loom_rt_executable *exe;
+    char dir[40];
+    char name[128]; /* the first kernel's name, as perf is given it */
+    loom_ir_diag d;
+} code_fx;
+
+static void code_fx_init(code_fx *f) {
+    build_step(&f->g, &f->p, &sys);
+    f->pool = make_pool(1, &sys);
     const loom_rt_kernel ks[] = {
         {add_rows, 4, 1, 0x40}, {mul_rows, 4, 1, 0}, {add_rows, 4, 1, 0x40}};
-    loom_rt_executable *exe = make_program(&g, &p, ks, pool, &sys);
-    char dir[] = "/tmp/loom-perf-map-XXXXXX", path[64], link_path[64], missing[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/perf.map", dir);
-    snprintf(link_path, sizeof link_path, "%s/link.map", dir);
-    snprintf(missing, sizeof missing, "%s/none/perf.map", dir);
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, path, &d), LOOM_OK);
-    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, path, &d), LOOM_OK); /* appends */
-    char line[160], want[320];
-    snprintf(line, sizeof line,
-             "%lx 40 loom %016llx:0 add f32[4,3] ? (+1 kernel sharing its code)\n",
-             (unsigned long)(uintptr_t)add_rows, (unsigned long long)exe->hash);
+    f->exe = make_program(&f->g, &f->p, ks, f->pool, &sys);
+    snprintf(f->dir, sizeof f->dir, "/tmp/loom-perf-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->name, sizeof f->name, "loom %016llx:0 add f32[4,3] ? (+1 kernel sharing its code)",
+             (unsigned long long)f->exe->hash);
+    loom_ir_diag_init(&f->d);
+}
+
+static void code_fx_deinit(code_fx *f) {
+    assert_int_equal(rmdir(f->dir), 0); /* the test removed what it wrote */
+    loom_rt_executable_destroy(f->exe);
+    loom_rt_pool_destroy(f->pool);
+    loom_ir_plan_deinit(&f->p);
+    loom_ir_graph_deinit(&f->g);
+}
+
+static void test_program_perf_map_names_each_piece_of_code_once(void **state) {
+    (void)state;
+    code_fx f;
+    code_fx_init(&f);
+    char path[64], link_path[64], missing[64];
+    snprintf(path, sizeof path, "%s/perf.map", f.dir);
+    snprintf(link_path, sizeof link_path, "%s/link.map", f.dir);
+    snprintf(missing, sizeof missing, "%s/none/perf.map", f.dir);
+    assert_int_equal(loom_rt_program_perf_map(f.exe, &f.p, &f.g, path, &f.d), LOOM_OK);
+    assert_int_equal(loom_rt_program_perf_map(f.exe, &f.p, &f.g, path, &f.d),
+                     LOOM_OK); /* appends */
+    char line[200], want[400];
+    snprintf(line, sizeof line, "%lx 40 %s\n", (unsigned long)(uintptr_t)add_rows, f.name);
     snprintf(want, sizeof want, "%s%s", line, line);
     char *got = tu_read_file(path);
     assert_string_equal(got, want);
     free(got);
 
     /* a directory that does not exist, a symlink (never followed), no path */
-    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, missing, &d), LOOM_STATUS_IO_ERROR);
-    assert_non_null(strstr(d.msg, "perf map: cannot open"));
-    assert_non_null(strstr(d.msg, missing));
+    assert_int_equal(loom_rt_program_perf_map(f.exe, &f.p, &f.g, missing, &f.d),
+                     LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(f.d.msg, "perf map: cannot open"));
+    assert_non_null(strstr(f.d.msg, missing));
     assert_int_equal(symlink(path, link_path), 0);
-    loom_ir_diag_init(&d);
-    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, link_path, &d), LOOM_STATUS_IO_ERROR);
-    assert_non_null(strstr(d.msg, link_path));
+    loom_ir_diag_init(&f.d);
+    assert_int_equal(loom_rt_program_perf_map(f.exe, &f.p, &f.g, link_path, &f.d),
+                     LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(f.d.msg, link_path));
     got = tu_read_file(path);
     assert_string_equal(got, want);
     free(got);
-    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, NULL, &d), LOOM_STATUS_INVALID_ARGUMENT);
-    loom_rt_executable_destroy(exe);
-    /* no kernel with a known size: nothing to write, and no file */
+    assert_int_equal(loom_rt_program_perf_map(f.exe, &f.p, &f.g, NULL, &f.d),
+                     LOOM_STATUS_INVALID_ARGUMENT);
     unlink(link_path);
     unlink(path);
-    exe = make_program(&g, &p, step_kernels, pool, &sys);
-    assert_int_equal(loom_rt_program_perf_map(exe, &p, &g, path, &d), LOOM_OK);
+    /* no kernel with a known size: nothing to write, and no file */
+    loom_rt_executable *plain = make_program(&f.g, &f.p, step_kernels, f.pool, &sys);
+    assert_int_equal(loom_rt_program_perf_map(plain, &f.p, &f.g, path, &f.d), LOOM_OK);
     assert_int_equal(access(path, F_OK), -1);
-    rmdir(dir);
-    loom_rt_executable_destroy(exe);
-    loom_rt_pool_destroy(pool);
-    loom_ir_plan_deinit(&p);
-    loom_ir_graph_deinit(&g);
+    loom_rt_executable_destroy(plain);
+    code_fx_deinit(&f);
 }
 
 /* The jitdump: perf's header, then one code-load record per distinct piece of code with its
  * name and bytes; the file stays mapped executable (how perf record learns of it). */
 static void test_program_jitdump_holds_each_piece_of_code_and_its_bytes(void **state) {
     (void)state;
-    loom_ir_graph g;
-    loom_ir_plan p;
-    build_step(&g, &p, &sys);
-    loom_rt_pool *pool = make_pool(1, &sys);
-    const loom_rt_kernel ks[] = {
-        {add_rows, 4, 1, 0x40}, {mul_rows, 4, 1, 0}, {add_rows, 4, 1, 0x40}};
-    loom_rt_executable *exe = make_program(&g, &p, ks, pool, &sys);
-    char dir[] = "/tmp/loom-jitdump-XXXXXX", missing[64], path[64];
-    assert_non_null(mkdtemp(dir));
-    snprintf(missing, sizeof missing, "%s/none", dir);
-    snprintf(path, sizeof path, "%s/jit-%ld.dump", dir, (long)getpid());
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    assert_int_equal(loom_rt_program_jitdump(exe, &p, &g, missing, &d), LOOM_STATUS_IO_ERROR);
-    assert_non_null(strstr(d.msg, "jitdump: cannot open"));
-    assert_non_null(strstr(d.msg, missing));
-    assert_int_equal(loom_rt_program_jitdump(exe, &p, &g, NULL, &d), LOOM_STATUS_INVALID_ARGUMENT);
-    assert_int_equal(loom_rt_program_jitdump(exe, &p, &g, dir, &d), LOOM_OK);
+    code_fx f;
+    code_fx_init(&f);
+    char missing[64], path[64];
+    snprintf(missing, sizeof missing, "%s/none", f.dir);
+    snprintf(path, sizeof path, "%s/jit-%ld.dump", f.dir, (long)getpid());
+    assert_int_equal(loom_rt_program_jitdump(f.exe, &f.p, &f.g, missing, &f.d),
+                     LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(f.d.msg, "jitdump: cannot open"));
+    assert_non_null(strstr(f.d.msg, missing));
+    assert_int_equal(loom_rt_program_jitdump(f.exe, &f.p, &f.g, NULL, &f.d),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_rt_program_jitdump(f.exe, &f.p, &f.g, f.dir, &f.d), LOOM_OK);
 
-    char name[128];
-    snprintf(name, sizeof name, "loom %016llx:0 add f32[4,3] ? (+1 kernel sharing its code)",
-             (unsigned long long)exe->hash);
-    size_t name_len = strlen(name) + 1, rec = 56 + name_len + 0x40;
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
+    size_t name_len = strlen(f.name) + 1, rec = 56 + name_len + 0x40;
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
     unsigned char buf[512];
-    assert_int_equal(fread(buf, 1, sizeof buf, f), 40 + rec); /* all of it */
-    fclose(f);
-    uint32_t u32[10];
-    uint64_t u64[6];
+    assert_int_equal(fread(buf, 1, sizeof buf, fp), 40 + rec); /* all of it */
+    fclose(fp);
+    uint32_t u32[6];
+    uint64_t u64[4];
     memcpy(u32, buf, 24); /* magic, version, total size, machine, pad, pid */
     assert_int_equal(u32[0], 0x4A695444);
     assert_int_equal(u32[1], 1);
@@ -732,7 +745,7 @@ static void test_program_jitdump_holds_each_piece_of_code_and_its_bytes(void **s
     assert_int_equal(u64[1], (uint64_t)(uintptr_t)add_rows);
     assert_int_equal(u64[2], 0x40);
     assert_int_equal(u64[3], 0);
-    assert_string_equal((const char *)buf + 96, name);
+    assert_string_equal((const char *)buf + 96, f.name);
     assert_memory_equal(buf + 96 + name_len, (const void *)(uintptr_t)add_rows, 0x40);
     FILE *maps = fopen("/proc/self/maps", "r"); /* the file is mapped executable */
     assert_non_null(maps);
@@ -742,13 +755,8 @@ static void test_program_jitdump_holds_each_piece_of_code_and_its_bytes(void **s
         mapped = strstr(line, path) && strstr(line, " r-xp ");
     fclose(maps);
     assert_true(mapped);
-
-    loom_rt_executable_destroy(exe);
     unlink(path);
-    rmdir(dir);
-    loom_rt_pool_destroy(pool);
-    loom_ir_plan_deinit(&p);
-    loom_ir_graph_deinit(&g);
+    code_fx_deinit(&f);
 }
 
 int main(void) {
