@@ -94,7 +94,7 @@ loom_status loom_cg_code_load(const void *blob, size_t len, const loom_ir_plan *
 /* Fills kernels[k].code_bytes, for each of the n_kernels kernels of code (as built or
  * loaded), with the size of its machine code, from the object files' symbol tables (ELF's
  * st_size); kernels sharing code get the same size, and kernels without code keep 0. For
- * perf maps (loom_rt_program_perf_map): the JIT itself has no use for it. */
+ * perf's map and jitdump (loom_rt_program_perf_map, _jitdump): the JIT has no use for it. */
 void loom_cg_code_sizes(const loom_cg_code *code, int32_t n_kernels, loom_rt_kernel *kernels);
 
 /* What compiled code depends on besides the graph, for cache keys: LLVM version, target

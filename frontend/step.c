@@ -92,7 +92,7 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
             .allreduce_bucket_mb = ctx->allreduce_bucket_mb,
             .trace = ctx->chrome,
             .perf_map = ctx->perf_map ? loom_rt_perf_map_path(perf_map, sizeof perf_map) : NULL,
-            .jitdump_dir = ctx->perf_jitdump ? "/tmp" : NULL};
+            .jitdump_dir = ctx->perf_jitdump ? LOOM_RT_JITDUMP_DIR : NULL};
         st = loom_fe_jit_build(&ctx->cut, hash, &o, ctx->pool, &ctx->alloc, &ctx->metrics, &exe, &d);
         if (st == LOOM_STATUS_UNSUPPORTED) {
             loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FALLBACKS, 1);

@@ -112,5 +112,7 @@ const char *loom_rt_perf_map_path(char *buf, size_t size);
  * Errors: INVALID_ARGUMENT, IO_ERROR (message in d). */
 loom_status loom_rt_program_jitdump(loom_rt_executable *exe, const loom_ir_plan *plan,
                                     const loom_ir_graph *g, const char *dir, loom_ir_diag *d);
+/* Where LOOM_PERF_MAP=jitdump puts it (perf inject writes its jitted-*.so files beside it). */
+#define LOOM_RT_JITDUMP_DIR "/tmp"
 
 #endif

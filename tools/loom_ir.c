@@ -595,7 +595,9 @@ static const command commands[] = {
      "--check first compares the outputs with the reference interpreter's (exit 1 when\n"
      "an element differs by more than rtol x (|value| + the output's RMS); rtol is 1e-4\n"
      "for f32, 2e-2 for bf16 and f16, 1e-9 for f64). With LOOM_PERF_MAP=1 the kernels\n"
-     "go into /tmp/perf-<pid>.map, so `perf record` of the run names them.\n",
+     "go into /tmp/perf-<pid>.map, so `perf record` of the run names them; with\n"
+     "LOOM_PERF_MAP=jitdump their code goes into /tmp/jit-<pid>.dump as well, for\n"
+     "`perf inject --jit` and `perf annotate` (README.md, LOOM_PERF_MAP).\n",
      run_run},
     {"ops", "ops [--op=NAME] [--check] [--json]",
      "every op of ops.def and what exists for it in each layer",

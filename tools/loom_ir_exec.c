@@ -41,18 +41,18 @@ static void pipeline_deinit(pipeline *p) {
 static loom_rt_executable *build(pipeline *p, const loom_ir_graph *g, const char *shown,
                                  const char *dump_dir, bool profile, double *out_ms) {
     int64_t t0 = loom_rt_now_ns();
-    const char *perf_map = getenv("LOOM_PERF_MAP"); /* as a context reads it */
+    loom_context_options env; /* LOOM_PERF_MAP, read as a context reads it */
+    loom_context_options_init(&env);
     char map_path[64];
     loom_fe_jit_options o = {.compile_threads = loom_rt_pool_threads(p->pool),
                              .verify_passes = true,
                              .dump_dir = dump_dir,
                              .dump_prefix = "x",
                              .profile = profile ? &p->profile : NULL,
-                             .perf_map = perf_map && *perf_map && strcmp(perf_map, "0") != 0
+                             .perf_map = env.perf_map || env.perf_jitdump
                                              ? loom_rt_perf_map_path(map_path, sizeof map_path)
                                              : NULL,
-                             .jitdump_dir =
-                                 perf_map && strcmp(perf_map, "jitdump") == 0 ? "/tmp" : NULL};
+                             .jitdump_dir = env.perf_jitdump ? LOOM_RT_JITDUMP_DIR : NULL};
     loom_rt_executable *exe = NULL;
     loom_ir_diag d;
     loom_ir_diag_init(&d);
