@@ -135,6 +135,22 @@ char *tu_read_file(const char *path) {
     return s;
 }
 
+bool tu_mapped_executable(uintptr_t lo, uintptr_t hi, const char *path) {
+    FILE *f = fopen("/proc/self/maps", "r"); /* its size reads as 0: line by line */
+    if (!f)
+        return false;
+    char line[4608];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && strncmp(perms, "r-x", 3) == 0)
+            found = path ? strstr(line, path) != NULL : lo >= a && hi <= b;
+    }
+    fclose(f);
+    return found;
+}
+
 int tu_runtime_setup(tu_runtime *r) {
     r->alloc = loom_allocator_system();
     loom_rt_metrics_init(&r->metrics);

@@ -59,6 +59,10 @@ loom_tensor *tu_scalar_f32(loom_context *ctx, float v);
 /* The whole file at path, NUL-terminated (malloc'd: free it), or NULL when it cannot be read. */
 char *tu_read_file(const char *path);
 
+/* Whether this process has a read-and-execute mapping (r-x) that holds [lo, hi) (path NULL) or that
+ * maps the file path (lo and hi ignored), from /proc/self/maps. */
+bool tu_mapped_executable(uintptr_t lo, uintptr_t hi, const char *path);
+
 /* Reads n floats of t into out, failing the test with the context's message on error. */
 void tu_read_f32(loom_context *ctx, loom_tensor *t, float *out, size_t n);
 

@@ -880,22 +880,6 @@ static void test_fused_plans_of_many_kernels_compile_on_several_threads(void **s
 
 /* ---- the code blob ------------------------------------------------------------------------ */
 
-/* Whether [lo, hi) lies inside one executable mapping of this process. */
-static bool in_executable_mapping(uintptr_t lo, uintptr_t hi) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    assert_non_null(f);
-    char line[512];
-    bool inside = false;
-    while (!inside && fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        char perms[8];
-        if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && perms[2] == 'x')
-            inside = lo >= a && hi <= b;
-    }
-    fclose(f);
-    return inside;
-}
-
 /* loom_cg_code_sizes on kernels ks of code: every kernel's code is more than a return, lies in
  * executable memory and overlaps no other kernel's (kernels sharing code aside). */
 static void check_code_sizes(const loom_cg_code *code, loom_rt_kernel *ks, int32_t nk) {
@@ -903,7 +887,7 @@ static void check_code_sizes(const loom_cg_code *code, loom_rt_kernel *ks, int32
     for (int32_t k = 0; k < nk; k++) {
         uintptr_t lo = (uintptr_t)ks[k].fn, hi = lo + (uintptr_t)ks[k].code_bytes;
         assert_true(ks[k].code_bytes > 16 && ks[k].code_bytes < (1 << 20));
-        assert_true(in_executable_mapping(lo, hi));
+        assert_true(tu_mapped_executable(lo, hi, NULL));
         for (int32_t j = 0; j < nk; j++) {
             uintptr_t lo2 = (uintptr_t)ks[j].fn, hi2 = lo2 + (uintptr_t)ks[j].code_bytes;
             assert_true(lo2 == lo || hi2 <= lo || lo2 >= hi);

@@ -747,14 +747,7 @@ static void test_program_jitdump_holds_each_piece_of_code_and_its_bytes(void **s
     assert_int_equal(u64[3], 0);
     assert_string_equal((const char *)buf + 96, f.name);
     assert_memory_equal(buf + 96 + name_len, (const void *)(uintptr_t)add_rows, 0x40);
-    FILE *maps = fopen("/proc/self/maps", "r"); /* the file is mapped executable */
-    assert_non_null(maps);
-    char line[512];
-    bool mapped = false;
-    while (!mapped && fgets(line, sizeof line, maps))
-        mapped = strstr(line, path) && strstr(line, " r-xp ");
-    fclose(maps);
-    assert_true(mapped);
+    assert_true(tu_mapped_executable(0, 0, path)); /* the file is mapped executable */
     unlink(path);
     code_fx_deinit(&f);
 }
