@@ -113,11 +113,49 @@ void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, M
  * stg[2p + 1]), n of them) and of B's (rows 2 kk and 2 kk + 1). */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);
 void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
+/* Winograd F(2x2, 3x3)'s input transform for channels [k0, k1) and tile rows [r0, r1), wp
+ * being the 4 x 4 window of stride 2 over x whose destination grid is the tiles
+ * (cv_wino.win; rtab from cv_build_rows on it): each tile's V = B^T d B, its 16 values the
+ * B operands of the 16 GEMMs, GEMM x's at bw[x kp b_ld]: row (k - k0) / pk, column (r - r0)
+ * dW + tile (f32, or bf16 pairs of channels rounded to nearest); zeros past the block's
+ * tiles up to nbp and past the chunk's channels up to kp. */
+void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, MlirValue rtab,
+                       MlirValue k0, MlirValue k1, MlirValue r0, MlirValue r1);
+/* The first n (1..16) of v's 16 lanes to mem[at] (a masked store below 16). */
+void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n);
 /* Transposes the 16 x 16 matrix of rows r[0..15] (vectors of 16) in place. */
 void cv_transpose16(cg_b *b, MlirValue *r);
 /* Zeros rows [from, to) of a row-major buffer of ld columns (at buf[base]). */
 void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld, MlirValue zero);
 void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to, int64_t ld,
                      MlirValue zero);
+
+/* ---- lower_conv.c, for conv_winograd.c ---- */
+/* The epilogue of a task's block (rows [i0, i1), destination pixel rows [c0, c1)) from C
+ * cs[0] (cs[b]: phase b's, nw of them, where phases along W share a row). */
+loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw, MlirValue g,
+                             MlirValue i0, MlirValue i1, MlirValue c0, MlirValue c1);
+
+/* ---- Winograd F(2x2, 3x3) for stride-1 3x3 convolutions (conv_winograd.c) ----
+ * y's 2 x 2 tiles each from a 4 x 4 tile of x: Y = A^T [(G w G^T) . (B^T d B)] A, the 16
+ * products of the middle summed over channels as 16 GEMMs [O, C] x [C, tiles], 4 multiplies
+ * for the 9 a pixel of the direct form: 2.25x fewer. */
+typedef struct cv_wino {
+    cv_plan win;        /* the 4 x 4 window of stride 2 over x, its destination grid the tiles */
+    cg_mk mk;           /* each GEMM's blocks: rows x channels (a chunk) x the block's tiles */
+    int64_t TH, TW, tr; /* tiles along H and W of an image; tile rows of a block */
+    int64_t kc, nbk;    /* channels of a K chunk, chunks */
+} cv_wino;
+/* Whether plan cp (conv2d's or its input gradient's, planned) runs as Winograd: a 3x3 of
+ * stride 1, dilation 1 and padding up to 2, one group, an even destination (y, or dx), the
+ * channels summed over (x's, or dy's) in 16s; not under LOOM_CONV=direct. */
+bool cv_wino_ok(const kc *c, const cv_plan *cp);
+/* Its blocks: cp's row and column blocks (whole tile rows: two pixel rows each) for the
+ * epilogue, and wn's. */
+void cv_wino_plan(const kc *c, cv_plan *cp, cv_wino *wn);
+/* Every task of the kernel [c->lo, c->hi). */
+loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn);
+/* V = B^T d B of a 4 x 4 tile d (row-major; vectors or scalars). */
+void cv_wino_input(cg_b *b, const MlirValue *d, MlirValue *v);
 
 #endif

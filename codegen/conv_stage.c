@@ -244,7 +244,6 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
 
-/* The first n of v's 16 lanes to mem[at] (a masked store below 16). */
 /* The mask of a vector of 16's first n lanes. */
 static MlirValue first_lanes(cg_b *b, int64_t n) {
     int32_t lanes[16], lim[16];
@@ -253,7 +252,7 @@ static MlirValue first_lanes(cg_b *b, int64_t n) {
     return cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, 16, lanes), cg_vconst_i32(b, 16, lim));
 }
 
-static void store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n) {
+void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n) {
     if (n >= 16)
         cg_vstore(b, v, mem, at);
     else
@@ -419,7 +418,7 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
     for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb)) {
         MlirValue va = row_lanes(b, b->i16, &w[0], src, at[0], ok[0], q0);
         MlirValue vb = row_lanes(b, b->i16, &w[1], src, at[1], ok[1], q0);
-        store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, dst, q0), lb.lanes);
+        cv_store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, dst, q0), lb.lanes);
     }
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
@@ -445,13 +444,66 @@ void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, 
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
     lane_blocks lb;
     for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb))
-        store_lanes(b, cg_widen16(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
-                    cg_iadd(b, dst, q0), lb.lanes);
+        cv_store_lanes(b, cg_widen16(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
+                       cg_iadd(b, dst, q0), lb.lanes);
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
     zero_range(b, cg_cf(b, b->f32, 0.0), buf, row, cg_imul_c(b, isub(b, r1, r0), cp->dW),
                cg_idx(b, width));
     cg_for_end(b, &lj, 0, NULL);
+}
+
+void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, MlirValue rtab,
+                       MlirValue k0, MlirValue k1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    MlirValue src = c->bufs[c->s->buf_of[wp->win]], z = cg_idx(b, 0);
+    loom_dtype sdt = c->g->nodes[wp->win].dtype;
+    MlirType et = cg_storage_type(b, sdt);
+    int64_t pk = m->pk, xs = m->kp * m->b_ld; /* elements from one GEMM's B to the next's */
+    MlirValue zero = pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+    MlirValue nk = idiv(b, cg_iadd(b, isub(b, k1, k0), cg_idx(b, pk - 1)), pk);
+    cg_for lk, lr;
+    cg_for_begin(b, &lk, z, nk, 0, NULL);
+    /* the row's channels (a pair's second past k1: an empty window, zeros) and their taps */
+    win_row w[2][16];
+    for (int64_t e = 0; e < pk; e++) {
+        MlirValue ch = cg_iadd(b, k0, cg_iadd(b, cg_imul_c(b, lk.iv, pk), cg_idx(b, e)));
+        MlirValue has = e > 0 ? cg_cmpi(b, CG_I_ULT, ch, k1) : (MlirValue){NULL};
+        for (int64_t t = 0; t < 16; t++)
+            w[e][t] = window_row(b, wp, z, cg_iadd(b, cg_imul_c(b, ch, 16), cg_idx(b, t)), has);
+    }
+    MlirValue prow = cg_imul_c(b, lk.iv, m->b_ld);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    MlirValue at[2][16], ok[2][16];
+    for (int64_t e = 0; e < pk; e++)
+        for (int64_t t = 0; t < 16; t++)
+            window_row_at(b, &w[e][t], rtab, lr.iv, r0, &at[e][t], &ok[e][t]);
+    MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), wp->dW));
+    lane_blocks lb;
+    for (MlirValue q0 = lanes_begin(b, &lb, wp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb)) {
+        MlirValue v[2][16];
+        for (int64_t e = 0; e < pk; e++) {
+            MlirValue d[16];
+            for (int64_t t = 0; t < 16; t++)
+                d[t] = cg_widen16(b, sdt, row_lanes(b, et, &w[e][t], src, at[e][t], ok[e][t], q0));
+            cv_wino_input(b, d, v[e]);
+        }
+        for (int64_t x = 0; x < 16; x++) {
+            MlirValue val = pk == 2 ? cg_bf16_pair(b, cg_round16(b, LOOM_DTYPE_BF16, v[0][x]),
+                                                   cg_round16(b, LOOM_DTYPE_BF16, v[1][x]))
+                                    : v[0][x];
+            cv_store_lanes(b, val, bw, cg_iadd(b, cg_idx(b, x * xs), cg_iadd(b, dst, q0)),
+                           lb.lanes);
+        }
+    }
+    cg_for_end(b, &lr, 0, NULL);
+    /* the rows' columns past the block's tiles */
+    MlirValue used = cg_imul_c(b, isub(b, r1, r0), wp->dW);
+    for (int64_t x = 0; x < 16; x++)
+        zero_range(b, zero, bw, cg_iadd(b, prow, cg_idx(b, x * xs)), used, cg_idx(b, m->nbp));
+    cg_for_end(b, &lk, 0, NULL);
+    for (int64_t x = 0; x < 16; x++) /* and the rows past the chunk's channels */
+        cv_zero_rows_at(b, bw, cg_idx(b, x * xs), nk, m->kp, m->b_ld, zero);
 }
 
 /* The weight gradient's pairs along K (pixels): a destination row's pixels in segments of
@@ -483,7 +535,7 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
         int64_t h = (lb.lanes + 1) / 2;
         MlirValue va = row_lanes(b, b->i16, &w, src, at, ok, s);
         MlirValue vb = row_lanes(b, b->i16, &w, src, at, ok, cg_iadd(b, s, cg_idx(b, h)));
-        store_lanes(b, pair16(b, va, vb), ap, cg_iadd(b, dst, idiv(b, s, 2)), h);
+        cv_store_lanes(b, pair16(b, va, vb), ap, cg_iadd(b, dst, idiv(b, s, 2)), h);
     }
     cg_for_end(b, &lr, 0, NULL);
     zero_range(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));

@@ -190,11 +190,15 @@ const char *loom_cg_target_key(void) {
         }
         isa[i] = '\0';
     }
-    /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c):
-     * a program compiled the other way has other kernels */
+    /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c),
+     * and LOOM_CONV=direct (no Winograd, conv_winograd.c): a program compiled another way has
+     * other kernels */
     const char *conv = getenv("LOOM_CONV");
-    bool im2col = conv && strcmp(conv, "im2col") == 0;
-    snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, im2col ? ";conv-im2col" : "");
+    const char *how = !conv                         ? ""
+                      : strcmp(conv, "im2col") == 0 ? ";conv-im2col"
+                      : strcmp(conv, "direct") == 0 ? ";conv-direct"
+                                                    : "";
+    snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, how);
     return key;
 }
 

@@ -127,9 +127,8 @@ static loom_status emit_element(kc *c, const cv_plan *cp, MlirValue cs, MlirValu
  * no tap reaches the block (zeros); but where the epilogue writes every phase along W of a
  * destination row (nw = st[1] > 1: cp->spread, or the phases run side by side), cs[b] is
  * phase b's, of the same layout, or NULL. */
-static loom_status emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw,
-                                 MlirValue g, MlirValue i0, MlirValue i1, MlirValue c0,
-                                 MlirValue c1) {
+loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw, MlirValue g,
+                             MlirValue i0, MlirValue i1, MlirValue c0, MlirValue c1) {
     cg_b *b = c->b;
     if (cp->role == CV_GRAD_WEIGHT && root_stored_alone(c, cp)) {
         store_dw(c, cp, cs[0], g, i0, i1, c0, c1);
@@ -704,7 +703,7 @@ static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_b
             cv_zero_rows(b, u->cs[0], cg_idx(b, 0), cp->mbp, cp->mk.nbp, cg_cf(b, b->f32, 0.0));
         cs[0] = u->cs[0];
     }
-    return cp->n_epi > 0 ? emit_epilogue(c, cp, cs, nw, gi, i0, i1, c0, c1) : LOOM_OK;
+    return cp->n_epi > 0 ? cv_emit_epilogue(c, cp, cs, nw, gi, i0, i1, c0, c1) : LOOM_OK;
 }
 
 static int64_t max64(int64_t a, int64_t b) {
@@ -771,6 +770,16 @@ loom_status cg_lower_conv(kc *c) {
         cps[q].ns = cp->ns;
         cps[q].n_epi = cp->n_epi;
         memcpy(cps[q].epi, cp->epi, sizeof cp->epi);
+    }
+    if (n_ph == 0 && cv_wino_ok(c, cp)) { /* a stride-1 3x3 by Winograd F(2x2, 3x3) */
+        cv_wino wn;
+        cv_wino_plan(c, cp, &wn);
+        bool any = loom_ir_numel(root->rank, root->shape) > 0;
+        c->extent = any ? tasks_of(cp) : 1;
+        c->grain = cg_grain_for(cp->rows * cp->cols * cp->K * 4 / 9);
+        if (c->emit && any)
+            st = cv_wino_emit(c, cp, &wn);
+        goto done;
     }
     /* the plans that run: the convolution's, or its phases' one after the other; or the one
      * phase with taps when the others, all as large, are zeros (a strided 1x1): its

@@ -224,6 +224,10 @@ typedef struct cg_mk_hook {
  * emitted in every tile. */
 void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
                  MlirValue mb, MlirValue nb, bool accumulate, const cg_mk_hook *hook);
+/* The same with B from bp[b0] and C at cs[cs0] (several products in one buffer each). */
+void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue b0,
+                    MlirValue cs, MlirValue cs0, MlirValue mb, MlirValue nb, bool accumulate,
+                    const cg_mk_hook *hook);
 /* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
 MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 /* Two bf16 (f32 values already rounded to bf16; scalars or vectors) as one i32 each: lo in

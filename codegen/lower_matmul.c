@@ -340,6 +340,13 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
 
 void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
                  MlirValue mb, MlirValue nb, bool accumulate, const cg_mk_hook *hook) {
+    MlirValue z = cg_idx(c->b, 0);
+    cg_mk_tiles_at(c, m, ap, a0, bp, z, cs, z, mb, nb, accumulate, hook);
+}
+
+void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue b0,
+                    MlirValue cs, MlirValue cs0, MlirValue mb, MlirValue nb, bool accumulate,
+                    const cg_mk_hook *hook) {
     cg_b *b = c->b;
     enum { NACC = MK_ACC };
     const int64_t MR = m->mr, NV = m->nv, NR = NV * MK_PANEL;
@@ -352,7 +359,8 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp
     if (hook)
         hook->emit(c, hook->arg, ljt.iv, lit.iv);
     MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf), init[NACC];
-    MlirValue c0 = cg_iadd(b, cg_imul_c(b, lit.iv, MR * m->nbp), cg_imul_c(b, ljt.iv, NR));
+    MlirValue c0 =
+        cg_iadd(b, cs0, cg_iadd(b, cg_imul_c(b, lit.iv, MR * m->nbp), cg_imul_c(b, ljt.iv, NR)));
     for (int i = 0; i < NACC; i++)
         init[i] = zero;
     for (int i = 0; i < MR && accumulate; i++)
@@ -362,7 +370,7 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp
     MlirValue arow0 = cg_iadd(b, a0, cg_imul_c(b, lit.iv, MR * m->kp));
     /* B's element (kk, column 16 pn + l) at kk * ks + pn * ps + l */
     int64_t ks = m->b_ld ? m->b_ld : MK_PANEL, ps = m->b_ld ? MK_PANEL : m->kp * MK_PANEL;
-    MlirValue bpan0 = cg_imul_c(b, ljt.iv, NV * ps);
+    MlirValue bpan0 = cg_iadd(b, b0, cg_imul_c(b, ljt.iv, NV * ps));
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), NACC, init);
     MlirValue bv[2], acc[NACC];
     MlirValue brow = cg_iadd(b, bpan0, cg_imul_c(b, lk.iv, ks));

@@ -347,8 +347,45 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
     compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_F16, 4e-3);
 }
 
-/* LOOM_CONV=im2col compiles other kernels for the same graph: it is part of the compile
- * cache key, so a cached program of one kind never serves the other. */
+/* Winograd F(2x2, 3x3) (codegen/conv_winograd.c, unless LOOM_CONV=direct) for the forwards and
+ * input gradients it takes: 3x3 of stride 1 with an even destination (y; dx) and the
+ * channels summed over (x's; dy's) in 16s. Tiles 7 to a row (14x14: a row's tiles fill half
+ * a vector), 18 (a vector and 2), 1; no padding (the input gradient's window padded by 2)
+ * and padding 2 (its by 0); channels in 3 chunks that accumulate (144 = 3 x 48); 136 rows in
+ * 2 row blocks; blocks of tile rows that span images; forwards whose input gradient is
+ * direct (O not in 16s) and the other way round (C not in 16s); and a case left to the
+ * direct kernels both ways (an odd output, C and O not in 16s). */
+static const conv_case wino[] = {
+    {"wino: C16 O24 at 8x6", 2, 16, 8, 6, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: C32 O20 at 14x14", 3, 32, 14, 14, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: pad 0, C48 O16 at 10x12", 2, 48, 10, 12, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, true},
+    {"wino: C144 O136 at 4x36", 1, 144, 4, 36, 136, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: C16 O8 at 2x2", 5, 16, 2, 2, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: gi only, C24 O32 at 12x14", 2, 24, 12, 14, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: pad 2, C16 O16 at 4x6", 1, 16, 4, 6, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
+    {"wino: gi, O144 C136 at 6x4", 1, 136, 6, 4, 144, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: direct, C12 at 7x6", 2, 12, 7, 6, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+};
+#define N_WINO (sizeof wino / sizeof wino[0])
+
+static void test_winograd_convolutions_match_the_interpreter(void **state) {
+    (void)state;
+    compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F32, 1e-5);
+    compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F16, 4e-3);
+    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
+        compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_BF16, 3e-2);
+    else
+        print_message("skipping bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n");
+    setenv("LOOM_MATMUL_ISA", "f32", 1); /* bf16 values converted to f32 */
+    compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_BF16, 3e-2);
+    unsetenv("LOOM_MATMUL_ISA");
+    setenv("LOOM_CONV", "direct", 1); /* the same cases on the direct kernels */
+    compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F32, 1e-5);
+    unsetenv("LOOM_CONV");
+}
+
+/* LOOM_CONV=im2col and LOOM_CONV=direct compile other kernels for the same graph: they are
+ * part of the compile cache key, so a cached program of one kind never serves another. */
 /* relu(conv2d(x, w) + v) as one kernel (v fused into the epilogue), compiled against the
  * interpreter in f32, with v per channel [1, O, 1, 1] and full-size: the epilogue runs over
  * a task's pixels of one image in one loop (here blocks of 42 rows of 6 pixels over 9
@@ -473,7 +510,7 @@ static void test_strided_input_gradients_match_the_interpreter(void **state) {
     }
 }
 
-static void test_im2col_switch_is_part_of_the_cache_key(void **state) {
+static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     (void)state;
     unsetenv("LOOM_CONV");
     char key[8192];
@@ -481,6 +518,8 @@ static void test_im2col_switch_is_part_of_the_cache_key(void **state) {
     assert_null(strstr(key, "conv-im2col"));
     setenv("LOOM_CONV", "im2col", 1);
     assert_non_null(strstr(loom_cg_target_key(), ";conv-im2col"));
+    setenv("LOOM_CONV", "direct", 1); /* no Winograd: other kernels too */
+    assert_non_null(strstr(loom_cg_target_key(), ";conv-direct"));
     unsetenv("LOOM_CONV");
     assert_string_equal(key, loom_cg_target_key());
 }
@@ -488,6 +527,7 @@ static void test_im2col_switch_is_part_of_the_cache_key(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_records_one_node_with_its_window),
+        cmocka_unit_test(test_winograd_convolutions_match_the_interpreter),
         cmocka_unit_test(test_gradients_match_finite_differences_over_the_sweep),
         cmocka_unit_test(test_differentiating_a_conv_gradient_is_a_clear_error),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_in_f32),
@@ -495,7 +535,7 @@ int main(void) {
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
         cmocka_unit_test(test_epilogues_by_pixels_and_by_rows_match_the_interpreter),
         cmocka_unit_test(test_strided_input_gradients_match_the_interpreter),
-        cmocka_unit_test(test_im2col_switch_is_part_of_the_cache_key),
+        cmocka_unit_test(test_conv_switches_are_part_of_the_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
