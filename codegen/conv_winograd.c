@@ -30,7 +30,7 @@
 #include "conv_internal.h"
 
 enum {
-    WN_ROWS = 128,          /* output channels of a row block, at most */
+    WN_ROWS = 128,          /* rows of a row block (y's channels, or dx's), at most */
     WN_KP = 64,             /* packed elements along K (channels / pk) of a chunk, at most */
     WN_C_BYTES = 512 << 10, /* the 16 GEMMs' C blocks of a task, at most (else fewer tiles) */
     WN_TASKS_MIN = 4,       /* tasks at least, where there are the tile rows */
@@ -58,12 +58,21 @@ static void bt4(cg_b *b, const MlirValue *x, int64_t xs, MlirValue *o, int64_t o
     o[3 * os] = fsub(b, x[xs], x[3 * xs]);
 }
 
+/* A transform's 1-D product T x: n values x[0], x[xs], ... in, m out at o[0], o[os], ... */
+typedef void (*wn_1d)(cg_b *b, const MlirValue *x, int64_t xs, MlirValue *o, int64_t os);
+
+/* T X T^T of an n x n X (row-major) as an m x m o (row-major): T down each column of X, then
+ * along each row of the result. */
+static void both_axes(cg_b *b, wn_1d f, int64_t n, int64_t m, const MlirValue *x, MlirValue *o) {
+    MlirValue t[16]; /* m x n */
+    for (int64_t j = 0; j < n; j++)
+        f(b, x + j, n, t + j, n);
+    for (int64_t i = 0; i < m; i++)
+        f(b, t + n * i, 1, o + m * i, 1);
+}
+
 void cv_wino_input(cg_b *b, const MlirValue *d, MlirValue *v) {
-    MlirValue t[16];
-    for (int j = 0; j < 4; j++) /* B^T d: down each column */
-        bt4(b, d + j, 4, t + j, 4);
-    for (int i = 0; i < 4; i++) /* (B^T d) B: along each row */
-        bt4(b, t + 4 * i, 1, v + 4 * i, 1);
+    both_axes(b, bt4, 4, 4, d, v);
 }
 
 /* o[0..3 * os] = G (g[0], g[gs], g[2 gs]) */
@@ -75,28 +84,10 @@ static void g3(cg_b *b, const MlirValue *g, int64_t gs, MlirValue *o, int64_t os
     o[3 * os] = g[2 * gs];
 }
 
-/* U = G w G^T of 3 x 3 weights w (row-major) as a 4 x 4 (row-major). */
-static void wino_weights(cg_b *b, const MlirValue *w, MlirValue *u) {
-    MlirValue t[12]; /* 4 x 3 */
-    for (int j = 0; j < 3; j++)
-        g3(b, w + j, 3, t + j, 3);
-    for (int i = 0; i < 4; i++)
-        g3(b, t + 3 * i, 1, u + 4 * i, 1);
-}
-
 /* o[0..1 * os] = A^T (m[0], m[ms], m[2 ms], m[3 ms]) */
 static void at4(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t os) {
     o[0] = fadd(b, fadd(b, m[0], m[ms]), m[2 * ms]);
     o[os] = fsub(b, fsub(b, m[ms], m[2 * ms]), m[3 * ms]);
-}
-
-/* Y = A^T M A of a 4 x 4 M (row-major) as a 2 x 2 (row-major). */
-static void wino_output(cg_b *b, const MlirValue *m, MlirValue *y) {
-    MlirValue t[8]; /* 2 x 4 */
-    for (int j = 0; j < 4; j++)
-        at4(b, m + j, 4, t + j, 4);
-    for (int a = 0; a < 2; a++)
-        at4(b, t + 4 * a, 1, y + 2 * a, 1);
 }
 
 bool cv_wino_ok(const kc *c, const cv_plan *cp) {
@@ -215,7 +206,7 @@ static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirV
         MlirValue idx = cg_bin(b, "arith.addi", cg_vbroadcast(b, at, vi), lanes);
         g[t] = cg_widen16(b, wdt, gather16(b, wbuf, cg_storage_type(b, wdt), idx));
     }
-    wino_weights(b, g, u);
+    both_axes(b, g3, 3, 4, g, u); /* U = G w G^T */
     MlirValue col = cg_imul_c(b, lv.iv, 16);
     for (int x = 0; x < 16; x++) {
         if (m->pk == 2)
@@ -259,7 +250,7 @@ static void transform_output(kc *c, const cv_plan *cp, const cv_wino *wn, MlirVa
         MlirValue mv[16], y[4];
         for (int x = 0; x < 16; x++)
             mv[x] = cg_vload(b, vf, cw, cg_iadd(b, tcol, cg_idx(b, x * cblk + s)));
-        wino_output(b, mv, y);
+        both_axes(b, at4, 4, 2, mv, y); /* Y = A^T M A */
         for (int a = 0; a < 2; a++) {
             MlirValue at = cg_iadd(b, prow, cg_idx(b, a * cp->dW + 2 * s));
             cv_store_lanes(b, cg_vshuffle(b, y[2 * a], y[2 * a + 1], 16, lo), cs, at,
