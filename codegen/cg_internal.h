@@ -197,6 +197,11 @@ cg_mm16 loom_cg_mm16_path(void);
  * matmul schedule: on AVX-512 hosts (its 16 accumulators of 16 lanes are 16 zmm registers),
  * unless LOOM_MATMUL_ISA forces another ISA's register tiles. */
 bool loom_cg_f32_microkernel(void);
+/* How convolutions compile, from LOOM_CONV (read at each compile; loom_cg_target_key includes
+ * it): AUTO, the kernels with Winograd where it applies (conv_winograd.c); DIRECT, without
+ * Winograd; IM2COL, decomposed by passes/conv_decompose.c (which reads the variable itself). */
+typedef enum cg_conv_mode { CG_CONV_AUTO, CG_CONV_DIRECT, CG_CONV_IM2COL } cg_conv_mode;
+cg_conv_mode loom_cg_conv_mode(void);
 
 typedef struct cg_kernel_rec {
     char name[32];

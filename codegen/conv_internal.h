@@ -152,7 +152,7 @@ typedef struct cv_wino {
 bool cv_wino_ok(const kc *c, const cv_plan *cp);
 /* Its blocks: cp's row and column blocks (whole tile rows: two pixel rows each) for the
  * epilogue, and wn's. */
-void cv_wino_plan(const kc *c, cv_plan *cp, cv_wino *wn);
+void cv_wino_plan(cv_plan *cp, cv_wino *wn);
 /* Every task of the kernel [c->lo, c->hi). */
 loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn);
 /* V = B^T d B of a 4 x 4 tile d (row-major; vectors or scalars). */

@@ -24,7 +24,6 @@
  *
  * A task is (row block, block of whole tile rows); the tile rows' two pixel rows never
  * straddle images (the output's height is even). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "conv_internal.h"
@@ -91,8 +90,7 @@ static void at4(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t o
 }
 
 bool cv_wino_ok(const kc *c, const cv_plan *cp) {
-    const char *env = getenv("LOOM_CONV");
-    if (env && strcmp(env, "direct") == 0)
+    if (loom_cg_conv_mode() == CG_CONV_DIRECT)
         return false;
     const loom_ir_node *w = &c->g->nodes[cp->plain];
     return cp->role != CV_GRAD_WEIGHT && !cp->phased && cp->G == 1 && cp->KH == 3 && cp->KW == 3 &&
@@ -102,8 +100,7 @@ bool cv_wino_ok(const kc *c, const cv_plan *cp) {
            loom_ir_numel(w->rank, w->shape) < INT32_MAX;
 }
 
-void cv_wino_plan(const kc *c, cv_plan *cp, cv_wino *wn) {
-    (void)c;
+void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     cg_mk *m = &wn->mk;
     memset(wn, 0, sizeof *wn);
     wn->TH = cp->dH / 2, wn->TW = cp->dW / 2;

@@ -170,6 +170,13 @@ const char *loom_cg_matmul16_path(loom_dtype dt) {
     return "f32: operands converted to f32 while packed, f32 FMA";
 }
 
+cg_conv_mode loom_cg_conv_mode(void) {
+    const char *conv = getenv("LOOM_CONV");
+    if (conv && strcmp(conv, "im2col") == 0)
+        return CG_CONV_IM2COL;
+    return conv && strcmp(conv, "direct") == 0 ? CG_CONV_DIRECT : CG_CONV_AUTO;
+}
+
 const char *loom_cg_amx_missing(void) {
     loom_cg_init_once();
     return loom_cg_host_has("amx-bf16") ? "the AMX-BF16 kernel is not implemented yet"
@@ -193,11 +200,8 @@ const char *loom_cg_target_key(void) {
     /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c),
      * and LOOM_CONV=direct (no Winograd, conv_winograd.c): a program compiled another way has
      * other kernels */
-    const char *conv = getenv("LOOM_CONV");
-    const char *how = !conv                         ? ""
-                      : strcmp(conv, "im2col") == 0 ? ";conv-im2col"
-                      : strcmp(conv, "direct") == 0 ? ";conv-direct"
-                                                    : "";
+    static const char *const conv_key[] = {"", ";conv-direct", ";conv-im2col"};
+    const char *how = conv_key[loom_cg_conv_mode()];
     snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, how);
     return key;
 }

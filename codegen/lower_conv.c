@@ -775,7 +775,7 @@ loom_status cg_lower_conv(kc *c) {
     }
     if (n_ph == 0 && cv_wino_ok(c, cp)) { /* a stride-1 3x3 by Winograd F(2x2, 3x3) */
         cv_wino wn;
-        cv_wino_plan(c, cp, &wn);
+        cv_wino_plan(cp, &wn);
         bool any = loom_ir_numel(root->rank, root->shape) > 0;
         c->extent = any ? tasks_of(cp) : 1;
         c->grain = cg_grain_for(cp->rows * cp->cols * cp->K * 4 / 9);
