@@ -26,6 +26,7 @@ typedef struct cg_b {
     MlirType index, i1, i8, i16, i32, i64, f16, f32, f64;
     uint32_t libm_declared; /* bit per cg_libm function already declared in module */
     bool dpbf16_declared;   /* the vdpbf16ps intrinsic is declared in module */
+    bool cvtbf16_declared;  /* and the vcvtne2ps2bf16 one */
     bool fma;               /* the host has fused multiply-add (math.fma is one instruction) */
 } cg_b;
 
@@ -137,6 +138,12 @@ MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_
  * vector<16xf32>, a and bv vector<16xi32> each holding 16 pairs of bf16 (low half first).
  * Only for hosts with AVX512-BF16. */
 MlirValue cg_dpbf16(cg_b *b, MlirValue acc, MlirValue a, MlirValue bv);
+/* 32 f32 (vector<16xf32> lo and hi) rounded to bf16 (vcvtne2ps2bf16: to nearest even, NaN
+ * quiet, but denormals in and out flushed to zero, whatever MXCSR says) as vector<16xi32>:
+ * lo's 16 then hi's (the 32 values in order, paired (0, 1), (2, 3), ...), or, interleaved,
+ * the pairs (lo[l], hi[l]), lo in the low half. The packing of operands for vdpbf16ps,
+ * where denormal bf16 would be lost to no one; only for hosts with AVX512-BF16. */
+MlirValue cg_cvt_bf16x32(cg_b *b, MlirValue lo, MlirValue hi, bool interleave);
 
 /* ---- vectorizable f32 math (math_approx.c) ------------------------------------------------
  * Polynomial approximations built from arith ops only (no calls), so LLVM's loop vectorizer

@@ -109,8 +109,9 @@ void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirVal
  * copy, no cv_panelize). */
 void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, MlirValue j0,
                           MlirValue j1, MlirValue r0, MlirValue r1);
-/* bf16 pairs for vdpbf16ps from staged f32: of A's rows (ap[base + p] = (stg[2p],
- * stg[2p + 1]), n of them) and of B's (rows 2 kk and 2 kk + 1). */
+/* bf16 pairs for vdpbf16ps from staged f32, rounded to nearest (cg_cvt_bf16x32): of A's
+ * rows (ap[base + p] = (stg[2p], stg[2p + 1]), n of them) and of B's (rows 2 kk and
+ * 2 kk + 1). */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);
 void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
 /* Winograd F(2x2, 3x3)'s input transform for channels [k0, k1) and tile rows [r0, r1), wp
@@ -139,19 +140,28 @@ loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int6
 /* ---- Winograd F(2x2, 3x3) for stride-1 3x3 convolutions (conv_winograd.c) ----
  * y's 2 x 2 tiles each from a 4 x 4 tile of x: Y = A^T [(G w G^T) . (B^T d B)] A, the 16
  * products of the middle summed over channels as 16 GEMMs [O, C] x [C, tiles], 4 multiplies
- * for the 9 a pixel of the direct form: 2.25x fewer. */
+ * for the 9 a pixel of the direct form: 2.25x fewer. The weight gradient's 16 GEMMs are
+ * [C, tiles] x [tiles, O], of V = B^T d B and (A dY A^T)^T, summed over the tiles. */
 typedef struct cv_wino {
     cv_plan win;        /* the 4 x 4 window of stride 2 over x, its destination grid the tiles */
-    cg_mk mk;           /* each GEMM's blocks: rows x channels (a chunk) x the block's tiles */
-    int64_t TH, TW, tr; /* tiles along H and W of an image; tile rows of a block */
-    int64_t kc, nbk;    /* channels of a K chunk, chunks */
+    cg_mk mk;           /* each GEMM's blocks: rows x K (a chunk) x columns */
+    int64_t TH, TW, tr; /* tiles along H and W of an image; tile rows of a block (K chunk) */
+    int64_t kc, nbk;    /* channels of a K chunk (weight gradient: tiles, padded to pairs),
+                         * chunks */
+    /* the weight gradient's: rows (x's channels) of a block, A's f32 staging (kp: rows up
+     * to mbp, b_ld: kc), and dy^T's (cv_stage_dy_t on dyp, rows its pixels, b_ld apart) */
+    int64_t rows;
+    cg_mk amk;
+    cv_plan dyp;
 } cv_wino;
-/* Whether plan cp (conv2d's or its input gradient's, planned) runs as Winograd: a 3x3 of
- * stride 1, dilation 1 and padding up to 2, one group, an even destination (y, or dx), the
- * channels summed over (x's, or dy's) in 16s; not under LOOM_CONV=direct. */
+/* Whether plan cp (planned) runs as Winograd: a 3x3 of stride 1, dilation 1 and padding up
+ * to 2, one group, an even destination (y, or dx; the weight gradient's y); conv2d's and the
+ * input gradient's channels summed over (x's, or dy's) in 16s, the weight gradient's x and
+ * dy at least WG_MIN channels; not under LOOM_CONV=direct. */
 bool cv_wino_ok(const kc *c, const cv_plan *cp);
-/* Its blocks: cp's row and column blocks (whole tile rows: two pixel rows each) for the
- * epilogue, and wn's. */
+/* Its blocks: cp's row and column blocks for the epilogue (conv2d and the input gradient:
+ * whole tile rows, two pixel rows each; the weight gradient: its rows (c, kh, kw) of whole
+ * channels), and wn's. */
 void cv_wino_plan(cv_plan *cp, cv_wino *wn);
 /* Every task of the kernel [c->lo, c->hi). */
 loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn);

@@ -489,9 +489,7 @@ void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, M
             cv_wino_input(b, d, v[e]);
         }
         for (int64_t x = 0; x < 16; x++) {
-            MlirValue val = pk == 2 ? cg_bf16_pair(b, cg_round16(b, LOOM_DTYPE_BF16, v[0][x]),
-                                                   cg_round16(b, LOOM_DTYPE_BF16, v[1][x]))
-                                    : v[0][x];
+            MlirValue val = pk == 2 ? cg_cvt_bf16x32(b, v[0][x], v[1][x], true) : v[0][x];
             cv_store_lanes(b, val, bw, cg_iadd(b, cg_idx(b, x * xs), cg_iadd(b, dst, q0)),
                            lb.lanes);
         }
@@ -882,24 +880,20 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
  * two f32 of a pair being one i64 lane (the first in its low half), then one by one. */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n) {
     cg_b *b = c->b;
-    MlirType v32 = cg_vec_t(32, b->f32), v16l = cg_vec_t(16, b->i64), v16i = cg_vec_t(16, b->i32);
+    MlirType vf = cg_vec_t(16, b->f32);
     cg_for lv, ls;
     cg_for_begin(b, &lv, cg_idx(b, 0), cg_idx(b, n / 16), 0, NULL);
-    MlirValue at = cg_imul_c(b, lv.iv, 16);
-    MlirValue l = cg_vbitcast(b, cg_vload(b, v32, stg, cg_imul_c(b, at, 2)), v16l);
-    MlirValue lo = cg_bin(b, "arith.andi",
-                          cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 16), v16l)),
-                          cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff), v16l));
-    MlirValue hi = cg_bin(b, "arith.andi",
-                          cg_bin(b, "arith.shrui", l, cg_vbroadcast(b, cg_ci(b, b->i64, 32), v16l)),
-                          cg_vbroadcast(b, cg_ci(b, b->i64, 0xffff0000ll), v16l));
-    cg_vstore(b, cg_conv(b, "arith.trunci", cg_bin(b, "arith.ori", lo, hi), v16i), ap,
-              cg_iadd(b, base, at));
+    MlirValue at = cg_imul_c(b, lv.iv, 16), e = cg_imul_c(b, at, 2);
+    MlirValue lo = cg_vload(b, vf, stg, e), hi = cg_vload(b, vf, stg, cg_iadd(b, e, cg_idx(b, 16)));
+    cg_vstore(b, cg_cvt_bf16x32(b, lo, hi, false), ap, cg_iadd(b, base, at));
     cg_for_end(b, &lv, 0, NULL);
     cg_for_begin(b, &ls, cg_idx(b, n / 16 * 16), cg_idx(b, n), 0, NULL);
-    MlirValue e = cg_imul_c(b, ls.iv, 2);
-    cg_store(b, cg_bf16_pair(b, cg_load(b, stg, e), cg_load(b, stg, cg_iadd(b, e, cg_idx(b, 1)))),
-             ap, cg_iadd(b, base, ls.iv));
+    MlirValue e2 = cg_imul_c(b, ls.iv, 2);
+    MlirValue lo2 = cg_load(b, stg, e2), hi2 = cg_load(b, stg, cg_iadd(b, e2, cg_idx(b, 1)));
+    cg_store(
+        b,
+        cg_bf16_pair(b, cg_round16(b, LOOM_DTYPE_BF16, lo2), cg_round16(b, LOOM_DTYPE_BF16, hi2)),
+        ap, cg_iadd(b, base, ls.iv));
     cg_for_end(b, &ls, 0, NULL);
 }
 

@@ -1,6 +1,6 @@
-/* Winograd F(2x2, 3x3) for the stride-1 3x3 convolutions' forwards and input gradients
- * (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks", 2016); LOOM_CONV=direct
- * keeps them on lower_conv.c's direct kernels.
+/* Winograd F(2x2, 3x3) for the stride-1 3x3 convolutions: forwards, input gradients and
+ * weight gradients (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",
+ * 2016); LOOM_CONV=direct keeps them on lower_conv.c's direct kernels.
  *
  * Each 2 x 2 tile of y comes from the 4 x 4 tile d of x that covers its windows:
  *     Y = A^T [ sum_c (G w_c G^T) . (B^T d_c B) ] A
@@ -23,7 +23,18 @@
  * 8 bits, where the direct form multiplies the values themselves.
  *
  * A task is (row block, block of whole tile rows); the tile rows' two pixel rows never
- * straddle images (the output's height is even). */
+ * straddle images (the output's height is even).
+ *
+ * The weight gradient differentiates the same product with respect to U: per tile, dM =
+ * A dY A^T (dY the tile's 2 x 2 of dy) and dU = dM . V, summed over the tiles of every image,
+ * and dw = G^T dU G. The sums are 16 GEMMs dU_x^T [C, O] = V_x [C, tiles] x dM_x^T [tiles,
+ * O], 2.25x fewer multiplies than the direct [C 9, pixels] x [pixels, O]. A task is (block of
+ * x's channels, block of dy's), over all the tiles in K chunks of whole tile rows: V staged
+ * as A by the forward's input transform (f32; rounded to bf16 and paired along the tiles for
+ * vdpbf16ps), dy^T staged as the direct weight gradient stages it and transformed into B
+ * 16 channels at a time (so that no transform's output needs transposing: dy has a quarter
+ * as many values). dw^T leaves in the direct weight gradient's C layout, so its epilogue
+ * (the store, or fused consumers) runs unchanged. */
 #include <string.h>
 
 #include "conv_internal.h"
@@ -33,6 +44,12 @@ enum {
     WN_KP = 64,             /* packed elements along K (channels / pk) of a chunk, at most */
     WN_C_BYTES = 512 << 10, /* the 16 GEMMs' C blocks of a task, at most (else fewer tiles) */
     WN_TASKS_MIN = 4,       /* tasks at least, where there are the tile rows */
+    /* the weight gradient's */
+    WG_MIN = 16,      /* x's and dy's channels at least (fewer: the transforms dominate) */
+    WG_ROWS = 128,    /* x's channels of a row block, at most */
+    WG_COLS = 128,    /* dy's channels of a column block, at most */
+    WG_TILES = 128,   /* tiles of a K chunk, about (whole tile rows) */
+    WG_TASKS_MIN = 2, /* tasks at least: the rows split (their dy^T staged once a task) */
 };
 
 static MlirValue fadd(cg_b *b, MlirValue x, MlirValue y) {
@@ -83,6 +100,24 @@ static void g3(cg_b *b, const MlirValue *g, int64_t gs, MlirValue *o, int64_t os
     o[3 * os] = g[2 * gs];
 }
 
+/* o[0..3 * os] = S A (d[0], d[ds]): the weight gradient's dM = A dY A^T with A's last row's
+ * sign turned by S = diag(1, 1, 1, -1) on both axes (no negation); gt3 turns it back. */
+static void a2s(cg_b *b, const MlirValue *d, int64_t ds, MlirValue *o, int64_t os) {
+    o[0] = d[0];
+    o[os] = fadd(b, d[0], d[ds]);
+    o[2 * os] = fsub(b, d[0], d[ds]);
+    o[3 * os] = d[ds];
+}
+
+/* o[0..2 * os] = (S G)^T (u[0], u[us], u[2 us], u[3 us]): dw = G^T dU G of the sums of
+ * dM . V, dM's signs turned back. */
+static void gt3(cg_b *b, const MlirValue *u, int64_t us, MlirValue *o, int64_t os) {
+    MlirValue h = fhalf(b, fadd(b, u[us], u[2 * us]));
+    o[0] = fadd(b, u[0], h);
+    o[os] = fhalf(b, fsub(b, u[us], u[2 * us]));
+    o[2 * os] = fsub(b, h, u[3 * us]);
+}
+
 /* o[0..1 * os] = A^T (m[0], m[ms], m[2 ms], m[3 ms]) */
 static void at4(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t os) {
     o[0] = fadd(b, fadd(b, m[0], m[ms]), m[2 * ms]);
@@ -90,20 +125,84 @@ static void at4(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t o
 }
 
 bool cv_wino_ok(const kc *c, const cv_plan *cp) {
-    if (loom_cg_conv_mode() == CG_CONV_DIRECT)
+    if (loom_cg_conv_mode() == CG_CONV_DIRECT || cp->phased || cp->G != 1 || cp->KH != 3 ||
+        cp->KW != 3 || cp->st[0] != 1 || cp->st[1] != 1 || cp->dl[0] != 1 || cp->dl[1] != 1 ||
+        cp->pd[0] > 2 || cp->pd[1] > 2 || cp->dH <= 0 || cp->dW <= 0 || cp->dH % 2 != 0 ||
+        cp->dW % 2 != 0 || cp->N <= 0)
         return false;
+    if (cp->role == CV_GRAD_WEIGHT)
+        return cp->Cg >= WG_MIN && cp->Og >= WG_MIN;
     const loom_ir_node *w = &c->g->nodes[cp->plain];
-    return cp->role != CV_GRAD_WEIGHT && !cp->phased && cp->G == 1 && cp->KH == 3 && cp->KW == 3 &&
-           cp->st[0] == 1 && cp->st[1] == 1 && cp->dl[0] == 1 && cp->dl[1] == 1 && cp->pd[0] <= 2 &&
-           cp->pd[1] <= 2 && cp->dH > 0 && cp->dW > 0 && cp->dH % 2 == 0 && cp->dW % 2 == 0 &&
-           cp->wch > 0 && cp->wch % 16 == 0 && cp->N > 0 &&
-           loom_ir_numel(w->rank, w->shape) < INT32_MAX;
+    return cp->wch > 0 && cp->wch % 16 == 0 && loom_ir_numel(w->rank, w->shape) < INT32_MAX;
+}
+
+/* The weight gradient's blocks: row blocks of x's channels, column blocks of dy's (tasks:
+ * (row block, column block), the rows split first where there are too few: a task stages
+ * V for its rows and dy^T for its columns, and dy's transform is the cheaper to repeat),
+ * and K chunks of about WG_TILES tiles, whole tile rows. */
+static void plan_gw(cv_plan *cp, cv_wino *wn) {
+    cg_mk *m = &wn->mk;
+    int64_t nth = cp->N * wn->TH;
+    int64_t tr = ceil_div(WG_TILES, wn->TW);
+    tr = tr < nth ? tr : nth;
+    wn->nbk = ceil_div(nth, tr);
+    wn->tr = ceil_div(nth, wn->nbk);
+    wn->kc = ceil_div(wn->tr * wn->TW, 2) * 2;
+    int64_t nbm = ceil_div(cp->Cg, WG_ROWS), nbn = ceil_div(cp->Og, WG_COLS);
+    if (nbm * nbn < WG_TASKS_MIN)
+        nbm = ceil_div(WG_TASKS_MIN, nbn);
+    wn->rows = ceil_div(cp->Cg, nbm);
+    nbm = ceil_div(cp->Cg, wn->rows);
+    int64_t cols = ceil_div(ceil_div(cp->Og, nbn), MK_PANEL) * MK_PANEL;
+    cols = cols < cp->Og ? cols : cp->Og;
+    nbn = ceil_div(cp->Og, cols);
+    m->pk = cp->mk.pk;
+    m->kp = wn->kc / m->pk;
+    m->nv = cols <= MK_PANEL ? 1 : 2;
+    m->mr = MK_ACC / m->nv;
+    m->nbp = ceil_div(cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
+    m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
+    /* A staged in f32, [rows up to mbp, kc tiles] per GEMM */
+    wn->amk =
+        (cg_mk){.pk = 1, .kp = ceil_div(wn->rows, m->mr) * m->mr, .nbp = wn->kc, .b_ld = wn->kc};
+    /* dy^T: the chunk's pixels (two pixel rows a tile row) x the block's columns in 16s */
+    wn->dyp = *cp;
+    int64_t dcols = ceil_div(cols, 16) * 16;
+    wn->dyp.mk = (cg_mk){
+        .pk = 1, .kp = 0, .nbp = dcols, .b_ld = dcols % 128 == 0 ? dcols + MK_PANEL : dcols};
+    /* the epilogue's blocks: C (rows (c, kh, kw), columns o) */
+    cp->rows = 9 * wn->rows, cp->nbm = nbm;
+    cp->cols = cols, cp->nbn = nbn;
+    cp->mk.nbp = m->nbp;
+    cp->a_cache = false;
+}
+
+/* The 4 x 4 window of stride 2 over x (or, for the input gradient, dy) whose destination
+ * grid is the tiles, tr tile rows a block: the forward's padding, the input gradient's 2 - pad
+ * (dx[y] = sum_k w[2 - k] dy[y - (2 - pad) + k]: the forward's over dy, the weights turned). */
+static void plan_window(const cv_plan *cp, cv_wino *wn) {
+    cv_plan *wp = &wn->win;
+    *wp = *cp;
+    if (cp->role == CV_GRAD_INPUT)
+        wp->pd[0] = 2 - cp->pd[0], wp->pd[1] = 2 - cp->pd[1];
+    wp->KH = wp->KW = wp->KWf = 4;
+    wp->KK = wp->KKf = 16;
+    wp->st[0] = wp->st[1] = 2;
+    wp->dH = wn->TH, wp->dW = wn->TW;
+    wp->pix_rows = wn->tr;
+    wp->identity = wp->tab = wp->pairs_win = wp->phased = wp->dst_big = false;
+    wp->lanes_win = true;
 }
 
 void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     cg_mk *m = &wn->mk;
     memset(wn, 0, sizeof *wn);
     wn->TH = cp->dH / 2, wn->TW = cp->dW / 2;
+    if (cp->role == CV_GRAD_WEIGHT) {
+        plan_gw(cp, wn);
+        plan_window(cp, wn);
+        return;
+    }
     int64_t nth = cp->N * wn->TH; /* tile rows of all images */
     m->pk = cp->mk.pk;
     /* K chunks: the most channels up to WN_KP packed elements that divide K's channels */
@@ -140,20 +239,7 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     m->mr = MK_ACC / m->nv;
     m->nbp = ceil_div(tiles, m->nv * MK_PANEL) * m->nv * MK_PANEL;
     m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
-    /* the source's window: 4 x 4 of stride 2, from the convolution's padding; the input
-     * gradient's is the forward's over dy with the weights turned (dx[y] = sum_k w[2 - k]
-     * dy[y - (2 - pad) + k]): padding 2 - pad */
-    cv_plan *wp = &wn->win;
-    *wp = *cp;
-    if (cp->role == CV_GRAD_INPUT)
-        wp->pd[0] = 2 - cp->pd[0], wp->pd[1] = 2 - cp->pd[1];
-    wp->KH = wp->KW = wp->KWf = 4;
-    wp->KK = wp->KKf = 16;
-    wp->st[0] = wp->st[1] = 2;
-    wp->dH = wn->TH, wp->dW = wn->TW;
-    wp->pix_rows = btr;
-    wp->identity = wp->tab = wp->pairs_win = wp->phased = wp->dst_big = false;
-    wp->lanes_win = true;
+    plan_window(cp, wn);
     /* the epilogue's blocks: two pixel rows per tile row */
     cp->rows = rows, cp->nbm = nbm;
     cp->pix_rows = 2 * btr, cp->cols = cp->pix_rows * cp->dW, cp->nbn = bnb;
@@ -207,7 +293,7 @@ static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirV
     MlirValue col = cg_imul_c(b, lv.iv, 16);
     for (int x = 0; x < 16; x++) {
         if (m->pk == 2)
-            cg_vstore(b, cg_round16(b, LOOM_DTYPE_BF16, u[x]), ut,
+            cg_vstore(b, u[x], ut, /* paired and rounded by cv_pair_up */
                       cg_iadd(b, cg_idx(b, x * cp->mbp * kch),
                               cg_iadd(b, cg_imul_c(b, li.iv, kch), col)));
         else
@@ -261,7 +347,135 @@ static void transform_output(kc *c, const cv_plan *cp, const cv_wino *wn, MlirVa
     cg_for_end(b, &li, 0, NULL);
 }
 
+/* The weight gradient's B, dM^T of the chunk's nt tiles for the 16 GEMMs (GEMM x's at
+ * bw[x kp b_ld]: row = tile, or pairs of tiles (2 kk, 2 kk + 1) rounded to bf16; zeros past
+ * the tiles up to kp and past dy^T's columns up to nbp), from dy^T staged as
+ * cv_stage_dy_t stages it: a tile's four pixels, rows 2 ty OW + 2 tx + (0, 1, OW, OW + 1) of
+ * stg, 16 of dy's channels at a time. */
+static void transform_dy(kc *c, const cv_wino *wn, MlirValue stg, MlirValue bw, MlirValue nt) {
+    cg_b *b = c->b;
+    const cg_mk *m = &wn->mk;
+    int64_t pk = m->pk, dl = wn->dyp.mk.b_ld, ow = 2 * wn->TW, xs = m->kp * m->b_ld;
+    int64_t np = wn->dyp.mk.nbp / MK_PANEL;
+    MlirType vf = cg_vec_t(MK_PANEL, b->f32), vi = cg_vec_t(MK_PANEL, b->i32);
+    MlirValue z = cg_idx(b, 0), zf = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf);
+    MlirValue zero = pk == 2 ? cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi) : zf;
+    MlirValue nrow = idiv(b, cg_iadd(b, nt, cg_idx(b, pk - 1)), pk);
+    cg_for lk, lp;
+    cg_for_begin(b, &lk, z, nrow, 0, NULL);
+    MlirValue px[2], has[2] = {{NULL}, {NULL}};
+    for (int64_t e = 0; e < pk; e++) {
+        MlirValue t = cg_iadd(b, cg_imul_c(b, lk.iv, pk), cg_idx(b, e));
+        if (e > 0) { /* an odd count's last pair: its second tile zeros */
+            has[e] = cg_cmpi(b, CG_I_ULT, t, nt);
+            t = cg_select(b, has[e], t, isub(b, t, cg_idx(b, 1)));
+        }
+        MlirValue ty = idiv(b, t, wn->TW), tx = irem(b, t, wn->TW);
+        px[e] = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ty, 2 * ow), cg_imul_c(b, tx, 2)), dl);
+    }
+    MlirValue row = cg_imul_c(b, lk.iv, m->b_ld);
+    cg_for_begin(b, &lp, z, cg_idx(b, np), 0, NULL);
+    MlirValue col = cg_imul_c(b, lp.iv, MK_PANEL), v[2][16];
+    for (int64_t e = 0; e < pk; e++) {
+        MlirValue at = cg_iadd(b, px[e], col), d[4];
+        for (int q = 0; q < 4; q++)
+            d[q] = cg_vload(b, vf, stg, cg_iadd(b, at, cg_idx(b, ((q / 2) * ow + q % 2) * dl)));
+        both_axes(b, a2s, 2, 4, d, v[e]);
+        for (int x = 0; x < 16 && e > 0; x++)
+            v[e][x] = cg_select(b, has[e], v[e][x], zf);
+    }
+    for (int x = 0; x < 16; x++) {
+        MlirValue val = pk == 2 ? cg_cvt_bf16x32(b, v[0][x], v[1][x], true) : v[0][x];
+        cg_vstore(b, val, bw, cg_iadd(b, cg_idx(b, x * xs), cg_iadd(b, row, col)));
+    }
+    cg_for_end(b, &lp, 0, NULL);
+    for (int64_t p = np; p < m->nbp / MK_PANEL; p++) /* the GEMMs' columns past dy^T's */
+        for (int x = 0; x < 16; x++)
+            cg_vstore(b, zero, bw, cg_iadd(b, row, cg_idx(b, x * xs + p * MK_PANEL)));
+    cg_for_end(b, &lk, 0, NULL);
+    MlirValue zs = pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+    for (int x = 0; x < 16; x++) /* the rows past the tiles */
+        cv_zero_rows_at(b, bw, cg_idx(b, x * xs), nrow, m->kp, m->b_ld, zs);
+}
+
+/* dw^T of the block's rows [0, mb) from the 16 GEMMs' sums (cw, GEMM x's at x cblk), G^T dU
+ * G each, into C as the direct weight gradient's (cs: row (c, kh, kw), column o, rows nbp
+ * apart), for the epilogue. */
+static void transform_filter(kc *c, const cv_wino *wn, MlirValue cw, MlirValue cs, MlirValue mb) {
+    cg_b *b = c->b;
+    const cg_mk *m = &wn->mk;
+    MlirType vf = cg_vec_t(MK_PANEL, b->f32);
+    int64_t cblk = wn->amk.kp * m->nbp;
+    cg_for li, lp;
+    cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
+    cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
+    MlirValue at = cg_iadd(b, cg_imul_c(b, li.iv, m->nbp), cg_imul_c(b, lp.iv, MK_PANEL));
+    MlirValue to = cg_iadd(b, cg_imul_c(b, li.iv, 9 * m->nbp), cg_imul_c(b, lp.iv, MK_PANEL));
+    MlirValue u[16], g[9];
+    for (int x = 0; x < 16; x++)
+        u[x] = cg_vload(b, vf, cw, cg_iadd(b, at, cg_idx(b, x * cblk)));
+    both_axes(b, gt3, 4, 3, u, g);
+    for (int k = 0; k < 9; k++)
+        cg_vstore(b, g[k], cs, cg_iadd(b, to, cg_idx(b, k * m->nbp)));
+    cg_for_end(b, &lp, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+}
+
+/* The weight gradient's tasks: per K chunk, V of the block's channels as A (staged in f32,
+ * paired along the tiles for vdpbf16ps), dy^T of its columns and their dM^T as B, the 16
+ * GEMMs summed into cw; then dw from the sums and the epilogue. */
+static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
+    cg_b *b = c->b;
+    const cg_mk *m = &wn->mk;
+    bool pairs = m->pk == 2;
+    MlirValue z = cg_idx(b, 0);
+    int64_t mbp = wn->amk.kp, ablk = mbp * m->kp, bblk = m->kp * m->b_ld, cblk = mbp * m->nbp;
+    int64_t nth = cp->N * wn->TH;
+    MlirValue rtab = cg_alloc_buf(b, b->i64, 4 * wn->tr);
+    MlirValue stga = cg_alloc_buf(b, b->f32, 16 * mbp * wn->kc);
+    MlirValue ap = pairs ? cg_alloc_buf(b, b->i32, 16 * ablk) : stga;
+    MlirValue stgd = cg_alloc_buf(b, b->f32, 2 * wn->tr * cp->dW * wn->dyp.mk.b_ld);
+    MlirValue bw = cg_alloc_buf(b, pairs ? b->i32 : b->f32, 16 * bblk);
+    MlirValue cw = cg_alloc_buf(b, b->f32, 16 * cblk);
+    MlirValue cs = cg_alloc_buf(b, b->f32, cp->rows * m->nbp);
+    cg_for lo, lk, lx;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    MlirValue ib = idiv(b, lo.iv, cp->nbn), jb = irem(b, lo.iv, cp->nbn);
+    MlirValue i0 = cg_imul_c(b, ib, wn->rows);
+    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, wn->rows)), cg_idx(b, cp->Cg));
+    MlirValue j0 = cg_imul_c(b, jb, cp->cols);
+    MlirValue j1 = cg_imin(b, cg_iadd(b, j0, cg_idx(b, cp->cols)), cg_idx(b, cp->Og));
+    MlirValue mb = isub(b, i1, i0);
+    cv_zero_rows(b, cw, z, 16 * mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    cg_for_begin(b, &lk, z, cg_idx(b, wn->nbk), 0, NULL);
+    MlirValue t0 = cg_imul_c(b, lk.iv, wn->tr);
+    MlirValue t1 = cg_imin(b, cg_iadd(b, t0, cg_idx(b, wn->tr)), cg_idx(b, nth));
+    cv_build_rows(c, &wn->win, rtab, t0, t1);
+    cv_stage_winograd(c, &wn->win, &wn->amk, stga, rtab, i0, i1, t0, t1);
+    if (pairs)
+        cv_pair_up(c, stga, ap, z, 16 * ablk);
+    cv_stage_dy_t(c, &wn->dyp, stgd, z, j0, j1, cg_imul_c(b, t0, 2), cg_imul_c(b, t1, 2));
+    transform_dy(c, wn, stgd, bw, cg_imul_c(b, isub(b, t1, t0), wn->TW));
+    cg_for_begin(b, &lx, z, cg_idx(b, 16), 0, NULL);
+    cg_mk_tiles_at(c, m, ap, cg_imul_c(b, lx.iv, ablk), bw, cg_imul_c(b, lx.iv, bblk), cw,
+                   cg_imul_c(b, lx.iv, cblk), mb, isub(b, j1, j0), true, NULL);
+    cg_for_end(b, &lx, 0, NULL);
+    cg_for_end(b, &lk, 0, NULL);
+    transform_filter(c, wn, cw, cs, mb);
+    loom_status st = LOOM_OK;
+    if (cp->n_epi > 0)
+        st = cv_emit_epilogue(c, cp, &cs, 1, z, cg_imul_c(b, i0, 9), cg_imul_c(b, i1, 9), j0, j1);
+    cg_for_end(b, &lo, 0, NULL);
+    MlirValue bufs[7] = {rtab, stga, ap, stgd, bw, cw, cs};
+    for (int q = 0; q < 7; q++)
+        if (q != 2 || pairs)
+            cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+    return st;
+}
+
 loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
+    if (cp->role == CV_GRAD_WEIGHT)
+        return emit_gw(c, cp, wn);
     cg_b *b = c->b;
     const cg_mk *m = &wn->mk;
     bool pairs = m->pk == 2;

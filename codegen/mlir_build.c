@@ -330,6 +330,26 @@ MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_
     return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &a), 0);
 }
 
+MlirValue cg_cvt_bf16x32(cg_b *b, MlirValue lo, MlirValue hi, bool interleave) {
+    static const char name[] = "llvm.x86.avx512bf16.cvtne2ps2bf16.512";
+    MlirType vf = cg_vec_t(16, b->f32), vb = cg_vec_t(32, mlirBF16TypeGet(b->ctx));
+    if (!b->cvtbf16_declared) {
+        MlirType in[2] = {vf, vf};
+        declare_func(b, name, mlirFunctionTypeGet(b->ctx, 2, in, 1, &vb));
+        b->cvtbf16_declared = true;
+    }
+    /* vcvtne2ps2bf16: its second operand's 16 values in the low half */
+    MlirValue args[2] = {hi, lo};
+    MlirValue v = cg_vbitcast(b, call(b, name, 2, args, vb), cg_vec_t(32, b->i16));
+    if (interleave) {
+        int64_t lanes[32];
+        for (int64_t l = 0; l < 32; l++)
+            lanes[l] = l % 2 == 0 ? l / 2 : 16 + l / 2;
+        v = cg_vshuffle(b, v, v, 32, lanes);
+    }
+    return cg_vbitcast(b, v, cg_vec_t(16, b->i32));
+}
+
 MlirValue cg_dpbf16(cg_b *b, MlirValue acc, MlirValue a, MlirValue bv) {
     /* a declaration named after the intrinsic becomes the intrinsic in LLVM IR */
     static const char name[] = "llvm.x86.avx512bf16.dpbf16ps.512";

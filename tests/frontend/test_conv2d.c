@@ -354,7 +354,12 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
  * and padding 2 (its by 0); channels in 3 chunks that accumulate (144 = 3 x 48); 136 rows in
  * 2 row blocks; blocks of tile rows that span images; forwards whose input gradient is
  * direct (O not in 16s) and the other way round (C not in 16s); and a case left to the
- * direct kernels both ways (an odd output, C and O not in 16s). */
+ * direct kernels both ways (an odd output, C and O not in 16s).
+ * The weight gradients, Winograd where y is even and C and O are 16 or more: tiles summed in
+ * two K chunks (147 tiles over 21 tile rows of 7: 77 and 70, pairs of tiles that straddle tile
+ * rows, an odd count's last pair half zeros); x's channels in two row blocks (C 16: 8 each)
+ * and dy's in two column blocks (O 136: 80 and 56, a GEMM's columns past dy^T's zeros); O 20
+ * (one panel of 16 and one of 4); and O 8, left direct. */
 static const conv_case wino[] = {
     {"wino: C16 O24 at 8x6", 2, 16, 8, 6, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: C32 O20 at 14x14", 3, 32, 14, 14, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
