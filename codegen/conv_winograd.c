@@ -44,6 +44,11 @@ enum {
     WN_KP = 64,             /* packed elements along K (channels / pk) of a chunk, at most */
     WN_C_BYTES = 512 << 10, /* the 16 GEMMs' C blocks of a task, at most (else fewer tiles) */
     WN_TASKS_MIN = 4,       /* tasks at least, where there are the tile rows */
+    /* tiles along a row at least (all three): the input transforms run on vectors of 16 of a
+     * row's tiles, and fewer filled them too thinly to pay (ResNet-50 at 64x64, bf16, over 11
+     * steps: layer4's 2x2 (1 tile a row) weight gradients 82 -> 118 ms as Winograd, layer3's
+     * 4x4 (2) 125 -> 142 ms; layer2's 8x8 (4) 74 -> 67 ms) */
+    WN_TW_MIN = 4,
     /* the weight gradient's */
     WG_MIN = 16,      /* x's and dy's channels at least (fewer: the transforms dominate) */
     WG_ROWS = 128,    /* x's channels of a row block, at most */
@@ -127,8 +132,8 @@ static void at4(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t o
 bool cv_wino_ok(const kc *c, const cv_plan *cp) {
     if (loom_cg_conv_mode() == CG_CONV_DIRECT || cp->phased || cp->G != 1 || cp->KH != 3 ||
         cp->KW != 3 || cp->st[0] != 1 || cp->st[1] != 1 || cp->dl[0] != 1 || cp->dl[1] != 1 ||
-        cp->pd[0] > 2 || cp->pd[1] > 2 || cp->dH <= 0 || cp->dW <= 0 || cp->dH % 2 != 0 ||
-        cp->dW % 2 != 0 || cp->N <= 0)
+        cp->pd[0] > 2 || cp->pd[1] > 2 || cp->dH <= 0 || cp->dW < 2 * WN_TW_MIN ||
+        cp->dH % 2 != 0 || cp->dW % 2 != 0 || cp->N <= 0)
         return false;
     if (cp->role == CV_GRAD_WEIGHT)
         return cp->Cg >= WG_MIN && cp->Og >= WG_MIN;

@@ -348,27 +348,29 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
 }
 
 /* Winograd F(2x2, 3x3) (codegen/conv_winograd.c, unless LOOM_CONV=direct) for the forwards and
- * input gradients it takes: 3x3 of stride 1 with an even destination (y; dx) and the
- * channels summed over (x's; dy's) in 16s. Tiles 7 to a row (14x14: a row's tiles fill half
- * a vector), 18 (a vector and 2), 1; no padding (the input gradient's window padded by 2)
- * and padding 2 (its by 0); channels in 3 chunks that accumulate (144 = 3 x 48); 136 rows in
- * 2 row blocks; blocks of tile rows that span images; forwards whose input gradient is
- * direct (O not in 16s) and the other way round (C not in 16s); and a case left to the
- * direct kernels both ways (an odd output, C and O not in 16s).
+ * input gradients it takes: 3x3 of stride 1 with an even destination (y; dx) of 4 tiles a
+ * row or more and the channels summed over (x's; dy's) in 16s. Tiles 7 to a row (14x14: a
+ * row's tiles fill half a vector), 18 (a vector and 2), 4; no padding (the input gradient's
+ * window padded by 2) and padding 2 (its by 0); channels in 3 chunks that accumulate
+ * (144 = 3 x 48); 136 rows in 2 row blocks; blocks of 3 tile rows over images of 2; forwards
+ * whose input gradient is direct (O not in 16s) and the other way round (C not in 16s); and
+ * cases left to the direct kernels both ways (an odd output, C and O not in 16s; 3 tiles a
+ * row).
  * The weight gradients, Winograd where y is even and C and O are 16 or more: tiles summed in
  * two K chunks (147 tiles over 21 tile rows of 7: 77 and 70, pairs of tiles that straddle tile
  * rows, an odd count's last pair half zeros); x's channels in two row blocks (C 16: 8 each)
  * and dy's in two column blocks (O 136: 80 and 56, a GEMM's columns past dy^T's zeros); O 20
  * (one panel of 16 and one of 4); and O 8, left direct. */
 static const conv_case wino[] = {
-    {"wino: C16 O24 at 8x6", 2, 16, 8, 6, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: C16 O24 at 6x8", 2, 16, 6, 8, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: C32 O20 at 14x14", 3, 32, 14, 14, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino: pad 0, C48 O16 at 10x12", 2, 48, 10, 12, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, true},
     {"wino: C144 O136 at 4x36", 1, 144, 4, 36, 136, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
-    {"wino: C16 O8 at 2x2", 5, 16, 2, 2, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: C16 O16 at 4x8, 5 images", 5, 16, 4, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: direct, C16 O8 at 2x6", 3, 16, 2, 6, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino: gi only, C24 O32 at 12x14", 2, 24, 12, 14, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
-    {"wino: pad 2, C16 O16 at 4x6", 1, 16, 4, 6, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
-    {"wino: gi, O144 C136 at 6x4", 1, 136, 6, 4, 144, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: pad 2, C16 O16 at 4x8", 1, 16, 4, 8, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
+    {"wino: gi, O144 C136 at 6x8", 1, 136, 6, 8, 144, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino: direct, C12 at 7x6", 2, 12, 7, 6, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
 };
 #define N_WINO (sizeof wino / sizeof wino[0])
