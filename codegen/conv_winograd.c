@@ -253,6 +253,20 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     cp->a_cache = false;
 }
 
+/* Frees the kernel's n buffers, but bufs[skip] where it is another one (alias). */
+static void dealloc_bufs(cg_b *b, MlirValue *bufs, int n, int skip, bool alias) {
+    for (int q = 0; q < n; q++)
+        if (q != skip || !alias)
+            cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+}
+
+/* Block k of blocks of `size` over [0, end): [*lo, *hi). */
+static void block_of(cg_b *b, MlirValue k, int64_t size, int64_t end, MlirValue *lo,
+                     MlirValue *hi) {
+    *lo = cg_imul_c(b, k, size);
+    *hi = cg_imin(b, cg_iadd(b, *lo, cg_idx(b, size)), cg_idx(b, end));
+}
+
 /* vector<16 x et> of mem[idx[l]] (idx a vector<16 x i32>), every lane read. */
 static MlirValue gather16(cg_b *b, MlirValue mem, MlirType et, MlirValue idx) {
     MlirType vt = cg_vec_t(16, et), vb = cg_vec_t(16, b->i1);
@@ -445,16 +459,13 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
     MlirValue cs = cg_alloc_buf(b, b->f32, cp->rows * m->nbp);
     cg_for lo, lk, lx;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    MlirValue ib = idiv(b, lo.iv, cp->nbn), jb = irem(b, lo.iv, cp->nbn);
-    MlirValue i0 = cg_imul_c(b, ib, wn->rows);
-    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, wn->rows)), cg_idx(b, cp->Cg));
-    MlirValue j0 = cg_imul_c(b, jb, cp->cols);
-    MlirValue j1 = cg_imin(b, cg_iadd(b, j0, cg_idx(b, cp->cols)), cg_idx(b, cp->Og));
+    MlirValue i0, i1, j0, j1, t0, t1;
+    block_of(b, idiv(b, lo.iv, cp->nbn), wn->rows, cp->Cg, &i0, &i1);
+    block_of(b, irem(b, lo.iv, cp->nbn), cp->cols, cp->Og, &j0, &j1);
     MlirValue mb = isub(b, i1, i0);
     cv_zero_rows(b, cw, z, 16 * mbp, m->nbp, cg_cf(b, b->f32, 0.0));
     cg_for_begin(b, &lk, z, cg_idx(b, wn->nbk), 0, NULL);
-    MlirValue t0 = cg_imul_c(b, lk.iv, wn->tr);
-    MlirValue t1 = cg_imin(b, cg_iadd(b, t0, cg_idx(b, wn->tr)), cg_idx(b, nth));
+    block_of(b, lk.iv, wn->tr, nth, &t0, &t1);
     cv_build_rows(c, &wn->win, rtab, t0, t1);
     cv_stage_winograd(c, &wn->win, &wn->amk, stga, rtab, i0, i1, t0, t1);
     if (pairs)
@@ -472,9 +483,7 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
         st = cv_emit_epilogue(c, cp, &cs, 1, z, cg_imul_c(b, i0, 9), cg_imul_c(b, i1, 9), j0, j1);
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[7] = {rtab, stga, ap, stgd, bw, cw, cs};
-    for (int q = 0; q < 7; q++)
-        if (q != 2 || pairs)
-            cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+    dealloc_bufs(b, bufs, 7, 2, !pairs); /* ap is stga in f32 */
     return st;
 }
 
@@ -498,11 +507,9 @@ loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
     loom_status st = LOOM_OK;
     cg_for lo, lk, lx;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    MlirValue ib = idiv(b, lo.iv, cp->nbn), jb = irem(b, lo.iv, cp->nbn);
-    MlirValue i0 = cg_imul_c(b, ib, cp->rows);
-    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cp->rows)), cg_idx(b, cp->M));
-    MlirValue t0 = cg_imul_c(b, jb, wn->tr);
-    MlirValue t1 = cg_imin(b, cg_iadd(b, t0, cg_idx(b, wn->tr)), cg_idx(b, nth));
+    MlirValue ib = idiv(b, lo.iv, cp->nbn), i0, i1, t0, t1;
+    block_of(b, ib, cp->rows, cp->M, &i0, &i1);
+    block_of(b, irem(b, lo.iv, cp->nbn), wn->tr, nth, &t0, &t1);
     MlirValue mb = isub(b, i1, i0), ntr = isub(b, t1, t0);
     MlirValue key = cg_conv(b, "arith.index_cast", ib, b->i64);
     cg_if f;
@@ -528,8 +535,6 @@ loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
         st = cv_emit_epilogue(c, cp, &cs, 1, z, i0, i1, cg_imul_c(b, t0, 2), cg_imul_c(b, t1, 2));
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[7] = {rtab, bw, cw, cs, uw, ut, akey};
-    for (int q = 0; q < 7; q++)
-        if (q != 5 || pairs)
-            cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+    dealloc_bufs(b, bufs, 7, 5, !pairs); /* ut is uw in f32 */
     return st;
 }
