@@ -54,7 +54,7 @@ enum {
     WG_ROWS = 128,    /* x's channels of a row block, at most */
     WG_COLS = 128,    /* dy's channels of a column block, at most */
     WG_TILES = 128,   /* tiles of a K chunk, about (whole tile rows) */
-    WG_TASKS_MIN = 2, /* tasks at least: the rows split (their dy^T staged once a task) */
+    WG_TASKS_MIN = 2, /* tasks at least, the rows split first (which repeats dy's transform only) */
 };
 
 static MlirValue fadd(cg_b *b, MlirValue x, MlirValue y) {
