@@ -166,15 +166,14 @@ static void plan_gw(cv_plan *cp, cv_wino *wn) {
     m->nv = cols <= MK_PANEL ? 1 : 2;
     m->mr = MK_ACC / m->nv;
     m->nbp = ceil_div(cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
-    m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
+    m->b_ld = cv_row_ld(m->nbp);
     /* A staged in f32, [rows up to mbp, kc tiles] per GEMM */
     wn->amk =
         (cg_mk){.pk = 1, .kp = ceil_div(wn->rows, m->mr) * m->mr, .nbp = wn->kc, .b_ld = wn->kc};
     /* dy^T: the chunk's pixels (two pixel rows a tile row) x the block's columns in 16s */
     wn->dyp = *cp;
     int64_t dcols = ceil_div(cols, 16) * 16;
-    wn->dyp.mk = (cg_mk){
-        .pk = 1, .kp = 0, .nbp = dcols, .b_ld = dcols % 128 == 0 ? dcols + MK_PANEL : dcols};
+    wn->dyp.mk = (cg_mk){.pk = 1, .kp = 0, .nbp = dcols, .b_ld = cv_row_ld(dcols)};
     /* the epilogue's blocks: C (rows (c, kh, kw), columns o) */
     cp->rows = 9 * wn->rows, cp->nbm = nbm;
     cp->cols = cols, cp->nbn = nbn;
@@ -243,7 +242,7 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     m->nv = tiles <= MK_PANEL ? 1 : 2;
     m->mr = MK_ACC / m->nv;
     m->nbp = ceil_div(tiles, m->nv * MK_PANEL) * m->nv * MK_PANEL;
-    m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
+    m->b_ld = cv_row_ld(m->nbp);
     plan_window(cp, wn);
     /* the epilogue's blocks: two pixel rows per tile row */
     cp->rows = rows, cp->nbm = nbm;

@@ -418,9 +418,7 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
     m->pk = is_16(cp->dt) && cg_mk_pairs(cp->dt) ? 2 : 1;
     m->kp = ceil_div(cp->kc, m->pk);
     m->nbp = ceil_div(cp->cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
-    /* staged B rows: a stride of a multiple of 128 floats made the weight gradient's tiles
-     * (loading two rows 1 KB apart per step) 1.9x slower */
-    m->b_ld = m->nbp % 128 == 0 ? m->nbp + MK_PANEL : m->nbp;
+    m->b_ld = cv_row_ld(m->nbp);
     /* rows narrower than this copy faster through a table (its i32 offsets must fit) */
     /* a window row is its channel's pixels: a 1x1 of stride 1 without padding, or the one
      * phase of a strided 1x1's input gradient that its tap reaches, on dy's own grid */
