@@ -2,8 +2,8 @@
  * group on the packed microkernel of lower_matmul.c (cg_mk_tiles), with the root's fused
  * elementwise epilogue (bias, activation, cast) as a matmul's. NCHW at the API; no im2col
  * in memory: the window operand is packed from the activations block by block. The stride-1
- * 3x3s (of an even output) run as Winograd F(2x2, 3x3) instead (conv_winograd.c), all three,
- * with the same epilogue.
+ * 3x3s (of an output at least 7 wide) run as Winograd F(2x2, 3x3) instead (conv_winograd.c),
+ * all three, with the same epilogue.
  *
  * The GEMMs, per group g (Cg = C/G input and Og = O/G output channels, KK = KH*KW):
  *  - conv2d:             y[n, o, p]    = sum_(c,kh,kw)  w[o, (c,kh,kw)] * X[(c,kh,kw), (n,p)]

@@ -348,19 +348,21 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
 }
 
 /* Winograd F(2x2, 3x3) (codegen/conv_winograd.c, unless LOOM_CONV=direct) for the forwards and
- * input gradients it takes: 3x3 of stride 1 with an even destination (y; dx) of 4 tiles a
- * row or more and the channels summed over (x's; dy's) in 16s. Tiles 7 to a row (14x14: a
- * row's tiles fill half a vector), 18 (a vector and 2), 4; no padding (the input gradient's
- * window padded by 2) and padding 2 (its by 0); channels in 3 chunks that accumulate
- * (144 = 3 x 48); 136 rows in 2 row blocks; blocks of 3 tile rows over images of 2; forwards
- * whose input gradient is direct (O not in 16s) and the other way round (C not in 16s); and
- * cases left to the direct kernels both ways (an odd output, C and O not in 16s; 3 tiles a
- * row).
- * The weight gradients, Winograd where y is even and C and O are 16 or more: tiles summed in
- * two K chunks (147 tiles over 21 tile rows of 7: 77 and 70, pairs of tiles that straddle tile
- * rows, an odd count's last pair half zeros); x's channels in two row blocks (C 16: 8 each)
- * and dy's in two column blocks (O 136: 80 and 56, a GEMM's columns past dy^T's zeros); O 20
- * (one panel of 16 and one of 4); and O 8, left direct. */
+ * input gradients it takes: 3x3 of stride 1 with a destination (y; dx) of 4 tiles a row or
+ * more (7 pixels: an odd size's last tiles overhang it) and the channels summed over (x's;
+ * dy's) in 16s. Tiles 7 to a row (14x14: a row's tiles fill half a vector), 18 (a vector and 2), 4;
+ * no padding (the input gradient's window padded by 2) and padding 2 (its by 0); channels in 3
+ * chunks that accumulate (144 = 3 x 48); 136 rows in 2 row blocks; blocks of 3 tile rows over
+ * images of 2; forwards whose input gradient is direct (O not in 16s) and the other way round (C
+ * not in 16s); and cases left to the direct kernels both ways (C and O not in 16s, 3 tiles a row).
+ * Odd destinations, all three passes: 7x7 over 3 images (layer4's: blocks of tile rows span images
+ * whose last tile row has one pixel row), 9x8, 8x9 (padding 0 from 10x11, whose input gradient's dx
+ * is odd too) and 15x15 over 3 images (the weight gradient's two K chunks of 12 tile rows straddle
+ * an image). The weight gradients, Winograd where y is 7 or more wide and C and O are 16 or more:
+ * tiles summed in two K chunks (147 tiles over 21 tile rows of 7: 77 and 70, pairs of tiles
+ * that straddle tile rows, an odd count's last pair half zeros); x's channels in two row blocks (C
+ * 16: 8 each) and dy's in two column blocks (O 136: 80 and 56, a GEMM's columns past dy^T's zeros);
+ * O 20 (one panel of 16 and one of 4); and O 8, left direct. */
 static const conv_case wino[] = {
     {"wino: C16 O24 at 6x8", 2, 16, 6, 8, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: C32 O20 at 14x14", 3, 32, 14, 14, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
@@ -372,6 +374,10 @@ static const conv_case wino[] = {
     {"wino: pad 2, C16 O16 at 4x8", 1, 16, 4, 8, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
     {"wino: gi, O144 C136 at 6x8", 1, 136, 6, 8, 144, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino: direct, C12 at 7x6", 2, 12, 7, 6, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: odd, C32 O32 at 7x7", 3, 32, 7, 7, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: odd height, C16 O24 at 9x8", 2, 16, 9, 8, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: pad 0, odd width at 10x11", 2, 16, 10, 11, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, false},
+    {"wino: odd, C16 O16 at 15x15", 3, 16, 15, 15, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
 };
 #define N_WINO (sizeof wino / sizeof wino[0])
 
