@@ -108,6 +108,13 @@ typedef struct cg_if {
 } cg_if;
 void cg_if_begin(cg_b *b, cg_if *f, MlirValue cond);
 void cg_if_end(cg_b *b, cg_if *f);
+/* scf.if with n results of types[] and both branches: begin enters the then-block, else_
+ * yields its n values and enters the else-block, end yields the else-block's and returns
+ * after the op (its results: cg_if_result). */
+void cg_ifv_begin(cg_b *b, cg_if *f, MlirValue cond, int n, const MlirType *types);
+void cg_ifv_else(cg_b *b, cg_if *f, int n, const MlirValue *yield);
+void cg_ifv_end(cg_b *b, cg_if *f, int n, const MlirValue *yield);
+MlirValue cg_if_result(const cg_if *f, int i);
 
 /* f64 libm functions without an MLIR math lowering to an intrinsic. */
 typedef enum cg_libm { CG_LIBM_TANH, CG_LIBM_ERF, CG_LIBM_COUNT_ } cg_libm;

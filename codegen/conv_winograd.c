@@ -495,7 +495,8 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
     block_of(b, idiv(b, lo.iv, cp->nbn), wn->rows, cp->Cg, &i0, &i1);
     block_of(b, irem(b, lo.iv, cp->nbn), cp->cols, cp->Og, &j0, &j1);
     MlirValue mb = isub(b, i1, i0);
-    cv_zero_rows(b, cw, z, 16 * mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    if (wn->nbk == 0) /* no tiles (an empty batch): dw = 0 */
+        cv_zero_rows(b, cw, z, 16 * mbp, m->nbp, cg_cf(b, b->f32, 0.0));
     cg_for_begin(b, &lk, z, cg_idx(b, wn->nbk), 0, NULL);
     block_of(b, lk.iv, wn->tr, nth, &t0, &t1);
     cv_build_rows(c, &wn->win, rtab, t0, t1);
@@ -505,9 +506,11 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
     cv_stage_dy_t(c, &wn->dyp, stgd, z, j0, j1, tile_row_pixel(b, wn, cp->dH, t0),
                   tile_row_pixel(b, wn, cp->dH, t1));
     transform_dy(c, wn, stgd, bw, t0, cg_imul_c(b, isub(b, t1, t0), wn->TW));
+    /* the first chunk starts C, the others add to it */
+    MlirValue first = wn->nbk > 1 ? cg_cmpi(b, CG_I_EQ, lk.iv, z) : (MlirValue){NULL};
     cg_for_begin(b, &lx, z, cg_idx(b, 16), 0, NULL);
     cg_mk_tiles_at(c, m, ap, cg_imul_c(b, lx.iv, ablk), bw, cg_imul_c(b, lx.iv, bblk), cw,
-                   cg_imul_c(b, lx.iv, cblk), mb, isub(b, j1, j0), true, NULL);
+                   cg_imul_c(b, lx.iv, cblk), mb, isub(b, j1, j0), wn->nbk > 1, first, NULL);
     cg_for_end(b, &lx, 0, NULL);
     cg_for_end(b, &lk, 0, NULL);
     transform_filter(c, wn, cw, cs, mb);
@@ -551,16 +554,16 @@ loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
     cg_store(b, key, akey, z);
     cg_if_end(b, &f);
     cv_build_rows(c, &wn->win, rtab, t0, t1);
-    bool acc = wn->nbk > 1; /* chunks accumulate into C */
-    if (acc)
-        cv_zero_rows(b, cw, z, 16 * cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    /* chunks accumulate into C, the first starting it */
+    bool acc = wn->nbk > 1;
     cg_for_begin(b, &lk, z, cg_idx(b, wn->nbk), 0, NULL);
+    MlirValue first = acc ? cg_cmpi(b, CG_I_EQ, lk.iv, z) : (MlirValue){NULL};
     MlirValue k0 = cg_imul_c(b, lk.iv, wn->kc);
     cv_stage_winograd(c, &wn->win, m, bw, rtab, k0, cg_iadd(b, k0, cg_idx(b, wn->kc)), t0, t1);
     cg_for_begin(b, &lx, z, cg_idx(b, 16), 0, NULL);
     MlirValue a0 = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk.iv, 16), lx.iv), blk);
     cg_mk_tiles_at(c, m, uw, a0, bw, cg_imul_c(b, lx.iv, m->kp * m->b_ld), cw,
-                   cg_imul_c(b, lx.iv, cblk), mb, cg_imul_c(b, ntr, wn->TW), acc, NULL);
+                   cg_imul_c(b, lx.iv, cblk), mb, cg_imul_c(b, ntr, wn->TW), acc, first, NULL);
     cg_for_end(b, &lx, 0, NULL);
     cg_for_end(b, &lk, 0, NULL);
     transform_output(c, cp, wn, cw, cs, mb, t0, ntr);

@@ -549,7 +549,6 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
     bool gw = cp->role == CV_GRAD_WEIGHT;
     int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
     MlirValue zf = cg_cf(b, b->f32, 0.0), cs = u->cs[slot], afull = u->afull[slot];
-    cv_zero_rows(b, cs, cg_idx(b, 0), cp->mbp, m->nbp, zf);
     if (cp->tab && !gw)
         cv_build_table(c, cp, u->tab, cp->ldt, c0, c1);
     else if (!gw && !cp->identity)
@@ -637,8 +636,11 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
         if (cp->nbk > 1)
             pfl.last = cg_cmpi(b, CG_I_EQ, lk.iv, cg_idx(b, cp->nbk - 1));
     }
+    /* the first K chunk starts C (no zeroed C to load), the others add to it */
+    bool chunks = cp->nbk > 1;
+    MlirValue first = chunks ? cg_cmpi(b, CG_I_EQ, lk.iv, cg_idx(b, 0)) : (MlirValue){NULL};
     cg_mk_tiles(c, m, cp->a_cache ? afull : u->ap, a0, m->pk == 2 ? u->bp : u->stg, cs,
-                isub(b, i1, i0), ncols, true, pf ? &hook : NULL);
+                isub(b, i1, i0), ncols, chunks, first, pf ? &hook : NULL);
     cg_for_end(b, &lk, 0, NULL);
 }
 

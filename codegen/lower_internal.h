@@ -220,14 +220,16 @@ typedef struct cg_mk_hook {
     const void *arg;
 } cg_mk_hook;
 /* cs = A x bp over tiles of mr x 16 nv for the block's mb rows and nb columns (padded to
- * whole tiles in the packing), A packed at ap[a0]; accumulate: cs += instead; hook: NULL or
- * emitted in every tile. */
+ * whole tiles in the packing), A packed at ap[a0]; accumulate: cs += instead, unless first
+ * (an i1, or a NULL value: never) holds, so that a chunked K's first chunk needs no zeroed
+ * C; hook: NULL or emitted in every tile. */
 void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
-                 MlirValue mb, MlirValue nb, bool accumulate, const cg_mk_hook *hook);
+                 MlirValue mb, MlirValue nb, bool accumulate, MlirValue first,
+                 const cg_mk_hook *hook);
 /* The same with B from bp[b0] and C at cs[cs0] (several products in one buffer each). */
 void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue b0,
                     MlirValue cs, MlirValue cs0, MlirValue mb, MlirValue nb, bool accumulate,
-                    const cg_mk_hook *hook);
+                    MlirValue first, const cg_mk_hook *hook);
 /* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
 MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 /* Two bf16 (f32 values already rounded to bf16; scalars or vectors) as one i32 each: lo in

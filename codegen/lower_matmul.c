@@ -339,14 +339,15 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
 }
 
 void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue cs,
-                 MlirValue mb, MlirValue nb, bool accumulate, const cg_mk_hook *hook) {
+                 MlirValue mb, MlirValue nb, bool accumulate, MlirValue first,
+                 const cg_mk_hook *hook) {
     MlirValue z = cg_idx(c->b, 0);
-    cg_mk_tiles_at(c, m, ap, a0, bp, z, cs, z, mb, nb, accumulate, hook);
+    cg_mk_tiles_at(c, m, ap, a0, bp, z, cs, z, mb, nb, accumulate, first, hook);
 }
 
 void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue b0,
                     MlirValue cs, MlirValue cs0, MlirValue mb, MlirValue nb, bool accumulate,
-                    const cg_mk_hook *hook) {
+                    MlirValue first, const cg_mk_hook *hook) {
     cg_b *b = c->b;
     enum { NACC = MK_ACC };
     const int64_t MR = m->mr, NV = m->nv, NR = NV * MK_PANEL;
@@ -363,10 +364,23 @@ void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue
         cg_iadd(b, cs0, cg_iadd(b, cg_imul_c(b, lit.iv, MR * m->nbp), cg_imul_c(b, ljt.iv, NR)));
     for (int i = 0; i < NACC; i++)
         init[i] = zero;
+    cg_if f;
+    if (accumulate && !mlirValueIsNull(first)) { /* zeros in the first chunk, else C */
+        MlirType types[NACC];
+        for (int i = 0; i < MR * NV; i++)
+            types[i] = vf;
+        cg_ifv_begin(b, &f, first, (int)(MR * NV), types);
+        cg_ifv_else(b, &f, (int)(MR * NV), init);
+    }
     for (int i = 0; i < MR && accumulate; i++)
         for (int v = 0; v < NV; v++)
             init[i * NV + v] =
                 cg_vload(b, vf, cs, cg_iadd(b, c0, cg_idx(b, i * m->nbp + v * MK_PANEL)));
+    if (accumulate && !mlirValueIsNull(first)) {
+        cg_ifv_end(b, &f, (int)(MR * NV), init);
+        for (int i = 0; i < MR * NV; i++)
+            init[i] = cg_if_result(&f, i);
+    }
     MlirValue arow0 = cg_iadd(b, a0, cg_imul_c(b, lit.iv, MR * m->kp));
     /* B's element (kk, column 16 pn + l) at kk * ks + pn * ps + l */
     int64_t ks = m->b_ld ? m->b_ld : MK_PANEL, ps = m->b_ld ? MK_PANEL : m->kp * MK_PANEL;
@@ -567,7 +581,7 @@ loom_status cg_lower_matmul(kc *c) {
     }
     if (bf) {
         cg_mk_tiles(c, &mp->mk, A, cg_idx(b, 0), B, C, cg_bin(b, "arith.subi", i1, i0),
-                    cg_bin(b, "arith.subi", j1, j0), false, NULL);
+                    cg_bin(b, "arith.subi", j1, j0), false, (MlirValue){NULL}, NULL);
     } else if (mp->linalg) {
         MlirValue crow0 =
             scratch ? cbase : cg_iadd(b, cg_iadd(b, cbase, cg_imul_c(b, i0, mp->N)), j0);

@@ -222,6 +222,35 @@ void cg_if_end(cg_b *b, cg_if *f) {
     b->block = f->parent;
 }
 
+void cg_ifv_begin(cg_b *b, cg_if *f, MlirValue cond, int n, const MlirType *types) {
+    MlirRegion regions[2] = {mlirRegionCreate(), mlirRegionCreate()};
+    MlirBlock then_block = mlirBlockCreate(0, NULL, NULL);
+    mlirRegionAppendOwnedBlock(regions[0], then_block);
+    mlirRegionAppendOwnedBlock(regions[1], mlirBlockCreate(0, NULL, NULL));
+    MlirOperationState st = mlirOperationStateGet(str("scf.if"), b->loc);
+    mlirOperationStateAddOperands(&st, 1, &cond);
+    mlirOperationStateAddResults(&st, n, types);
+    mlirOperationStateAddOwnedRegions(&st, 2, regions);
+    f->op = mlirOperationCreate(&st);
+    mlirBlockAppendOwnedOperation(b->block, f->op);
+    f->parent = b->block;
+    b->block = then_block;
+}
+
+void cg_ifv_else(cg_b *b, cg_if *f, int n, const MlirValue *yield) {
+    cg_op(b, "scf.yield", n, yield, 0, NULL, 0, NULL);
+    b->block = mlirRegionGetFirstBlock(mlirOperationGetRegion(f->op, 1));
+}
+
+void cg_ifv_end(cg_b *b, cg_if *f, int n, const MlirValue *yield) {
+    cg_op(b, "scf.yield", n, yield, 0, NULL, 0, NULL);
+    b->block = f->parent;
+}
+
+MlirValue cg_if_result(const cg_if *f, int i) {
+    return mlirOperationGetResult(f->op, i);
+}
+
 /* func.func private @name(fty) at the top of b's module. */
 static void declare_func(cg_b *b, const char *name, MlirType fty) {
     MlirNamedAttribute attrs[3] = {

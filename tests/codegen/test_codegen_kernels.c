@@ -139,6 +139,66 @@ static void test_float_to_int_cast_saturates_and_maps_nan_to_zero(void **state) 
     fx_deinit(&f);
 }
 
+static uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static float bits_f32(uint32_t u) {
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* f32 -> bf16 at its edges, bit for bit as loom_ir_f32_to_bf16: ties to even, NaN quiet,
+ * overflow to infinity, subnormals kept (which vcvtneps2bf16 would flush), in whole vectors
+ * and the tail. */
+static void test_f32_to_bf16_rounds_every_edge_like_the_interpreter(void **state) {
+    (void)state;
+    enum { N = 75 };
+    static const uint32_t edges[] = {
+        0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, /* ties to even, either side */
+        0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u,              /* overflow to +-inf, a tie */
+        0x7f800000u, 0xff800000u, 0x7f800001u, 0xffc00001u, /* inf, signaling and quiet NaN */
+        0x00000000u, 0x80000000u, 0x00800000u, 0x80800000u, /* zeros, the smallest normals */
+        0x00000001u, 0x807fffffu, 0x00008000u, 0x00018000u, /* subnormals, ties among them */
+        0x007f8000u, 0x00408001u, 0x00007fffu,
+    };
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 1, S(N));
+    int32_t r = cast(&f, x, LOOM_DTYPE_BF16);
+    output(&f, r);
+    kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
+    uint32_t in[N];
+    for (int i = 0; i < N; i++) /* normals of both signs around 1 */
+        in[i] = f32_bits((i % 2 ? -1.0f : 1.0f) * (1.0f + (float)i / 97.0f));
+    for (size_t e = 0; e < 11; e++) /* lanes 0..15: no subnormal (one instruction) */
+        in[e] = edges[e];
+    in[20] = edges[15];                      /* lanes 16..31: one subnormal among normals */
+    for (size_t e = 11; e < LEN(edges); e++) /* lanes 32..47: zeros and subnormals */
+        in[32 + e - 11] = edges[e];
+    in[N - 1] = edges[16], in[N - 2] = edges[5]; /* the tail */
+    f.in[0] = malloc(sizeof in);
+    memcpy(f.in[0], in, sizeof in);
+    loom_rt_kernel k;
+    loom_cg_code *code = NULL;
+    assert_int_equal(compile(&f, 1, &code, &k), LOOM_OK);
+    uint16_t out[N];
+    void *bufs[2] = {f.in[0], out};
+    k.fn(bufs, 0, k.extent);
+    for (int i = 0; i < N; i++) {
+        uint16_t want = loom_ir_f32_to_bf16(bits_f32(in[i]));
+        if (out[i] != want)
+            fail_msg("lane %d: f32 0x%08x -> bf16 0x%04x, want 0x%04x", i, in[i], out[i], want);
+    }
+    assert_int_equal(loom_ir_f32_to_bf16(bits_f32(0x00018000u)), 0x0002); /* a tie: to even */
+    assert_int_equal(loom_ir_f32_to_bf16(bits_f32(0x7f800001u)), 0x7fc0); /* quieted */
+    loom_cg_code_destroy(code);
+    fx_deinit(&f);
+}
+
 static void test_f16_and_bf16_chains_round_every_node_like_the_interpreter(void **state) {
     (void)state;
     const loom_dtype dts[2] = {LOOM_DTYPE_F16, LOOM_DTYPE_BF16};
@@ -1113,6 +1173,7 @@ int main(void) {
         cmocka_unit_test(test_integer_division_by_zero_and_int_min_by_minus_one),
         cmocka_unit_test(test_casts_between_every_pair_of_dtypes),
         cmocka_unit_test(test_float_to_int_cast_saturates_and_maps_nan_to_zero),
+        cmocka_unit_test(test_f32_to_bf16_rounds_every_edge_like_the_interpreter),
         cmocka_unit_test(test_f16_and_bf16_chains_round_every_node_like_the_interpreter),
         cmocka_unit_test(test_odd_sizes_from_scalars_to_large_vectors),
         cmocka_unit_test(test_broadcasts_of_rows_columns_and_scalars),
