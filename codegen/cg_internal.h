@@ -108,9 +108,9 @@ typedef struct cg_if {
 } cg_if;
 void cg_if_begin(cg_b *b, cg_if *f, MlirValue cond);
 void cg_if_end(cg_b *b, cg_if *f);
-/* scf.if with n results of types[] and both branches: begin enters the then-block, else_
- * yields its n values and enters the else-block, end yields the else-block's and returns
- * after the op (its results: cg_if_result). */
+/* scf.if with n results of types[] and both branches: cg_ifv_begin enters the then-block,
+ * cg_ifv_else yields its n values and enters the else-block, cg_ifv_end yields the
+ * else-block's and returns after the op (its results: cg_if_result). */
 void cg_ifv_begin(cg_b *b, cg_if *f, MlirValue cond, int n, const MlirType *types);
 void cg_ifv_else(cg_b *b, cg_if *f, int n, const MlirValue *yield);
 void cg_ifv_end(cg_b *b, cg_if *f, int n, const MlirValue *yield);
