@@ -139,18 +139,6 @@ static void test_float_to_int_cast_saturates_and_maps_nan_to_zero(void **state) 
     fx_deinit(&f);
 }
 
-static uint32_t f32_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static float bits_f32(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* f32 -> bf16 at its edges, bit for bit as loom_ir_f32_to_bf16: ties to even, NaN quiet,
  * overflow to infinity, subnormals kept (which vcvtneps2bf16 would flush), in whole vectors
  * and the tail. */
@@ -171,15 +159,16 @@ static void test_f32_to_bf16_rounds_every_edge_like_the_interpreter(void **state
     int32_t r = cast(&f, x, LOOM_DTYPE_BF16);
     output(&f, r);
     kernel(&f, LOOM_IR_KERNEL_ELEMENTWISE, r, 1, &r);
-    uint32_t in[N];
+    float in[N];
     for (int i = 0; i < N; i++) /* normals of both signs around 1 */
-        in[i] = f32_bits((i % 2 ? -1.0f : 1.0f) * (1.0f + (float)i / 97.0f));
-    for (size_t e = 0; e < 11; e++) /* lanes 0..15: no subnormal (one instruction) */
-        in[e] = edges[e];
-    in[20] = edges[15];                      /* lanes 16..31: one subnormal among normals */
+        in[i] = (i % 2 ? -1.0f : 1.0f) * (1.0f + (float)i / 97.0f);
+    for (size_t e = 0; e < 11; e++) /* lanes 0..15: normals, infinities and NaNs */
+        memcpy(&in[e], &edges[e], sizeof *in);
+    memcpy(&in[20], &edges[15], sizeof *in); /* lanes 16..31: one subnormal among normals */
     for (size_t e = 11; e < LEN(edges); e++) /* lanes 32..47: zeros and subnormals */
-        in[32 + e - 11] = edges[e];
-    in[N - 1] = edges[16], in[N - 2] = edges[5]; /* the tail */
+        memcpy(&in[32 + e - 11], &edges[e], sizeof *in);
+    memcpy(&in[N - 1], &edges[16], sizeof *in); /* the tail */
+    memcpy(&in[N - 2], &edges[5], sizeof *in);
     f.in[0] = malloc(sizeof in);
     memcpy(f.in[0], in, sizeof in);
     loom_rt_kernel k;
@@ -189,12 +178,14 @@ static void test_f32_to_bf16_rounds_every_edge_like_the_interpreter(void **state
     void *bufs[2] = {f.in[0], out};
     k.fn(bufs, 0, k.extent);
     for (int i = 0; i < N; i++) {
-        uint16_t want = loom_ir_f32_to_bf16(bits_f32(in[i]));
+        uint16_t want = loom_ir_f32_to_bf16(in[i]);
+        uint32_t u;
+        memcpy(&u, &in[i], sizeof u);
         if (out[i] != want)
-            fail_msg("lane %d: f32 0x%08x -> bf16 0x%04x, want 0x%04x", i, in[i], out[i], want);
+            fail_msg("lane %d: f32 0x%08x -> bf16 0x%04x, want 0x%04x", i, u, out[i], want);
     }
-    assert_int_equal(loom_ir_f32_to_bf16(bits_f32(0x00018000u)), 0x0002); /* a tie: to even */
-    assert_int_equal(loom_ir_f32_to_bf16(bits_f32(0x7f800001u)), 0x7fc0); /* quieted */
+    assert_int_equal(loom_ir_f32_to_bf16(in[32 + 18 - 11]), 0x0002); /* 0x00018000: a tie */
+    assert_int_equal(loom_ir_f32_to_bf16(in[9]), 0x7fc0);            /* 0x7f800001: quieted */
     loom_cg_code_destroy(code);
     fx_deinit(&f);
 }
