@@ -204,17 +204,28 @@ MlirValue cg_for_result(const cg_for *l, int i) {
     return mlirOperationGetResult(l->op, i);
 }
 
-void cg_if_begin(cg_b *b, cg_if *f, MlirValue cond) {
+/* scf.if on cond with n results of types[], an else block when with_else (else its region
+ * stays empty), appended at b's insertion point; b enters the then-block. */
+static void if_begin(cg_b *b, cg_if *f, MlirValue cond, int n, const MlirType *types,
+                     bool with_else) {
     MlirRegion regions[2] = {mlirRegionCreate(), mlirRegionCreate()};
     MlirBlock then_block = mlirBlockCreate(0, NULL, NULL);
     mlirRegionAppendOwnedBlock(regions[0], then_block);
+    if (with_else)
+        mlirRegionAppendOwnedBlock(regions[1], mlirBlockCreate(0, NULL, NULL));
     MlirOperationState st = mlirOperationStateGet(str("scf.if"), b->loc);
     mlirOperationStateAddOperands(&st, 1, &cond);
+    if (n > 0)
+        mlirOperationStateAddResults(&st, n, types);
     mlirOperationStateAddOwnedRegions(&st, 2, regions);
     f->op = mlirOperationCreate(&st);
     mlirBlockAppendOwnedOperation(b->block, f->op);
     f->parent = b->block;
     b->block = then_block;
+}
+
+void cg_if_begin(cg_b *b, cg_if *f, MlirValue cond) {
+    if_begin(b, f, cond, 0, NULL, false);
 }
 
 void cg_if_end(cg_b *b, cg_if *f) {
@@ -223,18 +234,7 @@ void cg_if_end(cg_b *b, cg_if *f) {
 }
 
 void cg_ifv_begin(cg_b *b, cg_if *f, MlirValue cond, int n, const MlirType *types) {
-    MlirRegion regions[2] = {mlirRegionCreate(), mlirRegionCreate()};
-    MlirBlock then_block = mlirBlockCreate(0, NULL, NULL);
-    mlirRegionAppendOwnedBlock(regions[0], then_block);
-    mlirRegionAppendOwnedBlock(regions[1], mlirBlockCreate(0, NULL, NULL));
-    MlirOperationState st = mlirOperationStateGet(str("scf.if"), b->loc);
-    mlirOperationStateAddOperands(&st, 1, &cond);
-    mlirOperationStateAddResults(&st, n, types);
-    mlirOperationStateAddOwnedRegions(&st, 2, regions);
-    f->op = mlirOperationCreate(&st);
-    mlirBlockAppendOwnedOperation(b->block, f->op);
-    f->parent = b->block;
-    b->block = then_block;
+    if_begin(b, f, cond, n, types, true);
 }
 
 void cg_ifv_else(cg_b *b, cg_if *f, int n, const MlirValue *yield) {
