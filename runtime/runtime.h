@@ -80,7 +80,8 @@ typedef struct loom_rt_device loom_rt_device;
 /* A block of device memory. Refcounted: tensors sharing a value share the buffer. */
 typedef struct loom_rt_buffer {
     loom_rt_device *device;
-    void *data; /* host-addressable for the built-in NPU target */
+    void *data;  /* host-addressable for the built-in NPU target; 64-byte aligned there */
+    void *block; /* what the NPU target allocated (data is block rounded up to 64 bytes) */
     size_t size;
     int32_t refs;
 } loom_rt_buffer;
@@ -107,8 +108,8 @@ struct loom_rt_device {
     /* Freed blocks kept for reuse, as a caching device allocator does: a step allocates
      * the same sizes every time, and fresh large blocks cost page faults on every use. */
     struct loom_rt_cached_block {
-        void *data;
-        size_t bytes;
+        void *data;   /* a buffer's block */
+        size_t bytes; /* its block_bytes (device.c) */
     } cached[LOOM_RT_DEVICE_CACHED_BLOCKS];
     int32_t n_cached;
     size_t cached_bytes;

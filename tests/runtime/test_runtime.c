@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "runtime/runtime.h"
@@ -278,13 +279,17 @@ static void test_buffers_count_rounded_bytes_in_current_and_peak(void **state) {
         assert_int_equal(bufs[i]->refs, 1);
         assert_true(bufs[i]->device == dev);
         assert_non_null(bufs[i]->data);
+        /* the data starts at a cache line, inside the block allocated for it */
+        assert_int_equal((uintptr_t)bufs[i]->data % 64, 0);
+        assert_true((char *)bufs[i]->data >= (char *)bufs[i]->block);
+        assert_true((char *)bufs[i]->data < (char *)bufs[i]->block + 64);
         assert_int_equal(dev->mem_current, expect);
         assert_int_equal(dev->mem_peak, expect);
     }
     assert_int_equal(expect, 64 + 64 + 128 + 64 + 1024 + 4096);
-    /* the pool's host memory is the rounded size plus the buffer records */
-    assert_int_equal(ta.live_bytes - base,
-                     (int64_t)(expect + N * sizeof(loom_rt_buffer)));
+    /* the pool's host memory is the rounded size, 64 bytes a block to align it, and the
+     * buffer records */
+    assert_int_equal(ta.live_bytes - base, (int64_t)(expect + N * (64 + sizeof(loom_rt_buffer))));
     size_t peak = expect;
     loom_rt_buffer_release(bufs[4]);
     expect -= 1024;
@@ -302,7 +307,8 @@ static void test_buffers_count_rounded_bytes_in_current_and_peak(void **state) {
     assert_int_equal(dev->mem_peak, peak);
     /* freed blocks stay cached for reuse (not counted as in use) until destroy */
     assert_int_equal(dev->cached_bytes, peak + 512);
-    assert_int_equal(ta.live_bytes, base + (int64_t)dev->cached_bytes);
+    assert_int_equal(dev->n_cached, N + 1);
+    assert_int_equal(ta.live_bytes, base + (int64_t)dev->cached_bytes + 64 * (N + 1));
     loom_rt_device_destroy(dev);
     assert_int_equal(ta.live_bytes, 0);
     assert_int_equal(ta.live_blocks, 0);
@@ -329,9 +335,10 @@ static void test_buffer_is_freed_on_the_last_release(void **state) {
     assert_int_equal(ta.live_blocks, blocks + 1); /* the record is freed, the data cached */
     assert_int_equal(dev->cached_bytes, 128);
     /* the next buffer of that rounded size reuses the cached block */
-    void *cached_data = dev->cached[0].data;
+    void *cached_block = dev->cached[0].data;
     loom_rt_buffer *again = make_buffer(dev, 120);
-    assert_ptr_equal(again->data, cached_data);
+    assert_ptr_equal(again->block, cached_block);
+    assert_int_equal((uintptr_t)again->data % 64, 0);
     assert_int_equal(dev->cached_bytes, 0);
     assert_int_equal(dev->mem_current, 128);
     loom_rt_buffer_release(again);
@@ -358,6 +365,13 @@ static void test_buffer_alloc_fails_cleanly(void **state) {
         assert_int_equal(ta.live_bytes, live);
     }
     ta.fail_at = 0;
+    /* a size whose rounding and alignment would wrap is refused before any allocation */
+    int64_t allocs = ta.n_allocs;
+    loom_rt_buffer *huge = NULL;
+    assert_int_equal(loom_rt_buffer_alloc(dev, SIZE_MAX - 10, &huge), LOOM_STATUS_OUT_OF_MEMORY);
+    assert_null(huge);
+    assert_int_equal(ta.n_allocs, allocs);
+    assert_int_equal(dev->mem_current, 0);
     loom_rt_buffer *b = make_buffer(dev, 256);
     assert_int_equal(dev->mem_current, 256);
     loom_rt_buffer_release(b);
