@@ -19,12 +19,21 @@ static size_t block_bytes(size_t size) {
 /* A buffer's data starts at a cache line, fewer than LINE_PAD bytes into a block of
  * block_bytes + LINE_PAD: the system allocator's large blocks (the step's arena) start 16
  * bytes into a page, and every tensor placed there (at 64-byte offsets) then made each
- * 64-byte vector load and store straddle two lines. Line-aligned, ResNet-50's bf16 step
- * spent 2-3% less time in its kernels (bench/README.md). Memory counts block_bytes. */
+ * 64-byte vector load and store straddle two lines. Line-aligned, ResNet-50's step spent 0-3%
+ * less time in its kernels in bf16 (three rounds) and 5% in f32 (one; bench/README.md).
+ * Memory counts block_bytes. */
 enum { LINE_PAD = 64 };
 
 static void *line_start(void *block) {
     return (void *)(((uintptr_t)block + LINE_PAD - 1) & ~(uintptr_t)(LINE_PAD - 1));
+}
+
+static void *new_block(loom_rt_device *dev, size_t bytes) {
+    return loom_ir_alloc(&dev->alloc, bytes + LINE_PAD);
+}
+
+static void free_block(loom_rt_device *dev, void *block, size_t bytes) {
+    loom_ir_free(&dev->alloc, block, bytes + LINE_PAD);
 }
 
 /* A cached block of exactly `bytes`, or NULL. Most recently freed first. */
@@ -32,7 +41,7 @@ static void *take_cached(loom_rt_device *dev, size_t bytes) {
     for (int32_t i = dev->n_cached - 1; i >= 0; i--) {
         if (dev->cached[i].bytes != bytes)
             continue;
-        void *p = dev->cached[i].data;
+        void *p = dev->cached[i].block;
         dev->cached[i] = dev->cached[--dev->n_cached];
         dev->cached_bytes -= bytes;
         return p;
@@ -42,7 +51,7 @@ static void *take_cached(loom_rt_device *dev, size_t bytes) {
 
 static void drop_cache(loom_rt_device *dev) {
     for (int32_t i = 0; i < dev->n_cached; i++)
-        loom_ir_free(&dev->alloc, dev->cached[i].data, dev->cached[i].bytes + LINE_PAD);
+        free_block(dev, dev->cached[i].block, dev->cached[i].bytes);
     dev->n_cached = 0;
     dev->cached_bytes = 0;
 }
@@ -56,10 +65,10 @@ static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_bu
     size_t bytes = block_bytes(size);
     b->block = take_cached(dev, bytes);
     if (!b->block)
-        b->block = loom_ir_alloc(&dev->alloc, bytes + LINE_PAD);
+        b->block = new_block(dev, bytes);
     if (!b->block && dev->n_cached > 0) { /* memory is short: give the cache back, retry */
         drop_cache(dev);
-        b->block = loom_ir_alloc(&dev->alloc, bytes + LINE_PAD);
+        b->block = new_block(dev, bytes);
     }
     if (!b->block) {
         loom_ir_free(&dev->alloc, b, sizeof *b);
@@ -81,7 +90,7 @@ static void npu_buffer_free(loom_rt_device *dev, loom_rt_buffer *b) {
     dev->mem_current -= bytes;
     if (dev->n_cached == LOOM_RT_DEVICE_CACHED_BLOCKS ||
         dev->cached_bytes + bytes > LOOM_RT_DEVICE_CACHED_BYTES) {
-        loom_ir_free(&dev->alloc, b->block, bytes + LINE_PAD);
+        free_block(dev, b->block, bytes);
     } else {
         dev->cached[dev->n_cached++] = (struct loom_rt_cached_block){b->block, bytes};
         dev->cached_bytes += bytes;

@@ -108,7 +108,7 @@ struct loom_rt_device {
     /* Freed blocks kept for reuse, as a caching device allocator does: a step allocates
      * the same sizes every time, and fresh large blocks cost page faults on every use. */
     struct loom_rt_cached_block {
-        void *data;   /* a buffer's block */
+        void *block;  /* a freed buffer's block */
         size_t bytes; /* its block_bytes (device.c) */
     } cached[LOOM_RT_DEVICE_CACHED_BLOCKS];
     int32_t n_cached;

@@ -335,7 +335,7 @@ static void test_buffer_is_freed_on_the_last_release(void **state) {
     assert_int_equal(ta.live_blocks, blocks + 1); /* the record is freed, the data cached */
     assert_int_equal(dev->cached_bytes, 128);
     /* the next buffer of that rounded size reuses the cached block */
-    void *cached_block = dev->cached[0].data;
+    void *cached_block = dev->cached[0].block;
     loom_rt_buffer *again = make_buffer(dev, 120);
     assert_ptr_equal(again->block, cached_block);
     assert_int_equal((uintptr_t)again->data % 64, 0);
