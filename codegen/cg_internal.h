@@ -214,7 +214,13 @@ bool loom_cg_f32_microkernel(void);
 /* How convolutions compile, from LOOM_CONV (read at each compile; loom_cg_target_key includes
  * it): AUTO, the kernels with Winograd where it applies (conv_winograd.c); DIRECT, without
  * Winograd; IM2COL, decomposed by passes/conv_decompose.c (which reads the variable itself). */
-typedef enum cg_conv_mode { CG_CONV_AUTO, CG_CONV_DIRECT, CG_CONV_IM2COL } cg_conv_mode;
+typedef enum cg_conv_mode {
+    CG_CONV_AUTO,
+    CG_CONV_DIRECT,
+    CG_CONV_IM2COL,
+    CG_CONV_WINO2, /* LOOM_CONV=winograd2: Winograd F(2x2, 3x3) only (conv_winograd.c) */
+    CG_CONV_WINO4, /* LOOM_CONV=winograd4: F(4x4, 3x3) under bf16 pairs too */
+} cg_conv_mode;
 cg_conv_mode loom_cg_conv_mode(void);
 
 typedef struct cg_kernel_rec {

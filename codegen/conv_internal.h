@@ -9,6 +9,7 @@
 
 enum {
     CV_TAPS_MAX = 16, /* taps of a phase along an axis (larger windows are not phased) */
+    WN_NX = 36,       /* Winograd's GEMMs, at most: F(4x4, 3x3)'s 6 x 6 */
 };
 
 typedef enum cv_role { CV_FWD, CV_GRAD_INPUT, CV_GRAD_WEIGHT } cv_role;
@@ -121,10 +122,10 @@ void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, M
  * 2 kk + 1). */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);
 void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
-/* Winograd F(2x2, 3x3)'s input transform for channels [k0, k1) and tile rows [r0, r1), wp
- * being the 4 x 4 window of stride 2 over x whose destination grid is the tiles
- * (cv_wino.win; rtab from cv_build_rows on it): each tile's V = B^T d B, its 16 values the
- * B operands of the 16 GEMMs, GEMM x's at bw[x kp b_ld]: row (k - k0) / pk, column (r - r0)
+/* Winograd F(m x m, 3x3)'s input transform for channels [k0, k1) and tile rows [r0, r1), wp
+ * being the a x a window (a = m + 2) of stride m over x whose destination grid is the tiles
+ * (cv_wino.win; rtab from cv_build_rows on it): each tile's V = B^T d B, its a^2 values the
+ * B operands of the a^2 GEMMs, GEMM x's at bw[x kp b_ld]: row (k - k0) / pk, column (r - r0)
  * dW + tile (f32, or bf16 pairs of channels rounded to nearest); zeros past the block's
  * tiles up to nbp and past the chunk's channels up to kp. */
 void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, MlirValue rtab,
@@ -144,13 +145,15 @@ void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int
 loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw, MlirValue g,
                              MlirValue i0, MlirValue i1, MlirValue c0, MlirValue c1);
 
-/* ---- Winograd F(2x2, 3x3) for stride-1 3x3 convolutions (conv_winograd.c) ----
- * y's 2 x 2 tiles each from a 4 x 4 tile of x: Y = A^T [(G w G^T) . (B^T d B)] A, the 16
- * products of the middle summed over channels as 16 GEMMs [O, C] x [C, tiles], 4 multiplies
- * for the 9 a pixel of the direct form: 2.25x fewer. The weight gradient's 16 GEMMs are
- * [C, tiles] x [tiles, O], of V = B^T d B and (A dY A^T)^T, summed over the tiles. */
+/* ---- Winograd F(2x2, 3x3) and F(4x4, 3x3) for stride-1 3x3 convolutions (conv_winograd.c)
+ * y's m x m tiles each from an a x a tile of x (a = m + 2): Y = A^T [(G w G^T) . (B^T d B)] A,
+ * the a^2 products of the middle summed over channels as a^2 GEMMs [O, C] x [C, tiles]: for
+ * the 9 multiplies a pixel of the direct form, 4 (m = 2: 2.25x fewer) or 2.25 (m = 4: 4x
+ * fewer). The weight gradient's a^2 GEMMs are [C, tiles] x [tiles, O], of V = B^T d B and
+ * (A dY A^T)^T, summed over the tiles. */
 typedef struct cv_wino {
-    cv_plan win;        /* the 4 x 4 window of stride 2 over x, its destination grid the tiles */
+    int64_t m, a, nx;   /* the tile (2 or 4), its input's (m + 2), the GEMMs (a^2) */
+    cv_plan win;        /* the a x a window of stride m over x, its destination grid the tiles */
     cg_mk mk;           /* each GEMM's blocks: rows x K (a chunk) x columns */
     int64_t TH, TW, tr; /* tiles along H and W of an image; tile rows of a block (K chunk) */
     int64_t kc, nbk;    /* channels of a K chunk (weight gradient: tiles, padded to pairs),
@@ -167,13 +170,14 @@ typedef struct cv_wino {
  * input gradient's channels summed over (x's, or dy's) in 16s, the weight gradient's x and
  * dy at least WG_MIN channels; not under LOOM_CONV=direct. */
 bool cv_wino_ok(const kc *c, const cv_plan *cp);
-/* Its blocks: cp's row and column blocks for the epilogue (conv2d and the input gradient:
- * whole tile rows, two pixel rows each; the weight gradient: its rows (c, kh, kw) of whole
- * channels), and wn's. */
+/* Its tile (F(4x4, 3x3) where the GEMMs multiply f32 and the destination has the tiles a row;
+ * LOOM_CONV=winograd2|winograd4) and blocks: cp's row and column blocks for the epilogue
+ * (conv2d and the input gradient: whole tile rows, m pixel rows each; the weight gradient:
+ * its rows (c, kh, kw) of whole channels), and wn's. */
 void cv_wino_plan(cv_plan *cp, cv_wino *wn);
 /* Every task of the kernel [c->lo, c->hi). */
 loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn);
-/* V = B^T d B of a 4 x 4 tile d (row-major; vectors or scalars). */
-void cv_wino_input(cg_b *b, const MlirValue *d, MlirValue *v);
+/* V = B^T d B of F(m x m, 3x3)'s (m + 2) x (m + 2) tile d (row-major; vectors or scalars). */
+void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v);
 
 #endif

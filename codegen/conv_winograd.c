@@ -1,41 +1,46 @@
-/* Winograd F(2x2, 3x3) for the stride-1 3x3 convolutions: forwards, input gradients and
- * weight gradients (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks",
- * 2016); LOOM_CONV=direct keeps them on lower_conv.c's direct kernels.
+/* Winograd F(2x2, 3x3) and F(4x4, 3x3) for the stride-1 3x3 convolutions: forwards, input
+ * gradients and weight gradients (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+ * Networks", 2016); LOOM_CONV=direct keeps them on lower_conv.c's direct kernels.
  *
- * Each 2 x 2 tile of y comes from the 4 x 4 tile d of x that covers its windows:
+ * Each m x m tile of y (m = 2 or 4) comes from the a x a tile d of x (a = m + 2) that covers
+ * its windows:
  *     Y = A^T [ sum_c (G w_c G^T) . (B^T d_c B) ] A
- * with the 4 x 4 transforms U = G w G^T of each (o, c)'s 3 x 3 weights and V = B^T d B of each
- * (c, tile)'s input, multiplied element by element and summed over the channels: 16 GEMMs
- * M_x [O, tiles] = U_x [O, C] x V_x [C, tiles], one per element x of the 4 x 4, on the packed
- * microkernel (cg_mk_tiles). That is 16 multiplies per tile of 4 pixels against 36 in the
- * direct form: 2.25x fewer. The transforms are additions (and halvings in G), done in
+ * with the a x a transforms U = G w G^T of each (o, c)'s 3 x 3 weights and V = B^T d B of each
+ * (c, tile)'s input, multiplied element by element and summed over the channels: a^2 GEMMs
+ * M_x [O, tiles] = U_x [O, C] x V_x [C, tiles], one per element x of the a x a, on the packed
+ * microkernel (cg_mk_tiles). F(2x2, 3x3) takes 16 multiplies per tile of 4 pixels against 36
+ * in the direct form (2.25x fewer), F(4x4, 3x3) 36 per 16 pixels against 144 (4x fewer), with
+ * transforms whose constants (up to 5, and 1/24) lose more bits: it runs where the GEMMs
+ * multiply f32 (wino_tile). The transforms are additions and multiplies by constants, done in
  * vectors of 16 tiles or 16 channels:
  *  - U for a thread's row block of output channels, all channels, once per row block (the
  *    weights, gathered 16 channels at a time), kept across its tasks as lower_conv.c keeps
  *    packed weights;
- *  - V per block of tiles and chunk of channels, the input read as the 4 x 4 window of
- *    stride 2 whose destination grid is the tiles (conv_stage.c's masked loads,
- *    cv_stage_winograd), straight into the 16 GEMMs' B;
- *  - Y from the 16 GEMMs' C into one block of C in the destination's layout (whole pixel
- *    rows, two per tile row), which the convolution's own epilogue (bias, activation, cast,
+ *  - V per block of tiles and chunk of channels, the input read as the a x a window of
+ *    stride m whose destination grid is the tiles (conv_stage.c's cv_stage_winograd: a
+ *    window row's span for 16 tiles in m + 1 masked loads, its a taps by shuffles),
+ *    straight into the a^2 GEMMs' B;
+ *  - Y from the a^2 GEMMs' C into one block of C in the destination's layout (whole pixel
+ *    rows, m per tile row), which the convolution's own epilogue (bias, activation, cast,
  *    fused consumers) then runs over as it runs over a direct convolution's.
  * With bf16 operands (vdpbf16ps) U and V are rounded to bf16: their sums of 2-4 values keep
  * 8 bits, where the direct form multiplies the values themselves.
  *
- * A task is (row block, block of whole tile rows). An odd destination's last tile row and
- * column overhang it by a pixel: their input reads as padding (zeros), their outputs there
- * are not stored, and the weight gradient reads dy there as zeros. At 7x7 (ResNet-50's
- * layer4) that is 64 multiplies a pixel for 49: the saving falls to 1.7x.
+ * A task is (row block, block of whole tile rows). Where m does not divide the destination,
+ * its last tile row and column overhang it by up to m - 1 pixels: their input reads as
+ * padding (zeros), their outputs there are not stored, and the weight gradient reads dy
+ * there as zeros. At 7x7 (ResNet-50's layer4, F(2x2, 3x3)) that is 64 multiplies a pixel for
+ * 49: the saving falls to 1.7x; at 14x14 by F(4x4, 3x3), 2.9 a pixel against 9.
  *
  * The weight gradient differentiates the same product with respect to U: per tile, dM =
- * A dY A^T (dY the tile's 2 x 2 of dy) and dU = dM . V, summed over the tiles of every image,
- * and dw = G^T dU G. The sums are 16 GEMMs dU_x^T [C, O] = V_x [C, tiles] x dM_x^T [tiles,
- * O], 2.25x fewer multiplies than the direct [C 9, pixels] x [pixels, O]. A task is (block of
+ * A dY A^T (dY the tile's m x m of dy) and dU = dM . V, summed over the tiles of every image,
+ * and dw = G^T dU G. The sums are a^2 GEMMs dU_x^T [C, O] = V_x [C, tiles] x dM_x^T [tiles,
+ * O], 2.25x (4x) fewer multiplies than the direct [C 9, pixels] x [pixels, O]. A task is (block of
  * x's channels, block of dy's), over all the tiles in K chunks of whole tile rows: V staged
  * as A by the forward's input transform (f32; rounded to bf16 and paired along the tiles for
  * vdpbf16ps), dy^T staged as the direct weight gradient stages it and transformed into B
- * 16 channels at a time (so that no transform's output needs transposing: dy has a quarter
- * as many values). dw^T leaves in the direct weight gradient's C layout, so its epilogue
+ * 16 channels at a time (so that no transform's output needs transposing: dy has fewer
+ * values than V). dw^T leaves in the direct weight gradient's C layout, so its epilogue
  * (the store, or fused consumers) runs unchanged. */
 #include <string.h>
 
@@ -44,7 +49,7 @@
 enum {
     WN_ROWS = 128,          /* rows of a row block (y's channels, or dx's), at most */
     WN_KP = 64,             /* packed elements along K (channels / pk) of a chunk, at most */
-    WN_C_BYTES = 512 << 10, /* the 16 GEMMs' C blocks of a task, at most (else fewer tiles) */
+    WN_C_BYTES = 512 << 10, /* the a^2 GEMMs' C blocks of a task, at most (else fewer tiles) */
     WN_TASKS_MIN = 4,       /* tasks at least, where there are the tile rows */
     /* tiles along a row at least (all three): the input transforms run on vectors of 16 of a
      * row's tiles, and fewer filled them too thinly to pay (ResNet-50 at 64x64, bf16, over 11
@@ -57,6 +62,10 @@ enum {
     WG_COLS = 128,    /* dy's channels of a column block, at most */
     WG_TILES = 128,   /* tiles of a K chunk, about (whole tile rows) */
     WG_TASKS_MIN = 2, /* tasks at least, the rows split first (which repeats dy's transform only) */
+    /* F(4x4, 3x3)'s weight gradient: tiles a row at least (f32 on a Zen 4, one thread: at
+     * 14x14, 4 tiles, 8.7 -> 9.6 ms against F(2x2, 3x3); at 28x28, 7 tiles, 9.1 -> 5.7), and
+     * K chunks of half WG_TILES (its 36 GEMMs' operands: 56x56, 7.5 -> 6.3 ms) */
+    WG4_TW_MIN = 7,
 };
 
 static MlirValue fadd(cg_b *b, MlirValue x, MlirValue y) {
@@ -67,10 +76,14 @@ static MlirValue fsub(cg_b *b, MlirValue x, MlirValue y) {
     return cg_bin(b, "arith.subf", x, y);
 }
 
-static MlirValue fhalf(cg_b *b, MlirValue x) {
+static MlirValue fscale(cg_b *b, MlirValue x, double k) {
     MlirType t = mlirValueGetType(x);
-    MlirValue h = cg_cf(b, b->f32, 0.5);
+    MlirValue h = cg_cf(b, b->f32, k);
     return cg_bin(b, "arith.mulf", x, mlirTypeIsAVector(t) ? cg_vbroadcast(b, h, t) : h);
+}
+
+static MlirValue fhalf(cg_b *b, MlirValue x) {
+    return fscale(b, x, 0.5);
 }
 
 /* o[0..3 * os] = B^T (x[0], x[xs], x[2 xs], x[3 xs]) */
@@ -87,15 +100,11 @@ typedef void (*wn_1d)(cg_b *b, const MlirValue *x, int64_t xs, MlirValue *o, int
 /* T X T^T of an n x n X (row-major) as an m x m o (row-major): T down each column of X, then
  * along each row of the result. */
 static void both_axes(cg_b *b, wn_1d f, int64_t n, int64_t m, const MlirValue *x, MlirValue *o) {
-    MlirValue t[16]; /* m x n */
+    MlirValue t[WN_NX]; /* m x n */
     for (int64_t j = 0; j < n; j++)
         f(b, x + j, n, t + j, n);
     for (int64_t i = 0; i < m; i++)
         f(b, t + n * i, 1, o + m * i, 1);
-}
-
-void cv_wino_input(cg_b *b, const MlirValue *d, MlirValue *v) {
-    both_axes(b, bt4, 4, 4, d, v);
 }
 
 /* o[0..3 * os] = G (g[0], g[gs], g[2 gs]) */
@@ -131,6 +140,95 @@ static void at4(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t o
     o[os] = fsub(b, fsub(b, m[ms], m[2 * ms]), m[3 * ms]);
 }
 
+/* F(4x4, 3x3)'s, of the points 0, 1, -1, 2, -2 and infinity (Lavin and Gray's matrices). */
+
+/* o[0..5 * os] = B^T (x[0], ..., x[5 xs]) */
+static void bt6(cg_b *b, const MlirValue *x, int64_t xs, MlirValue *o, int64_t os) {
+    MlirValue x1 = x[xs], x2 = x[2 * xs], x3 = x[3 * xs], x4 = x[4 * xs];
+    MlirValue s = fadd(b, x1, x2), d = fsub(b, x1, x2), e = fsub(b, x4, x2);
+    MlirValue f = fscale(b, fsub(b, x3, x1), 2.0);
+    o[0] = fadd(b, fsub(b, fscale(b, x[0], 4.0), fscale(b, x2, 5.0)), x4);
+    o[os] = fsub(b, fadd(b, x3, x4), fscale(b, s, 4.0));
+    o[2 * os] = fadd(b, fsub(b, x4, x3), fscale(b, d, 4.0));
+    o[3 * os] = fadd(b, e, f);
+    o[4 * os] = fsub(b, e, f);
+    o[5 * os] = fadd(b, fsub(b, fscale(b, x1, 4.0), fscale(b, x3, 5.0)), x[5 * xs]);
+}
+
+/* o[0..5 * os] = G (g[0], g[gs], g[2 gs]) */
+static void g6(cg_b *b, const MlirValue *g, int64_t gs, MlirValue *o, int64_t os) {
+    MlirValue s = fadd(b, g[0], g[2 * gs]);
+    MlirValue p = fadd(b, fscale(b, g[0], 1.0 / 24.0), fscale(b, g[2 * gs], 1.0 / 6.0));
+    MlirValue q = fscale(b, g[gs], 1.0 / 12.0);
+    o[0] = fscale(b, g[0], 0.25);
+    o[os] = fscale(b, fadd(b, s, g[gs]), -1.0 / 6.0);
+    o[2 * os] = fscale(b, fsub(b, s, g[gs]), -1.0 / 6.0);
+    o[3 * os] = fadd(b, p, q);
+    o[4 * os] = fsub(b, p, q);
+    o[5 * os] = g[2 * gs];
+}
+
+/* o[0..3 * os] = A^T (m[0], ..., m[5 ms]) */
+static void at6(cg_b *b, const MlirValue *m, int64_t ms, MlirValue *o, int64_t os) {
+    MlirValue s12 = fadd(b, m[ms], m[2 * ms]), d12 = fsub(b, m[ms], m[2 * ms]);
+    MlirValue s34 = fadd(b, m[3 * ms], m[4 * ms]), d34 = fsub(b, m[3 * ms], m[4 * ms]);
+    o[0] = fadd(b, fadd(b, m[0], s12), s34);
+    o[os] = fadd(b, d12, fscale(b, d34, 2.0));
+    o[2 * os] = fadd(b, s12, fscale(b, s34, 4.0));
+    o[3 * os] = fadd(b, fadd(b, d12, fscale(b, d34, 8.0)), m[5 * ms]);
+}
+
+/* o[0..5 * os] = A (d[0], ..., d[3 ds]): the weight gradient's dM = A dY A^T */
+static void a4(cg_b *b, const MlirValue *d, int64_t ds, MlirValue *o, int64_t os) {
+    MlirValue e = fadd(b, d[0], d[2 * ds]), f = fadd(b, d[ds], d[3 * ds]);
+    MlirValue e2 = fadd(b, d[0], fscale(b, d[2 * ds], 4.0));
+    MlirValue f2 = fadd(b, fscale(b, d[ds], 2.0), fscale(b, d[3 * ds], 8.0));
+    o[0] = d[0];
+    o[os] = fadd(b, e, f);
+    o[2 * os] = fsub(b, e, f);
+    o[3 * os] = fadd(b, e2, f2);
+    o[4 * os] = fsub(b, e2, f2);
+    o[5 * os] = d[3 * ds];
+}
+
+/* o[0..2 * os] = G^T (u[0], ..., u[5 us]): dw = G^T dU G */
+static void gt6(cg_b *b, const MlirValue *u, int64_t us, MlirValue *o, int64_t os) {
+    MlirValue s12 = fadd(b, u[us], u[2 * us]), d12 = fsub(b, u[2 * us], u[us]);
+    MlirValue s34 = fadd(b, u[3 * us], u[4 * us]), d34 = fsub(b, u[3 * us], u[4 * us]);
+    o[0] = fadd(b, fsub(b, fscale(b, u[0], 0.25), fscale(b, s12, 1.0 / 6.0)),
+                fscale(b, s34, 1.0 / 24.0));
+    o[os] = fadd(b, fscale(b, d12, 1.0 / 6.0), fscale(b, d34, 1.0 / 12.0));
+    o[2 * os] = fadd(b, fscale(b, fsub(b, s34, s12), 1.0 / 6.0), u[5 * us]);
+}
+
+/* A tile size's transforms: input (a -> a, a = m + 2), weights (3 -> a), output (a -> m), and
+ * the weight gradient's dy (m -> a) and dw (a -> 3). */
+typedef struct wn_fns {
+    wn_1d bt, g, at, ad, gt;
+} wn_fns;
+
+static const wn_fns *fns_of(int64_t m) {
+    static const wn_fns f2 = {bt4, g3, at4, a2s, gt3}, f4 = {bt6, g6, at6, a4, gt6};
+    return m == 4 ? &f4 : &f2;
+}
+
+void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v) {
+    both_axes(b, fns_of(m)->bt, m + 2, m + 2, d, v);
+}
+
+/* The tile: 4 where the GEMMs multiply f32 (F(4x4, 3x3)'s transforms scale by up to 5 and
+ * 1/24, which bf16's 8 bits carry less well, and under bf16 pairs it gained less: see
+ * bench/README; LOOM_CONV=winograd4 takes it there too, to compare) and the destination is
+ * WN_TW_MIN tiles of 4 wide (the weight gradient: WG4_TW_MIN); else 2 (LOOM_CONV=winograd2:
+ * everywhere). */
+static int64_t wino_tile(const cv_plan *cp) {
+    cg_conv_mode mode = loom_cg_conv_mode();
+    int64_t tw_min = cp->role == CV_GRAD_WEIGHT ? WG4_TW_MIN : WN_TW_MIN;
+    if (mode == CG_CONV_WINO2 || ceil_div(cp->dW, 4) < tw_min)
+        return 2;
+    return cp->mk.pk == 1 || mode == CG_CONV_WINO4 ? 4 : 2;
+}
+
 bool cv_wino_ok(const kc *c, const cv_plan *cp) {
     if (loom_cg_conv_mode() == CG_CONV_DIRECT || cp->phased || cp->G != 1 || cp->KH != 3 ||
         cp->KW != 3 || cp->st[0] != 1 || cp->st[1] != 1 || cp->dl[0] != 1 || cp->dl[1] != 1 ||
@@ -150,7 +248,7 @@ bool cv_wino_ok(const kc *c, const cv_plan *cp) {
 static void plan_gw(cv_plan *cp, cv_wino *wn) {
     cg_mk *m = &wn->mk;
     int64_t nth = cp->N * wn->TH;
-    int64_t tr = ceil_div(WG_TILES, wn->TW);
+    int64_t tr = ceil_div(wn->m == 4 ? WG_TILES / 2 : WG_TILES, wn->TW);
     tr = tr < nth ? tr : nth;
     wn->nbk = ceil_div(nth, tr);
     wn->tr = ceil_div(nth, wn->nbk);
@@ -191,9 +289,9 @@ static void plan_window(const cv_plan *cp, cv_wino *wn) {
     *wp = *cp;
     if (cp->role == CV_GRAD_INPUT)
         wp->pd[0] = 2 - cp->pd[0], wp->pd[1] = 2 - cp->pd[1];
-    wp->KH = wp->KW = wp->KWf = 4;
-    wp->KK = wp->KKf = 16;
-    wp->st[0] = wp->st[1] = 2;
+    wp->KH = wp->KW = wp->KWf = wn->a;
+    wp->KK = wp->KKf = wn->nx;
+    wp->st[0] = wp->st[1] = wn->m;
     wp->dH = wn->TH, wp->dW = wn->TW;
     wp->pix_rows = wn->tr;
     wp->identity = wp->tab = wp->pairs_win = wp->phased = wp->dst_big = false;
@@ -203,7 +301,9 @@ static void plan_window(const cv_plan *cp, cv_wino *wn) {
 void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     cg_mk *m = &wn->mk;
     memset(wn, 0, sizeof *wn);
-    wn->TH = ceil_div(cp->dH, 2), wn->TW = ceil_div(cp->dW, 2);
+    wn->m = wino_tile(cp);
+    wn->a = wn->m + 2, wn->nx = wn->a * wn->a;
+    wn->TH = ceil_div(cp->dH, wn->m), wn->TW = ceil_div(cp->dW, wn->m);
     if (cp->role == CV_GRAD_WEIGHT) {
         plan_gw(cp, wn);
         plan_window(cp, wn);
@@ -233,7 +333,7 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
         int64_t tiles = tr * wn->TW, nv = tiles <= MK_PANEL ? 1 : 2;
         int64_t np = ceil_div(tiles, nv * MK_PANEL) * nv * MK_PANEL;
         int64_t mbp = ceil_div(rows, MK_ACC / nv) * (MK_ACC / nv);
-        if ((tr > 1 && 16 * mbp * np * 4 > WN_C_BYTES) || (nb * nbm < WN_TASKS_MIN && nb < nth))
+        if ((tr > 1 && wn->nx * mbp * np * 4 > WN_C_BYTES) || (nb * nbm < WN_TASKS_MIN && nb < nth))
             continue;
         double eff = (double)(nth * wn->TW) / (double)(nb * np);
         if (eff > best + 1e-9)
@@ -246,9 +346,9 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     m->nbp = ceil_div(tiles, m->nv * MK_PANEL) * m->nv * MK_PANEL;
     m->b_ld = cv_row_ld(m->nbp);
     plan_window(cp, wn);
-    /* the epilogue's blocks: two pixel rows per tile row */
+    /* the epilogue's blocks: m pixel rows per tile row */
     cp->rows = rows, cp->nbm = nbm;
-    cp->pix_rows = 2 * btr, cp->cols = cp->pix_rows * cp->dW, cp->nbn = bnb;
+    cp->pix_rows = wn->m * btr, cp->cols = cp->pix_rows * cp->dW, cp->nbn = bnb;
     cp->mbp = ceil_div(rows, m->mr) * m->mr;
     cp->mk.nbp = ceil_div(cp->cols, MK_PANEL) * MK_PANEL;
     cp->a_cache = false;
@@ -271,7 +371,8 @@ static void block_of(cg_b *b, MlirValue k, int64_t size, int64_t end, MlirValue 
 /* The destination pixel row (n dH + y) of tile row t's first: an odd height's last tile row
  * has one. */
 static MlirValue tile_row_pixel(cg_b *b, const cv_wino *wn, int64_t dH, MlirValue t) {
-    return cg_iadd(b, cg_imul_c(b, idiv(b, t, wn->TH), dH), cg_imul_c(b, irem(b, t, wn->TH), 2));
+    return cg_iadd(b, cg_imul_c(b, idiv(b, t, wn->TH), dH),
+                   cg_imul_c(b, irem(b, t, wn->TH), wn->m));
 }
 
 /* vector<16 x et> of mem[idx[l]] (idx a vector<16 x i32>), every lane read. */
@@ -285,7 +386,7 @@ static MlirValue gather16(cg_b *b, MlirValue mem, MlirType et, MlirValue idx) {
 }
 
 /* U of rows [i0, i1) (rows past i1 up to mbp repeat its last), every chunk: GEMM x of chunk
- * k's A at uw[(k 16 + x) mbp kp], row-major [mbp, kp] (bf16 pairs of channels through ut,
+ * k's A at uw[(k nx + x) mbp kp], row-major [mbp, kp] (bf16 pairs of channels through ut,
  * rounded to nearest). Row i, channel k: conv2d's w[i, k], the input gradient's w[k, i]
  * turned by 180 degrees. */
 static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirValue uw,
@@ -308,49 +409,70 @@ static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirV
     MlirValue i = cg_imin(b, cg_iadd(b, i0, li.iv), isub(b, i1, cg_idx(b, 1)));
     cg_for_begin(b, &lv, z, cg_idx(b, kch / 16), 0, NULL);
     MlirValue ch = cg_iadd(b, cg_imul_c(b, lk.iv, kch), cg_imul_c(b, lv.iv, 16));
-    MlirValue base = cg_iadd(b, cg_imul_c(b, i, rs), cg_imul_c(b, ch, ks)), g[9], u[16];
+    MlirValue base = cg_iadd(b, cg_imul_c(b, i, rs), cg_imul_c(b, ch, ks)), g[9], u[WN_NX];
     for (int t = 0; t < 9; t++) {
         MlirValue at =
             cg_conv(b, "arith.index_cast", cg_iadd(b, base, cg_idx(b, fwd ? t : 8 - t)), b->i32);
         MlirValue idx = cg_bin(b, "arith.addi", cg_vbroadcast(b, at, vi), lanes);
         g[t] = cg_widen16(b, wdt, gather16(b, wbuf, cg_storage_type(b, wdt), idx));
     }
-    both_axes(b, g3, 3, 4, g, u); /* U = G w G^T */
+    both_axes(b, fns_of(wn->m)->g, 3, wn->a, g, u); /* U = G w G^T */
     MlirValue col = cg_imul_c(b, lv.iv, 16);
-    for (int x = 0; x < 16; x++) {
+    for (int64_t x = 0; x < wn->nx; x++) {
         if (m->pk == 2)
             cg_vstore(b, u[x], ut, /* paired and rounded by cv_pair_up */
                       cg_iadd(b, cg_idx(b, x * cp->mbp * kch),
                               cg_iadd(b, cg_imul_c(b, li.iv, kch), col)));
         else
-            cg_vstore(b, u[x], uw,
-                      cg_iadd(b,
-                              cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk.iv, 16), cg_idx(b, x)), blk),
-                              cg_iadd(b, cg_imul_c(b, li.iv, m->kp), col)));
+            cg_vstore(
+                b, u[x], uw,
+                cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk.iv, wn->nx), cg_idx(b, x)), blk),
+                        cg_iadd(b, cg_imul_c(b, li.iv, m->kp), col)));
     }
     cg_for_end(b, &lv, 0, NULL);
     cg_for_end(b, &li, 0, NULL);
     if (m->pk == 2)
-        cv_pair_up(c, ut, uw, cg_imul_c(b, lk.iv, 16 * blk), 16 * blk);
+        cv_pair_up(c, ut, uw, cg_imul_c(b, lk.iv, wn->nx * blk), wn->nx * blk);
     cg_for_end(b, &lk, 0, NULL);
 }
 
-/* Y of the block's rows [0, mb) and tile rows [t0, t0 + ntr) from the 16 GEMMs' C (cw,
+/* The pixels of a pixel row of 16 tiles, y[j] the tiles' column j of m, in order: out[q] =
+ * pixels [16 q, 16 q + 16), m of them. */
+static void interleave(cg_b *b, int64_t m, const MlirValue *y, MlirValue *out) {
+    int64_t lo[16], hi[16];
+    for (int l = 0; l < 16; l++) {
+        lo[l] = l % 2 == 0 ? l / 2 : 16 + l / 2;
+        hi[l] = lo[l] + 8;
+    }
+    if (m == 2) {
+        out[0] = cg_vshuffle(b, y[0], y[1], 16, lo);
+        out[1] = cg_vshuffle(b, y[0], y[1], 16, hi);
+        return;
+    }
+    /* columns 0, 1 and 2, 3 paired as m = 2 pairs them, then the pairs of 4 tiles a vector */
+    MlirValue p[2][2] = {{cg_vshuffle(b, y[0], y[1], 16, lo), cg_vshuffle(b, y[0], y[1], 16, hi)},
+                         {cg_vshuffle(b, y[2], y[3], 16, lo), cg_vshuffle(b, y[2], y[3], 16, hi)}};
+    for (int q = 0; q < 4; q++) {
+        int64_t idx[16];
+        for (int l = 0; l < 16; l++) /* tile 4 (q % 2) + l / 4 of the half, column l % 4 */
+            idx[l] = 2 * (4 * (q % 2) + l / 4) + l % 2 + (l % 4 >= 2 ? 16 : 0);
+        out[q] = cg_vshuffle(b, p[0][q / 2], p[1][q / 2], 16, idx);
+    }
+}
+
+/* Y of the block's rows [0, mb) and tile rows [t0, t0 + ntr) from the nx GEMMs' C (cw,
  * GEMM x's at x cblk) into C in the destination's layout (cs, rows cp->mk.nbp apart): per 16
- * tiles of a tile row, its two pixel rows' 32 pixels (Y's columns interleaved). Of an odd
- * destination, a last column's second pixel is not stored, and an image's last tile row's
- * second pixel row lands on the next tile row's first, which is stored after it (or past
- * the block's rows, which the epilogue does not read). */
+ * tiles of a tile row, its m pixel rows' 16 m pixels (Y's columns interleaved). Of a
+ * destination whose size m does not divide, a last column's pixels past it are not stored,
+ * and an image's last tile row's pixel rows past it land on the next tile row's first,
+ * which are stored after them (or past the block's rows, which the epilogue does not
+ * read). */
 static void transform_output(kc *c, const cv_plan *cp, const cv_wino *wn, MlirValue cw,
                              MlirValue cs, MlirValue mb, MlirValue t0, MlirValue ntr) {
     cg_b *b = c->b;
     const cg_mk *m = &wn->mk;
     MlirType vf = cg_vec_t(16, b->f32);
-    int64_t cblk = cp->mbp * m->nbp, lo[16], hi[16];
-    for (int l = 0; l < 16; l++) {
-        lo[l] = l % 2 == 0 ? l / 2 : 16 + l / 2;
-        hi[l] = lo[l] + 8;
-    }
+    int64_t cblk = cp->mbp * m->nbp, tm = wn->m;
     MlirValue p0 = tile_row_pixel(b, wn, cp->dH, t0);
     cg_for li, lr;
     cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
@@ -360,33 +482,32 @@ static void transform_output(kc *c, const cv_plan *cp, const cv_wino *wn, MlirVa
     MlirValue py = isub(b, tile_row_pixel(b, wn, cp->dH, cg_iadd(b, t0, lr.iv)), p0);
     MlirValue prow = cg_iadd(b, crow, cg_imul_c(b, py, cp->dW));
     for (int64_t s = 0; s < wn->TW; s += 16) {
-        /* pixels from 2 s to store in the row: of a row's last 16 tiles, to its end */
+        /* pixels from m s to store in the row: of a row's last 16 tiles, to its end */
         int64_t n = wn->TW - s < 16 ? wn->TW - s : 16;
-        int64_t px = cp->dW - 2 * s < 2 * n ? cp->dW - 2 * s : 2 * n;
-        MlirValue mv[16], y[4];
-        for (int x = 0; x < 16; x++)
+        int64_t px = cp->dW - tm * s < tm * n ? cp->dW - tm * s : tm * n;
+        MlirValue mv[WN_NX], y[16], out[4];
+        for (int64_t x = 0; x < wn->nx; x++)
             mv[x] = cg_vload(b, vf, cw, cg_iadd(b, tcol, cg_idx(b, x * cblk + s)));
-        both_axes(b, at4, 4, 2, mv, y); /* Y = A^T M A */
-        for (int a = 0; a < 2; a++) {
-            MlirValue at = cg_iadd(b, prow, cg_idx(b, a * cp->dW + 2 * s));
-            cv_store_lanes(b, cg_vshuffle(b, y[2 * a], y[2 * a + 1], 16, lo), cs, at,
-                           px < 16 ? px : 16);
-            if (px > 16)
-                cv_store_lanes(b, cg_vshuffle(b, y[2 * a], y[2 * a + 1], 16, hi), cs,
-                               cg_iadd(b, at, cg_idx(b, 16)), px - 16);
+        both_axes(b, fns_of(tm)->at, wn->a, tm, mv, y); /* Y = A^T M A */
+        for (int64_t a = 0; a < tm; a++) {
+            MlirValue at = cg_iadd(b, prow, cg_idx(b, a * cp->dW + tm * s));
+            interleave(b, tm, y + tm * a, out);
+            for (int64_t q = 0; q < tm && 16 * q < px; q++)
+                cv_store_lanes(b, out[q], cs, cg_iadd(b, at, cg_idx(b, 16 * q)),
+                               px - 16 * q < 16 ? px - 16 * q : 16);
         }
     }
     cg_for_end(b, &lr, 0, NULL);
     cg_for_end(b, &li, 0, NULL);
 }
 
-/* The weight gradient's B, dM^T of the chunk's nt tiles (from tile row t0) for the 16 GEMMs
+/* The weight gradient's B, dM^T of the chunk's nt tiles (from tile row t0) for the nx GEMMs
  * (GEMM x's at bw[x kp b_ld]: row = tile, or pairs of tiles (2 kk, 2 kk + 1) rounded to
  * bf16; zeros past the tiles up to kp and past dy^T's columns up to nbp), from dy^T staged
- * as cv_stage_dy_t stages it from tile row t0's first pixel row: a tile's four pixels, rows
- * py OW + 2 tx + (0, 1, OW, OW + 1) of stg (py its first pixel row's, from t0's), 16 of dy's
- * channels at a time. Of an odd dy, the pixels past a row's end or an image's last row (an
- * overhanging tile's) are zeros. */
+ * as cv_stage_dy_t stages it from tile row t0's first pixel row: a tile's m x m pixels, rows
+ * (py + i) OW + m tx + j of stg (py its first pixel row's, from t0's), 16 of dy's channels at
+ * a time. Of a dy whose size m does not divide, the pixels past a row's end or an image's
+ * last row (an overhanging tile's) are zeros. */
 static void transform_dy(kc *c, const cv_wino *wn, MlirValue stg, MlirValue bw, MlirValue t0,
                          MlirValue nt) {
     cg_b *b = c->b;
@@ -397,12 +518,16 @@ static void transform_dy(kc *c, const cv_wino *wn, MlirValue stg, MlirValue bw, 
     MlirType vf = cg_vec_t(MK_PANEL, b->f32), vi = cg_vec_t(MK_PANEL, b->i32);
     MlirValue z = cg_idx(b, 0), zf = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf);
     MlirValue zero = pk == 2 ? cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi) : zf;
+    int64_t tm = wn->m;
     MlirValue nrow = idiv(b, cg_iadd(b, nt, cg_idx(b, pk - 1)), pk);
     MlirValue p0 = tile_row_pixel(b, wn, oh, t0);
     cg_for lk, lp;
     cg_for_begin(b, &lk, z, nrow, 0, NULL);
-    MlirValue px[2], has[2] = {{NULL}, {NULL}}, right[2] = {{NULL}, {NULL}},
-                     below[2] = {{NULL}, {NULL}};
+    /* per tile of the pair: its pixel, whether it is (has), and whether its columns and rows
+     * j > 0 lie inside dy (right, below; null where m divides dy's size) */
+    MlirValue px[2], has[2] = {{NULL}, {NULL}}, right[2][4], below[2][4];
+    memset(right, 0, sizeof right);
+    memset(below, 0, sizeof below);
     for (int64_t e = 0; e < pk; e++) {
         MlirValue t = cg_iadd(b, cg_imul_c(b, lk.iv, pk), cg_idx(b, e));
         if (e > 0) { /* an odd count's last pair: its second tile zeros */
@@ -411,44 +536,47 @@ static void transform_dy(kc *c, const cv_wino *wn, MlirValue stg, MlirValue bw, 
         }
         MlirValue ty = cg_iadd(b, t0, idiv(b, t, wn->TW)), tx = irem(b, t, wn->TW);
         MlirValue py = isub(b, tile_row_pixel(b, wn, oh, ty), p0);
-        px[e] = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, py, ow), cg_imul_c(b, tx, 2)), dl);
-        if (ow % 2 != 0) /* the tile's second column inside dy */
-            right[e] = cg_cmpi(b, CG_I_ULT, cg_imul_c(b, tx, 2), cg_idx(b, ow - 1));
-        if (oh % 2 != 0) /* and its second row */
-            below[e] =
-                cg_cmpi(b, CG_I_ULT, cg_imul_c(b, irem(b, ty, wn->TH), 2), cg_idx(b, oh - 1));
+        px[e] = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, py, ow), cg_imul_c(b, tx, tm)), dl);
+        for (int64_t j = 1; j < tm; j++) {
+            if (ow % tm != 0)
+                right[e][j] = cg_cmpi(b, CG_I_ULT, cg_imul_c(b, tx, tm), cg_idx(b, ow - j));
+            if (oh % tm != 0)
+                below[e][j] =
+                    cg_cmpi(b, CG_I_ULT, cg_imul_c(b, irem(b, ty, wn->TH), tm), cg_idx(b, oh - j));
+        }
     }
     MlirValue row = cg_imul_c(b, lk.iv, m->b_ld);
     cg_for_begin(b, &lp, z, cg_idx(b, np), 0, NULL);
-    MlirValue col = cg_imul_c(b, lp.iv, MK_PANEL), v[2][16];
+    MlirValue col = cg_imul_c(b, lp.iv, MK_PANEL), v[2][WN_NX];
     for (int64_t e = 0; e < pk; e++) {
-        MlirValue at = cg_iadd(b, px[e], col), d[4];
-        for (int q = 0; q < 4; q++) {
-            d[q] = cg_vload(b, vf, stg, cg_iadd(b, at, cg_idx(b, ((q / 2) * ow + q % 2) * dl)));
-            if (q % 2 == 1 && !mlirValueIsNull(right[e]))
-                d[q] = cg_select(b, right[e], d[q], zf);
-            if (q / 2 == 1 && !mlirValueIsNull(below[e]))
-                d[q] = cg_select(b, below[e], d[q], zf);
+        MlirValue at = cg_iadd(b, px[e], col), d[16];
+        for (int64_t q = 0; q < tm * tm; q++) {
+            int64_t i = q / tm, j = q % tm;
+            d[q] = cg_vload(b, vf, stg, cg_iadd(b, at, cg_idx(b, (i * ow + j) * dl)));
+            if (j > 0 && !mlirValueIsNull(right[e][j]))
+                d[q] = cg_select(b, right[e][j], d[q], zf);
+            if (i > 0 && !mlirValueIsNull(below[e][i]))
+                d[q] = cg_select(b, below[e][i], d[q], zf);
         }
-        both_axes(b, a2s, 2, 4, d, v[e]);
-        for (int x = 0; x < 16 && e > 0; x++)
+        both_axes(b, fns_of(tm)->ad, tm, wn->a, d, v[e]);
+        for (int64_t x = 0; x < wn->nx && e > 0; x++)
             v[e][x] = cg_select(b, has[e], v[e][x], zf);
     }
-    for (int x = 0; x < 16; x++) {
+    for (int64_t x = 0; x < wn->nx; x++) {
         MlirValue val = pk == 2 ? cg_cvt_bf16x32(b, v[0][x], v[1][x], true) : v[0][x];
         cg_vstore(b, val, bw, cg_iadd(b, cg_idx(b, x * xs), cg_iadd(b, row, col)));
     }
     cg_for_end(b, &lp, 0, NULL);
     for (int64_t p = np; p < m->nbp / MK_PANEL; p++) /* the GEMMs' columns past dy^T's */
-        for (int x = 0; x < 16; x++)
+        for (int64_t x = 0; x < wn->nx; x++)
             cg_vstore(b, zero, bw, cg_iadd(b, row, cg_idx(b, x * xs + p * MK_PANEL)));
     cg_for_end(b, &lk, 0, NULL);
     MlirValue zs = pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
-    for (int x = 0; x < 16; x++) /* the rows past the tiles */
+    for (int64_t x = 0; x < wn->nx; x++) /* the rows past the tiles */
         cv_zero_rows_at(b, bw, cg_idx(b, x * xs), nrow, m->kp, m->b_ld, zs);
 }
 
-/* dw^T of the block's rows [0, mb) from the 16 GEMMs' sums (cw, GEMM x's at x cblk), G^T dU
+/* dw^T of the block's rows [0, mb) from the nx GEMMs' sums (cw, GEMM x's at x cblk), G^T dU
  * G each, into C as the direct weight gradient's (cs: row (c, kh, kw), column o, rows nbp
  * apart), for the epilogue. */
 static void transform_filter(kc *c, const cv_wino *wn, MlirValue cw, MlirValue cs, MlirValue mb) {
@@ -461,10 +589,10 @@ static void transform_filter(kc *c, const cv_wino *wn, MlirValue cw, MlirValue c
     cg_for_begin(b, &lp, cg_idx(b, 0), cg_idx(b, m->nbp / MK_PANEL), 0, NULL);
     MlirValue at = cg_iadd(b, cg_imul_c(b, li.iv, m->nbp), cg_imul_c(b, lp.iv, MK_PANEL));
     MlirValue to = cg_iadd(b, cg_imul_c(b, li.iv, 9 * m->nbp), cg_imul_c(b, lp.iv, MK_PANEL));
-    MlirValue u[16], g[9];
-    for (int x = 0; x < 16; x++)
+    MlirValue u[WN_NX], g[9];
+    for (int64_t x = 0; x < wn->nx; x++)
         u[x] = cg_vload(b, vf, cw, cg_iadd(b, at, cg_idx(b, x * cblk)));
-    both_axes(b, gt3, 4, 3, u, g);
+    both_axes(b, fns_of(wn->m)->gt, wn->a, 3, u, g);
     for (int k = 0; k < 9; k++)
         cg_vstore(b, g[k], cs, cg_iadd(b, to, cg_idx(b, k * m->nbp)));
     cg_for_end(b, &lp, 0, NULL);
@@ -481,13 +609,15 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
     MlirValue z = cg_idx(b, 0);
     int64_t mbp = wn->amk.kp, ablk = mbp * m->kp, bblk = m->kp * m->b_ld, cblk = mbp * m->nbp;
     int64_t nth = cp->N * wn->TH;
-    MlirValue rtab = cg_alloc_buf(b, b->i64, 4 * wn->tr);
-    MlirValue stga = cg_alloc_buf(b, b->f32, 16 * mbp * wn->kc);
-    MlirValue ap = pairs ? cg_alloc_buf(b, b->i32, 16 * ablk) : stga;
-    /* + a pixel row: an odd dy's overhanging tiles read a pixel past the chunk's rows */
-    MlirValue stgd = cg_alloc_buf(b, b->f32, (2 * wn->tr + 1) * cp->dW * wn->dyp.mk.b_ld);
-    MlirValue bw = cg_alloc_buf(b, pairs ? b->i32 : b->f32, 16 * bblk);
-    MlirValue cw = cg_alloc_buf(b, b->f32, 16 * cblk);
+    int64_t nx = wn->nx;
+    MlirValue rtab = cg_alloc_buf(b, b->i64, wn->a * wn->tr);
+    MlirValue stga = cg_alloc_buf(b, b->f32, nx * mbp * wn->kc);
+    MlirValue ap = pairs ? cg_alloc_buf(b, b->i32, nx * ablk) : stga;
+    /* + m pixel rows: the overhanging tiles of a dy whose size m does not divide read up to
+     * m - 1 rows and columns past the chunk's rows (as zeros) */
+    MlirValue stgd = cg_alloc_buf(b, b->f32, (wn->m * wn->tr + wn->m) * cp->dW * wn->dyp.mk.b_ld);
+    MlirValue bw = cg_alloc_buf(b, pairs ? b->i32 : b->f32, nx * bblk);
+    MlirValue cw = cg_alloc_buf(b, b->f32, nx * cblk);
     MlirValue cs = cg_alloc_buf(b, b->f32, cp->rows * m->nbp);
     cg_for lo, lk, lx;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
@@ -496,19 +626,19 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
     block_of(b, irem(b, lo.iv, cp->nbn), cp->cols, cp->Og, &j0, &j1);
     MlirValue mb = isub(b, i1, i0);
     if (wn->nbk == 0) /* no tiles (an empty batch): dw = 0 */
-        cv_zero_rows(b, cw, z, 16 * mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+        cv_zero_rows(b, cw, z, nx * mbp, m->nbp, cg_cf(b, b->f32, 0.0));
     cg_for_begin(b, &lk, z, cg_idx(b, wn->nbk), 0, NULL);
     block_of(b, lk.iv, wn->tr, nth, &t0, &t1);
     cv_build_rows(c, &wn->win, rtab, t0, t1);
     cv_stage_winograd(c, &wn->win, &wn->amk, stga, rtab, i0, i1, t0, t1);
     if (pairs)
-        cv_pair_up(c, stga, ap, z, 16 * ablk);
+        cv_pair_up(c, stga, ap, z, nx * ablk);
     cv_stage_dy_t(c, &wn->dyp, stgd, z, j0, j1, tile_row_pixel(b, wn, cp->dH, t0),
                   tile_row_pixel(b, wn, cp->dH, t1));
     transform_dy(c, wn, stgd, bw, t0, cg_imul_c(b, isub(b, t1, t0), wn->TW));
     /* the first chunk starts C, the others add to it */
     MlirValue first = wn->nbk > 1 ? cg_cmpi(b, CG_I_EQ, lk.iv, z) : (MlirValue){NULL};
-    cg_for_begin(b, &lx, z, cg_idx(b, 16), 0, NULL);
+    cg_for_begin(b, &lx, z, cg_idx(b, nx), 0, NULL);
     cg_mk_tiles_at(c, m, ap, cg_imul_c(b, lx.iv, ablk), bw, cg_imul_c(b, lx.iv, bblk), cw,
                    cg_imul_c(b, lx.iv, cblk), mb, isub(b, j1, j0), wn->nbk > 1, first, NULL);
     cg_for_end(b, &lx, 0, NULL);
@@ -532,12 +662,13 @@ loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
     MlirType et = pairs ? b->i32 : b->f32;
     MlirValue z = cg_idx(b, 0);
     int64_t blk = cp->mbp * m->kp, cblk = cp->mbp * m->nbp, nth = cp->N * wn->TH;
-    MlirValue rtab = cg_alloc_buf(b, b->i64, 4 * wn->tr);
-    MlirValue bw = cg_alloc_buf(b, et, 16 * m->kp * m->b_ld);
-    MlirValue cw = cg_alloc_buf(b, b->f32, 16 * cblk + MK_PANEL); /* + a row's overread */
+    int64_t nx = wn->nx;
+    MlirValue rtab = cg_alloc_buf(b, b->i64, wn->a * wn->tr);
+    MlirValue bw = cg_alloc_buf(b, et, nx * m->kp * m->b_ld);
+    MlirValue cw = cg_alloc_buf(b, b->f32, nx * cblk + MK_PANEL); /* + a row's overread */
     MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * cp->mk.nbp);
-    MlirValue uw = cg_alloc_buf(b, et, 16 * blk * wn->nbk);
-    MlirValue ut = pairs ? cg_alloc_buf(b, b->f32, 16 * cp->mbp * wn->kc) : uw;
+    MlirValue uw = cg_alloc_buf(b, et, nx * blk * wn->nbk);
+    MlirValue ut = pairs ? cg_alloc_buf(b, b->f32, nx * cp->mbp * wn->kc) : uw;
     MlirValue akey = cg_alloc_buf(b, b->i64, 1); /* the row block whose U uw holds */
     cg_store(b, cg_ci(b, b->i64, -1), akey, z);
     loom_status st = LOOM_OK;
@@ -560,8 +691,8 @@ loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
     MlirValue first = acc ? cg_cmpi(b, CG_I_EQ, lk.iv, z) : (MlirValue){NULL};
     MlirValue k0 = cg_imul_c(b, lk.iv, wn->kc);
     cv_stage_winograd(c, &wn->win, m, bw, rtab, k0, cg_iadd(b, k0, cg_idx(b, wn->kc)), t0, t1);
-    cg_for_begin(b, &lx, z, cg_idx(b, 16), 0, NULL);
-    MlirValue a0 = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk.iv, 16), lx.iv), blk);
+    cg_for_begin(b, &lx, z, cg_idx(b, nx), 0, NULL);
+    MlirValue a0 = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk.iv, nx), lx.iv), blk);
     cg_mk_tiles_at(c, m, uw, a0, bw, cg_imul_c(b, lx.iv, m->kp * m->b_ld), cw,
                    cg_imul_c(b, lx.iv, cblk), mb, cg_imul_c(b, ntr, wn->TW), acc, first, NULL);
     cg_for_end(b, &lx, 0, NULL);

@@ -171,10 +171,15 @@ const char *loom_cg_matmul16_path(loom_dtype dt) {
 }
 
 cg_conv_mode loom_cg_conv_mode(void) {
+    static const char *const names[] = {[CG_CONV_DIRECT] = "direct",
+                                        [CG_CONV_IM2COL] = "im2col",
+                                        [CG_CONV_WINO2] = "winograd2",
+                                        [CG_CONV_WINO4] = "winograd4"};
     const char *conv = getenv("LOOM_CONV");
-    if (conv && strcmp(conv, "im2col") == 0)
-        return CG_CONV_IM2COL;
-    return conv && strcmp(conv, "direct") == 0 ? CG_CONV_DIRECT : CG_CONV_AUTO;
+    for (int m = CG_CONV_DIRECT; conv && m <= CG_CONV_WINO4; m++)
+        if (strcmp(conv, names[m]) == 0)
+            return (cg_conv_mode)m;
+    return CG_CONV_AUTO;
 }
 
 const char *loom_cg_amx_missing(void) {
@@ -198,9 +203,10 @@ const char *loom_cg_target_key(void) {
         isa[i] = '\0';
     }
     /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c),
-     * and LOOM_CONV=direct (no Winograd, conv_winograd.c): a program compiled another way has
-     * other kernels */
-    static const char *const conv_key[] = {"", ";conv-direct", ";conv-im2col"};
+     * and LOOM_CONV=direct|winograd2|winograd4 (no Winograd, or its tiles chosen otherwise,
+     * conv_winograd.c): a program compiled another way has other kernels */
+    static const char *const conv_key[] = {"", ";conv-direct", ";conv-im2col", ";conv-wino2",
+                                           ";conv-wino4"};
     const char *how = conv_key[loom_cg_conv_mode()];
     snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, how);
     return key;

@@ -2,8 +2,8 @@
  * group on the packed microkernel of lower_matmul.c (cg_mk_tiles), with the root's fused
  * elementwise epilogue (bias, activation, cast) as a matmul's. NCHW at the API; no im2col
  * in memory: the window operand is packed from the activations block by block. The stride-1
- * 3x3s (of an output at least 7 wide) run as Winograd F(2x2, 3x3) instead (conv_winograd.c),
- * all three, with the same epilogue.
+ * 3x3s (of an output at least 7 wide) run as Winograd F(2x2, 3x3) or F(4x4, 3x3) instead
+ * (conv_winograd.c), all three, with the same epilogue.
  *
  * The GEMMs, per group g (Cg = C/G input and Og = O/G output channels, KK = KH*KW):
  *  - conv2d:             y[n, o, p]    = sum_(c,kh,kw)  w[o, (c,kh,kw)] * X[(c,kh,kw), (n,p)]
@@ -773,12 +773,13 @@ loom_status cg_lower_conv(kc *c) {
         cps[q].n_epi = cp->n_epi;
         memcpy(cps[q].epi, cp->epi, sizeof cp->epi);
     }
-    if (n_ph == 0 && cv_wino_ok(c, cp)) { /* a stride-1 3x3 by Winograd F(2x2, 3x3) */
+    if (n_ph == 0 && cv_wino_ok(c, cp)) { /* a stride-1 3x3 by Winograd */
         cv_wino wn;
         cv_wino_plan(cp, &wn);
         bool any = loom_ir_numel(root->rank, root->shape) > 0;
         c->extent = any ? tasks_of(cp) : 1;
-        c->grain = cg_grain_for(cp->rows * cp->cols * cp->K * 4 / 9);
+        int64_t mults = cp->rows * cp->cols * cp->K; /* the direct form's; F(4x4): 1/4 */
+        c->grain = cg_grain_for(wn.m == 4 ? mults / 4 : mults * 4 / 9);
         if (c->emit && any)
             st = cv_wino_emit(c, cp, &wn);
         goto done;

@@ -257,48 +257,54 @@ static void test_differentiating_a_conv_gradient_is_a_clear_error(void **state) 
 
 /* One training-step graph (forward, ReLU, loss, gradients of x, w, b) compiled by the JIT
  * against the interpreter running the conv ops directly, for cases[0, n). */
+/* The gradients of x, w and b (got[t], malloc'd, count[t] values) of sum(relu(y) * y), y =
+ * conv2d(x, w, b) of case k (operands from seed), compiled or eager. */
+static void case_gradients(const conv_case *k, uint64_t seed, int eager, loom_dtype autocast,
+                           float *got[3], int64_t count[3]) {
+    loom_context *ctx = tu_context(eager);
+    rng = seed;
+    operands p;
+    operands_init(&p, k);
+    count[0] = p.nx;
+    count[1] = p.nw;
+    count[2] = p.no;
+    loom_tensor *x = f32_tensor(ctx, 4, p.xs, p.x, p.nx);
+    loom_tensor *w = f32_tensor(ctx, 4, p.ws, p.w, p.nw);
+    loom_tensor *b = f32_tensor(ctx, 1, &p.no, p.b, p.no);
+    if (autocast != LOOM_DTYPE_F32)
+        assert_int_equal(loom_autocast_begin(ctx, autocast), LOOM_OK);
+    loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
+    if (autocast != LOOM_DTYPE_F32)
+        assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
+    loom_tensor *act = loom_relu(ctx, y);
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, act, y), 0, NULL, false);
+    loom_tensor *g[3] = {NULL, NULL, NULL};
+    assert_int_equal(loom_backward(ctx, loss, 3, (loom_tensor *[]){x, w, b}, g), LOOM_OK);
+    for (int t = 0; t < 3; t++) {
+        got[t] = malloc((size_t)count[t] * 4);
+        loom_tensor_retain(g[t]);
+    }
+    if (loom_mark_step(ctx) != LOOM_OK)
+        fail_msg("%s: %s", k->name, loom_context_error_message(ctx));
+    for (int t = 0; t < 3; t++) {
+        tu_read_f32(ctx, g[t], got[t], (size_t)count[t]);
+        loom_tensor_release(g[t]);
+    }
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_tensor_release(b);
+    operands_deinit(&p);
+    loom_context_destroy(ctx);
+}
+
 static void compiled_step_matches_the_interpreter(const conv_case *cases, size_t n,
                                                   loom_dtype autocast, double tol) {
     for (size_t c = 0; c < n; c++) {
         const conv_case *k = &cases[c];
         float *got[2][3];
         int64_t count[3];
-        for (int eager = 0; eager < 2; eager++) {
-            loom_context *ctx = tu_context(eager);
-            rng = 0x1234567ull + c;
-            operands p;
-            operands_init(&p, k);
-            count[0] = p.nx;
-            count[1] = p.nw;
-            count[2] = p.no;
-            loom_tensor *x = f32_tensor(ctx, 4, p.xs, p.x, p.nx);
-            loom_tensor *w = f32_tensor(ctx, 4, p.ws, p.w, p.nw);
-            loom_tensor *b = f32_tensor(ctx, 1, &p.no, p.b, p.no);
-            if (autocast != LOOM_DTYPE_F32)
-                assert_int_equal(loom_autocast_begin(ctx, autocast), LOOM_OK);
-            loom_tensor *y = loom_conv2d(ctx, x, w, b, k->stride, k->pad, k->dil, k->groups);
-            if (autocast != LOOM_DTYPE_F32)
-                assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
-            loom_tensor *act = loom_relu(ctx, y);
-            loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, act, y), 0, NULL, false);
-            loom_tensor *g[3] = {NULL, NULL, NULL};
-            assert_int_equal(loom_backward(ctx, loss, 3, (loom_tensor *[]){x, w, b}, g), LOOM_OK);
-            for (int t = 0; t < 3; t++) {
-                got[eager][t] = malloc((size_t)count[t] * 4);
-                loom_tensor_retain(g[t]);
-            }
-            if (loom_mark_step(ctx) != LOOM_OK)
-                fail_msg("%s: %s", k->name, loom_context_error_message(ctx));
-            for (int t = 0; t < 3; t++) {
-                tu_read_f32(ctx, g[t], got[eager][t], (size_t)count[t]);
-                loom_tensor_release(g[t]);
-            }
-            loom_tensor_release(x);
-            loom_tensor_release(w);
-            loom_tensor_release(b);
-            operands_deinit(&p);
-            loom_context_destroy(ctx);
-        }
+        for (int eager = 0; eager < 2; eager++)
+            case_gradients(k, 0x1234567ull + c, eager, autocast, got[eager], count);
         for (int t = 0; t < 3; t++) {
             double scale = 0;
             for (int64_t i = 0; i < count[t]; i++)
@@ -362,7 +368,13 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
  * tiles summed in two K chunks (147 tiles over 21 tile rows of 7: 77 and 70, pairs of tiles
  * that straddle tile rows, an odd count's last pair half zeros); x's channels in two row blocks (C
  * 16: 8 each) and dy's in two column blocks (O 136: 80 and 56, a GEMM's columns past dy^T's zeros);
- * O 20 (one panel of 16 and one of 4); and O 8, left direct. */
+ * O 20 (one panel of 16 and one of 4); and O 8, left direct.
+ * F(4x4, 3x3) where the GEMMs multiply f32 (f32, f16, bf16 converted to f32) and a destination is
+ * 4 tiles of 4 wide (13 pixels): of the cases above 14x14, 4x36 (9 tiles a row; three chunks),
+ * 12x14 and 15x15, and the "wino4" ones: 13x18 (tile rows and columns overhanging by 3 and 2),
+ * 70 wide (18 tiles: a vector and 2), padding 2 and 0, and 30x30 over 3 images (192 tiles: the
+ * weight gradient's two K chunks). LOOM_CONV=winograd2 runs them all as F(2x2, 3x3), and
+ * LOOM_CONV=winograd4 as F(4x4, 3x3) under the bf16 pairs too. */
 static const conv_case wino[] = {
     {"wino: C16 O24 at 6x8", 2, 16, 6, 8, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: C32 O20 at 14x14", 3, 32, 14, 14, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
@@ -378,6 +390,23 @@ static const conv_case wino[] = {
     {"wino: odd height, C16 O24 at 9x8", 2, 16, 9, 8, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: pad 0, odd width at 10x11", 2, 16, 10, 11, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, false},
     {"wino: odd, C16 O16 at 15x15", 3, 16, 15, 15, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino4: 13x18 over 2 images", 2, 16, 13, 18, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino4: 70 wide", 1, 16, 6, 70, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino4: pad 2, C16 O16 at 12x14", 1, 16, 12, 14, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
+    {"wino4: pad 0, C32 O16 at 18x18", 2, 32, 18, 18, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, false},
+    {"wino4: C16 O20 at 30x30, 3 images",
+     3,
+     16,
+     30,
+     30,
+     20,
+     3,
+     3,
+     {1, 1},
+     {1, 1},
+     {1, 1},
+     1,
+     false},
 };
 #define N_WINO (sizeof wino / sizeof wino[0])
 
@@ -394,7 +423,41 @@ static void test_winograd_convolutions_match_the_interpreter(void **state) {
     unsetenv("LOOM_MATMUL_ISA");
     setenv("LOOM_CONV", "direct", 1); /* the same cases on the direct kernels */
     compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F32, 1e-5);
+    setenv("LOOM_CONV", "winograd2", 1); /* F(2x2, 3x3) where F(4x4, 3x3) would run */
+    compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F32, 1e-5);
     unsetenv("LOOM_CONV");
+}
+
+/* The tile is F(4x4, 3x3)'s where the destination is 13 pixels wide or more, F(2x2, 3x3)'s
+ * below: LOOM_CONV=winograd2 changes the rounding of a 14x14 convolution's gradients (a
+ * different sum: some differ in their last bits) but not of an 8x8 one (bit for bit). */
+static void test_winograd_tiles_are_chosen_by_width(void **state) {
+    (void)state;
+    static const conv_case cases[2] = {
+        {"14x14", 2, 16, 14, 14, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"8x8", 2, 16, 8, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    };
+    for (int c = 0; c < 2; c++) {
+        float *got[2][3];
+        int64_t count[3];
+        for (int mode = 0; mode < 2; mode++) {
+            if (mode == 1)
+                setenv("LOOM_CONV", "winograd2", 1);
+            case_gradients(&cases[c], 0x5EEDull, 0, LOOM_DTYPE_F32, got[mode], count);
+            unsetenv("LOOM_CONV");
+        }
+        int64_t differ[3] = {0, 0, 0};
+        for (int t = 0; t < 3; t++) {
+            for (int64_t i = 0; i < count[t]; i++)
+                differ[t] += memcmp(&got[0][t][i], &got[1][t][i], 4) != 0;
+            free(got[0][t]);
+            free(got[1][t]);
+        }
+        for (int t = 0; t < 3; t++)
+            if (c == 0 ? differ[t] == 0 : differ[t] != 0)
+                fail_msg("%s: gradient %d: %lld of %lld values differ between the two tilings",
+                         cases[c].name, t, (long long)differ[t], (long long)count[t]);
+    }
 }
 
 /* LOOM_CONV=im2col and LOOM_CONV=direct compile other kernels for the same graph: they are
@@ -533,6 +596,12 @@ static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     assert_non_null(strstr(loom_cg_target_key(), ";conv-im2col"));
     setenv("LOOM_CONV", "direct", 1); /* no Winograd: other kernels too */
     assert_non_null(strstr(loom_cg_target_key(), ";conv-direct"));
+    setenv("LOOM_CONV", "winograd2", 1); /* Winograd's tiles chosen otherwise */
+    assert_non_null(strstr(loom_cg_target_key(), ";conv-wino2"));
+    setenv("LOOM_CONV", "winograd4", 1);
+    assert_non_null(strstr(loom_cg_target_key(), ";conv-wino4"));
+    setenv("LOOM_CONV", "winograd", 1); /* not a mode: the default */
+    assert_string_equal(key, loom_cg_target_key());
     unsetenv("LOOM_CONV");
     assert_string_equal(key, loom_cg_target_key());
 }
@@ -541,6 +610,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_records_one_node_with_its_window),
         cmocka_unit_test(test_winograd_convolutions_match_the_interpreter),
+        cmocka_unit_test(test_winograd_tiles_are_chosen_by_width),
         cmocka_unit_test(test_gradients_match_finite_differences_over_the_sweep),
         cmocka_unit_test(test_differentiating_a_conv_gradient_is_a_clear_error),
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_in_f32),
