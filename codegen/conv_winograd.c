@@ -450,8 +450,9 @@ static void interleave(cg_b *b, int64_t m, const MlirValue *y, MlirValue *out) {
         return;
     }
     /* columns 0, 1 and 2, 3 paired as m = 2 pairs them, then the pairs of 4 tiles a vector */
-    MlirValue p[2][2] = {{cg_vshuffle(b, y[0], y[1], 16, lo), cg_vshuffle(b, y[0], y[1], 16, hi)},
-                         {cg_vshuffle(b, y[2], y[3], 16, lo), cg_vshuffle(b, y[2], y[3], 16, hi)}};
+    MlirValue p[2][2];
+    interleave(b, 2, y, p[0]);
+    interleave(b, 2, y + 2, p[1]);
     for (int q = 0; q < 4; q++) {
         int64_t idx[16];
         for (int l = 0; l < 16; l++) /* tile 4 (q % 2) + l / 4 of the half, column l % 4 */
