@@ -59,7 +59,7 @@ typedef struct args {
     int64_t batch;
     int32_t threads;
     int reps, warmup;
-    bool json, best;
+    bool json, best, check;
     loom_dtype dtype;
     bool layer_on[N_LAYERS], pass_on[PASS_COUNT_];
 } args;
@@ -67,6 +67,7 @@ typedef struct args {
 typedef struct result {
     double ms, wall_ms, compile_ms;
     int64_t kernels;
+    double err; /* --check: relative RMS error against the interpreter; else NAN */
 } result;
 
 static int64_t out_extent(const layer *l) {
@@ -166,7 +167,7 @@ static int one_step(loom_context *ctx, const layer *l, pass p, loom_tensor *x, l
  * compiled anything. */
 static int measure(loom_context *ctx, const args *a, const layer *l, pass p, loom_tensor *x,
                    loom_tensor *w, loom_tensor *dy, result *r) {
-    *r = (result){0};
+    *r = (result){.err = NAN};
     int64_t compile0 = loom_metric_total(ctx, "CompileTime");
     int64_t kernels0 = loom_metric_total(ctx, "KernelsPerGraph");
     loom_tensor *out = record(ctx, l, p, x, w, dy);
@@ -228,22 +229,83 @@ static void print_result(const args *a, const layer *l, pass p, const result *r)
                "\"batch\":%lld,\"threads\":%d,\"c\":%lld,\"o\":%lld,\"h\":%lld,\"w\":%lld,"
                "\"k\":%lld,\"stride\":%lld,\"pad\":%lld,\"oh\":%lld,\"ow\":%lld,\"uses\":%d,"
                "\"flops\":%.0f,\"ms\":%.4f,\"gflops\":%.2f,\"stat\":\"%s\",\"reps\":%d,"
-               "\"warmup\":%d,\"wall_ms\":%.4f,\"compile_ms\":%.2f,\"kernels\":%lld}\n",
+               "\"warmup\":%d,\"wall_ms\":%.4f,\"compile_ms\":%.2f,\"kernels\":%lld",
                l->name, pass_names[p], loom_dtype_name(a->dtype), (long long)a->batch,
                (int)a->threads, (long long)l->c, (long long)l->o, (long long)l->hw,
                (long long)l->hw, (long long)l->k, (long long)l->stride, (long long)(l->k / 2),
                (long long)oh, (long long)oh, l->uses, layer_flops(l, a->batch), r->ms, gflops,
                a->best ? "best" : "median", a->reps, a->warmup, r->wall_ms, r->compile_ms,
                (long long)r->kernels);
+        if (a->check)
+            printf(",\"rel_rms_err\":%.3e", r->err);
+        printf("}\n");
     } else {
         char shape[64];
         snprintf(shape, sizeof shape, "%lld->%lld %lldx%lld/%lld %lld->%lld", (long long)l->c,
                  (long long)l->o, (long long)l->k, (long long)l->k, (long long)l->stride,
                  (long long)l->hw, (long long)oh);
-        printf("%-24s %-22s %4d  %-11s %9.3f %9.3f %9.1f %11.1f %7lld\n", l->name, shape, l->uses,
+        printf("%-24s %-22s %4d  %-11s %9.3f %9.3f %9.1f %11.1f %7lld", l->name, shape, l->uses,
                pass_names[p], r->ms, r->wall_ms, gflops, r->compile_ms, (long long)r->kernels);
+        if (a->check)
+            printf(" %9.2e", r->err);
+        printf("\n");
     }
     fflush(stdout);
+}
+
+/* The pass's result (n values of the operands' dtype) as f32 into out, from one more step
+ * on ctx: on the compiled context the timed graph again (a cache hit), on an eager one the
+ * reference interpreter (f64 accumulation over the same operands). */
+static int pass_values(loom_context *ctx, const layer *l, pass p, loom_tensor *x, loom_tensor *w,
+                       loom_tensor *dy, loom_dtype dt, float *out, int64_t n) {
+    loom_tensor *g = record(ctx, l, p, x, w, dy);
+    if (!g)
+        return fail(ctx, l, p, "recording the check");
+    loom_tensor_retain(g);
+    size_t esz = dt == LOOM_DTYPE_BF16 ? 2 : 4;
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK)
+        st = loom_tensor_read(ctx, g, out, (size_t)n * esz);
+    loom_tensor_release(g);
+    if (st != LOOM_OK)
+        return fail(ctx, l, p, "the check's step");
+    if (esz == 2) { /* widen in place, from the end: bf16 is f32's upper half */
+        const uint16_t *h = (const uint16_t *)out;
+        for (int64_t i = n - 1; i >= 0; i--) {
+            uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&out[i], &u, sizeof u);
+        }
+    }
+    return 0;
+}
+
+/* --check: r->err = ||jit - ref|| / ||ref|| over the pass's result, ref from the interpreter
+ * (ectx, with its own copies of the operands). */
+static int check_pass(loom_context *ctx, loom_context *ectx, const args *a, const layer *l,
+                      pass p, loom_tensor *ops[2][3], result *r) {
+    int64_t oh = out_extent(l);
+    int64_t n = p == PASS_FORWARD      ? a->batch * l->o * oh * oh
+                : p == PASS_GRAD_INPUT ? a->batch * l->c * l->hw * l->hw
+                                       : l->o * l->c * l->k * l->k;
+    float *jit = malloc(sizeof(float) * (size_t)n * 2), *ref = jit + n;
+    if (!jit) {
+        fprintf(stderr, "bench_conv: out of memory for the check\n");
+        return 1;
+    }
+    int rc = pass_values(ctx, l, p, ops[0][0], ops[0][1], ops[0][2], a->dtype, jit, n);
+    if (rc == 0)
+        rc = pass_values(ectx, l, p, ops[1][0], ops[1][1], ops[1][2], a->dtype, ref, n);
+    if (rc == 0) {
+        double se = 0, sr = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double d = (double)jit[i] - (double)ref[i];
+            se += d * d;
+            sr += (double)ref[i] * (double)ref[i];
+        }
+        r->err = sr > 0 ? sqrt(se / sr) : sqrt(se);
+    }
+    free(jit);
+    return rc;
 }
 
 /* All of a layer's passes on a fresh context (its compiled steps and their memory go with
@@ -256,29 +318,43 @@ static int run_layer(const args *a, const layer *l) {
     loom_context_options_init(&o);
     o.num_threads = a->threads;
     o.cache_dir = "";
-    loom_context *ctx = NULL;
+    loom_context *ctx = NULL, *ectx = NULL;
     if (loom_context_create(&o, &ctx) != LOOM_OK)
         return fail(NULL, l, PASS_FORWARD, "context");
+    if (a->check && !(ectx = bench_context(true, "", a->threads))) {
+        loom_context_destroy(ctx);
+        return fail(NULL, l, PASS_FORWARD, "the interpreter's context");
+    }
     int64_t oh = out_extent(l);
     int64_t xs[4] = {a->batch, l->c, l->hw, l->hw}, ws[4] = {l->o, l->c, l->k, l->k},
             ys[4] = {a->batch, l->o, oh, oh};
     double bound = 1.0 / sqrt((double)(l->c * l->k * l->k));
-    loom_tensor *x = random_tensor(ctx, a->dtype, xs, 1.0, 1);
-    loom_tensor *w = random_tensor(ctx, a->dtype, ws, bound, 2);
-    loom_tensor *dy = random_tensor(ctx, a->dtype, ys, 1.0, 3);
-    int rc = x && w && dy ? 0 : fail(ctx, l, PASS_FORWARD, "operands");
+    /* ops[0]: x, w, dy on the compiled context; ops[1]: the same values on the interpreter's */
+    loom_tensor *ops[2][3] = {{NULL}};
+    int rc = 0;
+    for (int e = 0; e < (ectx ? 2 : 1); e++) {
+        loom_context *c = e ? ectx : ctx;
+        ops[e][0] = random_tensor(c, a->dtype, xs, 1.0, 1);
+        ops[e][1] = random_tensor(c, a->dtype, ws, bound, 2);
+        ops[e][2] = random_tensor(c, a->dtype, ys, 1.0, 3);
+        if (rc == 0 && !(ops[e][0] && ops[e][1] && ops[e][2]))
+            rc = fail(c, l, PASS_FORWARD, "operands");
+    }
     for (int p = 0; p < PASS_COUNT_ && rc == 0; p++) {
         if (!a->pass_on[p])
             continue;
         result r;
-        rc = measure(ctx, a, l, (pass)p, x, w, dy, &r);
+        rc = measure(ctx, a, l, (pass)p, ops[0][0], ops[0][1], ops[0][2], &r);
+        if (rc == 0 && ectx)
+            rc = check_pass(ctx, ectx, a, l, (pass)p, ops, &r);
         if (rc == 0)
             print_result(a, l, (pass)p, &r);
     }
-    loom_tensor_release(x);
-    loom_tensor_release(w);
-    loom_tensor_release(dy);
+    for (int e = 0; e < 2; e++)
+        for (int t = 0; t < 3; t++)
+            loom_tensor_release(ops[e][t]);
     loom_context_destroy(ctx);
+    loom_context_destroy(ectx);
     return rc;
 }
 
@@ -286,7 +362,7 @@ static int usage(FILE *f) {
     fprintf(f,
             "Usage: bench_conv [--batch N] [--threads N] [--dtype f32|bf16] [--reps N]\n"
             "                  [--warmup N] [--layer NAME[,NAME...]] [--pass LIST] [--best]\n"
-            "                  [--json] [--list]\n"
+            "                  [--check] [--json] [--list]\n"
             "  --batch N     images per batch (default 8)\n"
             "  --threads N   the context's threads (default 2)\n"
             "  --dtype D     f32 (default) or bf16 (x, w and dy are bf16 tensors: bf16 convs\n"
@@ -296,6 +372,8 @@ static int usage(FILE *f) {
             "  --layer L     only these layers (repeatable; --list names them)\n"
             "  --pass LIST   comma-separated among forward,grad_input,grad_weight (default all)\n"
             "  --best        the best timed step instead of the median\n"
+            "  --check       also run each pass on the reference interpreter (slow: f64 loops)\n"
+            "                and print the result's relative RMS error, ||jit - ref|| / ||ref||\n"
             "  --json        one JSON object per layer and pass\n"
             "  --list        print the layer names, one a line, and exit\n");
     return f == stderr ? 2 : 0;
@@ -343,8 +421,8 @@ static int parse(int argc, char **argv, args *a) {
                 printf("%s\n", layers[k].name);
             return 0;
         }
-        if (!strcmp(f, "--json") || !strcmp(f, "--best")) {
-            *(f[2] == 'j' ? &a->json : &a->best) = true;
+        if (!strcmp(f, "--json") || !strcmp(f, "--best") || !strcmp(f, "--check")) {
+            *(f[2] == 'j' ? &a->json : f[2] == 'b' ? &a->best : &a->check) = true;
             continue;
         }
         if (!v) {
@@ -395,8 +473,9 @@ int main(int argc, char **argv) {
                "steps after %d warm-up steps (wall: mark_step to sync); GFLOP/s from ms\n",
                (long long)a.batch, loom_dtype_name(a.dtype), (int)a.threads,
                a.best ? "best" : "median", a.reps, a.warmup);
-        printf("%-24s %-22s %4s  %-11s %9s %9s %9s %11s %7s\n", "layer", "C->O KxK/s H->OH", "uses",
-               "pass", "ms", "wall ms", "GFLOP/s", "compile ms", "kernels");
+        printf("%-24s %-22s %4s  %-11s %9s %9s %9s %11s %7s%s\n", "layer", "C->O KxK/s H->OH",
+               "uses", "pass", "ms", "wall ms", "GFLOP/s", "compile ms", "kernels",
+               a.check ? "   rel err" : "");
     }
     for (int k = 0; k < N_LAYERS && rc <= 0; k++) {
         if (a.layer_on[k])
