@@ -23,33 +23,62 @@ def print_table(head, rows, markdown=False):
         print("  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)))
 
 
-def resnet_table(loom_path, torch_path, markdown=False):
-    """run_train_bench.sh --resnet's table: examples/resnet's JSON lines (with config and
-    threads added) against torch_train.py --bench's, matched by (config, amp)."""
-    loom = {(r["config"], r["amp"]): r for r in load_jsonl(loom_path)}
-    torch = {(r["config"], r["amp"]): r for r in load_jsonl(torch_path)}
-    head = ["config", "amp", "threads", "Loom samples/s", "PyTorch samples/s", "ratio", "goal",
-            "Loom 1st step ms (compile)", "PyTorch 1st step ms", "Loom planned peak MB",
-            "Loom peak device MB", "PyTorch RSS MB (training)"]
+def _median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+
+
+def resnet_table(loom_path, torch_path, markdown=False, cpu="?"):
+    """run_train_bench.sh --resnet's table: examples/resnet's JSON lines (with config, threads
+    and round added) against torch_train.py --bench's (with round), matched by (config, amp).
+    With several rounds each side's cell lists its rounds' samples/s in order; the ratio is
+    of the two medians, and the per-round ratios (same round) give its spread."""
+    def by_key(path):
+        out = {}
+        for r in load_jsonl(path):
+            out.setdefault((r["config"], r["amp"]), []).append(r)
+        return out
+
+    loom, torch = by_key(loom_path), by_key(torch_path)
+    rounds = max((len(v) for v in loom.values()), default=1)
+    head = ["config", "amp", "threads", "Loom samples/s", "PyTorch samples/s", "ratio"]
+    if rounds > 1:
+        head.append("ratio per round")
+    head += ["goal", "Loom 1st step ms (compile)", "PyTorch 1st step ms", "Loom planned peak MB",
+             "Loom peak device MB", "PyTorch RSS MB (training)"]
     rows = []
-    for key, l in loom.items():
-        t = torch.get(key)
-        if t is None:
+    for key, ls in loom.items():
+        ts = torch.get(key)
+        if not ts:
             continue
-        ratio = l["samples_per_sec_median"] / t["samples_per_sec"] if t["samples_per_sec"] else 0
-        rows.append([key[0], key[1], str(l["threads"]), f'{l["samples_per_sec_median"]:.1f}',
-                     f'{t["samples_per_sec"]:.1f}', f"{ratio:.2f}x",
-                     f'>= 1.5x {"met" if ratio >= 1.5 else "NOT met"}',
-                     f'{l["first_step_ms"]:.0f} ({l["compile_time_ms"]:.0f})',
-                     f'{t["first_step_ms"]:.0f}', f'{l["planned_peak_bytes"] / 1e6:.0f}',
-                     f'{l["peak_device_memory_bytes"] / 1e6:.0f}',
-                     f'{t["peak_rss_bytes"] / 1e6:.0f} ({t["train_rss_bytes"] / 1e6:.0f})'])
+        lv = [r["samples_per_sec_median"] for r in ls]
+        tv = [r["samples_per_sec"] for r in ts]
+        ratio = _median(lv) / _median(tv) if _median(tv) else 0.0
+        row = [key[0], key[1], str(ls[0]["threads"]), " / ".join(f"{v:.1f}" for v in lv),
+               " / ".join(f"{v:.1f}" for v in tv), f"{ratio:.2f}x"]
+        if rounds > 1:
+            tr = {r.get("round"): r["samples_per_sec"] for r in ts}
+            per = [r["samples_per_sec_median"] / tr[r.get("round")] for r in ls
+                   if tr.get(r.get("round"))]
+            row.append(f"{min(per):.2f}-{max(per):.2f}x" if per else "-")
+        row += [f'>= 1.5x {"met" if ratio >= 1.5 else "NOT met"}',
+                f'{_median([r["first_step_ms"] for r in ls]):.0f} '
+                f'({_median([r["compile_time_ms"] for r in ls]):.0f})',
+                f'{_median([r["first_step_ms"] for r in ts]):.0f}',
+                f'{max(r["planned_peak_bytes"] for r in ls) / 1e6:.0f}',
+                f'{max(r["peak_device_memory_bytes"] for r in ls) / 1e6:.0f}',
+                f'{max(r["peak_rss_bytes"] for r in ts) / 1e6:.0f} '
+                f'({max(r["train_rss_bytes"] for r in ts) / 1e6:.0f})']
+        rows.append(row)
     print_table(head, rows, markdown)
-    version = next(iter(torch.values()), {}).get("torch_version", "?")
-    print(f"\nResNet-50 (1000 classes), SGD lr 0.01 momentum 0.9 weight decay 1e-4. Loom: "
-          f"examples/resnet, the median step after 2 warm-up steps; PyTorch {version} eager "
-          f"CPU (torchvision), the median of timed runs after warm-up. \"training\" RSS is the "
-          f"peak RSS less the RSS before the model was built.")
+    version = next(iter(torch.values()), [{}])[0].get("torch_version", "?")
+    spread = (f" {rounds} rounds, the sides taking turns to go first; a cell lists its rounds, "
+              f"the ratio is of the medians, first steps are medians." if rounds > 1 else "")
+    print(f"\nCPU: {cpu}. ResNet-50 (1000 classes), SGD lr 0.01 momentum 0.9 weight decay 1e-4. "
+          f"Loom: examples/resnet, the median step after 2 warm-up steps; PyTorch {version} "
+          f"eager CPU (torchvision), the median of timed runs after warm-up.{spread} "
+          f"\"training\" RSS is the peak RSS less the RSS before the model was built.")
 
 
 def conv_table(loom_path, torch_path, markdown=False, cpu="?"):
@@ -106,12 +135,12 @@ def conv_table(loom_path, torch_path, markdown=False, cpu="?"):
 
 
 if __name__ == "__main__":
-    # bench_table.py resnet LOOM.jsonl TORCH.jsonl MARKDOWN(0|1)
-    # bench_table.py conv LOOM.jsonl TORCH.jsonl MARKDOWN(0|1) [CPU NAME]
+    # bench_table.py resnet|conv LOOM.jsonl TORCH.jsonl MARKDOWN(0|1) [CPU NAME]
     import sys
     sys.dont_write_bytecode = True
-    if len(sys.argv) == 5 and sys.argv[1] == "resnet":
-        resnet_table(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "resnet":
+        resnet_table(sys.argv[2], sys.argv[3], sys.argv[4] == "1",
+                     sys.argv[5] if len(sys.argv) == 6 else "?")
     elif len(sys.argv) in (5, 6) and sys.argv[1] == "conv":
         conv_table(sys.argv[2], sys.argv[3], sys.argv[4] == "1",
                    sys.argv[5] if len(sys.argv) == 6 else "?")

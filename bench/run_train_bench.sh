@@ -21,6 +21,9 @@ Usage: bench/run_train_bench.sh [--build DIR] [--threads N] [--runs N] [--steps 
                     examples/resnet, its samples/s the median step after 2 warm-up steps,
                     over 1 + warmup + runs*steps steps (defaults 3, 3 and 5)
   --amp LIST        --resnet: comma-separated among none,bf16 (default none,bf16)
+  --rounds N        --resnet: N rounds, each running every configuration on both sides,
+                    Loom first in odd rounds and PyTorch first in even ones (default 1); the
+                    table gives each round's samples/s and the ratio of the medians
 The other options go to both sides (--interp-steps to Loom only).
 EOF
 }
@@ -34,6 +37,7 @@ markdown=0
 resnet=0
 amps="none,bf16"
 configs=""
+rounds=1
 runs=3
 steps=5
 warmup=3
@@ -51,6 +55,7 @@ while [ $# -gt 0 ]; do
         shift 2 ;;
     --resnet) resnet=1; shift ;;
     --amp) amps=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
     --interp-steps) loom_only="$loom_only $1 $2"; shift 2 ;;
     --best) common="$common --best"; shift ;;
     --markdown) markdown=1; shift ;;
@@ -63,40 +68,64 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # ResNet-50: the example against torchvision, one process per configuration and side (each
-# peak its own), one after the other (never two heavy jobs at once).
+# peak its own), one after the other (never two heavy jobs at once); with --rounds, the sides
+# take turns going first, so a slow minute of this VM falls on both.
 if [ $resnet -eq 1 ]; then
     ex="$build/examples/resnet"
     if [ ! -x "$ex" ]; then
         echo "run_train_bench.sh: $ex not found: build it first (ninja -C $build)" >&2
         exit 1
     fi
+    case "$rounds" in
+    ''|*[!0-9]*|0) echo "run_train_bench.sh: --rounds takes a whole number >= 1" >&2; exit 2 ;;
+    esac
     total=$((1 + warmup + runs * steps))
     hyper="--optimizer $optimizer --lr 0.01 --weight-decay 1e-4"
-    for amp in $(echo "$amps" | tr ',' ' '); do
-        for cfg in $(echo "${configs:-r50_b32_64,r50_b8_224}" | tr ',' ' '); do
-            case "$cfg" in
-            r50_b32_64) batch=32 size=64 ;;
-            r50_b8_224) batch=8 size=224 ;;
-            r50_b32_224) batch=32 size=224 ;;
-            *) echo "run_train_bench.sh: unknown ResNet config '$cfg'" >&2; exit 2 ;;
-            esac
-            args="--arch resnet50 --batch-size $batch --image-size $size --amp $amp $hyper"
-            args="$args --max-steps $total --eval-images 0 --json --log-interval 1000000"
-            echo "Loom: LOOM_NUM_THREADS=$threads $ex $args" >&2
-            # A private, empty compile cache: the first step really compiles.
-            cache=$(mktemp -d "$tmp/cache.XXXXXX")
-            # shellcheck disable=SC2086
-            LOOM_NUM_THREADS=$threads LOOM_CACHE_DIR=$cache "$ex" $args >"$tmp/loom.out" \
-                2>"$tmp/loom.err" || { cat "$tmp/loom.err" >&2; exit 1; }
-            sed "s/^{/{\"config\":\"$cfg\",\"threads\":$threads,/" "$tmp/loom.out" >>"$tmp/loom.jsonl"
-            targs="--bench --config $cfg --amp $amp --threads $threads --runs $runs --steps $steps"
-            targs="$targs --warmup $warmup $hyper"
-            echo "PyTorch: /usr/bin/python3 $here/torch_train.py $targs" >&2
-            # shellcheck disable=SC2086
-            OMP_NUM_THREADS=$threads /usr/bin/python3 "$here/torch_train.py" $targs >>"$tmp/torch.jsonl"
+    run_loom() { # round cfg amp batch size
+        args="--arch resnet50 --batch-size $4 --image-size $5 --amp $3 $hyper"
+        args="$args --max-steps $total --eval-images 0 --json --log-interval 1000000"
+        echo "round $1: Loom: LOOM_NUM_THREADS=$threads $ex $args" >&2
+        # A private, empty compile cache: the first step really compiles.
+        cache=$(mktemp -d "$tmp/cache.XXXXXX")
+        # shellcheck disable=SC2086
+        LOOM_NUM_THREADS=$threads LOOM_CACHE_DIR=$cache "$ex" $args >"$tmp/loom.out" \
+            2>"$tmp/loom.err" || { cat "$tmp/loom.err" >&2; exit 1; }
+        rm -rf "$cache"
+        sed "s/^{/{\"config\":\"$2\",\"threads\":$threads,\"round\":$1,/" "$tmp/loom.out" \
+            >>"$tmp/loom.jsonl"
+    }
+    run_torch() { # round cfg amp
+        targs="--bench --config $2 --amp $3 --threads $threads --runs $runs --steps $steps"
+        targs="$targs --warmup $warmup $hyper"
+        echo "round $1: PyTorch: /usr/bin/python3 $here/torch_train.py $targs" >&2
+        # shellcheck disable=SC2086
+        OMP_NUM_THREADS=$threads /usr/bin/python3 "$here/torch_train.py" $targs >"$tmp/torch.out"
+        sed "s/^{/{\"round\":$1,/" "$tmp/torch.out" >>"$tmp/torch.jsonl"
+    }
+    round=1
+    while [ $round -le "$rounds" ]; do
+        for amp in $(echo "$amps" | tr ',' ' '); do
+            for cfg in $(echo "${configs:-r50_b32_64,r50_b8_224}" | tr ',' ' '); do
+                case "$cfg" in
+                r50_b32_64) batch=32 size=64 ;;
+                r50_b8_224) batch=8 size=224 ;;
+                r50_b32_224) batch=32 size=224 ;;
+                *) echo "run_train_bench.sh: unknown ResNet config '$cfg'" >&2; exit 2 ;;
+                esac
+                if [ $((round % 2)) -eq 1 ]; then
+                    run_loom $round "$cfg" "$amp" $batch $size
+                    run_torch $round "$cfg" "$amp"
+                else
+                    run_torch $round "$cfg" "$amp"
+                    run_loom $round "$cfg" "$amp" $batch $size
+                fi
+            done
         done
+        round=$((round + 1))
     done
-    /usr/bin/python3 "$here/bench_table.py" resnet "$tmp/loom.jsonl" "$tmp/torch.jsonl" "$markdown"
+    cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+    /usr/bin/python3 "$here/bench_table.py" resnet "$tmp/loom.jsonl" "$tmp/torch.jsonl" "$markdown" \
+        "${cpu:-unknown}"
     exit 0
 fi
 
