@@ -1,6 +1,7 @@
 """Table helpers of the bench/run_*.sh scripts: JSON-lines results in, one aligned text or
 Markdown table out."""
 import json
+from statistics import median
 
 
 def load_jsonl(path):
@@ -21,12 +22,6 @@ def print_table(head, rows, markdown=False):
     print("  ".join(h.rjust(w[i]) if i else h.ljust(w[i]) for i, h in enumerate(head)))
     for r in rows:
         print("  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(r)))
-
-
-def _median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def resnet_table(loom_path, torch_path, markdown=False, cpu="?"):
@@ -54,7 +49,7 @@ def resnet_table(loom_path, torch_path, markdown=False, cpu="?"):
             continue
         lv = [r["samples_per_sec_median"] for r in ls]
         tv = [r["samples_per_sec"] for r in ts]
-        ratio = _median(lv) / _median(tv) if _median(tv) else 0.0
+        ratio = median(lv) / median(tv) if median(tv) else 0.0
         row = [key[0], key[1], str(ls[0]["threads"]), " / ".join(f"{v:.1f}" for v in lv),
                " / ".join(f"{v:.1f}" for v in tv), f"{ratio:.2f}x"]
         if rounds > 1:
@@ -63,9 +58,9 @@ def resnet_table(loom_path, torch_path, markdown=False, cpu="?"):
                    if tr.get(r.get("round"))]
             row.append(f"{min(per):.2f}-{max(per):.2f}x" if per else "-")
         row += [f'>= 1.5x {"met" if ratio >= 1.5 else "NOT met"}',
-                f'{_median([r["first_step_ms"] for r in ls]):.0f} '
-                f'({_median([r["compile_time_ms"] for r in ls]):.0f})',
-                f'{_median([r["first_step_ms"] for r in ts]):.0f}',
+                f'{median([r["first_step_ms"] for r in ls]):.0f} '
+                f'({median([r["compile_time_ms"] for r in ls]):.0f})',
+                f'{median([r["first_step_ms"] for r in ts]):.0f}',
                 f'{max(r["planned_peak_bytes"] for r in ls) / 1e6:.0f}',
                 f'{max(r["peak_device_memory_bytes"] for r in ls) / 1e6:.0f}',
                 f'{max(r["peak_rss_bytes"] for r in ts) / 1e6:.0f} '
