@@ -424,6 +424,7 @@ static const conv_case wino[] = {
      false},
 };
 #define N_WINO (sizeof wino / sizeof wino[0])
+#define N_WINO4 5 /* the "wino4" cases, last in wino[] */
 
 static void test_winograd_convolutions_match_the_interpreter(void **state) {
     (void)state;
@@ -442,10 +443,13 @@ static void test_winograd_convolutions_match_the_interpreter(void **state) {
     compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F32, 1e-5);
     /* F(4x4, 3x3) under bf16 pairs, a switch to compare with: its transforms rounded to bf16
      * cost 2.5e-2 relative RMS error on ResNet's layer1 (bench_conv --check; F(2x2) 4.5e-3),
-     * too much for a per-element bound, but a wrong transform would be off by 100% */
+     * too much for a per-element bound, but a wrong transform would be off by 100%. The
+     * "wino4" cases only (at most 2.7e-2 there; 3.7e-2 over all of wino[]), to keep the
+     * sanitizer run's time. */
     setenv("LOOM_CONV", "winograd4", 1);
     if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
-        compare_with_the_interpreter(wino, N_WINO, LOOM_DTYPE_BF16, 6e-2, true);
+        compare_with_the_interpreter(wino + N_WINO - N_WINO4, N_WINO4, LOOM_DTYPE_BF16, 6e-2,
+                                     true);
     else
         print_message("skipping F(4x4, 3x3) on bf16 pairs: this CPU has no AVX512-BF16\n");
     unsetenv("LOOM_CONV");
