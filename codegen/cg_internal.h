@@ -141,6 +141,8 @@ MlirValue cg_vmaskload_or(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, Mlir
                           MlirValue pass);
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
 MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes);
+/* Lane `lane` of vector v, a scalar. */
+MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane);
 /* acc + pairwise bf16 dot products (llvm.x86.avx512bf16.dpbf16ps.512, vdpbf16ps): acc is
  * vector<16xf32>, a and bv vector<16xi32> each holding 16 pairs of bf16 (low half first).
  * Only for hosts with AVX512-BF16. */

@@ -359,6 +359,13 @@ MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_
     return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &a), 0);
 }
 
+MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane) {
+    MlirNamedAttribute a =
+        cg_named(b, "static_position", mlirDenseI64ArrayGet(b->ctx, 1, (int64_t[]){lane}));
+    MlirType t = mlirShapedTypeGetElementType(mlirValueGetType(v));
+    return mlirOperationGetResult(cg_op(b, "vector.extract", 1, &v, 1, &t, 1, &a), 0);
+}
+
 MlirValue cg_cvt_bf16x32(cg_b *b, MlirValue lo, MlirValue hi, bool interleave) {
     static const char name[] = "llvm.x86.avx512bf16.cvtne2ps2bf16.512";
     MlirType vf = cg_vec_t(16, b->f32), vb = cg_vec_t(32, mlirBF16TypeGet(b->ctx));

@@ -161,12 +161,22 @@ static void test_max_and_avg_pool_match_naive_loops(void **state) {
 /* max_pool2d and its gradient (loss = sum(y * r): dy = r) against loops written here with
  * PyTorch's rule: each window's value and gradient go to its first maximum. Rows of 16
  * windows and a tail, column strides 1, 2 and 3 (the kernel's three ways of reading a
- * tap), padding, and runs of equal values (ties) in x. */
+ * tap), padding, a last row that no window reaches, runs of equal values (ties) in x; in
+ * f32 and in bf16 (x and r bf16 values, so only dx's sums round). */
 typedef struct pool_case {
     int64_t h, w, k[2], st[2], pd[2];
 } pool_case;
 
-static void check_max_pool(const pool_case *pc, bool eager) {
+/* f's nearest bf16 toward zero: a value bf16 holds exactly */
+static float bf16_exact(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void check_max_pool(const pool_case *pc, bool eager, loom_dtype dt) {
     enum { N = 2, C = 2, MAXX = N * C * 9 * 40, MAXY = N * C * 9 * 40 };
     loom_context *ctx = tu_context(eager);
     int64_t oh = (pc->h + 2 * pc->pd[0] - pc->k[0]) / pc->st[0] + 1;
@@ -178,16 +188,24 @@ static void check_max_pool(const pool_case *pc, bool eager) {
     fill(r, ny, 12);
     for (int64_t i = 0; i < nx; i += 7) /* ties: runs of one value */
         x[i] = x[i + 1 < nx ? i + 1 : i] = 0.25f;
-    loom_tensor *tx =
+    bool b16 = dt == LOOM_DTYPE_BF16;
+    for (int64_t i = 0; b16 && i < nx; i++)
+        x[i] = bf16_exact(x[i]);
+    for (int64_t i = 0; b16 && i < ny; i++)
+        r[i] = bf16_exact(r[i]);
+    loom_tensor *tx32 =
         loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, pc->h, pc->w}, x);
     loom_tensor *tr = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){N, C, oh, ow}, r);
+    loom_tensor *tx = b16 ? loom_cast(ctx, tx32, dt) : tx32;
     loom_tensor *ty = loom_max_pool2d(ctx, tx, pc->k, pc->st, pc->pd);
     loom_tensor *g = NULL;
-    assert_int_equal(
-        loom_backward(ctx, loom_sum(ctx, loom_mul(ctx, ty, tr), 0, NULL, false), 1, &tx, &g),
-        LOOM_OK);
-    tu_read_f32(ctx, ty, y, (size_t)ny);
-    tu_read_f32(ctx, g, dx, (size_t)nx);
+    assert_int_equal(loom_backward(ctx,
+                                   loom_sum(ctx, loom_mul(ctx, ty, b16 ? loom_cast(ctx, tr, dt) : tr),
+                                            0, NULL, false),
+                                   1, &tx, &g),
+                     LOOM_OK);
+    tu_read_f32(ctx, b16 ? loom_cast(ctx, ty, LOOM_DTYPE_F32) : ty, y, (size_t)ny);
+    tu_read_f32(ctx, b16 ? loom_cast(ctx, g, LOOM_DTYPE_F32) : g, dx, (size_t)nx);
     static double want_dx[MAXX];
     memset(want_dx, 0, sizeof want_dx);
     for (int64_t nc = 0; nc < N * C; nc++)
@@ -208,13 +226,15 @@ static void check_max_pool(const pool_case *pc, bool eager) {
                 assert_float_equal(y[o], x[best], 0.0);
                 want_dx[best] += r[o];
             }
+    /* bf16: a sum of up to four r's, rounded once to 8 bits of mantissa */
+    double tol = b16 ? 1.0 / 256 : 1e-6;
     for (int64_t i = 0; i < nx; i++)
-        if (fabs(dx[i] - want_dx[i]) > 1e-6)
-            fail_msg("%lldx%lld window, stride %lldx%lld, %s: dx[%lld] = %g, want %g",
+        if (fabs(dx[i] - want_dx[i]) > tol * (b16 ? fabs(want_dx[i]) : 1.0))
+            fail_msg("%lldx%lld window, stride %lldx%lld, %s, %s: dx[%lld] = %g, want %g",
                      (long long)pc->k[0], (long long)pc->k[1], (long long)pc->st[0],
-                     (long long)pc->st[1], eager ? "eager" : "compiled", (long long)i, dx[i],
-                     want_dx[i]);
-    loom_tensor_release(tx);
+                     (long long)pc->st[1], eager ? "eager" : "compiled", b16 ? "bf16" : "f32",
+                     (long long)i, dx[i], want_dx[i]);
+    loom_tensor_release(tx32);
     loom_tensor_release(tr);
     loom_context_destroy(ctx);
 }
@@ -226,11 +246,13 @@ static void test_max_pool_sends_the_gradient_to_each_windows_first_maximum(void 
         {7, 37, {3, 3}, {1, 1}, {1, 1}}, /* stride 1: 37 windows, overlapping */
         {8, 38, {2, 3}, {3, 3}, {0, 1}}, /* stride 3: pixel by pixel */
         {6, 33, {2, 2}, {2, 2}, {0, 0}}, /* tiling windows, the last column left over */
+        {9, 20, {2, 2}, {3, 2}, {0, 0}}, /* the last row reached by no window */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        check_max_pool(&cases[i], true);
-        check_max_pool(&cases[i], false);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int e = 0; e < 2; e++) {
+            check_max_pool(&cases[i], e == 0, LOOM_DTYPE_F32);
+            check_max_pool(&cases[i], e == 0, LOOM_DTYPE_BF16);
+        }
 }
 
 /* ---- losses and labels ----------------------------------------------------------------- */
