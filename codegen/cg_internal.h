@@ -215,13 +215,16 @@ cg_mm16 loom_cg_mm16_path(void);
 bool loom_cg_f32_microkernel(void);
 /* How convolutions compile, from LOOM_CONV (read at each compile; loom_cg_target_key includes
  * it): AUTO, the kernels with Winograd where it applies (conv_winograd.c); DIRECT, without
- * Winograd; IM2COL, decomposed by passes/conv_decompose.c (which reads the variable itself). */
+ * Winograd nor border classes; IM2COL, decomposed by passes/conv_decompose.c (which reads the
+ * variable itself). */
 typedef enum cg_conv_mode {
     CG_CONV_AUTO,
     CG_CONV_DIRECT,
     CG_CONV_IM2COL,
     CG_CONV_WINO2, /* LOOM_CONV=winograd2: Winograd F(2x2, 3x3) only (conv_winograd.c) */
     CG_CONV_WINO4, /* LOOM_CONV=winograd4: F(4x4, 3x3) under bf16 pairs too */
+    CG_CONV_BORDER, /* LOOM_CONV=border: border classes wherever a quarter of the taps are
+                     * padding (lower_conv.c), not only where they were measured faster */
 } cg_conv_mode;
 cg_conv_mode loom_cg_conv_mode(void);
 

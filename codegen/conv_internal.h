@@ -30,12 +30,14 @@ typedef struct cv_plan {
     bool pairs_win; /* B's bf16 pairs staged straight from the window (cv_stage_window_pairs) */
     bool lanes_win; /* else its rows staged in f32 by masked loads (cv_stage_window_lanes) */
     int64_t ldt;
-    /* a strided input gradient is computed per phase: the destination pixels (ph[0] + st[0]
-     * y, ph[1] + st[1] q) and the taps that reach them, tap[a][t] along axis a, which read
-     * the source at the destination's y or q plus off[a][t]; KH, KW, KK, dH, dW, K are the
-     * phase's, KWf and KKf the whole window's */
+    /* a strided input gradient is computed per phase, and a stride-1 convolution of a small
+     * image per border class: the destination pixels (ph[0] + pst[0] y, ph[1] + pst[1] q)
+     * (pst: the stride for a phase, 1 for a class, a range of rows and columns) and the taps
+     * that reach them all, tap[a][t] along axis a, which read the source at the
+     * destination's y or q plus off[a][t]; KH, KW, KK, dH, dW, K are the phase's, KWf and
+     * KKf the whole window's */
     bool phased;
-    int64_t ph[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
+    int64_t ph[2], pst[2], ntap[2], tap[2][CV_TAPS_MAX], off[2][CV_TAPS_MAX], KWf, KKf;
     /* the only phase with taps, all phases of one size (a strided 1x1's): its epilogue runs
      * over every phase's pixels, the others' value 0, a destination row at a time */
     bool spread;
@@ -136,6 +138,15 @@ void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n
 void cv_transpose16(cg_b *b, MlirValue *r);
 /* Zeros rows [from, to) of a row-major buffer of ld columns (at buf[base]). */
 void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld, MlirValue zero);
+/* Whether a border class's weights pair straight from w (cv_pack_weight_pairs): bf16 pairs
+ * along K = (channel, row tap, column tap) whose two column taps are adjacent in w. */
+bool cv_weight_pairs_ok(const kc *c, const cv_plan *cp);
+/* The weights' rows [i0, i1) x K [k0, k1) (whole channels) as A's bf16 pairs at ap[base],
+ * each pair one 32-bit load from w: staged as f32 and paired, a 2x2 image's four classes
+ * packed 16 taps of weights for every 9 the direct kernel packs, and took half their time
+ * doing it. */
+void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base, MlirValue g,
+                          MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1);
 void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to, int64_t ld,
                      MlirValue zero);
 

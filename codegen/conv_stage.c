@@ -922,17 +922,20 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
     }
     cg_for_begin(b, &li, i_rest, i1, 0, NULL);
     MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), ld));
-    if (cp->role == CV_FWD) {
+    if (cp->role == CV_FWD && !cp->phased) {
         MlirValue src =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, g, cp->Og), li.iv), cp->K), k0);
         cg_for_begin(b, &lt, z, n, 0, NULL);
         cg_store(b, cg_load_val(b, wdt, wbuf, cg_iadd(b, src, lt.iv)), stg, cg_iadd(b, row, lt.iv));
         cg_for_end(b, &lt, 0, NULL);
-    } else {
+    } else { /* K in whole runs of KK: input channels (conv2d), output channels (the input
+              * gradient, whose A is w^T) */
+        bool fwd = cp->role == CV_FWD;
         MlirValue o0 = idiv(b, k0, cp->KK);
         cg_for_begin(b, &lo, o0, idiv(b, k1, cp->KK), 0, NULL);
-        MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), lo.iv);
-        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), li.iv), cp->KKf);
+        MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), fwd ? li.iv : lo.iv);
+        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? lo.iv : li.iv),
+                                  cp->KKf);
         MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lo.iv, o0), cp->KK));
         if (cp->phased) { /* the phase's taps, one by one */
             for (int64_t th = 0; th < cp->ntap[0]; th++)
@@ -952,6 +955,41 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
     zero_range(b, zf, stg, row, n, cg_idx(b, ld));
     cg_for_end(b, &li, 0, NULL);
     cv_zero_rows_at(b, stg, base, isub(b, i1, i0), cp->mbp, ld, zf);
+}
+
+bool cv_weight_pairs_ok(const kc *c, const cv_plan *cp) {
+    return cp->phased && cp->mk.pk == 2 && cp->KW == 2 && cp->tap[1][1] == cp->tap[1][0] + 1 &&
+           c->g->nodes[cp->plain].dtype == LOOM_DTYPE_BF16;
+}
+
+void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base, MlirValue g,
+                          MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
+    cg_b *b = c->b;
+    MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
+    MlirType v2 = cg_vec_t(2, cg_storage_type(b, LOOM_DTYPE_BF16)), v1 = cg_vec_t(1, b->i32);
+    bool fwd = cp->role == CV_FWD;
+    int64_t kp = cp->mk.kp;
+    MlirValue zi = cg_ci(b, b->i32, 0);
+    MlirValue ch0 = idiv(b, k0, cp->KK), np = idiv(b, isub(b, k1, k0), 2);
+    cg_for li, lc, lp;
+    cg_for_begin(b, &li, i0, i1, 0, NULL);
+    MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), kp));
+    cg_for_begin(b, &lc, ch0, idiv(b, k1, cp->KK), 0, NULL);
+    /* w[o, c, :, :]: o the row (conv2d) or the channel of K (the input gradient) */
+    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), fwd ? li.iv : lc.iv);
+    MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? lc.iv : li.iv), cp->KKf);
+    MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lc.iv, ch0), cp->KH));
+    for (int64_t th = 0; th < cp->KH; th++) {
+        int64_t from = cp->tap[0][th] * cp->KWf + cp->tap[1][0];
+        MlirValue two = cg_vload(b, v2, wbuf, cg_iadd(b, src, cg_idx(b, from)));
+        cg_store(b, cg_vextract(b, cg_vbitcast(b, two, v1), 0), ap, cg_iadd(b, dst, cg_idx(b, th)));
+    }
+    cg_for_end(b, &lc, 0, NULL);
+    cg_for_begin(b, &lp, np, cg_idx(b, kp), 0, NULL); /* K's pairs past the chunk */
+    cg_store(b, zi, ap, cg_iadd(b, row, lp.iv));
+    cg_for_end(b, &lp, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+    cv_zero_rows_at(b, ap, base, isub(b, i1, i0), cp->mbp, kp, zi);
 }
 
 /* ap[base + p] = the bf16 pair (stg[2 p], stg[2 p + 1]) for p in [0, n): 16 at a time, the

@@ -174,9 +174,10 @@ cg_conv_mode loom_cg_conv_mode(void) {
     static const char *const names[] = {[CG_CONV_DIRECT] = "direct",
                                         [CG_CONV_IM2COL] = "im2col",
                                         [CG_CONV_WINO2] = "winograd2",
-                                        [CG_CONV_WINO4] = "winograd4"};
+                                        [CG_CONV_WINO4] = "winograd4",
+                                        [CG_CONV_BORDER] = "border"};
     const char *conv = getenv("LOOM_CONV");
-    for (int m = CG_CONV_DIRECT; conv && m <= CG_CONV_WINO4; m++)
+    for (int m = CG_CONV_DIRECT; conv && m <= CG_CONV_BORDER; m++)
         if (strcmp(conv, names[m]) == 0)
             return (cg_conv_mode)m;
     return CG_CONV_AUTO;
@@ -203,10 +204,10 @@ const char *loom_cg_target_key(void) {
         isa[i] = '\0';
     }
     /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c),
-     * and LOOM_CONV=direct|winograd2|winograd4 (no Winograd, or its tiles chosen otherwise,
-     * conv_winograd.c): a program compiled another way has other kernels */
-    static const char *const conv_key[] = {"", ";conv-direct", ";conv-im2col", ";conv-wino2",
-                                           ";conv-wino4"};
+     * and LOOM_CONV=direct|winograd2|winograd4|border (no Winograd, or its tiles or the
+     * border classes chosen otherwise): a program compiled another way has other kernels */
+    static const char *const conv_key[] = {"",           ";conv-direct", ";conv-im2col",
+                                           ";conv-wino2", ";conv-wino4", ";conv-border"};
     const char *how = conv_key[loom_cg_conv_mode()];
     snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, how);
     return key;

@@ -28,7 +28,9 @@
  * is multiplied; when one phase alone has taps (a strided 1x1), its epilogue also writes
  * the other phases' pixels (zeros, through the fused ops), a destination row at a time;
  * when all have taps, a task runs the phases (ph0, every ph1) side by side, each into its
- * own C, and their one epilogue writes whole destination rows.
+ * own C, and their one epilogue writes whole destination rows. A stride-1 convolution of an
+ * image small enough that its window overhangs it much runs per border class the same way:
+ * ranges of destination rows and columns, each a GEMM over the taps that reach it (below).
  * Windows are staged row-major in f32 for the FMA microkernel (conv_stage.c); for
  * vdpbf16ps a bf16 window goes straight into bf16 pairs along K: pairs of window rows
  * (conv2d, input gradient: B), or of a window row's pixels (weight gradient: A, and dy^T's
@@ -40,6 +42,7 @@
  * and its input gradient are whole rows of destination pixels (of one image or several), so the
  * epilogue and the staging need no division per pixel; their weights, packed for all of K, serve a
  * thread's consecutive tasks of one row block. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "conv_internal.h"
@@ -204,7 +207,7 @@ loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int6
             int64_t na = cp->spread ? cp->st[0] : 1;
             for (int64_t a = 0; a < na && st == LOOM_OK; a++) {
                 int64_t ya = cp->spread ? a : cp->ph[0];
-                SET_DIM(2, cp->phased ? cg_iadd(b, cg_imul_c(b, y, cp->st[0]), cg_idx(b, ya)) : y);
+                SET_DIM(2, cp->phased ? cg_iadd(b, cg_imul_c(b, y, cp->pst[0]), cg_idx(b, ya)) : y);
                 if (ya != cp->ph[0]) { /* a row without taps: zeros through the epilogue */
                     cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW * cp->st[1]), 0, NULL);
                     SET_DIM(3, lq.iv);
@@ -216,7 +219,7 @@ loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int6
                 for (int64_t bb = 0; bb < nw && st == LOOM_OK; bb++) {
                     int64_t xb = nw > 1 ? bb : cp->ph[1];
                     SET_DIM(3, cp->phased
-                                   ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->st[1]), cg_idx(b, xb))
+                                   ? cg_iadd(b, cg_imul_c(b, lq.iv, cp->pst[1]), cg_idx(b, xb))
                                    : lq.iv);
                     /* a phase no tap reaches is zero (its C never written) */
                     st = emit_element(c, cp, cs[bb], cg_iadd(b, at, lq.iv),
@@ -388,9 +391,9 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->cols = cp->pix_rows * cp->dW;
         /* chunks of about equal size up to 1.5 CV_KC (conv2 of the CNN's K = 288 in chunks
          * of 256 and 32 spent a pass over C on 32 rows of K); the input gradient's are whole
-         * output channels (runs of KK) */
+         * output channels (runs of KK), a border class's whole input channels */
         int64_t kch = ceil_div(cp->K, ceil_div(cp->K, CV_KC + CV_KC / 2));
-        if (cp->role == CV_GRAD_INPUT && cp->KK > 0)
+        if ((cp->role == CV_GRAD_INPUT || cp->phased) && cp->KK > 0)
             kch = ceil_div(kch, cp->KK) * cp->KK;
         cp->kc = kch < cp->K ? kch : cp->K;
         cp->nbk = ceil_div(cp->K, cp->kc);
@@ -447,6 +450,7 @@ static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
     cp->phased = true;
     for (int a = 0; a < 2; a++) {
         cp->ph[a] = ph[a];
+        cp->pst[a] = cp->st[a];
         cp->ntap[a] = 0;
         for (int64_t t = 0; t < k[a]; t++) {
             int64_t num = ph[a] + cp->pd[a] - t * cp->dl[a], s = cp->st[a];
@@ -466,6 +470,116 @@ static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
     return true;
 }
 
+/* Border classes. A stride-1 convolution of a small image multiplies padding wherever its
+ * window overhangs the image: a 3x3 of padding 1 at 4x4 (ResNet-50's layer3 at 64x64) reads
+ * 31% zeros, at 2x2 (layer4) 56%. Along each axis its destination splits into ranges of
+ * rows (columns) that the same taps reach (for that 3x3: the first, the middle ones, the
+ * last), and each class, a range of rows by a range of columns, is a GEMM over only its
+ * taps, as a strided input gradient's phases are (destination step 1 instead of the
+ * stride). Each class packs the weights of its own taps, 16 taps' worth for every 9 at 2x2,
+ * 49 at 4x4, which costs what the zeros did unless the packing is cheap. On a Zen 4 (one
+ * thread, batch 32, bf16 pairs) the classes of a 2x2 whose pairs load straight from w
+ * (cv_pack_weight_pairs) took 3.7 ms against the direct kernel's 5.2; a 4x4's nine classes
+ * 5.3 against 4.4, and f32's (staged tap by tap) 12.5 against 6.8 at 4x4. So by default
+ * only where half the taps are padding and the weights pair from w; LOOM_CONV=border takes
+ * them wherever a quarter are (to compare, and for the tests). */
+enum { BORDER_WASTE_PCT = 25, BORDER_WASTE_AUTO_PCT = 50 };
+
+/* Along axis a, the source coordinate of tap t at destination coordinate d is d + off. */
+static int64_t border_off(const cv_plan *cp, int a, int64_t t) {
+    int64_t k = t * cp->dl[a];
+    return cp->dst_big ? cp->pd[a] - k : k - cp->pd[a];
+}
+
+static int cmp_i64(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* The border classes along axis a: [cut[i], cut[i + 1]) for i < the count returned, where
+ * some tap starts or stops reaching the source; in *valid the taps' reach summed over the
+ * destination (its extent times the taps where nothing is padding). */
+static int border_cuts(const cv_plan *cp, int a, int64_t cut[2 * CV_TAPS_MAX + 2], int64_t *valid) {
+    int64_t D = a == 0 ? cp->dH : cp->dW, S = a == 0 ? cp->sH : cp->sW;
+    int64_t k = a == 0 ? cp->KH : cp->KW;
+    int n = 0;
+    cut[n++] = 0;
+    cut[n++] = D;
+    *valid = 0;
+    for (int64_t t = 0; t < k; t++) {
+        int64_t o = border_off(cp, a, t);
+        int64_t lo = -o < 0 ? 0 : -o > D ? D : -o, hi = S - o < 0 ? 0 : S - o > D ? D : S - o;
+        *valid += hi > lo ? hi - lo : 0;
+        cut[n++] = lo;
+        cut[n++] = hi;
+    }
+    qsort(cut, (size_t)n, sizeof cut[0], cmp_i64);
+    int u = 0;
+    for (int i = 0; i < n; i++)
+        if (u == 0 || cut[i] != cut[u - 1])
+            cut[u++] = cut[i];
+    return u - 1;
+}
+
+/* Border class [lo[0], hi[0]) x [lo[1], hi[1]) of the destination (plan_conv's plan in
+ * *cp): its taps, pixels and GEMM. False when it has more taps along an axis than a phase
+ * holds. */
+static bool plan_border(const kc *c, cv_plan *cp, const int64_t *lo, const int64_t *hi) {
+    int64_t k[2] = {cp->KH, cp->KW}, S[2] = {cp->sH, cp->sW};
+    cp->phased = true;
+    for (int a = 0; a < 2; a++) {
+        cp->ph[a] = lo[a];
+        cp->pst[a] = 1;
+        cp->ntap[a] = 0;
+        for (int64_t t = 0; t < k[a]; t++) {
+            int64_t o = border_off(cp, a, t);
+            if (lo[a] + o < 0 || hi[a] - 1 + o >= S[a])
+                continue; /* the class's cuts make a tap reach all of it or none */
+            if (cp->ntap[a] == CV_TAPS_MAX)
+                return false;
+            cp->tap[a][cp->ntap[a]] = t;
+            cp->off[a][cp->ntap[a]++] = lo[a] + o;
+        }
+    }
+    cp->KH = cp->ntap[0], cp->KW = cp->ntap[1], cp->KK = cp->KH * cp->KW;
+    cp->dH = hi[0] - lo[0], cp->dW = hi[1] - lo[1];
+    cp->K = (cp->role == CV_GRAD_INPUT ? cp->Og : cp->Cg) * cp->KK;
+    cp->NC = cp->N * cp->dH * cp->dW;
+    plan_blocks(c, cp);
+    return true;
+}
+
+/* The border classes of a stride-1 conv2d or input gradient (cps[0]'s plan) into cps[1..]
+ * where their zeros are worth skipping: their count, else 0. */
+static int32_t plan_borders(const kc *c, cv_plan *cps) {
+    const cv_plan *cp = cps;
+    cg_conv_mode mode = loom_cg_conv_mode();
+    bool forced = mode == CG_CONV_BORDER;
+    int64_t pct = forced ? BORDER_WASTE_PCT : BORDER_WASTE_AUTO_PCT;
+    if (mode == CG_CONV_DIRECT || cp->role == CV_GRAD_WEIGHT || cp->st[0] != 1 ||
+        cp->st[1] != 1 || cp->KK <= 1 ||
+        cp->KH > CV_TAPS_MAX || cp->KW > CV_TAPS_MAX || cp->dH <= 0 || cp->dW <= 0 ||
+        !table_fits(c, cp))
+        return 0;
+    int64_t cut[2][2 * CV_TAPS_MAX + 2], valid[2];
+    int nc[2] = {border_cuts(cp, 0, cut[0], &valid[0]), border_cuts(cp, 1, cut[1], &valid[1])};
+    double all = (double)cp->KK * (double)cp->dH * (double)cp->dW;
+    if (nc[0] * nc[1] > CV_PHASES_MAX ||
+        (double)valid[0] * (double)valid[1] > all * (double)(100 - pct) / 100)
+        return 0;
+    int32_t n = 0;
+    for (int i = 0; i < nc[0]; i++)
+        for (int j = 0; j < nc[1]; j++) {
+            int64_t lo[2] = {cut[0][i], cut[1][j]}, hi[2] = {cut[0][i + 1], cut[1][j + 1]};
+            cps[1 + n] = *cp;
+            if (!plan_border(c, &cps[1 + n], lo, hi) ||
+                (!forced && !cv_weight_pairs_ok(c, &cps[1 + n])))
+                return 0;
+            n++;
+        }
+    return n;
+}
+
 /* The task's buffers (sized for every phase's blocks); C and the weights' cache once per
  * phase run side by side. */
 typedef struct cv_bufs {
@@ -479,6 +593,10 @@ typedef struct cv_bufs {
 static void pack_weights(kc *c, const cv_plan *cp, const cv_bufs *u, MlirValue ap, MlirValue base,
                          MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
     const cg_mk *m = &cp->mk;
+    if (cv_weight_pairs_ok(c, cp)) {
+        cv_pack_weight_pairs(c, cp, ap, base, g, i0, i1, k0, k1);
+        return;
+    }
     if (m->pk == 1) {
         cv_stage_weights(c, cp, ap, base, m->kp, g, i0, i1, k0, k1);
         return;
@@ -675,7 +793,7 @@ static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_b
     cv_pf pf = {.cp = cp, .g = gi, .i0 = i0, .c0 = c0, .ny = 1, .sy = 1, .sx = 1};
     const loom_ir_node *root = &c->g->nodes[c->k->root];
     if (cp->phased) { /* every phase's pixels along W; along H too where spread */
-        pf.sy = cp->st[0], pf.sx = cp->st[1];
+        pf.sy = cp->pst[0], pf.sx = cp->pst[1];
         pf.ny = cp->spread ? cp->st[0] : 1;
         pf.oy = cp->spread ? 0 : cp->ph[0];
     }
@@ -763,6 +881,8 @@ loom_status cg_lower_conv(kc *c) {
                 }
                 n_ph++;
             }
+    } else if (!cv_wino_ok(c, cp)) {
+        n_ph = plan_borders(c, cps);
     }
     if ((st = cg_plan_epilogue(c, &cp->ns, cp->epi, &cp->n_epi, -1)) != LOOM_OK)
         goto done;

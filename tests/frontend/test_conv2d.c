@@ -613,6 +613,43 @@ static void test_strided_input_gradients_match_the_interpreter(void **state) {
     }
 }
 
+/* Border classes (codegen/lower_conv.c): a stride-1 conv2d or input gradient of a small
+ * image as a GEMM per class of destination pixels over only the taps that reach them. By
+ * default where half the taps are padding and bf16 weights pair straight from w (a 2x2 image
+ * of a 3x3: four classes of one pixel and a 2x2 of taps; with groups; a 2x6 whose middle
+ * columns make three taps, so the default leaves it direct); LOOM_CONV=border takes them
+ * wherever a quarter are padding: a 4x4's nine classes (corners of 4 taps, edges of 6, the
+ * middle 9), 3x5 (rows one a class), a 5x5 window of padding 2 over one row of 3, a dilated
+ * 3x3 (padding 2) at 4x4, a 1x1 image (one class, the middle tap: a window row is its
+ * channel) and channel counts that leave K odd. */
+static void test_border_classes_match_the_interpreter(void **state) {
+    (void)state;
+    static const conv_case cases[] = {
+        {"border: 2x2", 3, 16, 2, 2, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {"border: 2x2, groups 2", 2, 16, 2, 2, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, false},
+        {"border: 2x6", 2, 16, 2, 6, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"border: 4x4", 3, 16, 4, 4, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"border: 3x5, C 5", 2, 5, 3, 5, 7, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {"border: 5x5 pad 2 at 1x3", 2, 6, 1, 3, 8, 5, 5, {1, 1}, {2, 2}, {1, 1}, 1, false},
+        {"border: dilation 2 at 4x4", 2, 8, 4, 4, 8, 3, 3, {1, 1}, {2, 2}, {2, 2}, 1, false},
+        {"border: 1x1 image", 4, 16, 1, 1, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    bool pairs = strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0;
+    if (pairs) /* the default: the 2x2s as classes */
+        compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
+    else
+        print_message("skipping bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n");
+    setenv("LOOM_CONV", "border", 1);
+    compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_F32, 1e-5);
+    if (pairs)
+        compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
+    setenv("LOOM_MATMUL_ISA", "f32", 1); /* bf16 values converted to f32 */
+    compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
+    unsetenv("LOOM_MATMUL_ISA");
+    unsetenv("LOOM_CONV");
+}
+
 static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     (void)state;
     unsetenv("LOOM_CONV");
@@ -627,6 +664,8 @@ static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     assert_non_null(strstr(loom_cg_target_key(), ";conv-wino2"));
     setenv("LOOM_CONV", "winograd4", 1);
     assert_non_null(strstr(loom_cg_target_key(), ";conv-wino4"));
+    setenv("LOOM_CONV", "border", 1); /* border classes taken otherwise */
+    assert_non_null(strstr(loom_cg_target_key(), ";conv-border"));
     setenv("LOOM_CONV", "winograd", 1); /* not a mode: the default */
     assert_string_equal(key, loom_cg_target_key());
     unsetenv("LOOM_CONV");
@@ -645,6 +684,7 @@ int main(void) {
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
         cmocka_unit_test(test_epilogues_by_pixels_and_by_rows_match_the_interpreter),
         cmocka_unit_test(test_strided_input_gradients_match_the_interpreter),
+        cmocka_unit_test(test_border_classes_match_the_interpreter),
         cmocka_unit_test(test_conv_switches_are_part_of_the_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
