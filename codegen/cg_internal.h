@@ -221,8 +221,8 @@ typedef enum cg_conv_mode {
     CG_CONV_AUTO,
     CG_CONV_DIRECT,
     CG_CONV_IM2COL,
-    CG_CONV_WINO2, /* LOOM_CONV=winograd2: Winograd F(2x2, 3x3) only (conv_winograd.c) */
-    CG_CONV_WINO4, /* LOOM_CONV=winograd4: F(4x4, 3x3) under bf16 pairs too */
+    CG_CONV_WINO2,  /* LOOM_CONV=winograd2: Winograd F(2x2, 3x3) only (conv_winograd.c) */
+    CG_CONV_WINO4,  /* LOOM_CONV=winograd4: F(4x4, 3x3) under bf16 pairs too */
     CG_CONV_BORDER, /* LOOM_CONV=border: border classes wherever a quarter of the taps are
                      * padding (lower_conv.c), not only where they were measured faster */
 } cg_conv_mode;

@@ -25,8 +25,8 @@ typedef struct cv_plan {
     int32_t win, plain; /* nodes: the window's source, the other operand */
     int64_t wch, wC, sH, sW, dH, dW;
     bool dst_big;
-    bool tab; /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
-    bool identity; /* 1x1, stride 1, no padding: a window row is its channel's pixels */
+    bool tab;       /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
+    bool identity;  /* 1x1, stride 1, no padding: a window row is its channel's pixels */
     bool pairs_win; /* B's bf16 pairs staged straight from the window (cv_stage_window_pairs) */
     bool lanes_win; /* else its rows staged in f32 by masked loads (cv_stage_window_lanes) */
     int64_t ldt;

@@ -934,8 +934,8 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
         MlirValue o0 = idiv(b, k0, cp->KK);
         cg_for_begin(b, &lo, o0, idiv(b, k1, cp->KK), 0, NULL);
         MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), fwd ? li.iv : lo.iv);
-        MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? lo.iv : li.iv),
-                                  cp->KKf);
+        MlirValue src =
+            cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? lo.iv : li.iv), cp->KKf);
         MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lo.iv, o0), cp->KK));
         if (cp->phased) { /* the phase's taps, one by one */
             for (int64_t th = 0; th < cp->ntap[0]; th++)

@@ -56,6 +56,11 @@ enum {
      * steps: layer4's 2x2 (1 tile a row) weight gradients 82 -> 118 ms as Winograd, layer3's
      * 4x4 (2) 125 -> 142 ms; layer2's 8x8 (4) 74 -> 67 ms) */
     WN_TW_MIN = 4,
+    /* where the GEMMs multiply f32, whose products cost twice bf16 pairs' and so leave the
+     * transforms a smaller share: 2 (a Zen 4, one thread, batch 32, a 3x3 of 256 channels at
+     * 4x4: forward and input gradient 6.5-6.8 -> 4.9-5.5 ms each, the weight gradient 6.3-6.7
+     * -> 5.9-6.3; under bf16 pairs the forward went 4.1 -> 4.3) */
+    WN_TW_MIN_F32 = 2,
     /* the weight gradient's */
     WG_MIN = 16,      /* x's and dy's channels at least (fewer: the transforms dominate) */
     WG_ROWS = 128,    /* x's channels of a row block, at most */
@@ -230,10 +235,10 @@ static int64_t wino_tile(const cv_plan *cp) {
 }
 
 bool cv_wino_ok(const kc *c, const cv_plan *cp) {
+    int64_t tw_min = cp->mk.pk == 1 ? WN_TW_MIN_F32 : WN_TW_MIN;
     if (loom_cg_conv_mode() == CG_CONV_DIRECT || cp->phased || cp->G != 1 || cp->KH != 3 ||
         cp->KW != 3 || cp->st[0] != 1 || cp->st[1] != 1 || cp->dl[0] != 1 || cp->dl[1] != 1 ||
-        cp->pd[0] > 2 || cp->pd[1] > 2 || cp->dH <= 0 || ceil_div(cp->dW, 2) < WN_TW_MIN ||
-        cp->N <= 0)
+        cp->pd[0] > 2 || cp->pd[1] > 2 || cp->dH <= 0 || ceil_div(cp->dW, 2) < tw_min || cp->N <= 0)
         return false;
     if (cp->role == CV_GRAD_WEIGHT)
         return cp->Cg >= WG_MIN && cp->Og >= WG_MIN;

@@ -206,8 +206,8 @@ const char *loom_cg_target_key(void) {
     /* so does LOOM_CONV=im2col, which decomposes the convolutions (passes/conv_decompose.c),
      * and LOOM_CONV=direct|winograd2|winograd4|border (no Winograd, or its tiles or the
      * border classes chosen otherwise): a program compiled another way has other kernels */
-    static const char *const conv_key[] = {"",           ";conv-direct", ";conv-im2col",
-                                           ";conv-wino2", ";conv-wino4", ";conv-border"};
+    static const char *const conv_key[] = {
+        "", ";conv-direct", ";conv-im2col", ";conv-wino2", ";conv-wino4", ";conv-border"};
     const char *how = conv_key[loom_cg_conv_mode()];
     snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, how);
     return key;

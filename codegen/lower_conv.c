@@ -2,8 +2,8 @@
  * group on the packed microkernel of lower_matmul.c (cg_mk_tiles), with the root's fused
  * elementwise epilogue (bias, activation, cast) as a matmul's. NCHW at the API; no im2col
  * in memory: the window operand is packed from the activations block by block. The stride-1
- * 3x3s (of an output at least 7 wide) run as Winograd F(2x2, 3x3) or F(4x4, 3x3) instead
- * (conv_winograd.c), all three, with the same epilogue.
+ * 3x3s (of an output at least 7 wide; 3 where the GEMMs multiply f32) run as Winograd
+ * F(2x2, 3x3) or F(4x4, 3x3) instead (conv_winograd.c), all three, with the same epilogue.
  *
  * The GEMMs, per group g (Cg = C/G input and Og = O/G output channels, KK = KH*KW):
  *  - conv2d:             y[n, o, p]    = sum_(c,kh,kw)  w[o, (c,kh,kw)] * X[(c,kh,kw), (n,p)]
@@ -556,9 +556,8 @@ static int32_t plan_borders(const kc *c, cv_plan *cps) {
     cg_conv_mode mode = loom_cg_conv_mode();
     bool forced = mode == CG_CONV_BORDER;
     int64_t pct = forced ? BORDER_WASTE_PCT : BORDER_WASTE_AUTO_PCT;
-    if (mode == CG_CONV_DIRECT || cp->role == CV_GRAD_WEIGHT || cp->st[0] != 1 ||
-        cp->st[1] != 1 || cp->KK <= 1 ||
-        cp->KH > CV_TAPS_MAX || cp->KW > CV_TAPS_MAX || cp->dH <= 0 || cp->dW <= 0 ||
+    if (mode == CG_CONV_DIRECT || cp->role == CV_GRAD_WEIGHT || cp->st[0] != 1 || cp->st[1] != 1 ||
+        cp->KK <= 1 || cp->KH > CV_TAPS_MAX || cp->KW > CV_TAPS_MAX || cp->dH <= 0 || cp->dW <= 0 ||
         !table_fits(c, cp))
         return 0;
     int64_t cut[2][2 * CV_TAPS_MAX + 2], valid[2];

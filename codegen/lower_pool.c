@@ -203,9 +203,8 @@ static loom_status plan_pool(kc *c, pl_plan *pp) {
     if (pp->H * pp->W >= INT32_MAX)
         return cg_unsupported(c, c->k->root, "a max pool of a plane of 2^31 pixels or more");
     pp->PH = (pp->OH - 1) * pp->st[0] + (pp->KH - 1) * pp->dl[0] + 1;
-    pp->PW = (ceil_div(pp->OW, PL_LANES) * PL_LANES - 1) * pp->st[1] +
-             (pp->KW - 1) * pp->dl[1] + 1 +
-             (pp->st[1] == 2 ? 1 : 0); /* a stride of 2 loads the last lane's odd neighbour */
+    pp->PW = (ceil_div(pp->OW, PL_LANES) * PL_LANES - 1) * pp->st[1] + (pp->KW - 1) * pp->dl[1] +
+             1 + (pp->st[1] == 2 ? 1 : 0); /* a stride of 2 loads the last lane's odd neighbour */
     return cg_plan_epilogue(c, &pp->ns, pp->epi, &pp->n_epi, -1);
 }
 
@@ -289,8 +288,8 @@ static void prefetch_next_plane(cg_b *b, const pl_plan *pp, MlirValue x, MlirVal
 
 /* One plane (task p): its copy with padding, its rows of windows, then (gradient) its
  * pixels. */
-static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *args,
-                              MlirValue pad, MlirValue rowbuf, MlirValue acc, MlirValue scratch) {
+static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *args, MlirValue pad,
+                              MlirValue rowbuf, MlirValue acc, MlirValue scratch) {
     cg_b *b = c->b;
     MlirType ct = cg_compute_type(b, pp->dt);
     MlirValue n = idiv(b, p, pp->C), ch = irem(b, p, pp->C);
@@ -323,16 +322,14 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
             b, pp->dt,
             cg_vmaskload(b, cg_vec_t(PL_LANES, cg_storage_type(b, pp->dt)), args[1], at, lane_ok));
         /* lanes past the row: 0 to pixel 0 (their windows' pixels may lie off the plane) */
-        dy = cg_select(b, lane_ok, dy,
-                       cg_vbroadcast(b, cg_cf(b, ct, 0.0), cg_vec_t(PL_LANES, ct)));
+        dy = cg_select(b, lane_ok, dy, cg_vbroadcast(b, cg_cf(b, ct, 0.0), cg_vec_t(PL_LANES, ct)));
         pix = cg_select(b, lane_ok, pix,
                         cg_vbroadcast(b, cg_ci(b, b->i32, 0), cg_vec_t(PL_LANES, b->i32)));
         /* window after window, straight from the registers: read back from memory, each
          * lane's load waited for a vector store to forward (42% of the kernel at 32x32) */
         for (int64_t l = 0; l < PL_LANES; l++) {
             MlirValue q = cg_conv(b, "arith.index_cast", cg_vextract(b, pix, l), b->index);
-            cg_store(b, cg_bin(b, "arith.addf", cg_load(b, acc, q), cg_vextract(b, dy, l)), acc,
-                     q);
+            cg_store(b, cg_bin(b, "arith.addf", cg_load(b, acc, q), cg_vextract(b, dy, l)), acc, q);
         }
     }
     cg_for_end(b, &lb, 0, NULL);

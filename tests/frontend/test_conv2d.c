@@ -370,9 +370,11 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
 
 /* Winograd F(2x2, 3x3) (codegen/conv_winograd.c, unless LOOM_CONV=direct) for the forwards and
  * input gradients it takes: 3x3 of stride 1 with a destination (y; dx) of 4 tiles a row or
- * more (7 pixels: an odd size's last tiles overhang it) and the channels summed over (x's;
- * dy's) in 16s. Tiles 7 to a row (14x14: a row's tiles fill half a vector), 18 (a vector and 2), 4;
- * no padding (the input gradient's window padded by 2) and padding 2 (its by 0); channels in 3
+ * more (7 pixels: an odd size's last tiles overhang it; 2 tiles, 3 pixels, where the GEMMs
+ * multiply f32, so that there the 3-tile cases below are Winograd too) and the channels
+ * summed over (x's; dy's) in 16s. Tiles 7 to a row (14x14: a row's tiles fill half a
+ * vector), 18 (a vector and 2), 4; no padding (the input gradient's window padded by 2) and
+ * padding 2 (its by 0); channels in 3
  * chunks that accumulate (144 = 3 x 48); 136 rows in 2 row blocks; blocks of 3 tile rows over
  * images of 2; forwards whose input gradient is direct (O not in 16s) and the other way round (C
  * not in 16s); and cases left to the direct kernels both ways (C and O not in 16s, 3 tiles a row).
@@ -448,8 +450,7 @@ static void test_winograd_convolutions_match_the_interpreter(void **state) {
      * sanitizer run's time. */
     setenv("LOOM_CONV", "winograd4", 1);
     if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
-        compare_with_the_interpreter(wino + N_WINO - N_WINO4, N_WINO4, LOOM_DTYPE_BF16, 6e-2,
-                                     true);
+        compare_with_the_interpreter(wino + N_WINO - N_WINO4, N_WINO4, LOOM_DTYPE_BF16, 6e-2, true);
     else
         print_message("skipping F(4x4, 3x3) on bf16 pairs: this CPU has no AVX512-BF16\n");
     unsetenv("LOOM_CONV");
