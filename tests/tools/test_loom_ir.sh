@@ -1,14 +1,16 @@
 #!/bin/sh
-# Tests of the loom-ir CLI over the sample graphs in tests/data, as TAP.
-# Usage: test_loom_ir.sh /path/to/loom-ir /path/to/tests/data
+# Tests of the loom-ir CLI over the sample graphs in tests/data, as TAP; and that the graphs
+# bench/README.md times (bench/graphs) still parse and verify.
+# Usage: test_loom_ir.sh /path/to/loom-ir /path/to/tests/data [/path/to/bench/graphs]
 set -u
 
-if [ $# -ne 2 ]; then
-    echo "usage: $0 /path/to/loom-ir /path/to/tests/data" >&2
+if [ $# -ne 2 ] && [ $# -ne 3 ]; then
+    echo "usage: $0 /path/to/loom-ir /path/to/tests/data [/path/to/bench/graphs]" >&2
     exit 2
 fi
 LOOM_IR=$1
 DATA=$2
+BENCH_GRAPHS=${3:-}
 . "$(dirname "$0")/tap_lib.sh"
 
 # ---- print round trips -----------------------------------------------------------------
@@ -25,6 +27,9 @@ for f in "$DATA"/*.loom; do
     check "hash of $name equals the hash of its printed form" \
         same_file "$TMP/$name.h1" "$TMP/$name.h2"
     check "hash of $name is 16 hex digits" grep -qx '[0-9a-f]\{16\}' "$TMP/$name.h1"
+done
+for f in ${BENCH_GRAPHS:+"$BENCH_GRAPHS"/*.loom}; do
+    check "bench graph $(basename "$f") verifies" exit_is 0 "$LOOM_IR" verify "$f"
 done
 check "canonical.loom prints as itself" same_file "$TMP/canonical.loom.p1" "$DATA/canonical.loom"
 check "canonical.loom is the printed form of sgd_step.loom" \
