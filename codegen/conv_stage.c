@@ -879,7 +879,8 @@ void cv_transpose16(cg_b *b, MlirValue *r) {
 /* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[base + (i - i0) * ld
  * + k - k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
  * contiguous run per row; the input gradient's w[g Og + o, i, kh, kw] for k = (o, kh, kw),
- * runs of KK (its chunks are whole o's). */
+ * runs of KK (its chunks are whole o's); a phase's or border class's, its own taps of each
+ * channel one by one (chunks of whole channels). */
 void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, int64_t ld,
                       MlirValue g, MlirValue i0, MlirValue i1, MlirValue k0, MlirValue k1) {
     cg_b *b = c->b;

@@ -907,7 +907,10 @@ loom_status cg_lower_conv(kc *c) {
      * phase with taps when the others, all as large, are zeros (a strided 1x1): its
      * epilogue spreads over them, one pass over dx by whole rows instead of a pass per phase
      * at the phase's stride (ResNet-50's layer2 downsample with the residual add and ReLU
-     * mask fused, bf16 at batch 8: 6.4 -> 4.6 ms; the product alone takes 2.7) */
+     * mask fused, bf16 at batch 8: 6.4 -> 4.6 ms; the product alone takes 2.7). Not border
+     * classes (stride 1), whose classes without taps, where the padding reaches past the
+     * window, are ranges of pixels, not phases: each writes its zeros through its own
+     * epilogue. */
     cv_plan *run = n_ph > 0 ? cps + 1 : cps;
     int32_t n_run = n_ph > 0 ? n_ph : 1, n_taps = 0, tap_phase = 0, wide = 1;
     bool even = true;
@@ -916,7 +919,7 @@ loom_status cg_lower_conv(kc *c) {
         tap_phase = cps[1 + q].K > 0 ? q : tap_phase;
         even = even && cps[1 + q].dH == cps[1].dH && cps[1 + q].dW == cps[1].dW;
     }
-    if (n_ph > 1 && n_taps == 1 && even) {
+    if (n_ph > 1 && n_taps == 1 && even && (cp->st[0] > 1 || cp->st[1] > 1)) {
         run = cps + 1 + tap_phase;
         run->spread = true;
         n_run = 1;

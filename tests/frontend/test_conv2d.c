@@ -617,23 +617,27 @@ static void test_strided_input_gradients_match_the_interpreter(void **state) {
 /* Border classes (codegen/lower_conv.c): a stride-1 conv2d or input gradient of a small
  * image as a GEMM per class of destination pixels over only the taps that reach them. By
  * default where half the taps are padding and bf16 weights pair straight from w (a 2x2 image
- * of a 3x3: four classes of one pixel and a 2x2 of taps; with groups; a 2x6 whose middle
- * columns make three taps, so the default leaves it direct); LOOM_CONV=border takes them
- * wherever a quarter are padding: a 4x4's nine classes (corners of 4 taps, edges of 6, the
- * middle 9), 3x5 (rows one a class), a 5x5 window of padding 2 over one row of 3, a dilated
- * 3x3 (padding 2) at 4x4, a 1x1 image (one class, the middle tap: a window row is its
- * channel) and channel counts that leave K odd. */
+ * of a 3x3: four classes of one pixel and a 2x2 of taps; with groups; a 2x6, 41% padding,
+ * which the default leaves direct); LOOM_CONV=border takes them wherever a quarter are
+ * padding: a 4x4's nine classes (corners of 4 taps, edges of 6, the middle 9), 3x5 (rows
+ * one a class), a 5x5 window of padding 2 over one row of 3, a dilated 3x3 (padding 2) at
+ * 4x4, a 1x1 image (one class, the middle tap: a window row is its channel), channel
+ * counts that leave K odd, and padding past a 1x2 or 2x1 window (classes without taps, all
+ * of one size, beside the one with both: zeros through their own epilogues). Channels not in 16s
+ * keep the 2x6 and the 4x4 off Winograd, which f32 would take there. */
 static void test_border_classes_match_the_interpreter(void **state) {
     (void)state;
     static const conv_case cases[] = {
         {"border: 2x2", 3, 16, 2, 2, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
         {"border: 2x2, groups 2", 2, 16, 2, 2, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, false},
-        {"border: 2x6", 2, 16, 2, 6, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
-        {"border: 4x4", 3, 16, 4, 4, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"border: 2x6", 2, 12, 2, 6, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"border: 4x4", 3, 12, 4, 4, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
         {"border: 3x5, C 5", 2, 5, 3, 5, 7, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
         {"border: 5x5 pad 2 at 1x3", 2, 6, 1, 3, 8, 5, 5, {1, 1}, {2, 2}, {1, 1}, 1, false},
         {"border: dilation 2 at 4x4", 2, 8, 4, 4, 8, 3, 3, {1, 1}, {2, 2}, {2, 2}, 1, false},
         {"border: 1x1 image", 4, 16, 1, 1, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"border: rows of padding only", 2, 16, 1, 6, 8, 1, 2, {1, 1}, {1, 0}, {1, 1}, 1, false},
+        {"border: columns of padding only", 2, 16, 6, 1, 8, 2, 1, {1, 1}, {0, 1}, {1, 1}, 1, true},
     };
     size_t n = sizeof cases / sizeof cases[0];
     bool pairs = strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0;
