@@ -42,7 +42,6 @@
  * and its input gradient are whole rows of destination pixels (of one image or several), so the
  * epilogue and the staging need no division per pixel; their weights, packed for all of K, serve a
  * thread's consecutive tasks of one row block. */
-#include <stdlib.h>
 #include <string.h>
 
 #include "conv_internal.h"
@@ -491,11 +490,6 @@ static int64_t border_off(const cv_plan *cp, int a, int64_t t) {
     return cp->dst_big ? cp->pd[a] - k : k - cp->pd[a];
 }
 
-static int cmp_i64(const void *x, const void *y) {
-    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
-}
-
 /* The border classes along axis a: [cut[i], cut[i + 1]) for i < the count returned, where
  * some tap starts or stops reaching the source; in *valid the taps' reach summed over the
  * destination (its extent times the taps where nothing is padding). */
@@ -513,12 +507,7 @@ static int border_cuts(const cv_plan *cp, int a, int64_t cut[2 * CV_TAPS_MAX + 2
         cut[n++] = lo;
         cut[n++] = hi;
     }
-    qsort(cut, (size_t)n, sizeof cut[0], cmp_i64);
-    int u = 0;
-    for (int i = 0; i < n; i++)
-        if (u == 0 || cut[i] != cut[u - 1])
-            cut[u++] = cut[i];
-    return u - 1;
+    return cg_sort_unique(cut, n) - 1;
 }
 
 /* Border class [lo[0], hi[0]) x [lo[1], hi[1]) of the destination (plan_conv's plan in

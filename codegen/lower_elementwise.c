@@ -1,6 +1,5 @@
 /* Lowering of ELEMENTWISE kernels: loop nests over the root's shape, blocked, tiled where a
  * leaf is read transposed, split where pads start and end; concat roots (lower_kernel.c). */
-#include <stdlib.h>
 #include <string.h>
 
 #include "lower_internal.h"
@@ -29,11 +28,6 @@ typedef struct ew_nest {
     int64_t work;   /* elements per task index */
 } ew_nest;
 
-static int cmp_i64(const void *a, const void *b) {
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Splits the innermost loop (when unblocked) where pads read along it enter or leave their
  * operand: in each part every such pad is all operand (a contiguous load, no clamp, no
  * select) or all pad value. The conv backward's sum of nine pads is then a plain vector
@@ -56,11 +50,7 @@ static void plan_pad_parts(kc *c, ew_nest *e) {
         if (c->cut_hi[i] > 0 && c->cut_hi[i] < e->inner)
             at[n++] = c->cut_hi[i];
     }
-    qsort(at, (size_t)n, sizeof at[0], cmp_i64);
-    int32_t u = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (u == 0 || at[i] != at[u - 1])
-            at[u++] = at[i];
+    int32_t u = cg_sort_unique(at, n);
     if (u - 1 > PAD_PARTS_MAX)
         return; /* too many parts: one loop with per-element selects */
     e->n_parts = u - 1;

@@ -163,6 +163,9 @@ void cg_delinearize(kc *c, MlirValue q, int32_t n, const int32_t *groups);
 void cg_clear_gv(kc *c);
 loom_status cg_side_nests(kc *c, const loom_ir_node *space, side_mode mode);
 int64_t cg_grain_for(int64_t work_per_iter);
+/* Sorts v[0..n) ascending and drops repeats; returns how many values remain (cut points of a
+ * loop split into parts: pads' ranges, a convolution's border classes). */
+int32_t cg_sort_unique(int64_t *v, int32_t n);
 enum { CG_EPI_MAX = 64 }; /* epilogue results of a matmul or convolution kernel */
 /* The epilogue of a matmul or convolution kernel (root bound to the product): its nest over
  * the root's shape (one group per dim), the results that depend on the root as stored sinks

@@ -328,6 +328,20 @@ loom_status cg_plan_epilogue(kc *c, nest *ns, sink *epi, int32_t *n_epi, int32_t
     return st != LOOM_OK ? st : cg_plan_nest(c, ns, *n_epi, epi);
 }
 
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int32_t cg_sort_unique(int64_t *v, int32_t n) {
+    qsort(v, (size_t)n, sizeof v[0], cmp_i64);
+    int32_t u = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (u == 0 || v[i] != v[u - 1])
+            v[u++] = v[i];
+    return u;
+}
+
 int64_t cg_grain_for(int64_t work_per_iter) {
     int64_t w = work_per_iter > 0 ? work_per_iter : 1;
     int64_t gr = ceil_div(TASK_WORK, w);
