@@ -390,6 +390,28 @@ static MlirValue gather16(cg_b *b, MlirValue mem, MlirType et, MlirValue idx) {
     return mlirOperationGetResult(cg_op(b, "vector.gather", 5, ops, 1, &vt, 0, NULL), 0);
 }
 
+/* Tap t of 16 consecutive channels' 3x3 windows, 16-bit, which lie contiguous from w[base]
+ * (144 values, 9 a channel): a gather of 16 lanes became 16 element inserts, and conv2d's
+ * weight transform was a fifth of a layer4 3x3's Winograd forward (bf16, 7x7). Each 8 lanes
+ * instead are a window of 64 values at base + t (+ 72) read as two vectors, whose every 9th
+ * one shuffle picks; all reads stay within the 144 values. */
+static MlirValue taps16(cg_b *b, MlirValue mem, MlirType et, MlirValue base, int t) {
+    MlirType v32 = cg_vec_t(32, et);
+    int64_t pick[8], both[16];
+    for (int l = 0; l < 8; l++)
+        pick[l] = 9 * l;
+    for (int l = 0; l < 16; l++)
+        both[l] = l;
+    MlirValue half[2];
+    for (int h = 0; h < 2; h++) {
+        MlirValue at = cg_iadd(b, base, cg_idx(b, 72 * h + t));
+        MlirValue lo = cg_vload(b, v32, mem, at);
+        MlirValue hi = cg_vload(b, v32, mem, cg_iadd(b, at, cg_idx(b, 32)));
+        half[h] = cg_vshuffle(b, lo, hi, 8, pick);
+    }
+    return cg_vshuffle(b, half[0], half[1], 16, both);
+}
+
 /* U of rows [i0, i1) (rows past i1 up to mbp repeat its last), every chunk: GEMM x of chunk
  * k's A at uw[(k nx + x) mbp kp], row-major [mbp, kp] (bf16 pairs of channels through ut,
  * rounded to nearest). Row i, channel k: conv2d's w[i, k], the input gradient's w[k, i]
@@ -416,6 +438,10 @@ static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirV
     MlirValue ch = cg_iadd(b, cg_imul_c(b, lk.iv, kch), cg_imul_c(b, lv.iv, 16));
     MlirValue base = cg_iadd(b, cg_imul_c(b, i, rs), cg_imul_c(b, ch, ks)), g[9], u[WN_NX];
     for (int t = 0; t < 9; t++) {
+        if (fwd && loom_dtype_size(wdt) == 2) {
+            g[t] = cg_widen16(b, wdt, taps16(b, wbuf, cg_storage_type(b, wdt), base, t));
+            continue;
+        }
         MlirValue at =
             cg_conv(b, "arith.index_cast", cg_iadd(b, base, cg_idx(b, fwd ? t : 8 - t)), b->i32);
         MlirValue idx = cg_bin(b, "arith.addi", cg_vbroadcast(b, at, vi), lanes);
