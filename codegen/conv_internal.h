@@ -176,11 +176,10 @@ typedef struct cv_wino {
     cv_plan dyp;
 } cv_wino;
 /* Whether plan cp (planned) runs as Winograd: a 3x3 of stride 1, dilation 1 and padding up
- * to 2, one group, a destination (y, or dx; the weight gradient's y) at least 7 wide
- * (4 tiles a row, odd sizes overhanging; where the GEMMs multiply f32, 3 wide: 2 tiles);
- * conv2d's and the
- * input gradient's channels summed over (x's, or dy's) in 16s, the weight gradient's x and
- * dy at least WG_MIN channels; not under LOOM_CONV=direct. */
+ * to 2, one group, a destination (y, or dx; the weight gradient's y) at least 7 wide (4 tiles
+ * a row, odd sizes overhanging; where the GEMMs multiply f32, 3 wide: 2 tiles); conv2d's and
+ * the input gradient's channels summed over (x's, or dy's) in 16s, the weight gradient's x
+ * and dy at least WG_MIN channels; not under LOOM_CONV=direct. */
 bool cv_wino_ok(const kc *c, const cv_plan *cp);
 /* Its tile (F(4x4, 3x3) where the GEMMs multiply f32 and the destination has the tiles a row;
  * LOOM_CONV=winograd2|winograd4) and blocks: cp's row and column blocks for the epilogue

@@ -876,6 +876,15 @@ void cv_transpose16(cg_b *b, MlirValue *r) {
     }
 }
 
+/* Where w[o, c, 0, 0] starts for row `row` of A and channel `ch` of K: o the row and c the
+ * channel for conv2d, the other way round for the input gradient (whose A is w^T). */
+static MlirValue weight_window(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue row,
+                               MlirValue ch) {
+    bool fwd = cp->role == CV_FWD;
+    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), fwd ? row : ch);
+    return cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? ch : row), cp->KKf);
+}
+
 /* Stages A = the weights' rows [i0, i1) x K [k0, k1) of group g as stg[base + (i - i0) * ld
  * + k - k0] (f32; zeros past k1 up to ld and in the rows up to mbp): conv2d's w[g Og + i, k], a
  * contiguous run per row; the input gradient's w[g Og + o, i, kh, kw] for k = (o, kh, kw),
@@ -931,12 +940,9 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
         cg_for_end(b, &lt, 0, NULL);
     } else { /* K in whole runs of KK: input channels (conv2d), output channels (the input
               * gradient, whose A is w^T) */
-        bool fwd = cp->role == CV_FWD;
         MlirValue o0 = idiv(b, k0, cp->KK);
         cg_for_begin(b, &lo, o0, idiv(b, k1, cp->KK), 0, NULL);
-        MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), fwd ? li.iv : lo.iv);
-        MlirValue src =
-            cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? lo.iv : li.iv), cp->KKf);
+        MlirValue src = weight_window(b, cp, g, li.iv, lo.iv);
         MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lo.iv, o0), cp->KK));
         if (cp->phased) { /* the phase's taps, one by one */
             for (int64_t th = 0; th < cp->ntap[0]; th++)
@@ -968,7 +974,6 @@ void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base
     cg_b *b = c->b;
     MlirValue wbuf = c->bufs[c->s->buf_of[cp->plain]];
     MlirType v2 = cg_vec_t(2, cg_storage_type(b, LOOM_DTYPE_BF16)), v1 = cg_vec_t(1, b->i32);
-    bool fwd = cp->role == CV_FWD;
     int64_t kp = cp->mk.kp;
     MlirValue zi = cg_ci(b, b->i32, 0);
     MlirValue ch0 = idiv(b, k0, cp->KK), np = idiv(b, isub(b, k1, k0), 2);
@@ -976,9 +981,7 @@ void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base
     cg_for_begin(b, &li, i0, i1, 0, NULL);
     MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), kp));
     cg_for_begin(b, &lc, ch0, idiv(b, k1, cp->KK), 0, NULL);
-    /* w[o, c, :, :]: o the row (conv2d) or the channel of K (the input gradient) */
-    MlirValue o = cg_iadd(b, cg_imul_c(b, g, cp->Og), fwd ? li.iv : lc.iv);
-    MlirValue src = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->Cg), fwd ? lc.iv : li.iv), cp->KKf);
+    MlirValue src = weight_window(b, cp, g, li.iv, lc.iv);
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lc.iv, ch0), cp->KH));
     for (int64_t th = 0; th < cp->KH; th++) {
         int64_t from = cp->tap[0][th] * cp->KWf + cp->tap[1][0];

@@ -425,6 +425,7 @@ static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirV
     MlirType vi = cg_vec_t(16, b->i32);
     int64_t blk = cp->mbp * m->kp, kch = wn->kc;
     bool fwd = cp->role == CV_FWD;
+    bool contiguous = fwd && loom_dtype_size(wdt) == 2;         /* a tap's 16 lanes by taps16 */
     int64_t rs = fwd ? 9 * cp->C : 9, ks = fwd ? 9 : 9 * cp->C; /* w's steps per row, channel */
     int32_t step[16];
     for (int l = 0; l < 16; l++)
@@ -438,7 +439,7 @@ static void transform_weights(kc *c, const cv_plan *cp, const cv_wino *wn, MlirV
     MlirValue ch = cg_iadd(b, cg_imul_c(b, lk.iv, kch), cg_imul_c(b, lv.iv, 16));
     MlirValue base = cg_iadd(b, cg_imul_c(b, i, rs), cg_imul_c(b, ch, ks)), g[9], u[WN_NX];
     for (int t = 0; t < 9; t++) {
-        if (fwd && loom_dtype_size(wdt) == 2) {
+        if (contiguous) {
             g[t] = cg_widen16(b, wdt, taps16(b, wbuf, cg_storage_type(b, wdt), base, t));
             continue;
         }

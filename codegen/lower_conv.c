@@ -442,6 +442,15 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->role != CV_GRAD_WEIGHT && cp->nbn > 1 && cp->mbp * m->kp * cp->nbk * 4 <= CV_A_CACHE;
 }
 
+/* The GEMM of a phase or border class whose taps (ntap, tap, off) are set: dH x dW pixels. */
+static void plan_taps(const kc *c, cv_plan *cp, int64_t dH, int64_t dW) {
+    cp->KH = cp->ntap[0], cp->KW = cp->ntap[1], cp->KK = cp->KH * cp->KW;
+    cp->dH = dH, cp->dW = dW;
+    cp->K = (cp->role == CV_GRAD_INPUT ? cp->Og : cp->Cg) * cp->KK;
+    cp->NC = cp->N * cp->dH * cp->dW;
+    plan_blocks(c, cp);
+}
+
 /* Phase (p0, p1) of a strided input gradient (plan_conv's plan in *cp): its taps, pixels and
  * GEMM. False when a window has more taps per phase than a phase holds. */
 static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
@@ -462,10 +471,7 @@ static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
         }
         n[a] = ph[a] < ext[a] ? ceil_div(ext[a] - ph[a], cp->st[a]) : 0;
     }
-    cp->KH = cp->ntap[0], cp->KW = cp->ntap[1], cp->KK = cp->KH * cp->KW;
-    cp->dH = n[0], cp->dW = n[1];
-    cp->K = cp->Og * cp->KK, cp->NC = cp->N * cp->dH * cp->dW;
-    plan_blocks(c, cp);
+    plan_taps(c, cp, n[0], n[1]);
     return true;
 }
 
@@ -530,11 +536,7 @@ static bool plan_border(const kc *c, cv_plan *cp, const int64_t *lo, const int64
             cp->off[a][cp->ntap[a]++] = lo[a] + o;
         }
     }
-    cp->KH = cp->ntap[0], cp->KW = cp->ntap[1], cp->KK = cp->KH * cp->KW;
-    cp->dH = hi[0] - lo[0], cp->dW = hi[1] - lo[1];
-    cp->K = (cp->role == CV_GRAD_INPUT ? cp->Og : cp->Cg) * cp->KK;
-    cp->NC = cp->N * cp->dH * cp->dW;
-    plan_blocks(c, cp);
+    plan_taps(c, cp, hi[0] - lo[0], hi[1] - lo[1]);
     return true;
 }
 
