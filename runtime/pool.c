@@ -46,6 +46,7 @@ struct loom_rt_pool {
     void (*fn)(void *ud, int64_t lo, int64_t hi);
     void *ud;
     int64_t extent;
+    bool timed; /* chunks add their run times to busy_ns */
 
     POOL_PAD(pad0);
     /* generation << 32 | number of chunks: what sleeping and spinning workers watch */
@@ -58,6 +59,7 @@ struct loom_rt_pool {
     _Atomic uint64_t claim;
     POOL_PAD(pad2);
     _Atomic int32_t pending;      /* chunks of the current job not yet finished */
+    _Atomic int64_t busy_ns;      /* the current job's chunks' run times, when timed */
     _Atomic bool caller_sleeping; /* the caller blocks on `done` */
     POOL_PAD(pad3);
 
@@ -122,7 +124,14 @@ static void run_chunks(loom_rt_pool *pool, uint64_t job) {
             continue; /* c now holds the current word */
         int64_t lo, hi;
         chunk_range(pool->extent, n_chunks, (int64_t)(c & 0xffffffffu), &lo, &hi);
-        pool->fn(pool->ud, lo, hi);
+        if (pool->timed) {
+            int64_t t0 = loom_rt_now_ns();
+            pool->fn(pool->ud, lo, hi);
+            /* relaxed: the pending-- below publishes it to the caller */
+            atomic_fetch_add_explicit(&pool->busy_ns, loom_rt_now_ns() - t0, memory_order_relaxed);
+        } else {
+            pool->fn(pool->ud, lo, hi);
+        }
         /* pending-- (seq_cst) then a load of caller_sleeping pairs with the caller's store
          * of caller_sleeping then load of pending: one of the two sides sees the other. */
         if (atomic_fetch_sub(&pool->pending, 1) == 1 && atomic_load(&pool->caller_sleeping)) {
@@ -245,10 +254,11 @@ void loom_rt_pool_destroy(loom_rt_pool *pool) {
 
 int32_t loom_rt_pool_threads(const loom_rt_pool *pool) { return pool ? pool->n_threads : 0; }
 
-void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
-                               void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud) {
+/* Returns, when timed, the summed run times of the chunks (else 0). */
+static int64_t parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
+                            void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud, bool timed) {
     if (extent <= 0)
-        return;
+        return 0;
     if (grain < 1)
         grain = 1;
     /* As many chunks as threads, but none smaller than grain: extent / n_chunks >= grain
@@ -256,13 +266,16 @@ void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain
     int64_t n_chunks = extent / grain;
     if (n_chunks > pool->n_threads)
         n_chunks = pool->n_threads;
-    if (n_chunks <= 1) {
-        fn(ud, 0, extent); /* no hand-off: nothing to share */
-        return;
+    if (n_chunks <= 1) { /* no hand-off: nothing to share */
+        int64_t t0 = timed ? loom_rt_now_ns() : 0;
+        fn(ud, 0, extent);
+        return timed ? loom_rt_now_ns() - t0 : 0;
     }
     pool->fn = fn;
     pool->ud = ud;
     pool->extent = extent;
+    pool->timed = timed;
+    atomic_store_explicit(&pool->busy_ns, 0, memory_order_relaxed);
     uint64_t gen = ((atomic_load_explicit(&pool->job, memory_order_relaxed) >> 32) + 1) << 32;
     atomic_store_explicit(&pool->pending, (int32_t)n_chunks, memory_order_relaxed);
     atomic_store_explicit(&pool->claim, gen, memory_order_relaxed);
@@ -286,6 +299,21 @@ void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain
         atomic_store(&pool->caller_sleeping, false);
         pthread_mutex_unlock(&pool->mu);
     }
+    return timed ? atomic_load(&pool->busy_ns) : 0;
+}
+
+void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
+                               void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud) {
+    (void)parallel_for(pool, extent, grain, fn, ud, false);
+}
+
+void loom_rt_pool_parallel_for_idle(loom_rt_pool *pool, int64_t extent, int64_t grain,
+                                    void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud,
+                                    int64_t *idle_ns) {
+    int64_t t0 = loom_rt_now_ns();
+    int64_t busy = parallel_for(pool, extent, grain, fn, ud, true);
+    int64_t idle = (int64_t)pool->n_threads * (loom_rt_now_ns() - t0) - busy;
+    *idle_ns = idle > 0 ? idle : 0;
 }
 
 int32_t loom_rt_default_threads(void) { return loom_rt_default_threads_shared(1); }

@@ -66,6 +66,11 @@ void loom_rt_json_string(loom_ir_writer *w, const char *s) {
     loom_ir_writer_puts(w, "\"");
 }
 
+/* part / whole in percent, 0 for an empty whole. */
+static double share(int64_t part, int64_t whole) {
+    return whole > 0 ? 100.0 * (double)part / (double)whole : 0;
+}
+
 /* Rate in units of 1e9 per second of `amount` done calls times over total_ns. */
 static double giga_per_s(double amount, int64_t calls, int64_t total_ns) {
     return total_ns > 0 ? amount * (double)calls / (double)total_ns : 0;
@@ -81,13 +86,15 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
     if (n > 0 && !(ks = loom_ir_alloc(&p->alloc, n * sizeof *ks)))
         return LOOM_STATUS_OUT_OF_MEMORY;
     size_t at = 0;
-    int64_t kernel_ns = 0, calls = 0;
+    int64_t kernel_ns = 0, calls = 0, thread_ns = 0, idle_ns = 0;
     for (const profile_block *b = p->blocks; b; b = b->next)
         for (int32_t i = 0; i < b->n; i++)
             if (b->k[i].calls > 0) {
                 ks[at++] = &b->k[i];
                 kernel_ns += b->k[i].total_ns;
                 calls += b->k[i].calls;
+                thread_ns += b->k[i].thread_ns;
+                idle_ns += b->k[i].idle_ns;
             }
     if (n > 1)
         qsort(ks, n, sizeof *ks, by_time);
@@ -96,8 +103,9 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
     if (format == LOOM_REPORT_FORMAT_JSON) {
         loom_ir_writer_printf(&w,
                               "{\"kernel_ns\":%" PRId64 ",\"execute_ns\":%" PRId64
-                              ",\"calls\":%" PRId64 ",\"kernels\":[",
-                              kernel_ns, execute_ns, calls);
+                              ",\"calls\":%" PRId64 ",\"thread_ns\":%" PRId64
+                              ",\"idle_ns\":%" PRId64 ",\"kernels\":[",
+                              kernel_ns, execute_ns, calls, thread_ns, idle_ns);
         for (size_t i = 0; i < n; i++) {
             const loom_rt_profile_kernel *k = ks[i];
             loom_ir_writer_printf(&w, "%s{\"program\":\"%016" PRIx64 "\",\"index\":%d,\"kind\":",
@@ -107,10 +115,11 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
             loom_rt_json_string(&w, k->root);
             loom_ir_writer_puts(&w, ",\"loc\":");
             loom_rt_json_string(&w, k->loc);
-            loom_ir_writer_printf(&w,
-                                  ",\"calls\":%" PRId64 ",\"total_ns\":%" PRId64
-                                  ",\"flops\":%.0f,\"bytes\":%.0f}",
-                                  k->calls, k->total_ns, k->flops, k->bytes);
+            loom_ir_writer_printf(
+                &w,
+                ",\"calls\":%" PRId64 ",\"total_ns\":%" PRId64 ",\"thread_ns\":%" PRId64
+                ",\"idle_ns\":%" PRId64 ",\"flops\":%.0f,\"bytes\":%.0f}",
+                k->calls, k->total_ns, k->thread_ns, k->idle_ns, k->flops, k->bytes);
         }
         loom_ir_writer_puts(&w, "]}\n");
         loom_ir_writer_flush(&w);
@@ -121,16 +130,17 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
     size_t shown = top > 0 && (size_t)top < n ? (size_t)top : n;
     loom_ir_writer_printf(
         &w, "Loom kernel profile: %zu kernels ran, the %zu slowest by total time\n", n, shown);
-    loom_ir_writer_puts(&w, "rank  total ms  kern%  calls   mean us  GFLOP/s    GB/s  kind         "
-                            "program:kernel       root op                        source\n");
+    loom_ir_writer_puts(&w, "rank  total ms  kern%  calls   mean us  GFLOP/s    GB/s  idle%  "
+                            "kind         program:kernel       root op                        "
+                            "source\n");
     for (size_t i = 0; i < shown; i++) {
         const loom_rt_profile_kernel *k = ks[i];
         double pct = kernel_ns > 0 ? 100.0 * (double)k->total_ns / (double)kernel_ns : 0;
-        loom_ir_writer_printf(&w, "%4zu %9.3f %6.1f %6" PRId64 " %9.1f %8.2f %7.2f  %-12s ", i + 1,
-                              (double)k->total_ns / 1e6, pct, k->calls,
-                              (double)k->total_ns / 1e3 / (double)k->calls,
-                              giga_per_s(k->flops, k->calls, k->total_ns),
-                              giga_per_s(k->bytes, k->calls, k->total_ns), k->kind);
+        loom_ir_writer_printf(
+            &w, "%4zu %9.3f %6.1f %6" PRId64 " %9.1f %8.2f %7.2f %6.1f  %-12s ", i + 1,
+            (double)k->total_ns / 1e6, pct, k->calls, (double)k->total_ns / 1e3 / (double)k->calls,
+            giga_per_s(k->flops, k->calls, k->total_ns),
+            giga_per_s(k->bytes, k->calls, k->total_ns), share(k->idle_ns, k->thread_ns), k->kind);
         loom_ir_writer_printf(&w, "%016" PRIx64 ":%-3d ", k->program, (int)k->index);
         loom_ir_writer_printf(&w, "%-30s ", k->root);
         loom_ir_writer_puts(&w, *k->loc ? k->loc : "?");
@@ -138,9 +148,10 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
     }
     loom_ir_writer_printf(&w,
                           "total: %.3f ms in %" PRId64 " kernel calls; ExecuteTime %.3f ms "
-                          "(kernels %.1f%% of it)\n",
+                          "(kernels %.1f%% of it); threads idle %.1f%% of the kernels' thread "
+                          "time\n",
                           (double)kernel_ns / 1e6, calls, (double)execute_ns / 1e6,
-                          execute_ns > 0 ? 100.0 * (double)kernel_ns / (double)execute_ns : 0);
+                          share(kernel_ns, execute_ns), share(idle_ns, thread_ns));
     loom_ir_writer_flush(&w);
     loom_ir_free(&p->alloc, ks, n * sizeof *ks);
     return LOOM_OK;

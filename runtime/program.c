@@ -463,7 +463,14 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
             st = start_collective(p, &p->colls[pk->coll], d);
         } else {
             kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
-            loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
+            if (p->prof) {
+                int64_t idle = 0;
+                loom_rt_pool_parallel_for_idle(p->pool, pk->k.extent, pk->k.grain, call_kernel,
+                                               &call, &idle);
+                p->prof[k].idle_ns += idle;
+            } else {
+                loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
+            }
             if (p->n_in_flight > 0)
                 poll_collectives(p);
         }
@@ -471,6 +478,7 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
             int64_t t1 = loom_rt_now_ns();
             if (p->prof) {
                 p->prof[k].total_ns += t1 - t0;
+                p->prof[k].thread_ns += (int64_t)loom_rt_pool_threads(p->pool) * (t1 - t0);
                 p->prof[k].calls++;
             }
             if (p->trace && pk->coll < 0)

@@ -42,6 +42,9 @@ void loom_rt_json_string(loom_ir_writer *w, const char *s);
  * run is in flight. */
 typedef struct loom_rt_profile_kernel {
     int64_t total_ns, calls;
+    /* the pool's threads' time in the kernel (threads x total_ns), and how much of it they
+     * spent not running it: waiting for the last chunk, with no chunk, waking up */
+    int64_t thread_ns, idle_ns;
     double flops, bytes; /* per call: the plan's cost (bytes = its args and results once) */
     uint64_t program;    /* the program's graph hash, as in its LOOM_DUMP file names */
     int32_t index;       /* the kernel's index in the program's plan */

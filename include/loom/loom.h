@@ -441,11 +441,14 @@ LOOM_API loom_status loom_recompile_report(const loom_context *ctx, loom_report_
  * (the same kernel of the same compiled graph across steps), by total time, largest first.
  * Text (what LOOM_PROFILE=1 prints at loom_context_destroy): the 25 slowest, one line each
  * with rank, total ms, share of all kernels' time, calls, mean us, GFLOP/s and GB/s (from
- * the plan's flops and bytes moved, as in the LOOM_DUMP plan), kind, graph hash:kernel
- * index (the plan dump's names), the root op with its type and the user's source line
- * that recorded it; then a total line comparing the kernels' time with ExecuteTime.
- * JSON: {"kernel_ns", "execute_ns", "calls", "kernels": [{"program", "index", "kind",
- * "root", "loc", "calls", "total_ns", "flops", "bytes"}, ...]}, every kernel (flops and
+ * the plan's flops and bytes moved, as in the LOOM_DUMP plan), idle% (the share of the
+ * device threads' time in the kernel, threads x its time, that they spent not running it:
+ * waiting for the last chunk, with no chunk, waking up), kind, graph hash:kernel index
+ * (the plan dump's names), the root op with its type and the user's source line that
+ * recorded it; then a total line comparing the kernels' time with ExecuteTime and giving
+ * the threads' idle share over all kernels. JSON: {"kernel_ns", "execute_ns", "calls",
+ * "thread_ns", "idle_ns", "kernels": [{"program", "index", "kind", "root", "loc", "calls",
+ * "total_ns", "thread_ns", "idle_ns", "flops", "bytes"}, ...]}, every kernel (flops and
  * bytes per call). Without loom_context_options.profile nothing is timed and the list is
  * empty. Waits for the step in flight first, as loom_context_sync does (its error, if any,
  * is recorded in the context). Errors: INVALID_ARGUMENT, OUT_OF_MEMORY. */

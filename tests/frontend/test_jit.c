@@ -315,7 +315,7 @@ static loom_status profiled_step(loom_context *ctx, loom_tensor *x, loom_tensor 
 typedef struct profiled_kernel {
     char program[17], kind[16], loc[128];
     int index;
-    int64_t calls, total_ns;
+    int64_t calls, total_ns, thread_ns, idle_ns;
     double flops, bytes;
 } profiled_kernel;
 
@@ -329,10 +329,11 @@ static int parse_profile(const char *json, profiled_kernel *out, int max) {
         assert_int_equal(sscanf(p,
                                 "{\"program\":\"%16[0-9a-f]\",\"index\":%d,\"kind\":\"%15[a-z]\","
                                 "\"root\":\"%*[^\"]\",\"loc\":\"%127[^\"]\",\"calls\":%" SCNd64
-                                ",\"total_ns\":%" SCNd64 ",\"flops\":%lf,\"bytes\":%lf}%n",
+                                ",\"total_ns\":%" SCNd64 ",\"thread_ns\":%" SCNd64
+                                ",\"idle_ns\":%" SCNd64 ",\"flops\":%lf,\"bytes\":%lf}%n",
                                 k->program, &k->index, k->kind, k->loc, &k->calls, &k->total_ns,
-                                &k->flops, &k->bytes, &used),
-                         8);
+                                &k->thread_ns, &k->idle_ns, &k->flops, &k->bytes, &used),
+                         10);
         assert_true(used > 0);
         n++;
     }
@@ -363,11 +364,15 @@ static void plan_cost(const char *dir, const char *hash, int index, double *flop
     assert_true(found);
 }
 
-/* A JIT context without the disk cache, profiling or not, dumping into dump_dir (or not). */
+enum { PROFILE_THREADS = 2 };
+
+/* A JIT context of PROFILE_THREADS threads without the disk cache, profiling or not,
+ * dumping into dump_dir (or not). */
 static loom_context *profiling_context(bool profile, const char *dump_dir) {
     loom_context_options o;
     loom_context_options_init(&o);
     o.eager = false;
+    o.num_threads = PROFILE_THREADS;
     o.cache_dir = "";
     o.dump_dir = dump_dir;
     o.profile = profile;
@@ -400,11 +405,12 @@ static void test_the_profile_counts_every_kernel_run_with_the_plans_costs(void *
     loom_ir_sbuf sb;
     profiled_kernel ks[16];
     int n = parse_profile(profile_of(ctx, LOOM_REPORT_FORMAT_JSON, &sb), ks, 16);
-    int64_t kernel_ns = -1, execute_ns = -1, calls = -1;
-    assert_int_equal(
-        sscanf(sb.data, "{\"kernel_ns\":%" SCNd64 ",\"execute_ns\":%" SCNd64 ",\"calls\":%" SCNd64,
-               &kernel_ns, &execute_ns, &calls),
-        3);
+    int64_t kernel_ns = -1, execute_ns = -1, calls = -1, thread_ns = -1, idle_ns = -1;
+    assert_int_equal(sscanf(sb.data,
+                            "{\"kernel_ns\":%" SCNd64 ",\"execute_ns\":%" SCNd64
+                            ",\"calls\":%" SCNd64 ",\"thread_ns\":%" SCNd64 ",\"idle_ns\":%" SCNd64,
+                            &kernel_ns, &execute_ns, &calls, &thread_ns, &idle_ns),
+                     5);
     loom_ir_sbuf_deinit(&sb);
     assert_int_equal(n, loom_metric_total(ctx, "KernelsPerGraph"));
     assert_true(n >= 2);
@@ -412,10 +418,15 @@ static void test_the_profile_counts_every_kernel_run_with_the_plans_costs(void *
     assert_int_equal(execute_ns, loom_metric_total(ctx, "ExecuteTime"));
     assert_true(kernel_ns > 0 && kernel_ns <= execute_ns);
     bool seen[16] = {false}, matmul = false;
-    int64_t sum = 0;
+    int64_t sum = 0, idle_sum = 0;
     for (int i = 0; i < n; i++) {
         assert_int_equal(ks[i].calls, STEPS);
         assert_true(ks[i].total_ns > 0);
+        /* both threads' time in the kernel, some of it idle: a thread with no chunk idles
+         * throughout, and two chunks never start the moment the kernel does */
+        assert_int_equal(ks[i].thread_ns, PROFILE_THREADS * ks[i].total_ns);
+        assert_true(ks[i].idle_ns > 0 && ks[i].idle_ns < ks[i].thread_ns);
+        idle_sum += ks[i].idle_ns;
         if (i > 0)
             assert_true(ks[i].total_ns <= ks[i - 1].total_ns); /* by total time */
         assert_string_equal(ks[i].program, ks[0].program);
@@ -434,11 +445,15 @@ static void test_the_profile_counts_every_kernel_run_with_the_plans_costs(void *
     }
     assert_true(matmul);
     assert_int_equal(sum, kernel_ns);
+    assert_int_equal(thread_ns, PROFILE_THREADS * kernel_ns);
+    assert_int_equal(idle_ns, idle_sum);
 
     /* the text names the table's columns, the source line and the total */
     const char *text = profile_of(ctx, LOOM_REPORT_FORMAT_TEXT, &sb);
     assert_non_null(strstr(text, "rank  total ms"));
     assert_non_null(strstr(text, "GFLOP/s"));
+    assert_non_null(strstr(text, "idle%"));
+    assert_non_null(strstr(text, "threads idle "));
     assert_non_null(strstr(text, "matmul f32[32,40]"));
     assert_non_null(strstr(text, "test_jit.c:"));
     assert_non_null(strstr(text, "\ntotal: "));
@@ -468,7 +483,8 @@ static void test_nothing_is_timed_without_profiling(void **state) {
     const char *json = profile_of(ctx, LOOM_REPORT_FORMAT_JSON, &sb);
     char want[128];
     snprintf(want, sizeof want,
-             "{\"kernel_ns\":0,\"execute_ns\":%" PRId64 ",\"calls\":0,\"kernels\":[]}\n",
+             "{\"kernel_ns\":0,\"execute_ns\":%" PRId64
+             ",\"calls\":0,\"thread_ns\":0,\"idle_ns\":0,\"kernels\":[]}\n",
              loom_metric_total(ctx, "ExecuteTime"));
     assert_string_equal(json, want);
     loom_ir_sbuf_deinit(&sb);

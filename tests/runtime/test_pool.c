@@ -1,5 +1,6 @@
 /* Tests of the kernel thread pool: parallel_for covers its range exactly once in contiguous
- * chunks of at least grain, at most one per thread; and LOOM_NUM_THREADS. */
+ * chunks of at least grain, at most one per thread; the threads' idle time it reports; and
+ * LOOM_NUM_THREADS. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -224,6 +225,52 @@ static void test_pool_create_out_of_memory_leaks_nothing(void **state) {
     }
 }
 
+/* ---- idle time (LOOM_PROFILE's idle%) ----------------------------------------------------- */
+
+enum { SLEEP_MS = 30 };
+
+/* Sleeps SLEEP_MS in the chunk starting at 0, returns at once in the others. */
+static void sleep_first_fn(void *ud, int64_t lo, int64_t hi) {
+    (void)ud;
+    (void)hi;
+    if (lo == 0)
+        usleep(SLEEP_MS * 1000);
+}
+
+static int64_t idle_of(loom_rt_pool *pool, int64_t extent, int64_t grain, int64_t *wall) {
+    int64_t idle = -1, t0 = loom_rt_now_ns();
+    loom_rt_pool_parallel_for_idle(pool, extent, grain, sleep_first_fn, NULL, &idle);
+    *wall = loom_rt_now_ns() - t0;
+    assert_true(*wall >= SLEEP_MS * 1000000LL);
+    assert_true(idle >= 0);
+    return idle;
+}
+
+static void test_parallel_for_idle_counts_the_threads_time_outside_chunks(void **state) {
+    (void)state;
+    const int64_t ms = 1000000, lower = (SLEEP_MS - 5) * ms;
+    loom_rt_pool *pool = NULL;
+    assert_int_equal(loom_rt_pool_create(2, &sys, &pool), LOOM_OK);
+    int64_t wall;
+    /* two chunks, one sleeping: the other thread waits through about all of it */
+    int64_t idle = idle_of(pool, 2, 1, &wall);
+    assert_true(idle >= lower);
+    assert_true(idle <= 2 * wall - SLEEP_MS * ms); /* the sleeping chunk counts as busy */
+    /* one chunk (extent below two grains), run inline: the worker idles throughout */
+    idle = idle_of(pool, 3, 2, &wall);
+    assert_true(idle >= lower && idle <= wall);
+    loom_rt_pool_destroy(pool);
+    /* one thread: it ran the chunk, so it was never idle (but for the clock reads) */
+    assert_int_equal(loom_rt_pool_create(1, &sys, &pool), LOOM_OK);
+    idle = idle_of(pool, 4, 1, &wall);
+    assert_true(idle < 5 * ms);
+    /* the ordinary parallel_for still covers the range */
+    record *r = run_recorded(pool, 40, 1);
+    check_cover(r, 40, 1, 1);
+    free(r);
+    loom_rt_pool_destroy(pool);
+}
+
 /* ---- LOOM_NUM_THREADS --------------------------------------------------------------------- */
 
 static void test_default_threads_reads_loom_num_threads(void **state) {
@@ -258,6 +305,7 @@ int main(void) {
         cmocka_unit_test(test_parallel_for_with_extent_zero_calls_nothing),
         cmocka_unit_test(test_parallel_for_on_one_thread_runs_inline),
         cmocka_unit_test(test_parallel_for_back_to_back_calls_all_complete),
+        cmocka_unit_test(test_parallel_for_idle_counts_the_threads_time_outside_chunks),
         cmocka_unit_test(test_pool_create_rejects_bad_thread_counts),
         cmocka_unit_test(test_pool_create_out_of_memory_leaks_nothing),
         cmocka_unit_test(test_default_threads_reads_loom_num_threads),
