@@ -575,8 +575,10 @@ static int32_t plan_borders(const kc *c, cv_plan *cps) {
 typedef struct cv_bufs {
     MlirValue ap, bp, stg, stga, tab, rtab;
     MlirValue cs[CV_WIDE_MAX];
-    /* a_cache: the packed weights, and whose they are (tag, row block) */
-    MlirValue afull[CV_WIDE_MAX], akey[CV_WIDE_MAX];
+    /* a_cache: the packed weights, and whose they are (tag, row block): one per phase run
+     * side by side (slot), or, where a_by_tag, one per phase (tag) */
+    MlirValue afull[CV_PHASES_MAX], akey[CV_PHASES_MAX];
+    bool a_by_tag;
 } cv_bufs;
 
 /* Stages the weights' rows [i0, i1) x K [k0, k1) as A at ap[base] (paired through stga). */
@@ -656,7 +658,8 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
     const cg_mk *m = &cp->mk;
     bool gw = cp->role == CV_GRAD_WEIGHT;
     int64_t ld = m->kp * m->pk; /* row stride of A's staged rows */
-    MlirValue zf = cg_cf(b, b->f32, 0.0), cs = u->cs[slot], afull = u->afull[slot];
+    int32_t as = u->a_by_tag ? tag : slot;
+    MlirValue zf = cg_cf(b, b->f32, 0.0), cs = u->cs[slot], afull = u->afull[as];
     if (cp->tab && !gw)
         cv_build_table(c, cp, u->tab, cp->ldt, c0, c1);
     else if (!gw && !cp->identity)
@@ -666,14 +669,14 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
         MlirValue key =
             cg_conv(b, "arith.index_cast", cg_iadd(b, cg_idx(b, (int64_t)tag << 40), gib), b->i64);
         cg_if f;
-        cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, u->akey[slot], cg_idx(b, 0)), key));
+        cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, u->akey[as], cg_idx(b, 0)), key));
         cg_for la;
         cg_for_begin(b, &la, cg_idx(b, 0), cg_idx(b, cp->nbk), 0, NULL);
         MlirValue k0 = cg_imul_c(b, la.iv, cp->kc);
         MlirValue k1 = cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->kc)), cg_idx(b, cp->K));
         pack_weights(c, cp, u, afull, cg_imul_c(b, la.iv, a_chunk), gi, i0, i1, k0, k1);
         cg_for_end(b, &la, 0, NULL);
-        cg_store(b, key, u->akey[slot], cg_idx(b, 0));
+        cg_store(b, key, u->akey[as], cg_idx(b, 0));
         cg_if_end(b, &f);
     }
     /* bf16 windows read as pairs of rows straight into B (no f32 copy): a 1x1's channels, or
@@ -924,13 +927,16 @@ loom_status cg_lower_conv(kc *c) {
         wide = (int32_t)cp->st[1];
         n_run = n_ph / wide;
     }
-    /* Phases' tasks interleave: task (g, ib, q, jb) of phase q, each phase over the largest
+    /* Phases' tasks interleave: task (g, ib, jb, q) of phase q, each phase over the largest
      * nbm and nbn (past its own: no work), so that the contiguous range of tasks the pool
-     * gives a thread holds every phase's share of the rows, and a thread's consecutive
-     * tasks still share a row block's weights (a_cache); where phases without taps write
-     * zeros (a strided 1x1's three of four), (g, ib, jb, q), whose ranges hold every phase's
-     * share of a single row block too (in phase order, the phase with taps went to one
-     * thread and the zeros to the other: 2x slower). */
+     * gives a thread holds every phase's share of every row block's columns, and each phase
+     * keeps its own packed weights (a_cache, a_by_tag), which a thread's next task of that
+     * phase and row block reuses. In the order (g, ib, q, jb), with one row block, one
+     * thread took the rows of one phase and the other those of the next: a 3x3 of stride 2
+     * has 1 row tap in one and 2 in the other, and layer2's input gradient at 56x56 left a
+     * thread idle a fifth of the time (in phase order, a strided 1x1's phase with taps went
+     * to one thread and its zeros to the other: 2x slower). Where the phases' weights would
+     * not all fit the cache, (g, ib, q, jb), sharing one cache. */
     int64_t numel = loom_ir_numel(root->rank, root->shape), nbm_max = 0, nbn_max = 0, work = 0;
     bool zero_phase = false;
     for (int32_t q = 0; q < n_run; q++) {
@@ -967,6 +973,10 @@ loom_status cg_lower_conv(kc *c) {
     }
     bool pairs = cp->mk.pk == 2;
     cv_bufs u;
+    int32_t n_aslots = n_run * wide;
+    u.a_by_tag = n_run > 1 && n_afull * 4 * n_aslots <= CV_A_CACHE;
+    if (!u.a_by_tag)
+        n_aslots = wide;
     u.ap = cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_ap);
     u.bp = pairs ? cg_alloc_buf(b, b->i32, n_bp) : u.ap;
     for (int32_t w = 0; w < wide; w++)
@@ -977,10 +987,10 @@ loom_status cg_lower_conv(kc *c) {
     u.stga = pairs ? cg_alloc_buf(b, b->f32, n_stga) : u.ap;
     u.tab = n_tab > 0 ? cg_alloc_buf(b, b->i32, n_tab) : u.stg;
     u.rtab = n_rtab > 0 ? cg_alloc_buf(b, b->i64, n_rtab) : u.stg;
-    for (int32_t w = 0; w < wide; w++) {
-        u.afull[w] = n_afull > 0 ? cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_afull) : u.ap;
-        u.akey[w] = cg_alloc_buf(b, b->i64, 1);
-        cg_store(b, cg_ci(b, b->i64, -1), u.akey[w], cg_idx(b, 0));
+    for (int32_t a = 0; a < n_aslots; a++) {
+        u.afull[a] = n_afull > 0 ? cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_afull) : u.ap;
+        u.akey[a] = cg_alloc_buf(b, b->i64, 1);
+        cg_store(b, cg_ci(b, b->i64, -1), u.akey[a], cg_idx(b, 0));
     }
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
@@ -988,7 +998,7 @@ loom_status cg_lower_conv(kc *c) {
         st = emit_task(c, run, wide, &u, lo.iv, 0);
     } else {
         MlirValue q, jb, gib, r;
-        if (zero_phase) { /* (g, ib, jb, q) */
+        if (zero_phase || u.a_by_tag) { /* (g, ib, jb, q) */
             q = irem(b, lo.iv, n_run), r = idiv(b, lo.iv, n_run);
             jb = irem(b, r, nbn_max), gib = idiv(b, r, nbn_max);
         } else { /* (g, ib, q, jb) */
@@ -1017,11 +1027,12 @@ loom_status cg_lower_conv(kc *c) {
     for (int q = 0; q < 6; q++)
         if (own[q])
             cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
-    for (int32_t w = 0; w < wide; w++) {
+    for (int32_t w = 0; w < wide; w++)
         cg_op(b, "memref.dealloc", 1, &u.cs[w], 0, NULL, 0, NULL);
-        cg_op(b, "memref.dealloc", 1, &u.akey[w], 0, NULL, 0, NULL);
+    for (int32_t a = 0; a < n_aslots; a++) {
+        cg_op(b, "memref.dealloc", 1, &u.akey[a], 0, NULL, 0, NULL);
         if (n_afull > 0)
-            cg_op(b, "memref.dealloc", 1, &u.afull[w], 0, NULL, 0, NULL);
+            cg_op(b, "memref.dealloc", 1, &u.afull[a], 0, NULL, 0, NULL);
     }
 done:
     loom_ir_free(&c->s->alloc, cps, bytes);
