@@ -33,13 +33,17 @@ int32_t loom_rt_pool_threads(const loom_rt_pool *pool);
  * Not reentrant: one parallel_for at a time per pool. */
 void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
                                void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud);
-/* The same, also returning in *idle_ns the thread time the pool's threads spent not
- * running fn between the call and its return: threads x wall time less the chunks' summed
- * run times (a thread with no chunk, one waiting for the last chunk, one still waking up).
- * Costs two clock reads per chunk. */
-void loom_rt_pool_parallel_for_idle(loom_rt_pool *pool, int64_t extent, int64_t grain,
-                                    void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud,
-                                    int64_t *idle_ns);
+/* The same in up to per_thread (>= 1) chunks a thread, which the threads claim as they
+ * come free: a thread slowed down (its core shared with the host thread, say) then runs
+ * fewer of them instead of holding the others up. Worth it where a chunk costs nothing to
+ * start (elementwise kernels), not where each repacks operands (convolutions). With idle_ns
+ * (not NULL), also returns there the thread time the pool's threads spent not running fn
+ * between the call and its return: threads x wall time less the chunks' summed run times
+ * (a thread with no chunk, one waiting for the last chunk, one still waking up), at the
+ * cost of two clock reads per chunk. */
+void loom_rt_pool_parallel_for_ex(loom_rt_pool *pool, int64_t extent, int64_t grain,
+                                  int32_t per_thread, void (*fn)(void *ud, int64_t lo, int64_t hi),
+                                  void *ud, int64_t *idle_ns);
 /* The default thread count: LOOM_NUM_THREADS if set and valid, else the online cores. */
 int32_t loom_rt_default_threads(void);
 /* The same for one of `sharers` processes sharing the machine (the local ranks of a

@@ -255,17 +255,18 @@ void loom_rt_pool_destroy(loom_rt_pool *pool) {
 int32_t loom_rt_pool_threads(const loom_rt_pool *pool) { return pool ? pool->n_threads : 0; }
 
 /* Returns, when timed, the summed run times of the chunks (else 0). */
-static int64_t parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
+static int64_t parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain, int32_t per_thread,
                             void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud, bool timed) {
     if (extent <= 0)
         return 0;
     if (grain < 1)
         grain = 1;
-    /* As many chunks as threads, but none smaller than grain: extent / n_chunks >= grain
+    per_thread = per_thread < 1 ? 1 : per_thread > 64 ? 64 : per_thread; /* fits the job word */
+    /* per_thread chunks a thread, but none smaller than grain: extent / n_chunks >= grain
      * whenever n_chunks <= extent / grain, and chunks differ in size by at most one. */
     int64_t n_chunks = extent / grain;
-    if (n_chunks > pool->n_threads)
-        n_chunks = pool->n_threads;
+    if (n_chunks > (int64_t)pool->n_threads * per_thread)
+        n_chunks = (int64_t)pool->n_threads * per_thread;
     if (n_chunks <= 1) { /* no hand-off: nothing to share */
         int64_t t0 = timed ? loom_rt_now_ns() : 0;
         fn(ud, 0, extent);
@@ -304,14 +305,18 @@ static int64_t parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
 
 void loom_rt_pool_parallel_for(loom_rt_pool *pool, int64_t extent, int64_t grain,
                                void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud) {
-    (void)parallel_for(pool, extent, grain, fn, ud, false);
+    (void)parallel_for(pool, extent, grain, 1, fn, ud, false);
 }
 
-void loom_rt_pool_parallel_for_idle(loom_rt_pool *pool, int64_t extent, int64_t grain,
-                                    void (*fn)(void *ud, int64_t lo, int64_t hi), void *ud,
-                                    int64_t *idle_ns) {
+void loom_rt_pool_parallel_for_ex(loom_rt_pool *pool, int64_t extent, int64_t grain,
+                                  int32_t per_thread, void (*fn)(void *ud, int64_t lo, int64_t hi),
+                                  void *ud, int64_t *idle_ns) {
+    if (!idle_ns) {
+        (void)parallel_for(pool, extent, grain, per_thread, fn, ud, false);
+        return;
+    }
     int64_t t0 = loom_rt_now_ns();
-    int64_t busy = parallel_for(pool, extent, grain, fn, ud, true);
+    int64_t busy = parallel_for(pool, extent, grain, per_thread, fn, ud, true);
     int64_t idle = (int64_t)pool->n_threads * (loom_rt_now_ns() - t0) - busy;
     *idle_ns = idle > 0 ? idle : 0;
 }

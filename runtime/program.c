@@ -25,7 +25,17 @@ typedef struct prog_kernel {
     loom_rt_kernel k;            /* fn NULL for a collective */
     int32_t first_slot, n_slots; /* args then results, into program.slots */
     int32_t coll;                /* into program.colls, or -1 */
+    int32_t per_thread;          /* chunks a thread (loom_rt_pool_parallel_for_ex) */
 } prog_kernel;
+
+/* Chunks a thread for elementwise kernels, whose tasks cost nothing to start: a thread
+ * whose core the host thread shares (tracing the next step while this one runs) then takes
+ * fewer chunks instead of holding the other up. Matmul kernels (matmuls, convolutions,
+ * pools) keep one chunk a thread: each chunk packs its operands anew, and more chunks made
+ * ResNet-50's convolutions slower (bench/README.md). So do reductions: 4 chunks a thread
+ * made batch norm's sums 5-10% slower at 64x64 (each chunk sets up and sums its own
+ * accumulators). */
+enum { PROG_SPLIT_PER_THREAD = 4 };
 
 /* A COLLECTIVE kernel: one collective, or a bucket of all-reduces whose values lie end to
  * end from the first result's buffer (memplan), reduced as count elements in place. */
@@ -240,8 +250,12 @@ static loom_status build(program *p, const loom_ir_plan *plan, const loom_rt_ker
         bool coll = pk->kind == LOOM_IR_KERNEL_COLLECTIVE;
         if (!rk->fn != coll || rk->extent < 1 || rk->grain < 1)
             return LOOM_STATUS_INVALID_ARGUMENT;
-        p->kernels[k] = (prog_kernel){
-            .k = *rk, .first_slot = s, .n_slots = pk->n_args + pk->n_results, .coll = -1};
+        bool split = pk->kind == LOOM_IR_KERNEL_ELEMENTWISE;
+        p->kernels[k] = (prog_kernel){.k = *rk,
+                                      .first_slot = s,
+                                      .n_slots = pk->n_args + pk->n_results,
+                                      .coll = -1,
+                                      .per_thread = split ? PROG_SPLIT_PER_THREAD : 1};
         for (int32_t i = 0; i < pk->n_args; i++)
             if (!resolve_slot(p, plan, pk->args[i], &p->slots[s++]))
                 return LOOM_STATUS_INVALID_ARGUMENT;
@@ -463,14 +477,11 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
             st = start_collective(p, &p->colls[pk->coll], d);
         } else {
             kernel_call call = {.fn = pk->k.fn, .bufs = p->bufs + pk->first_slot};
-            if (p->prof) {
-                int64_t idle = 0;
-                loom_rt_pool_parallel_for_idle(p->pool, pk->k.extent, pk->k.grain, call_kernel,
-                                               &call, &idle);
+            int64_t idle = 0;
+            loom_rt_pool_parallel_for_ex(p->pool, pk->k.extent, pk->k.grain, pk->per_thread,
+                                         call_kernel, &call, p->prof ? &idle : NULL);
+            if (p->prof)
                 p->prof[k].idle_ns += idle;
-            } else {
-                loom_rt_pool_parallel_for(p->pool, pk->k.extent, pk->k.grain, call_kernel, &call);
-            }
             if (p->n_in_flight > 0)
                 poll_collectives(p);
         }

@@ -1,6 +1,6 @@
 /* Tests of the kernel thread pool: parallel_for covers its range exactly once in contiguous
- * chunks of at least grain, at most one per thread; the threads' idle time it reports; and
- * LOOM_NUM_THREADS. */
+ * chunks of at least grain, at most one per thread (parallel_for_ex: per_thread a thread,
+ * which balances uneven chunks); the threads' idle time it reports; and LOOM_NUM_THREADS. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -239,7 +239,7 @@ static void sleep_first_fn(void *ud, int64_t lo, int64_t hi) {
 
 static int64_t idle_of(loom_rt_pool *pool, int64_t extent, int64_t grain, int64_t *wall) {
     int64_t idle = -1, t0 = loom_rt_now_ns();
-    loom_rt_pool_parallel_for_idle(pool, extent, grain, sleep_first_fn, NULL, &idle);
+    loom_rt_pool_parallel_for_ex(pool, extent, grain, 1, sleep_first_fn, NULL, &idle);
     *wall = loom_rt_now_ns() - t0;
     assert_true(*wall >= SLEEP_MS * 1000000LL);
     assert_true(idle >= 0);
@@ -256,9 +256,10 @@ static void test_parallel_for_idle_counts_the_threads_time_outside_chunks(void *
     int64_t idle = idle_of(pool, 2, 1, &wall);
     assert_true(idle >= lower);
     assert_true(idle <= 2 * wall - SLEEP_MS * ms); /* the sleeping chunk counts as busy */
-    /* one chunk (extent below two grains), run inline: the worker idles throughout */
+    /* one chunk (extent below two grains), run inline: the worker idles throughout, the
+     * caller only around its clock reads */
     idle = idle_of(pool, 3, 2, &wall);
-    assert_true(idle >= lower && idle <= wall);
+    assert_true(idle >= lower && idle <= wall + ms);
     loom_rt_pool_destroy(pool);
     /* one thread: it ran the chunk, so it was never idle (but for the clock reads) */
     assert_int_equal(loom_rt_pool_create(1, &sys, &pool), LOOM_OK);
@@ -268,6 +269,42 @@ static void test_parallel_for_idle_counts_the_threads_time_outside_chunks(void *
     record *r = run_recorded(pool, 40, 1);
     check_cover(r, 40, 1, 1);
     free(r);
+    loom_rt_pool_destroy(pool);
+}
+
+/* Sleeps 5 ms per index of [lo, hi), 20 ms more at index 0. */
+static void uneven_fn(void *ud, int64_t lo, int64_t hi) {
+    (void)ud;
+    usleep((useconds_t)((hi - lo) * 5000 + (lo == 0 ? 20000 : 0)));
+}
+
+static void test_parallel_for_ex_deals_several_chunks_a_thread(void **state) {
+    (void)state;
+    loom_rt_pool *pool = NULL;
+    assert_int_equal(loom_rt_pool_create(3, &sys, &pool), LOOM_OK);
+    /* up to 4 chunks a thread, none below grain, tiling the range */
+    static const int64_t shapes[][3] = {{100, 3, 4}, {100, 1, 4}, {7, 2, 4}, {12, 1, 1}, {5, 5, 8}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t extent = shapes[i][0], grain = shapes[i][1];
+        int32_t per = (int32_t)shapes[i][2];
+        record *r = calloc(1, sizeof *r);
+        assert_non_null(r);
+        loom_rt_pool_parallel_for_ex(pool, extent, grain, per, record_fn, r, NULL);
+        check_cover(r, extent, grain, 3 * per);
+        int64_t want = extent / grain < 3 * per ? extent / grain : 3 * per;
+        assert_int_equal(atomic_load(&r->n_chunks), want < 1 ? 1 : want);
+        free(r);
+    }
+    loom_rt_pool_destroy(pool);
+    /* 2 threads over 8 indices, the first 20 ms longer: in one chunk each, the second
+     * thread waits 20 ms for the first; in chunks of one index it takes the others' share */
+    assert_int_equal(loom_rt_pool_create(2, &sys, &pool), LOOM_OK);
+    int64_t idle_one = -1, idle_split = -1;
+    loom_rt_pool_parallel_for_ex(pool, 8, 1, 1, uneven_fn, NULL, &idle_one);
+    loom_rt_pool_parallel_for_ex(pool, 8, 1, 4, uneven_fn, NULL, &idle_split);
+    if (!(idle_one >= 15000000 && 2 * idle_split < idle_one))
+        fail_msg("idle %lld ns in one chunk a thread, %lld in four", (long long)idle_one,
+                 (long long)idle_split);
     loom_rt_pool_destroy(pool);
 }
 
@@ -306,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_parallel_for_on_one_thread_runs_inline),
         cmocka_unit_test(test_parallel_for_back_to_back_calls_all_complete),
         cmocka_unit_test(test_parallel_for_idle_counts_the_threads_time_outside_chunks),
+        cmocka_unit_test(test_parallel_for_ex_deals_several_chunks_a_thread),
         cmocka_unit_test(test_pool_create_rejects_bad_thread_counts),
         cmocka_unit_test(test_pool_create_out_of_memory_leaks_nothing),
         cmocka_unit_test(test_default_threads_reads_loom_num_threads),
