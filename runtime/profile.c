@@ -135,12 +135,12 @@ loom_status loom_rt_profile_report(const loom_rt_profile *p, int64_t execute_ns,
                             "source\n");
     for (size_t i = 0; i < shown; i++) {
         const loom_rt_profile_kernel *k = ks[i];
-        double pct = kernel_ns > 0 ? 100.0 * (double)k->total_ns / (double)kernel_ns : 0;
-        loom_ir_writer_printf(
-            &w, "%4zu %9.3f %6.1f %6" PRId64 " %9.1f %8.2f %7.2f %6.1f  %-12s ", i + 1,
-            (double)k->total_ns / 1e6, pct, k->calls, (double)k->total_ns / 1e3 / (double)k->calls,
-            giga_per_s(k->flops, k->calls, k->total_ns),
-            giga_per_s(k->bytes, k->calls, k->total_ns), share(k->idle_ns, k->thread_ns), k->kind);
+        loom_ir_writer_printf(&w, "%4zu %9.3f %6.1f %6" PRId64 " %9.1f %8.2f %7.2f %6.1f  %-12s ",
+                              i + 1, (double)k->total_ns / 1e6, share(k->total_ns, kernel_ns),
+                              k->calls, (double)k->total_ns / 1e3 / (double)k->calls,
+                              giga_per_s(k->flops, k->calls, k->total_ns),
+                              giga_per_s(k->bytes, k->calls, k->total_ns),
+                              share(k->idle_ns, k->thread_ns), k->kind);
         loom_ir_writer_printf(&w, "%016" PRIx64 ":%-3d ", k->program, (int)k->index);
         loom_ir_writer_printf(&w, "%-30s ", k->root);
         loom_ir_writer_puts(&w, *k->loc ? k->loc : "?");
