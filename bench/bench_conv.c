@@ -13,8 +13,9 @@
 #include "bench_util.h"
 
 /* A convolution of ResNet-50 (torchvision v1.5: a block's stride is on its 3x3), square input
- * hw x hw, kernel k x k, padding k / 2, no bias, groups 1. Keep in step with LAYERS in
- * bench/torch_conv.py (run_conv_bench.sh joins the two sides by name). */
+ * hw x hw at 224x224 images (--image-size rescales it: stage_hw), kernel k x k, padding k / 2,
+ * no bias, groups 1. Keep in step with LAYERS in bench/torch_conv.py (run_conv_bench.sh joins
+ * the two sides by name). */
 typedef struct layer {
     const char *name;
     int64_t c, o, hw, k, stride;
@@ -56,7 +57,7 @@ typedef enum pass { PASS_FORWARD, PASS_GRAD_INPUT, PASS_GRAD_WEIGHT, PASS_COUNT_
 static const char *const pass_names[PASS_COUNT_] = {"forward", "grad_input", "grad_weight"};
 
 typedef struct args {
-    int64_t batch;
+    int64_t batch, image_size;
     int32_t threads;
     int reps, warmup;
     bool json, best, check;
@@ -69,6 +70,26 @@ typedef struct result {
     int64_t kernels;
     double err; /* --check: relative RMS error against the interpreter; else NAN */
 } result;
+
+/* The layer's input extent at image x image: its stage's (224 -> 56 -> 28 -> 14 -> 7 at 224,
+ * the stem 7x7/2 and max pool 3x3/2 before layer1, then a stride-2 conv per stage) as the
+ * network computes it; 64 gives 64 -> 16 -> 8 -> 4 -> 2. Keep in step with stage_hw in
+ * bench/torch_conv.py. */
+static int64_t stage_hw(int64_t hw224, int64_t image) {
+    int64_t hw = image;
+    if (hw224 == 224)
+        return hw;
+    hw = ((hw + 6 - 7) / 2 + 1 + 2 - 3) / 2 + 1; /* stem conv, then max pool */
+    for (int64_t s = 56; s > hw224; s /= 2)
+        hw = (hw + 2 - 3) / 2 + 1;
+    return hw;
+}
+
+static layer scaled_layer(const layer *l, int64_t image) {
+    layer r = *l;
+    r.hw = stage_hw(l->hw, image);
+    return r;
+}
 
 static int64_t out_extent(const layer *l) {
     return (l->hw + 2 * (l->k / 2) - l->k) / l->stride + 1;
@@ -226,16 +247,17 @@ static void print_result(const args *a, const layer *l, pass p, const result *r)
     double gflops = layer_flops(l, a->batch) / (r->ms * 1e-3) / 1e9;
     if (a->json) {
         printf("{\"side\":\"loom\",\"layer\":\"%s\",\"pass\":\"%s\",\"dtype\":\"%s\","
-               "\"batch\":%lld,\"threads\":%d,\"c\":%lld,\"o\":%lld,\"h\":%lld,\"w\":%lld,"
+               "\"batch\":%lld,\"image_size\":%lld,\"threads\":%d,\"c\":%lld,\"o\":%lld,\"h\":%lld,"
+               "\"w\":%lld,"
                "\"k\":%lld,\"stride\":%lld,\"pad\":%lld,\"oh\":%lld,\"ow\":%lld,\"uses\":%d,"
                "\"flops\":%.0f,\"ms\":%.4f,\"gflops\":%.2f,\"stat\":\"%s\",\"reps\":%d,"
                "\"warmup\":%d,\"wall_ms\":%.4f,\"compile_ms\":%.2f,\"kernels\":%lld",
                l->name, pass_names[p], loom_dtype_name(a->dtype), (long long)a->batch,
-               (int)a->threads, (long long)l->c, (long long)l->o, (long long)l->hw,
-               (long long)l->hw, (long long)l->k, (long long)l->stride, (long long)(l->k / 2),
-               (long long)oh, (long long)oh, l->uses, layer_flops(l, a->batch), r->ms, gflops,
-               a->best ? "best" : "median", a->reps, a->warmup, r->wall_ms, r->compile_ms,
-               (long long)r->kernels);
+               (long long)a->image_size, (int)a->threads, (long long)l->c, (long long)l->o,
+               (long long)l->hw, (long long)l->hw, (long long)l->k, (long long)l->stride,
+               (long long)(l->k / 2), (long long)oh, (long long)oh, l->uses,
+               layer_flops(l, a->batch), r->ms, gflops, a->best ? "best" : "median", a->reps,
+               a->warmup, r->wall_ms, r->compile_ms, (long long)r->kernels);
         if (a->check)
             printf(",\"rel_rms_err\":%.3e", r->err);
         printf("}\n");
@@ -360,10 +382,12 @@ static int run_layer(const args *a, const layer *l) {
 
 static int usage(FILE *f) {
     fprintf(f,
-            "Usage: bench_conv [--batch N] [--threads N] [--dtype f32|bf16] [--reps N]\n"
-            "                  [--warmup N] [--layer NAME[,NAME...]] [--pass LIST] [--best]\n"
-            "                  [--check] [--json] [--list]\n"
+            "Usage: bench_conv [--batch N] [--image-size N] [--threads N] [--dtype f32|bf16]\n"
+            "                  [--reps N] [--warmup N] [--layer NAME[,NAME...]] [--pass LIST]\n"
+            "                  [--best] [--check] [--json] [--list]\n"
             "  --batch N     images per batch (default 8)\n"
+            "  --image-size N  the network's input images are N x N (default 224): each\n"
+            "                layer's input is its stage's extent (64: 64, 16, 8, 4, 2)\n"
             "  --threads N   the context's threads (default 2)\n"
             "  --dtype D     f32 (default) or bf16 (x, w and dy are bf16 tensors: bf16 convs\n"
             "                with f32 accumulation, bf16 results)\n"
@@ -409,7 +433,12 @@ static bool select_names(const char *list, const char *const *names, int n, bool
 
 /* Parses argv into *a; -1 to go on, else the exit status. */
 static int parse(int argc, char **argv, args *a) {
-    *a = (args){.batch = 8, .threads = 2, .reps = 10, .warmup = 3, .dtype = LOOM_DTYPE_F32};
+    *a = (args){.batch = 8,
+                .image_size = 224,
+                .threads = 2,
+                .reps = 10,
+                .warmup = 3,
+                .dtype = LOOM_DTYPE_F32};
     bool any_layer = false, any_pass = false;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -432,6 +461,8 @@ static int parse(int argc, char **argv, args *a) {
         i++;
         if (!strcmp(f, "--batch") && parse_int(v, 1, 1 << 20, &n)) {
             a->batch = n;
+        } else if (!strcmp(f, "--image-size") && parse_int(v, 32, 4096, &n)) {
+            a->image_size = n;
         } else if (!strcmp(f, "--threads") && parse_int(v, 1, 1024, &n)) {
             a->threads = (int32_t)n;
         } else if (!strcmp(f, "--reps") && parse_int(v, 1, 1 << 20, &n)) {
@@ -469,17 +500,21 @@ int main(int argc, char **argv) {
     if (rc >= 0)
         return rc;
     if (!a.json) {
-        printf("ResNet-50 convolutions, batch %lld, %s, %d threads; ms: %s ExecuteTime of %d "
-               "steps after %d warm-up steps (wall: mark_step to sync); GFLOP/s from ms\n",
-               (long long)a.batch, loom_dtype_name(a.dtype), (int)a.threads,
-               a.best ? "best" : "median", a.reps, a.warmup);
+        printf("ResNet-50 convolutions at %lldx%lld, batch %lld, %s, %d threads; ms: %s "
+               "ExecuteTime of %d steps after %d warm-up steps (wall: mark_step to sync); "
+               "GFLOP/s from ms\n",
+               (long long)a.image_size, (long long)a.image_size, (long long)a.batch,
+               loom_dtype_name(a.dtype), (int)a.threads, a.best ? "best" : "median", a.reps,
+               a.warmup);
         printf("%-24s %-22s %4s  %-11s %9s %9s %9s %11s %7s%s\n", "layer", "C->O KxK/s H->OH",
                "uses", "pass", "ms", "wall ms", "GFLOP/s", "compile ms", "kernels",
                a.check ? "   rel err" : "");
     }
     for (int k = 0; k < N_LAYERS && rc <= 0; k++) {
-        if (a.layer_on[k])
-            rc = run_layer(&a, &layers[k]);
+        if (a.layer_on[k]) {
+            layer l = scaled_layer(&layers[k], a.image_size);
+            rc = run_layer(&a, &l);
+        }
     }
     return rc > 0 ? 1 : 0;
 }

@@ -115,7 +115,9 @@ def conv_table(loom_path, torch_path, markdown=False, cpu="?"):
                          f"{tms / lms:.2f}x", "-"])
     any_l = next(iter(load_jsonl(loom_path)), {})
     any_t = next(iter(torch.values()), {})
-    print(f"ResNet-50 convolutions (torchvision v1.5, 224x224), batch {any_l.get('batch', '?')}, "
+    image = any_l.get("image_size", 224)
+    print(f"ResNet-50 convolutions (torchvision v1.5, {image}x{image}), "
+          f"batch {any_l.get('batch', '?')}, "
           f"{any_l.get('threads', '?')} threads on both sides; CPU: {cpu}")
     print_table(head, rows, markdown)
     bf16 = " bf16: both sides on bf16 tensors (PyTorch: the oneDNN kernels autocast reaches, " \

@@ -7,11 +7,13 @@ set -eu
 
 usage() {
     cat <<'USAGE'
-Usage: bench/run_conv_bench.sh [--build DIR] [--batch N] [--dtype LIST] [--threads N]
+Usage: bench/run_conv_bench.sh [--build DIR] [--batch N] [--image-size N] [--dtype LIST] [--threads N]
                                [--reps N] [--warmup N] [--layer LIST] [--pass LIST]
                                [--best] [--markdown]
   --build DIR     Meson build folder holding bench/bench_conv (default: build)
   --batch N       images per batch (default 8)
+  --image-size N  the network's input images are N x N (default 224); each layer runs at its
+                  stage's extent (64: 64, 16, 8, 4, 2)
   --dtype LIST    comma-separated among f32,bf16 (default f32,bf16)
   --threads N     threads on both sides (default 2)
   --reps N        timed runs per pass (default 10), after --warmup N untimed ones (default 3)
@@ -25,6 +27,7 @@ USAGE
 here=$(cd "$(dirname "$0")" && pwd)
 build="$here/../build"
 batch=8
+image_size=224
 dtypes="f32,bf16"
 threads=2
 layers=""
@@ -34,6 +37,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --build) build=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
+    --image-size) image_size=$2; shift 2 ;;
     --dtype) dtypes=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --layer) layers=$2; shift 2 ;;
@@ -59,7 +63,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 for dtype in $(echo "$dtypes" | tr ',' ' '); do
     for layer in $(echo "$layers" | tr ',' ' '); do
-        args="--batch $batch --threads $threads --dtype $dtype --layer $layer$common"
+        args="--batch $batch --image-size $image_size --threads $threads --dtype $dtype --layer $layer$common"
         echo "Loom: $bench $args" >&2
         # shellcheck disable=SC2086
         LOOM_NUM_THREADS=$threads "$bench" --json $args >>"$tmp/loom.jsonl"

@@ -75,8 +75,23 @@ def time_calls(fn, warmup, reps, best):
     return (min(t) if best else statistics.median(t)) * 1e3
 
 
+def stage_hw(hw224, image):
+    """The layer's input extent at image x image (224 -> 56 -> 28 -> 14 -> 7 at 224; 64 gives
+    64, 16, 8, 4, 2): the stem 7x7/2 and max pool 3x3/2 before layer1, then a stride-2 conv per
+    stage. Keep in step with stage_hw in bench_conv.c."""
+    if hw224 == 224:
+        return image
+    hw = ((image + 6 - 7) // 2 + 1 + 2 - 3) // 2 + 1
+    s = 56
+    while s > hw224:
+        hw = (hw + 2 - 3) // 2 + 1
+        s //= 2
+    return hw
+
+
 def run_layer(args, layer):
     name, c, o, hw, k, stride, uses = layer
+    hw = stage_hw(hw, args.image_size)
     pad = k // 2
     oh = (hw + 2 * pad - k) // stride + 1
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -97,7 +112,8 @@ def run_layer(args, layer):
         for p in args.passes:
             ms = time_calls(calls[p], args.warmup, args.reps, args.best)
             rows.append({"side": "torch", "layer": name, "pass": p, "dtype": args.dtype,
-                         "batch": args.batch, "threads": args.threads, "c": c, "o": o, "h": hw,
+                         "batch": args.batch, "image_size": args.image_size,
+                         "threads": args.threads, "c": c, "o": o, "h": hw,
                          "w": hw, "k": k, "stride": stride, "pad": pad, "oh": oh, "ow": oh,
                          "uses": uses, "flops": flops, "ms": round(ms, 4),
                          "gflops": round(flops / (ms * 1e-3) / 1e9, 2),
@@ -112,6 +128,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--image-size", type=int, default=224,
+                   help="the network's input images are N x N; each layer's input is its "
+                        "stage's extent (64: 64, 16, 8, 4, 2)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
     p.add_argument("--reps", type=int, default=10)
@@ -138,12 +157,15 @@ def main():
             p.error(f"unknown pass '{q}' ({', '.join(PASSES)})")
     if args.reps < 1 or args.warmup < 0 or args.batch < 1 or args.threads < 1:
         p.error("--reps, --batch and --threads must be >= 1, --warmup >= 0")
+    if not 32 <= args.image_size <= 4096:
+        p.error("--image-size must be in 32..4096")
     torch.set_num_threads(args.threads)
     if args.dtype == "bf16" and not torch.backends.mkldnn.is_available():
         print("torch_conv.py: warning: oneDNN (mkldnn) is not available; bf16 convolutions "
               "take PyTorch's slow path", file=sys.stderr)
     if not args.json:
-        print(f"PyTorch {torch.__version__} ResNet-50 convolutions, batch {args.batch}, "
+        print(f"PyTorch {torch.__version__} ResNet-50 convolutions at {args.image_size}x"
+              f"{args.image_size}, batch {args.batch}, "
               f"{args.dtype}{' (bf16 tensors)' if args.dtype == 'bf16' else ''}, "
               f"{args.threads} threads; ms: {'best' if args.best else 'median'} of {args.reps} "
               f"calls after {args.warmup} warm-up calls")
