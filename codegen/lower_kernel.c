@@ -24,7 +24,9 @@
  *    dims lie outside the innermost kept dim as well (batch norm's sums over batch and
  *    pixels): then a task takes a tile of that kept dim and, for each element of the
  *    outer reduced dims, sums the tile's contiguous run into a stack buffer of the tile's
- *    accumulators (per output it read a run per image, a layer apart); a max over a few
+ *    accumulators (per output it read a run per image, a layer apart), or, where the runs
+ *    are 64 elements or fewer, adds each run element into an accumulator of its own, four
+ *    images at a time, and sums the runs at the end; a max over a few
  *    elements (a pool's window) is instead unrolled under a loop over the innermost kept
  *    dim, which LLVM vectorizes across outputs. When the innermost dim is kept (column
  *    sums), a tile of RED_TILE outputs accumulates in a stack buffer and the innermost

@@ -626,16 +626,21 @@ static void test_reductions_with_prologue_and_epilogue_over_axis_sets(void **sta
 
 /* Reductions over dims on both sides of the innermost kept one (batch norm's over batch and
  * pixels of NCHW) run blocked: a task takes a tile of channels and sums, image by image,
- * the tile's contiguous run (lower_reduction.c). Tiles of one channel and of many, a last
- * tile short, a reduced dim between two kept ones, a stored prologue (x - 0.25) * x and an
- * epilogue, sum, mean and max, each against the interpreter with its calls in 3 ranges. */
+ * the tile's contiguous run (lower_reduction.c); where the runs are short (64 or fewer),
+ * each run element accumulates on its own, 4 images a load and store, and the runs are
+ * summed at the end. Tiles of one channel and of many, a last tile short, a reduced dim
+ * between two kept ones, images in fours with and without a remainder and fewer than four,
+ * a stored prologue (x - 0.25) * x and an epilogue, sum, mean and max, each against the
+ * interpreter with its calls in 3 ranges. */
 static void test_blocked_reductions_over_batch_and_pixels(void **state) {
     (void)state;
     static const struct {
         int64_t shape[4];
         uint32_t axes;
     } cases[] = {
-        {{3, 37, 7, 9}, (1u << 0) | (1u << 2) | (1u << 3)},    /* 63 a run: tiles of 2 */
+        {{3, 37, 7, 9}, (1u << 0) | (1u << 2) | (1u << 3)},    /* 63 a run, 3 images */
+        {{7, 19, 5, 5}, (1u << 0) | (1u << 2) | (1u << 3)},    /* 25 a run, 4 + 3 images */
+        {{9, 70, 1, 2}, (1u << 0) | (1u << 2) | (1u << 3)},    /* 2 a run: tiles of 70 */
         {{2, 5, 181, 183}, (1u << 0) | (1u << 2) | (1u << 3)}, /* runs above 32768: 1 */
         {{4, 300, 3, 1}, (1u << 0) | (1u << 2)},               /* 3: tiles of 19 of 300 */
         {{5, 6, 7, 8}, (1u << 1) | (1u << 3)}, /* kept 0 (per task) and 2 (the tile) */
@@ -671,12 +676,13 @@ static void test_blocked_reductions_over_batch_and_pixels(void **state) {
  * reduction along other axes is refused with its reason. */
 static void test_reductions_sharing_one_pass(void **state) {
     (void)state;
-    const uint32_t axis_sets[] = {1u << 3, (1u << 0) | (1u << 2) | (1u << 3),
-                                  (1u << 0) | (1u << 1)};
+    const uint32_t axis_sets[] = {1u << 3, (1u << 0) | (1u << 2) | (1u << 3), (1u << 0) | (1u << 1),
+                                  (1u << 0) | (1u << 2) | (1u << 3)};
     for (size_t a = 0; a < LEN(axis_sets); a++) {
         fx f;
         fx_init(&f);
-        const int64_t *sh = S(3, 37, 9, 41);
+        /* the last: runs of 15, each element its own accumulators, 4 + 2 images */
+        const int64_t *sh = a == 3 ? S(6, 37, 3, 5) : S(3, 37, 9, 41);
         int32_t x = input(&f, LOOM_DTYPE_F32, 4, sh), y = input(&f, LOOM_DTYPE_F32, 4, sh);
         int32_t xy = op2(&f, LOOM_IR_OP_MUL, x, y); /* a prologue result too */
         int32_t s1 = reduce(&f, LOOM_IR_OP_REDUCE_SUM, x, axis_sets[a], true);
