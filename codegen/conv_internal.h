@@ -28,6 +28,7 @@ typedef struct cv_plan {
     bool tab;       /* stage through a pixel table (cv_build_table) of ldt pixels a tap */
     bool identity;  /* 1x1, stride 1, no padding: a window row is its channel's pixels */
     bool pairs_win; /* B's bf16 pairs staged straight from the window (cv_stage_window_pairs) */
+    bool img_win;   /* ... a whole image at a time (cv_stage_window_pairs_img) */
     bool lanes_win; /* else its rows staged in f32 by masked loads (cv_stage_window_lanes) */
     int64_t ldt;
     /* a strided input gradient is computed per phase, and a stride-1 convolution of a small
@@ -92,6 +93,19 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
                            MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rtab, MlirValue g,
                             MlirValue i0, MlirValue i1, MlirValue r0, MlirValue r1);
+/* The same pairs for conv2d and the input gradient where source and destination images are
+ * 16 pixels or fewer and the blocks whole images (cv_window_img_ok, after pairs_win): each
+ * image's channel read once into a vector, each tap's window row of it one shuffle (taps[]:
+ * KK x 16 i16, the chunk's rows for one image), then paired from there. */
+bool cv_window_img_ok(const cv_plan *cp);
+/* The weight gradient's A likewise (as cv_stage_window_kpairs pairs it), each tap's pixel
+ * pairs of an image one shuffle of its channel. */
+bool cv_window_kpairs_img_ok(const cv_plan *cp);
+void cv_stage_window_kpairs_img(kc *c, const cv_plan *cp, MlirValue ap, MlirValue g, MlirValue i0,
+                                MlirValue i1, MlirValue r0, MlirValue r1);
+int64_t cv_img_taps_len(const cv_plan *cp);
+void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue taps, MlirValue g,
+                               MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 /* cv_stage_window through a table of every pixel's source (narrow images and phases of
  * source steps above 2): cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab
  * for its npix pixels. */

@@ -437,6 +437,100 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
 
+/* Whole images: a source and a destination image of 16 pixels or fewer (4x4), blocks of
+ * whole images, at most 16 taps, and no phase, 1x1 or strided input gradient (whose windows
+ * read through phases or runs). Row by row, a 4x4's 4-pixel rows cost two masked loads, a
+ * pairing and a 4-lane masked store each, a quarter of the kernel's time (perf annotate).
+ * ResNet-50's layer3 3x3 at 4x4 (bench_conv --image-size 64, batch 32, bf16 pairs, 2
+ * threads on a Zen 4, best of 15, in turns): forward 1.67-1.95 -> 1.44 ms, input gradient
+ * 1.70-1.98 -> 1.47; layer4's stride-2 3x3 from 4x4 to 2x2, forward 2.4-3.9 -> 1.8-2.1. */
+bool cv_window_img_ok(const cv_plan *cp) {
+    return cp->pairs_win && cp->role != CV_GRAD_WEIGHT && !cp->phased && !cp->identity &&
+           (!cp->dst_big || (cp->st[0] == 1 && cp->st[1] == 1)) && cp->sH * cp->sW <= 16 &&
+           cp->dH * cp->dW <= 16 && cp->pix_rows % cp->dH == 0 && cp->KK <= 16;
+}
+
+/* taps[]'s i16 values: the window rows of a chunk's channels (one more: a chunk may start
+ * and end inside a channel) for one image. */
+int64_t cv_img_taps_len(const cv_plan *cp) {
+    return (ceil_div(cp->kc, cp->KK) + 1) * cp->KK * 16;
+}
+
+/* Along axis a, the source coordinate of destination coordinate d at tap k, or -1 where
+ * the window reads padding (src_coord with constants). */
+static int64_t img_src(const cv_plan *cp, int a, int64_t d, int64_t k) {
+    int64_t ext = a == 0 ? cp->sH : cp->sW, e = cp->pd[a] - k * cp->dl[a], s;
+    if (!cp->dst_big) {
+        s = d * cp->st[a] - e;
+    } else {
+        int64_t num = d + e;
+        if (num < 0 || num % cp->st[a] != 0)
+            return -1;
+        s = num / cp->st[a];
+    }
+    return s >= 0 && s < ext ? s : -1;
+}
+
+void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue taps, MlirValue g,
+                               MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0);
+    MlirType v16 = cg_vec_t(16, b->i16);
+    int64_t ns = cp->sH * cp->sW, nd = cp->dH * cp->dW;
+    MlirValue zero16 = cg_vbroadcast(b, cg_ci(b, b->i16, 0), v16);
+    /* lane l of destination pixel l's tap k: its source pixel's lane, or a zero's (16 + l) */
+    int64_t lanes[16][16];
+    for (int64_t k = 0; k < cp->KK; k++)
+        for (int64_t l = 0; l < 16; l++) {
+            int64_t sy = l < nd ? img_src(cp, 0, l / cp->dW, k / cp->KW) : -1;
+            int64_t sx = l < nd ? img_src(cp, 1, l % cp->dW, k % cp->KW) : -1;
+            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : 16 + l;
+        }
+    int32_t in[16];
+    for (int l = 0; l < 16; l++)
+        in[l] = l < ns ? 1 : 0;
+    MlirValue ones = cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(16, b->i32));
+    MlirValue src_mask = cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, 16, in), ones);
+    MlirValue ch0 = idiv(b, j0, cp->KK),
+              ch1 = idiv(b, cg_iadd(b, j1, cg_idx(b, cp->KK - 1)), cp->KK);
+    MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
+    MlirValue jbase = cg_imul_c(b, ch0, cp->KK); /* taps[] row of window row j: j - jbase */
+    cg_for ln, lc, lk;
+    cg_for_begin(b, &ln, idiv(b, r0, cp->dH), idiv(b, r1, cp->dH), 0, NULL);
+    /* the image's channels [ch0, ch1), every tap's row into taps[] */
+    cg_for_begin(b, &lc, ch0, ch1, 0, NULL);
+    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), lc.iv);
+    MlirValue from = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->wC), chan), ns);
+    MlirValue img =
+        ns == 16 ? cg_vload(b, v16, src, from) : cg_vmaskload(b, v16, src, from, src_mask);
+    MlirValue trow = cg_imul_c(b, isub(b, lc.iv, ch0), cp->KK * 16);
+    for (int64_t k = 0; k < cp->KK; k++)
+        cg_vstore(b, cg_vshuffle(b, img, zero16, 16, lanes[k]), taps,
+                  cg_iadd(b, trow, cg_idx(b, k * 16)));
+    cg_for_end(b, &lc, 0, NULL);
+    /* its columns of every pair (a chunk of odd rows: the last pairs with zeros) */
+    MlirValue col = cg_imul_c(b, isub(b, ln.iv, idiv(b, r0, cp->dH)), nd);
+    cg_for_begin(b, &lk, z, npair, 0, NULL);
+    MlirValue ja = cg_iadd(b, j0, cg_imul_c(b, lk.iv, 2)), jb = cg_iadd(b, ja, cg_idx(b, 1));
+    MlirValue va = cg_vload(b, v16, taps, cg_imul_c(b, isub(b, ja, jbase), 16));
+    MlirValue has_b = cg_cmpi(b, CG_I_ULT, jb, j1);
+    MlirValue vb =
+        cg_vload(b, v16, taps, cg_imul_c(b, isub(b, cg_select(b, has_b, jb, ja), jbase), 16));
+    vb = cg_select(b, has_b, vb, zero16);
+    cv_store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, cg_imul_c(b, lk.iv, m->b_ld), col), nd);
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &ln, 0, NULL);
+    /* the rows' padding past the block's pixels, and the rows past the chunk */
+    MlirValue ncol = cg_imul_c(b, isub(b, r1, r0), cp->dW);
+    cg_for lz;
+    cg_for_begin(b, &lz, z, npair, 0, NULL);
+    zero_range(b, zi, bp, cg_imul_c(b, lz.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
+    cg_for_end(b, &lz, 0, NULL);
+    cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
+}
+
 void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t width,
                            MlirValue rtab, MlirValue g, MlirValue j0, MlirValue j1, MlirValue r0,
                            MlirValue r1) {
@@ -608,6 +702,64 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
     }
     cg_for_end(b, &lr, 0, NULL);
     zero_range(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));
+    cg_for_end(b, &lj, 0, NULL);
+    cv_zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp, zi);
+}
+
+/* Whole images, as cv_window_img_ok, for the weight gradient: a row block of whole channels,
+ * an image's pixel pairs (a row's q and q + ceil(dW / 2), as kpair_half pairs a segment) 16 or
+ * fewer. Layer3's 3x3 at 4x4 as above: 1.75-1.77 -> 1.57-1.63 ms; layer4's at 2x2 2.15 ->
+ * 1.90; layer3's 1x1 from 256 to 1024 at 4x4 0.77 -> 0.70-0.74. */
+bool cv_window_kpairs_img_ok(const cv_plan *cp) {
+    return cp->pairs_win && cp->role == CV_GRAD_WEIGHT && !cp->phased && cp->dW <= 32 &&
+           cp->sH * cp->sW <= 16 && cp->dH * ceil_div(cp->dW, 2) <= 16 &&
+           cp->pix_rows % cp->dH == 0 && cp->KK <= 16 && cp->rows % cp->KK == 0;
+}
+
+void cv_stage_window_kpairs_img(kc *c, const cv_plan *cp, MlirValue ap, MlirValue g, MlirValue i0,
+                                MlirValue i1, MlirValue r0, MlirValue r1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    MlirValue zi = cg_ci(b, b->i32, 0);
+    MlirType v16 = cg_vec_t(16, b->i16), v16i = cg_vec_t(16, b->i32);
+    int64_t ns = cp->sH * cp->sW, P = ceil_div(cp->dW, 2), np = P * cp->dH;
+    MlirValue zero16 = cg_vbroadcast(b, cg_ci(b, b->i16, 0), v16);
+    /* lane 2i + half of tap k: pair i = (y, p)'s pixel q = p (+ P for the high half) of row y,
+     * its source pixel's lane, or a zero's (16) */
+    int64_t lanes[16][32];
+    for (int64_t k = 0; k < cp->KK; k++)
+        for (int64_t l = 0; l < 32; l++) {
+            int64_t i = l / 2, y = i / P, q = i % P + (l % 2) * P;
+            int64_t sy = i < np && q < cp->dW ? img_src(cp, 0, y, k / cp->KW) : -1;
+            int64_t sx = sy >= 0 ? img_src(cp, 1, q, k % cp->KW) : -1;
+            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : 16;
+        }
+    int32_t in[16];
+    for (int l = 0; l < 16; l++)
+        in[l] = l < ns ? 1 : 0;
+    MlirValue ones = cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(16, b->i32));
+    MlirValue src_mask = cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, 16, in), ones);
+    MlirValue n0 = idiv(b, r0, cp->dH);
+    cg_for lc, ln, lj;
+    cg_for_begin(b, &lc, idiv(b, i0, cp->KK), idiv(b, i1, cp->KK), 0, NULL);
+    MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), lc.iv);
+    MlirValue row = cg_imul_c(b, isub(b, cg_imul_c(b, lc.iv, cp->KK), i0), m->kp);
+    cg_for_begin(b, &ln, n0, idiv(b, r1, cp->dH), 0, NULL);
+    MlirValue from = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->wC), chan), ns);
+    MlirValue img =
+        ns == 16 ? cg_vload(b, v16, src, from) : cg_vmaskload(b, v16, src, from, src_mask);
+    MlirValue at = cg_iadd(b, row, cg_imul_c(b, isub(b, ln.iv, n0), np));
+    for (int64_t k = 0; k < cp->KK; k++) {
+        MlirValue v = cg_vbitcast(b, cg_vshuffle(b, img, zero16, 32, lanes[k]), v16i);
+        cv_store_lanes(b, v, ap, cg_iadd(b, at, cg_idx(b, k * m->kp)), np);
+    }
+    cg_for_end(b, &ln, 0, NULL);
+    cg_for_end(b, &lc, 0, NULL);
+    /* the rows' pairs past the chunk's pixels, and the rows past the block up to mbp */
+    cg_for_begin(b, &lj, cg_idx(b, 0), isub(b, i1, i0), 0, NULL);
+    zero_range(b, zi, ap, cg_imul_c(b, lj.iv, m->kp), cg_imul_c(b, isub(b, r1, r0), P),
+               cg_idx(b, m->kp));
     cg_for_end(b, &lj, 0, NULL);
     cv_zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp, zi);
 }

@@ -34,7 +34,9 @@
  * Windows are staged row-major in f32 for the FMA microkernel (conv_stage.c); for
  * vdpbf16ps a bf16 window goes straight into bf16 pairs along K: pairs of window rows
  * (conv2d, input gradient: B), or of a window row's pixels (weight gradient: A, and dy^T's
- * rows paired alike).
+ * rows paired alike); where source and destination images are 16 pixels or fewer (4x4), a
+ * whole image at a time: its channel one vector, each tap's row (or pixel pairs) a shuffle
+ * of it, where a row of 4 pixels took two masked loads and a masked store of 4 lanes.
  *
  * Tasks: (group, row block, column block); each stages and multiplies its K in chunks that
  * fit the caches, accumulating in an f32 block of C, then runs the epilogue over the block
@@ -431,6 +433,7 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->identity = cp->KH == 1 && cp->KW == 1 && cp->st[0] == 1 && cp->st[1] == 1 &&
                        cp->pd[0] == 0 && cp->pd[1] == 0;
     cp->pairs_win = cv_window_pairs_ok(c, cp);
+    cp->img_win = cv_window_img_ok(cp) || cv_window_kpairs_img_ok(cp);
     if (cp->pairs_win && cp->role == CV_GRAD_WEIGHT) /* whole pixel rows of pairs */
         m->kp = cp->pix_rows * ceil_div(cp->dW, 2);
     cp->lanes_win = !cp->pairs_win && cv_window_lanes_ok(cp);
@@ -573,7 +576,7 @@ static int32_t plan_borders(const kc *c, cv_plan *cps) {
 /* The task's buffers (sized for every phase's blocks); C and the weights' cache once per
  * phase run side by side. */
 typedef struct cv_bufs {
-    MlirValue ap, bp, stg, stga, tab, rtab;
+    MlirValue ap, bp, stg, stga, tab, rtab, img;
     MlirValue cs[CV_WIDE_MAX];
     /* a_cache: the packed weights, and whose they are (tag, row block): one per phase run
      * side by side (slot), or, where a_by_tag, one per phase (tag) */
@@ -662,7 +665,7 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
     MlirValue zf = cg_cf(b, b->f32, 0.0), cs = u->cs[slot], afull = u->afull[as];
     if (cp->tab && !gw)
         cv_build_table(c, cp, u->tab, cp->ldt, c0, c1);
-    else if (!gw && !cp->identity)
+    else if (!gw && !cp->identity && !cp->img_win)
         cv_build_rows(c, cp, u->rtab, c0, c1);
     int64_t a_chunk = cp->mbp * m->kp;
     if (cp->a_cache) { /* all of K's weights, unless this thread's last task packed them */
@@ -692,7 +695,9 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
         MlirValue k0 = cg_imul_c(b, lk.iv, cp->pix_rows);
         MlirValue k1 =
             cg_imin(b, cg_iadd(b, k0, cg_idx(b, cp->pix_rows)), cg_idx(b, cp->N * cp->dH));
-        if (cp->pairs_win) {
+        if (cp->img_win) {
+            cv_stage_window_kpairs_img(c, cp, u->ap, gi, i0, i1, k0, k1);
+        } else if (cp->pairs_win) {
             cv_build_rows(c, cp, u->rtab, k0, k1);
             cv_stage_window_kpairs(c, cp, u->ap, u->rtab, gi, i0, i1, k0, k1);
         } else if (cp->lanes_win) {
@@ -724,6 +729,8 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
             pack_weights(c, cp, u, u->ap, cg_idx(b, 0), gi, i0, i1, k0, k1);
         if (runs_pairs)
             cv_stage_runs_pairs(c, cp, u->bp, gi, k0, k1, c0, c1);
+        else if (cp->img_win)
+            cv_stage_window_pairs_img(c, cp, u->bp, u->img, gi, k0, k1, c0, c1);
         else if (cp->pairs_win)
             cv_stage_window_pairs(c, cp, u->bp, u->rtab, gi, k0, k1, c0, c1);
         else if (cp->lanes_win)
@@ -958,7 +965,8 @@ loom_status cg_lower_conv(kc *c) {
 
     cg_b *b = c->b;
     /* buffers for the largest blocks of any plan that runs */
-    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0, n_afull = 0, n_rtab = 0;
+    int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0, n_afull = 0, n_rtab = 0,
+            n_img = 0;
     for (int32_t q = 0; q < n_run * wide; q++) {
         const cv_plan *r = &run[q];
         const cg_mk *m = &r->mk;
@@ -970,6 +978,7 @@ loom_status cg_lower_conv(kc *c) {
         n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
         n_rtab = max64(n_rtab, r->tab || (r->identity && !r->pairs_win) ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
+        n_img = max64(n_img, r->img_win && r->role != CV_GRAD_WEIGHT ? cv_img_taps_len(r) : 0);
     }
     bool pairs = cp->mk.pk == 2;
     cv_bufs u;
@@ -987,6 +996,7 @@ loom_status cg_lower_conv(kc *c) {
     u.stga = pairs ? cg_alloc_buf(b, b->f32, n_stga) : u.ap;
     u.tab = n_tab > 0 ? cg_alloc_buf(b, b->i32, n_tab) : u.stg;
     u.rtab = n_rtab > 0 ? cg_alloc_buf(b, b->i64, n_rtab) : u.stg;
+    u.img = n_img > 0 ? cg_alloc_buf(b, b->i16, n_img) : u.stg;
     for (int32_t a = 0; a < n_aslots; a++) {
         u.afull[a] = n_afull > 0 ? cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_afull) : u.ap;
         u.akey[a] = cg_alloc_buf(b, b->i64, 1);
@@ -1022,9 +1032,9 @@ loom_status cg_lower_conv(kc *c) {
         }
     }
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[6] = {u.ap, u.stg, u.bp, u.stga, u.tab, u.rtab};
-    bool own[6] = {true, true, pairs, pairs, n_tab > 0, n_rtab > 0};
-    for (int q = 0; q < 6; q++)
+    MlirValue bufs[7] = {u.ap, u.stg, u.bp, u.stga, u.tab, u.rtab, u.img};
+    bool own[7] = {true, true, pairs, pairs, n_tab > 0, n_rtab > 0, n_img > 0};
+    for (int q = 0; q < 7; q++)
         if (own[q])
             cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
     for (int32_t w = 0; w < wide; w++)

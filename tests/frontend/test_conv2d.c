@@ -655,6 +655,36 @@ static void test_border_classes_match_the_interpreter(void **state) {
     unsetenv("LOOM_CONV");
 }
 
+/* Small images under bf16 pairs (codegen/conv_stage.c, cv_stage_window_pairs_img and
+ * cv_stage_window_kpairs_img): where source and destination images are 16 pixels or fewer and
+ * a block holds whole images, each image's channel is read once into a vector and each tap's
+ * window row (conv2d, the input gradient) or its pixel pairs (the weight gradient) are one
+ * shuffle of it. A 4x4 3x3 (ResNet-50's layer3 at 64x64) with K in chunks that split a
+ * channel (45 channels: 405 rows in two chunks of 203), two column blocks of 12 images, a 3x3
+ * image (rows of 3 pixels: the weight gradient's pairs of a row's pixels 0 and 2, 1 and zero),
+ * a stride 2 from 4x4 to 2x2 (layer4's first 3x3), groups 2, a 1x1 at 4x4 (its weight
+ * gradient), a dilated 2x3 window at 4x2, and a 1x1 image (the weight gradient's window one
+ * pixel; the forward by border classes). */
+static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
+    (void)state;
+    static const conv_case cases[] = {
+        {"small: 4x4, K 405 in two chunks", 3, 45, 4, 4, 20, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {"small: 4x4, 24 images", 24, 8, 4, 4, 12, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"small: 3x3 image", 5, 16, 3, 3, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"small: 4x4 to 2x2, stride 2", 4, 16, 4, 4, 24, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, true},
+        {"small: 4x4, groups 2", 2, 16, 4, 4, 8, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2, false},
+        {"small: 1x1 at 4x4", 3, 24, 4, 4, 16, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, false},
+        {"small: 2x3 dilation 2 at 4x2", 2, 8, 4, 2, 8, 2, 3, {1, 1}, {1, 2}, {2, 1}, 1, true},
+        {"small: 1x1 image", 6, 16, 1, 1, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    };
+    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) != 0) {
+        print_message("skipping: bf16 pairs (vdpbf16ps) need AVX512-BF16, which this CPU lacks\n");
+        return;
+    }
+    compiled_step_matches_the_interpreter(cases, sizeof cases / sizeof cases[0], LOOM_DTYPE_BF16,
+                                          3e-2);
+}
+
 static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     (void)state;
     unsetenv("LOOM_CONV");
@@ -690,6 +720,7 @@ int main(void) {
         cmocka_unit_test(test_epilogues_by_pixels_and_by_rows_match_the_interpreter),
         cmocka_unit_test(test_strided_input_gradients_match_the_interpreter),
         cmocka_unit_test(test_border_classes_match_the_interpreter),
+        cmocka_unit_test(test_small_images_are_staged_whole_under_bf16_pairs),
         cmocka_unit_test(test_conv_switches_are_part_of_the_cache_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
