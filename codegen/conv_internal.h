@@ -93,10 +93,10 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
                            MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rtab, MlirValue g,
                             MlirValue i0, MlirValue i1, MlirValue r0, MlirValue r1);
-/* The same pairs for conv2d and the input gradient where source and destination images are
- * 16 pixels or fewer and the blocks whole images (cv_window_img_ok, after pairs_win): each
- * image's channel read once into a vector, each tap's window row of it one shuffle (taps[]:
- * KK x 16 i16, the chunk's rows for one image), then paired from there. */
+/* The same pairs for conv2d and the input gradient where the source image is 64 pixels or
+ * fewer, the destination 16 or fewer, and the blocks whole images (cv_window_img_ok, after
+ * pairs_win): each image's channel read once into a vector, each tap's window row of it one shuffle
+ * (taps[]: KK x 16 i16, the chunk's rows for one image), then paired from there. */
 bool cv_window_img_ok(const cv_plan *cp);
 /* The weight gradient's A likewise (as cv_stage_window_kpairs pairs it), each tap's pixel
  * pairs of an image one shuffle of its channel. */

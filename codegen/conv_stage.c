@@ -437,16 +437,19 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
 
-/* Whole images: a source and a destination image of 16 pixels or fewer (4x4), blocks of
- * whole images, at most 16 taps, and no phase, 1x1 or strided input gradient (whose windows
- * read through phases or runs). Row by row, a 4x4's 4-pixel rows cost two masked loads, a
- * pairing and a 4-lane masked store each, a quarter of the kernel's time (perf annotate).
- * ResNet-50's layer3 3x3 at 4x4 (bench_conv --image-size 64, batch 32, bf16 pairs, 2
- * threads on a Zen 4, best of 15, in turns): forward 1.67-1.95 -> 1.44 ms, input gradient
- * 1.70-1.98 -> 1.47; layer4's stride-2 3x3 from 4x4 to 2x2, forward 2.4-3.9 -> 1.8-2.1. */
+/* Whole images: a source image of 64 pixels or fewer (8x8: one vector of 16, 32 or 64
+ * lanes), a destination of 16 or fewer (4x4), blocks of whole images, at most 16 taps, and no
+ * phase, 1x1 or strided input gradient (whose windows read through phases or runs). Row by row, a
+ * 4x4's 4-pixel rows cost two masked loads, a pairing and a 4-lane masked store each, a quarter of
+ * the kernel's time (perf annotate). ResNet-50's layer3 3x3 at 4x4 (bench_conv --image-size 64,
+ * batch 32, bf16 pairs, 2 threads on a Zen 4, best of 15, in turns): forward 1.67-1.95 -> 1.44 ms,
+ * input gradient 1.70-1.98 -> 1.47; layer4's stride-2 3x3 from 4x4 to 2x2, forward 2.4-3.9
+ * -> 1.8-2.1. From 8x8 sources (64 lanes), layer3's first block: the stride-2 3x3's forward
+ * 1.85-2.18 -> 1.51-1.55 ms and weight gradient 2.09-2.21 -> 1.56-1.71, the 1x1
+ * downsample's forward 1.67-2.10 -> 1.36-1.46 and weight gradient 1.63-1.84 -> 1.38-1.40. */
 bool cv_window_img_ok(const cv_plan *cp) {
     return cp->pairs_win && cp->role != CV_GRAD_WEIGHT && !cp->phased && !cp->identity &&
-           (!cp->dst_big || (cp->st[0] == 1 && cp->st[1] == 1)) && cp->sH * cp->sW <= 16 &&
+           (!cp->dst_big || (cp->st[0] == 1 && cp->st[1] == 1)) && cp->sH * cp->sW <= 64 &&
            cp->dH * cp->dW <= 16 && cp->pix_rows % cp->dH == 0 && cp->KK <= 16;
 }
 
@@ -471,6 +474,28 @@ static int64_t img_src(const cv_plan *cp, int a, int64_t d, int64_t k) {
     return s >= 0 && s < ext ? s : -1;
 }
 
+/* The lanes of a source image's vector: 16, 32 or 64, its sH sW pixels and zeros past them. */
+static int64_t img_lanes(const cv_plan *cp) {
+    int64_t ns = cp->sH * cp->sW;
+    return ns <= 16 ? 16 : ns <= 32 ? 32 : 64;
+}
+
+/* The source image at src[from] as a vector of img_lanes (bf16 bits, zeros past its pixels),
+ * and in *zero a zero vector of its type (a shuffle's lanes img_lanes and on). */
+static MlirValue img_vector(cg_b *b, const cv_plan *cp, MlirValue src, MlirValue from,
+                            MlirValue *zero) {
+    int64_t ns = cp->sH * cp->sW, n = img_lanes(cp);
+    MlirType vt = cg_vec_t(n, b->i16);
+    *zero = cg_vbroadcast(b, cg_ci(b, b->i16, 0), vt);
+    if (ns == n)
+        return cg_vload(b, vt, src, from);
+    int32_t lane[64], lim[64];
+    for (int64_t l = 0; l < n; l++)
+        lane[l] = (int32_t)l, lim[l] = (int32_t)ns;
+    MlirValue mask = cg_vcmpi(b, CG_I_SLT, cg_vconst_i32(b, n, lane), cg_vconst_i32(b, n, lim));
+    return cg_vmaskload(b, vt, src, from, mask);
+}
+
 void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue taps, MlirValue g,
                                MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1) {
     cg_b *b = c->b;
@@ -478,21 +503,16 @@ void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
     MlirValue z = cg_idx(b, 0), zi = cg_ci(b, b->i32, 0);
     MlirType v16 = cg_vec_t(16, b->i16);
-    int64_t ns = cp->sH * cp->sW, nd = cp->dH * cp->dW;
+    int64_t ns = cp->sH * cp->sW, nd = cp->dH * cp->dW, nl = img_lanes(cp);
     MlirValue zero16 = cg_vbroadcast(b, cg_ci(b, b->i16, 0), v16);
-    /* lane l of destination pixel l's tap k: its source pixel's lane, or a zero's (16 + l) */
+    /* lane l of destination pixel l's tap k: its source pixel's lane, or a zero's (nl) */
     int64_t lanes[16][16];
     for (int64_t k = 0; k < cp->KK; k++)
         for (int64_t l = 0; l < 16; l++) {
             int64_t sy = l < nd ? img_src(cp, 0, l / cp->dW, k / cp->KW) : -1;
             int64_t sx = l < nd ? img_src(cp, 1, l % cp->dW, k % cp->KW) : -1;
-            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : 16 + l;
+            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : nl;
         }
-    int32_t in[16];
-    for (int l = 0; l < 16; l++)
-        in[l] = l < ns ? 1 : 0;
-    MlirValue ones = cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(16, b->i32));
-    MlirValue src_mask = cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, 16, in), ones);
     MlirValue ch0 = idiv(b, j0, cp->KK),
               ch1 = idiv(b, cg_iadd(b, j1, cg_idx(b, cp->KK - 1)), cp->KK);
     MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
@@ -503,11 +523,10 @@ void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue
     cg_for_begin(b, &lc, ch0, ch1, 0, NULL);
     MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), lc.iv);
     MlirValue from = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->wC), chan), ns);
-    MlirValue img =
-        ns == 16 ? cg_vload(b, v16, src, from) : cg_vmaskload(b, v16, src, from, src_mask);
+    MlirValue zimg, img = img_vector(b, cp, src, from, &zimg);
     MlirValue trow = cg_imul_c(b, isub(b, lc.iv, ch0), cp->KK * 16);
     for (int64_t k = 0; k < cp->KK; k++)
-        cg_vstore(b, cg_vshuffle(b, img, zero16, 16, lanes[k]), taps,
+        cg_vstore(b, cg_vshuffle(b, img, zimg, 16, lanes[k]), taps,
                   cg_iadd(b, trow, cg_idx(b, k * 16)));
     cg_for_end(b, &lc, 0, NULL);
     /* its columns of every pair (a chunk of odd rows: the last pairs with zeros) */
@@ -712,7 +731,7 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
  * 1.90; layer3's 1x1 from 256 to 1024 at 4x4 0.77 -> 0.70-0.74. */
 bool cv_window_kpairs_img_ok(const cv_plan *cp) {
     return cp->pairs_win && cp->role == CV_GRAD_WEIGHT && !cp->phased && cp->dW <= 32 &&
-           cp->sH * cp->sW <= 16 && cp->dH * ceil_div(cp->dW, 2) <= 16 &&
+           cp->sH * cp->sW <= 64 && cp->dH * ceil_div(cp->dW, 2) <= 16 &&
            cp->pix_rows % cp->dH == 0 && cp->KK <= 16 && cp->rows % cp->KK == 0;
 }
 
@@ -722,36 +741,29 @@ void cv_stage_window_kpairs_img(kc *c, const cv_plan *cp, MlirValue ap, MlirValu
     const cg_mk *m = &cp->mk;
     MlirValue src = c->bufs[c->s->buf_of[cp->win]];
     MlirValue zi = cg_ci(b, b->i32, 0);
-    MlirType v16 = cg_vec_t(16, b->i16), v16i = cg_vec_t(16, b->i32);
-    int64_t ns = cp->sH * cp->sW, P = ceil_div(cp->dW, 2), np = P * cp->dH;
-    MlirValue zero16 = cg_vbroadcast(b, cg_ci(b, b->i16, 0), v16);
+    MlirType v16i = cg_vec_t(16, b->i32);
+    int64_t P = ceil_div(cp->dW, 2), np = P * cp->dH, nl = img_lanes(cp);
     /* lane 2i + half of tap k: pair i = (y, p)'s pixel q = p (+ P for the high half) of row y,
-     * its source pixel's lane, or a zero's (16) */
+     * its source pixel's lane, or a zero's (nl) */
     int64_t lanes[16][32];
     for (int64_t k = 0; k < cp->KK; k++)
         for (int64_t l = 0; l < 32; l++) {
             int64_t i = l / 2, y = i / P, q = i % P + (l % 2) * P;
             int64_t sy = i < np && q < cp->dW ? img_src(cp, 0, y, k / cp->KW) : -1;
             int64_t sx = sy >= 0 ? img_src(cp, 1, q, k % cp->KW) : -1;
-            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : 16;
+            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : nl;
         }
-    int32_t in[16];
-    for (int l = 0; l < 16; l++)
-        in[l] = l < ns ? 1 : 0;
-    MlirValue ones = cg_vbroadcast(b, cg_ci(b, b->i32, 1), cg_vec_t(16, b->i32));
-    MlirValue src_mask = cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, 16, in), ones);
     MlirValue n0 = idiv(b, r0, cp->dH);
     cg_for lc, ln, lj;
     cg_for_begin(b, &lc, idiv(b, i0, cp->KK), idiv(b, i1, cp->KK), 0, NULL);
     MlirValue chan = cg_iadd(b, cg_imul_c(b, g, cp->wch), lc.iv);
     MlirValue row = cg_imul_c(b, isub(b, cg_imul_c(b, lc.iv, cp->KK), i0), m->kp);
     cg_for_begin(b, &ln, n0, idiv(b, r1, cp->dH), 0, NULL);
-    MlirValue from = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->wC), chan), ns);
-    MlirValue img =
-        ns == 16 ? cg_vload(b, v16, src, from) : cg_vmaskload(b, v16, src, from, src_mask);
+    MlirValue from = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, ln.iv, cp->wC), chan), cp->sH * cp->sW);
+    MlirValue zimg, img = img_vector(b, cp, src, from, &zimg);
     MlirValue at = cg_iadd(b, row, cg_imul_c(b, isub(b, ln.iv, n0), np));
     for (int64_t k = 0; k < cp->KK; k++) {
-        MlirValue v = cg_vbitcast(b, cg_vshuffle(b, img, zero16, 32, lanes[k]), v16i);
+        MlirValue v = cg_vbitcast(b, cg_vshuffle(b, img, zimg, 32, lanes[k]), v16i);
         cv_store_lanes(b, v, ap, cg_iadd(b, at, cg_idx(b, k * m->kp)), np);
     }
     cg_for_end(b, &ln, 0, NULL);

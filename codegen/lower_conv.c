@@ -34,9 +34,9 @@
  * Windows are staged row-major in f32 for the FMA microkernel (conv_stage.c); for
  * vdpbf16ps a bf16 window goes straight into bf16 pairs along K: pairs of window rows
  * (conv2d, input gradient: B), or of a window row's pixels (weight gradient: A, and dy^T's
- * rows paired alike); where source and destination images are 16 pixels or fewer (4x4), a
- * whole image at a time: its channel one vector, each tap's row (or pixel pairs) a shuffle
- * of it, where a row of 4 pixels took two masked loads and a masked store of 4 lanes.
+ * rows paired alike); where the source image is 64 pixels or fewer and the destination 16
+ * (4x4), a whole image at a time: its channel one vector, each tap's row (or pixel pairs) a
+ * shuffle of it, where a row of 4 pixels took two masked loads and a masked store of 4 lanes.
  *
  * Tasks: (group, row block, column block); each stages and multiplies its K in chunks that
  * fit the caches, accumulating in an f32 block of C, then runs the epilogue over the block

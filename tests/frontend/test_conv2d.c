@@ -656,15 +656,16 @@ static void test_border_classes_match_the_interpreter(void **state) {
 }
 
 /* Small images under bf16 pairs (codegen/conv_stage.c, cv_stage_window_pairs_img and
- * cv_stage_window_kpairs_img): where source and destination images are 16 pixels or fewer and
- * a block holds whole images, each image's channel is read once into a vector and each tap's
- * window row (conv2d, the input gradient) or its pixel pairs (the weight gradient) are one
- * shuffle of it. A 4x4 3x3 (ResNet-50's layer3 at 64x64) with K in chunks that split a
- * channel (45 channels: 405 rows in two chunks of 203), two column blocks of 12 images, a 3x3
- * image (rows of 3 pixels: the weight gradient's pairs of a row's pixels 0 and 2, 1 and zero),
- * a stride 2 from 4x4 to 2x2 (layer4's first 3x3), groups 2, a 1x1 at 4x4 (its weight
- * gradient), a dilated 2x3 window at 4x2, and a 1x1 image (the weight gradient's window one
- * pixel; the forward by border classes). */
+ * cv_stage_window_kpairs_img): where the source image is 64 pixels or fewer, the destination
+ * 16 or fewer, and a block holds whole images, each image's channel is read once into a vector
+ * (16, 32 or 64 lanes) and each tap's window row (conv2d, the input gradient) or its pixel
+ * pairs (the weight gradient) are one shuffle of it. A 4x4 3x3 (ResNet-50's layer3 at 64x64) with K
+ * in chunks that split a channel (45 channels: 405 rows in two chunks of 203), two column blocks of
+ * 12 images, a 3x3 image (rows of 3 pixels: the weight gradient's pairs of a row's pixels 0 and 2,
+ * 1 and zero), a stride 2 from 4x4 to 2x2 (layer4's first 3x3), groups 2, a 1x1 at 4x4 (its weight
+ * gradient), a dilated 2x3 window at 4x2, a 1x1 image (the weight gradient's window one
+ * pixel; the forward by border classes), and strides of 2 from 8x8 to 4x4 (a 3x3 and a 1x1:
+ * layer3's first block, a 64-lane source) and from 5x5 to 3x3 (32 lanes). */
 static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
     (void)state;
     static const conv_case cases[] = {
@@ -676,6 +677,9 @@ static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
         {"small: 1x1 at 4x4", 3, 24, 4, 4, 16, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, false},
         {"small: 2x3 dilation 2 at 4x2", 2, 8, 4, 2, 8, 2, 3, {1, 1}, {1, 2}, {2, 1}, 1, true},
         {"small: 1x1 image", 6, 16, 1, 1, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"small: 8x8 to 4x4, stride 2", 2, 16, 8, 8, 12, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
+        {"small: 1x1 stride 2, 8x8 to 4x4", 3, 24, 8, 8, 16, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, true},
+        {"small: 5x5 to 3x3, stride 2", 2, 8, 5, 5, 8, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
     };
     if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) != 0) {
         print_message("skipping: bf16 pairs (vdpbf16ps) need AVX512-BF16, which this CPU lacks\n");
