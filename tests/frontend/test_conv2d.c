@@ -665,7 +665,8 @@ static void test_border_classes_match_the_interpreter(void **state) {
  * 1 and zero), a stride 2 from 4x4 to 2x2 (layer4's first 3x3), groups 2, a 1x1 at 4x4 (its weight
  * gradient), a dilated 2x3 window at 4x2, a 1x1 image (the weight gradient's window one
  * pixel; the forward by border classes), and strides of 2 from 8x8 to 4x4 (a 3x3 and a 1x1:
- * layer3's first block, a 64-lane source) and from 5x5 to 3x3 (32 lanes). */
+ * layer3's first block, a 64-lane source) and from 5x5 to 3x3 (32 lanes), whose input
+ * gradients run by phases, each phase's grid and taps staged an image at a time. */
 static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
     (void)state;
     static const conv_case cases[] = {
