@@ -95,17 +95,18 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
                             MlirValue i0, MlirValue i1, MlirValue r0, MlirValue r1);
 /* The same pairs for conv2d and the input gradient where the source image is 64 pixels or
  * fewer, the destination 16 or fewer, and the blocks whole images (cv_window_img_ok, after
- * pairs_win): each image's channel read once into a vector, each tap's window row of it one shuffle
- * (taps[]: KK x 16 i16, the chunk's rows for one image), then paired from there. */
+ * pairs_win): each image's channel read once into a vector, each tap's window row of it one
+ * shuffle (taps[]: cv_img_taps_len i16, the chunk's rows for one image), then paired from
+ * there. */
 bool cv_window_img_ok(const cv_plan *cp);
+int64_t cv_img_taps_len(const cv_plan *cp);
+void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue taps, MlirValue g,
+                               MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 /* The weight gradient's A likewise (as cv_stage_window_kpairs pairs it), each tap's pixel
  * pairs of an image one shuffle of its channel. */
 bool cv_window_kpairs_img_ok(const cv_plan *cp);
 void cv_stage_window_kpairs_img(kc *c, const cv_plan *cp, MlirValue ap, MlirValue g, MlirValue i0,
                                 MlirValue i1, MlirValue r0, MlirValue r1);
-int64_t cv_img_taps_len(const cv_plan *cp);
-void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue taps, MlirValue g,
-                               MlirValue j0, MlirValue j1, MlirValue r0, MlirValue r1);
 /* cv_stage_window through a table of every pixel's source (narrow images and phases of
  * source steps above 2): cv_build_table for pixel rows [r0, r1), then cv_stage_window_tab
  * for its npix pixels. */

@@ -438,17 +438,18 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
 }
 
 /* Whole images: a source image of 64 pixels or fewer (8x8: one vector of 16, 32 or 64 lanes), a
- * destination of 16 or fewer (4x4; a strided input gradient's phase, or a border class, on its own
- * grid and taps), blocks of whole images, at most 16 taps, and not a 1x1 of stride 1 (whose window
- * is its channels' runs) or a strided input gradient taken whole (whose window reads through its
- * phases). Row by row, a 4x4's 4-pixel rows cost two masked loads, a pairing and a 4-lane masked
- * store each, a quarter of the kernel's time (perf annotate). ResNet-50's layer3 3x3 at 4x4
- * (bench_conv --image-size 64, batch 32, bf16 pairs, 2 threads on a Zen 4, best of 15, in turns):
- * forward 1.67-1.95 -> 1.44 ms, input gradient 1.70-1.98 -> 1.47; layer4's stride-2 3x3 from 4x4
- * to 2x2, forward 2.4-3.9 -> 1.8-2.1. From 8x8 sources (64 lanes), layer3's first block: the
- * stride-2 3x3's forward 1.85-2.18 -> 1.51-1.55 ms and weight gradient 2.09-2.21 -> 1.56-1.71, the
- * 1x1 downsample's forward 1.67-2.10 -> 1.36-1.46 and weight gradient 1.63-1.84 -> 1.38-1.40. The
- * stride-2 3x3's input gradient by phases of 4x4 (from dy 4x4 to dx 8x8): 1.91-2.26 -> 1.62-1.75. */
+ * destination of 16 or fewer (4x4; a strided input gradient's phase, or a border class, on its
+ * own grid and taps), blocks of whole images, at most 16 taps, and not a 1x1 of stride 1 (whose
+ * window is its channels' runs) or a strided input gradient taken whole (whose window reads
+ * through its phases). Row by row, a 4x4's 4-pixel rows cost two masked loads, a pairing and a
+ * 4-lane masked store each, a quarter of the kernel's time (perf annotate). ResNet-50's layer3
+ * 3x3 at 4x4 (bench_conv --image-size 64, batch 32, bf16 pairs, 2 threads on a Zen 4, best of
+ * 15, in turns): forward 1.67-1.95 -> 1.44 ms, input gradient 1.70-1.98 -> 1.47; layer4's
+ * stride-2 3x3 from 4x4 to 2x2, forward 2.4-3.9 -> 1.8-2.1. From 8x8 sources (64 lanes),
+ * layer3's first block: the stride-2 3x3's forward 1.85-2.18 -> 1.51-1.55 ms and weight
+ * gradient 2.09-2.21 -> 1.56-1.71, the 1x1 downsample's forward 1.67-2.10 -> 1.36-1.46 and
+ * weight gradient 1.63-1.84 -> 1.38-1.40. The stride-2 3x3's input gradient by phases of 4x4
+ * (from dy 4x4 to dx 8x8): 1.91-2.26 -> 1.62-1.75. */
 bool cv_window_img_ok(const cv_plan *cp) {
     return cp->pairs_win && cp->role != CV_GRAD_WEIGHT && !cp->identity &&
            (cp->phased || !cp->dst_big || (cp->st[0] == 1 && cp->st[1] == 1)) &&
