@@ -480,6 +480,13 @@ static int64_t img_src(const cv_plan *cp, int a, int64_t d, int64_t k) {
     return s >= 0 && s < ext ? s : -1;
 }
 
+/* The source image's lane that destination pixel (y, q) reads at tap k, or zero_lane where
+ * the window reads padding there. */
+static int64_t img_lane(const cv_plan *cp, int64_t y, int64_t q, int64_t k, int64_t zero_lane) {
+    int64_t sy = img_src(cp, 0, y, k / cp->KW), sx = sy >= 0 ? img_src(cp, 1, q, k % cp->KW) : -1;
+    return sx >= 0 ? sy * cp->sW + sx : zero_lane;
+}
+
 /* The lanes of a source image's vector: 16, 32 or 64, its sH sW pixels and zeros past them. */
 static int64_t img_lanes(const cv_plan *cp) {
     int64_t ns = cp->sH * cp->sW;
@@ -514,11 +521,8 @@ void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue
     /* lane l of destination pixel l's tap k: its source pixel's lane, or a zero's (nl) */
     int64_t lanes[16][16];
     for (int64_t k = 0; k < cp->KK; k++)
-        for (int64_t l = 0; l < 16; l++) {
-            int64_t sy = l < nd ? img_src(cp, 0, l / cp->dW, k / cp->KW) : -1;
-            int64_t sx = l < nd ? img_src(cp, 1, l % cp->dW, k % cp->KW) : -1;
-            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : nl;
-        }
+        for (int64_t l = 0; l < 16; l++)
+            lanes[k][l] = l < nd ? img_lane(cp, l / cp->dW, l % cp->dW, k, nl) : nl;
     MlirValue ch0 = idiv(b, j0, cp->KK),
               ch1 = idiv(b, cg_iadd(b, j1, cg_idx(b, cp->KK - 1)), cp->KK);
     MlirValue npair = idiv(b, cg_iadd(b, isub(b, j1, j0), cg_idx(b, 1)), 2);
@@ -754,10 +758,8 @@ void cv_stage_window_kpairs_img(kc *c, const cv_plan *cp, MlirValue ap, MlirValu
     int64_t lanes[16][32];
     for (int64_t k = 0; k < cp->KK; k++)
         for (int64_t l = 0; l < 32; l++) {
-            int64_t i = l / 2, y = i / P, q = i % P + (l % 2) * P;
-            int64_t sy = i < np && q < cp->dW ? img_src(cp, 0, y, k / cp->KW) : -1;
-            int64_t sx = sy >= 0 ? img_src(cp, 1, q, k % cp->KW) : -1;
-            lanes[k][l] = sy >= 0 && sx >= 0 ? sy * cp->sW + sx : nl;
+            int64_t i = l / 2, q = i % P + (l % 2) * P;
+            lanes[k][l] = i < np && q < cp->dW ? img_lane(cp, i / P, q, k, nl) : nl;
         }
     MlirValue n0 = idiv(b, r0, cp->dH);
     cg_for lc, ln, lj;

@@ -976,7 +976,9 @@ loom_status cg_lower_conv(kc *c) {
         n_stg = max64(n_stg, m->kp * m->pk * m->b_ld);
         n_stga = max64(n_stga, r->mbp * m->kp * m->pk);
         n_tab = max64(n_tab, r->tab ? r->KK * r->ldt : 0);
-        n_rtab = max64(n_rtab, r->tab || (r->identity && !r->pairs_win) ? 0 : r->KH * r->pix_rows);
+        n_rtab =
+            max64(n_rtab,
+                  r->tab || r->img_win || (r->identity && !r->pairs_win) ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
         n_img = max64(n_img, r->img_win && r->role != CV_GRAD_WEIGHT ? cv_img_taps_len(r) : 0);
     }
