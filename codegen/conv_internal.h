@@ -205,5 +205,26 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn);
 loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn);
 /* V = B^T d B of F(m x m, 3x3)'s (m + 2) x (m + 2) tile d (row-major; vectors or scalars). */
 void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v);
+/* A 3x3's weights for rows [i0, i1) (rows past i1 up to cp->mbp repeat its last) in nbk
+ * chunks of kch channels (a multiple of 16), each chunk's taps as nx GEMMs' A: chunk k's GEMM
+ * x at uw[(k nx + x) mbp kp], row-major [mbp, kp] (bf16 pairs of channels through ut, f32
+ * [nx mbp kch], rounded to nearest; ut unused in f32). Row i, channel k: conv2d's w[i, k],
+ * the input gradient's w[k, i]. tm > 0: Winograd F(tm x tm, 3x3)'s U = G w G^T, nx = (tm +
+ * 2)^2, the input gradient's taps turned by 180 degrees; tm = 0: the 9 taps themselves, in
+ * w's order. */
+void cv_pack_taps(kc *c, const cv_plan *cp, const cg_mk *m, int64_t kch, int64_t nbk, int64_t tm,
+                  MlirValue uw, MlirValue ut, MlirValue i0, MlirValue i1);
+
+/* ---- small images by taps (conv_taps.c) ------------------------------------------------
+ * A stride-1 3x3 conv2d or input gradient of an image of at most 16 pixels whose padding is a
+ * quarter or more of its taps (4x4, 2x2), columns pixel-major: per destination pixel a GEMM
+ * [rows, images] over the taps that reach it only, each tap's A one of 9 packed once per row
+ * block, its B the source pixel's images (the source staged as [channel (pair), pixel,
+ * image]), so no padding is multiplied. */
+bool cv_taps_ok(const kc *c, const cv_plan *cp);
+/* Its blocks (cp's rows and columns for the epilogue: whole images) and tasks; then every
+ * task of the kernel [c->lo, c->hi). */
+void cv_taps_plan(kc *c, cv_plan *cp);
+loom_status cv_taps_emit(kc *c, const cv_plan *cp);
 
 #endif

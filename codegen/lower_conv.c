@@ -881,7 +881,7 @@ loom_status cg_lower_conv(kc *c) {
                 }
                 n_ph++;
             }
-    } else if (!cv_wino_ok(c, cp)) {
+    } else if (!cv_taps_ok(c, cp) && !cv_wino_ok(c, cp)) {
         n_ph = plan_borders(c, cps);
     }
     if ((st = cg_plan_epilogue(c, &cp->ns, cp->epi, &cp->n_epi, -1)) != LOOM_OK)
@@ -892,6 +892,12 @@ loom_status cg_lower_conv(kc *c) {
         cps[q].ns = cp->ns;
         cps[q].n_epi = cp->n_epi;
         memcpy(cps[q].epi, cp->epi, sizeof cp->epi);
+    }
+    if (n_ph == 0 && cv_taps_ok(c, cp)) { /* a small image's 3x3 by taps */
+        cv_taps_plan(c, cp);
+        if (c->emit && loom_ir_numel(root->rank, root->shape) > 0)
+            st = cv_taps_emit(c, cp);
+        goto done;
     }
     if (n_ph == 0 && cv_wino_ok(c, cp)) { /* a stride-1 3x3 by Winograd */
         cv_wino wn;

@@ -690,6 +690,56 @@ static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
                                           3e-2);
 }
 
+/* Small images by taps (codegen/conv_taps.c): a stride-1 3x3 conv2d or input gradient of at
+ * most 16 pixels with a quarter or more of its taps on padding, batch in 16s and channels
+ * summed over in 16s, runs a GEMM per destination pixel over the taps that reach it, columns
+ * its images. 4x4 over 16 images (tiles of 16 x 16) with C 16 and O 32; 2x2 over 32 images
+ * (tiles of 8 x 32) with O 48 in 3 row blocks; C 288 in two K chunks of 144; a 3x3 image (an
+ * odd pixel count); a 1x1 image (the centre tap only); padding 2 from 2x2 to 4x4 (source and
+ * destination of other sizes; its input gradient from 4x4 to 2x2); O 24, a forward whose last
+ * row block is short and whose input gradient (24 channels summed) stays direct. f32 and bf16
+ * pairs against the interpreter; and, so that the test sees the path run, in f32 each x
+ * gradient differs in its last bits somewhere from LOOM_CONV=direct's, whose sums run in
+ * another order (but the 1x1 image's, whose one tap sums in the direct kernel's order). */
+static void test_small_images_run_by_taps(void **state) {
+    (void)state;
+    static const conv_case cases[] = {
+        {"taps: 4x4, 16 images", 16, 16, 4, 4, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {"taps: 2x2, 32 images, O 48", 32, 32, 2, 2, 48, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"taps: C 288 in two chunks", 16, 288, 4, 4, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"taps: 3x3 image", 16, 16, 3, 3, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+        {"taps: 1x1 image", 16, 32, 1, 1, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+        {"taps: pad 2, 2x2 to 4x4", 16, 16, 2, 2, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
+        {"taps: O 24, dx direct", 16, 16, 4, 4, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    };
+    size_t n = sizeof cases / sizeof cases[0];
+    compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_F32, 1e-5);
+    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
+        compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
+    else
+        print_message("skipping bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n");
+    for (size_t c = 0; c < n; c++) {
+        float *got[2][3];
+        int64_t count[3];
+        for (int mode = 0; mode < 2; mode++) {
+            if (mode == 1)
+                setenv("LOOM_CONV", "direct", 1);
+            case_gradients(&cases[c], 0x7A95ull, 0, LOOM_DTYPE_F32, got[mode], count);
+            unsetenv("LOOM_CONV");
+        }
+        int64_t differ = 0;
+        for (int64_t i = 0; i < count[0]; i++)
+            differ += memcmp(&got[0][0][i], &got[1][0][i], 4) != 0;
+        for (int t = 0; t < 3; t++) {
+            free(got[0][t]);
+            free(got[1][t]);
+        }
+        if (cases[c].h > 1 && differ == 0) /* 1x1: one tap, summed in the direct order */
+            fail_msg("%s: %lld of %lld values of dx differ from the direct kernel's", cases[c].name,
+                     (long long)differ, (long long)count[0]);
+    }
+}
+
 static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     (void)state;
     unsetenv("LOOM_CONV");
@@ -712,7 +762,17 @@ static void test_conv_switches_are_part_of_the_cache_key(void **state) {
     assert_string_equal(key, loom_cg_target_key());
 }
 
+/* Two executables (tests/meson.build): conv2d, and conv2d_small (CONV2D_SMALL=1) with the
+ * small images' paths, so that each stays within its time under the sanitizers. */
+#ifndef CONV2D_SMALL
+#define CONV2D_SMALL 0
+#endif
 int main(void) {
+    const struct CMUnitTest small[] = {
+        cmocka_unit_test(test_border_classes_match_the_interpreter),
+        cmocka_unit_test(test_small_images_are_staged_whole_under_bf16_pairs),
+        cmocka_unit_test(test_small_images_run_by_taps),
+    };
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d_records_one_node_with_its_window),
         cmocka_unit_test(test_winograd_convolutions_match_the_interpreter),
@@ -724,9 +784,8 @@ int main(void) {
         cmocka_unit_test(test_compiled_step_matches_the_interpreter_under_f16_autocast),
         cmocka_unit_test(test_epilogues_by_pixels_and_by_rows_match_the_interpreter),
         cmocka_unit_test(test_strided_input_gradients_match_the_interpreter),
-        cmocka_unit_test(test_border_classes_match_the_interpreter),
-        cmocka_unit_test(test_small_images_are_staged_whole_under_bf16_pairs),
         cmocka_unit_test(test_conv_switches_are_part_of_the_cache_key),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return CONV2D_SMALL ? cmocka_run_group_tests(small, NULL, NULL)
+                        : cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,245 @@
+/* Stride-1 3x3 convolutions (conv2d and the input gradient) of small images by taps.
+ *
+ * A 3x3 of padding 1 at 4x4 (ResNet-50's layer3 at 64x64) reads padding at 31% of its taps,
+ * at 2x2 (layer4) 56%. The direct kernel (lower_conv.c) multiplies those zeros: its columns
+ * are an image's pixels, a vector of them, some lanes of which a tap finds in the padding.
+ * Border classes skip them but pack each class's own weights (49 taps' worth for every 9 at
+ * 4x4) into GEMMs too small to run at speed.
+ *
+ * Here the columns are pixel-major: for destination pixel p, C_p [rows, images] is a sum
+ * over only the taps t that reach p of A_t [rows, K] x B [K, images of source pixel p +
+ * off(t)], where
+ *  - A_t is tap t of the weights (conv2d: w[o, c, t], rows o; the input gradient: w[o, c, t],
+ *    rows c, K o, its source pixel p - t + pad), all 9 packed once per row block and kept
+ *    across the thread's tasks of that block (cv_pack_taps, as Winograd's U);
+ *  - the source's block of images is staged as [K (bf16 pairs of channels, or f32
+ *    channels), pixel, image]: each image's channel (pair) one load of its at most 16 pixels,
+ *    16 images' of them turned into 16 pixels' vectors of images by a 16 x 16 transpose, so
+ *    that each (tap, pixel) GEMM reads its B as rows of one source pixel's images;
+ *  - each GEMM adds into C_p (zeroed first) on the packed microkernel.
+ * Then C [rows, pixel, image] is transposed into the destination's layout [rows, image,
+ * pixel], and the convolution's own epilogue runs over it as over a direct convolution's.
+ *
+ * A task is (row block, block of 16 or 32 images); the K chunks are whole channels. */
+#include <string.h>
+
+#include "conv_internal.h"
+
+enum {
+    TP_HW_MAX = 16,    /* pixels of the source and of the destination, at most (one vector) */
+    TP_WASTE_PCT = 25, /* the taps on padding, at least (fewer: the direct kernel) */
+    TP_ROWS = 128,     /* rows of a row block, at most */
+    TP_TASKS_MIN = 4,  /* tasks at least, the rows split down to 16 where there are too few */
+    TP_KC = 256,       /* channels of a K chunk, at most */
+};
+
+/* Along axis a, the source coordinate of tap k at destination coordinate d is d + off. */
+static int64_t tap_off(const cv_plan *cp, int a, int64_t k) {
+    return cp->dst_big ? cp->pd[a] - k : k - cp->pd[a];
+}
+
+/* Taps that reach a source pixel, summed over the destination's pixels. */
+static int64_t valid_taps(const cv_plan *cp) {
+    int64_t n = 0;
+    for (int64_t y = 0; y < cp->dH; y++)
+        for (int64_t x = 0; x < cp->dW; x++)
+            for (int64_t kh = 0; kh < cp->KH; kh++)
+                for (int64_t kw = 0; kw < cp->KW; kw++) {
+                    int64_t sy = y + tap_off(cp, 0, kh), sx = x + tap_off(cp, 1, kw);
+                    n += sy >= 0 && sy < cp->sH && sx >= 0 && sx < cp->sW;
+                }
+    return n;
+}
+
+bool cv_taps_ok(const kc *c, const cv_plan *cp) {
+    if (loom_cg_conv_mode() != CG_CONV_AUTO || cp->phased || cp->role == CV_GRAD_WEIGHT ||
+        cp->G != 1 || cp->KH != 3 || cp->KW != 3 || cp->st[0] != 1 || cp->st[1] != 1 ||
+        cp->dl[0] != 1 || cp->dl[1] != 1 || cp->dH <= 0 || cp->dW <= 0 ||
+        cp->dH * cp->dW > TP_HW_MAX || cp->sH * cp->sW > TP_HW_MAX || cp->N <= 0 ||
+        cp->N % 16 != 0 || cp->wch % 16 != 0 || cp->M <= 0)
+        return false;
+    loom_dtype sdt = c->g->nodes[cp->win].dtype, wdt = c->g->nodes[cp->plain].dtype;
+    bool dtypes = cp->mk.pk == 2 ? sdt == LOOM_DTYPE_BF16 && wdt == LOOM_DTYPE_BF16
+                                 : sdt == LOOM_DTYPE_F32 && wdt == LOOM_DTYPE_F32;
+    const loom_ir_node *w = &c->g->nodes[cp->plain];
+    int64_t all = cp->KK * cp->dH * cp->dW;
+    return dtypes && loom_ir_numel(w->rank, w->shape) < INT32_MAX &&
+           valid_taps(cp) * 100 <= all * (100 - TP_WASTE_PCT);
+}
+
+/* Images of a column block: 32 (tiles of 8 rows x 32 columns) where they divide the batch. */
+static int64_t images_of(const cv_plan *cp) {
+    return cp->N % 32 == 0 ? 32 : 16;
+}
+
+void cv_taps_plan(kc *c, cv_plan *cp) {
+    int64_t nb = images_of(cp), hw = cp->dH * cp->dW;
+    cp->nbn = cp->N / nb;
+    cp->pix_rows = nb * cp->dH;
+    cp->cols = nb * hw;
+    int64_t nbm = ceil_div(cp->M, TP_ROWS);
+    if (nbm * cp->nbn < TP_TASKS_MIN)
+        nbm = ceil_div(TP_TASKS_MIN, cp->nbn);
+    int64_t rows = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
+    cp->rows = rows < cp->M ? rows : cp->M;
+    cp->nbm = ceil_div(cp->M, cp->rows);
+    /* K chunks of whole channels: the most up to TP_KC that divide them */
+    cp->kc = 16;
+    for (int64_t k = 16; k <= TP_KC && k <= cp->wch; k += 16)
+        if (cp->wch % k == 0)
+            cp->kc = k;
+    cp->nbk = cp->wch / cp->kc;
+    cg_mk *m = &cp->mk;
+    m->nv = nb / MK_PANEL;
+    m->mr = MK_ACC / m->nv;
+    m->kp = cp->kc / m->pk;
+    m->nbp = cv_row_ld(cp->cols); /* C's rows, pixel-major and in the destination's layout */
+    m->b_ld = cv_row_ld(cp->sH * cp->sW * nb);
+    cp->mbp = ceil_div(cp->rows, m->mr) * m->mr;
+    c->extent = cp->nbm * cp->nbn;
+    c->grain = cg_grain_for(cp->rows * cp->cols * cp->K * valid_taps(cp) / (cp->KK * hw));
+}
+
+/* Source channels [k0, k0 + kc) of images [n0, n0 + nb) as B's rows (bf16 pairs of
+ * channels, or f32 channels): bw[kk b_ld + s nb + n - n0] for source pixel s. */
+static void stage_source(kc *c, const cv_plan *cp, MlirValue bw, MlirValue n0, MlirValue k0) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    loom_dtype sdt = c->g->nodes[cp->win].dtype;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]];
+    int64_t shw = cp->sH * cp->sW, nb = images_of(cp);
+    bool pairs = m->pk == 2;
+    MlirType et = cg_storage_type(b, sdt);
+    /* one image's row: its channel pair's 2 shw values (or its channel's shw), then as 16
+     * lanes of pairs (zeros past shw) */
+    MlirType rt = cg_vec_t(pairs ? 2 * shw : shw, et);
+    MlirValue zrow = cg_vbroadcast(b, pairs ? cg_ci(b, et, 0) : cg_cf(b, et, 0.0), rt);
+    int64_t lanes[2 * TP_HW_MAX];
+    for (int64_t s = 0; s < TP_HW_MAX; s++) {
+        if (pairs) {
+            lanes[2 * s] = s < shw ? s : 2 * shw;
+            lanes[2 * s + 1] = s < shw ? shw + s : 2 * shw;
+        } else {
+            lanes[s] = s < shw ? s : shw;
+        }
+    }
+    cg_for lg, lk;
+    cg_for_begin(b, &lg, cg_idx(b, 0), cg_idx(b, nb / 16), 0, NULL);
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), 0, NULL);
+    MlirValue ch = cg_iadd(b, k0, cg_imul_c(b, lk.iv, m->pk));
+    MlirValue img = cg_iadd(b, n0, cg_imul_c(b, lg.iv, 16)), r[16];
+    for (int64_t l = 0; l < 16; l++) {
+        MlirValue n = cg_iadd(b, img, cg_idx(b, l));
+        MlirValue at = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->wC), ch), shw);
+        MlirValue v = cg_vload(b, rt, src, at);
+        if (pairs)
+            r[l] = cg_vbitcast(b, cg_vshuffle(b, v, zrow, 32, lanes), cg_vec_t(16, b->i32));
+        else
+            r[l] = shw == 16 ? v : cg_vshuffle(b, v, zrow, 16, lanes);
+    }
+    cv_transpose16(b, r);
+    MlirValue at = cg_iadd(b, cg_imul_c(b, lk.iv, m->b_ld), cg_imul_c(b, lg.iv, 16));
+    for (int64_t s = 0; s < shw; s++)
+        cg_vstore(b, r[s], bw, cg_iadd(b, at, cg_idx(b, s * nb)));
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &lg, 0, NULL);
+}
+
+/* The GEMMs of chunk lk: for each destination pixel p, C_p += A_t B_(p + off(t)) over the
+ * taps t that reach a source pixel. */
+static void emit_gemms(kc *c, const cv_plan *cp, MlirValue uw, MlirValue bw, MlirValue cw,
+                       MlirValue lk, MlirValue mb) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    int64_t nb = images_of(cp), ablk = cp->mbp * m->kp;
+    MlirValue z = cg_idx(b, 0);
+    cg_for lp, lh, lw;
+    cg_for_begin(b, &lp, z, cg_idx(b, cp->dH * cp->dW), 0, NULL);
+    MlirValue y = idiv(b, lp.iv, cp->dW), x = irem(b, lp.iv, cp->dW);
+    cg_for_begin(b, &lh, z, cg_idx(b, cp->KH), 0, NULL);
+    /* source row y + off(kh): the offset is kh - pad, or pad - kh */
+    MlirValue sy = cp->dst_big ? isub(b, cg_iadd(b, y, cg_idx(b, cp->pd[0])), lh.iv)
+                               : isub(b, cg_iadd(b, y, lh.iv), cg_idx(b, cp->pd[0]));
+    cg_for_begin(b, &lw, z, cg_idx(b, cp->KW), 0, NULL);
+    MlirValue sx = cp->dst_big ? isub(b, cg_iadd(b, x, cg_idx(b, cp->pd[1])), lw.iv)
+                               : isub(b, cg_iadd(b, x, lw.iv), cg_idx(b, cp->pd[1]));
+    MlirValue in = and_i1(
+        b, and_i1(b, cg_cmpi(b, CG_I_SGE, sy, z), cg_cmpi(b, CG_I_SLT, sy, cg_idx(b, cp->sH))),
+        and_i1(b, cg_cmpi(b, CG_I_SGE, sx, z), cg_cmpi(b, CG_I_SLT, sx, cg_idx(b, cp->sW))));
+    cg_if f;
+    cg_if_begin(b, &f, in);
+    MlirValue t = cg_iadd(b, cg_imul_c(b, lh.iv, cp->KW), lw.iv);
+    MlirValue a0 = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk, cp->KK), t), ablk);
+    MlirValue s = cg_iadd(b, cg_imul_c(b, sy, cp->sW), sx);
+    cg_mk_tiles_at(c, m, uw, a0, bw, cg_imul_c(b, s, nb), cw, cg_imul_c(b, lp.iv, nb), mb,
+                   cg_idx(b, nb), true, (MlirValue){NULL}, NULL);
+    cg_if_end(b, &f);
+    cg_for_end(b, &lw, 0, NULL);
+    cg_for_end(b, &lh, 0, NULL);
+    cg_for_end(b, &lp, 0, NULL);
+}
+
+/* C's rows [0, mb) from pixel-major cw [p nb + image] into the destination's layout cs
+ * [image dH dW + p], 16 images at a time by a 16 x 16 transpose. */
+static void to_destination(kc *c, const cv_plan *cp, MlirValue cw, MlirValue cs, MlirValue mb) {
+    cg_b *b = c->b;
+    int64_t hw = cp->dH * cp->dW, nb = images_of(cp);
+    MlirType vf = cg_vec_t(16, b->f32);
+    MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf);
+    cg_for li, lg;
+    cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
+    cg_for_begin(b, &lg, cg_idx(b, 0), cg_idx(b, nb / 16), 0, NULL);
+    MlirValue row = cg_imul_c(b, li.iv, cp->mk.nbp), r[16];
+    MlirValue from = cg_iadd(b, row, cg_imul_c(b, lg.iv, 16));
+    for (int64_t p = 0; p < 16; p++)
+        r[p] = p < hw ? cg_vload(b, vf, cw, cg_iadd(b, from, cg_idx(b, p * nb))) : zero;
+    cv_transpose16(b, r);
+    MlirValue to = cg_iadd(b, row, cg_imul_c(b, lg.iv, 16 * hw));
+    for (int64_t l = 0; l < 16; l++)
+        cv_store_lanes(b, r[l], cs, cg_iadd(b, to, cg_idx(b, l * hw)), hw);
+    cg_for_end(b, &lg, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+}
+
+loom_status cv_taps_emit(kc *c, const cv_plan *cp) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    bool pairs = m->pk == 2;
+    MlirType et = pairs ? b->i32 : b->f32;
+    MlirValue z = cg_idx(b, 0);
+    int64_t nb = images_of(cp), ablk = cp->mbp * m->kp;
+    MlirValue uw = cg_alloc_buf(b, et, cp->KK * ablk * cp->nbk);
+    MlirValue ut = pairs ? cg_alloc_buf(b, b->f32, cp->KK * cp->mbp * cp->kc) : uw;
+    MlirValue akey = cg_alloc_buf(b, b->i64, 1); /* the row block whose taps uw holds */
+    MlirValue bw = cg_alloc_buf(b, et, m->kp * m->b_ld);
+    MlirValue cw = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
+    MlirValue cs = cg_alloc_buf(b, b->f32, cp->mbp * m->nbp);
+    cg_store(b, cg_ci(b, b->i64, -1), akey, z);
+    loom_status st = LOOM_OK;
+    cg_for lo, lk;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    MlirValue ib = idiv(b, lo.iv, cp->nbn), jb = irem(b, lo.iv, cp->nbn);
+    MlirValue i0 = cg_imul_c(b, ib, cp->rows);
+    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cp->rows)), cg_idx(b, cp->M));
+    MlirValue mb = isub(b, i1, i0), n0 = cg_imul_c(b, jb, nb);
+    MlirValue key = cg_conv(b, "arith.index_cast", ib, b->i64);
+    cg_if f;
+    cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, akey, z), key));
+    cv_pack_taps(c, cp, m, cp->kc, cp->nbk, 0, uw, ut, i0, i1);
+    cg_store(b, key, akey, z);
+    cg_if_end(b, &f);
+    cv_zero_rows(b, cw, z, cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    cg_for_begin(b, &lk, z, cg_idx(b, cp->nbk), 0, NULL);
+    stage_source(c, cp, bw, n0, cg_imul_c(b, lk.iv, cp->kc));
+    emit_gemms(c, cp, uw, bw, cw, lk.iv, mb);
+    cg_for_end(b, &lk, 0, NULL);
+    to_destination(c, cp, cw, cs, mb);
+    if (cp->n_epi > 0)
+        st = cv_emit_epilogue(c, cp, &cs, 1, z, i0, i1, cg_imul_c(b, n0, cp->dH),
+                              cg_imul_c(b, cg_iadd(b, n0, cg_idx(b, nb)), cp->dH));
+    cg_for_end(b, &lo, 0, NULL);
+    MlirValue bufs[6] = {uw, akey, bw, cw, cs, ut};
+    for (int q = 0; q < (pairs ? 6 : 5); q++)
+        cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+    return st;
+}
