@@ -1,4 +1,5 @@
-/* Stride-1 3x3 convolutions (conv2d and the input gradient) of small images by taps.
+/* 3x3 convolutions (conv2d of stride 1 or 2, the input gradient of stride 1) of small
+ * images by taps.
  *
  * A 3x3 of padding 1 at 4x4 (ResNet-50's layer3 at 64x64) reads padding at 31% of its taps,
  * at 2x2 (layer4) 56%. The direct kernel (lower_conv.c) multiplies those zeros: its columns
@@ -7,8 +8,9 @@
  * 4x4) into GEMMs too small to run at speed.
  *
  * Here the columns are pixel-major: for destination pixel p, C_p [rows, images] is a sum
- * over only the taps t that reach p of A_t [rows, K] x B [K, images of source pixel p +
- * off(t)], where
+ * over only the taps t that reach a source pixel of A_t [rows, K] x B [K, images of source
+ * pixel p st + off(t)] (st: conv2d's stride, 1 or 2; layer4's first 3x3 from 4x4 to 2x2 reads
+ * padding at 31% of its taps too), where
  *  - A_t is tap t of the weights (conv2d: w[o, c, t], rows o; the input gradient: w[o, c, t],
  *    rows c, K o, its source pixel p - t + pad), all 9 packed once per row block and kept
  *    across the thread's tasks of that block (cv_pack_taps, as Winograd's U);
@@ -33,7 +35,8 @@ enum {
     TP_KC = 256,       /* channels of a K chunk, at most */
 };
 
-/* Along axis a, the source coordinate of tap k at destination coordinate d is d + off. */
+/* Along axis a, the source coordinate of tap k at destination coordinate d is d st + off
+ * (conv2d's stride; the input gradient's is 1). */
 static int64_t tap_off(const cv_plan *cp, int a, int64_t k) {
     return cp->dst_big ? cp->pd[a] - k : k - cp->pd[a];
 }
@@ -45,7 +48,8 @@ static int64_t valid_taps(const cv_plan *cp) {
         for (int64_t x = 0; x < cp->dW; x++)
             for (int64_t kh = 0; kh < cp->KH; kh++)
                 for (int64_t kw = 0; kw < cp->KW; kw++) {
-                    int64_t sy = y + tap_off(cp, 0, kh), sx = x + tap_off(cp, 1, kw);
+                    int64_t sy = y * cp->st[0] + tap_off(cp, 0, kh);
+                    int64_t sx = x * cp->st[1] + tap_off(cp, 1, kw);
                     n += sy >= 0 && sy < cp->sH && sx >= 0 && sx < cp->sW;
                 }
     return n;
@@ -53,10 +57,11 @@ static int64_t valid_taps(const cv_plan *cp) {
 
 bool cv_taps_ok(const kc *c, const cv_plan *cp) {
     if (loom_cg_conv_mode() != CG_CONV_AUTO || cp->phased || cp->role == CV_GRAD_WEIGHT ||
-        cp->G != 1 || cp->KH != 3 || cp->KW != 3 || cp->st[0] != 1 || cp->st[1] != 1 ||
-        cp->dl[0] != 1 || cp->dl[1] != 1 || cp->dH <= 0 || cp->dW <= 0 ||
-        cp->dH * cp->dW > TP_HW_MAX || cp->sH * cp->sW > TP_HW_MAX || cp->N <= 0 ||
-        cp->N % 16 != 0 || cp->wch % 16 != 0 || cp->M <= 0)
+        cp->G != 1 || cp->KH != 3 || cp->KW != 3 || cp->st[0] > 2 || cp->st[1] > 2 ||
+        (cp->role != CV_FWD && (cp->st[0] != 1 || cp->st[1] != 1)) || cp->dl[0] != 1 ||
+        cp->dl[1] != 1 || cp->dH <= 0 || cp->dW <= 0 || cp->dH * cp->dW > TP_HW_MAX ||
+        cp->sH * cp->sW > TP_HW_MAX || cp->N <= 0 || cp->N % 16 != 0 || cp->wch % 16 != 0 ||
+        cp->M <= 0)
         return false;
     loom_dtype sdt = c->g->nodes[cp->win].dtype, wdt = c->g->nodes[cp->plain].dtype;
     bool dtypes = cp->mk.pk == 2 ? sdt == LOOM_DTYPE_BF16 && wdt == LOOM_DTYPE_BF16
@@ -155,9 +160,10 @@ static void emit_gemms(kc *c, const cv_plan *cp, MlirValue uw, MlirValue bw, Mli
     MlirValue z = cg_idx(b, 0);
     cg_for lp, lh, lw;
     cg_for_begin(b, &lp, z, cg_idx(b, cp->dH * cp->dW), 0, NULL);
-    MlirValue y = idiv(b, lp.iv, cp->dW), x = irem(b, lp.iv, cp->dW);
+    MlirValue y = cg_imul_c(b, idiv(b, lp.iv, cp->dW), cp->st[0]);
+    MlirValue x = cg_imul_c(b, irem(b, lp.iv, cp->dW), cp->st[1]);
     cg_for_begin(b, &lh, z, cg_idx(b, cp->KH), 0, NULL);
-    /* source row y + off(kh): the offset is kh - pad, or pad - kh */
+    /* source row y st + off(kh): the offset is kh - pad, or pad - kh */
     MlirValue sy = cp->dst_big ? isub(b, cg_iadd(b, y, cg_idx(b, cp->pd[0])), lh.iv)
                                : isub(b, cg_iadd(b, y, lh.iv), cg_idx(b, cp->pd[0]));
     cg_for_begin(b, &lw, z, cg_idx(b, cp->KW), 0, NULL);
