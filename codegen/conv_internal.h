@@ -216,9 +216,9 @@ void cv_pack_taps(kc *c, const cv_plan *cp, const cg_mk *m, int64_t kch, int64_t
                   MlirValue uw, MlirValue ut, MlirValue i0, MlirValue i1);
 
 /* ---- small images by taps (conv_taps.c) ------------------------------------------------
- * A 3x3 conv2d (stride 1 or 2) or stride-1 input gradient of an image of at most 16 pixels
- * whose padding is a quarter or more of its taps (4x4, 2x2), columns pixel-major: per
- * destination pixel a GEMM
+ * A 3x3 conv2d or input gradient (stride 1 or 2) of images of at most 16 pixels where a
+ * quarter or more of the taps read padding (4x4, 2x2) or fall between strides, columns
+ * pixel-major: per destination pixel a GEMM
  * [rows, images] over the taps that reach it only, each tap's A one of 9 packed once per row
  * block, its B the source pixel's images (the source staged as [channel (pair), pixel,
  * image]), so no padding is multiplied. */

@@ -1,5 +1,4 @@
-/* 3x3 convolutions (conv2d of stride 1 or 2, the input gradient of stride 1) of small
- * images by taps.
+/* 3x3 convolutions (conv2d and its input gradient, stride 1 or 2) of small images by taps.
  *
  * A 3x3 of padding 1 at 4x4 (ResNet-50's layer3 at 64x64) reads padding at 31% of its taps,
  * at 2x2 (layer4) 56%. The direct kernel (lower_conv.c) multiplies those zeros: its columns
@@ -8,11 +7,12 @@
  * 4x4) into GEMMs too small to run at speed.
  *
  * Here the columns are pixel-major: for destination pixel p, C_p [rows, images] is a sum
- * over only the taps t that reach a source pixel of A_t [rows, K] x B [K, images of source
- * pixel p st + off(t)] (st: conv2d's stride, 1 or 2; layer4's first 3x3 from 4x4 to 2x2 reads
- * padding at 31% of its taps too), where
+ * over only the taps t that reach a source pixel of A_t [rows, K] x B [K, images of that
+ * source pixel] (src_of: conv2d's p st + t - pad, where layer4's first 3x3, 4x4 to 2x2, reads
+ * padding at 31% of its taps; the input gradient's (p + pad - t) / st where st divides it,
+ * its 4x4 dx reached by 25 of 144 taps, which phases would run as GEMMs of 4 pixels), where
  *  - A_t is tap t of the weights (conv2d: w[o, c, t], rows o; the input gradient: w[o, c, t],
- *    rows c, K o, its source pixel p - t + pad), all 9 packed once per row block and kept
+ *    rows c, K o), all 9 packed once per row block and kept
  *    across the thread's tasks of that block (cv_pack_taps, as Winograd's U);
  *  - the source's block of images is staged as [K (bf16 pairs of channels, or f32
  *    channels), pixel, image]: each image's channel (pair) one load of its at most 16 pixels,
@@ -35,10 +35,15 @@ enum {
     TP_KC = 256,       /* channels of a K chunk, at most */
 };
 
-/* Along axis a, the source coordinate of tap k at destination coordinate d is d st + off
- * (conv2d's stride; the input gradient's is 1). */
-static int64_t tap_off(const cv_plan *cp, int a, int64_t k) {
-    return cp->dst_big ? cp->pd[a] - k : k - cp->pd[a];
+/* Along axis a, the source coordinate of tap k at destination coordinate d: conv2d's d st +
+ * k - pad; the input gradient's (d + pad - k) / st where st divides it. -1: none. */
+static int64_t src_of(const cv_plan *cp, int a, int64_t d, int64_t k) {
+    int64_t S = a == 0 ? cp->sH : cp->sW, st = cp->st[a], s = d * st + k - cp->pd[a];
+    if (cp->dst_big) {
+        int64_t num = d + cp->pd[a] - k;
+        s = num >= 0 && num % st == 0 ? num / st : -1;
+    }
+    return s >= 0 && s < S ? s : -1;
 }
 
 /* Taps that reach a source pixel, summed over the destination's pixels. */
@@ -47,21 +52,17 @@ static int64_t valid_taps(const cv_plan *cp) {
     for (int64_t y = 0; y < cp->dH; y++)
         for (int64_t x = 0; x < cp->dW; x++)
             for (int64_t kh = 0; kh < cp->KH; kh++)
-                for (int64_t kw = 0; kw < cp->KW; kw++) {
-                    int64_t sy = y * cp->st[0] + tap_off(cp, 0, kh);
-                    int64_t sx = x * cp->st[1] + tap_off(cp, 1, kw);
-                    n += sy >= 0 && sy < cp->sH && sx >= 0 && sx < cp->sW;
-                }
+                for (int64_t kw = 0; kw < cp->KW; kw++)
+                    n += src_of(cp, 0, y, kh) >= 0 && src_of(cp, 1, x, kw) >= 0;
     return n;
 }
 
 bool cv_taps_ok(const kc *c, const cv_plan *cp) {
     if (loom_cg_conv_mode() != CG_CONV_AUTO || cp->phased || cp->role == CV_GRAD_WEIGHT ||
         cp->G != 1 || cp->KH != 3 || cp->KW != 3 || cp->st[0] > 2 || cp->st[1] > 2 ||
-        (cp->role != CV_FWD && (cp->st[0] != 1 || cp->st[1] != 1)) || cp->dl[0] != 1 ||
-        cp->dl[1] != 1 || cp->dH <= 0 || cp->dW <= 0 || cp->dH * cp->dW > TP_HW_MAX ||
-        cp->sH * cp->sW > TP_HW_MAX || cp->N <= 0 || cp->N % 16 != 0 || cp->wch % 16 != 0 ||
-        cp->M <= 0)
+        cp->dl[0] != 1 || cp->dl[1] != 1 || cp->dH <= 0 || cp->dW <= 0 ||
+        cp->dH * cp->dW > TP_HW_MAX || cp->sH * cp->sW > TP_HW_MAX || cp->N <= 0 ||
+        cp->N % 16 != 0 || cp->wch % 16 != 0 || cp->M <= 0)
         return false;
     loom_dtype sdt = c->g->nodes[cp->win].dtype, wdt = c->g->nodes[cp->plain].dtype;
     bool dtypes = cp->mk.pk == 2 ? sdt == LOOM_DTYPE_BF16 && wdt == LOOM_DTYPE_BF16
@@ -150,30 +151,41 @@ static void stage_source(kc *c, const cv_plan *cp, MlirValue bw, MlirValue n0, M
     cg_for_end(b, &lg, 0, NULL);
 }
 
-/* The GEMMs of chunk lk: for each destination pixel p, C_p += A_t B_(p + off(t)) over the
- * taps t that reach a source pixel. */
+/* src_of for d and k values: the source coordinate, and in *in whether there is one. */
+static MlirValue src_at(cg_b *b, const cv_plan *cp, int a, MlirValue d, MlirValue k,
+                        MlirValue *in) {
+    int64_t S = a == 0 ? cp->sH : cp->sW, st = cp->st[a];
+    MlirValue z = cg_idx(b, 0), pd = cg_idx(b, cp->pd[a]), s;
+    if (!cp->dst_big) {
+        s = isub(b, cg_iadd(b, cg_imul_c(b, d, st), k), pd);
+        *in = and_i1(b, cg_cmpi(b, CG_I_SGE, s, z), cg_cmpi(b, CG_I_SLT, s, cg_idx(b, S)));
+        return s;
+    }
+    MlirValue num = isub(b, cg_iadd(b, d, pd), k);
+    s = idiv(b, num, st); /* unsigned: what a negative num gives is not used */
+    *in = and_i1(b, cg_cmpi(b, CG_I_SGE, num, z), cg_cmpi(b, CG_I_ULT, s, cg_idx(b, S)));
+    if (st > 1)
+        *in = and_i1(b, *in, cg_cmpi(b, CG_I_EQ, irem(b, num, st), z));
+    return s;
+}
+
+/* The GEMMs of chunk lk: for each destination pixel p, C_p += A_t B_(source of p by t) over
+ * the taps t that reach a source pixel. */
 static void emit_gemms(kc *c, const cv_plan *cp, MlirValue uw, MlirValue bw, MlirValue cw,
                        MlirValue lk, MlirValue mb) {
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     int64_t nb = images_of(cp), ablk = cp->mbp * m->kp;
-    MlirValue z = cg_idx(b, 0);
+    MlirValue z = cg_idx(b, 0), iny, inx;
     cg_for lp, lh, lw;
     cg_for_begin(b, &lp, z, cg_idx(b, cp->dH * cp->dW), 0, NULL);
-    MlirValue y = cg_imul_c(b, idiv(b, lp.iv, cp->dW), cp->st[0]);
-    MlirValue x = cg_imul_c(b, irem(b, lp.iv, cp->dW), cp->st[1]);
+    MlirValue y = idiv(b, lp.iv, cp->dW), x = irem(b, lp.iv, cp->dW);
     cg_for_begin(b, &lh, z, cg_idx(b, cp->KH), 0, NULL);
-    /* source row y st + off(kh): the offset is kh - pad, or pad - kh */
-    MlirValue sy = cp->dst_big ? isub(b, cg_iadd(b, y, cg_idx(b, cp->pd[0])), lh.iv)
-                               : isub(b, cg_iadd(b, y, lh.iv), cg_idx(b, cp->pd[0]));
+    MlirValue sy = src_at(b, cp, 0, y, lh.iv, &iny);
     cg_for_begin(b, &lw, z, cg_idx(b, cp->KW), 0, NULL);
-    MlirValue sx = cp->dst_big ? isub(b, cg_iadd(b, x, cg_idx(b, cp->pd[1])), lw.iv)
-                               : isub(b, cg_iadd(b, x, lw.iv), cg_idx(b, cp->pd[1]));
-    MlirValue in = and_i1(
-        b, and_i1(b, cg_cmpi(b, CG_I_SGE, sy, z), cg_cmpi(b, CG_I_SLT, sy, cg_idx(b, cp->sH))),
-        and_i1(b, cg_cmpi(b, CG_I_SGE, sx, z), cg_cmpi(b, CG_I_SLT, sx, cg_idx(b, cp->sW))));
+    MlirValue sx = src_at(b, cp, 1, x, lw.iv, &inx);
     cg_if f;
-    cg_if_begin(b, &f, in);
+    cg_if_begin(b, &f, and_i1(b, iny, inx));
     MlirValue t = cg_iadd(b, cg_imul_c(b, lh.iv, cp->KW), lw.iv);
     MlirValue a0 = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lk, cp->KK), t), ablk);
     MlirValue s = cg_iadd(b, cg_imul_c(b, sy, cp->sW), sx);

@@ -869,7 +869,8 @@ loom_status cg_lower_conv(kc *c) {
     /* a strided input gradient reads a pixel of dy only at the taps that reach it: per
      * phase of the destination pixels, a GEMM over those taps (computing every tap at every
      * pixel would multiply zeros: 3/4 of the work of a stride 2) */
-    if (cp->role == CV_GRAD_INPUT && (cp->st[0] > 1 || cp->st[1] > 1) &&
+    bool taps = cv_taps_ok(c, cp);
+    if (!taps && cp->role == CV_GRAD_INPUT && (cp->st[0] > 1 || cp->st[1] > 1) &&
         cp->st[0] * cp->st[1] <= CV_PHASES_MAX && table_fits(c, cp)) {
         for (int64_t p0 = 0; p0 < cp->st[0]; p0++)
             for (int64_t p1 = 0; p1 < cp->st[1]; p1++) {
@@ -881,7 +882,7 @@ loom_status cg_lower_conv(kc *c) {
                 }
                 n_ph++;
             }
-    } else if (!cv_taps_ok(c, cp) && !cv_wino_ok(c, cp)) {
+    } else if (!taps && !cv_wino_ok(c, cp)) {
         n_ph = plan_borders(c, cps);
     }
     if ((st = cg_plan_epilogue(c, &cp->ns, cp->epi, &cp->n_epi, -1)) != LOOM_OK)
@@ -893,7 +894,7 @@ loom_status cg_lower_conv(kc *c) {
         cps[q].n_epi = cp->n_epi;
         memcpy(cps[q].epi, cp->epi, sizeof cp->epi);
     }
-    if (n_ph == 0 && cv_taps_ok(c, cp)) { /* a small image's 3x3 by taps */
+    if (taps) { /* a small image's 3x3 by taps */
         cv_taps_plan(c, cp);
         if (c->emit && loom_ir_numel(root->rank, root->shape) > 0)
             st = cv_taps_emit(c, cp);
