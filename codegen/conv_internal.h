@@ -216,15 +216,13 @@ void cv_pack_taps(kc *c, const cv_plan *cp, const cg_mk *m, int64_t kch, int64_t
                   MlirValue uw, MlirValue ut, MlirValue i0, MlirValue i1);
 
 /* ---- small images by taps (conv_taps.c) ------------------------------------------------
- * A 3x3 conv2d or input gradient (stride 1 or 2) of images of at most 16 pixels where a
- * quarter or more of the taps read padding (4x4, 2x2) or fall between strides, columns
- * pixel-major: per destination pixel a GEMM
- * [rows, images] over the taps that reach it only, each tap's A one of 9 packed once per row
- * block, its B the source pixel's images (the source staged as [channel (pair), pixel,
- * image]), so no padding is multiplied. */
+ * A 3x3 conv2d, input gradient or weight gradient (stride 1 or 2) of images of at most 16
+ * pixels where a quarter or more of the taps read padding (4x4, 2x2) or fall between
+ * strides: per destination pixel a GEMM over only the taps that reach a source pixel, its
+ * columns (or, for the weight gradient, its K) the images, so no padding is multiplied. */
 bool cv_taps_ok(const kc *c, const cv_plan *cp);
-/* Its blocks (cp's rows and columns for the epilogue: whole images) and tasks; then every
- * task of the kernel [c->lo, c->hi). */
+/* Its blocks (cp's rows and columns for the epilogue: whole images, or the weight gradient's
+ * channels) and tasks; then every task of the kernel [c->lo, c->hi). */
 void cv_taps_plan(kc *c, cv_plan *cp);
 loom_status cv_taps_emit(kc *c, const cv_plan *cp);
 

@@ -1,4 +1,4 @@
-/* 3x3 convolutions (conv2d and its input gradient, stride 1 or 2) of small images by taps.
+/* 3x3 convolutions (conv2d and its two gradients, stride 1 or 2) of small images by taps.
  *
  * A 3x3 of padding 1 at 4x4 (ResNet-50's layer3 at 64x64) reads padding at 31% of its taps,
  * at 2x2 (layer4) 56%. The direct kernel (lower_conv.c) multiplies those zeros: its columns
@@ -22,17 +22,25 @@
  * Then C [rows, pixel, image] is transposed into the destination's layout [rows, image,
  * pixel], and the convolution's own epilogue runs over it as over a direct convolution's.
  *
- * A task is (row block, block of 16 or 32 images); the K chunks are whole channels. */
+ * A task is (row block, block of 16 or 32 images); the K chunks are whole channels.
+ *
+ * The weight gradient likewise (emit_gw): for each destination pixel p and tap t that reaches
+ * source pixel s, dw_t^T [x's channels, dy's] += x_s [channels, images] dy_p [images,
+ * channels], K the images (bf16 pairs of images, as both operands are staged by the same
+ * transposes), each tap's sums in the rows of the direct weight gradient's C that its
+ * epilogue reads. At 4x4 and 2x2 the direct weight gradient's window rows of a tap in the
+ * padding were zeros it multiplied too. */
 #include <string.h>
 
 #include "conv_internal.h"
 
 enum {
-    TP_HW_MAX = 16,    /* pixels of the source and of the destination, at most (one vector) */
-    TP_WASTE_PCT = 25, /* the taps on padding, at least (fewer: the direct kernel) */
-    TP_ROWS = 128,     /* rows of a row block, at most */
-    TP_TASKS_MIN = 4,  /* tasks at least, the rows split down to 16 where there are too few */
-    TP_KC = 256,       /* channels of a K chunk, at most */
+    TP_HW_MAX = 16,     /* pixels of the source and of the destination, at most (one vector) */
+    TP_WASTE_PCT = 25,  /* the taps on padding, at least (fewer: the direct kernel) */
+    TP_ROWS = 128,      /* rows of a row block, at most */
+    TP_TASKS_MIN = 4,   /* tasks at least, the rows split down to 16 where there are too few */
+    TP_KC = 256,        /* channels of a K chunk, at most */
+    TP_GW_IMAGES = 128, /* the weight gradient's images of a K chunk, at most */
 };
 
 /* Along axis a, the source coordinate of tap k at destination coordinate d: conv2d's d st +
@@ -58,11 +66,11 @@ static int64_t valid_taps(const cv_plan *cp) {
 }
 
 bool cv_taps_ok(const kc *c, const cv_plan *cp) {
-    if (loom_cg_conv_mode() != CG_CONV_AUTO || cp->phased || cp->role == CV_GRAD_WEIGHT ||
-        cp->G != 1 || cp->KH != 3 || cp->KW != 3 || cp->st[0] > 2 || cp->st[1] > 2 ||
-        cp->dl[0] != 1 || cp->dl[1] != 1 || cp->dH <= 0 || cp->dW <= 0 ||
-        cp->dH * cp->dW > TP_HW_MAX || cp->sH * cp->sW > TP_HW_MAX || cp->N <= 0 ||
-        cp->N % 16 != 0 || cp->wch % 16 != 0 || cp->M <= 0)
+    bool gw = cp->role == CV_GRAD_WEIGHT;
+    if (loom_cg_conv_mode() != CG_CONV_AUTO || cp->phased || cp->G != 1 || cp->KH != 3 ||
+        cp->KW != 3 || cp->st[0] > 2 || cp->st[1] > 2 || cp->dl[0] != 1 || cp->dl[1] != 1 ||
+        cp->dH <= 0 || cp->dW <= 0 || cp->dH * cp->dW > TP_HW_MAX || cp->sH * cp->sW > TP_HW_MAX ||
+        cp->N <= 0 || cp->N % 16 != 0 || cp->M <= 0 || (gw ? cp->Og % 16 != 0 : cp->wch % 16 != 0))
         return false;
     loom_dtype sdt = c->g->nodes[cp->win].dtype, wdt = c->g->nodes[cp->plain].dtype;
     bool dtypes = cp->mk.pk == 2 ? sdt == LOOM_DTYPE_BF16 && wdt == LOOM_DTYPE_BF16
@@ -78,7 +86,40 @@ static int64_t images_of(const cv_plan *cp) {
     return cp->N % 32 == 0 ? 32 : 16;
 }
 
+/* The weight gradient's blocks: x's channels (rows of C: 9 a channel) by dy's (columns), at
+ * least TP_TASKS_MIN tasks where the channels allow, and K chunks of the most images up to
+ * TP_GW_IMAGES that divide the batch. */
+static void plan_gw(kc *c, cv_plan *cp) {
+    int64_t nbo = ceil_div(cp->Og, TP_ROWS), nbc = ceil_div(cp->Cg, TP_ROWS);
+    if (nbc * nbo < TP_TASKS_MIN)
+        nbc = ceil_div(TP_TASKS_MIN, nbo);
+    int64_t rc = ceil_div(ceil_div(cp->Cg, nbc), 16) * 16;
+    rc = rc < cp->Cg ? rc : cp->Cg;
+    int64_t co = ceil_div(ceil_div(cp->Og, nbo), 16) * 16;
+    co = co < cp->Og ? co : cp->Og;
+    cp->rows = 9 * rc, cp->nbm = ceil_div(cp->Cg, rc);
+    cp->cols = co, cp->nbn = ceil_div(cp->Og, co);
+    cp->kc = 16;
+    for (int64_t k = 16; k <= TP_GW_IMAGES && k <= cp->N; k += 16)
+        if (cp->N % k == 0)
+            cp->kc = k;
+    cp->nbk = cp->N / cp->kc;
+    cg_mk *m = &cp->mk;
+    m->nv = co <= MK_PANEL ? 1 : 2;
+    m->mr = MK_ACC / m->nv;
+    m->kp = cp->kc / m->pk;
+    m->nbp = cv_row_ld(ceil_div(co, m->nv * MK_PANEL) * m->nv * MK_PANEL); /* dw^T's rows */
+    m->b_ld = m->nbp;
+    cp->mbp = ceil_div(rc, m->mr) * m->mr; /* A's rows: x's channels */
+    c->extent = cp->nbm * cp->nbn;
+    c->grain = cg_grain_for(rc * co * cp->N * valid_taps(cp));
+}
+
 void cv_taps_plan(kc *c, cv_plan *cp) {
+    if (cp->role == CV_GRAD_WEIGHT) {
+        plan_gw(c, cp);
+        return;
+    }
     int64_t nb = images_of(cp), hw = cp->dH * cp->dW;
     cp->nbn = cp->N / nb;
     cp->pix_rows = nb * cp->dH;
@@ -219,7 +260,149 @@ static void to_destination(kc *c, const cv_plan *cp, MlirValue cw, MlirValue cs,
     cg_for_end(b, &li, 0, NULL);
 }
 
+/* 16 vectors of (at most 16) pixels, rows [row0 + l rs] of mem (l < 16), as vectors of 16
+ * lanes (zeros past the pixels), then turned: r[p] = the 16 rows' pixel p. */
+static void load_turned(cg_b *b, MlirValue mem, MlirType et, int64_t hw, MlirValue row0, int64_t rs,
+                        MlirValue *r) {
+    MlirType rt = cg_vec_t(hw, et);
+    MlirValue zrow =
+        cg_vbroadcast(b, mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0), rt);
+    int64_t lanes[16];
+    for (int64_t p = 0; p < 16; p++)
+        lanes[p] = p < hw ? p : hw;
+    for (int64_t l = 0; l < 16; l++) {
+        MlirValue v = cg_vload(b, rt, mem, cg_iadd(b, row0, cg_idx(b, l * rs)));
+        r[l] = hw == 16 ? v : cg_vshuffle(b, v, zrow, 16, lanes);
+    }
+    cv_transpose16(b, r);
+}
+
+/* The weight gradient's A for x's channels [c0, c1) and images [n0, n0 + kc): per source
+ * pixel s, aw[(s mbp + c - c0) kp + k] holding images' pairs (bf16) or images (f32) along K;
+ * rows up to mbp zeros. */
+static void stage_gw_x(kc *c, const cv_plan *cp, MlirValue aw, MlirValue n0, MlirValue c0,
+                       MlirValue c1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->win]], z = cg_idx(b, 0);
+    MlirType et = cg_storage_type(b, c->g->nodes[cp->win].dtype);
+    int64_t shw = cp->sH * cp->sW, per = 16 / m->pk; /* packed elements of 16 images */
+    cg_for lc, lg, lz;
+    cg_for_begin(b, &lc, c0, c1, 0, NULL);
+    cg_for_begin(b, &lg, z, cg_idx(b, cp->kc / 16), 0, NULL);
+    MlirValue n = cg_iadd(b, n0, cg_imul_c(b, lg.iv, 16)), r[16];
+    load_turned(b, src, et, shw, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, n, cp->wC), lc.iv), shw),
+                cp->wC * shw, r);
+    MlirValue at = cg_iadd(b, cg_imul_c(b, isub(b, lc.iv, c0), m->kp), cg_imul_c(b, lg.iv, per));
+    for (int64_t p = 0; p < shw; p++) {
+        MlirValue v = m->pk == 2 ? cg_vbitcast(b, r[p], cg_vec_t(8, b->i32)) : r[p];
+        cg_vstore(b, v, aw, cg_iadd(b, at, cg_idx(b, p * cp->mbp * m->kp)));
+    }
+    cg_for_end(b, &lg, 0, NULL);
+    cg_for_end(b, &lc, 0, NULL);
+    MlirValue zs = m->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+    cg_for_begin(b, &lz, z, cg_idx(b, shw), 0, NULL);
+    cv_zero_rows_at(b, aw, cg_imul_c(b, lz.iv, cp->mbp * m->kp), isub(b, c1, c0), cp->mbp, m->kp,
+                    zs);
+    cg_for_end(b, &lz, 0, NULL);
+}
+
+/* The weight gradient's B for dy's channels [o0, o1) (16s) and images [n0, n0 + kc): per
+ * destination pixel p, bw[(p kp + k) b_ld + o - o0], K images' pairs (bf16: the pair's
+ * first image in the low half) or images (f32). */
+static void stage_gw_dy(kc *c, const cv_plan *cp, MlirValue bw, MlirValue n0, MlirValue o0,
+                        MlirValue o1) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    MlirValue src = c->bufs[c->s->buf_of[cp->plain]], z = cg_idx(b, 0);
+    MlirType et = cg_storage_type(b, c->g->nodes[cp->plain].dtype);
+    int64_t dhw = cp->dH * cp->dW;
+    int64_t pair[32];
+    for (int64_t l = 0; l < 16; l++)
+        pair[2 * l] = l, pair[2 * l + 1] = 16 + l;
+    cg_for lo, lk;
+    cg_for_begin(b, &lo, z, idiv(b, isub(b, o1, o0), 16), 0, NULL);
+    MlirValue o = cg_iadd(b, o0, cg_imul_c(b, lo.iv, 16));
+    cg_for_begin(b, &lk, z, cg_idx(b, m->kp), 0, NULL);
+    MlirValue n = cg_iadd(b, n0, cg_imul_c(b, lk.iv, m->pk)), r[2][16];
+    for (int64_t e = 0; e < m->pk; e++) {
+        MlirValue img = cg_iadd(b, n, cg_idx(b, e));
+        load_turned(b, src, et, dhw, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, img, cp->O), o), dhw),
+                    dhw, r[e]);
+    }
+    MlirValue at = cg_iadd(b, cg_imul_c(b, lk.iv, m->b_ld), cg_imul_c(b, lo.iv, 16));
+    for (int64_t p = 0; p < dhw; p++) {
+        MlirValue v = m->pk == 2 ? cg_vbitcast(b, cg_vshuffle(b, r[0][p], r[1][p], 32, pair),
+                                               cg_vec_t(16, b->i32))
+                                 : r[0][p];
+        cg_vstore(b, v, bw, cg_iadd(b, at, cg_idx(b, p * m->kp * m->b_ld)));
+    }
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &lo, 0, NULL);
+}
+
+/* The weight gradient: per task (x's channels [c0, c1) by dy's [o0, o1)) and K chunk of
+ * images, for each destination pixel p and tap t that reaches source pixel s, dw_t^T [c, o]
+ * += x_s [c, images] dy_p [images, o], into C row (c - c0) 9 + t (the direct weight
+ * gradient's layout, which its epilogue reads): the GEMM's C rows 9 nbp apart. */
+static loom_status emit_gw(kc *c, const cv_plan *cp) {
+    cg_b *b = c->b;
+    const cg_mk *m = &cp->mk;
+    bool pairs = m->pk == 2;
+    MlirType et = pairs ? b->i32 : b->f32;
+    MlirValue z = cg_idx(b, 0), iny, inx;
+    int64_t shw = cp->sH * cp->sW, dhw = cp->dH * cp->dW, ablk = cp->mbp * m->kp;
+    int64_t rc = cp->rows / 9;
+    cg_mk gm = *m;
+    gm.nbp = 9 * m->nbp;
+    MlirValue aw = cg_alloc_buf(b, et, shw * ablk);
+    MlirValue bw = cg_alloc_buf(b, et, dhw * m->kp * m->b_ld);
+    MlirValue cs = cg_alloc_buf(b, b->f32, 9 * cp->mbp * m->nbp);
+    loom_status st = LOOM_OK;
+    cg_for lo, lk, lp, lh, lw;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    MlirValue ib = idiv(b, lo.iv, cp->nbn), jb = irem(b, lo.iv, cp->nbn);
+    MlirValue c0 = cg_imul_c(b, ib, rc), o0 = cg_imul_c(b, jb, cp->cols);
+    MlirValue c1 = cg_imin(b, cg_iadd(b, c0, cg_idx(b, rc)), cg_idx(b, cp->Cg));
+    MlirValue o1 = cg_imin(b, cg_iadd(b, o0, cg_idx(b, cp->cols)), cg_idx(b, cp->Og));
+    cv_zero_rows(b, cs, z, 9 * cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
+    /* B's columns past the block's, which the last tile reads, stay zeros */
+    cv_zero_rows(b, bw, z, dhw * m->kp, m->b_ld,
+                 pairs ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0));
+    cg_for_begin(b, &lk, z, cg_idx(b, cp->nbk), 0, NULL);
+    MlirValue n0 = cg_imul_c(b, lk.iv, cp->kc);
+    stage_gw_x(c, cp, aw, n0, c0, c1);
+    stage_gw_dy(c, cp, bw, n0, o0, o1);
+    cg_for_begin(b, &lp, z, cg_idx(b, dhw), 0, NULL);
+    MlirValue y = idiv(b, lp.iv, cp->dW), x = irem(b, lp.iv, cp->dW);
+    cg_for_begin(b, &lh, z, cg_idx(b, 3), 0, NULL);
+    MlirValue sy = src_at(b, cp, 0, y, lh.iv, &iny);
+    cg_for_begin(b, &lw, z, cg_idx(b, 3), 0, NULL);
+    MlirValue sx = src_at(b, cp, 1, x, lw.iv, &inx);
+    cg_if f;
+    cg_if_begin(b, &f, and_i1(b, iny, inx));
+    MlirValue t = cg_iadd(b, cg_imul_c(b, lh.iv, 3), lw.iv);
+    MlirValue s = cg_iadd(b, cg_imul_c(b, sy, cp->sW), sx);
+    cg_mk_tiles_at(c, &gm, aw, cg_imul_c(b, s, ablk), bw, cg_imul_c(b, lp.iv, m->kp * m->b_ld), cs,
+                   cg_imul_c(b, t, m->nbp), isub(b, c1, c0), isub(b, o1, o0), true,
+                   (MlirValue){NULL}, NULL);
+    cg_if_end(b, &f);
+    cg_for_end(b, &lw, 0, NULL);
+    cg_for_end(b, &lh, 0, NULL);
+    cg_for_end(b, &lp, 0, NULL);
+    cg_for_end(b, &lk, 0, NULL);
+    if (cp->n_epi > 0)
+        st = cv_emit_epilogue(c, cp, &cs, 1, z, cg_imul_c(b, c0, 9), cg_imul_c(b, c1, 9), o0, o1);
+    cg_for_end(b, &lo, 0, NULL);
+    MlirValue bufs[3] = {aw, bw, cs};
+    for (int q = 0; q < 3; q++)
+        cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
+    return st;
+}
+
 loom_status cv_taps_emit(kc *c, const cv_plan *cp) {
+    if (cp->role == CV_GRAD_WEIGHT)
+        return emit_gw(c, cp);
     cg_b *b = c->b;
     const cg_mk *m = &cp->mk;
     bool pairs = m->pk == 2;

@@ -690,19 +690,19 @@ static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
                                           3e-2);
 }
 
-/* Small images by taps (codegen/conv_taps.c): a 3x3 conv2d or input gradient (stride 1 or 2) of
+/* Small images by taps (codegen/conv_taps.c): a 3x3 conv2d or gradient (stride 1 or 2) of
  * images of at most 16 pixels with a quarter or more of its taps on padding or between strides,
  * batch in 16s and channels summed over in 16s, runs a GEMM per destination pixel over the taps
- * that reach a source pixel, columns its images. 4x4 over 16 images (tiles of 16 x 16) with C
- * 16 and O 32; 2x2 over 32 images (tiles of 8 x 32) with O 48 in 3 row blocks; C 288 in two K
- * chunks of 144; a 3x3 image (an odd pixel count); a 1x1 image (the centre tap only); padding 2
- * from 2x2 to 4x4 (source and destination of other sizes; its input gradient from 4x4 to 2x2);
- * O 24, a forward whose last row block is short and whose input gradient (24 channels summed)
- * stays direct; a forward of stride 2 from 4x4 to 2x2 (its input gradient's dx pixels each
- * reached by 1 to 4 taps). f32 and bf16 pairs against the interpreter; and, so that the test
- * sees the path run, in f32 each x gradient differs in its last bits somewhere from
- * LOOM_CONV=direct's, whose sums run in another order (but the 1x1 image's, whose one tap sums
- * in the direct kernel's order). */
+ * that reach a source pixel, columns (the weight gradient's K) its images. 4x4 over 16 images
+ * (tiles of 16 x 16) with C 16 and O 32; 2x2 over 32 images (tiles of 8 x 32) with O 48 in 3
+ * row blocks; C 288 in two K chunks of 144; a 3x3 image (an odd pixel count); a 1x1 image (the
+ * centre tap only); padding 2 from 2x2 to 4x4 (source and destination of other sizes; its input
+ * gradient from 4x4 to 2x2); O 24, a forward whose last row block is short and whose input
+ * gradient (24 channels summed) stays direct; a forward of stride 2 from 4x4 to 2x2 (its input
+ * gradient's dx pixels each reached by 1 to 4 taps). f32 and bf16 pairs against the
+ * interpreter; and, so that the test sees the path run, in f32 each x gradient differs in its
+ * last bits somewhere from LOOM_CONV=direct's, whose sums run in another order (but the 1x1
+ * image's, whose one tap sums in the direct kernel's order). */
 static void test_small_images_run_by_taps(void **state) {
     (void)state;
     static const conv_case cases[] = {
