@@ -86,6 +86,21 @@ static int64_t images_of(const cv_plan *cp) {
     return cp->N % 32 == 0 ? 32 : 16;
 }
 
+/* The most of n's divisors in 16s up to max (16 where none is). */
+static int64_t divisor16(int64_t n, int64_t max) {
+    int64_t d = 16;
+    for (int64_t k = 16; k <= max && k <= n; k += 16)
+        if (n % k == 0)
+            d = k;
+    return d;
+}
+
+/* n split into nb blocks of equal 16s (the last shorter): their size, at most n. */
+static int64_t block16(int64_t n, int64_t nb) {
+    int64_t r = ceil_div(ceil_div(n, nb), 16) * 16;
+    return r < n ? r : n;
+}
+
 /* The weight gradient's blocks: x's channels (rows of C: 9 a channel) by dy's (columns), at
  * least TP_TASKS_MIN tasks where the channels allow, and K chunks of the most images up to
  * TP_GW_IMAGES that divide the batch. */
@@ -93,16 +108,10 @@ static void plan_gw(kc *c, cv_plan *cp) {
     int64_t nbo = ceil_div(cp->Og, TP_ROWS), nbc = ceil_div(cp->Cg, TP_ROWS);
     if (nbc * nbo < TP_TASKS_MIN)
         nbc = ceil_div(TP_TASKS_MIN, nbo);
-    int64_t rc = ceil_div(ceil_div(cp->Cg, nbc), 16) * 16;
-    rc = rc < cp->Cg ? rc : cp->Cg;
-    int64_t co = ceil_div(ceil_div(cp->Og, nbo), 16) * 16;
-    co = co < cp->Og ? co : cp->Og;
+    int64_t rc = block16(cp->Cg, nbc), co = block16(cp->Og, nbo);
     cp->rows = 9 * rc, cp->nbm = ceil_div(cp->Cg, rc);
     cp->cols = co, cp->nbn = ceil_div(cp->Og, co);
-    cp->kc = 16;
-    for (int64_t k = 16; k <= TP_GW_IMAGES && k <= cp->N; k += 16)
-        if (cp->N % k == 0)
-            cp->kc = k;
+    cp->kc = divisor16(cp->N, TP_GW_IMAGES);
     cp->nbk = cp->N / cp->kc;
     cg_mk *m = &cp->mk;
     m->nv = co <= MK_PANEL ? 1 : 2;
@@ -127,14 +136,9 @@ void cv_taps_plan(kc *c, cv_plan *cp) {
     int64_t nbm = ceil_div(cp->M, TP_ROWS);
     if (nbm * cp->nbn < TP_TASKS_MIN)
         nbm = ceil_div(TP_TASKS_MIN, cp->nbn);
-    int64_t rows = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
-    cp->rows = rows < cp->M ? rows : cp->M;
+    cp->rows = block16(cp->M, nbm);
     cp->nbm = ceil_div(cp->M, cp->rows);
-    /* K chunks of whole channels: the most up to TP_KC that divide them */
-    cp->kc = 16;
-    for (int64_t k = 16; k <= TP_KC && k <= cp->wch; k += 16)
-        if (cp->wch % k == 0)
-            cp->kc = k;
+    cp->kc = divisor16(cp->wch, TP_KC); /* K chunks of whole channels */
     cp->nbk = cp->wch / cp->kc;
     cg_mk *m = &cp->mk;
     m->nv = nb / MK_PANEL;
