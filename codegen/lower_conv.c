@@ -3,7 +3,9 @@
  * elementwise epilogue (bias, activation, cast) as a matmul's. NCHW at the API; no im2col
  * in memory: the window operand is packed from the activations block by block. The stride-1
  * 3x3s (of an output at least 7 wide; 3 where the GEMMs multiply f32) run as Winograd
- * F(2x2, 3x3) or F(4x4, 3x3) instead (conv_winograd.c), all three, with the same epilogue.
+ * F(2x2, 3x3) or F(4x4, 3x3) instead (conv_winograd.c), all three, with the same epilogue;
+ * the 3x3s of images of at most 16 pixels, whose padding is a quarter of their taps or more,
+ * by taps (conv_taps.c: a GEMM per destination pixel over only the taps that reach it).
  *
  * The GEMMs, per group g (Cg = C/G input and Og = O/G output channels, KK = KH*KW):
  *  - conv2d:             y[n, o, p]    = sum_(c,kh,kw)  w[o, (c,kh,kw)] * X[(c,kh,kw), (n,p)]
@@ -489,8 +491,10 @@ static bool plan_phase(const kc *c, cv_plan *cp, int64_t p0, int64_t p1) {
  * thread, batch 32, bf16 pairs) the classes of a 2x2 whose pairs load straight from w
  * (cv_pack_weight_pairs) took 3.7 ms against the direct kernel's 5.2; a 4x4's nine classes
  * 5.3 against 4.4, and f32's (staged tap by tap) 12.5 against 6.8 at 4x4. So by default
- * only where half the taps are padding and the weights pair from w; LOOM_CONV=border takes
- * them wherever a quarter are (to compare, and for the tests). */
+ * only where half the taps are padding and the weights pair from w, and the convolution does
+ * not run by taps (conv_taps.c, which skips the padding pixel by pixel with the weights
+ * packed once: those 2x2s in 1.0 ms against the classes' 2.0, on two threads);
+ * LOOM_CONV=border takes them wherever a quarter are (to compare, and for the tests). */
 enum { BORDER_WASTE_PCT = 25, BORDER_WASTE_AUTO_PCT = 50 };
 
 /* Along axis a, the source coordinate of tap t at destination coordinate d is d + off. */
