@@ -12,8 +12,8 @@
  * padding at 31% of its taps; the input gradient's (p + pad - t) / st where st divides it,
  * its 4x4 dx reached by 25 of 144 taps, which phases would run as GEMMs of 4 pixels), where
  *  - A_t is tap t of the weights (conv2d: w[o, c, t], rows o; the input gradient: w[o, c, t],
- *    rows c, K o), all 9 packed once per row block and kept
- *    across the thread's tasks of that block (cv_pack_taps, as Winograd's U);
+ *    rows c, K o), all 9 packed once per row block and kept across the thread's tasks of
+ *    that block (cv_pack_taps, as Winograd's U);
  *  - the source's block of images is staged as [K (bf16 pairs of channels, or f32
  *    channels), pixel, image]: each image's channel (pair) one load of its at most 16 pixels,
  *    16 images' of them turned into 16 pixels' vectors of images by a 16 x 16 transpose, so
