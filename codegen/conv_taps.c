@@ -282,8 +282,8 @@ static void load_turned(cg_b *b, MlirValue mem, MlirType et, int64_t hw, MlirVal
 }
 
 /* The weight gradient's A for x's channels [c0, c1) and images [n0, n0 + kc): per source
- * pixel s, aw[(s mbp + c - c0) kp + k] holding images' pairs (bf16) or images (f32) along K;
- * rows up to mbp zeros. */
+ * pixel s, aw[(s mbp + c - c0) kp + k] holding images' pairs (bf16) or images (f32) along K
+ * (the rows past c1 up to mbp, zeros, emit_gw's). */
 static void stage_gw_x(kc *c, const cv_plan *cp, MlirValue aw, MlirValue n0, MlirValue c0,
                        MlirValue c1) {
     cg_b *b = c->b;
@@ -291,7 +291,7 @@ static void stage_gw_x(kc *c, const cv_plan *cp, MlirValue aw, MlirValue n0, Mli
     MlirValue src = c->bufs[c->s->buf_of[cp->win]], z = cg_idx(b, 0);
     MlirType et = cg_storage_type(b, c->g->nodes[cp->win].dtype);
     int64_t shw = cp->sH * cp->sW, per = 16 / m->pk; /* packed elements of 16 images */
-    cg_for lc, lg, lz;
+    cg_for lc, lg;
     cg_for_begin(b, &lc, c0, c1, 0, NULL);
     cg_for_begin(b, &lg, z, cg_idx(b, cp->kc / 16), 0, NULL);
     MlirValue n = cg_iadd(b, n0, cg_imul_c(b, lg.iv, 16)), r[16];
@@ -304,11 +304,6 @@ static void stage_gw_x(kc *c, const cv_plan *cp, MlirValue aw, MlirValue n0, Mli
     }
     cg_for_end(b, &lg, 0, NULL);
     cg_for_end(b, &lc, 0, NULL);
-    MlirValue zs = m->pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
-    cg_for_begin(b, &lz, z, cg_idx(b, shw), 0, NULL);
-    cv_zero_rows_at(b, aw, cg_imul_c(b, lz.iv, cp->mbp * m->kp), isub(b, c1, c0), cp->mbp, m->kp,
-                    zs);
-    cg_for_end(b, &lz, 0, NULL);
 }
 
 /* The weight gradient's B for dy's channels [o0, o1) (16s) and images [n0, n0 + kc): per
@@ -371,8 +366,13 @@ static loom_status emit_gw(kc *c, const cv_plan *cp) {
     MlirValue o1 = cg_imin(b, cg_iadd(b, o0, cg_idx(b, cp->cols)), cg_idx(b, cp->Og));
     cv_zero_rows(b, cs, z, 9 * cp->mbp, m->nbp, cg_cf(b, b->f32, 0.0));
     /* B's columns past the block's, which the last tile reads, stay zeros */
-    cv_zero_rows(b, bw, z, dhw * m->kp, m->b_ld,
-                 pairs ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0));
+    MlirValue zs = pairs ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+    cv_zero_rows(b, bw, z, dhw * m->kp, m->b_ld, zs);
+    /* and A's rows past the block's, which its last row tile reads */
+    cg_for lz;
+    cg_for_begin(b, &lz, z, cg_idx(b, shw), 0, NULL);
+    cv_zero_rows_at(b, aw, cg_imul_c(b, lz.iv, ablk), isub(b, c1, c0), cp->mbp, m->kp, zs);
+    cg_for_end(b, &lz, 0, NULL);
     cg_for_begin(b, &lk, z, cg_idx(b, cp->nbk), 0, NULL);
     MlirValue n0 = cg_imul_c(b, lk.iv, cp->kc);
     stage_gw_x(c, cp, aw, n0, c0, c1);
