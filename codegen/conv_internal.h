@@ -147,6 +147,8 @@ void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
  * tiles up to nbp and past the chunk's channels up to kp. */
 void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, MlirValue rtab,
                        MlirValue k0, MlirValue k1, MlirValue r0, MlirValue r1);
+/* The mask of a vector of 16's first n lanes. */
+MlirValue cv_first_lanes(cg_b *b, int64_t n);
 /* The first n (1..16) of v's 16 lanes to mem[at] (a masked store below 16). */
 void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n);
 /* Transposes the 16 x 16 matrix of rows r[0..15] (vectors of 16) in place. */
@@ -167,9 +169,13 @@ void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int
 
 /* ---- lower_conv.c, for conv_winograd.c ---- */
 /* The epilogue of a task's block (rows [i0, i1), destination pixel rows [c0, c1)) from C
- * cs[0] (cs[b]: phase b's, nw of them, where phases along W share a row). */
-loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw, MlirValue g,
-                             MlirValue i0, MlirValue i1, MlirValue c0, MlirValue c1);
+ * cs[0] (cs[b]: phase b's, nw of them, where phases along W share a row; row: f32 scratch of
+ * cv_row_len(cp) values where nw is 2, else NULL). */
+loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw,
+                             MlirValue row, MlirValue g, MlirValue i0, MlirValue i1, MlirValue c0,
+                             MlirValue c1);
+/* The scratch row cv_emit_epilogue needs to interleave two phases along W (0: none). */
+int64_t cv_row_len(const cv_plan *cp, int64_t nw);
 
 /* ---- Winograd F(2x2, 3x3) and F(4x4, 3x3) for stride-1 3x3 convolutions (conv_winograd.c)
  * y's m x m tiles each from an a x a tile of x (a = m + 2): Y = A^T [(G w G^T) . (B^T d B)] A,

@@ -254,8 +254,7 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
 
-/* The mask of a vector of 16's first n lanes. */
-static MlirValue first_lanes(cg_b *b, int64_t n) {
+MlirValue cv_first_lanes(cg_b *b, int64_t n) {
     int32_t lanes[16], lim[16];
     for (int l = 0; l < 16; l++)
         lanes[l] = l, lim[l] = (int32_t)n;
@@ -266,7 +265,7 @@ void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n
     if (n >= 16)
         cg_vstore(b, v, mem, at);
     else
-        cg_vmaskstore(b, v, mem, at, first_lanes(b, n));
+        cg_vmaskstore(b, v, mem, at, cv_first_lanes(b, n));
 }
 
 /* One window row j (of group g) as its lanes read it: the source index of destination
@@ -822,7 +821,7 @@ static void panelize_kpairs(kc *c, const cv_plan *cp, MlirValue stg, MlirValue b
  * others, which no load touches. */
 static MlirValue load_lanes16(cg_b *b, MlirValue mem, MlirValue at, int64_t n) {
     MlirType vt = cg_vec_t(16, b->i16);
-    return n == 16 ? cg_vload(b, vt, mem, at) : cg_vmaskload(b, vt, mem, at, first_lanes(b, n));
+    return n == 16 ? cg_vload(b, vt, mem, at) : cg_vmaskload(b, vt, mem, at, cv_first_lanes(b, n));
 }
 
 /* Rows of dy ahead of the one cv_stage_dy_t_kpairs reads that it prefetches, channel by

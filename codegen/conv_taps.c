@@ -396,7 +396,8 @@ static loom_status emit_gw(kc *c, const cv_plan *cp) {
     cg_for_end(b, &lp, 0, NULL);
     cg_for_end(b, &lk, 0, NULL);
     if (cp->n_epi > 0)
-        st = cv_emit_epilogue(c, cp, &cs, 1, z, cg_imul_c(b, c0, 9), cg_imul_c(b, c1, 9), o0, o1);
+        st = cv_emit_epilogue(c, cp, &cs, 1, (MlirValue){NULL}, z, cg_imul_c(b, c0, 9),
+                              cg_imul_c(b, c1, 9), o0, o1);
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[3] = {aw, bw, cs};
     for (int q = 0; q < 3; q++)
@@ -440,7 +441,7 @@ loom_status cv_taps_emit(kc *c, const cv_plan *cp) {
     cg_for_end(b, &lk, 0, NULL);
     to_destination(c, cp, cw, cs, mb);
     if (cp->n_epi > 0)
-        st = cv_emit_epilogue(c, cp, &cs, 1, z, i0, i1, cg_imul_c(b, n0, cp->dH),
+        st = cv_emit_epilogue(c, cp, &cs, 1, (MlirValue){NULL}, z, i0, i1, cg_imul_c(b, n0, cp->dH),
                               cg_imul_c(b, cg_iadd(b, n0, cg_idx(b, nb)), cp->dH));
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[6] = {uw, akey, bw, cw, cs, ut};

@@ -733,7 +733,8 @@ static loom_status emit_gw(kc *c, const cv_plan *cp, const cv_wino *wn) {
     transform_filter(c, wn, cw, cs, mb);
     loom_status st = LOOM_OK;
     if (cp->n_epi > 0)
-        st = cv_emit_epilogue(c, cp, &cs, 1, z, cg_imul_c(b, i0, 9), cg_imul_c(b, i1, 9), j0, j1);
+        st = cv_emit_epilogue(c, cp, &cs, 1, (MlirValue){NULL}, z, cg_imul_c(b, i0, 9),
+                              cg_imul_c(b, i1, 9), j0, j1);
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[7] = {rtab, stga, ap, stgd, bw, cw, cs};
     dealloc_bufs(b, bufs, 7, 2, !pairs); /* ap is stga in f32 */
@@ -786,8 +787,8 @@ loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn) {
     cg_for_end(b, &lk, 0, NULL);
     transform_output(c, cp, wn, cw, cs, mb, t0, ntr);
     if (cp->n_epi > 0)
-        st = cv_emit_epilogue(c, cp, &cs, 1, z, i0, i1, tile_row_pixel(b, wn, cp->dH, t0),
-                              tile_row_pixel(b, wn, cp->dH, t1));
+        st = cv_emit_epilogue(c, cp, &cs, 1, (MlirValue){NULL}, z, i0, i1,
+                              tile_row_pixel(b, wn, cp->dH, t0), tile_row_pixel(b, wn, cp->dH, t1));
     cg_for_end(b, &lo, 0, NULL);
     MlirValue bufs[7] = {rtab, bw, cw, cs, uw, ut, akey};
     dealloc_bufs(b, bufs, 7, 5, !pairs); /* ut is uw in f32 */

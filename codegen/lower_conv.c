@@ -130,13 +130,46 @@ static loom_status emit_element(kc *c, const cv_plan *cp, MlirValue cs, MlirValu
     return cg_emit_sinks(c, cp->n_epi, cp->epi);
 }
 
+int64_t cv_row_len(const cv_plan *cp, int64_t nw) {
+    return nw == 2 && cp->phased && cp->pst[1] == 2 ? 2 * ((cp->dW + 15) / 16 * 16) : 0;
+}
+
+/* Two phases' C rows (cs[0] and cs[1] from at, dW values each; NULL: zeros) interleaved into
+ * row[0, 2 dW) by vectors of 16, so that the epilogue reads its destination row's pixels in
+ * order. Element by element, with the zeros or the other phase's values between, LLVM left
+ * the loop scalar: a quarter of the samples of ResNet-50's layer3 downsample input gradient
+ * (bf16, 224x224, residual add and ReLU mask fused), whose kernel this makes 11% faster on a
+ * Zen 4 (one thread, 13.3-13.7 -> 11.7-12.2 ms). Writes whole vectors up to cv_row_len. */
+static void interleave_row(cg_b *b, const cv_plan *cp, const MlirValue *cs, MlirValue at,
+                           MlirValue row) {
+    MlirType vf = cg_vec_t(16, b->f32);
+    MlirValue zero = cg_vbroadcast(b, cg_cf(b, b->f32, 0.0), vf);
+    int64_t lo[16], hi[16];
+    for (int l = 0; l < 8; l++) {
+        lo[2 * l] = l, lo[2 * l + 1] = 16 + l;
+        hi[2 * l] = 8 + l, hi[2 * l + 1] = 24 + l;
+    }
+    for (int64_t q = 0; q < cp->dW; q += 16) {
+        int64_t n = cp->dW - q < 16 ? cp->dW - q : 16;
+        MlirValue v[2], from = cg_iadd(b, at, cg_idx(b, q));
+        for (int p = 0; p < 2; p++)
+            v[p] = mlirValueIsNull(cs[p]) ? zero
+                   : n == 16              ? cg_vload(b, vf, cs[p], from)
+                                          : cg_vmaskload(b, vf, cs[p], from, cv_first_lanes(b, n));
+        cg_vstore(b, cg_vshuffle(b, v[0], v[1], 16, lo), row, cg_idx(b, 2 * q));
+        cg_vstore(b, cg_vshuffle(b, v[0], v[1], 16, hi), row, cg_idx(b, 2 * q + 16));
+    }
+}
+
 /* The epilogue of a task's block: C's element (i, column) is the root's element at the
  * nest indices set here; the fused sinks evaluate and store from it. C is cs[0], NULL where
  * no tap reaches the block (zeros); but where the epilogue writes every phase along W of a
  * destination row (nw = st[1] > 1: cp->spread, or the phases run side by side), cs[b] is
- * phase b's, of the same layout, or NULL. */
-loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw, MlirValue g,
-                             MlirValue i0, MlirValue i1, MlirValue c0, MlirValue c1) {
+ * phase b's, of the same layout, or NULL; two of them go through row (interleave_row)
+ * where it is not NULL. */
+loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw,
+                             MlirValue row, MlirValue g, MlirValue i0, MlirValue i1, MlirValue c0,
+                             MlirValue c1) {
     cg_b *b = c->b;
     if (cp->role == CV_GRAD_WEIGHT && root_stored_alone(c, cp)) {
         store_dw(c, cp, cs[0], g, i0, i1, c0, c1);
@@ -215,6 +248,15 @@ loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int6
                     cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, cp->dW * cp->st[1]), 0, NULL);
                     SET_DIM(3, lq.iv);
                     st = emit_element(c, cp, cs[0], at, false);
+                    cg_for_end(b, &lq, 0, NULL);
+                    continue;
+                }
+                /* both phases' pixels in order, from row */
+                if (!mlirValueIsNull(row) && cv_row_len(cp, nw) > 0) {
+                    interleave_row(b, cp, cs, at, row);
+                    cg_for_begin(b, &lq, cg_idx(b, 0), cg_idx(b, 2 * cp->dW), 0, NULL);
+                    SET_DIM(3, lq.iv);
+                    st = emit_element(c, cp, row, lq.iv, true);
                     cg_for_end(b, &lq, 0, NULL);
                     continue;
                 }
@@ -582,6 +624,7 @@ static int32_t plan_borders(const kc *c, cv_plan *cps) {
 typedef struct cv_bufs {
     MlirValue ap, bp, stg, stga, tab, rtab, img;
     MlirValue cs[CV_WIDE_MAX];
+    MlirValue row; /* cv_emit_epilogue's, or NULL */
     /* a_cache: the packed weights, and whose they are (tag, row block): one per phase run
      * side by side (slot), or, where a_by_tag, one per phase (tag) */
     MlirValue afull[CV_PHASES_MAX], akey[CV_PHASES_MAX];
@@ -827,7 +870,7 @@ static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_b
             cv_zero_rows(b, u->cs[0], cg_idx(b, 0), cp->mbp, cp->mk.nbp, cg_cf(b, b->f32, 0.0));
         cs[0] = u->cs[0];
     }
-    return cp->n_epi > 0 ? cv_emit_epilogue(c, cp, cs, nw, gi, i0, i1, c0, c1) : LOOM_OK;
+    return cp->n_epi > 0 ? cv_emit_epilogue(c, cp, cs, nw, u->row, gi, i0, i1, c0, c1) : LOOM_OK;
 }
 
 static int64_t max64(int64_t a, int64_t b) {
@@ -977,7 +1020,7 @@ loom_status cg_lower_conv(kc *c) {
     cg_b *b = c->b;
     /* buffers for the largest blocks of any plan that runs */
     int64_t n_ap = 0, n_bp = 0, n_cs = 0, n_stg = 0, n_stga = 0, n_tab = 0, n_afull = 0, n_rtab = 0,
-            n_img = 0;
+            n_img = 0, n_row = 0;
     for (int32_t q = 0; q < n_run * wide; q++) {
         const cv_plan *r = &run[q];
         const cg_mk *m = &r->mk;
@@ -992,6 +1035,7 @@ loom_status cg_lower_conv(kc *c) {
                   r->tab || r->img_win || (r->identity && !r->pairs_win) ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
         n_img = max64(n_img, r->img_win && r->role != CV_GRAD_WEIGHT ? cv_img_taps_len(r) : 0);
+        n_row = max64(n_row, cv_row_len(r, wide > 1 || r->spread ? r->st[1] : 1));
     }
     bool pairs = cp->mk.pk == 2;
     cv_bufs u;
@@ -1010,6 +1054,7 @@ loom_status cg_lower_conv(kc *c) {
     u.tab = n_tab > 0 ? cg_alloc_buf(b, b->i32, n_tab) : u.stg;
     u.rtab = n_rtab > 0 ? cg_alloc_buf(b, b->i64, n_rtab) : u.stg;
     u.img = n_img > 0 ? cg_alloc_buf(b, b->i16, n_img) : u.stg;
+    u.row = n_row > 0 ? cg_alloc_buf(b, b->f32, n_row) : (MlirValue){NULL};
     for (int32_t a = 0; a < n_aslots; a++) {
         u.afull[a] = n_afull > 0 ? cg_alloc_buf(b, pairs ? b->i32 : b->f32, n_afull) : u.ap;
         u.akey[a] = cg_alloc_buf(b, b->i64, 1);
@@ -1045,9 +1090,9 @@ loom_status cg_lower_conv(kc *c) {
         }
     }
     cg_for_end(b, &lo, 0, NULL);
-    MlirValue bufs[7] = {u.ap, u.stg, u.bp, u.stga, u.tab, u.rtab, u.img};
-    bool own[7] = {true, true, pairs, pairs, n_tab > 0, n_rtab > 0, n_img > 0};
-    for (int q = 0; q < 7; q++)
+    MlirValue bufs[8] = {u.ap, u.stg, u.bp, u.stga, u.tab, u.rtab, u.img, u.row};
+    bool own[8] = {true, true, pairs, pairs, n_tab > 0, n_rtab > 0, n_img > 0, n_row > 0};
+    for (int q = 0; q < 8; q++)
         if (own[q])
             cg_op(b, "memref.dealloc", 1, &bufs[q], 0, NULL, 0, NULL);
     for (int32_t w = 0; w < wide; w++)

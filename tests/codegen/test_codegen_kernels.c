@@ -503,13 +503,15 @@ static void residual_input_gradient(fx *f, loom_dtype dt, const int64_t *xs, con
  * fused (dx = select(x > 0, o + conv2d_grad_input(dy, w), 0)), against the interpreter, f32
  * and bf16: where only one phase of the destination pixels has taps and all phases are
  * equally large, that phase's epilogue writes every phase's pixels, the others' value 0
- * (lower_conv.c spread): stride 2 and 2x3, the tap phase (1, 1) under padding 1; and a
- * 7x9 image, whose phases differ in size, one pass per phase as before. */
+ * (lower_conv.c spread): stride 2 and 2x3, the tap phase (1, 1) under padding 1, rows of 20
+ * and 18 pixels a phase (interleaved by a vector of 16 and a tail); and a 7x9 image, whose
+ * phases differ in size, one pass per phase as before. */
 static void test_strided_1x1_input_gradient_with_a_fused_epilogue(void **state) {
     (void)state;
     static const struct {
         int64_t h, w, st[2], pad;
-    } cases[] = {{8, 10, {2, 2}, 0}, {8, 9, {2, 3}, 0}, {8, 10, {2, 2}, 1}, {7, 9, {2, 2}, 0}};
+    } cases[] = {{8, 10, {2, 2}, 0}, {8, 9, {2, 3}, 0},  {8, 10, {2, 2}, 1},
+                 {7, 9, {2, 2}, 0},  {4, 40, {2, 2}, 0}, {4, 34, {2, 2}, 1}};
     const loom_dtype dts[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
     for (size_t i = 0; i < LEN(cases); i++)
         for (size_t d = 0; d < LEN(dts); d++) {

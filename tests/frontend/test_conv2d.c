@@ -551,7 +551,8 @@ static void test_epilogues_by_pixels_and_by_rows_match_the_interpreter(void **st
  * bf16 autocast. Its destination pixels run per phase (ph0 + st0 y, ph1 + st1 q): at 28x28
  * with stride 2 (and 28x30 with stride 2x3, 12x28 with 1x2: one row phase) every phase has
  * taps and all are one size, so a task runs the phases along W side by side and writes
- * whole rows (blocks of 18 phase rows over 3 images of 14: they span images); at 27x27 the phases
+ * whole rows (blocks of 18 phase rows over 3 images of 14: they span images; at 6x40 a
+ * phase row of 20, interleaved by a vector of 16 and a tail); at 27x27 the phases
  * differ in size and run one by one; a strided 1x1 has one phase with taps, whose epilogue writes
  * the zeros of the others. */
 static void test_strided_input_gradients_match_the_interpreter(void **state) {
@@ -561,6 +562,7 @@ static void test_strided_input_gradients_match_the_interpreter(void **state) {
         {"3x3 stride 2x3 at 28x30", 3, 24, 28, 30, 16, 3, 3, {2, 3}, {1, 1}, {1, 1}, 1, false},
         {"3x3 stride 1x2 at 12x28", 3, 24, 12, 28, 16, 3, 3, {1, 2}, {1, 1}, {1, 1}, 1, false},
         {"3x3 stride 2 at 27x27", 3, 24, 27, 27, 16, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
+        {"3x3 stride 2 at 6x40", 3, 24, 6, 40, 16, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
         {"1x1 stride 2 at 28x28", 3, 24, 28, 28, 16, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, false},
     };
     static const loom_dtype amps[] = {LOOM_DTYPE_F32, LOOM_DTYPE_BF16};
