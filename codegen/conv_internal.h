@@ -170,7 +170,7 @@ void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int
 /* ---- lower_conv.c, for conv_winograd.c ---- */
 /* The epilogue of a task's block (rows [i0, i1), destination pixel rows [c0, c1)) from C
  * cs[0] (cs[b]: phase b's, nw of them, where phases along W share a row; row: f32 scratch of
- * cv_row_len(cp) values where nw is 2, else NULL). */
+ * cv_row_len(cp, nw) values where that is not 0, else NULL). */
 loom_status cv_emit_epilogue(kc *c, const cv_plan *cp, const MlirValue *cs, int64_t nw,
                              MlirValue row, MlirValue g, MlirValue i0, MlirValue i1, MlirValue c0,
                              MlirValue c1);
