@@ -842,6 +842,12 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
  * their blocks (tag: the first plan's index among the kernel's): t = (g * nbm + ib) * nbn +
  * jb for conv2d and the input gradient (a row block's tasks are consecutive, sharing its
  * weights), (g * nbn + jb) * nbm + ib for the weight gradient. */
+/* The phases along W whose pixels a destination row of plan cp's epilogue writes: st[1]
+ * where they run side by side (wide) or one spreads over the others, else 1. */
+static int64_t row_phases(const cv_plan *cp, int32_t wide) {
+    return wide > 1 || cp->spread ? cp->st[1] : 1;
+}
+
 static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_bufs *u, MlirValue t,
                              int32_t tag) {
     cg_b *b = c->b;
@@ -865,7 +871,7 @@ static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_b
     MlirValue ncols = gw ? isub(b, c1, c0) : cg_imul_c(b, isub(b, c1, c0), cp->dW);
     /* C per phase along W that the epilogue writes (NULL: no tap reaches it, zeros) */
     MlirValue cs[CV_PHASES_MAX] = {{NULL}};
-    int64_t nw = wide > 1 || cp->spread ? cp->st[1] : 1;
+    int64_t nw = row_phases(cp, wide);
     cv_pf pf = {.cp = cp, .g = gi, .i0 = i0, .c0 = c0, .ny = 1, .sy = 1, .sx = 1};
     const loom_ir_node *root = &c->g->nodes[c->k->root];
     if (cp->phased) { /* every phase's pixels along W; along H too where spread */
@@ -1064,7 +1070,7 @@ loom_status cg_lower_conv(kc *c) {
                   r->tab || r->img_win || (r->identity && !r->pairs_win) ? 0 : r->KH * r->pix_rows);
         n_afull = max64(n_afull, r->a_cache ? r->mbp * m->kp * r->nbk : 0);
         n_img = max64(n_img, r->img_win && r->role != CV_GRAD_WEIGHT ? cv_img_taps_len(r) : 0);
-        n_row = max64(n_row, cv_row_len(r, wide > 1 || r->spread ? r->st[1] : 1));
+        n_row = max64(n_row, cv_row_len(r, row_phases(r, wide)));
     }
     bool pairs = cp->mk.pk == 2;
     cv_bufs u;
