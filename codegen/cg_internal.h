@@ -140,6 +140,9 @@ MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirVal
 MlirValue cg_vmaskload_or(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask,
                           MlirValue pass);
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
+/* mem[at + i] = zero (a scalar) for i in [0, n) (an index; nothing where n <= 0): vectors
+ * of 16 and one masked store for the rest. */
+void cg_zero_range(cg_b *b, MlirValue mem, MlirValue at, MlirValue n, MlirValue zero);
 MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes);
 /* Lane `lane` of vector v, a scalar. */
 MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane);

@@ -23,10 +23,7 @@ static MlirValue ceildiv_s(cg_b *b, MlirValue x, int64_t s) {
 /* buf[at + i] = 0 for i in [lo, hi) */
 static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValue lo,
                        MlirValue hi) {
-    cg_for l;
-    cg_for_begin(b, &l, lo, hi, 0, NULL);
-    cg_store(b, zero, buf, cg_iadd(b, at, l.iv));
-    cg_for_end(b, &l, 0, NULL);
+    cg_zero_range(b, buf, cg_iadd(b, at, lo), isub(b, hi, lo), zero);
 }
 
 /* A phase's offset off[a][k] of tap k along axis a. */
@@ -1019,10 +1016,8 @@ void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp) {
 /* Zeros rows [from, to) of a row-major buffer of ld columns at buf[base]. */
 void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to, int64_t ld,
                      MlirValue zero) {
-    cg_for l;
-    cg_for_begin(b, &l, cg_imul_c(b, from, ld), cg_idx(b, to * ld), 0, NULL);
-    cg_store(b, zero, buf, cg_iadd(b, base, l.iv));
-    cg_for_end(b, &l, 0, NULL);
+    MlirValue at = cg_imul_c(b, from, ld);
+    cg_zero_range(b, buf, cg_iadd(b, base, at), isub(b, cg_idx(b, to * ld), at), zero);
 }
 
 void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld, MlirValue zero) {
@@ -1148,7 +1143,7 @@ void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base
     int64_t kp = cp->mk.kp;
     MlirValue zi = cg_ci(b, b->i32, 0);
     MlirValue ch0 = idiv(b, k0, cp->KK), np = idiv(b, isub(b, k1, k0), 2);
-    cg_for li, lc, lp;
+    cg_for li, lc;
     cg_for_begin(b, &li, i0, i1, 0, NULL);
     MlirValue row = cg_iadd(b, base, cg_imul_c(b, isub(b, li.iv, i0), kp));
     cg_for_begin(b, &lc, ch0, idiv(b, k1, cp->KK), 0, NULL);
@@ -1160,9 +1155,7 @@ void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base
         cg_store(b, cg_vextract(b, cg_vbitcast(b, two, v1), 0), ap, cg_iadd(b, dst, cg_idx(b, th)));
     }
     cg_for_end(b, &lc, 0, NULL);
-    cg_for_begin(b, &lp, np, cg_idx(b, kp), 0, NULL); /* K's pairs past the chunk */
-    cg_store(b, zi, ap, cg_iadd(b, row, lp.iv));
-    cg_for_end(b, &lp, 0, NULL);
+    cg_zero_range(b, ap, cg_iadd(b, row, np), isub(b, cg_idx(b, kp), np), zi); /* K past it */
     cg_for_end(b, &li, 0, NULL);
     cv_zero_rows_at(b, ap, base, isub(b, i1, i0), cp->mbp, kp, zi);
 }

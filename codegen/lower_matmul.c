@@ -209,12 +209,10 @@ static MlirValue pack_zero(cg_b *b, const mm_plan *mp) {
 /* Stores zero at buf[i * stride + j] for i in [i_lo, i_hi), j in [j_lo, j_hi) (pads). */
 static void zero_fill(cg_b *b, MlirValue zero, MlirValue buf, MlirValue i_lo, MlirValue i_hi,
                       int64_t stride, MlirValue j_lo, MlirValue j_hi) {
-    cg_for li, lj;
+    cg_for li;
     cg_for_begin(b, &li, i_lo, i_hi, 0, NULL);
     MlirValue row = cg_imul_c(b, li.iv, stride);
-    cg_for_begin(b, &lj, j_lo, j_hi, 0, NULL);
-    cg_store(b, zero, buf, cg_iadd(b, row, lj.iv));
-    cg_for_end(b, &lj, 0, NULL);
+    cg_zero_range(b, buf, cg_iadd(b, row, j_lo), cg_bin(b, "arith.subi", j_hi, j_lo), zero);
     cg_for_end(b, &li, 0, NULL);
 }
 

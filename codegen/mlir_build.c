@@ -349,6 +349,31 @@ void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue m
     cg_op(b, "vector.maskedstore", 4, ops, 0, NULL, 0, NULL);
 }
 
+/* Not a scalar loop: LLVM vectorizes one into a main loop, an epilogue loop and a scalar
+ * rest, and the conv kernels' zero fills were 455 of the 700 loops it vectorized in
+ * ResNet-50's bf16 step, a third of the step's LLVM IR. */
+void cg_zero_range(cg_b *b, MlirValue mem, MlirValue at, MlirValue n, MlirValue zero) {
+    int64_t cn;
+    bool fixed = const_int(n, &cn);
+    if (fixed && cn <= 0)
+        return;
+    MlirValue zv = cg_vbroadcast(b, zero, cg_vec_t(16, mlirValueGetType(zero)));
+    MlirValue nn = fixed ? n : cg_bin(b, "arith.maxsi", n, cg_idx(b, 0));
+    MlirValue full = fixed ? cg_idx(b, cn / 16) : cg_bin(b, "arith.divui", nn, cg_idx(b, 16));
+    if (!fixed || cn >= 16) {
+        cg_for l;
+        cg_for_begin(b, &l, cg_idx(b, 0), full, 0, NULL);
+        cg_vstore(b, zv, mem, cg_iadd(b, at, cg_imul_c(b, l.iv, 16)));
+        cg_for_end(b, &l, 0, NULL);
+    }
+    if (fixed && cn % 16 == 0)
+        return;
+    MlirValue done = cg_imul_c(b, full, 16);
+    MlirValue rest = fixed ? cg_idx(b, cn % 16) : cg_bin(b, "arith.subi", nn, done);
+    MlirValue mask = cg_v(b, "vector.create_mask", 1, &rest, cg_vec_t(16, b->i1));
+    cg_vmaskstore(b, zv, mem, cg_iadd(b, at, done), mask);
+}
+
 MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_t *lanes) {
     MlirAttribute at[64]; /* MLIR 19: an ArrayAttr of i64 */
     for (int64_t l = 0; l < n && l < 64; l++)

@@ -1,0 +1,183 @@
+/* Tests of the MLIR op builder's helpers that emit loops of their own (codegen/mlir_build.c),
+ * built into small functions, JIT'd through MLIR's execution engine and run on buffers whose
+ * every element is checked: cg_zero_range zeros exactly its range, for run-time and
+ * compile-time lengths around the vector's 16 lanes. */
+#include <mlir-c/ExecutionEngine.h>
+#include <mlir-c/Pass.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "mlir_test_util.h"
+#include "test_util.h"
+
+#include "codegen/cg_internal.h"
+
+enum { BUF = 80, FILL = 7 };
+
+typedef struct desc1 { /* the C interface's descriptor of a 1-D memref */
+    void *allocated, *aligned;
+    int64_t offset, size, stride;
+} desc1;
+
+/* func.func @name(%mem: memref<BUF x et>, %at: index[, %n: index]) {llvm.emit_c_interface}
+ * whose body is cg_zero_range(mem, at, n, 0): n the argument, or the constant fixed_n when
+ * fixed_n >= 0. */
+static void add_zero_fn(MlirContext ctx, MlirModule module, const char *name, MlirType et,
+                        int64_t fixed_n) {
+    cg_b b;
+    cg_b_init(&b, ctx, module);
+    int64_t size = BUF;
+    MlirType args[3] = {
+        mlirMemRefTypeGet(et, 1, &size, mlirAttributeGetNull(), mlirAttributeGetNull()), b.index,
+        b.index};
+    int n_args = fixed_n >= 0 ? 2 : 3;
+    MlirLocation locs[3] = {b.loc, b.loc, b.loc};
+    MlirRegion body = mlirRegionCreate();
+    MlirBlock block = mlirBlockCreate(n_args, args, locs);
+    mlirRegionAppendOwnedBlock(body, block);
+    b.block = block;
+    MlirValue zero = mlirTypeIsAFloat(et) ? cg_cf(&b, et, 0.0) : cg_ci(&b, et, 0);
+    MlirValue n = fixed_n >= 0 ? cg_idx(&b, fixed_n) : mlirBlockGetArgument(block, 2);
+    cg_zero_range(&b, mlirBlockGetArgument(block, 0), mlirBlockGetArgument(block, 1), n, zero);
+    cg_op(&b, "func.return", 0, NULL, 0, NULL, 0, NULL);
+    MlirNamedAttribute attrs[3] = {
+        cg_named(&b, "sym_name", mlirStringAttrGet(ctx, sr(name))),
+        cg_named(&b, "function_type",
+                 mlirTypeAttrGet(mlirFunctionTypeGet(ctx, n_args, args, 0, NULL))),
+        cg_named(&b, "llvm.emit_c_interface", mlirUnitAttrGet(ctx)),
+    };
+    MlirOperationState fn = mlirOperationStateGet(sr("func.func"), b.loc);
+    mlirOperationStateAddAttributes(&fn, 3, attrs);
+    mlirOperationStateAddOwnedRegions(&fn, 1, &body);
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), mlirOperationCreate(&fn));
+}
+
+static const int64_t fixed_lengths[] = {0, 5, 16, 21, 32};
+
+typedef struct jit_fns {
+    MlirContext ctx;
+    MlirModule module;
+    MlirExecutionEngine jit;
+} jit_fns;
+
+/* zero_f32 and zero_i32 (n an argument) and zero_c<n> for each fixed length, lowered as
+ * codegen lowers its kernels and JIT'd. */
+static jit_fns build(void) {
+    jit_fns j;
+    j.ctx = make_context();
+    j.module = mlirModuleCreateEmpty(mlirLocationUnknownGet(j.ctx));
+    add_zero_fn(j.ctx, j.module, "zero_f32", mlirF32TypeGet(j.ctx), -1);
+    add_zero_fn(j.ctx, j.module, "zero_i32", mlirIntegerTypeGet(j.ctx, 32), -1);
+    for (size_t i = 0; i < sizeof fixed_lengths / sizeof fixed_lengths[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "zero_c%lld", (long long)fixed_lengths[i]);
+        add_zero_fn(j.ctx, j.module, name, mlirF32TypeGet(j.ctx), fixed_lengths[i]);
+    }
+    assert_true(mlirOperationVerify(mlirModuleGetOperation(j.module)));
+    static const char pipeline[] =
+        "builtin.module(convert-scf-to-cf,convert-vector-to-llvm,convert-arith-to-llvm,"
+        "finalize-memref-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,"
+        "reconcile-unrealized-casts)";
+    MlirPassManager pm = mlirPassManagerCreate(j.ctx);
+    assert_true(mlirLogicalResultIsSuccess(mlirParsePassPipeline(
+        mlirPassManagerGetAsOpPassManager(pm), sr(pipeline), print_to_stderr, NULL)));
+    assert_true(
+        mlirLogicalResultIsSuccess(mlirPassManagerRunOnOp(pm, mlirModuleGetOperation(j.module))));
+    mlirPassManagerDestroy(pm);
+    j.jit = mlirExecutionEngineCreate(j.module, 2, 0, NULL, false);
+    assert_false(mlirExecutionEngineIsNull(j.jit));
+    return j;
+}
+
+static void destroy(jit_fns *j) {
+    mlirExecutionEngineDestroy(j->jit);
+    mlirModuleDestroy(j->module);
+    mlirContextDestroy(j->ctx);
+}
+
+static void *lookup(const jit_fns *j, const char *name) {
+    char full[64];
+    snprintf(full, sizeof full, "_mlir_ciface_%s", name);
+    void *fn = mlirExecutionEngineLookup(j->jit, sr(full));
+    assert_non_null(fn);
+    return fn;
+}
+
+/* Every element of buf: 0 in [at, at + n) (none where n <= 0), FILL elsewhere. */
+static void check_zeroed(const char *what, const int32_t *bits, const float *f, int64_t at,
+                         int64_t n) {
+    for (int64_t i = 0; i < BUF; i++) {
+        bool zeroed = i >= at && i < at + n;
+        bool ok = f ? f[i] == (zeroed ? 0.0f : (float)FILL) : bits[i] == (zeroed ? 0 : FILL);
+        if (!ok)
+            fail_msg("%s at %lld, n %lld: element %lld is %g, expected %d", what, (long long)at,
+                     (long long)n, (long long)i, f ? (double)f[i] : (double)bits[i],
+                     zeroed ? 0 : FILL);
+    }
+}
+
+/* Run-time lengths: none, negative, under, at and over one and two vectors of 16, at
+ * offsets that are and are not multiples of 16, the last one ending at the buffer's end. */
+static void test_zero_range_zeros_exactly_its_range_of_a_run_time_length(void **state) {
+    (void)state;
+    jit_fns j = build();
+    void (*zf)(desc1 *, int64_t, int64_t), (*zi)(desc1 *, int64_t, int64_t);
+    void *pf = lookup(&j, "zero_f32"), *pi = lookup(&j, "zero_i32");
+    memcpy(&zf, &pf, sizeof zf); /* ISO C has no object-to-function pointer cast */
+    memcpy(&zi, &pi, sizeof zi);
+    static const int64_t lengths[] = {-3, 0, 1, 7, 15, 16, 17, 31, 32, 33, 47};
+    static const int64_t offsets[] = {0, 5, 16};
+    for (size_t o = 0; o < sizeof offsets / sizeof offsets[0]; o++)
+        for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+            int64_t at = offsets[o], n = lengths[l];
+            float f[BUF];
+            int32_t bits[BUF];
+            for (int i = 0; i < BUF; i++)
+                f[i] = (float)FILL, bits[i] = FILL;
+            desc1 df = {f, f, 0, BUF, 1}, di = {bits, bits, 0, BUF, 1};
+            zf(&df, at, n);
+            zi(&di, at, n);
+            check_zeroed("f32", NULL, f, at, n);
+            check_zeroed("i32", bits, NULL, at, n);
+        }
+    int64_t at = BUF - 33; /* the masked rest's lanes past the buffer's end touch no memory */
+    float f[BUF];
+    for (int i = 0; i < BUF; i++)
+        f[i] = (float)FILL;
+    desc1 df = {f, f, 0, BUF, 1};
+    zf(&df, at, 33);
+    check_zeroed("f32 to the end", NULL, f, at, 33);
+    destroy(&j);
+}
+
+/* Compile-time lengths take the path without a run-time count: whole vectors, then a
+ * masked store only where 16 does not divide n. */
+static void test_zero_range_zeros_exactly_its_range_of_a_constant_length(void **state) {
+    (void)state;
+    jit_fns j = build();
+    for (size_t l = 0; l < sizeof fixed_lengths / sizeof fixed_lengths[0]; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "zero_c%lld", (long long)fixed_lengths[l]);
+        void (*zc)(desc1 *, int64_t);
+        void *p = lookup(&j, name);
+        memcpy(&zc, &p, sizeof zc);
+        for (int64_t at = 0; at <= 3; at += 3) {
+            float f[BUF];
+            for (int i = 0; i < BUF; i++)
+                f[i] = (float)FILL;
+            desc1 df = {f, f, 0, BUF, 1};
+            zc(&df, at);
+            check_zeroed(name, NULL, f, at, fixed_lengths[l]);
+        }
+    }
+    destroy(&j);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zero_range_zeros_exactly_its_range_of_a_run_time_length),
+        cmocka_unit_test(test_zero_range_zeros_exactly_its_range_of_a_constant_length),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
