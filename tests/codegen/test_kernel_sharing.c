@@ -43,6 +43,28 @@ static int32_t kernel_of(const loom_ir_plan *p, int32_t root) {
     return -1;
 }
 
+/* opt: a copy of g (initialized here), planned into p (initialized here). */
+static void plan_copy(const loom_ir_graph *g, loom_ir_graph *opt, loom_ir_plan *p) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    loom_ir_graph_init(opt, &H.alloc);
+    assert_int_equal(loom_ir_graph_copy(opt, g), LOOM_OK);
+    loom_ir_plan_init(p, &H.alloc);
+    loom_pass_options po = {.verify_each = true};
+    if (loom_pass_build_plan(opt, &po, p, &d) != LOOM_OK)
+        fail_msg("%s", d.msg);
+}
+
+/* g compiled (its kernels sharing code) against the reference interpreter, then freed. */
+static void check_and_free(loom_ir_graph *g, uint64_t seed) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    loom_ir_sample s = {.lo = -2, .hi = 2, .rel_tol = 1e-5, .abs_tol = 1e-6};
+    if (loom_fe_check_against_interp(g, &s, &seed, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
+        fail_msg("%s", d.msg);
+    loom_ir_graph_deinit(g);
+}
+
 static void test_kernels_of_one_structure_share_their_code(void **state) {
     (void)state;
     loom_ir_graph g;
@@ -68,12 +90,8 @@ static void test_kernels_of_one_structure_share_their_code(void **state) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     loom_ir_graph opt;
-    loom_ir_graph_init(&opt, &H.alloc);
-    assert_int_equal(loom_ir_graph_copy(&opt, &g), LOOM_OK);
     loom_ir_plan p;
-    loom_ir_plan_init(&p, &H.alloc);
-    loom_pass_options po = {.verify_each = true};
-    assert_int_equal(loom_pass_build_plan(&opt, &po, &p, &d), LOOM_OK);
+    plan_copy(&g, &opt, &p);
     /* the plan's graph keeps these node ids: nothing folds or merges here */
     int32_t k1 = kernel_of(&p, y1), k2 = kernel_of(&p, y2), k3 = kernel_of(&p, y3),
             k4 = kernel_of(&p, y4), s1 = kernel_of(&p, r1), s2 = kernel_of(&p, r2),
@@ -131,11 +149,7 @@ static void test_kernels_of_one_structure_share_their_code(void **state) {
     loom_ir_graph_deinit(&opt);
 
     /* and each shared function computes its own buffers' values */
-    uint64_t rng = 3;
-    loom_ir_sample s = {.lo = -2, .hi = 2, .rel_tol = 1e-5, .abs_tol = 1e-6};
-    if (loom_fe_check_against_interp(&g, &s, &rng, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
-        fail_msg("%s", d.msg);
-    loom_ir_graph_deinit(&g);
+    check_and_free(&g, 3);
 }
 
 /* One constant node in two kernels (as CSE leaves the ReLU mask's zeros for all of a ResNet's
@@ -160,12 +174,8 @@ static void test_kernels_share_whatever_their_nodes_order_in_the_graph(void **st
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     loom_ir_graph opt;
-    loom_ir_graph_init(&opt, &H.alloc);
-    assert_int_equal(loom_ir_graph_copy(&opt, &g), LOOM_OK);
     loom_ir_plan p;
-    loom_ir_plan_init(&p, &H.alloc);
-    loom_pass_options po = {.verify_each = true};
-    assert_int_equal(loom_pass_build_plan(&opt, &po, &p, &d), LOOM_OK);
+    plan_copy(&g, &opt, &p);
     int32_t k1 = kernel_of(&p, m1), k2 = kernel_of(&p, m2);
     /* the premise: each kernel holds exp, the constant and mul, in the graph's order */
     const loom_ir_kernel *a = &p.kernels[k1], *b = &p.kernels[k2];
@@ -191,11 +201,7 @@ static void test_kernels_share_whatever_their_nodes_order_in_the_graph(void **st
     loom_ir_plan_deinit(&p);
     loom_ir_graph_deinit(&opt);
     /* and the one function computes both kernels' values */
-    uint64_t rng = 5;
-    loom_ir_sample smp = {.lo = -2, .hi = 2, .rel_tol = 1e-5, .abs_tol = 1e-6};
-    if (loom_fe_check_against_interp(&g, &smp, &rng, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
-        fail_msg("%s", d.msg);
-    loom_ir_graph_deinit(&g);
+    check_and_free(&g, 5);
 }
 
 int main(void) {
