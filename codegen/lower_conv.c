@@ -838,16 +838,16 @@ static void emit_product(kc *c, const cv_plan *cp, const cv_bufs *u, int32_t slo
     cg_for_end(b, &lk, 0, NULL);
 }
 
-/* One task of plan cps[0], or of the `wide` phases cps[0..wide) side by side, which share
- * their blocks (tag: the first plan's index among the kernel's): t = (g * nbm + ib) * nbn +
- * jb for conv2d and the input gradient (a row block's tasks are consecutive, sharing its
- * weights), (g * nbn + jb) * nbm + ib for the weight gradient. */
 /* The phases along W whose pixels a destination row of plan cp's epilogue writes: st[1]
  * where they run side by side (wide) or one spreads over the others, else 1. */
 static int64_t row_phases(const cv_plan *cp, int32_t wide) {
     return wide > 1 || cp->spread ? cp->st[1] : 1;
 }
 
+/* One task of plan cps[0], or of the `wide` phases cps[0..wide) side by side, which share
+ * their blocks (tag: the first plan's index among the kernel's): t = (g * nbm + ib) * nbn +
+ * jb for conv2d and the input gradient (a row block's tasks are consecutive, sharing its
+ * weights), (g * nbn + jb) * nbm + ib for the weight gradient. */
 static loom_status emit_task(kc *c, const cv_plan *cps, int32_t wide, const cv_bufs *u, MlirValue t,
                              int32_t tag) {
     cg_b *b = c->b;

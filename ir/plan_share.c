@@ -156,10 +156,9 @@ static int cmp_sig(const void *x, const void *y) {
     return (a->kernel > b->kernel) - (a->kernel < b->kernel);
 }
 
-static bool same(const loom_ir_plan *p, const loom_ir_graph *g, const sig *a, const sig *b) {
+static bool same(const loom_ir_graph *g, const sig *a, const sig *b) {
     if (a->n != b->n || memcmp(a->v, b->v, (size_t)a->n * sizeof *a->v) != 0)
         return false;
-    (void)p;
     for (int32_t j = 0; j < a->n_nodes; j++)
         if (!loom_ir_attrs_equal(&g->nodes[a->ord[j]], &g->nodes[b->ord[j]]))
             return false;
@@ -199,7 +198,7 @@ loom_status loom_ir_plan_share_kernels(const loom_ir_plan *p, const loom_ir_grap
                 e++;
             for (int32_t i = s + 1; i < e; i++)
                 for (int32_t j = s; j < i; j++)
-                    if (rep[sigs[j].kernel] == sigs[j].kernel && same(p, g, &sigs[i], &sigs[j])) {
+                    if (rep[sigs[j].kernel] == sigs[j].kernel && same(g, &sigs[i], &sigs[j])) {
                         rep[sigs[i].kernel] = sigs[j].kernel;
                         distinct--;
                         break;
