@@ -83,15 +83,11 @@ static bool build_sig(const loom_ir_plan *p, const loom_ir_graph *g, int32_t k, 
     int32_t *ord = loom_ir_alloc(a, nn * sizeof *ord);
     int32_t *stack = loom_ir_alloc(a, 2 * nn * sizeof *stack);
     uint8_t *seen = loom_ir_alloc(a, nn);
-    if (!v || !ord || !stack || !seen) {
-        if (v)
-            loom_ir_free(a, v, (size_t)cap * sizeof *v);
-        if (ord)
-            loom_ir_free(a, ord, nn * sizeof *ord);
-        if (stack)
-            loom_ir_free(a, stack, 2 * nn * sizeof *stack);
-        if (seen)
-            loom_ir_free(a, seen, nn);
+    if (!v || !ord || !stack || !seen) { /* loom_ir_free ignores NULL */
+        loom_ir_free(a, v, (size_t)cap * sizeof *v);
+        loom_ir_free(a, ord, nn * sizeof *ord);
+        loom_ir_free(a, stack, 2 * nn * sizeof *stack);
+        loom_ir_free(a, seen, nn);
         return false;
     }
     /* arg i is -2 - i in local[] (so -1 stays "not in the kernel"), node j is the j-th in
