@@ -47,7 +47,15 @@
 #include "conv_internal.h"
 
 enum {
-    WN_ROWS = 128,          /* rows of a row block (y's channels, or dx's), at most */
+    /* rows of a row block (y's channels, or dx's), at most: WN_ROWS_MAX where its tiles fill
+     * the microkernel's column tiles as well as WN_ROWS's (each task transforms its tiles'
+     * input, V, for its row block alone, so fewer row blocks transform it fewer times), else
+     * WN_ROWS (a Zen 4, bf16, batch 8 at 224x224, two threads: layer4's 3x3 at 7x7, forward
+     * and input gradient 4.27 / 4.42 -> 3.86 / 4.03 ms; layer3's at 14x14 3.1 / 3.11 -> 2.97 /
+     * 3.06; f32's at 7x7 7.5 / 8.3 -> 6.9 / 7.3; but f32's at 14x14 by F(4x4, 3x3), whose C
+     * blocks of 256 rows would hold a tile row of 4 tiles alone, 5.2 -> 15.3 ms: WN_ROWS) */
+    WN_ROWS = 128,
+    WN_ROWS_MAX = 256,
     WN_KP = 64,             /* packed elements along K (channels / pk) of a chunk, at most */
     WN_C_BYTES = 512 << 10, /* the a^2 GEMMs' C blocks of a task, at most (else fewer tiles) */
     WN_TASKS_MIN = 4,       /* tasks at least, where there are the tile rows */
@@ -303,6 +311,36 @@ static void plan_window(const cv_plan *cp, cv_wino *wn) {
     wp->lanes_win = true;
 }
 
+/* Row blocks of at most most_rows rows for the forward and the input gradient (*rows each,
+ * *nbm of them), and blocks of equal tile rows (*tr each, *nb of them) whose tiles fill the
+ * microkernel's column tiles best, at least WN_TASKS_MIN tasks, their C blocks within
+ * WN_C_BYTES (fewer blocks on a tie); returns that fill, the tiles over their panels'
+ * columns. */
+static double row_blocks(const cv_plan *cp, const cv_wino *wn, int64_t most_rows, int64_t *rows,
+                         int64_t *nbm, int64_t *tr, int64_t *nb) {
+    int64_t nth = cp->N * wn->TH; /* tile rows of all images */
+    *nbm = ceil_div(cp->M, most_rows);
+    *rows = ceil_div(ceil_div(cp->M, *nbm), 16) * 16;
+    *rows = *rows < cp->M ? *rows : cp->M;
+    *nbm = ceil_div(cp->M, *rows);
+    double best = -1.0;
+    *tr = 1, *nb = nth;
+    for (int64_t n = 1; n <= nth; n++) {
+        int64_t t = ceil_div(nth, n);
+        if (ceil_div(nth, t) != n)
+            continue;
+        int64_t tiles = t * wn->TW, nv = tiles <= MK_PANEL ? 1 : 2;
+        int64_t np = ceil_div(tiles, nv * MK_PANEL) * nv * MK_PANEL;
+        int64_t mbp = ceil_div(*rows, MK_ACC / nv) * (MK_ACC / nv);
+        if ((t > 1 && wn->nx * mbp * np * 4 > WN_C_BYTES) || (n * *nbm < WN_TASKS_MIN && n < nth))
+            continue;
+        double eff = (double)(nth * wn->TW) / (double)(n * np);
+        if (eff > best + 1e-9)
+            best = eff, *tr = t, *nb = n;
+    }
+    return best;
+}
+
 void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
     cg_mk *m = &wn->mk;
     memset(wn, 0, sizeof *wn);
@@ -314,7 +352,6 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
         plan_window(cp, wn);
         return;
     }
-    int64_t nth = cp->N * wn->TH; /* tile rows of all images */
     m->pk = cp->mk.pk;
     /* K chunks: the most channels up to WN_KP packed elements that divide K's channels */
     wn->kc = 16;
@@ -323,27 +360,11 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
             wn->kc = k;
     wn->nbk = cp->wch / wn->kc;
     m->kp = wn->kc / m->pk;
-    int64_t nbm = ceil_div(cp->M, WN_ROWS);
-    int64_t rows = ceil_div(ceil_div(cp->M, nbm), 16) * 16;
-    rows = rows < cp->M ? rows : cp->M;
-    nbm = ceil_div(cp->M, rows);
-    /* blocks of equal tile rows whose tiles fill the microkernel's column tiles best, at
-     * least WN_TASKS_MIN tasks, their C blocks within WN_C_BYTES (fewer blocks on a tie) */
-    double best = -1.0;
-    int64_t btr = 1, bnb = nth;
-    for (int64_t nb = 1; nb <= nth; nb++) {
-        int64_t tr = ceil_div(nth, nb);
-        if (ceil_div(nth, tr) != nb)
-            continue;
-        int64_t tiles = tr * wn->TW, nv = tiles <= MK_PANEL ? 1 : 2;
-        int64_t np = ceil_div(tiles, nv * MK_PANEL) * nv * MK_PANEL;
-        int64_t mbp = ceil_div(rows, MK_ACC / nv) * (MK_ACC / nv);
-        if ((tr > 1 && wn->nx * mbp * np * 4 > WN_C_BYTES) || (nb * nbm < WN_TASKS_MIN && nb < nth))
-            continue;
-        double eff = (double)(nth * wn->TW) / (double)(nb * np);
-        if (eff > best + 1e-9)
-            best = eff, btr = tr, bnb = nb;
-    }
+    int64_t rows, nbm, btr, bnb;
+    double eff = row_blocks(cp, wn, WN_ROWS_MAX, &rows, &nbm, &btr, &bnb);
+    int64_t rows_s, nbm_s, btr_s, bnb_s;
+    if (row_blocks(cp, wn, WN_ROWS, &rows_s, &nbm_s, &btr_s, &bnb_s) > eff + 1e-9)
+        rows = rows_s, nbm = nbm_s, btr = btr_s, bnb = bnb_s;
     wn->tr = btr;
     int64_t tiles = btr * wn->TW;
     m->nv = tiles <= MK_PANEL ? 1 : 2;

@@ -375,7 +375,8 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
  * summed over (x's; dy's) in 16s. Tiles 7 to a row (14x14: a row's tiles fill half a
  * vector), 18 (a vector and 2), 4; no padding (the input gradient's window padded by 2) and
  * padding 2 (its by 0); channels in 3
- * chunks that accumulate (144 = 3 x 48); 136 rows in 2 row blocks; blocks of 3 tile rows over
+ * chunks that accumulate (144 = 3 x 48); 136 rows in one row block (up to 256) and 272 in two
+ * (144 and 128), forwards and input gradients; blocks of 3 tile rows over
  * images of 2; forwards whose input gradient is direct (O not in 16s) and the other way round (C
  * not in 16s); and cases left to the direct kernels both ways (C and O not in 16s, 3 tiles a row).
  * Odd destinations, all three passes: 7x7 over 3 images (layer4's: blocks of tile rows span images
@@ -407,6 +408,8 @@ static const conv_case wino[] = {
     {"wino: odd height, C16 O24 at 9x8", 2, 16, 9, 8, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: pad 0, odd width at 10x11", 2, 16, 10, 11, 16, 3, 3, {1, 1}, {0, 0}, {1, 1}, 1, false},
     {"wino: odd, C16 O16 at 15x15", 3, 16, 15, 15, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: O272 at 4x8", 1, 16, 4, 8, 272, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
+    {"wino: gi, C272 at 4x8", 1, 272, 4, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino4: 13x18 over 2 images", 2, 16, 13, 18, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino4: 70 wide", 1, 16, 6, 70, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino4: pad 2, C16 O16 at 12x14", 1, 16, 12, 14, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
