@@ -50,10 +50,13 @@ enum {
     /* rows of a row block (y's channels, or dx's), at most: WN_ROWS_MAX where its tiles fill
      * the microkernel's column tiles as well as WN_ROWS's (each task transforms its tiles'
      * input, V, for its row block alone, so fewer row blocks transform it fewer times), else
-     * WN_ROWS (a Zen 4, bf16, batch 8 at 224x224, two threads: layer4's 3x3 at 7x7, forward
-     * and input gradient 4.27 / 4.42 -> 3.86 / 4.03 ms; layer3's at 14x14 3.1 / 3.11 -> 2.97 /
-     * 3.06; f32's at 7x7 7.5 / 8.3 -> 6.9 / 7.3; but f32's at 14x14 by F(4x4, 3x3), whose C
-     * blocks of 256 rows would hold a tile row of 4 tiles alone, 5.2 -> 15.3 ms: WN_ROWS) */
+     * WN_ROWS. A Zen 4, bf16, batch 8 at 224x224, forward / input gradient: one thread,
+     * layer3's 3x3 at 14x14 6.3-7.4 / 6.5-7.1 -> 5.8-6.7 / 5.8-6.7 ms, layer4's at 7x7
+     * 8.8-10.6 / 9.0-10.8 -> 8.0-9.8 / 8.3-10.2; two threads, where each thread took one of
+     * layer3's two row blocks before, layer4's 5.1-5.2 / 5.3-5.5 -> 4.8-4.9 / 4.4-4.8 and
+     * layer3's within noise; f32's at 7x7 7.5 / 8.3 -> 6.9 / 7.3; but f32's at 14x14 by
+     * F(4x4, 3x3), whose C blocks of 256 rows would hold a tile row of 4 tiles alone,
+     * 5.2 -> 15.3 ms: WN_ROWS there */
     WN_ROWS = 128,
     WN_ROWS_MAX = 256,
     WN_KP = 64,             /* packed elements along K (channels / pk) of a chunk, at most */
