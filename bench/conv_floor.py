@@ -20,8 +20,9 @@ kernels could save, not a forecast.
 column) times the threads. Which convolutions run as Winograd follows codegen/conv_winograd.c's
 rule (cv_wino_ok, wino_tile) for LOOM_CONV unset: 3x3 of stride 1, dilation 1 and one group,
 the summed channels in 16s (forward: C, input gradient: O; the weight gradient: C and O 16 or
-more), a destination at least 7 wide where the GEMMs multiply bf16 or f16 pairs (F(2x2, 3x3)),
-3 wide where they multiply f32 (F(4x4, 3x3) from 13 wide, 25 for the weight gradient). A step
+more), a destination at least 7 wide where the GEMMs multiply bf16 pairs (F(2x2, 3x3);
+vdpbf16ps, on CPUs with AVX512-BF16: else say --no-pairs), 3 wide where they multiply f32
+(f32, f16, bf16 without pairs: F(4x4, 3x3) from 13 wide, 25 for the weight gradient). A step
 compiled with LOOM_CONV set needs --winograd none|2|4 to say so.
 """
 import argparse
@@ -32,29 +33,29 @@ import re
 import sys
 
 
-def read_graph(path):
-    """node id -> (op, operand ids, attrs text, type text) of a .loom graph dump."""
-    nodes = {}
-    pat = re.compile(r"\s+%(\d+) = (\w+)(.*?)(\{.*\})? : (\S+\[[^\]]*\]|\S+)")
+def matches(path, pattern):
+    """The lines of file path that regex pattern matches at their start, as match objects."""
+    pat = re.compile(pattern)
     with open(path) as f:
         for line in f:
             m = pat.match(line)
             if m:
-                ins = [int(x) for x in re.findall(r"%(\d+)", m.group(3))]
-                nodes[int(m.group(1))] = (m.group(2), ins, m.group(4) or "", m.group(5))
+                yield m
+
+
+def read_graph(path):
+    """node id -> (op, operand ids, attrs text, type text) of a .loom graph dump."""
+    nodes = {}
+    for m in matches(path, r"\s+%(\d+) = (\w+)(.*?)(\{.*\})? : (\S+\[[^\]]*\]|\S+)"):
+        ins = [int(x) for x in re.findall(r"%(\d+)", m.group(3))]
+        nodes[int(m.group(1))] = (m.group(2), ins, m.group(4) or "", m.group(5))
     return nodes
 
 
 def read_roots(path):
     """kernel index -> root node id of a plan dump."""
-    roots = {}
-    pat = re.compile(r"kernel (\d+): \w+, root %(\d+)")
-    with open(path) as f:
-        for line in f:
-            m = pat.match(line)
-            if m:
-                roots[int(m.group(1))] = int(m.group(2))
-    return roots
+    return {int(m.group(1)): int(m.group(2))
+            for m in matches(path, r"kernel (\d+): \w+, root %(\d+)")}
 
 
 def shape(ty):
@@ -76,7 +77,7 @@ def groups(attrs):
     return int(m.group(1)) if m else 1
 
 
-def winograd_saving(op, nodes, n, forced):
+def winograd_saving(nodes, n, forced, bf16_pairs):
     """The multiplies Winograd saves on conv node n (1: it runs direct)."""
     name, ins, attrs, ty = nodes[n]
     if name == "conv2d_grad_weight":
@@ -91,7 +92,7 @@ def winograd_saving(op, nodes, n, forced):
             attr(attrs, "dilation") != (1, 1) or groups(attrs) != 1:
         return 1.0
     o, c = w[0], w[1]
-    pairs = dtype(ty) in ("bf16", "f16")
+    pairs = bf16_pairs and dtype(ty) == "bf16"
     width = shape(ty)[3] if name != "conv2d_grad_weight" else dy[3]
     if forced in ("2", "4"):
         return 2.25 if forced == "2" else 4.0
@@ -118,6 +119,8 @@ def main():
                     help="steps the profile summed (default: the most calls of a kernel)")
     ap.add_argument("--winograd", choices=("auto", "none", "2", "4"), default="auto",
                     help="LOOM_CONV's choice when the step was compiled with it set")
+    ap.add_argument("--no-pairs", action="store_true",
+                    help="the step ran on a CPU without AVX512-BF16 (bf16 GEMMs in f32)")
     args = ap.parse_args()
 
     rows = []
@@ -154,7 +157,7 @@ def main():
             continue
         name, ins, attrs, ty = nodes[n]
         w = shape(ty) if name == "conv2d_grad_weight" else shape(nodes[ins[1]][3])
-        save = winograd_saving(op, nodes, n, args.winograd)
+        save = winograd_saving(nodes, n, args.winograd, not args.no_pairs)
         st = attr(attrs, "stride")
         how = "direct" if save == 1.0 else "F(2x2,3x3)" if save == 2.25 else "F(4x4,3x3)"
         key = "%-19s %dx%d s%d %s" % (name, w[2], w[3], st[0], how)
