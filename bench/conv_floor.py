@@ -172,7 +172,8 @@ def main():
                                          "floor%"))
     tot = [0.0, 0.0]
     for key, (ms, fl, k) in sorted(by.items(), key=lambda x: -(x[1][0] - x[1][1])):
-        print("%-40s %7d %9.1f %9.1f %9.1f %5.0f%%" % (key, k, ms, fl, ms - fl, 100 * fl / ms))
+        print("%-40s %7d %9.1f %9.1f %9.1f %5.0f%%" % (key, k, ms, fl, ms - fl,
+                                                        100 * fl / ms if ms > 0 else 0))
         tot[0] += ms
         tot[1] += fl
     if tot[0] > 0:
