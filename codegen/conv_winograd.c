@@ -314,34 +314,37 @@ static void plan_window(const cv_plan *cp, cv_wino *wn) {
     wp->lanes_win = true;
 }
 
-/* Row blocks of at most most_rows rows for the forward and the input gradient (*rows each,
- * *nbm of them), and blocks of equal tile rows (*tr each, *nb of them) whose tiles fill the
- * microkernel's column tiles best, at least WN_TASKS_MIN tasks, their C blocks within
- * WN_C_BYTES (fewer blocks on a tie); returns that fill, the tiles over their panels'
- * columns. */
-static double row_blocks(const cv_plan *cp, const cv_wino *wn, int64_t most_rows, int64_t *rows,
-                         int64_t *nbm, int64_t *tr, int64_t *nb) {
+/* The forward's and the input gradient's blocks: nbm row blocks of rows each, and nb blocks of
+ * tr tile rows each, whose tiles fill the microkernel's column tiles by `fill` (the tiles over
+ * their panels' columns). */
+typedef struct wn_blocks {
+    int64_t rows, nbm, tr, nb;
+    double fill;
+} wn_blocks;
+
+/* Row blocks of at most most_rows rows, and blocks of equal tile rows that fill the panels
+ * best, at least WN_TASKS_MIN tasks, their C blocks within WN_C_BYTES (fewer blocks on a
+ * tie). */
+static wn_blocks row_blocks(const cv_plan *cp, const cv_wino *wn, int64_t most_rows) {
     int64_t nth = cp->N * wn->TH; /* tile rows of all images */
-    *nbm = ceil_div(cp->M, most_rows);
-    *rows = ceil_div(ceil_div(cp->M, *nbm), 16) * 16;
-    *rows = *rows < cp->M ? *rows : cp->M;
-    *nbm = ceil_div(cp->M, *rows);
-    double best = -1.0;
-    *tr = 1, *nb = nth;
+    wn_blocks bl = {.nbm = ceil_div(cp->M, most_rows), .tr = 1, .nb = nth, .fill = -1.0};
+    bl.rows = ceil_div(ceil_div(cp->M, bl.nbm), 16) * 16;
+    bl.rows = bl.rows < cp->M ? bl.rows : cp->M;
+    bl.nbm = ceil_div(cp->M, bl.rows);
     for (int64_t n = 1; n <= nth; n++) {
         int64_t t = ceil_div(nth, n);
         if (ceil_div(nth, t) != n)
             continue;
         int64_t tiles = t * wn->TW, nv = tiles <= MK_PANEL ? 1 : 2;
         int64_t np = ceil_div(tiles, nv * MK_PANEL) * nv * MK_PANEL;
-        int64_t mbp = ceil_div(*rows, MK_ACC / nv) * (MK_ACC / nv);
-        if ((t > 1 && wn->nx * mbp * np * 4 > WN_C_BYTES) || (n * *nbm < WN_TASKS_MIN && n < nth))
+        int64_t mbp = ceil_div(bl.rows, MK_ACC / nv) * (MK_ACC / nv);
+        if ((t > 1 && wn->nx * mbp * np * 4 > WN_C_BYTES) || (n * bl.nbm < WN_TASKS_MIN && n < nth))
             continue;
-        double eff = (double)(nth * wn->TW) / (double)(n * np);
-        if (eff > best + 1e-9)
-            best = eff, *tr = t, *nb = n;
+        double fill = (double)(nth * wn->TW) / (double)(n * np);
+        if (fill > bl.fill + 1e-9)
+            bl.fill = fill, bl.tr = t, bl.nb = n;
     }
-    return best;
+    return bl;
 }
 
 void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
@@ -363,22 +366,20 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
             wn->kc = k;
     wn->nbk = cp->wch / wn->kc;
     m->kp = wn->kc / m->pk;
-    int64_t rows, nbm, btr, bnb;
-    double eff = row_blocks(cp, wn, WN_ROWS_MAX, &rows, &nbm, &btr, &bnb);
-    int64_t rows_s, nbm_s, btr_s, bnb_s;
-    if (row_blocks(cp, wn, WN_ROWS, &rows_s, &nbm_s, &btr_s, &bnb_s) > eff + 1e-9)
-        rows = rows_s, nbm = nbm_s, btr = btr_s, bnb = bnb_s;
-    wn->tr = btr;
-    int64_t tiles = btr * wn->TW;
+    wn_blocks bl = row_blocks(cp, wn, WN_ROWS_MAX), small = row_blocks(cp, wn, WN_ROWS);
+    if (small.fill > bl.fill + 1e-9)
+        bl = small;
+    wn->tr = bl.tr;
+    int64_t tiles = bl.tr * wn->TW;
     m->nv = tiles <= MK_PANEL ? 1 : 2;
     m->mr = MK_ACC / m->nv;
     m->nbp = ceil_div(tiles, m->nv * MK_PANEL) * m->nv * MK_PANEL;
     m->b_ld = cv_row_ld(m->nbp);
     plan_window(cp, wn);
     /* the epilogue's blocks: m pixel rows per tile row */
-    cp->rows = rows, cp->nbm = nbm;
-    cp->pix_rows = wn->m * btr, cp->cols = cp->pix_rows * cp->dW, cp->nbn = bnb;
-    cp->mbp = ceil_div(rows, m->mr) * m->mr;
+    cp->rows = bl.rows, cp->nbm = bl.nbm;
+    cp->pix_rows = wn->m * bl.tr, cp->cols = cp->pix_rows * cp->dW, cp->nbn = bl.nb;
+    cp->mbp = ceil_div(bl.rows, m->mr) * m->mr;
     cp->mk.nbp = ceil_div(cp->cols, MK_PANEL) * MK_PANEL;
     cp->a_cache = false;
 }
