@@ -54,7 +54,8 @@ typedef struct loom_cg_options {
  *
  * Memory comes from g's allocator (used under a lock by the compile threads). Thread-safe:
  * several compiles may run at once, and kernels are reentrant. Environment:
- * LOOM_CG_TIMING=1 prints each compile's phase times to stderr; LOOM_CG_FMA=0 makes the
+ * LOOM_CG_TIMING=1 prints each compile's phase times to stderr; LOOM_CG_VERIFY=1 verifies the
+ * MLIR after each lowering pass (by default only before the first); LOOM_CG_FMA=0 makes the
  * math polynomials avoid fused multiply-add (the path of hosts without it, for tests);
  * LOOM_MATMUL_ISA forces a matmul path: avx512 | avx2 | generic (f32 register tiles),
  * avx512bf16 | f32 | amx (16-bit matmuls; one the CPU lacks, and amx, not implemented yet,
