@@ -1,5 +1,6 @@
 /* MLIR op builders for codegen: ops created through the C API's operation states (no IR
  * text), appended at the builder's insertion block; structured loops and ifs. */
+#include <stdio.h>
 #include <string.h>
 
 #include "cg_internal.h"
@@ -382,6 +383,25 @@ MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_
     MlirType t = cg_vec_t(n, mlirShapedTypeGetElementType(mlirValueGetType(x)));
     MlirValue ops[2] = {x, y};
     return mlirOperationGetResult(cg_op(b, "vector.shuffle", 2, ops, 1, &t, 1, &a), 0);
+}
+
+MlirValue cg_vfence(cg_b *b, MlirValue v) {
+    MlirType vt = mlirValueGetType(v), et = mlirShapedTypeGetElementType(vt);
+    int64_t bits = mlirShapedTypeGetDimSize(vt, 0) *
+                   (mlirTypeIsAFloat(et) ? mlirFloatTypeGetWidth(et) : mlirIntegerTypeGetWidth(et));
+    int64_t n = bits / 32; /* as f32 lanes: 8, 16 or 32 (the staging's i16, f32/i32, f64) */
+    int bit = n == 8 ? 0 : n == 16 ? 1 : 2;
+    char name[64];
+    snprintf(name, sizeof name, "llvm.arithmetic.fence.v%df32", (int)n);
+    MlirType vf = cg_vec_t(n, b->f32);
+    if (!(b->fence_declared & (1u << bit))) {
+        declare_func(b, name, mlirFunctionTypeGet(b->ctx, 1, &vf, 1, &vf));
+        b->fence_declared |= 1u << bit;
+    }
+    bool same = mlirTypeEqual(vt, vf);
+    MlirValue x = same ? v : cg_vbitcast(b, v, vf);
+    x = call(b, name, 1, &x, vf);
+    return same ? x : cg_vbitcast(b, x, vt);
 }
 
 MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane) {

@@ -1,7 +1,8 @@
-/* Tests of the MLIR op builder's helpers that emit loops of their own (codegen/mlir_build.c),
- * built into small functions, JIT'd through MLIR's execution engine and run on buffers whose
- * every element is checked: cg_zero_range zeros exactly its range, for run-time and
- * compile-time lengths around the vector's 16 lanes. */
+/* Tests of the MLIR op builder's helpers that emit loops or shuffle networks of their own
+ * (codegen/mlir_build.c, conv_stage.c), built into small functions, JIT'd through MLIR's
+ * execution engine and run on buffers whose every element is checked: cg_zero_range zeros
+ * exactly its range, for run-time and compile-time lengths around the vector's 16 lanes;
+ * cv_transpose16, its shuffles fenced by cg_vfence, transposes f32 and i32 rows. */
 #include <mlir-c/ExecutionEngine.h>
 #include <mlir-c/Pass.h>
 
@@ -12,6 +13,7 @@
 #include "test_util.h"
 
 #include "codegen/cg_internal.h"
+#include "codegen/conv_internal.h"
 
 enum { BUF = 80, FILL = 7 };
 
@@ -53,6 +55,39 @@ static void add_zero_fn(MlirContext ctx, MlirModule module, const char *name, Ml
     mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), mlirOperationCreate(&fn));
 }
 
+/* func.func @name(%src: memref<256 x et>, %dst: memref<256 x et>) {llvm.emit_c_interface}:
+ * src's 16 rows of 16 loaded as vectors, cv_transpose16, stored to dst. One builder for all
+ * the module's functions, as codegen's (each declares the intrinsics it calls once). */
+static void add_transpose_fn(cg_b *bp, const char *name, MlirType et) {
+    cg_b b = *bp;
+    MlirContext ctx = b.ctx;
+    int64_t size = 256;
+    MlirType mt = mlirMemRefTypeGet(et, 1, &size, mlirAttributeGetNull(), mlirAttributeGetNull());
+    MlirType args[2] = {mt, mt};
+    MlirLocation locs[2] = {b.loc, b.loc};
+    MlirRegion body = mlirRegionCreate();
+    MlirBlock block = mlirBlockCreate(2, args, locs);
+    mlirRegionAppendOwnedBlock(body, block);
+    b.block = block;
+    MlirValue r[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = cg_vload(&b, cg_vec_t(16, et), mlirBlockGetArgument(block, 0), cg_idx(&b, 16 * i));
+    cv_transpose16(&b, r);
+    for (int i = 0; i < 16; i++)
+        cg_vstore(&b, r[i], mlirBlockGetArgument(block, 1), cg_idx(&b, 16 * i));
+    cg_op(&b, "func.return", 0, NULL, 0, NULL, 0, NULL);
+    MlirNamedAttribute attrs[3] = {
+        cg_named(&b, "sym_name", mlirStringAttrGet(ctx, sr(name))),
+        cg_named(&b, "function_type", mlirTypeAttrGet(mlirFunctionTypeGet(ctx, 2, args, 0, NULL))),
+        cg_named(&b, "llvm.emit_c_interface", mlirUnitAttrGet(ctx)),
+    };
+    MlirOperationState fn = mlirOperationStateGet(sr("func.func"), b.loc);
+    mlirOperationStateAddAttributes(&fn, 3, attrs);
+    mlirOperationStateAddOwnedRegions(&fn, 1, &body);
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(b.module), mlirOperationCreate(&fn));
+    *bp = b;
+}
+
 static const int64_t fixed_lengths[] = {0, 5, 16, 21, 32};
 
 typedef struct jit_fns {
@@ -61,8 +96,8 @@ typedef struct jit_fns {
     MlirExecutionEngine jit;
 } jit_fns;
 
-/* zero_f32 and zero_i32 (n an argument) and zero_c<n> for each fixed length, lowered as
- * codegen lowers its kernels and JIT'd. */
+/* zero_f32 and zero_i32 (n an argument), zero_c<n> for each fixed length, transpose_f32,
+ * transpose_i32 and transpose_i16, lowered as codegen lowers its kernels and JIT'd. */
 static jit_fns build(void) {
     jit_fns j;
     j.ctx = make_context();
@@ -74,6 +109,11 @@ static jit_fns build(void) {
         snprintf(name, sizeof name, "zero_c%lld", (long long)fixed_lengths[i]);
         add_zero_fn(j.ctx, j.module, name, mlirF32TypeGet(j.ctx), fixed_lengths[i]);
     }
+    cg_b tb;
+    cg_b_init(&tb, j.ctx, j.module);
+    add_transpose_fn(&tb, "transpose_f32", mlirF32TypeGet(j.ctx));
+    add_transpose_fn(&tb, "transpose_i32", mlirIntegerTypeGet(j.ctx, 32));
+    add_transpose_fn(&tb, "transpose_i16", mlirIntegerTypeGet(j.ctx, 16));
     assert_true(mlirOperationVerify(mlirModuleGetOperation(j.module)));
     static const char pipeline[] =
         "builtin.module(convert-scf-to-cf,convert-vector-to-llvm,convert-arith-to-llvm,"
@@ -174,10 +214,53 @@ static void test_zero_range_zeros_exactly_its_range_of_a_constant_length(void **
     destroy(&j);
 }
 
+/* Every element lands at its transposed place, f32 (the staging's rows), i32 (bf16 pairs)
+ * and i16 (bf16 images by taps, vectors of 256 bits): element (i, j) of dst is element (j, i) of
+ * src, with distinct values throughout (a transpose that lost or swapped any lane of any level
+ * fails). */
+static void test_transpose16_moves_every_element_to_its_transposed_place(void **state) {
+    (void)state;
+    jit_fns j = build();
+    void (*tf)(desc1 *, desc1 *), (*ti)(desc1 *, desc1 *), (*th)(desc1 *, desc1 *);
+    void *pf = lookup(&j, "transpose_f32"), *pi = lookup(&j, "transpose_i32");
+    void *ph = lookup(&j, "transpose_i16");
+    memcpy(&tf, &pf, sizeof tf);
+    memcpy(&ti, &pi, sizeof ti);
+    memcpy(&th, &ph, sizeof th);
+    float fs[256], fd[256];
+    int32_t is[256], id[256];
+    int16_t hs[256], hd[256];
+    for (int i = 0; i < 256; i++) {
+        fs[i] = 0.5f + (float)i, fd[i] = -1.0f;
+        is[i] = 0x10001 * i + 7, id[i] = -1; /* both bf16 halves of a pair differ */
+        hs[i] = (int16_t)(3 * i + 1), hd[i] = -1;
+    }
+    desc1 dfs = {fs, fs, 0, 256, 1}, dfd = {fd, fd, 0, 256, 1};
+    desc1 dis = {is, is, 0, 256, 1}, did = {id, id, 0, 256, 1};
+    desc1 dhs = {hs, hs, 0, 256, 1}, dhd = {hd, hd, 0, 256, 1};
+    tf(&dfs, &dfd);
+    ti(&dis, &did);
+    th(&dhs, &dhd);
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) {
+            if (fd[16 * r + c] != fs[16 * c + r])
+                fail_msg("f32: element (%d, %d) is %g, expected %g", r, c, (double)fd[16 * r + c],
+                         (double)fs[16 * c + r]);
+            if (id[16 * r + c] != is[16 * c + r])
+                fail_msg("i32: element (%d, %d) is %d, expected %d", r, c, id[16 * r + c],
+                         is[16 * c + r]);
+            if (hd[16 * r + c] != hs[16 * c + r])
+                fail_msg("i16: element (%d, %d) is %d, expected %d", r, c, hd[16 * r + c],
+                         hs[16 * c + r]);
+        }
+    destroy(&j);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zero_range_zeros_exactly_its_range_of_a_run_time_length),
         cmocka_unit_test(test_zero_range_zeros_exactly_its_range_of_a_constant_length),
+        cmocka_unit_test(test_transpose16_moves_every_element_to_its_transposed_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
