@@ -390,6 +390,8 @@ MlirValue cg_vfence(cg_b *b, MlirValue v) {
     int64_t bits = mlirShapedTypeGetDimSize(vt, 0) *
                    (mlirTypeIsAFloat(et) ? mlirFloatTypeGetWidth(et) : mlirIntegerTypeGetWidth(et));
     int64_t n = bits / 32; /* as f32 lanes: 8, 16 or 32 (the staging's i16, f32/i32, f64) */
+    if (bits % 32 != 0 || (n != 8 && n != 16 && n != 32))
+        return v; /* a fence changes no value: none is as right */
     int bit = n == 8 ? 0 : n == 16 ? 1 : 2;
     char name[64];
     snprintf(name, sizeof name, "llvm.arithmetic.fence.v%df32", (int)n);

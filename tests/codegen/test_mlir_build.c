@@ -2,7 +2,7 @@
  * (codegen/mlir_build.c, conv_stage.c), built into small functions, JIT'd through MLIR's
  * execution engine and run on buffers whose every element is checked: cg_zero_range zeros
  * exactly its range, for run-time and compile-time lengths around the vector's 16 lanes;
- * cv_transpose16, its shuffles fenced by cg_vfence, transposes f32 and i32 rows. */
+ * cv_transpose16, its shuffles fenced by cg_vfence, transposes f32, i32 and i16 rows. */
 #include <mlir-c/ExecutionEngine.h>
 #include <mlir-c/Pass.h>
 
