@@ -22,6 +22,31 @@ typedef struct desc1 { /* the C interface's descriptor of a 1-D memref */
     int64_t offset, size, stride;
 } desc1;
 
+/* A function of n args being built: its body's region, whose one block b appends to. */
+static MlirRegion begin_fn(cg_b *b, int n, const MlirType *args) {
+    MlirLocation locs[3] = {b->loc, b->loc, b->loc};
+    MlirRegion body = mlirRegionCreate();
+    b->block = mlirBlockCreate(n, args, locs);
+    mlirRegionAppendOwnedBlock(body, b->block);
+    return body;
+}
+
+/* Returns from the function begun by begin_fn and adds it to b's module as
+ * func.func @name(args) {llvm.emit_c_interface}. */
+static void end_fn(cg_b *b, const char *name, int n, const MlirType *args, MlirRegion body) {
+    cg_op(b, "func.return", 0, NULL, 0, NULL, 0, NULL);
+    MlirNamedAttribute attrs[3] = {
+        cg_named(b, "sym_name", mlirStringAttrGet(b->ctx, sr(name))),
+        cg_named(b, "function_type",
+                 mlirTypeAttrGet(mlirFunctionTypeGet(b->ctx, n, args, 0, NULL))),
+        cg_named(b, "llvm.emit_c_interface", mlirUnitAttrGet(b->ctx)),
+    };
+    MlirOperationState fn = mlirOperationStateGet(sr("func.func"), b->loc);
+    mlirOperationStateAddAttributes(&fn, 3, attrs);
+    mlirOperationStateAddOwnedRegions(&fn, 1, &body);
+    mlirBlockAppendOwnedOperation(mlirModuleGetBody(b->module), mlirOperationCreate(&fn));
+}
+
 /* func.func @name(%mem: memref<BUF x et>, %at: index[, %n: index]) {llvm.emit_c_interface}
  * whose body is cg_zero_range(mem, at, n, 0): n the argument, or the constant fixed_n when
  * fixed_n >= 0. */
@@ -34,58 +59,29 @@ static void add_zero_fn(MlirContext ctx, MlirModule module, const char *name, Ml
         mlirMemRefTypeGet(et, 1, &size, mlirAttributeGetNull(), mlirAttributeGetNull()), b.index,
         b.index};
     int n_args = fixed_n >= 0 ? 2 : 3;
-    MlirLocation locs[3] = {b.loc, b.loc, b.loc};
-    MlirRegion body = mlirRegionCreate();
-    MlirBlock block = mlirBlockCreate(n_args, args, locs);
-    mlirRegionAppendOwnedBlock(body, block);
-    b.block = block;
+    MlirRegion body = begin_fn(&b, n_args, args);
     MlirValue zero = mlirTypeIsAFloat(et) ? cg_cf(&b, et, 0.0) : cg_ci(&b, et, 0);
-    MlirValue n = fixed_n >= 0 ? cg_idx(&b, fixed_n) : mlirBlockGetArgument(block, 2);
-    cg_zero_range(&b, mlirBlockGetArgument(block, 0), mlirBlockGetArgument(block, 1), n, zero);
-    cg_op(&b, "func.return", 0, NULL, 0, NULL, 0, NULL);
-    MlirNamedAttribute attrs[3] = {
-        cg_named(&b, "sym_name", mlirStringAttrGet(ctx, sr(name))),
-        cg_named(&b, "function_type",
-                 mlirTypeAttrGet(mlirFunctionTypeGet(ctx, n_args, args, 0, NULL))),
-        cg_named(&b, "llvm.emit_c_interface", mlirUnitAttrGet(ctx)),
-    };
-    MlirOperationState fn = mlirOperationStateGet(sr("func.func"), b.loc);
-    mlirOperationStateAddAttributes(&fn, 3, attrs);
-    mlirOperationStateAddOwnedRegions(&fn, 1, &body);
-    mlirBlockAppendOwnedOperation(mlirModuleGetBody(module), mlirOperationCreate(&fn));
+    MlirValue n = fixed_n >= 0 ? cg_idx(&b, fixed_n) : mlirBlockGetArgument(b.block, 2);
+    cg_zero_range(&b, mlirBlockGetArgument(b.block, 0), mlirBlockGetArgument(b.block, 1), n, zero);
+    end_fn(&b, name, n_args, args, body);
 }
 
 /* func.func @name(%src: memref<256 x et>, %dst: memref<256 x et>) {llvm.emit_c_interface}:
  * src's 16 rows of 16 loaded as vectors, cv_transpose16, stored to dst. One builder for all
  * the module's functions, as codegen's (each declares the intrinsics it calls once). */
-static void add_transpose_fn(cg_b *bp, const char *name, MlirType et) {
-    cg_b b = *bp;
-    MlirContext ctx = b.ctx;
+static void add_transpose_fn(cg_b *b, const char *name, MlirType et) {
     int64_t size = 256;
     MlirType mt = mlirMemRefTypeGet(et, 1, &size, mlirAttributeGetNull(), mlirAttributeGetNull());
     MlirType args[2] = {mt, mt};
-    MlirLocation locs[2] = {b.loc, b.loc};
-    MlirRegion body = mlirRegionCreate();
-    MlirBlock block = mlirBlockCreate(2, args, locs);
-    mlirRegionAppendOwnedBlock(body, block);
-    b.block = block;
+    MlirRegion body = begin_fn(b, 2, args);
+    MlirValue src = mlirBlockGetArgument(b->block, 0), dst = mlirBlockGetArgument(b->block, 1);
     MlirValue r[16];
     for (int i = 0; i < 16; i++)
-        r[i] = cg_vload(&b, cg_vec_t(16, et), mlirBlockGetArgument(block, 0), cg_idx(&b, 16 * i));
-    cv_transpose16(&b, r);
+        r[i] = cg_vload(b, cg_vec_t(16, et), src, cg_idx(b, 16 * i));
+    cv_transpose16(b, r);
     for (int i = 0; i < 16; i++)
-        cg_vstore(&b, r[i], mlirBlockGetArgument(block, 1), cg_idx(&b, 16 * i));
-    cg_op(&b, "func.return", 0, NULL, 0, NULL, 0, NULL);
-    MlirNamedAttribute attrs[3] = {
-        cg_named(&b, "sym_name", mlirStringAttrGet(ctx, sr(name))),
-        cg_named(&b, "function_type", mlirTypeAttrGet(mlirFunctionTypeGet(ctx, 2, args, 0, NULL))),
-        cg_named(&b, "llvm.emit_c_interface", mlirUnitAttrGet(ctx)),
-    };
-    MlirOperationState fn = mlirOperationStateGet(sr("func.func"), b.loc);
-    mlirOperationStateAddAttributes(&fn, 3, attrs);
-    mlirOperationStateAddOwnedRegions(&fn, 1, &body);
-    mlirBlockAppendOwnedOperation(mlirModuleGetBody(b.module), mlirOperationCreate(&fn));
-    *bp = b;
+        cg_vstore(b, r[i], dst, cg_idx(b, 16 * i));
+    end_fn(b, name, 2, args, body);
 }
 
 static const int64_t fixed_lengths[] = {0, 5, 16, 21, 32};
