@@ -14,8 +14,8 @@ enum {
     MM_WIDE_N = 4096,       /* N from which columns are split (below: slower, the MLP's 512 15%) */
     MM_WIDE_ROWS_MAX = 512, /* rows per task when columns are split (the schedule's Mc max) */
     MM_B_STREAMS = 1 << 20, /* elements of B (4 MB of f32) above which B streams from memory */
-    MM_B_STREAM_BLOCKS = 4, /* then rows in this many blocks at most (plain kinds) */
-    MK_B_STREAM_BLOCKS = 2, /* (packed kinds) */
+    MM_B_STREAM_BLOCKS = 4, /* then rows in this many blocks at most */
+    MK_B_STREAM_BLOCKS = 2, /* (packed kinds whose columns split into tasks) */
     MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
     MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
     MM_PACK_F32_ROWS = 256, /* f32 matmuls pack for the microkernel from these many rows */
@@ -448,14 +448,15 @@ loom_status cg_lower_matmul(kc *c) {
         /* a B bigger than the caches streams from memory once per row block: fewer, taller
          * blocks. Plain kinds take 4 (tasks for 4 threads): conv2's weight gradient
          * [288,36864] x [36864,64] (B 9 MB) ran 8% faster in 4 blocks than in 9 of 32 rows.
-         * Packed kinds take 2, as their tasks come from column blocks too (MK_SPLIT_BELOW).
+         * Packed kinds take 2 where their tasks come from column blocks too (MK_SPLIT_BELOW).
          * On a Zen 5, 2 threads (bench_gemm --best; f32 against OpenBLAS's AVX-512 sgemm,
          * bf16 against oneDNN), 4 blocks -> 2: f32 1024^3 0.87-0.89x -> 0.93-0.98x,
          * 512 x 1024 x 1024 0.80-0.81x -> 0.96-0.98x, 256 x 2048 x 2048 0.69-0.71x ->
          * 0.88-0.93x; bf16 512 x 1024 x 1024 0.70-0.72x -> 0.84-0.85x, 256 x 2048 x 2048
          * 0.57-0.61x -> 0.76-0.79x. 2048^3 as fast, one thread as fast or faster; one block
          * of up to 512 rows measured as 2. */
-        int64_t part = ceil_div(mp->M, kind == MM_PLAIN ? MM_B_STREAM_BLOCKS : MK_B_STREAM_BLOCKS);
+        bool col_tasks = kind != MM_PLAIN && mp->N >= 2 * MK_COLS_MIN;
+        int64_t part = ceil_div(mp->M, col_tasks ? MK_B_STREAM_BLOCKS : MM_B_STREAM_BLOCKS);
         part = ceil_div(part, 8) * 8;
         part = part > MM_WIDE_ROWS_MAX ? MM_WIDE_ROWS_MAX : part;
         rows = part > rows ? part : rows;
