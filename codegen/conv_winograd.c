@@ -73,9 +73,18 @@ enum {
      * -> 5.9-6.3; under bf16 pairs the forward went 4.1 -> 4.3) */
     WN_TW_MIN_F32 = 2,
     /* the weight gradient's */
-    WG_MIN = 16,      /* x's and dy's channels at least (fewer: the transforms dominate) */
-    WG_ROWS = 128,    /* x's channels of a row block, at most */
-    WG_COLS = 128,    /* dy's channels of a column block, at most */
+    WG_MIN = 16,   /* x's and dy's channels at least (fewer: the transforms dominate) */
+    WG_ROWS = 128, /* x's channels of a row block, at most */
+    WG_COLS = 128, /* dy's channels of a column block, at most */
+    /* both, where blocks of this many channels still make WG_BIG_TASKS tasks: each task
+     * transforms x for its rows and dy for its columns, so bigger blocks transform each fewer
+     * times. Layer4's 3x3 (512 channels at 7x7) in 4 blocks of 256 against 16 of 128, a Zen 5,
+     * bench_conv --pass grad_weight --best, two rounds: bf16 batch 8 6.5-6.6 -> 4.6-4.7 ms on
+     * one thread, 3.3-3.4 -> 2.4-2.6 on two; batch 32 24.8-24.9 -> 17.2-17.3, 12.5-12.7 ->
+     * 8.7-8.9; f32 batch 8 8.7-8.9 -> 7.0-7.1, 4.5 -> 3.4-3.5. Layer3's 256 channels in one
+     * such block a side ran 1.2 -> 2.2-3.6 ms (bf16, two threads): not there. */
+    WG_BIG = 256,
+    WG_BIG_TASKS = 4,
     WG_TILES = 128,   /* tiles of a K chunk, about (whole tile rows) */
     WG_TASKS_MIN = 2, /* tasks at least, the rows split first (which repeats dy's transform only) */
     /* F(4x4, 3x3)'s weight gradient: tiles a row at least (f32 on a Zen 4, one thread: at
@@ -269,7 +278,9 @@ static void plan_gw(cv_plan *cp, cv_wino *wn) {
     wn->nbk = ceil_div(nth, tr);
     wn->tr = ceil_div(nth, wn->nbk);
     wn->kc = ceil_div(wn->tr * wn->TW, 2) * 2;
-    int64_t nbm = ceil_div(cp->Cg, WG_ROWS), nbn = ceil_div(cp->Og, WG_COLS);
+    bool big = ceil_div(cp->Cg, WG_BIG) * ceil_div(cp->Og, WG_BIG) >= WG_BIG_TASKS;
+    int64_t nbm = ceil_div(cp->Cg, big ? WG_BIG : WG_ROWS);
+    int64_t nbn = ceil_div(cp->Og, big ? WG_BIG : WG_COLS);
     if (nbm * nbn < WG_TASKS_MIN)
         nbm = ceil_div(WG_TASKS_MIN, nbn);
     wn->rows = ceil_div(cp->Cg, nbm);

@@ -386,7 +386,8 @@ static void test_compiled_step_matches_the_interpreter_under_f16_autocast(void *
  * tiles summed in two K chunks (147 tiles over 21 tile rows of 7: 77 and 70, pairs of tiles
  * that straddle tile rows, an odd count's last pair half zeros); x's channels in two row blocks (C
  * 16: 8 each) and dy's in two column blocks (O 136: 80 and 56, a GEMM's columns past dy^T's zeros);
- * O 20 (one panel of 16 and one of 4); and O 8, left direct.
+ * O 20 (one panel of 16 and one of 4); O 8, left direct; and C and O 272, in blocks of up to 256
+ * channels a side (WG_BIG: 2 row blocks of 136, column blocks of 144 and 128).
  * F(4x4, 3x3) where the GEMMs multiply f32 (f32, f16, bf16 converted to f32) and a destination is
  * 4 tiles of 4 wide (13 pixels): of the cases above 14x14, 4x36 (9 tiles a row; three chunks),
  * 12x14 and 15x15, and the "wino4" ones: 13x18 (tile rows and columns overhanging by 3 and 2),
@@ -410,6 +411,7 @@ static const conv_case wino[] = {
     {"wino: odd, C16 O16 at 15x15", 3, 16, 15, 15, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino: O272 at 4x8", 1, 16, 4, 8, 272, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino: gi, C272 at 4x8", 1, 272, 4, 8, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
+    {"wino: gw, C272 O272 at 4x8", 1, 272, 4, 8, 272, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino4: 13x18 over 2 images", 2, 16, 13, 18, 24, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, true},
     {"wino4: 70 wide", 1, 16, 6, 70, 16, 3, 3, {1, 1}, {1, 1}, {1, 1}, 1, false},
     {"wino4: pad 2, C16 O16 at 12x14", 1, 16, 12, 14, 16, 3, 3, {1, 1}, {2, 2}, {1, 1}, 1, false},
