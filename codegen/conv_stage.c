@@ -1027,7 +1027,7 @@ void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld
 /* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
  * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles),
  * levels 2 and 3 each fenced off from the level before (cg_vfence): as good machine code,
- * in a third of LLVM's time. */
+ * with a third of the time in LLVM's shuffle combining (cg_vfence's comment). */
 void cv_transpose16(cg_b *b, MlirValue *r) {
     for (int s = 8; s >= 1; s /= 2) {
         if (s == 4 || s == 2)

@@ -64,6 +64,12 @@ typedef struct mm_plan {
     cg_mk mk;    /* packed kinds: the microkernel's tile and packing */
 } mm_plan;
 
+/* Whether a packed kind's N columns split into tasks when its row blocks are few
+ * (MK_SPLIT_BELOW). */
+static bool mk_cols_split(mm_kind kind, int64_t N) {
+    return kind != MM_PLAIN && N >= 2 * MK_COLS_MIN;
+}
+
 static bool mm_linalg_ok(const loom_ir_node *root, int64_t M, int64_t K, int64_t N) {
     return root->dtype == LOOM_DTYPE_F32 && M >= 8 && K >= 8 && N >= 8;
 }
@@ -455,8 +461,8 @@ loom_status cg_lower_matmul(kc *c) {
          * 0.88-0.93x; bf16 512 x 1024 x 1024 0.70-0.72x -> 0.84-0.85x, 256 x 2048 x 2048
          * 0.57-0.61x -> 0.76-0.79x. 2048^3 as fast, one thread as fast or faster; one block
          * of up to 512 rows measured as 2. */
-        bool col_tasks = kind != MM_PLAIN && mp->N >= 2 * MK_COLS_MIN;
-        int64_t part = ceil_div(mp->M, col_tasks ? MK_B_STREAM_BLOCKS : MM_B_STREAM_BLOCKS);
+        int64_t part =
+            ceil_div(mp->M, mk_cols_split(kind, mp->N) ? MK_B_STREAM_BLOCKS : MM_B_STREAM_BLOCKS);
         part = ceil_div(part, 8) * 8;
         part = part > MM_WIDE_ROWS_MAX ? MM_WIDE_ROWS_MAX : part;
         rows = part > rows ? part : rows;
@@ -464,7 +470,7 @@ loom_status cg_lower_matmul(kc *c) {
     mp->rows = mp->M < rows ? (mp->M > 0 ? mp->M : 1) : rows;
     mp->nbm = ceil_div(mp->M, mp->rows);
     mp->cols = mm_cols(mp->P * mp->nbm, mp->N);
-    if (kind != MM_PLAIN && mp->P * mp->nbm < MK_SPLIT_BELOW && mp->N >= 2 * MK_COLS_MIN) {
+    if (mk_cols_split(kind, mp->N) && mp->P * mp->nbm < MK_SPLIT_BELOW) {
         /* few row blocks: tasks of column blocks too, so that each thread packs only the
          * columns of B it multiplies (64x512x512 spent as long packing B as using it); not
          * with more row blocks, as each column block packs A's rows again */
