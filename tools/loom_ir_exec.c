@@ -159,11 +159,13 @@ static void write_stdout(const char *chunk, size_t len, void *ud) {
     fwrite(chunk, 1, len, stdout);
 }
 
-/* Compares out against the interpreter's want; prints the worst difference. An element may
+/* Compares out against the interpreter's want; prints the worst difference of each output
+ * when verbose, of the differing ones otherwise (run r of a --repeat). An element may
  * differ by rtol times its magnitude plus the output's RMS: a value that cancels to near zero
  * (a dot product of random signs) carries the rounding of the terms it summed, which are of
  * the output's scale, not of its own. */
-static bool check(const loom_ir_graph *g, void *const *out, void *const *want) {
+static bool check(const loom_ir_graph *g, void *const *out, void *const *want, int run,
+                  bool verbose) {
     bool ok = true;
     for (int32_t o = 0; o < g->n_outputs; o++) {
         const loom_ir_node *n = &g->nodes[g->outputs[o].node];
@@ -188,17 +190,27 @@ static bool check(const loom_ir_graph *g, void *const *out, void *const *want) {
             worst = err > worst ? err : worst;
             bad += !(err <= 1);
         }
-        char ty[LOOM_IR_TYPE_STR_MAX];
-        printf("check: output %d %s: %s (largest difference %.3g of the tolerance, %g x (|value| "
-               "+ %.3g, the output's RMS))\n",
-               (int)o, loom_ir_format_type(ty, sizeof ty, n->dtype, n->rank, n->shape),
-               bad ? "DIFFERS from the interpreter" : "matches the interpreter", worst, rtol,
-               scale);
+        if (verbose || bad) {
+            char ty[LOOM_IR_TYPE_STR_MAX], alias[48] = "";
+            if (g->outputs[o].alias >= 0)
+                snprintf(alias, sizeof alias, ", written into input %d",
+                         (int)g->outputs[o].alias);
+            printf("check: run %d: output %d %s%s: %s (largest difference %.3g of the "
+                   "tolerance, %g x (|value| + %.3g, the output's RMS))\n",
+                   run + 1, (int)o, loom_ir_format_type(ty, sizeof ty, n->dtype, n->rank, n->shape),
+                   alias, bad ? "DIFFERS from the interpreter" : "matches the interpreter", worst,
+                   rtol, scale);
+        }
         ok = ok && bad == 0;
     }
     return ok;
 }
 
+/* Runs as a step does: every output written into the buffer of the input it aliases (its
+ * donated input), the others into buffers of their own; so each run starts from the donated
+ * values the run before it left, as a training loop's steps do. With check_interp every run
+ * is compared with the interpreter's run from the same inputs (the first run's outputs in
+ * full, later runs' only where they differ); only the compiled runs are timed. */
 int loom_ir_cmd_run(const loom_ir_graph *g, const char *shown, int repeat, bool check_interp,
                     uint64_t seed) {
     pipeline p;
@@ -209,15 +221,18 @@ int loom_ir_cmd_run(const loom_ir_graph *g, const char *shown, int repeat, bool 
     loom_rt_device *dev = NULL;
     loom_rt_buffer **ins = calloc((size_t)n_in + 1, sizeof *ins);
     loom_rt_buffer **outs = calloc((size_t)n_out + 1, sizeof *outs);
-    void **in_ptrs = calloc((size_t)n_in + 1, sizeof *in_ptrs);
+    void **snap = calloc((size_t)n_in + 1, sizeof *snap); /* the inputs before a checked run */
     void **want = calloc((size_t)n_out + 1, sizeof *want);
+    void **got = calloc((size_t)n_out + 1, sizeof *got);
+    size_t *in_bytes = calloc((size_t)n_in + 1, sizeof *in_bytes);
     double *ms = calloc((size_t)repeat, sizeof *ms);
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     loom_rt_executable *exe = NULL;
-    if (!ins || !outs || !in_ptrs || !want || !ms ||
+    int checked = 0, failed = 0;
+    if (!ins || !outs || !snap || !want || !got || !in_bytes || !ms ||
         loom_rt_device_create("npu:0", &p.a, &p.metrics, &dev, &d) != LOOM_OK) {
-        fprintf(stderr, "loom-ir run: error: out of memory\n");
+        fprintf(stderr, "%s: error: out of memory\n", shown);
         goto done;
     }
     for (int32_t i = 0; i < g->n_nodes; i++) {
@@ -225,44 +240,64 @@ int loom_ir_cmd_run(const loom_ir_graph *g, const char *shown, int repeat, bool 
         if (n->op != LOOM_IR_OP_INPUT)
             continue;
         int32_t k = (int32_t)n->attrs.index;
-        if (loom_rt_buffer_alloc(dev, loom_ir_node_bytes(n) + 1, &ins[k]) != LOOM_OK)
+        in_bytes[k] = loom_ir_node_bytes(n);
+        if (loom_rt_buffer_alloc(dev, in_bytes[k] + 1, &ins[k]) != LOOM_OK ||
+            (check_interp && !(snap[k] = malloc(in_bytes[k] + 1)))) {
+            fprintf(stderr, "%s: error: out of memory for input %d (%zu bytes)\n", shown, (int)k,
+                    in_bytes[k]);
             goto done;
+        }
         fill(ins[k]->data, n, &seed);
-        in_ptrs[k] = ins[k]->data;
     }
     for (int32_t o = 0; o < n_out; o++) {
         size_t bytes = loom_ir_node_bytes(&g->nodes[g->outputs[o].node]) + 1;
-        if (loom_rt_buffer_alloc(dev, bytes, &outs[o]) != LOOM_OK || !(want[o] = calloc(1, bytes)))
+        int32_t alias = g->outputs[o].alias;
+        if (alias >= 0) { /* donated: the input's own buffer, one more reference */
+            outs[o] = ins[alias];
+            loom_rt_buffer_retain(outs[o]);
+        } else if (loom_rt_buffer_alloc(dev, bytes, &outs[o]) != LOOM_OK) {
+            outs[o] = NULL;
+        }
+        if (!outs[o] || (check_interp && !(want[o] = calloc(1, bytes)))) {
+            fprintf(stderr, "%s: error: out of memory for output %d (%zu bytes)\n", shown, (int)o,
+                    bytes);
             goto done;
-    }
-    /* the interpreter first: outputs may be written into donated inputs */
-    if (check_interp &&
-        loom_rt_interp_run(g, &p.a, (const void *const *)in_ptrs, want, &d) != LOOM_OK) {
-        fprintf(stderr, "%s: error: the interpreter: %s\n", shown, d.msg);
-        goto done;
+        }
+        got[o] = outs[o]->data;
     }
     double compile_ms = 0, total_ms = 0;
     if (!(exe = build(&p, g, shown, NULL, true, &compile_ms)))
         goto done;
     for (int r = 0; r < repeat; r++) {
+        if (check_interp) { /* the interpreter from this run's inputs, before they change */
+            for (int32_t k = 0; k < n_in; k++)
+                memcpy(snap[k], ins[k]->data, in_bytes[k]);
+            if (loom_rt_interp_run(g, &p.a, (const void *const *)snap, want, &d) != LOOM_OK) {
+                fprintf(stderr, "%s: error: the interpreter, run %d: %s\n", shown, r + 1, d.msg);
+                goto done;
+            }
+        }
         int64_t t0 = loom_rt_now_ns();
         if (exe->vt->run(exe, ins, outs, &d) != LOOM_OK) {
-            fprintf(stderr, "%s: error: run %d: %s\n", shown, r, d.msg);
+            fprintf(stderr, "%s: error: run %d: %s\n", shown, r + 1, d.msg);
             goto done;
         }
         ms[r] = (double)(loom_rt_now_ns() - t0) / 1e6;
         total_ms += ms[r];
-        if (r == 0 && check_interp) {
-            void **got = calloc((size_t)n_out + 1, sizeof *got);
-            for (int32_t o = 0; got && o < n_out; o++)
-                got[o] = outs[o]->data;
-            bool ok = got && check(g, got, want);
-            free(got);
-            if (!ok) {
-                rc = 1;
-                goto done;
-            }
+        if (check_interp) {
+            checked++;
+            failed += !check(g, got, want, r, r == 0);
         }
+    }
+    if (check_interp) {
+        int32_t donated = 0;
+        for (int32_t o = 0; o < n_out; o++)
+            donated += g->outputs[o].alias >= 0;
+        printf("check: %d of %d run%s match%s the interpreter%s\n", checked - failed, checked,
+               checked == 1 ? "" : "s", checked - failed == 1 ? "es" : "",
+               donated ? " (each run from the donated outputs of the one before)" : "");
+        if (failed)
+            goto done;
     }
     qsort(ms, (size_t)repeat, sizeof *ms, cmp_double);
     printf("run: %d run%s on %d thread%s: median %.3f ms, min %.3f ms, max %.3f ms "
@@ -275,19 +310,24 @@ int loom_ir_cmd_run(const loom_ir_graph *g, const char *shown, int repeat, bool 
     rc = 0;
 done:
     loom_rt_executable_destroy(exe);
-    for (int32_t k = 0; k < n_in; k++)
+    for (int32_t k = 0; k < n_in; k++) {
         loom_rt_buffer_release(ins ? ins[k] : NULL);
+        free(snap ? snap[k] : NULL);
+    }
     for (int32_t o = 0; o < n_out; o++) {
         loom_rt_buffer_release(outs ? outs[o] : NULL);
         free(want ? want[o] : NULL);
     }
     free(ins);
     free(outs);
-    free(in_ptrs);
+    free(snap);
     free(want);
+    free(got);
+    free(in_bytes);
     free(ms);
     if (dev)
         loom_rt_device_destroy(dev);
     pipeline_deinit(&p);
     return rc;
 }
+

@@ -103,9 +103,16 @@ check "plan --svg draws a step per kernel" grep -q '<polyline fill="#cde"' "$TMP
 # ---- compile and run: the step's pipeline ---------------------------------------------------
 check "run --check exits 0" exit_is 0 "$LOOM_IR" run --check --repeat=3 "$DATA/mlp.loom"
 check "run --check compares every output with the interpreter" \
-    count_is "$TMP/out" '^check: output [01] f32.*: matches the interpreter' 2
+    count_is "$TMP/out" '^check: run 1: output [01] f32.*: matches the interpreter' 2
 check "run prints the median time and the kernels by time" grep -q '^run: 3 runs on .*median' "$TMP/out"
 check "run names each kernel's source line" grep -q ' matmul f32\[4,16\] *mlp.c:40$' "$TMP/out"
+check "run --check checks every run" has_line "$TMP/out" "check: 3 of 3 runs match the interpreter"
+check "run --check feeds each run the donated outputs of the one before" \
+    exit_is 0 "$LOOM_IR" run --check --repeat=4 "$DATA/sgd_step.loom"
+check "run --check says the runs were chained" has_line "$TMP/out" \
+    "check: 4 of 4 runs match the interpreter (each run from the donated outputs of the one before)"
+check "run --check names the input a donated output is written into" grep -q \
+    '^check: run 1: output 0 f32\[3,4\], written into input 0: matches' "$TMP/out"
 # 1024 random terms: outputs near zero keep the rounding of terms of the output's scale
 cat > "$TMP/dot.loom" <<'EOF'
 loom.graph {
@@ -118,7 +125,7 @@ EOF
 check "run --check holds values that cancel to the output's scale" \
     exit_is 0 "$LOOM_IR" run --check --repeat=1 "$TMP/dot.loom"
 check "run --check names the output's RMS in its tolerance" grep -q \
-    '^check: output 0 f32\[64,256\]: matches the interpreter (largest difference .* of the tolerance, 0.0001 x (|value| + 1[01].*, the output.s RMS))$' "$TMP/out"
+    '^check: run 1: output 0 f32\[64,256\]: matches the interpreter (largest difference .* of the tolerance, 0.0001 x (|value| + 1[01].*, the output.s RMS))$' "$TMP/out"
 check "compile --emit=llvm exits 0" exit_is 0 "$LOOM_IR" compile --emit=llvm "$DATA/mlp.loom"
 check "compile --emit=llvm names each module" first_line_is "$TMP/out" "; ---- x.m0.ll"
 if command -v opt-19 >/dev/null 2>&1; then
