@@ -885,6 +885,22 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
             kind == LOOM_IR_KIND_REDUCTION)
             return false;
     }
+    /* The results stored outside the main loop (codegen's side nests) are computed in the
+     * kernel's first task while the other tasks run the main loop: one of them that reads
+     * the input could see it overwritten. Main-loop results are those of the root's shape
+     * (elementwise) or the epilogue's (on the product). */
+    for (int32_t r = 0; r < kn->n_results; r++) {
+        int32_t j = sorted_find(kn->nodes, kn->n_nodes, kn->results[r]);
+        if (j < 0 || !(dep_small[j / 64] >> (j % 64) & 1))
+            continue;
+        bool in_main = kn->kind == LOOM_IR_KERNEL_ELEMENTWISE
+                           ? kn->results[r] == kn->root ||
+                                 (root->op != LOOM_IR_OP_CONCAT &&
+                                  same_type_shape(&g->nodes[kn->results[r]], root))
+                           : (root_small[j / 64] >> (j % 64) & 1) != 0;
+        if (!in_main)
+            return false;
+    }
     for (int32_t a = 0; a < kn->n_args; a++)
         if (loom_ir_view_base(g, kn->args[a]) == in &&
             !same_type_shape(&g->nodes[kn->args[a]], &g->nodes[x]))

@@ -219,6 +219,23 @@ static void test_memplan_updates_in_place_beside_the_root_and_in_a_matmul_epilog
     assert_false(loom_ir_plan_can_update_in_place(&p, &g, 1));
     assert_string_equal(tu_copies_str(&p), "%3->out1");
     tu_deinit_both(&g, &p);
+
+    /* nor may the epilogue's result go into a donated input that such a loop reads: that
+     * loop runs in the kernel's first task, while the other tasks' epilogues overwrite the
+     * input (a race: found by the multi-step audit, 1 to 4 runs in 10 wrong at 2048x512) */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[4,4]\n"
+                 "  %1 = input {index = 1} : f32[4,4]\n"
+                 "  %2 = matmul %1, %1 : f32[4,4]\n"
+                 "  %3 = constant {value = 2} : f32[4,4]\n"
+                 "  %4 = mul %0, %3 : f32[4,4]\n"
+                 "  %5 = add %2, %4 : f32[4,4]\n"
+                 "  return %5 {alias = 0}, %4\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "M{2 3 4 5}<-{0 1}->{4 5}");
+    assert_false(loom_ir_plan_can_update_in_place(&p, &g, 0));
+    assert_string_equal(tu_copies_str(&p), "%5->out0");
+    tu_deinit_both(&g, &p);
 }
 
 static void test_memplan_orders_copies_before_donated_inputs_are_overwritten(void **state) {

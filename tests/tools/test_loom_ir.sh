@@ -113,6 +113,10 @@ check "run --check says the runs were chained" has_line "$TMP/out" \
     "check: 4 of 4 runs match the interpreter (each run from the donated outputs of the one before)"
 check "run --check names the input a donated output is written into" grep -q \
     '^check: run 1: output 0 f32\[3,4\], written into input 0: matches' "$TMP/out"
+# A result outside a matmul's epilogue reading the input the epilogue is donated into: on
+# several threads this raced until the planner copied such outputs (inplace_side_race.loom).
+check "an in-place epilogue beside a loop that reads its input matches over 20 runs" \
+    env LOOM_NUM_THREADS=4 "$LOOM_IR" run --check --repeat=20 "$DATA/inplace_side_race.loom"
 # 1024 random terms: outputs near zero keep the rounding of terms of the output's scale
 cat > "$TMP/dot.loom" <<'EOF'
 loom.graph {
