@@ -12,8 +12,13 @@
  * After translation an LLVM-C wrapper
  *   void loom_kN(void *const *bufs, int64_t lo, int64_t hi)
  * loads the pointers and calls the body, which is internal and alwaysinline, with noalias
- * pointer parameters: plans never place a kernel's results over its args, and noalias is
- * what lets the loop vectorizer widen loops without runtime alias checks. The body is
+ * pointer parameters: plans place a kernel's results over its args only where a result is
+ * written in place into a donated input (loom_ir_plan_can_update_in_place), and noalias is
+ * what lets the loop vectorizer widen loops without runtime alias checks. The buffers of
+ * such an in-place pair (the result and every arg in the input's buffer) are passed as one
+ * pointer without noalias instead (param_classes): noalias there would promise LLVM what
+ * the plan breaks, and one base pointer lets the vectorizer see that each element is read
+ * before it is written at the same index. The body is
  * simplified before it is inlined: the inliner turns noalias into scope metadata only for
  * accesses whose base pointer it can see, and before instcombine those hide in memref
  * descriptors (measured: the alias checks stayed and chains ran 3x slower). Inlined, each
@@ -437,7 +442,62 @@ static void add_fn_attr(LLVMContextRef lctx, LLVMValueRef fn, LLVMAttributeIndex
     LLVMAddAttributeAtIndex(fn, idx, LLVMCreateEnumAttribute(lctx, kind, 0));
 }
 
-/* Makes each body internal, its pointers noalias, and adds the ABI wrapper. */
+static int32_t plan_params(const loom_ir_plan *plan, int32_t k) {
+    return plan->kernels[k].n_args + plan->kernels[k].n_results;
+}
+
+/* The buffer a kernel's arg or result lives in, for telling which of them share one: a
+ * graph output donated into an input is that input's buffer (the caller passes the same). */
+static void buffer_of(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t node,
+                      int32_t *out_kind, int64_t *out_where) {
+    if (!plan->has_placement || !plan->placement || !plan->has_placement[node]) {
+        *out_kind = -1; /* not placed (a plan that only fuses): a buffer of its own */
+        *out_where = node;
+        return;
+    }
+    const loom_ir_placement *pl = &plan->placement[node];
+    *out_kind = (int32_t)pl->kind;
+    *out_where = pl->kind == LOOM_IR_BUFFER_ARENA ? (int64_t)pl->offset : pl->index;
+    if (pl->kind == LOOM_IR_BUFFER_OUTPUT && pl->index >= 0 && pl->index < g->n_outputs &&
+        g->outputs[pl->index].alias >= 0) {
+        *out_kind = LOOM_IR_BUFFER_INPUT;
+        *out_where = g->outputs[pl->index].alias;
+    }
+}
+
+/* Kernel k's pointer parameters (its args, then its results) by buffer: cls[p] is the first
+ * parameter in p's buffer when that buffer is also written through another parameter (an
+ * in-place update), else p itself. At most max parameters; false when k has more. */
+static bool param_classes(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k,
+                          int32_t *cls, int32_t max) {
+    const loom_ir_kernel *kn = &plan->kernels[k];
+    int32_t n = kn->n_args + kn->n_results;
+    if (n > max)
+        return false;
+    int32_t kinds[2048];
+    int64_t where[2048];
+    for (int32_t p = 0; p < n; p++) {
+        cls[p] = p;
+        int32_t node = p < kn->n_args ? kn->args[p] : kn->results[p - kn->n_args];
+        buffer_of(g, plan, node, &kinds[p], &where[p]);
+    }
+    for (int32_t p = 0; p < n; p++) {
+        int32_t first = p;
+        bool written = p >= kn->n_args, shared = false;
+        for (int32_t q = 0; q < n; q++)
+            if (q != p && kinds[q] == kinds[p] && where[q] == where[p]) {
+                shared = true;
+                written = written || q >= kn->n_args;
+                first = q < first ? q : first;
+            }
+        if (shared && written)
+            cls[p] = first;
+    }
+    return true;
+}
+
+/* Makes each body internal, its pointers noalias (but in-place pairs'), and adds the ABI
+ * wrapper. */
 static loom_status add_wrappers(worker *w, job *jb, LLVMModuleRef mod) {
     LLVMContextRef lctx = w->lctx;
     LLVMTypeRef ptr = LLVMPointerTypeInContext(lctx, 0);
@@ -468,14 +528,31 @@ static loom_status add_wrappers(worker *w, job *jb, LLVMModuleRef mod) {
                                   np);
             break;
         }
-        for (unsigned p = 0; p + 2 < np; p++)
-            add_fn_attr(lctx, body, p + 1, "noalias");
+        int32_t cls[2048];
+        if (!param_classes(w->cs->g, w->cs->plan, k, cls, 2048) ||
+            (int32_t)np != plan_params(w->cs->plan, k) + 2) {
+            st = loom_ir_diag_set(&jb->d, LOOM_STATUS_INTERNAL,
+                                  "codegen: %s has %u params, its kernel %d buffers", name, np,
+                                  (int)plan_params(w->cs->plan, k));
+            break;
+        }
+        for (unsigned p = 0; p + 2 < np; p++) {
+            bool in_place = cls[p] != (int32_t)p;
+            for (unsigned q = p + 1; q + 2 < np && !in_place; q++)
+                in_place = cls[q] == (int32_t)p;
+            if (!in_place)
+                add_fn_attr(lctx, body, p + 1, "noalias");
+        }
         snprintf(name, sizeof name, "loom_k%d", (int)k);
         LLVMValueRef fn = LLVMAddFunction(mod, name, wty);
         add_fn_attr(lctx, fn, LLVMAttributeFunctionIndex, "nounwind");
         LLVMPositionBuilderAtEnd(bld, LLVMAppendBasicBlockInContext(lctx, fn, "entry"));
         LLVMValueRef bufs = LLVMGetParam(fn, 0);
         for (unsigned p = 0; p + 2 < np; p++) {
+            if (cls[p] != (int32_t)p) { /* the same buffer as an earlier parameter */
+                args[p] = args[cls[p]];
+                continue;
+            }
             LLVMValueRef idx = LLVMConstInt(i64, p, 0);
             LLVMValueRef slot = LLVMBuildGEP2(bld, ptr, bufs, &idx, 1, "");
             args[p] = LLVMBuildLoad2(bld, ptr, slot, "");
@@ -761,6 +838,17 @@ static loom_status share_code(const loom_ir_graph *g, const loom_ir_plan *plan, 
             rep[k] = k;
     } else if (loom_ir_plan_share_kernels(plan, g, rep, NULL) != LOOM_OK) {
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
+    }
+    /* A shared wrapper passes one pointer for an in-place pair: only kernels whose buffers
+     * pair alike may share it. */
+    for (int32_t k = 0; k < plan->n_kernels; k++) {
+        if (rep[k] == k || plan->kernels[k].kind == LOOM_IR_KERNEL_COLLECTIVE)
+            continue;
+        int32_t a[2048], b[2048], n = plan_params(plan, k);
+        if (n != plan_params(plan, rep[k]) || !param_classes(g, plan, k, a, 2048) ||
+            !param_classes(g, plan, rep[k], b, 2048) ||
+            memcmp(a, b, (size_t)n * sizeof *a) != 0)
+            rep[k] = k;
     }
     *n_order = 0;
     for (int32_t k = 0; k < plan->n_kernels; k++) {
