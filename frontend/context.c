@@ -83,6 +83,8 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     const char *perf_map = getenv("LOOM_PERF_MAP");
     opts->perf_map = perf_map && *perf_map && strcmp(perf_map, "0") != 0;
     opts->perf_jitdump = perf_map && strcmp(perf_map, "jitdump") == 0;
+    const char *poison = getenv("LOOM_POISON");
+    opts->poison = poison && *poison && strcmp(poison, "0") != 0;
 }
 
 static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
@@ -137,6 +139,8 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     loom_ir_diag_init(&d);
     loom_status st = loom_rt_device_create(opts->device ? opts->device : device_name, &ctx->alloc,
                                            &ctx->metrics, &ctx->device, &d);
+    if (st == LOOM_OK)
+        ctx->device->poison = opts->poison;
     if (st == LOOM_OK && opts->dump_dir)
         st = dup_string(&ctx->alloc, opts->dump_dir, &ctx->dump_dir);
     if (st == LOOM_OK && opts->trace_path) {

@@ -63,7 +63,7 @@ static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_bu
     if (!b)
         return LOOM_STATUS_OUT_OF_MEMORY;
     size_t bytes = block_bytes(size);
-    b->block = take_cached(dev, bytes);
+    b->block = dev->poison ? NULL : take_cached(dev, bytes);
     if (!b->block)
         b->block = new_block(dev, bytes);
     if (!b->block && dev->n_cached > 0) { /* memory is short: give the cache back, retry */
@@ -74,6 +74,8 @@ static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_bu
         loom_ir_free(&dev->alloc, b, sizeof *b);
         return LOOM_STATUS_OUT_OF_MEMORY;
     }
+    if (dev->poison)
+        memset(b->block, 0xff, bytes + LINE_PAD);
     b->data = line_start(b->block);
     b->device = dev;
     b->size = size;
@@ -88,6 +90,14 @@ static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_bu
 static void npu_buffer_free(loom_rt_device *dev, loom_rt_buffer *b) {
     size_t bytes = block_bytes(b->size);
     dev->mem_current -= bytes;
+    if (dev->poison) { /* a read after free sees NaN; the oldest held block goes back */
+        memset(b->block, 0xff, bytes + LINE_PAD);
+        if (dev->n_cached == LOOM_RT_DEVICE_CACHED_BLOCKS) {
+            free_block(dev, dev->cached[0].block, dev->cached[0].bytes);
+            dev->cached_bytes -= dev->cached[0].bytes;
+            memmove(dev->cached, dev->cached + 1, (size_t)--dev->n_cached * sizeof *dev->cached);
+        }
+    }
     if (dev->n_cached == LOOM_RT_DEVICE_CACHED_BLOCKS ||
         dev->cached_bytes + bytes > LOOM_RT_DEVICE_CACHED_BYTES) {
         free_block(dev, b->block, bytes);

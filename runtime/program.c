@@ -461,6 +461,8 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
             return st;
     }
 
+    if (p->arena && p->arena->device->poison) /* LOOM_POISON: no value survives a run */
+        memset(p->arena->data, 0xff, p->arena->size);
     for (int32_t s = 0; s < p->n_slots; s++)
         p->bufs[s] = slot_ptr(&p->slots[s], inputs, outputs, p->arena);
     loom_status st = LOOM_OK;

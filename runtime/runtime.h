@@ -116,6 +116,9 @@ struct loom_rt_device {
     } cached[LOOM_RT_DEVICE_CACHED_BLOCKS];
     int32_t n_cached;
     size_t cached_bytes;
+    /* Debugging (LOOM_POISON): new and freed blocks and each run's arena are filled with
+     * 0xff bytes, and cached blocks are only held back (a quarantine), never reused. */
+    bool poison;
 };
 
 /* Creates the device named `name` ("npu" or "npu:N"). Errors: INVALID_ARGUMENT (unknown

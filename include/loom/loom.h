@@ -142,14 +142,20 @@ typedef struct loom_context_options {
                                    this many MB (loom/dist.h); 0: LOOM_ALLREDUCE_BUCKET_MB,
                                    else 25 (DDP's); negative: one bucket per all-reduce (as
                                    LOOM_ALLREDUCE_BUCKET_MB=0); INFINITY: one per dtype */
+    bool poison;              /* LOOM_POISON=1, for debugging (slow): fill every new device
+                                 buffer, every freed one and each step's scratch with 0xff
+                                 bytes (NaN, -1) before use, and hold freed blocks back from
+                                 reuse, so a kernel that reads memory it did not write, or a
+                                 buffer after its last use, sees NaN instead of the last step's
+                                 values */
 } loom_context_options;
 
 /* Fills *opts with defaults, then applies the environment (LOOM_EAGER, LOOM_DUMP,
- * LOOM_SYNC, LOOM_PROFILE, LOOM_DEBUG, LOOM_TRACE, LOOM_PERF_MAP; num_threads 0 and cache_dir NULL
- * leave LOOM_NUM_THREADS and LOOM_CACHE_DIR to be read when the context is created). A context
- * calls its allocator only from the thread using the context (steps that would allocate while
- * running, such as the interpreter's, run on that thread); one allocator shared by contexts used
- * from several threads must be thread-safe. */
+ * LOOM_SYNC, LOOM_PROFILE, LOOM_DEBUG, LOOM_TRACE, LOOM_PERF_MAP, LOOM_POISON; num_threads 0
+ * and cache_dir NULL leave LOOM_NUM_THREADS and LOOM_CACHE_DIR to be read when the context is
+ * created). A context calls its allocator only from the thread using the context (steps that
+ * would allocate while running, such as the interpreter's, run on that thread); one allocator
+ * shared by contexts used from several threads must be thread-safe. */
 LOOM_API void loom_context_options_init(loom_context_options *opts);
 
 /* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the
