@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zlib.h>
 
@@ -72,11 +73,19 @@ static loom_status gz_fault(gzFile f, const char *path, char *err, size_t err_si
 static loom_status read_idx(const char *path, uint32_t magic, int n_dims, int64_t *dims,
                             uint8_t **out_payload, char *err, size_t err_size) {
     *out_payload = NULL;
+    loom_ir_diag od; /* a regular file only: a FIFO is refused, not waited on */
+    loom_ir_diag_init(&od);
+    int fd;
+    uint64_t size;
+    if (loom_ir_open_regular(path, &fd, &size, &od) != LOOM_OK)
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s", od.msg);
     errno = 0;
-    gzFile f = gzopen(path, "rb");
-    if (!f)
+    gzFile f = gzdopen(fd, "rb");
+    if (!f) {
+        close(fd);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
                                errno ? strerror(errno) : "out of memory");
+    }
     loom_status st = LOOM_OK;
     uint8_t *payload = NULL;
     uint8_t header[4 + 4 * 3];

@@ -676,10 +676,12 @@ static loom_status check_layout(loom_safetensors *f, char *err, size_t err_size)
 }
 
 /* Takes image (alloc_size bytes allocated with a, len used) and parses it; frees it on
- * failure. */
+ * failure. image holds the file's first len of file_len bytes: all of them, or (a check of
+ * the header before the data is read) at least the size field and the header, in which case
+ * the data area's layout is checked against its size but not its bytes. */
 static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_t len,
-                                  size_t alloc_size, loom_safetensors **out, char *err,
-                                  size_t err_size) {
+                                  size_t alloc_size, size_t file_len, loom_safetensors **out,
+                                  char *err, size_t err_size) {
     loom_safetensors *f = loom_ir_alloc(a, sizeof *f);
     if (!f) {
         loom_ir_free(a, image, alloc_size);
@@ -691,9 +693,10 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
     f->image_size = alloc_size;
     loom_status st = LOOM_OK;
     uint64_t hlen = 0;
-    if (len < 8) {
+    if (file_len < 8 || len < 8) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
-                             "truncated: %zu bytes, too short for the 8-byte header size", len);
+                             "truncated: %zu bytes, too short for the 8-byte header size",
+                             file_len);
         goto fail;
     }
     for (int i = 7; i >= 0; i--)
@@ -704,15 +707,20 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
                              ST_MAX_HEADER);
         goto fail;
     }
-    if (hlen > len - 8) {
+    if (hlen > file_len - 8) {
         st = loom_fe_set_err(err, err_size, LOOM_STATUS_CORRUPT_DATA,
                              "truncated: header size %" PRIu64
                              " but only %zu bytes follow the size field",
-                             hlen, len - 8);
+                             hlen, file_len - 8);
         goto fail;
     }
-    f->data = image + 8 + hlen;
-    f->data_len = len - 8 - (size_t)hlen;
+    bool whole = len == file_len;
+    if (!whole && len < 8 + hlen) {
+        st = loom_fe_set_err(err, err_size, LOOM_STATUS_INTERNAL, "the header was not read");
+        goto fail;
+    }
+    f->data = whole ? image + 8 + hlen : NULL;
+    f->data_len = file_len - 8 - (size_t)hlen;
     st_parser p = {.s = image + 8,
                    .n = (size_t)hlen,
                    .data_len = f->data_len,
@@ -733,7 +741,7 @@ static loom_status st_parse_image(const loom_allocator *a, uint8_t *image, size_
     if ((st = check_layout(f, err, err_size)) != LOOM_OK)
         goto fail;
     /* Loom's bools are bytes 0 or 1; anything else would make masks and selects disagree. */
-    for (int32_t i = 0; i < f->n; i++) {
+    for (int32_t i = 0; whole && i < f->n; i++) {
         const st_tensor *e = &f->t[i];
         if (e->dtype != LOOM_DTYPE_BOOL)
             continue;
@@ -752,67 +760,73 @@ fail:
     return st;
 }
 
-/* Reads a whole regular file into memory from a (*out_size bytes allocated). */
-static loom_status st_read_file(const char *path, const loom_allocator *a, uint8_t **out,
-                                size_t *out_len, size_t *out_size, char *err, size_t err_size) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot open: %s", path,
-                               strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: cannot stat: %s", path,
-                               strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
-                               S_ISDIR(sb.st_mode) ? "is a directory" : "is not a regular file");
-    }
-    if ((uint64_t)sb.st_size > SIZE_MAX - 1) {
+/* Reads a regular file's first len bytes (at most its size) into memory from a; opened
+ * without blocking (loom_ir_open_regular: a FIFO or device is refused). *out_file_len: the
+ * file's size. */
+static loom_status st_read_file(const char *path, const loom_allocator *a, size_t want,
+                                uint8_t **out, size_t *out_len, size_t *out_file_len, char *err,
+                                size_t err_size) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    int fd;
+    uint64_t size;
+    if (loom_ir_open_regular(path, &fd, &size, &d) != LOOM_OK)
+        return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s", d.msg);
+    if (size > SIZE_MAX - 1) {
         close(fd);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY, "%s: too large to read",
                                path);
     }
-    size_t len = (size_t)sb.st_size, size = len ? len : 1;
-    uint8_t *buf = loom_ir_alloc(a, size);
+    size_t len = want < (size_t)size ? want : (size_t)size;
+    uint8_t *buf = loom_ir_alloc(a, len ? len : 1);
     if (!buf) {
         close(fd);
         return loom_fe_set_err(err, err_size, LOOM_STATUS_OUT_OF_MEMORY,
                                "%s: out of memory for %zu bytes", path, len);
     }
-    size_t done = 0;
-    while (done < len) {
-        ssize_t r = read(fd, buf + done, len - done);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : 0;
-            close(fd);
-            loom_ir_free(a, buf, size);
-            return loom_fe_set_err(err, err_size, LOOM_STATUS_IO_ERROR, "%s: %s", path,
-                                   e ? strerror(e) : "the file shrank while being read");
-        }
-        done += (size_t)r;
-    }
+    loom_status st = loom_ir_pread_full(fd, buf, len, 0, path, &d);
     close(fd);
+    if (st != LOOM_OK) {
+        loom_ir_free(a, buf, len ? len : 1);
+        return loom_fe_set_err(err, err_size, st, "%s", d.msg);
+    }
     *out = buf;
     *out_len = len;
-    *out_size = size;
+    *out_file_len = (size_t)size;
     return LOOM_OK;
 }
 
+/* The header first (the size field, then as many bytes as it claims): a file whose header
+ * is damaged, or whose data area does not hold the tensors it lists, is refused before its
+ * data is read; then the whole file. */
 static loom_status st_open(const char *path, const loom_allocator *a, loom_safetensors **out,
                            char *err, size_t err_size) {
     uint8_t *image = NULL;
-    size_t len = 0, size = 0;
-    loom_status st = st_read_file(path, a, &image, &len, &size, err, err_size);
+    size_t len = 0, file_len = 0;
+    char inner[512];
+    loom_status st = st_read_file(path, a, 8, &image, &len, &file_len, err, err_size);
+    if (st == LOOM_OK && len == 8 && file_len > 8) {
+        uint64_t hlen = 0;
+        for (int i = 7; i >= 0; i--)
+            hlen = hlen << 8 | image[i];
+        loom_ir_free(a, image, len);
+        image = NULL;
+        size_t head = hlen <= ST_MAX_HEADER && hlen <= file_len - 8 ? 8 + (size_t)hlen : 8;
+        st = st_read_file(path, a, head, &image, &len, &file_len, err, err_size);
+        loom_safetensors *h = NULL;
+        if (st == LOOM_OK && len < file_len) {
+            st = st_parse_image(a, image, len, len ? len : 1, file_len, &h, inner, sizeof inner);
+            image = NULL; /* the parse owns it */
+            loom_safetensors_close(h);
+            if (st != LOOM_OK)
+                return loom_fe_set_err(err, err_size, st, "%s: %s", path, inner);
+        }
+        if (st == LOOM_OK && image == NULL)
+            st = st_read_file(path, a, SIZE_MAX, &image, &len, &file_len, err, err_size);
+    }
     if (st != LOOM_OK)
         return st;
-    char inner[512];
-    st = st_parse_image(a, image, len, size, out, inner, sizeof inner);
+    st = st_parse_image(a, image, len, len ? len : 1, file_len, out, inner, sizeof inner);
     if (st != LOOM_OK)
         loom_fe_set_err(err, err_size, st, "%s: %s", path, inner);
     return st;
@@ -833,7 +847,7 @@ LOOM_API loom_status loom_safetensors_parse(const void *data, size_t len, loom_s
                                "out of memory for %zu bytes", len);
     if (len)
         memcpy(image, data, len);
-    return st_parse_image(&a, image, len, size, out, err, err_size);
+    return st_parse_image(&a, image, len, size, len, out, err, err_size);
 }
 
 LOOM_API loom_status loom_safetensors_open(const char *path, loom_safetensors **out, char *err,

@@ -446,12 +446,40 @@ int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t p
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
 
-/* Writes a file atomically (temp file in the same folder, fsync, rename).
- * Errors: IO_ERROR with a message in d. */
+/* The one file writer (ir/file.c). A regular file (or none) at path is replaced atomically:
+ * the data goes to a temp file "<path>.tmp.<pid>.<random>" in the same folder, created with
+ * O_EXCL | O_NOFOLLOW (a file or link planted at that name is never opened or followed),
+ * synced, renamed over path, and the folder synced; temp files that processes which no
+ * longer run left beside path are removed. A symbolic link is followed to the regular file
+ * it names (replaced in its own folder), except one another user owns in a sticky
+ * world-writable folder. A FIFO or a character device (a terminal, /dev/null) is written in
+ * place, never replaced (a FIFO nothing reads is an error, not a wait); a folder, socket or
+ * block device is refused. mode > 0: the new file's permissions (exactly, whatever the
+ * umask); 0: those of the file it replaces, else 0666 less the umask. Errors:
+ * INVALID_ARGUMENT, IO_ERROR (message in d, naming path). */
+loom_status loom_ir_write_file(const char *path, const void *data, size_t len, int mode,
+                               loom_ir_diag *d);
+/* loom_ir_write_file with mode 0. */
 loom_status loom_ir_write_file_atomic(const char *path, const void *data, size_t len,
                                       loom_ir_diag *d);
+/* Removes temp files of loom_ir_write_file that processes no longer running left beside
+ * path, if they are the caller's regular files. */
+void loom_ir_remove_stale_temps(const char *path);
+/* The one way files are opened for reading: *out_fd (O_CLOEXEC, blocking) and the file's
+ * size, for a regular file only; a FIFO, device or folder is refused without blocking (it is
+ * opened O_NONBLOCK, then checked). The caller closes *out_fd. Errors: IO_ERROR (message in
+ * d, naming path and what it is). */
+loom_status loom_ir_open_regular(const char *path, int *out_fd, uint64_t *out_size,
+                                 loom_ir_diag *d);
+/* Reads exactly n bytes at offset off. Errors: IO_ERROR, CORRUPT_DATA (the file ends
+ * first), messages naming path. */
+loom_status loom_ir_pread_full(int fd, void *buf, size_t n, uint64_t off, const char *path,
+                               loom_ir_diag *d);
+/* The largest file loom_ir_read_file reads (text: IR files, dumps). */
+#define LOOM_IR_READ_FILE_MAX ((uint64_t)1 << 30)
 /* Reads a whole file ("-" is stdin) into *out_data (allocated with a; *out_len bytes plus a
- * NUL). Errors: IO_ERROR, OUT_OF_MEMORY. */
+ * NUL): a regular file (loom_ir_open_regular) of at most LOOM_IR_READ_FILE_MAX bytes.
+ * Errors: IO_ERROR, OUT_OF_MEMORY. */
 loom_status loom_ir_read_file(const char *path, const loom_allocator *a, char **out_data,
                               size_t *out_len, loom_ir_diag *d);
 

@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -281,4 +283,14 @@ const char *tu_copies_str(const loom_ir_plan *p) {
 void tu_deinit_both(loom_ir_graph *g, loom_ir_plan *p) {
     loom_ir_plan_deinit(p);
     loom_ir_graph_deinit(g);
+}
+
+long tu_dead_pid(void) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    return (long)pid;
 }

@@ -25,6 +25,10 @@ typedef struct test_alloc {
     int64_t n_failed;
 } test_alloc;
 
+/* A dead process's pid, for files named after a writer that is gone: a child that exited
+ * and was reaped. */
+long tu_dead_pid(void);
+
 /* A loom_allocator over ta (which must outlive every use). */
 loom_allocator test_alloc_make(test_alloc *ta);
 

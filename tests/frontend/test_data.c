@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <zlib.h>
@@ -257,6 +258,13 @@ static void test_load_rejects_missing_file_and_bad_dimensions(void **state) {
     expect_load_error(missing, lbl, LOOM_STATUS_IO_ERROR, missing, "cannot open");
     expect_load_error(write_images3("img", false), missing, LOOM_STATUS_IO_ERROR, missing,
                       "cannot open");
+    /* a FIFO is refused at once (gzopen would wait for a writer) */
+    const char *fifo = tmp_path("fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(10);
+    expect_load_error(fifo, lbl, LOOM_STATUS_IO_ERROR, fifo, "is a FIFO");
+    alarm(0);
+    assert_int_equal(unlink(fifo), 0);
 
     uint8_t buf[64];
     size_t len = idx_bytes(buf, 0x803, 3, (uint32_t[]){3, 0, 3}, NULL, 0);

@@ -2,10 +2,14 @@
  * laid out as the reference writer does, every kind of corruption refused with a message that
  * names it, and save/load failures that leave files and the context as they were. */
 #include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "loom/safetensors.h"
@@ -610,7 +614,7 @@ static void test_the_inspection_api_checks_its_arguments(void **state) {
                      LOOM_STATUS_IO_ERROR);
     expect_msg(err, "nope: cannot open: No such file or directory");
     assert_int_equal(loom_safetensors_open(tmp_dir, &f, err, sizeof err), LOOM_STATUS_IO_ERROR);
-    expect_msg(err, ": is a directory");
+    expect_msg(err, ": is a folder: only regular files are read");
     assert_int_equal(loom_safetensors_count(NULL), 0);
     assert_int_equal(loom_safetensors_find(NULL, "a"), -1);
     assert_int_equal(loom_safetensors_tensor(NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL),
@@ -774,6 +778,68 @@ static void test_load_of_a_corrupt_or_missing_file_names_the_path(void **state) 
     loom_context_destroy(ctx);
 }
 
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "test_safetensors: opening a FIFO blocked\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(1);
+}
+
+/* A sparse file of `size` bytes whose first bytes are head (len). */
+static void sparse_file(const char *path, const void *head, size_t len, off_t size) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, head, len), (ssize_t)len);
+    assert_int_equal(ftruncate(fd, size), 0);
+    assert_int_equal(close(fd), 0);
+}
+
+static long max_rss_kb(void) {
+    struct rusage ru;
+    assert_int_equal(getrusage(RUSAGE_SELF, &ru), 0);
+    return ru.ru_maxrss;
+}
+
+/* A FIFO is refused without waiting for a writer, and a huge file whose header is wrong, or
+ * whose data area holds more than its tensors, is refused after its header alone is read:
+ * no time or memory that grows with the file. */
+static void test_fifos_and_huge_bad_files_are_refused_without_reading_them(void **state) {
+    (void)state;
+    char err[512];
+    loom_safetensors *f = NULL;
+    const char *fifo = tmp_path("pipe.safetensors");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    signal(SIGALRM, on_alarm);
+    alarm(10);
+    assert_int_equal(loom_safetensors_open(fifo, &f, err, sizeof err), LOOM_STATUS_IO_ERROR);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    expect_msg(err, "pipe.safetensors: is a FIFO: only regular files are read");
+    assert_null(f);
+    assert_int_equal(unlink(fifo), 0);
+
+    long rss0 = max_rss_kb();
+    time_t t0 = time(NULL);
+    /* 3 GB of nothing after a size field of 0xff...: "bad magic" from 8 bytes */
+    const char *big = tmp_path("huge.safetensors");
+    uint8_t ff[8];
+    memset(ff, 0xff, sizeof ff);
+    sparse_file(big, ff, sizeof ff, (off_t)3 << 30);
+    assert_int_equal(loom_safetensors_open(big, &f, err, sizeof err), LOOM_STATUS_CORRUPT_DATA);
+    expect_msg(err, "is over the limit");
+    /* a well-formed header for 16 bytes, then 2 GB: the layout check needs only the header */
+    uint8_t *b;
+    float z[4] = {0};
+    size_t len = image(&b, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", z, 16);
+    sparse_file(big, b, len, (off_t)2 << 30);
+    assert_int_equal(loom_safetensors_open(big, &f, err, sizeof err), LOOM_STATUS_CORRUPT_DATA);
+    expect_msg(err, "belong to no tensor");
+    assert_true(max_rss_kb() - rss0 < 64 * 1024); /* not the file's gigabytes */
+    assert_true(time(NULL) - t0 < 10);
+    assert_int_equal(unlink(big), 0);
+}
+
 /* ---- save -------------------------------------------------------------------------------- */
 
 static void test_a_failed_save_leaves_the_previous_file_intact(void **state) {
@@ -789,11 +855,12 @@ static void test_a_failed_save_leaves_the_previous_file_intact(void **state) {
     loom_status st = loom_safetensors_save(ctx, tmp_path("no/such/dir/x.safetensors"), 1, ts);
     expect_ctx_error(ctx, st, LOOM_STATUS_IO_ERROR,
                      WHAT("safetensors_save: ", "x.safetensors", "No such file or directory"));
-    /* A path that is a folder: the rename onto it fails and the temporary file goes. */
+    /* A path that is a folder: refused before anything is written. */
     const char *dir = tmp_path("a_dir.safetensors");
     assert_int_equal(mkdir(dir, 0755), 0);
     st = loom_safetensors_save(ctx, dir, 1, ts);
-    expect_ctx_error(ctx, st, LOOM_STATUS_IO_ERROR, WHAT("a_dir.safetensors", "rename failed"));
+    expect_ctx_error(ctx, st, LOOM_STATUS_IO_ERROR,
+                     WHAT("a_dir.safetensors", "is a folder: not replaced"));
     struct stat sb;
     assert_int_equal(stat(dir, &sb), 0);
     assert_true(S_ISDIR(sb.st_mode));
@@ -1012,6 +1079,7 @@ int main(void) {
         cmocka_unit_test(test_load_rejects_dtype_and_shape_mismatches),
         cmocka_unit_test(test_strict_load_rejects_tensors_the_caller_did_not_list),
         cmocka_unit_test(test_load_of_a_corrupt_or_missing_file_names_the_path),
+        cmocka_unit_test(test_fifos_and_huge_bad_files_are_refused_without_reading_them),
         cmocka_unit_test(test_a_failed_save_leaves_the_previous_file_intact),
         cmocka_unit_test(test_save_rejects_bad_names_and_handles),
         cmocka_unit_test(test_save_computes_pending_values_in_one_graph),

@@ -1,13 +1,10 @@
 /* Unit tests of the IR core: the verifier, dtype helpers, hashing and equality,
- * extraction, memory helpers and file I/O (inference: test_ir_infer.c). */
-#include <dirent.h>
+ * extraction and memory helpers (inference: test_ir_infer.c; files: test_ir_file.c). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "ir_test_util.h"
 
@@ -1126,151 +1123,6 @@ static void test_graph_reset_empties_and_reuses_memory(void **state) {
     assert_true(g.alloc.ud == &ta); /* deinit keeps the allocator: the graph can be reused */
 }
 
-/* ---- files ------------------------------------------------------------------------------- */
-
-typedef struct tmpdir {
-    char path[256];
-} tmpdir;
-
-static void tmpdir_make(tmpdir *t) {
-    const char *base = getenv("TMPDIR");
-    snprintf(t->path, sizeof t->path, "%s/loom_ir_core_XXXXXX", base && *base ? base : "/tmp");
-    assert_non_null(mkdtemp(t->path));
-}
-
-/* Number of entries in dir other than . and .. */
-static int count_entries(const char *dir) {
-    DIR *dp = opendir(dir);
-    assert_non_null(dp);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)) != NULL)
-        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-            n++;
-    closedir(dp);
-    return n;
-}
-
-static void read_whole(const char *path, const loom_allocator *a, char **out, size_t *len) {
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-    loom_status st = loom_ir_read_file(path, a, out, len, &d);
-    if (st != LOOM_OK)
-        fail_msg("read %s: %s", path, d.msg);
-}
-
-static void test_files_round_trip_and_are_replaced_whole(void **state) {
-    (void)state;
-    tmpdir t;
-    tmpdir_make(&t);
-    char path[512];
-    snprintf(path, sizeof path, "%s/graph.loom", t.path);
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
-
-    /* 10000 bytes with embedded NULs: bigger than the reader's first buffer */
-    enum { N = 10000 };
-    char *data = malloc(N);
-    assert_non_null(data);
-    for (int i = 0; i < N; i++)
-        data[i] = (char)(i * 7 % 251);
-    assert_int_equal(loom_ir_write_file_atomic(path, data, N, &d), LOOM_OK);
-    assert_int_equal(count_entries(t.path), 1); /* no temp file left */
-
-    test_alloc ta = {0};
-    loom_allocator a = test_alloc_make(&ta);
-    char *back = NULL;
-    size_t len = 0;
-    read_whole(path, &a, &back, &len);
-    assert_int_equal(len, N);
-    assert_memory_equal(back, data, N);
-    assert_int_equal(back[len], '\0');
-    assert_int_equal(ta.live_bytes, (int64_t)len + 1); /* exactly len + 1, as documented */
-    loom_ir_free(&a, back, len + 1);
-    assert_int_equal(ta.live_bytes, 0);
-
-    /* replacing with shorter content leaves nothing of the old file */
-    assert_int_equal(loom_ir_write_file_atomic(path, "short\n", 6, &d), LOOM_OK);
-    read_whole(path, &a, &back, &len);
-    assert_int_equal(len, 6);
-    assert_string_equal(back, "short\n");
-    loom_ir_free(&a, back, len + 1);
-
-    /* an empty file */
-    assert_int_equal(loom_ir_write_file_atomic(path, "", 0, &d), LOOM_OK);
-    read_whole(path, &a, &back, &len);
-    assert_int_equal(len, 0);
-    assert_string_equal(back, "");
-    loom_ir_free(&a, back, len + 1);
-    assert_int_equal(ta.live_bytes, 0);
-    assert_int_equal(d.code, LOOM_OK);
-    assert_int_equal(count_entries(t.path), 1);
-
-    /* reading under memory pressure fails cleanly at every allocation */
-    assert_int_equal(loom_ir_write_file_atomic(path, data, N, &d), LOOM_OK);
-    int failures = 0;
-    for (int64_t fail_at = 1;; fail_at++) {
-        test_alloc tf = {.fail_at = fail_at};
-        loom_allocator af = test_alloc_make(&tf);
-        loom_ir_diag_init(&d);
-        loom_status st = loom_ir_read_file(path, &af, &back, &len, &d);
-        if (tf.n_failed == 0) {
-            assert_int_equal(st, LOOM_OK);
-            assert_int_equal(len, N);
-            loom_ir_free(&af, back, len + 1);
-            assert_int_equal(tf.live_bytes, 0);
-            break;
-        }
-        assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
-        assert_non_null(strstr(d.msg, path));
-        assert_int_equal(tf.live_bytes, 0);
-        failures++;
-    }
-    assert_true(failures >= 2);
-    free(data);
-    assert_int_equal(unlink(path), 0);
-    assert_int_equal(rmdir(t.path), 0);
-}
-
-static void test_file_errors_name_the_path_and_leave_no_temp_file(void **state) {
-    (void)state;
-    tmpdir t;
-    tmpdir_make(&t);
-    char path[512];
-    loom_ir_diag d;
-
-    /* into a directory that does not exist */
-    snprintf(path, sizeof path, "%s/missing/graph.loom", t.path);
-    loom_ir_diag_init(&d);
-    assert_int_equal(loom_ir_write_file_atomic(path, "x", 1, &d), LOOM_STATUS_IO_ERROR);
-    assert_int_equal(d.code, LOOM_STATUS_IO_ERROR);
-    assert_non_null(strstr(d.msg, path));
-    assert_non_null(strstr(d.msg, "No such file or directory"));
-    assert_int_equal(count_entries(t.path), 0);
-
-    /* onto a directory: the temp file is written, the rename fails, the temp file goes */
-    snprintf(path, sizeof path, "%s/adir", t.path);
-    assert_int_equal(mkdir(path, 0755), 0);
-    loom_ir_diag_init(&d);
-    assert_int_equal(loom_ir_write_file_atomic(path, "x", 1, &d), LOOM_STATUS_IO_ERROR);
-    assert_non_null(strstr(d.msg, path));
-    assert_non_null(strstr(d.msg, "rename failed"));
-    assert_int_equal(count_entries(t.path), 1); /* only adir */
-    assert_int_equal(count_entries(path), 0);
-    assert_int_equal(rmdir(path), 0);
-
-    /* reading a missing file */
-    snprintf(path, sizeof path, "%s/nothing.loom", t.path);
-    loom_ir_diag_init(&d);
-    char *out = NULL;
-    size_t len = 0;
-    assert_int_equal(loom_ir_read_file(path, &sys, &out, &len, &d), LOOM_STATUS_IO_ERROR);
-    assert_non_null(strstr(d.msg, path));
-    assert_non_null(strstr(d.msg, "cannot open"));
-    assert_null(out);
-    assert_int_equal(rmdir(t.path), 0);
-}
-
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -1300,8 +1152,6 @@ int main(void) {
         cmocka_unit_test(test_building_a_graph_fails_cleanly_at_every_allocation),
         cmocka_unit_test(test_a_failed_add_leaves_the_graph_usable),
         cmocka_unit_test(test_graph_reset_empties_and_reuses_memory),
-        cmocka_unit_test(test_files_round_trip_and_are_replaced_whole),
-        cmocka_unit_test(test_file_errors_name_the_path_and_leave_no_temp_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
