@@ -1,6 +1,7 @@
 /* The ORC JIT holding a plan's compiled kernels: one LLJIT per code object, fed with the
  * object files the compile threads emitted (or a cache blob's), its kernels looked up by
  * name; the self-describing blob for the disk cache; the host target description. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,6 +29,7 @@ struct loom_cg_code {
     uint8_t **objs; /* kept for serialization */
     size_t *obj_lens;
     cg_kernel_rec *recs;
+    char refused[128]; /* the first symbol a kernel named outside the allow-list */
 };
 
 /* ---- one-time initialisation and the host ------------------------------------------------ */
@@ -250,6 +252,144 @@ void loom_cg_code_release(void *code) {
     loom_cg_code_destroy(code);
 }
 
+/* The only symbols compiled kernels may link against: what codegen's lowering calls (scratch
+ * for the matmul microkernels; libm where a kernel keeps an f64 or scalar function) and what
+ * LLVM may emit calls to for the code it is given (memory intrinsics, half and bfloat16
+ * conversions on CPUs without the instructions). Object code, from the disk cache above all,
+ * is linked against this list and nothing else: a kernel that names another symbol (system,
+ * dlopen, anything of the process) fails to link instead of reaching it. */
+static const char *const kernel_symbols[] = {
+    "malloc", "free", "memcpy", "memmove", "memset",
+    "exp", "expf", "exp2", "exp2f", "expm1", "expm1f", "log", "logf", "log2", "log2f",
+    "log1p", "log1pf", "pow", "powf", "sqrt", "sqrtf", "tanh", "tanhf", "erf", "erff",
+    "fmod", "fmodf", "floor", "floorf", "ceil", "ceilf", "trunc", "truncf", "round", "roundf",
+    "rint", "rintf", "nearbyint", "nearbyintf", "fmin", "fminf", "fmax", "fmaxf", "fma", "fmaf",
+    "__extendhfsf2", "__truncsfhf2", "__truncdfhf2", "__truncsfbf2", "__truncdfbf2",
+};
+
+static LLVMErrorRef resolve_allowed(LLVMOrcDefinitionGeneratorRef gen, void *ctx,
+                                    LLVMOrcLookupStateRef *state, LLVMOrcLookupKind kind,
+                                    LLVMOrcJITDylibRef jd, LLVMOrcJITDylibLookupFlags flags,
+                                    LLVMOrcCLookupSet set, size_t n) {
+    loom_cg_code *code = ctx;
+    (void)gen;
+    (void)state;
+    (void)kind;
+    (void)flags;
+    for (size_t i = 0; i < n; i++) {
+        const char *name = LLVMOrcSymbolStringPoolEntryStr(set[i].Name);
+        void *addr = NULL;
+        for (size_t k = 0; !addr && k < sizeof kernel_symbols / sizeof *kernel_symbols; k++)
+            if (strcmp(name, kernel_symbols[k]) == 0)
+                addr = dlsym(RTLD_DEFAULT, name);
+        if (!addr) { /* left undefined: the lookup fails */
+            if (!code->refused[0])
+                snprintf(code->refused, sizeof code->refused, "%s", name);
+            continue;
+        }
+        LLVMOrcRetainSymbolStringPoolEntry(set[i].Name);
+        LLVMOrcCSymbolMapPair pair = {
+            set[i].Name,
+            {(LLVMOrcExecutorAddress)(uintptr_t)addr,
+             {LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable, 0}}};
+        LLVMErrorRef e = LLVMOrcJITDylibDefine(jd, LLVMOrcAbsoluteSymbols(&pair, 1));
+        if (e)
+            return e;
+    }
+    return NULL;
+}
+
+/* A lookup's result, handed over by ORC's callback (on this thread or another). */
+typedef struct lookup_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    LLVMErrorRef err;
+    LLVMOrcCSymbolMapPairs pairs;
+    size_t n;
+} lookup_wait;
+
+static void lookup_done(LLVMErrorRef err, LLVMOrcCSymbolMapPairs result, size_t n, void *ctx) {
+    lookup_wait *w = ctx;
+    pthread_mutex_lock(&w->mu);
+    w->err = err;
+    if (!err && n > 0 && (w->pairs = malloc(n * sizeof *result)) != NULL) {
+        memcpy(w->pairs, result, n * sizeof *result);
+        for (size_t i = 0; i < n; i++) /* the result's names are ORC's: keep ours alive */
+            LLVMOrcRetainSymbolStringPoolEntry(w->pairs[i].Name);
+        w->n = n;
+    }
+    w->done = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The kernels' addresses, looked up in jd alone (its objects and the allow-list). */
+static loom_status look_up_kernels(loom_cg_code *code, LLVMOrcJITDylibRef jd, int32_t n_kernels,
+                                   loom_rt_kernel *out_kernels, loom_status bad_object_status,
+                                   loom_ir_diag *d) {
+    size_t n = 0;
+    LLVMOrcCLookupSetElement *set = malloc((size_t)(n_kernels > 0 ? n_kernels : 1) * sizeof *set);
+    if (!set)
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory linking");
+    for (int32_t k = 0; k < n_kernels; k++) {
+        out_kernels[k] = (loom_rt_kernel){.extent = 1, .grain = 1};
+        if (!code->recs[k].name[0]) /* no code: the runtime runs this kernel itself */
+            continue;
+        bool seen = false; /* kernels sharing code share a name: each once in the set */
+        for (int32_t j = 0; j < k && !seen; j++)
+            seen = strcmp(code->recs[j].name, code->recs[k].name) == 0;
+        if (!seen)
+            set[n++] = (LLVMOrcCLookupSetElement){
+                LLVMOrcLLJITMangleAndIntern(code->jit, code->recs[k].name),
+                LLVMOrcSymbolLookupFlagsRequiredSymbol};
+    }
+    loom_status st = LOOM_OK;
+    if (n > 0) {
+        lookup_wait w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+        LLVMOrcCJITDylibSearchOrderElement order[1] = {
+            {jd, LLVMOrcJITDylibLookupFlagsMatchExportedSymbolsOnly}};
+        LLVMOrcExecutionSessionLookup(LLVMOrcLLJITGetExecutionSession(code->jit),
+                                      LLVMOrcLookupKindStatic, order, 1, set, n, lookup_done, &w);
+        pthread_mutex_lock(&w.mu);
+        while (!w.done)
+            pthread_cond_wait(&w.cv, &w.mu);
+        pthread_mutex_unlock(&w.mu);
+        if (w.err && code->refused[0]) {
+            LLVMConsumeError(w.err);
+            st = loom_ir_diag_set(d, bad_object_status,
+                                  "codegen: linking compiled kernels: they call '%s', which "
+                                  "is not among the symbols kernels may use (codegen/jit.c)",
+                                  code->refused);
+        } else if (w.err) {
+            st = llvm_err(d, bad_object_status, "linking compiled kernels", w.err);
+        }
+        for (int32_t k = 0; k < n_kernels && st == LOOM_OK; k++) {
+            if (!code->recs[k].name[0])
+                continue;
+            LLVMOrcExecutorAddress addr = 0;
+            LLVMOrcSymbolStringPoolEntryRef want =
+                LLVMOrcLLJITMangleAndIntern(code->jit, code->recs[k].name);
+            for (size_t i = 0; i < w.n && !addr; i++)
+                if (w.pairs[i].Name == want)
+                    addr = w.pairs[i].Sym.Address;
+            LLVMOrcReleaseSymbolStringPoolEntry(want);
+            if (!addr)
+                st = loom_ir_diag_set(d, bad_object_status, "codegen: kernel %s has no address",
+                                      code->recs[k].name);
+            else
+                out_kernels[k] = (loom_rt_kernel){.fn = (loom_rt_kernel_fn)(uintptr_t)addr,
+                                                  .extent = code->recs[k].extent,
+                                                  .grain = code->recs[k].grain};
+        }
+        for (size_t i = 0; i < w.n; i++)
+            LLVMOrcReleaseSymbolStringPoolEntry(w.pairs[i].Name);
+        free(w.pairs);
+    }
+    free(set); /* the lookup took its names' references */
+    return st;
+}
+
 loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const uint8_t *const *objs,
                                const size_t *obj_lens, int32_t n_kernels, const cg_kernel_rec *recs,
                                loom_cg_code **out_code, loom_rt_kernel *out_kernels,
@@ -300,6 +440,7 @@ loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const ui
         return loom_ir_diag_set(d, st, "codegen: out of memory keeping the kernels' code");
     }
 
+    LLVMOrcJITDylibRef jd = NULL;
     LLVMErrorRef err = LLVMOrcCreateLLJIT(&code->jit, LLVMOrcCreateLLJITBuilder());
     if (err) {
         code->jit = NULL;
@@ -308,15 +449,12 @@ loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const ui
     if (st == LOOM_OK) {
         LLVMOrcExecutionSessionSetErrorReporter(LLVMOrcLLJITGetExecutionSession(code->jit),
                                                 swallow_error, NULL);
-        LLVMOrcJITDylibRef jd = LLVMOrcLLJITGetMainJITDylib(code->jit);
-        LLVMOrcDefinitionGeneratorRef gen;
-        /* libm (f64 exp, tanh, erf; powf), malloc/free for matmul scratch */
-        err = LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
-            &gen, LLVMOrcLLJITGetGlobalPrefix(code->jit), NULL, NULL);
-        if (err)
-            st = llvm_err(d, LOOM_STATUS_INTERNAL, "resolving process symbols", err);
-        else
-            LLVMOrcJITDylibAddGenerator(jd, gen);
+        /* Not the main JITDylib, which LLJIT links against every symbol of the process: a
+         * bare one whose only other symbols are the allow-list's. */
+        jd = LLVMOrcExecutionSessionCreateBareJITDylib(
+            LLVMOrcLLJITGetExecutionSession(code->jit), "loom-kernels");
+        LLVMOrcJITDylibAddGenerator(
+            jd, LLVMOrcCreateCustomCAPIDefinitionGenerator(resolve_allowed, code, NULL));
         for (int32_t i = 0; i < code->n_objs && st == LOOM_OK; i++) {
             LLVMMemoryBufferRef mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(
                 (const char *)code->objs[i], code->obj_lens[i], "loom-kernels");
@@ -325,25 +463,8 @@ loom_status loom_cg_code_build(const loom_allocator *a, int32_t n_objs, const ui
                 st = llvm_err(d, bad_object_status, "loading compiled kernels", err);
         }
     }
-    for (int32_t k = 0; k < n_kernels && st == LOOM_OK; k++) {
-        if (!code->recs[k].name[0]) { /* no code: the runtime runs this kernel itself */
-            out_kernels[k] = (loom_rt_kernel){.extent = 1, .grain = 1};
-            continue;
-        }
-        LLVMOrcExecutorAddress addr = 0;
-        err = LLVMOrcLLJITLookup(code->jit, &addr, code->recs[k].name);
-        if (err)
-            st = llvm_err(d, bad_object_status, "linking compiled kernels", err);
-        else if (!addr)
-            st = loom_ir_diag_set(d, bad_object_status, "codegen: kernel %s has no address",
-                                  code->recs[k].name);
-        else
-            out_kernels[k] = (loom_rt_kernel){
-                .fn = (loom_rt_kernel_fn)(uintptr_t)addr,
-                .extent = code->recs[k].extent,
-                .grain = code->recs[k].grain,
-            };
-    }
+    if (st == LOOM_OK)
+        st = look_up_kernels(code, jd, n_kernels, out_kernels, bad_object_status, d);
     if (st != LOOM_OK) {
         loom_cg_code_destroy(code);
         return st;
