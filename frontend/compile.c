@@ -1,6 +1,7 @@
 /* Building executables for cut graphs: the JIT path (passes -> plan -> codegen -> program),
  * its on-disk code cache, and the fallback to the reference interpreter. */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -70,6 +71,24 @@ static void cache_key(char *buf, size_t n, uint64_t hash, const loom_fe_jit_opti
              LOOM_VERSION_STRING, loom_rt_build_id(), loom_cg_target_key(), o->allreduce_bucket_mb);
 }
 
+/* A compile cache warning on stderr, once per process for each distinct message: a folder
+ * that is not safely owned would otherwise be named at every compile. */
+static void warn_once(const char *what, const char *msg) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t seen[32];
+    static int n_seen;
+    uint64_t h = loom_rt_hash64(msg, strlen(msg));
+    pthread_mutex_lock(&mu);
+    bool again = false;
+    for (int i = 0; i < n_seen && !again; i++)
+        again = seen[i] == h;
+    if (!again && n_seen < 32)
+        seen[n_seen++] = h;
+    pthread_mutex_unlock(&mu);
+    if (!again)
+        fprintf(stderr, "loom: warning: %s%s\n", what, msg);
+}
+
 /* Compiled code for plan: from the disk cache when it holds a valid entry, else compiled
  * (and stored). A corrupt or stale entry is reported once on stderr and replaced. */
 static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, uint64_t hash,
@@ -104,12 +123,11 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
         }
         if (st == LOOM_STATUS_CORRUPT_DATA) {
             loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_CORRUPT, 1);
-            fprintf(stderr, "loom: warning: ignoring a corrupt compile cache entry, recompiling: %s\n",
-                    cd.msg);
+            warn_once("ignoring a compile cache entry, recompiling: ", cd.msg);
         } else if (st == LOOM_STATUS_OUT_OF_MEMORY) {
             return loom_ir_diag_set(d, st, "%s", cd.msg);
         } else if (st != LOOM_OK) {
-            fprintf(stderr, "loom: warning: compile cache unreadable, recompiling: %s\n", cd.msg);
+            warn_once("compile cache not used, compiling: ", cd.msg);
         }
         loom_rt_metrics_add(m, LOOM_RT_METRIC_DISK_CACHE_MISS, 1);
     }
@@ -129,8 +147,7 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
     if (sst == LOOM_OK)
         sst = loom_rt_disk_cache_put(o->cache_dir, key, blob.data, blob.len, a, &cd);
     if (sst != LOOM_OK && !o->quiet_cache_errors)
-        fprintf(stderr, "loom: warning: compile cache not written (the step still runs): %s\n",
-                cd.msg);
+        warn_once("compile cache not written (the step still runs): ", cd.msg);
     loom_ir_sbuf_deinit(&blob);
     return LOOM_OK;
 }

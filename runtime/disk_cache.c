@@ -1,20 +1,31 @@
-/* The on-disk code cache: one self-checking file per key (layout in disk_cache.h), written
- * atomically and validated field by field on read so a damaged file is reported, not run. */
+/* The on-disk code cache (layout in disk_cache.h): entries authenticated with a keyed MAC
+ * under a per-user secret, in a folder only its owner can write, read header first, capped in
+ * size with least-recently-used eviction. Object code is executable code: an entry that
+ * fails any check is reported and recompiled, never loaded. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
 #include <xxhash.h>
 
 #include "disk_cache.h"
 
-#define MAGIC "LOOMOBJ"           /* with its NUL: 8 bytes */
-#define HEADER_FIXED (8 + 4 + 4)  /* magic, version, key length */
-#define OVERHEAD (HEADER_FIXED + 8 + 8) /* + payload length + checksum */
+#define MAGIC "LOOMOBJ"          /* with its NUL: 8 bytes */
+#define HEADER_FIXED (8 + 4 + 4) /* magic, version, key length */
+#define MAC_BYTES crypto_auth_hmacsha512256_BYTES
+#define KEY_BYTES crypto_auth_hmacsha512256_KEYBYTES
+#define OVERHEAD (HEADER_FIXED + 8 + MAC_BYTES) /* + payload length + MAC */
+#define MAX_KEY_LEN 65536u                       /* cache keys are a few hundred bytes */
 
 static inline uint64_t rd64(const unsigned char *p) {
     uint64_t v = 0;
@@ -37,13 +48,156 @@ static inline void wr32(unsigned char *p, uint32_t v) {
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* XXH3 (Debian's libxxhash): tens of GB/s, so checking a multi-megabyte object file costs
- * well under a millisecond. */
+/* XXH3 (Debian's libxxhash): tens of GB/s. Names cache files, checks code blobs and digests
+ * collectives; it catches damage, not forgery (the entries' MAC does that). */
 uint64_t loom_rt_hash64(const void *data, size_t len) {
     return XXH3_64bits(data, len);
 }
 
-/* ---- paths --------------------------------------------------------------------------------- */
+/* ---- the per-user secret ------------------------------------------------------------------ */
+
+const char *loom_rt_disk_cache_key_path(char *buf, size_t n) {
+    const char *env = getenv("LOOM_CACHE_KEY");
+    int w;
+    if (env && *env)
+        w = snprintf(buf, n, "%s", env);
+    else if ((env = getenv("XDG_CONFIG_HOME")) && env[0] == '/')
+        w = snprintf(buf, n, "%s/loom/cache.key", env);
+    else if ((env = getenv("HOME")) && *env)
+        w = snprintf(buf, n, "%s/.config/loom/cache.key", env);
+    else
+        return NULL;
+    return w >= 0 && (size_t)w < n ? buf : NULL;
+}
+
+/* mkdir -p, each missing component created mode `mode`. */
+static loom_status make_dirs(const char *dir, mode_t mode, const char *what, loom_ir_diag *d) {
+    char path[PATH_MAX];
+    size_t len = strlen(dir);
+    if (len == 0 || len >= sizeof path)
+        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "%s: bad folder name '%s'", what, dir);
+    memcpy(path, dir, len + 1);
+    for (size_t i = 1; i <= len; i++) {
+        if (path[i] != '/' && path[i] != '\0')
+            continue;
+        char saved = path[i];
+        path[i] = '\0';
+        if (mkdir(path, mode) != 0 && errno != EEXIST)
+            return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "%s: cannot create folder %s: %s",
+                                    what, path, strerror(errno));
+        path[i] = saved;
+    }
+    return LOOM_OK;
+}
+
+/* A folder or file another user could have written: owned by someone else, or writable by
+ * group or others. NULL when safe, else why (for the message). */
+static const char *unsafe(const struct stat *st) {
+    if (st->st_uid != geteuid())
+        return "owned by another user";
+    if (st->st_mode & (S_IWGRP | S_IWOTH))
+        return "writable by group or others";
+    return NULL;
+}
+
+static pthread_mutex_t key_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char key_bytes[KEY_BYTES];
+static char key_loaded_from[PATH_MAX]; /* the path the key came from; "" before */
+
+/* Reads the secret at path: a regular file of KEY_BYTES, the caller's, no access for group or
+ * others. */
+static loom_status read_key(const char *path, unsigned char *out, loom_ir_diag *d) {
+    int fd;
+    uint64_t size;
+    loom_status st = loom_ir_open_regular(path, &fd, &size, d);
+    if (st != LOOM_OK)
+        return st;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || sb.st_uid != geteuid() || (sb.st_mode & 077) ||
+        size != KEY_BYTES) {
+        close(fd);
+        return loom_ir_diag_set(
+            d, LOOM_STATUS_IO_ERROR,
+            "disk cache: the key %s is %s: the disk cache is off until it is fixed (chmod 600 "
+            "it, or remove it to make a new one)",
+            path,
+            sb.st_uid != geteuid() ? "owned by another user"
+            : (sb.st_mode & 077)   ? "readable or writable by group or others"
+                                   : "not 32 bytes");
+    }
+    st = loom_ir_pread_full(fd, out, KEY_BYTES, 0, path, d);
+    close(fd);
+    return st;
+}
+
+/* The secret the entries are authenticated under: read from its file, created there (mode
+ * 0600, its folders 0700) with random bytes on first use. Not inside the cache folder: who
+ * can write entries must not be able to read it. */
+static loom_status cache_secret(const char *cache_dir, unsigned char *out, loom_ir_diag *d) {
+    char path[PATH_MAX];
+    if (!loom_rt_disk_cache_key_path(path, sizeof path))
+        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR,
+                                "disk cache: no place for its key (set HOME, XDG_CONFIG_HOME or "
+                                "LOOM_CACHE_KEY)");
+    pthread_mutex_lock(&key_mu);
+    if (strcmp(key_loaded_from, path) == 0) {
+        memcpy(out, key_bytes, KEY_BYTES);
+        pthread_mutex_unlock(&key_mu);
+        return LOOM_OK;
+    }
+    loom_status st = LOOM_OK;
+    char real_dir[PATH_MAX], key_dir[PATH_MAX], real_key_dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash && slash > path) {
+        snprintf(key_dir, sizeof key_dir, "%.*s", (int)(slash - path), path);
+        st = make_dirs(key_dir, 0700, "disk cache key", d);
+        if (st == LOOM_OK && realpath(cache_dir, real_dir) && realpath(key_dir, real_key_dir)) {
+            size_t n = strlen(real_dir);
+            if (strncmp(real_key_dir, real_dir, n) == 0 &&
+                (real_key_dir[n] == '/' || !real_key_dir[n]))
+                st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR,
+                                      "disk cache: its key %s lies inside the cache folder %s: "
+                                      "the disk cache is off (set LOOM_CACHE_KEY elsewhere)",
+                                      path, cache_dir);
+        }
+    }
+    unsigned char k[KEY_BYTES];
+    if (st == LOOM_OK) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0) { /* first use: a new secret */
+            randombytes_buf(k, sizeof k);
+            bool ok = write(fd, k, sizeof k) == (ssize_t)sizeof k && fsync(fd) == 0;
+            if (close(fd) != 0 || !ok) {
+                unlink(path);
+                st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR,
+                                      "disk cache: cannot write its key %s: %s", path,
+                                      strerror(errno));
+            }
+        } else if (errno == EEXIST) {
+            /* another process may be writing it this moment: a short file, once more */
+            st = read_key(path, k, d);
+            for (int i = 0; i < 20 && st != LOOM_OK; i++) {
+                struct timespec ts = {0, 5000000};
+                nanosleep(&ts, NULL);
+                loom_ir_diag_init(d);
+                st = read_key(path, k, d);
+            }
+        } else {
+            st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: cannot create its key %s: %s",
+                                  path, strerror(errno));
+        }
+    }
+    if (st == LOOM_OK) {
+        memcpy(key_bytes, k, KEY_BYTES);
+        snprintf(key_loaded_from, sizeof key_loaded_from, "%s", path);
+        memcpy(out, k, KEY_BYTES);
+    }
+    sodium_memzero(k, sizeof k);
+    pthread_mutex_unlock(&key_mu);
+    return st;
+}
+
+/* ---- the folder ----------------------------------------------------------------------------- */
 
 static loom_status file_path(char *buf, size_t n, const char *dir, const char *key,
                              loom_ir_diag *d) {
@@ -54,29 +208,112 @@ static loom_status file_path(char *buf, size_t n, const char *dir, const char *k
     return LOOM_OK;
 }
 
-/* mkdir -p: creates each missing component; an existing non-folder fails at the next. */
-static loom_status make_dirs(const char *dir, loom_ir_diag *d) {
-    char path[4096];
-    size_t len = strlen(dir);
-    if (len == 0 || len >= sizeof path)
-        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: bad folder name '%s'", dir);
-    memcpy(path, dir, len + 1);
-    for (size_t i = 1; i <= len; i++) {
-        if (path[i] != '/' && path[i] != '\0')
-            continue;
-        char saved = path[i];
-        path[i] = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-            int e = errno;
-            return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR,
-                                    "disk cache: cannot create folder %s: %s", path, strerror(e));
-        }
-        path[i] = saved;
-    }
+/* The folder is the caller's alone: owned by them, writable by nobody else. *out_missing:
+ * there is none (or something else is there: nothing to read). */
+static loom_status check_dir(const char *dir, bool *out_missing, loom_ir_diag *d) {
     struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: %s is not a folder", dir);
+    *out_missing = false;
+    if (stat(dir, &sb) != 0) {
+        *out_missing = errno == ENOENT || errno == ENOTDIR;
+        return *out_missing ? LOOM_OK
+                            : loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: %s: %s", dir,
+                                               strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode)) { /* nothing to read there; a put says why it cannot write */
+        *out_missing = true;
+        return LOOM_OK;
+    }
+    const char *why = unsafe(&sb);
+    if (why)
+        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR,
+                                "disk cache: the folder %s is %s (mode %04o, uid %u): not used, "
+                                "since code planted there would run; make it yours alone "
+                                "(chmod 700 %s) or set LOOM_CACHE_DIR to a folder of your own",
+                                dir, why, (unsigned)(sb.st_mode & 07777), (unsigned)sb.st_uid, dir);
     return LOOM_OK;
+}
+
+/* The cap on the folder's entries: LOOM_CACHE_MAX_MB (0: no cap), else the default. */
+static uint64_t cap_bytes(void) {
+    const char *env = getenv("LOOM_CACHE_MAX_MB");
+    char *end;
+    if (env && *env) {
+        double mb = strtod(env, &end);
+        if (*end == '\0' && mb >= 0)
+            return mb == 0 ? UINT64_MAX : (uint64_t)(mb * 1048576.0);
+    }
+    return (uint64_t)LOOM_RT_DISK_CACHE_DEFAULT_MAX_MB << 20;
+}
+
+typedef struct entry_info {
+    char name[64];
+    uint64_t bytes;
+    struct timespec used; /* mtime: set on every hit */
+} entry_info;
+
+static int older_first(const void *pa, const void *pb) {
+    const entry_info *a = pa, *b = pb;
+    if (a->used.tv_sec != b->used.tv_sec)
+        return a->used.tv_sec < b->used.tv_sec ? -1 : 1;
+    return (a->used.tv_nsec > b->used.tv_nsec) - (a->used.tv_nsec < b->used.tv_nsec);
+}
+
+void loom_rt_disk_cache_trim(const char *dir, const char *keep) {
+    uint64_t cap = cap_bytes();
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return;
+    int dfd = dirfd(dp);
+    entry_info *es = NULL;
+    size_t n = 0, cap_n = 0;
+    uint64_t total = 0;
+    size_t ext = strlen(LOOM_RT_DISK_CACHE_EXT);
+    struct dirent *e;
+    while ((e = readdir(dp)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len <= ext || len >= sizeof es->name ||
+            strcmp(e->d_name + len - ext, LOOM_RT_DISK_CACHE_EXT) != 0)
+            continue;
+        struct stat sb;
+        if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (n == cap_n) {
+            size_t nc = cap_n ? 2 * cap_n : 64;
+            entry_info *ne = realloc(es, nc * sizeof *es);
+            if (!ne)
+                break;
+            es = ne;
+            cap_n = nc;
+        }
+        snprintf(es[n].name, sizeof es[n].name, "%s", e->d_name);
+        es[n].bytes = (uint64_t)sb.st_size;
+        es[n].used = sb.st_mtim;
+        total += es[n].bytes;
+        n++;
+    }
+    if (total > cap && n > 0) { /* the least recently used go, down to 90% of the cap */
+        qsort(es, n, sizeof *es, older_first);
+        uint64_t goal = cap / 10 * 9;
+        for (size_t i = 0; i < n && total > goal; i++) {
+            if (keep && strcmp(es[i].name, keep) == 0)
+                continue;
+            if (unlinkat(dfd, es[i].name, 0) == 0)
+                total -= es[i].bytes;
+        }
+    }
+    /* temp files of writers that died (their pid is gone) */
+    rewinddir(dp);
+    while ((e = readdir(dp)) != NULL) {
+        char *tag = strstr(e->d_name, LOOM_RT_DISK_CACHE_EXT ".tmp.");
+        if (!tag)
+            continue;
+        char target[PATH_MAX];
+        if (snprintf(target, sizeof target, "%s/%.*s", dir,
+                     (int)(tag - e->d_name + (ptrdiff_t)ext), e->d_name) < (int)sizeof target)
+            loom_ir_remove_stale_temps(target);
+    }
+    closedir(dp);
+    free(es);
 }
 
 /* ---- put ----------------------------------------------------------------------------------- */
@@ -90,24 +327,40 @@ loom_status loom_rt_disk_cache_put(const char *dir, const char *key, const void 
                                                            : !a   ? "allocator"
                                                                   : "data");
     size_t key_len = strlen(key);
-    if (key_len == 0 || key_len > UINT32_MAX)
+    if (key_len == 0 || key_len > MAX_KEY_LEN)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
-                                "disk cache put: the key must be 1..4G bytes, got %zu", key_len);
-    if (len > SIZE_MAX - OVERHEAD - key_len)
+                                "disk cache put: the key must be 1..%u bytes, got %zu",
+                                MAX_KEY_LEN, key_len);
+    if (len > LOOM_RT_DISK_CACHE_MAX_ENTRY)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                 "disk cache put: payload of %zu bytes is too large", len);
-    char path[4096];
+    if (sodium_init() < 0)
+        return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "disk cache: libsodium did not start");
+    char path[PATH_MAX];
+    bool missing;
     loom_status st = file_path(path, sizeof path, dir, key, d);
     if (st == LOOM_OK)
-        st = make_dirs(dir, d);
+        st = check_dir(dir, &missing, d);
+    if (st == LOOM_OK && missing) {
+        st = make_dirs(dir, 0700, "disk cache", d);
+        if (st == LOOM_OK)
+            st = check_dir(dir, &missing, d);
+        if (st == LOOM_OK && missing)
+            st = loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: %s is not a folder", dir);
+    }
+    unsigned char secret[KEY_BYTES];
+    if (st == LOOM_OK)
+        st = cache_secret(dir, secret, d);
     if (st != LOOM_OK)
         return st;
 
     size_t total = OVERHEAD + key_len + len;
     unsigned char *img = loom_ir_alloc(a, total);
-    if (!img)
+    if (!img) {
+        sodium_memzero(secret, sizeof secret);
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
                                 "disk cache put: out of memory for a %zu-byte file", total);
+    }
     unsigned char *p = img;
     memcpy(p, MAGIC, 8);
     wr32(p + 8, LOOM_RT_DISK_CACHE_VERSION);
@@ -120,94 +373,19 @@ loom_status loom_rt_disk_cache_put(const char *dir, const char *key, const void 
     if (len)
         memcpy(p, data, len);
     p += len;
-    wr64(p, loom_rt_hash64(img, total - 8));
-    st = loom_ir_write_file_atomic(path, img, total, d);
+    crypto_auth_hmacsha512256(p, img, total - MAC_BYTES, secret);
+    sodium_memzero(secret, sizeof secret);
+    st = loom_ir_write_file(path, img, total, 0600, d);
     loom_ir_free(a, img, total);
+    if (st == LOOM_OK)
+        loom_rt_disk_cache_trim(dir, strrchr(path, '/') + 1);
     return st;
 }
 
 /* ---- get ----------------------------------------------------------------------------------- */
 
-/* Reads the whole open file into *out, a block of *out_block bytes from a holding
- * *out_size bytes of the file (fewer than the block's size - 1 if it shrank meanwhile). */
-static loom_status read_all(int fd, const char *path, const loom_allocator *a,
-                            unsigned char **out, size_t *out_block, size_t *out_size,
-                            loom_ir_diag *d) {
-    struct stat sb;
-    if (fstat(fd, &sb) != 0)
-        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: cannot stat %s: %s", path,
-                                strerror(errno));
-    if (!S_ISREG(sb.st_mode))
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s is not a regular file", path);
-    if ((uint64_t)sb.st_size >= SIZE_MAX)
-        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "disk cache: %s is too large",
-                                path);
-    size_t size = (size_t)sb.st_size;
-    unsigned char *buf = loom_ir_alloc(a, size + 1);
-    if (!buf)
-        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
-                                "disk cache: out of memory reading %s (%zu bytes)", path, size);
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            int e = errno;
-            loom_ir_free(a, buf, size + 1);
-            return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: cannot read %s: %s",
-                                    path, strerror(e));
-        }
-        if (r == 0)
-            break; /* shrank under us (a concurrent writer renames, never truncates) */
-        got += (size_t)r;
-    }
-    *out = buf;
-    *out_block = size + 1;
-    *out_size = got;
-    return LOOM_OK;
-}
-
-/* Checks everything but the key. *payload_at / *payload_len locate the payload. */
-static loom_status validate(const unsigned char *buf, size_t size, const char *path,
-                            size_t *key_len, size_t *payload_at, size_t *payload_len,
-                            loom_ir_diag *d) {
-    if (size < OVERHEAD)
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s is truncated: %zu bytes, less than the %d-byte "
-                                "header and checksum", path, size, OVERHEAD);
-    if (memcmp(buf, MAGIC, 8) != 0)
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s is not a Loom object file (bad magic)", path);
-    uint32_t version = rd32(buf + 8);
-    if (version != LOOM_RT_DISK_CACHE_VERSION)
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s has format version %u, this Loom reads %u", path,
-                                version, LOOM_RT_DISK_CACHE_VERSION);
-    uint64_t klen = rd32(buf + 12);
-    if (klen > size - OVERHEAD)
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s is truncated: its key of %llu bytes runs past the "
-                                "end (%zu bytes)", path, (unsigned long long)klen, size);
-    uint64_t plen = rd64(buf + HEADER_FIXED + klen);
-    uint64_t room = size - OVERHEAD - klen;
-    if (plen != room)
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s is %s: its header says %llu payload bytes, the "
-                                "file has room for %llu", path,
-                                plen > room ? "truncated" : "followed by stray bytes",
-                                (unsigned long long)plen, (unsigned long long)room);
-    uint64_t want = rd64(buf + size - 8), have = loom_rt_hash64(buf, size - 8);
-    if (want != have)
-        return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
-                                "disk cache: %s fails its checksum (stored %016llx, computed "
-                                "%016llx)", path, (unsigned long long)want,
-                                (unsigned long long)have);
-    *key_len = (size_t)klen;
-    *payload_at = HEADER_FIXED + (size_t)klen + 8;
-    *payload_len = (size_t)plen;
-    return LOOM_OK;
+static loom_status corrupt(loom_ir_diag *d, const char *path, const char *what) {
+    return loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA, "disk cache: %s %s", path, what);
 }
 
 loom_status loom_rt_disk_cache_get(const char *dir, const char *key, const loom_allocator *a,
@@ -219,51 +397,141 @@ loom_status loom_rt_disk_cache_get(const char *dir, const char *key, const loom_
     if (!dir || !key || !a || !out_data || !out_len)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                 "disk cache get: NULL argument");
-    char path[4096];
+    if (sodium_init() < 0)
+        return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "disk cache: libsodium did not start");
+    char path[PATH_MAX];
+    bool missing;
     loom_status st = file_path(path, sizeof path, dir, key, d);
-    if (st != LOOM_OK)
+    if (st == LOOM_OK)
+        st = check_dir(dir, &missing, d);
+    if (st != LOOM_OK || missing)
+        return st; /* no folder: a plain miss */
+    struct stat ls;
+    if (lstat(path, &ls) != 0)
+        return errno == ENOENT || errno == ENOTDIR
+                   ? LOOM_OK
+                   : loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: %s: %s", path,
+                                      strerror(errno));
+    if (!S_ISREG(ls.st_mode)) /* a link, a FIFO, a folder: not an entry we wrote */
+        return corrupt(d, path, "is not a regular file");
+    unsigned char secret[KEY_BYTES];
+    if ((st = cache_secret(dir, secret, d)) != LOOM_OK)
         return st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ENOENT || e == ENOTDIR)
-            return LOOM_OK; /* no file, or no folder: a plain miss */
-        return loom_ir_diag_set(d, LOOM_STATUS_IO_ERROR, "disk cache: cannot open %s: %s", path,
-                                strerror(e));
+    int fd;
+    uint64_t size;
+    if ((st = loom_ir_open_regular(path, &fd, &size, d)) != LOOM_OK) {
+        sodium_memzero(secret, sizeof secret);
+        return st;
     }
+    struct stat sb;
+    memset(&sb, 0, sizeof sb);
+    const char *why = fstat(fd, &sb) == 0 ? unsafe(&sb) : "not readable";
+    unsigned char head[HEADER_FIXED], tail[8 + MAC_BYTES];
     unsigned char *buf = NULL;
-    size_t block = 0, size = 0;
-    st = read_all(fd, path, a, &buf, &block, &size, d);
-    close(fd);
-    if (st != LOOM_OK)
-        return st;
-    size_t key_len = 0, at = 0, plen = 0;
-    st = validate(buf, size, path, &key_len, &at, &plen, d);
-    if (st == LOOM_OK && (key_len != strlen(key) || memcmp(buf + HEADER_FIXED, key, key_len))) {
-        loom_ir_free(a, buf, block); /* another key with the same hash: a miss */
-        return LOOM_OK;
+    size_t block = 0;
+    uint64_t klen = 0, plen = 0;
+    if (why) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
+                              "disk cache: %s is %s (mode %04o, uid %u): not loaded", path, why,
+                              (unsigned)(sb.st_mode & 07777), (unsigned)sb.st_uid);
+        goto done;
     }
-    if (st != LOOM_OK) {
-        loom_ir_free(a, buf, block);
-        return st;
+    /* the header first: a damaged or foreign file is named without being read */
+    if (size < OVERHEAD) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
+                              "disk cache: %s is truncated: %" PRIu64 " bytes, less than the "
+                              "%d-byte header and MAC",
+                              path, size, OVERHEAD);
+        goto done;
     }
-    /* Hand the payload back in the same block: move it to the front, NUL-terminate, shrink. */
-    memmove(buf, buf + at, plen);
+    if ((st = loom_ir_pread_full(fd, head, sizeof head, 0, path, d)) != LOOM_OK)
+        goto done;
+    if (memcmp(head, MAGIC, 8) != 0) {
+        st = corrupt(d, path, "is not a Loom object file (bad magic)");
+        goto done;
+    }
+    uint32_t version = rd32(head + 8);
+    if (version != LOOM_RT_DISK_CACHE_VERSION) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
+                              "disk cache: %s has format version %u, this Loom reads %u", path,
+                              version, LOOM_RT_DISK_CACHE_VERSION);
+        goto done;
+    }
+    klen = rd32(head + 12);
+    if (klen > MAX_KEY_LEN || klen > size - OVERHEAD) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
+                              "disk cache: %s is truncated: its key of %" PRIu64
+                              " bytes runs past the end (%" PRIu64 " bytes)",
+                              path, klen, size);
+        goto done;
+    }
+    plen = size - OVERHEAD - klen;
+    if (plen > LOOM_RT_DISK_CACHE_MAX_ENTRY) {
+        st = corrupt(d, path, "is larger than any entry Loom writes");
+        goto done;
+    }
+    /* everything but the payload: the key (a miss if it is another's) and the MAC */
+    block = (size_t)klen + (size_t)plen + 1;
+    if (!(buf = loom_ir_alloc(a, block))) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                              "disk cache: out of memory reading %s (%" PRIu64 " bytes)", path,
+                              size);
+        goto done;
+    }
+    if ((st = loom_ir_pread_full(fd, buf, (size_t)klen, HEADER_FIXED, path, d)) != LOOM_OK ||
+        (st = loom_ir_pread_full(fd, tail, 8, HEADER_FIXED + klen, path, d)) != LOOM_OK)
+        goto done;
+    if (klen != strlen(key) || memcmp(buf, key, (size_t)klen) != 0)
+        goto done; /* another key with the same hash: a miss */
+    if (rd64(tail) != plen) {
+        st = loom_ir_diag_set(d, LOOM_STATUS_CORRUPT_DATA,
+                              "disk cache: %s is %s: its header says %" PRIu64
+                              " payload bytes, the file has room for %" PRIu64,
+                              path, rd64(tail) > plen ? "truncated" : "followed by stray bytes",
+                              rd64(tail), plen);
+        goto done;
+    }
+    if ((st = loom_ir_pread_full(fd, buf + klen, (size_t)plen, HEADER_FIXED + klen + 8, path,
+                                 d)) != LOOM_OK ||
+        (st = loom_ir_pread_full(fd, tail + 8, MAC_BYTES, size - MAC_BYTES, path, d)) != LOOM_OK)
+        goto done;
+    crypto_auth_hmacsha512256_state mac;
+    unsigned char want[MAC_BYTES];
+    crypto_auth_hmacsha512256_init(&mac, secret, KEY_BYTES);
+    crypto_auth_hmacsha512256_update(&mac, head, sizeof head);
+    crypto_auth_hmacsha512256_update(&mac, buf, (size_t)klen);
+    crypto_auth_hmacsha512256_update(&mac, tail, 8);
+    crypto_auth_hmacsha512256_update(&mac, buf + klen, (size_t)plen);
+    crypto_auth_hmacsha512256_final(&mac, want);
+    if (crypto_verify_32(want, tail + 8) != 0) {
+        st = corrupt(d, path,
+                     "fails its MAC: written by another user's Loom, under another key, "
+                     "damaged or forged; not loaded");
+        goto done;
+    }
+    /* the payload to the front of the block, NUL-terminated; then the block shrunk */
+    memmove(buf, buf + klen, (size_t)plen);
     buf[plen] = '\0';
-    unsigned char *shrunk = loom_ir_realloc(a, buf, block, plen + 1);
+    unsigned char *shrunk = loom_ir_realloc(a, buf, block, (size_t)plen + 1);
     if (!shrunk) { /* an allocator may refuse even to shrink: copy instead */
-        shrunk = loom_ir_alloc(a, plen + 1);
-        if (!shrunk) {
-            loom_ir_free(a, buf, block);
-            return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
-                                    "disk cache: out of memory reading %s", path);
+        if (!(shrunk = loom_ir_alloc(a, (size_t)plen + 1))) {
+            st = loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                                  "disk cache: out of memory reading %s", path);
+            goto done;
         }
-        memcpy(shrunk, buf, plen + 1);
+        memcpy(shrunk, buf, (size_t)plen + 1);
         loom_ir_free(a, buf, block);
     }
+    buf = NULL;
     *out_data = shrunk;
-    *out_len = plen;
-    return LOOM_OK;
+    *out_len = (size_t)plen;
+    futimens(fd, NULL); /* used now: the last to be evicted */
+done:
+    sodium_memzero(secret, sizeof secret);
+    if (buf)
+        loom_ir_free(a, buf, block);
+    close(fd);
+    return st;
 }
 
 /* ---- default folder ------------------------------------------------------------------------ */

@@ -18,7 +18,7 @@ for arg in "$@"; do
 done
 
 PACKAGES=(build-essential g++ pkg-config ninja-build meson llvm-19-dev libmlir-19-dev
-          mlir-19-tools libcmocka-dev zlib1g-dev libxxhash-dev mpich libmpich-dev dataset-fashion-mnist
+          mlir-19-tools libcmocka-dev zlib1g-dev libxxhash-dev libsodium-dev mpich libmpich-dev dataset-fashion-mnist
           graphviz) # graphviz: the tests render the DOT dumps with dot
 # Benchmarks only (bench/README.md): the libraries and the PyTorch they measure Loom against.
 BENCH_PACKAGES=(libopenblas-dev libdnnl-dev python3-torch python3-torchvision python3-numpy)

@@ -1,6 +1,12 @@
-/* Tests of the on-disk code cache: round trips, misses, every kind of damaged file, hash
- * collisions, unwritable folders, the default folder, XXH64 and out-of-memory. */
+/* Tests of the on-disk code cache: round trips, misses, every kind of damaged file, forged
+ * entries, unsafely owned folders and entries, the key, the size cap, hash collisions,
+ * unwritable folders, the default folder, XXH3 and out-of-memory. */
+#include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,8 +136,11 @@ static void test_put_then_get_returns_the_payload(void **state) {
     put_ok(dir, key, payload, PAYLOAD_LEN);
     char path[512];
     path_of(path, sizeof path, dir, key);
-    /* 8 magic + 4 version + 4 key length + key + 8 payload length + payload + 8 checksum */
-    assert_int_equal(file_size(path), (long)(32 + strlen(key) + PAYLOAD_LEN));
+    /* 8 magic + 4 version + 4 key length + key + 8 payload length + payload + 32 MAC */
+    assert_int_equal(file_size(path), (long)(56 + strlen(key) + PAYLOAD_LEN));
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0600); /* the user's alone */
 
     test_alloc ta = {0};
     loom_allocator a = test_alloc_make(&ta);
@@ -154,6 +163,9 @@ static void test_put_creates_missing_folders(void **state) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/a/b/c", (const char *)*state);
     put_ok(dir, "k", "xyz", 3);
+    struct stat sb;
+    assert_int_equal(stat(dir, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0700); /* only its owner can plant code there */
     size_t len = 0;
     char *data = get_ok(dir, "k", &len);
     assert_non_null(data);
@@ -196,7 +208,7 @@ static void test_get_of_an_unknown_key_or_folder_is_a_miss(void **state) {
 
 /* ---- damaged files ------------------------------------------------------------------------ */
 
-static void test_a_flipped_payload_byte_fails_the_checksum(void **state) {
+static void test_a_flipped_payload_byte_fails_the_mac(void **state) {
     const char *dir = *state;
     put_ok(dir, "k", payload, PAYLOAD_LEN);
     char path[512];
@@ -206,10 +218,10 @@ static void test_a_flipped_payload_byte_fails_the_checksum(void **state) {
     img[8 + 4 + 4 + 1 + 8 + 5] ^= 0x10; /* the payload's 6th byte */
     spit(path, img, n);
     free(img);
-    expect_corrupt(dir, "k", "fails its checksum");
+    expect_corrupt(dir, "k", "fails its MAC");
 }
 
-static void test_a_flipped_checksum_byte_is_corrupt(void **state) {
+static void test_a_flipped_mac_byte_is_corrupt(void **state) {
     const char *dir = *state;
     put_ok(dir, "k", payload, PAYLOAD_LEN);
     char path[512];
@@ -219,7 +231,7 @@ static void test_a_flipped_checksum_byte_is_corrupt(void **state) {
     img[n - 1] ^= 1;
     spit(path, img, n);
     free(img);
-    expect_corrupt(dir, "k", "fails its checksum");
+    expect_corrupt(dir, "k", "fails its MAC");
 }
 
 static void test_a_truncated_file_is_corrupt(void **state) {
@@ -229,7 +241,7 @@ static void test_a_truncated_file_is_corrupt(void **state) {
     path_of(path, sizeof path, dir, "k");
     size_t n;
     unsigned char *img = slurp(path, &n);
-    spit(path, img, n - 10); /* lost the checksum and part of the payload */
+    spit(path, img, n - 10); /* lost part of the MAC */
     expect_corrupt(dir, "k", "truncated");
     spit(path, img, 20); /* shorter than the fixed fields */
     expect_corrupt(dir, "k", "truncated: 20 bytes");
@@ -267,9 +279,9 @@ static void test_wrong_magic_or_version_is_corrupt(void **state) {
     spit(path, bad, n);
     expect_corrupt(dir, "k", "bad magic");
     memcpy(bad, img, n);
-    bad[8] = 1; /* format version 1: XXH64 checksums, an older Loom's */
+    bad[8] = 2; /* format version 2: an XXH3 checksum, an older Loom's */
     spit(path, bad, n);
-    expect_corrupt(dir, "k", "format version 1, this Loom reads 2");
+    expect_corrupt(dir, "k", "format version 2, this Loom reads 3");
     free(bad);
     free(img);
 }
@@ -281,7 +293,7 @@ static void test_a_key_length_past_the_end_is_corrupt(void **state) {
     path_of(path, sizeof path, dir, "k");
     size_t n;
     unsigned char *img = slurp(path, &n);
-    img[12] = 0xff; /* key length 255 in a file of ~70 bytes */
+    img[12] = 0xff; /* key length 255 in a file of ~100 bytes */
     spit(path, img, n);
     free(img);
     expect_corrupt(dir, "k", "runs past the end");
@@ -366,6 +378,182 @@ static void test_bad_arguments_are_rejected(void **state) {
                      LOOM_STATUS_INVALID_ARGUMENT);
     assert_int_equal(loom_rt_disk_cache_get(dir, "k", &sys, NULL, &len, NULL),
                      LOOM_STATUS_INVALID_ARGUMENT);
+}
+
+/* ---- planted code ------------------------------------------------------------------------ */
+
+/* An entry laid out exactly as Loom writes one, with a MAC under a key that is not this
+ * user's (another user's Loom, or an attacker who recomputed every checksum): rejected. */
+static void test_an_entry_under_another_key_is_rejected(void **state) {
+    const char *dir = *state;
+    char key_a[700], saved[600];
+    snprintf(saved, sizeof saved, "%s", getenv("LOOM_CACHE_KEY"));
+    snprintf(key_a, sizeof key_a, "%s.other", saved);
+    setenv("LOOM_CACHE_KEY", key_a, 1); /* the other user's secret */
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    setenv("LOOM_CACHE_KEY", saved, 1);
+    expect_corrupt(dir, "k", "fails its MAC");
+    unlink(key_a);
+    /* and once rewritten under this user's key, it loads */
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    size_t len = 0;
+    char *data = get_ok(dir, "k", &len);
+    assert_int_equal(len, PAYLOAD_LEN);
+    loom_ir_free(&sys, data, len + 1);
+}
+
+static void expect_io_error(const char *dir, const char *what) {
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    void *data = NULL;
+    size_t len = 0;
+    assert_int_equal(loom_rt_disk_cache_get(dir, "k", &sys, &data, &len, &d),
+                     LOOM_STATUS_IO_ERROR);
+    assert_null(data);
+    if (!strstr(d.msg, what) || !strstr(d.msg, dir))
+        fail_msg("get: message \"%s\" should name %s and say \"%s\"", d.msg, dir, what);
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(dir, "k", "v", 1, &sys, &d), LOOM_STATUS_IO_ERROR);
+    if (!strstr(d.msg, what) || !strstr(d.msg, "chmod 700"))
+        fail_msg("put: message \"%s\" should say \"%s\" and what to do", d.msg, what);
+}
+
+/* A folder others can write (a shared 1777 folder, a group's) is not used at all. */
+static void test_a_folder_others_can_write_is_not_used(void **state) {
+    const char *dir = *state;
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    assert_int_equal(chmod(dir, 01777), 0);
+    expect_io_error(dir, "writable by group or others");
+    assert_int_equal(chmod(dir, 0770), 0);
+    expect_io_error(dir, "writable by group or others");
+    assert_int_equal(chmod(dir, 0700), 0);
+    size_t len = 0;
+    char *data = get_ok(dir, "k", &len);
+    assert_non_null(data);
+    loom_ir_free(&sys, data, len + 1);
+}
+
+/* Entries and folders another user owns: only root can make them here (chown). */
+static void test_entries_and_folders_of_another_user_are_not_used(void **state) {
+    const char *dir = *state;
+    if (geteuid() != 0) {
+        print_message("not root: cannot give a file to another user (skipped)\n");
+        skip();
+    }
+    put_ok(dir, "k", payload, PAYLOAD_LEN);
+    char path[512];
+    path_of(path, sizeof path, dir, "k");
+    assert_int_equal(chown(path, 1, 1), 0); /* daemon's */
+    expect_corrupt(dir, "k", "owned by another user");
+    assert_int_equal(chown(path, 0, 0), 0);
+    assert_int_equal(chmod(path, 0666), 0);
+    expect_corrupt(dir, "k", "writable by group or others");
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(chown(dir, 1, 1), 0);
+    expect_io_error(dir, "owned by another user");
+    assert_int_equal(chown(dir, 0, 0), 0);
+}
+
+/* A link, a FIFO at an entry's name: refused without following or waiting; a 3 GB sparse
+ * file: refused from its header, not read whole. */
+static void test_links_fifos_and_huge_files_are_refused_cheaply(void **state) {
+    const char *dir = *state;
+    char path[512], target[600];
+    path_of(path, sizeof path, dir, "k");
+    snprintf(target, sizeof target, "%s/elsewhere", dir);
+    put_ok(dir, "k2", payload, PAYLOAD_LEN);
+    char p2[512];
+    path_of(p2, sizeof p2, dir, "k2");
+    assert_int_equal(symlink(p2, path), 0);
+    expect_corrupt(dir, "k", "not a regular file");
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(10); /* a blocking open would hang: SIGALRM fails the test */
+    expect_corrupt(dir, "k", "not a regular file");
+    alarm(0);
+    assert_int_equal(unlink(path), 0);
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)3 << 30), 0);
+    close(fd);
+    expect_corrupt(dir, "k", "bad magic");
+    getrusage(RUSAGE_SELF, &r1);
+    assert_true(r1.ru_maxrss - r0.ru_maxrss < 64 * 1024); /* kB: not the file's 3 GB */
+    assert_int_equal(unlink(path), 0);
+}
+
+/* The key: created 0600 on first use; one that others can read turns the cache off. */
+static void test_the_key_is_private_or_the_cache_is_off(void **state) {
+    const char *dir = *state;
+    char saved[600], fresh[700];
+    snprintf(saved, sizeof saved, "%s", getenv("LOOM_CACHE_KEY"));
+    snprintf(fresh, sizeof fresh, "%s/keys/new.key", dir);
+    setenv("LOOM_CACHE_KEY", fresh, 1);
+    char cache[600];
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    put_ok(cache, "k", "v", 1);
+    struct stat sb;
+    assert_int_equal(stat(fresh, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0600);
+    assert_int_equal(sb.st_size, 32);
+    char keys[600];
+    snprintf(keys, sizeof keys, "%s/keys", dir);
+    assert_int_equal(stat(keys, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0700);
+    /* a second key file that others may read: the cache is off, saying how to fix it */
+    char open_key[700];
+    snprintf(open_key, sizeof open_key, "%s/keys/shared.key", dir);
+    int fd = open(open_key, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "0123456789abcdef0123456789abcdef", 32), 32);
+    close(fd);
+    assert_int_equal(chmod(open_key, 0644), 0);
+    setenv("LOOM_CACHE_KEY", open_key, 1);
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(cache, "k", "v", 1, &sys, &d), LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(d.msg, "readable or writable by group or others"));
+    assert_non_null(strstr(d.msg, "chmod 600"));
+    /* and a key inside the cache folder is refused: who plants entries could read it */
+    char inside[700];
+    snprintf(inside, sizeof inside, "%s/cache/sub/k.key", dir);
+    setenv("LOOM_CACHE_KEY", inside, 1);
+    loom_ir_diag_init(&d);
+    assert_int_equal(loom_rt_disk_cache_put(cache, "k", "v", 1, &sys, &d), LOOM_STATUS_IO_ERROR);
+    assert_non_null(strstr(d.msg, "inside the cache folder"));
+    setenv("LOOM_CACHE_KEY", saved, 1);
+}
+
+/* LOOM_CACHE_MAX_MB: a put evicts the least recently used entries down to 90% of the cap
+ * (a hit counts as a use), and removes temp files of dead writers. */
+static void test_the_cache_is_capped_least_recently_used_first(void **state) {
+    const char *dir = *state;
+    static char big[4000];
+    memset(big, 'x', sizeof big);
+    setenv("LOOM_CACHE_MAX_MB", "0.011", 1); /* 11534 bytes: two entries of 4 kB and more */
+    char path[512], stale[700];
+    put_ok(dir, "old", big, sizeof big);
+    put_ok(dir, "mid", big, sizeof big);
+    /* "old" used again: "mid" is now the least recently used */
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+    size_t len = 0;
+    char *data = get_ok(dir, "old", &len);
+    loom_ir_free(&sys, data, len + 1);
+    nanosleep(&ts, NULL);
+    path_of(path, sizeof path, dir, "new");
+    snprintf(stale, sizeof stale, "%s.tmp.%ld.0badcafe", path, (long)tu_dead_pid());
+    spit(stale, "half an entry", 13);
+    put_ok(dir, "new", big, sizeof big); /* three do not fit: one goes */
+    assert_non_null(data = get_ok(dir, "new", &len));
+    loom_ir_free(&sys, data, len + 1);
+    assert_non_null(data = get_ok(dir, "old", &len));
+    loom_ir_free(&sys, data, len + 1);
+    assert_null(get_ok(dir, "mid", &len));
+    assert_int_equal(access(stale, F_OK), -1);
+    unsetenv("LOOM_CACHE_MAX_MB");
 }
 
 /* ---- out of memory ------------------------------------------------------------------------ */
@@ -453,6 +641,12 @@ static void test_default_dir_follows_the_environment(void **state) {
 
 int main(void) {
     sys = loom_allocator_system();
+    /* the key, outside every test's folder */
+    static char keydir[] = "/tmp/loom_disk_cache_key_XXXXXX", key[64];
+    if (!mkdtemp(keydir))
+        return 1;
+    snprintf(key, sizeof key, "%s/cache.key", keydir);
+    setenv("LOOM_CACHE_KEY", key, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash64_is_xxh3),
         T(test_put_then_get_returns_the_payload),
@@ -460,14 +654,20 @@ int main(void) {
         T(test_empty_payload_is_a_hit_not_a_miss),
         T(test_put_replaces_an_earlier_payload),
         T(test_get_of_an_unknown_key_or_folder_is_a_miss),
-        T(test_a_flipped_payload_byte_fails_the_checksum),
-        T(test_a_flipped_checksum_byte_is_corrupt),
+        T(test_a_flipped_payload_byte_fails_the_mac),
+        T(test_a_flipped_mac_byte_is_corrupt),
         T(test_a_truncated_file_is_corrupt),
         T(test_trailing_bytes_are_corrupt),
         T(test_wrong_magic_or_version_is_corrupt),
         T(test_a_key_length_past_the_end_is_corrupt),
         T(test_a_folder_in_place_of_the_file_is_corrupt),
         T(test_put_over_a_corrupt_file_repairs_it),
+        T(test_an_entry_under_another_key_is_rejected),
+        T(test_a_folder_others_can_write_is_not_used),
+        T(test_entries_and_folders_of_another_user_are_not_used),
+        T(test_links_fifos_and_huge_files_are_refused_cheaply),
+        T(test_the_key_is_private_or_the_cache_is_off),
+        T(test_the_cache_is_capped_least_recently_used_first),
         T(test_a_file_holding_another_key_is_a_miss),
         T(test_put_under_a_regular_file_fails_and_get_misses),
         T(test_bad_arguments_are_rejected),
@@ -475,5 +675,8 @@ int main(void) {
         cmocka_unit_test(test_build_id_is_the_binarys_gnu_build_id),
         cmocka_unit_test(test_default_dir_follows_the_environment),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    unlink(key);
+    rmdir(keydir);
+    return rc;
 }
