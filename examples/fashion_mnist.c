@@ -396,6 +396,15 @@ static loom_dataset *load_split(const char *dir, const char *split) {
                     ex_who());
         return NULL;
     }
+    /* IDX labels are bytes: a file with a label past the ten classes would train to NaN */
+    const uint8_t *y = loom_dataset_labels(ds);
+    for (int64_t i = 0; i < loom_dataset_count(ds); i++)
+        if (y[i] >= 10) {
+            fprintf(stderr, "%s%s: label %u of image %lld is not one of the 10 classes (0..9)\n",
+                    ex_who(), labels, (unsigned)y[i], (long long)i);
+            loom_dataset_destroy(ds);
+            return NULL;
+        }
     return ds;
 }
 

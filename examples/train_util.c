@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
 
 #include <loom/dist.h>
 #include <loom/nn.h>
@@ -218,6 +220,8 @@ int ex_parse_args(int argc, char **argv, const ex_cli *cli, ex_flags *f) {
         return ex_usage_error("--momentum applies to --optimizer sgd only");
     f->rank = loom_dist_rank();
     f->world = loom_dist_world_size();
+    if (f->save_path && f->rank == 0 && !ex_save_path_ok(f->save_path))
+        return 1; /* found now, not after the training it would have lost */
     if (f->batch_size % f->world != 0)
         return ex_usage_error("--batch-size %lld is the global batch, split evenly over the %d "
                               "ranks: it must be a multiple of %d",
@@ -256,11 +260,63 @@ loom_context *ex_context_create(const ex_flags *f, bool *out_eager) {
     return ctx;
 }
 
+bool ex_save_path_ok(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash == path ? 1 : slash - path) : 1,
+             slash ? path : ".");
+    struct stat sb;
+    const char *why = NULL;
+    if (!*path || (slash && !slash[1]))
+        why = "names no file";
+    else if (stat(dir, &sb) != 0)
+        why = errno == ENOENT ? "its folder does not exist" : strerror(errno);
+    else if (!S_ISDIR(sb.st_mode))
+        why = "its folder is not a folder";
+    else if (access(dir, W_OK | X_OK) != 0)
+        why = "its folder is not writable";
+    else if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        why = "it is a folder";
+    if (why)
+        fprintf(stderr, "%s--save %s: %s\n", ex_who(), path, why);
+    return why == NULL;
+}
+
+/* The first float tensor of c holding inf or NaN (a damaged checkpoint, or one saved from a
+ * diverged run), named on stderr: 1; else 0. */
+static int check_finite(loom_context *ctx, const char *path, const ex_checkpoint *c) {
+    for (int32_t i = 0; i < c->n; i++) {
+        loom_dtype dt;
+        int64_t n;
+        if (loom_tensor_dtype(c->list[i].tensor, &dt) != LOOM_OK || dt != LOOM_DTYPE_F32 ||
+            loom_tensor_numel(c->list[i].tensor, &n) != LOOM_OK)
+            continue;
+        float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+        if (!v || loom_tensor_read(ctx, c->list[i].tensor, v, (size_t)n * sizeof *v) != LOOM_OK) {
+            free(v);
+            return ex_runtime_error(ctx, "--init");
+        }
+        for (int64_t k = 0; k < n; k++)
+            if (!isfinite(v[k])) {
+                fprintf(stderr,
+                        "%s--init %s: '%s' holds %f at element %lld: the checkpoint is damaged "
+                        "or was saved from a run that diverged\n",
+                        ex_who(), path, c->list[i].name, (double)v[k], (long long)k);
+                free(v);
+                return 1;
+            }
+        free(v);
+    }
+    return 0;
+}
+
 int ex_restore(loom_context *ctx, const ex_flags *f, const ex_checkpoint *c, int32_t n_model) {
     if (f->init_path && f->rank == 0 &&
         (ex_checkpoint_load(ctx, f->init_path, c, n_model) != LOOM_OK ||
          loom_mark_step(ctx) != LOOM_OK))
         return ex_runtime_error(ctx, "--init");
+    if (f->init_path && f->rank == 0 && check_finite(ctx, f->init_path, c) != 0)
+        return 1;
     if (f->world == 1)
         return 0;
     loom_tensor **state = malloc((size_t)(c->n > 0 ? c->n : 1) * sizeof *state);
@@ -350,8 +406,10 @@ int ex_take_loss(loom_context *ctx, const ex_flags *f, loom_tensor **loss, int64
         before_print(ud);
     if (!isfinite(v)) {
         if (f->rank == 0) /* the same mean loss on every rank */
-            fprintf(stderr, "%s: the loss became %f at step %lld; try a smaller --lr\n", ex_prog,
-                    (double)v, (long long)step);
+            fprintf(stderr,
+                    "%s: the loss became %f at step %lld: the training diverged (the labels "
+                    "were in range and the initial weights finite); try a smaller --lr\n",
+                    ex_prog, (double)v, (long long)step);
         return 1;
     }
     if (print && f->rank == 0) {

@@ -75,6 +75,9 @@ loom_context *ex_context_create(const ex_flags *f, bool *out_eager);
  * first batch on), then on several ranks every checkpoint tensor broadcast from rank 0.
  * Returns 0, or 1 after reporting the failure. */
 int ex_restore(loom_context *ctx, const ex_flags *f, const ex_checkpoint *c, int32_t n_model);
+/* Whether --save's path can be written (its folder exists and is writable, it is not a
+ * folder); false after saying why on stderr. Checked before training, not after. */
+bool ex_save_path_ok(const char *path);
 /* The scaler's final scale as JSON ("65536"; "null" without loss scaling) into buf. */
 void ex_scale_text(loom_context *ctx, const loom_grad_scaler *scaler, char *buf, size_t size);
 

@@ -3,6 +3,7 @@
 #include "frontend.h"
 
 LOOM_API loom_status loom_autocast_begin(loom_context *ctx, loom_dtype dtype) {
+    LOOM_FE_USE(ctx, "autocast_begin", LOOM_STATUS_BUSY);
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
     if (dtype != LOOM_DTYPE_BF16 && dtype != LOOM_DTYPE_F16 && dtype != LOOM_DTYPE_F32)
@@ -19,6 +20,7 @@ LOOM_API loom_status loom_autocast_begin(loom_context *ctx, loom_dtype dtype) {
 }
 
 LOOM_API loom_status loom_autocast_end(loom_context *ctx) {
+    LOOM_FE_USE(ctx, "autocast_end", LOOM_STATUS_BUSY);
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
     if (ctx->autocast_depth == 0)

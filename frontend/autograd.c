@@ -446,6 +446,7 @@ bool loom_fe_is_detached(const loom_context *ctx, int32_t node) {
 
 LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const char *file,
                                      int line) {
+    LOOM_FE_USE(ctx, "detach", NULL);
     static const char op[] = "detach";
     if (!ctx)
         return NULL;
@@ -501,6 +502,7 @@ static bool is_float_node(const ag *a, int32_t id) {
 LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int32_t n,
                                       loom_tensor *const *wrt, loom_tensor **out_grads,
                                       const char *file, int line) {
+    LOOM_FE_USE(ctx, "backward", LOOM_STATUS_BUSY);
     static const char op[] = "backward";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;

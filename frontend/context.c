@@ -1,4 +1,5 @@
 /* Contexts: creation and teardown, the handle registry, sticky errors, metrics access. */
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -87,6 +88,24 @@ LOOM_API void loom_context_options_init(loom_context_options *opts) {
     opts->poison = poison && *poison && strcmp(poison, "0") != 0;
 }
 
+/* A positive number from the environment variable `name` into *out (left as is when unset):
+ * false, with the reason on stderr, when it is set to anything else. */
+static bool env_positive(const char *name, bool integer, double max, double *out) {
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return true;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !(x > 0) || x > max || (integer && x != floor(x))) {
+        fprintf(stderr, "loom: error: %s='%s' is not %s from 1 to %.0f\n", name, v,
+                integer ? "a whole number" : "a number", max);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
 static loom_status dup_string(const loom_allocator *a, const char *s, char **out) {
     size_t n = strlen(s);
     *out = loom_ir_alloc(a, n + 1);
@@ -108,6 +127,20 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     }
     if (!opts->allocator.fn)
         return LOOM_STATUS_INVALID_ARGUMENT;
+    /* settings that are wrong are errors, not silently something else */
+    double threads_env = 0, max_nodes = 2e6, mem_mb = 0;
+    if (opts->num_threads < 0 || opts->max_graph_nodes < 0 || opts->device_memory_mb < 0 ||
+        isnan(opts->device_memory_mb)) {
+        fprintf(stderr, "loom: error: loom_context_create: %s is negative (0 takes the default)\n",
+                opts->num_threads < 0       ? "num_threads"
+                : opts->max_graph_nodes < 0 ? "max_graph_nodes"
+                                            : "device_memory_mb");
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    }
+    if (!env_positive("LOOM_NUM_THREADS", true, 4096, &threads_env) ||
+        !env_positive("LOOM_MAX_GRAPH_NODES", true, 1e12, &max_nodes) ||
+        !env_positive("LOOM_DEVICE_MEMORY_MB", false, 1e12, &mem_mb))
+        return LOOM_STATUS_INVALID_ARGUMENT;
     loom_context *ctx = loom_ir_alloc(&opts->allocator, sizeof *ctx);
     if (!ctx)
         return LOOM_STATUS_OUT_OF_MEMORY;
@@ -120,6 +153,7 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     ctx->debug = opts->debug;
     ctx->perf_map = opts->perf_map || opts->perf_jitdump;
     ctx->perf_jitdump = opts->perf_jitdump;
+    ctx->max_graph_nodes = opts->max_graph_nodes > 0 ? opts->max_graph_nodes : (int64_t)max_nodes;
     double mb = opts->allreduce_bucket_mb == 0 ? env_bucket_mb() : opts->allreduce_bucket_mb;
     ctx->allreduce_bucket_mb = isnan(mb) || mb == 0 ? 25 : mb;
     loom_rt_profile_init(&ctx->profile, &ctx->alloc);
@@ -139,8 +173,11 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     loom_ir_diag_init(&d);
     loom_status st = loom_rt_device_create(opts->device ? opts->device : device_name, &ctx->alloc,
                                            &ctx->metrics, &ctx->device, &d);
-    if (st == LOOM_OK)
+    if (st == LOOM_OK) {
         ctx->device->poison = opts->poison;
+        double cap_mb = opts->device_memory_mb > 0 ? opts->device_memory_mb : mem_mb;
+        ctx->device->mem_limit = cap_mb > 0 ? (size_t)(cap_mb * 1048576.0) : 0;
+    }
     if (st == LOOM_OK && opts->dump_dir)
         st = dup_string(&ctx->alloc, opts->dump_dir, &ctx->dump_dir);
     if (st == LOOM_OK && opts->trace_path) {
@@ -198,6 +235,9 @@ static void print_profile(loom_context *ctx) {
 LOOM_API void loom_context_destroy(loom_context *ctx) {
     if (!ctx)
         return;
+    loom_fe_use use; /* not left: the context is gone when this returns */
+    if (!loom_fe_use_begin(&use, ctx, "context_destroy"))
+        return; /* another thread is inside it: leaking it beats freeing it under that thread */
     if (ctx->id >= 0)
         atomic_store(&registry[ctx->id], NULL);
     if (ctx->stream)
@@ -275,6 +315,49 @@ loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file,
     return code;
 }
 
+/* A thread's identity: the address of its own byte. */
+static _Thread_local char thread_tag;
+
+bool loom_fe_use_begin(loom_fe_use *u, loom_context *ctx, const char *op) {
+    u->ctx = NULL;
+    if (!ctx)
+        return true;
+    uintptr_t me = (uintptr_t)&thread_tag, free_ = 0;
+    if (atomic_load_explicit(&ctx->user, memory_order_relaxed) == me) {
+        ctx->use_depth++; /* a call nested in this thread's own */
+    } else if (atomic_compare_exchange_strong_explicit(&ctx->user, &free_, me,
+                                                       memory_order_acquire,
+                                                       memory_order_relaxed)) {
+        ctx->use_depth = 1;
+    } else {
+        const char *none = NULL;
+        atomic_compare_exchange_strong(&ctx->refused_op, &none, op);
+        if (!atomic_exchange(&ctx->refusal_printed, true))
+            fprintf(stderr,
+                    "loom: error: %s: the context is in use by another thread (a context is "
+                    "used by one thread at a time: one context per thread, or a lock around "
+                    "it); later refusals are not printed\n",
+                    op);
+        return false;
+    }
+    u->ctx = ctx;
+    return true;
+}
+
+void loom_fe_use_end(loom_fe_use *u) {
+    loom_context *ctx = u->ctx;
+    if (!ctx || --ctx->use_depth > 0)
+        return;
+    const char *refused = atomic_exchange(&ctx->refused_op, NULL);
+    if (refused)
+        loom_fe_error(ctx, LOOM_STATUS_BUSY, NULL, 0, refused,
+                      "the context was used from two threads at once: this call came from "
+                      "another thread while one was inside the context, and was refused (a "
+                      "context is used by one thread at a time: one context per thread, or a "
+                      "lock around it)");
+    atomic_store_explicit(&ctx->user, 0, memory_order_release);
+}
+
 LOOM_API loom_status loom_context_error(const loom_context *ctx) {
     return ctx ? ctx->err : LOOM_STATUS_INVALID_ARGUMENT;
 }
@@ -286,6 +369,7 @@ LOOM_API const char *loom_context_error_message(const loom_context *ctx) {
 }
 
 LOOM_API void loom_context_clear_error(loom_context *ctx) {
+    LOOM_FE_USE(ctx, "context_clear_error", );
     if (ctx) {
         ctx->err = LOOM_OK;
         ctx->err_msg[0] = '\0';
@@ -295,6 +379,7 @@ LOOM_API void loom_context_clear_error(loom_context *ctx) {
 LOOM_API int64_t loom_context_step(const loom_context *ctx) { return ctx ? ctx->step : -1; }
 
 LOOM_API loom_status loom_context_sync(loom_context *ctx) {
+    LOOM_FE_USE(ctx, "context_sync", LOOM_STATUS_BUSY);
     return ctx ? loom_fe_finish_inflight(ctx) : LOOM_STATUS_INVALID_ARGUMENT;
 }
 

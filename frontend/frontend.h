@@ -3,6 +3,8 @@
 #define LOOM_FRONTEND_FRONTEND_H
 
 #include <limits.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
 #include "ir/ir.h"
 #include "ir/samples.h"
@@ -86,6 +88,7 @@ struct loom_context {
     bool debug;                   /* LOOM_DEBUG=1: warn about recompilations, forced reads */
     bool perf_map;                /* LOOM_PERF_MAP=1: kernels into /tmp/perf-<pid>.map */
     bool perf_jitdump;            /* LOOM_PERF_MAP=jitdump: and into /tmp/jit-<pid>.dump */
+    int64_t max_graph_nodes;      /* a step's trace may hold this many nodes, no more */
     char *memory_report;          /* the last compiled step's (loom_memory_report), or NULL */
     uint64_t memory_report_hash;  /* the graph hash of the executable it came from */
     int64_t late_compiles;        /* compiles after the first LOOM_FE_DEBUG_WARMUP steps */
@@ -130,6 +133,13 @@ struct loom_context {
     /* the first error since the last clear */
     loom_status err;
     char err_msg[1024];
+
+    /* the in-use guard (LOOM_FE_USE): the thread inside a call, 0 when none; how deep its
+     * calls nest; the first call another thread made meanwhile, refused and not yet recorded */
+    _Atomic uintptr_t user;
+    int32_t use_depth;
+    _Atomic(const char *) refused_op;
+    atomic_bool refusal_printed; /* the first refusal is printed, the rest only counted */
 };
 
 /* ---- context.c ---- */
@@ -140,8 +150,32 @@ struct loom_context {
 loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file, int line,
                           const char *op, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+/* The in-use guard. A context is used by one thread at a time; a call that finds another
+ * thread inside one of its calls fails with BUSY instead of corrupting it. Every public
+ * function taking a context or a handle starts with LOOM_FE_USE(ctx, op, failure value): the
+ * context is claimed for the calling thread until the function returns (calls nested on that
+ * thread pass). A refused call prints one line to stderr and returns the failure value; it
+ * cannot record an error in a context another thread is changing, so the thread inside
+ * records "used from two threads at once" when its outermost call returns. A NULL ctx passes
+ * (the function's own check reports it). Costs an atomic exchange a call. */
+typedef struct {
+    loom_context *ctx; /* NULL: nothing claimed */
+} loom_fe_use;
+bool loom_fe_use_begin(loom_fe_use *u, loom_context *ctx, const char *op);
+void loom_fe_use_end(loom_fe_use *u);
+#define LOOM_FE_USE(ctx, op, ...)                                                              \
+    loom_fe_use loom_fe_use_ __attribute__((cleanup(loom_fe_use_end)));                        \
+    if (!loom_fe_use_begin(&loom_fe_use_, (ctx), (op)))                                        \
+    return __VA_ARGS__
+
 /* The context a handle belongs to, or NULL when none is alive under its id. */
 loom_context *loom_fe_handle_context(const loom_tensor *h);
+
+/* ---- step.c ---- */
+/* False after recording an error when the step's trace already holds ctx->max_graph_nodes
+ * nodes: what a loop that forgets loom_mark_step builds (the message says so and names the
+ * source line most of the nodes came from). Called before each node is recorded. */
+bool loom_fe_graph_room(loom_context *ctx, const char *file, int line, const char *op);
 
 /* ---- tensor.c ---- */
 /* The slot behind a handle of ctx, or NULL after recording STALE_HANDLE/INVALID_ARGUMENT

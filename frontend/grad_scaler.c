@@ -60,6 +60,7 @@ LOOM_API void loom_grad_scaler_destroy(loom_grad_scaler *s) {
 
 LOOM_API loom_status loom_grad_scaler_create(loom_context *ctx, const loom_grad_scaler_options *o,
                                              loom_grad_scaler **out) {
+    LOOM_FE_USE(ctx, "grad_scaler_create", LOOM_STATUS_BUSY);
     static const char op[] = "grad_scaler_create";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
@@ -149,6 +150,7 @@ LOOM_API loom_tensor *loom_grad_scaler_scale(loom_grad_scaler *s, loom_tensor *l
         return NULL;
     if (!s->enabled || !loss)
         return loss;
+    LOOM_FE_USE(s->ctx, op, NULL);
     loom_dtype dt;
     if (float_dtype(s->ctx, loss, "loss", -1, op, &dt, NULL) != LOOM_OK)
         return NULL;
@@ -161,6 +163,7 @@ LOOM_API loom_tensor *loom_grad_scaler_unscale(loom_grad_scaler *s, int32_t n,
     if (!s || !s->enabled)
         return NULL;
     loom_context *ctx = s->ctx;
+    LOOM_FE_USE(ctx, op, NULL);
     if (n < 0) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, "n must be >= 0, got %d",
                       (int)n);
@@ -237,6 +240,7 @@ LOOM_API loom_status loom_grad_scaler_update(loom_grad_scaler *s, loom_tensor *f
     if (!s->enabled)
         return LOOM_OK;
     loom_context *ctx = s->ctx;
+    LOOM_FE_USE(ctx, op, LOOM_STATUS_BUSY);
     if (!found_inf)
         return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, "found_inf is NULL");
     loom_status st = loom_fe_check_found_inf(ctx, found_inf, op);

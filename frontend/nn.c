@@ -72,6 +72,7 @@ static bool check_vec(loom_context *ctx, loom_tensor *t, const char *what, loom_
 
 LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
                                      loom_tensor *bias, const char *file, int line) {
+    LOOM_FE_USE(ctx, "linear", NULL);
     static const char op[] = "linear";
     loom_dtype dx, dw;
     int32_t rx, rw;
@@ -140,6 +141,7 @@ static bool softmax_args(loom_context *ctx, loom_tensor *x, int32_t *axis, const
 
 LOOM_API loom_tensor *loom_softmax_at(loom_context *ctx, loom_tensor *x, int32_t axis,
                                       const char *file, int line) {
+    LOOM_FE_USE(ctx, "softmax", NULL);
     if (!softmax_args(ctx, x, &axis, file, line, "softmax"))
         return NULL;
     loom_tensor *e = loom_exp_at(ctx, shifted(ctx, x, axis, file, line), file, line);
@@ -148,6 +150,7 @@ LOOM_API loom_tensor *loom_softmax_at(loom_context *ctx, loom_tensor *x, int32_t
 
 LOOM_API loom_tensor *loom_log_softmax_at(loom_context *ctx, loom_tensor *x, int32_t axis,
                                           const char *file, int line) {
+    LOOM_FE_USE(ctx, "log_softmax", NULL);
     if (!softmax_args(ctx, x, &axis, file, line, "log_softmax"))
         return NULL;
     loom_tensor *z = shifted(ctx, x, axis, file, line);
@@ -161,6 +164,7 @@ LOOM_API loom_tensor *loom_log_softmax_at(loom_context *ctx, loom_tensor *x, int
 
 LOOM_API loom_tensor *loom_one_hot_at(loom_context *ctx, loom_tensor *labels, int64_t classes,
                                       loom_dtype dtype, const char *file, int line) {
+    LOOM_FE_USE(ctx, "one_hot", NULL);
     static const char op[] = "one_hot";
     loom_dtype dt;
     int32_t r;
@@ -186,6 +190,7 @@ LOOM_API loom_tensor *loom_one_hot_at(loom_context *ctx, loom_tensor *labels, in
 LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logits,
                                             loom_tensor *labels, loom_reduction reduction,
                                             const char *file, int line) {
+    LOOM_FE_USE(ctx, "cross_entropy", NULL);
     static const char op[] = "cross_entropy";
     loom_dtype dl, dy;
     int32_t rl, ry;
@@ -230,6 +235,7 @@ LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logi
 
 LOOM_API loom_tensor *loom_argmax_at(loom_context *ctx, loom_tensor *x, int32_t axis,
                                      const char *file, int line) {
+    LOOM_FE_USE(ctx, "argmax", NULL);
     static const char op[] = "argmax";
     loom_dtype dt;
     int32_t r;
@@ -291,6 +297,7 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
                                      loom_tensor *bias, const int64_t *stride,
                                      const int64_t *padding, const int64_t *dilation,
                                      int64_t groups, const char *file, int line) {
+    LOOM_FE_USE(ctx, "conv2d", NULL);
     static const char op[] = "conv2d";
     loom_dtype dx, dw;
     int32_t rx, rw;
@@ -395,12 +402,14 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
 LOOM_API loom_tensor *loom_max_pool2d_at(loom_context *ctx, loom_tensor *x, const int64_t *kernel,
                                          const int64_t *stride, const int64_t *padding,
                                          const char *file, int line) {
+    LOOM_FE_USE(ctx, "max_pool2d", NULL);
     return pool(ctx, x, kernel, stride, padding, true, file, line);
 }
 
 LOOM_API loom_tensor *loom_avg_pool2d_at(loom_context *ctx, loom_tensor *x, const int64_t *kernel,
                                          const int64_t *stride, const int64_t *padding,
                                          const char *file, int line) {
+    LOOM_FE_USE(ctx, "avg_pool2d", NULL);
     return pool(ctx, x, kernel, stride, padding, false, file, line);
 }
 
@@ -419,6 +428,7 @@ LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
                                          loom_tensor *running_mean, loom_tensor *running_var,
                                          loom_tensor *weight, loom_tensor *bias, bool training,
                                          double momentum, double eps, const char *file, int line) {
+    LOOM_FE_USE(ctx, "batch_norm", NULL);
     static const char op[] = "batch_norm";
     loom_dtype dt;
     int32_t r;
@@ -498,6 +508,7 @@ LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
 LOOM_API loom_tensor *loom_layer_norm_at(loom_context *ctx, loom_tensor *x, int32_t n_norm,
                                          loom_tensor *weight, loom_tensor *bias, double eps,
                                          const char *file, int line) {
+    LOOM_FE_USE(ctx, "layer_norm", NULL);
     static const char op[] = "layer_norm";
     loom_dtype dt;
     int32_t r;
@@ -540,6 +551,7 @@ LOOM_API loom_tensor *loom_layer_norm_at(loom_context *ctx, loom_tensor *x, int3
 LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double p, bool training,
                                       loom_tensor *seed, int64_t stream, const char *file,
                                       int line) {
+    LOOM_FE_USE(ctx, "dropout", NULL);
     static const char op[] = "dropout";
     loom_dtype dt, ds;
     int32_t r, rs;
@@ -581,6 +593,7 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
 
 LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices, loom_tensor *table,
                                         const char *file, int line) {
+    LOOM_FE_USE(ctx, "embedding", NULL);
     static const char op[] = "embedding";
     loom_dtype di, dt;
     int32_t ri, rt;

@@ -101,16 +101,19 @@ static loom_tensor *make_param(loom_context *ctx, const char *op, int32_t rank,
 
 LOOM_API loom_tensor *loom_param_uniform(loom_context *ctx, int32_t rank, const int64_t *shape,
                                          double lo, double hi, loom_rng *rng) {
+    LOOM_FE_USE(ctx, "param_uniform", NULL);
     return make_param(ctx, "param_uniform", rank, shape, FILL_UNIFORM, lo, hi, rng);
 }
 
 LOOM_API loom_tensor *loom_param_normal(loom_context *ctx, int32_t rank, const int64_t *shape,
                                         double mean, double std, loom_rng *rng) {
+    LOOM_FE_USE(ctx, "param_normal", NULL);
     return make_param(ctx, "param_normal", rank, shape, FILL_NORMAL, mean, std, rng);
 }
 
 LOOM_API loom_tensor *loom_param_full(loom_context *ctx, int32_t rank, const int64_t *shape,
                                       double value) {
+    LOOM_FE_USE(ctx, "param_full", NULL);
     return make_param(ctx, "param_full", rank, shape, FILL_VALUE, value, 0, NULL);
 }
 
@@ -137,6 +140,7 @@ static loom_status failed(loom_context *ctx) {
 
 LOOM_API loom_status loom_nn_linear_init(loom_context *ctx, loom_nn_linear *m, int64_t in,
                                          int64_t out, bool bias, loom_rng *rng) {
+    LOOM_FE_USE(ctx, "nn_linear_init", LOOM_STATUS_BUSY);
     static const char op[] = "nn_linear_init";
     if (m)
         memset(m, 0, sizeof *m);
@@ -161,6 +165,7 @@ LOOM_API loom_status loom_nn_linear_init(loom_context *ctx, loom_nn_linear *m, i
 
 LOOM_API loom_tensor *loom_nn_linear_forward_at(loom_context *ctx, const loom_nn_linear *m,
                                                 loom_tensor *x, const char *file, int line) {
+    LOOM_FE_USE(ctx, "nn_linear_forward", NULL);
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {
@@ -182,6 +187,7 @@ LOOM_API void loom_nn_linear_deinit(loom_nn_linear *m) {
 LOOM_API loom_status loom_nn_conv2d_init(loom_context *ctx, loom_nn_conv2d *m, int64_t in,
                                          int64_t out, int64_t kh, int64_t kw, bool bias,
                                          loom_rng *rng) {
+    LOOM_FE_USE(ctx, "nn_conv2d_init", LOOM_STATUS_BUSY);
     static const char op[] = "nn_conv2d_init";
     if (m)
         memset(m, 0, sizeof *m);
@@ -209,6 +215,7 @@ LOOM_API loom_status loom_nn_conv2d_init(loom_context *ctx, loom_nn_conv2d *m, i
 
 LOOM_API loom_tensor *loom_nn_conv2d_forward_at(loom_context *ctx, const loom_nn_conv2d *m,
                                                 loom_tensor *x, const char *file, int line) {
+    LOOM_FE_USE(ctx, "nn_conv2d_forward", NULL);
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {
@@ -230,6 +237,7 @@ LOOM_API void loom_nn_conv2d_deinit(loom_nn_conv2d *m) {
 
 LOOM_API loom_status loom_nn_batch_norm2d_init(loom_context *ctx, loom_nn_batch_norm2d *m,
                                                int64_t channels) {
+    LOOM_FE_USE(ctx, "nn_batch_norm2d_init", LOOM_STATUS_BUSY);
     static const char op[] = "nn_batch_norm2d_init";
     if (m)
         memset(m, 0, sizeof *m);
@@ -253,6 +261,7 @@ LOOM_API loom_status loom_nn_batch_norm2d_init(loom_context *ctx, loom_nn_batch_
 LOOM_API loom_tensor *loom_nn_batch_norm2d_forward_at(loom_context *ctx,
                                                       const loom_nn_batch_norm2d *m, loom_tensor *x,
                                                       bool training, const char *file, int line) {
+    LOOM_FE_USE(ctx, "nn_batch_norm2d_forward", NULL);
     if (!ctx)
         return NULL;
     if (!m || !m->weight) {

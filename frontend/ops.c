@@ -32,6 +32,8 @@ static int32_t record(loom_context *ctx, const loom_ir_node_desc *desc, const ch
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     int32_t id;
+    if (!loom_fe_graph_room(ctx, desc->loc.file, desc->loc.line, op))
+        return -1;
     loom_ir_node_desc tagged = *desc;
     if (loom_ir_op_table[desc->op].kind != LOOM_IR_KIND_SOURCE)
         tagged.attrs.autocast = loom_autocast_dtype(ctx);
@@ -182,6 +184,7 @@ DEFINE_BINARY(ge, GE)
 
 LOOM_API loom_tensor *loom_select_at(loom_context *ctx, loom_tensor *cond, loom_tensor *a,
                                      loom_tensor *b, const char *file, int line) {
+    LOOM_FE_USE(ctx, "select", NULL);
     loom_tensor *hs[3] = {cond, a, b};
     return elementwise(ctx, LOOM_IR_OP_SELECT, 3, hs, file, line);
 }
@@ -189,6 +192,7 @@ LOOM_API loom_tensor *loom_select_at(loom_context *ctx, loom_tensor *cond, loom_
 LOOM_API loom_tensor *loom_full_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
                                    const int64_t *shape, double value, const char *file,
                                    int line) {
+    LOOM_FE_USE(ctx, "full", NULL);
     if (!ctx)
         return NULL;
     loom_ir_node_desc desc = {.op = LOOM_IR_OP_CONSTANT, .dtype = dtype, .rank = rank,
@@ -198,6 +202,7 @@ LOOM_API loom_tensor *loom_full_at(loom_context *ctx, loom_dtype dtype, int32_t 
 
 LOOM_API loom_tensor *loom_cast_at(loom_context *ctx, loom_tensor *a, loom_dtype dtype,
                                    const char *file, int line) {
+    LOOM_FE_USE(ctx, "cast", NULL);
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, "cast"))
         return NULL;
@@ -223,6 +228,7 @@ static bool check_target(loom_context *ctx, int32_t rank, const int64_t *shape, 
 
 LOOM_API loom_tensor *loom_broadcast_at(loom_context *ctx, loom_tensor *a, int32_t rank,
                                         const int64_t *shape, const char *file, int line) {
+    LOOM_FE_USE(ctx, "broadcast", NULL);
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, "broadcast") ||
         !check_target(ctx, rank, shape, file, line, "broadcast"))
@@ -234,6 +240,7 @@ LOOM_API loom_tensor *loom_broadcast_at(loom_context *ctx, loom_tensor *a, int32
 
 LOOM_API loom_tensor *loom_reshape_at(loom_context *ctx, loom_tensor *a, int32_t rank,
                                       const int64_t *shape, const char *file, int line) {
+    LOOM_FE_USE(ctx, "reshape", NULL);
     static const char op[] = "reshape";
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, op) ||
@@ -243,6 +250,7 @@ LOOM_API loom_tensor *loom_reshape_at(loom_context *ctx, loom_tensor *a, int32_t
     int64_t target[LOOM_MAX_RANK];
     int32_t infer_at = -1;
     int64_t known = 1;
+    bool known_overflows = false;
     for (int32_t i = 0; i < rank; i++) {
         target[i] = shape[i];
         if (shape[i] == -1) {
@@ -252,15 +260,23 @@ LOOM_API loom_tensor *loom_reshape_at(loom_context *ctx, loom_tensor *a, int32_t
                 return NULL;
             }
             infer_at = i;
-        } else if (shape[i] >= 0) {
-            known *= shape[i];
+        } else if (shape[i] >= 0 && !known_overflows) {
+            known_overflows = __builtin_mul_overflow(known, shape[i], &known);
         }
     }
     if (infer_at >= 0) {
         const loom_ir_node *x = node_of(ctx, node);
         int64_t total = loom_ir_numel(x->rank, x->shape);
-        if (known == 0 || total % known != 0) {
-            char t[LOOM_IR_TYPE_STR_MAX];
+        char t[LOOM_IR_TYPE_STR_MAX];
+        if (known == 0 || known_overflows) {
+            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                          "cannot infer the -1 extent of %s: the other extents' product %s",
+                          loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape),
+                          known_overflows ? "overflows a 64-bit integer"
+                                          : "is 0, so any extent fits");
+            return NULL;
+        }
+        if (total % known != 0) {
             loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                           "cannot infer the -1 extent: %lld elements of %s are not a multiple "
                           "of %lld",
@@ -278,6 +294,7 @@ LOOM_API loom_tensor *loom_reshape_at(loom_context *ctx, loom_tensor *a, int32_t
 
 LOOM_API loom_tensor *loom_permute_at(loom_context *ctx, loom_tensor *a, const int32_t *perm,
                                       const char *file, int line) {
+    LOOM_FE_USE(ctx, "permute", NULL);
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, "permute"))
         return NULL;
@@ -294,6 +311,7 @@ LOOM_API loom_tensor *loom_permute_at(loom_context *ctx, loom_tensor *a, const i
 
 LOOM_API loom_tensor *loom_transpose_at(loom_context *ctx, loom_tensor *a, const char *file,
                                         int line) {
+    LOOM_FE_USE(ctx, "transpose", NULL);
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, "transpose"))
         return NULL;
@@ -347,16 +365,19 @@ static loom_tensor *reduce(loom_context *ctx, loom_ir_op opc, const char *op, lo
 
 LOOM_API loom_tensor *loom_sum_at(loom_context *ctx, loom_tensor *a, int32_t n_axes,
                                   const int32_t *axes, bool keepdim, const char *file, int line) {
+    LOOM_FE_USE(ctx, "sum", NULL);
     return reduce(ctx, LOOM_IR_OP_REDUCE_SUM, "sum", a, n_axes, axes, keepdim, file, line);
 }
 
 LOOM_API loom_tensor *loom_mean_at(loom_context *ctx, loom_tensor *a, int32_t n_axes,
                                    const int32_t *axes, bool keepdim, const char *file, int line) {
+    LOOM_FE_USE(ctx, "mean", NULL);
     return reduce(ctx, LOOM_IR_OP_REDUCE_MEAN, "mean", a, n_axes, axes, keepdim, file, line);
 }
 
 LOOM_API loom_tensor *loom_max_at(loom_context *ctx, loom_tensor *a, int32_t n_axes,
                                   const int32_t *axes, bool keepdim, const char *file, int line) {
+    LOOM_FE_USE(ctx, "max", NULL);
     return reduce(ctx, LOOM_IR_OP_REDUCE_MAX, "max", a, n_axes, axes, keepdim, file, line);
 }
 
@@ -370,6 +391,7 @@ static int32_t reshaped(loom_context *ctx, loom_ir_op opc, int32_t node, int32_t
 
 LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_tensor *b,
                                      const char *file, int line) {
+    LOOM_FE_USE(ctx, "matmul", NULL);
     static const char op[] = "matmul";
     loom_tensor *hs[2] = {a, b};
     int32_t nodes[2];
@@ -451,6 +473,7 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
 LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int64_t *start,
                                     const int64_t *size, const int64_t *stride, const char *file,
                                     int line) {
+    LOOM_FE_USE(ctx, "slice", NULL);
     static const char op[] = "slice";
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, op))
@@ -495,6 +518,7 @@ LOOM_API loom_tensor *loom_slice_at(loom_context *ctx, loom_tensor *a, const int
 LOOM_API loom_tensor *loom_pad_at(loom_context *ctx, loom_tensor *a, const int64_t *low,
                                   const int64_t *high, const int64_t *interior, double value,
                                   const char *file, int line) {
+    LOOM_FE_USE(ctx, "pad", NULL);
     static const char op[] = "pad";
     int32_t node;
     if (!ctx || !operands(ctx, 1, &a, &node, file, line, op))
@@ -537,6 +561,7 @@ LOOM_API loom_tensor *loom_pad_at(loom_context *ctx, loom_tensor *a, const int64
 
 LOOM_API loom_tensor *loom_concat_at(loom_context *ctx, int32_t n, loom_tensor *const *ts,
                                      int32_t axis, const char *file, int line) {
+    LOOM_FE_USE(ctx, "concat", NULL);
     static const char op[] = "concat";
     if (!ctx)
         return NULL;
@@ -593,6 +618,7 @@ done:
 
 LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
                                    const int64_t *shape, int32_t axis, const char *file, int line) {
+    LOOM_FE_USE(ctx, "iota", NULL);
     static const char op[] = "iota";
     if (!ctx || !check_target(ctx, rank, shape, file, line, op))
         return NULL;
@@ -622,6 +648,7 @@ LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t 
 LOOM_API loom_tensor *loom_rand_uniform_at(loom_context *ctx, loom_tensor *seed, loom_dtype dtype,
                                            int32_t rank, const int64_t *shape, const char *file,
                                            int line) {
+    LOOM_FE_USE(ctx, "rand_uniform", NULL);
     static const char op[] = "rand_uniform";
     int32_t node;
     if (!ctx || !operands(ctx, 1, &seed, &node, file, line, op) ||
@@ -668,11 +695,13 @@ static loom_tensor *collective(loom_context *ctx, loom_ir_op opc, loom_tensor *x
 
 LOOM_API loom_tensor *loom_all_reduce_at(loom_context *ctx, loom_tensor *x, loom_reduce_op op,
                                          double scale, const char *file, int line) {
+    LOOM_FE_USE(ctx, "all_reduce", NULL);
     return collective(ctx, LOOM_IR_OP_ALL_REDUCE, x, (int64_t)op, scale, file, line);
 }
 
 LOOM_API loom_tensor *loom_broadcast_from_at(loom_context *ctx, loom_tensor *x, int32_t root,
                                              const char *file, int line) {
+    LOOM_FE_USE(ctx, "broadcast_from", NULL);
     int32_t world = loom_dist_world_size();
     if (ctx && x && (root < 0 || root >= world)) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, "broadcast_from",
@@ -684,11 +713,13 @@ LOOM_API loom_tensor *loom_broadcast_from_at(loom_context *ctx, loom_tensor *x, 
 
 LOOM_API loom_tensor *loom_all_gather_at(loom_context *ctx, loom_tensor *x, const char *file,
                                          int line) {
+    LOOM_FE_USE(ctx, "all_gather", NULL);
     return collective(ctx, LOOM_IR_OP_ALL_GATHER, x, loom_dist_world_size(), 0.0, file, line);
 }
 
 LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, loom_tensor **grads,
                                                  const char *file, int line) {
+    LOOM_FE_USE(ctx, "allreduce_gradients", LOOM_STATUS_BUSY);
     const char *op = "allreduce_gradients";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
@@ -737,6 +768,7 @@ LOOM_API loom_status loom_allreduce_gradients_at(loom_context *ctx, int32_t n, l
 LOOM_API loom_status loom_broadcast_parameters_at(loom_context *ctx, int32_t n,
                                                   loom_tensor *const *tensors, const char *file,
                                                   int line) {
+    LOOM_FE_USE(ctx, "broadcast_parameters", LOOM_STATUS_BUSY);
     const char *op = "broadcast_parameters";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;

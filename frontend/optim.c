@@ -107,6 +107,7 @@ LOOM_API void loom_optim_destroy(loom_optim *opt) {
 
 LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o, int32_t n,
                                        loom_tensor *const *params, loom_optim **out) {
+    LOOM_FE_USE(ctx, "optim_create", LOOM_STATUS_BUSY);
     static const char op[] = "optim_create";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
@@ -389,6 +390,7 @@ LOOM_API loom_status loom_optim_step(loom_optim *opt, loom_tensor *const *grads,
     if (!opt)
         return LOOM_STATUS_INVALID_ARGUMENT;
     loom_context *ctx = opt->ctx;
+    LOOM_FE_USE(ctx, op, LOOM_STATUS_BUSY);
     if (!grads)
         return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, "grads is NULL");
     bool any = false;
@@ -415,6 +417,7 @@ LOOM_API loom_status loom_optim_set_lr(loom_optim *opt, double lr) {
     static const char op[] = "optim_set_lr";
     if (!opt)
         return LOOM_STATUS_INVALID_ARGUMENT;
+    LOOM_FE_USE(opt->ctx, op, LOOM_STATUS_BUSY);
     if (!valid_lr(lr))
         return loom_fe_error(opt->ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op,
                              "lr must be finite and >= 0, got %g", lr);

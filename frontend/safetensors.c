@@ -1120,6 +1120,7 @@ static loom_status compute_pending(loom_context *ctx, int32_t n, const st_item *
 
 LOOM_API loom_status loom_safetensors_save(loom_context *ctx, const char *path, int32_t n,
                                            const loom_named_tensor *ts) {
+    LOOM_FE_USE(ctx, "safetensors_save", LOOM_STATUS_BUSY);
     static const char op[] = "safetensors_save";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
@@ -1262,6 +1263,7 @@ static loom_status check_load(loom_context *ctx, const char *op, const char *pat
 
 LOOM_API loom_status loom_safetensors_load(loom_context *ctx, const char *path, int32_t n,
                                            const loom_named_tensor *ts, bool strict) {
+    LOOM_FE_USE(ctx, "safetensors_load", LOOM_STATUS_BUSY);
     static const char op[] = "safetensors_load";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;

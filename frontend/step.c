@@ -40,6 +40,49 @@ static void dump_graph(loom_context *ctx, const loom_ir_graph *g, const char *pr
     }
 }
 
+bool loom_fe_graph_room(loom_context *ctx, const char *file, int line, const char *op) {
+    const loom_ir_graph *g = &ctx->trace;
+    if (g->n_nodes < ctx->max_graph_nodes)
+        return true;
+    /* where most of the nodes came from: the loop's body, as a rule */
+    enum { SLOTS = 1024 };
+    static _Thread_local struct {
+        const char *file;
+        int line;
+        int64_t n;
+    } counts[SLOTS];
+    memset(counts, 0, sizeof counts);
+    int32_t best = -1;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        loom_ir_loc l = g->nodes[i].loc;
+        uint32_t h = ((uint32_t)(uintptr_t)l.file * 2654435761u ^ (uint32_t)l.line) % SLOTS;
+        for (int32_t probe = 0; probe < SLOTS; probe++, h = (h + 1) % SLOTS) {
+            if (counts[h].n == 0) {
+                counts[h].file = l.file;
+                counts[h].line = l.line;
+            } else if (counts[h].file != l.file || counts[h].line != l.line) {
+                continue;
+            }
+            counts[h].n++;
+            if (best < 0 || counts[h].n > counts[best].n)
+                best = (int32_t)h;
+            break;
+        }
+    }
+    char where[160] = "";
+    if (best >= 0 && counts[best].file) {
+        char loc[128];
+        loom_ir_format_loc(loc, sizeof loc, (loom_ir_loc){counts[best].file, counts[best].line});
+        snprintf(where, sizeof where, ", %lld of them recorded at %s", (long long)counts[best].n,
+                 loc);
+    }
+    loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                  "step %lld's graph reached %lld nodes without a loom_mark_step (the limit: "
+                  "LOOM_MAX_GRAPH_NODES)%s: is a loom_mark_step missing in a loop?",
+                  (long long)ctx->step, (long long)ctx->max_graph_nodes, where);
+    return false;
+}
+
 /* TraceTime covers cutting the graph, hashing it and looking it up (t0 is when the cut
  * began); building on a miss is CompileTime. */
 static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_executable **out_exe) {
@@ -346,6 +389,7 @@ static loom_status step_roots(loom_context *ctx, int32_t *out_n) {
 }
 
 LOOM_API loom_status loom_compile_step(loom_context *ctx) {
+    LOOM_FE_USE(ctx, "compile_step", LOOM_STATUS_BUSY);
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
     int32_t n = 0;
@@ -359,6 +403,7 @@ LOOM_API loom_status loom_compile_step(loom_context *ctx) {
 }
 
 LOOM_API loom_status loom_mark_step(loom_context *ctx) {
+    LOOM_FE_USE(ctx, "mark_step", LOOM_STATUS_BUSY);
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_STEPS, 1);

@@ -113,6 +113,8 @@ int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, i
         return t->input_node;
     /* First use of a computed tensor in this step: read it through a new graph input. */
     int32_t k = ctx->n_trace_inputs;
+    if (!loom_fe_graph_room(ctx, file, line, op))
+        return -1;
     if (!loom_ir_grow(&ctx->alloc, (void **)&ctx->trace_inputs, &ctx->cap_trace_inputs, k + 1,
                       sizeof *ctx->trace_inputs) ||
         !loom_ir_grow(&ctx->alloc, (void **)&ctx->trace_input_nodes,
@@ -167,6 +169,7 @@ loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, i
 LOOM_API loom_tensor *loom_tensor_from_host_at(loom_context *ctx, loom_dtype dtype,
                                                int32_t rank, const int64_t *shape,
                                                const void *data, const char *file, int line) {
+    LOOM_FE_USE(ctx, "tensor_from_host", NULL);
     static const char op[] = "tensor_from_host";
     if (!ctx)
         return NULL;
@@ -206,6 +209,7 @@ LOOM_API loom_tensor *loom_tensor_from_host_at(loom_context *ctx, loom_dtype dty
 }
 
 LOOM_API loom_status loom_tensor_read(loom_context *ctx, loom_tensor *h, void *dst, size_t size) {
+    LOOM_FE_USE(ctx, "tensor_read", LOOM_STATUS_BUSY);
     static const char op[] = "tensor_read";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
@@ -258,6 +262,7 @@ static loom_fe_tensor *lookup_for_refcount(loom_tensor *h, loom_context **out_ct
 }
 
 LOOM_API void loom_tensor_retain(loom_tensor *h) {
+    LOOM_FE_USE(h ? loom_fe_handle_context(h) : NULL, "tensor_retain", );
     loom_context *ctx;
     loom_fe_tensor *t = lookup_for_refcount(h, &ctx, "tensor_retain");
     if (t)
@@ -265,6 +270,7 @@ LOOM_API void loom_tensor_retain(loom_tensor *h) {
 }
 
 LOOM_API void loom_tensor_release(loom_tensor *h) {
+    LOOM_FE_USE(h ? loom_fe_handle_context(h) : NULL, "tensor_release", );
     loom_context *ctx;
     loom_fe_tensor *t = lookup_for_refcount(h, &ctx, "tensor_release");
     if (!t)
@@ -279,8 +285,16 @@ LOOM_API void loom_tensor_release(loom_tensor *h) {
         loom_fe_tensor_free(ctx, (int32_t)(t - ctx->tensors));
 }
 
-/* Shape queries: a status instead of a recorded error, as they take no context. */
-static const loom_fe_tensor *query(const loom_tensor *h, loom_status *st) {
+/* Shape queries: a status instead of a recorded error, as they take no context. The type is
+ * copied out under the in-use guard, as the slots may move once it is left. */
+typedef struct {
+    loom_dtype dtype;
+    int32_t rank;
+    int64_t shape[LOOM_MAX_RANK];
+} tensor_type;
+
+static const tensor_type *query(const loom_tensor *h, loom_status *st, tensor_type *out,
+                                const char *op) {
     if (!h) {
         *st = LOOM_STATUS_INVALID_ARGUMENT;
         return NULL;
@@ -290,13 +304,25 @@ static const loom_fe_tensor *query(const loom_tensor *h, loom_status *st) {
         *st = LOOM_STATUS_STALE_HANDLE;
         return NULL;
     }
+    loom_fe_use use __attribute__((cleanup(loom_fe_use_end)));
+    if (!loom_fe_use_begin(&use, ctx, op)) {
+        *st = LOOM_STATUS_BUSY;
+        return NULL;
+    }
     int32_t slot = decode(ctx, h, st);
-    return slot < 0 ? NULL : &ctx->tensors[slot];
+    if (slot < 0)
+        return NULL;
+    const loom_fe_tensor *t = &ctx->tensors[slot];
+    out->dtype = t->dtype;
+    out->rank = t->rank;
+    memcpy(out->shape, t->shape, (size_t)t->rank * sizeof *out->shape);
+    return out;
 }
 
 LOOM_API loom_status loom_tensor_dtype(const loom_tensor *h, loom_dtype *out_dtype) {
     loom_status st = LOOM_OK;
-    const loom_fe_tensor *t = query(h, &st);
+    tensor_type ty;
+    const tensor_type *t = query(h, &st, &ty, "tensor_dtype");
     if (t && out_dtype)
         *out_dtype = t->dtype;
     return t ? (out_dtype ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT) : st;
@@ -304,7 +330,8 @@ LOOM_API loom_status loom_tensor_dtype(const loom_tensor *h, loom_dtype *out_dty
 
 LOOM_API loom_status loom_tensor_rank(const loom_tensor *h, int32_t *out_rank) {
     loom_status st = LOOM_OK;
-    const loom_fe_tensor *t = query(h, &st);
+    tensor_type ty;
+    const tensor_type *t = query(h, &st, &ty, "tensor_rank");
     if (t && out_rank)
         *out_rank = t->rank;
     return t ? (out_rank ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT) : st;
@@ -312,7 +339,8 @@ LOOM_API loom_status loom_tensor_rank(const loom_tensor *h, int32_t *out_rank) {
 
 LOOM_API loom_status loom_tensor_shape(const loom_tensor *h, int64_t *out_shape) {
     loom_status st = LOOM_OK;
-    const loom_fe_tensor *t = query(h, &st);
+    tensor_type ty;
+    const tensor_type *t = query(h, &st, &ty, "tensor_shape");
     if (t && out_shape)
         memcpy(out_shape, t->shape, (size_t)t->rank * sizeof *out_shape);
     return t ? (out_shape ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT) : st;
@@ -320,7 +348,8 @@ LOOM_API loom_status loom_tensor_shape(const loom_tensor *h, int64_t *out_shape)
 
 LOOM_API loom_status loom_tensor_numel(const loom_tensor *h, int64_t *out_numel) {
     loom_status st = LOOM_OK;
-    const loom_fe_tensor *t = query(h, &st);
+    tensor_type ty;
+    const tensor_type *t = query(h, &st, &ty, "tensor_numel");
     if (t && out_numel)
         *out_numel = loom_ir_numel(t->rank, t->shape);
     return t ? (out_numel ? LOOM_OK : LOOM_STATUS_INVALID_ARGUMENT) : st;
@@ -328,6 +357,7 @@ LOOM_API loom_status loom_tensor_numel(const loom_tensor *h, int64_t *out_numel)
 
 LOOM_API loom_status loom_assign_at(loom_context *ctx, loom_tensor *dst, loom_tensor *value,
                                     const char *file, int line) {
+    LOOM_FE_USE(ctx, "assign", LOOM_STATUS_BUSY);
     static const char op[] = "assign";
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;

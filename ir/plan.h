@@ -55,6 +55,11 @@ typedef enum loom_ir_kernel_kind {
 } loom_ir_kernel_kind;
 
 enum { LOOM_IR_KERNEL_REDUCTIONS_MAX = 4 };
+/* The most nodes fusion puts in one kernel: a kernel is one loop body for LLVM, whose
+ * scheduler costs grow with the square of a block's length (a 25,000-op chain in one kernel
+ * compiled in 11 s), so a longer chain is split into kernels of this many nodes, each one
+ * more pass over memory than the fused chain: nothing at this length. */
+enum { LOOM_IR_KERNEL_NODES_MAX = 512 };
 
 /* Whether reductions a and b may share a REDUCTION kernel's loops: they reduce operands of
  * one shape along the same axes, with the same keepdim (so their results share a shape). */

@@ -99,6 +99,7 @@ typedef struct fkernel {
     int32_t final; /* index in the plan once emitted; -2 once merged into another kernel */
     int32_t first_member, n_members; /* phase-1 members, into fuse_state.members */
     int32_t n_red;                   /* REDUCTION: its reductions (rule 2's siblings join) */
+    int32_t n_fused; /* nodes placed in it so far: at most LOOM_IR_KERNEL_NODES_MAX */
 } fkernel;
 
 typedef struct fuse_state {
@@ -210,7 +211,7 @@ static const loom_ir_node *space_node(const fuse_state *s, const fkernel *k, int
 
 static int32_t new_kernel(fuse_state *s, loom_ir_kernel_kind kind, int32_t root) {
     int32_t id = s->n_kernels++;
-    s->kernels[id] = (fkernel){.kind = kind, .root = root, .final = -1, .n_red = 1};
+    s->kernels[id] = (fkernel){.kind = kind, .root = root, .final = -1, .n_red = 1, .n_fused = 1};
     return id;
 }
 
@@ -320,7 +321,8 @@ static void place_loop_op(fuse_state *s, int32_t i, fnode *f) {
     int8_t space = SPACE_OUT;
     fmap map;
     int32_t k = join_target(s, i, &space, &map);
-    if (k >= 0) {
+    if (k >= 0 && s->kernels[k].n_fused < LOOM_IR_KERNEL_NODES_MAX) {
+        s->kernels[k].n_fused++;
         f->kernel = k;
         f->space = space;
         f->map = map;
@@ -359,6 +361,7 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_CONCAT: f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i); break;
         case LOOM_IR_KIND_SLICE:
             if ((f->kernel = pad_view_target(s, i)) >= 0) {
+                s->kernels[f->kernel].n_fused++;
                 f->space = s->fn[s->users[s->user_start[i]]].space;
                 f->pad_view = true;
             } else {
@@ -436,7 +439,8 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
                 loom_ir_dtype_is_float(tr->dtype) && loom_ir_dtype_is_float(er->dtype);
     if (!sums || !loom_ir_reductions_share_loops(g, s->kernels[t].root, ke->root))
         return;
-    if (s->kernels[t].n_red + ke->n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX)
+    if (s->kernels[t].n_red + ke->n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX ||
+        s->kernels[t].n_fused + ke->n_fused > LOOM_IR_KERNEL_NODES_MAX)
         return;
     for (int32_t m = 0; m < ke->n_members; m++) {
         const loom_ir_node *un = &g->nodes[s->members[ke->first_member + m]];
@@ -449,6 +453,7 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
     for (int32_t m = 0; m < ke->n_members; m++)
         s->fn[s->members[ke->first_member + m]].kernel = t;
     s->kernels[t].n_red += ke->n_red;
+    s->kernels[t].n_fused += ke->n_fused;
     s->kernels[e].n_members = 0;
     s->kernels[e].final = -2; /* merged */
 }
@@ -481,7 +486,8 @@ static void try_epilogue(fuse_state *s, int32_t e) {
             }
         }
     }
-    if (target < 0 || target_via_view)
+    if (target < 0 || target_via_view ||
+        s->kernels[target].n_fused + ke->n_fused > LOOM_IR_KERNEL_NODES_MAX)
         return;
     const fkernel *kt = &s->kernels[target];
     bool sibling = kt->kind == LOOM_IR_KERNEL_ELEMENTWISE;
@@ -525,6 +531,7 @@ static void try_epilogue(fuse_state *s, int32_t e) {
     }
     for (int32_t m = 0; m < ke->n_members; m++)
         s->fn[s->members[ke->first_member + m]].kernel = target;
+    s->kernels[target].n_fused += ke->n_fused;
     if (sibling) /* an elementwise kernel's root is its last node */
         s->kernels[target].root = ke->root;
     s->kernels[e].n_members = 0;

@@ -63,6 +63,10 @@ static loom_status npu_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_bu
     if (!b)
         return LOOM_STATUS_OUT_OF_MEMORY;
     size_t bytes = block_bytes(size);
+    if (dev->mem_limit && (bytes > dev->mem_limit || dev->mem_current > dev->mem_limit - bytes)) {
+        loom_ir_free(&dev->alloc, b, sizeof *b); /* the cap (LOOM_DEVICE_MEMORY_MB) */
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    }
     b->block = dev->poison ? NULL : take_cached(dev, bytes);
     if (!b->block)
         b->block = new_block(dev, bytes);

@@ -119,6 +119,7 @@ struct loom_rt_device {
     /* Debugging (LOOM_POISON): new and freed blocks and each run's arena are filled with
      * 0xff bytes, and cached blocks are only held back (a quarantine), never reused. */
     bool poison;
+    size_t mem_limit; /* buffers may hold this many bytes at most; 0: no cap */
 };
 
 /* Creates the device named `name` ("npu" or "npu:N"). Errors: INVALID_ARGUMENT (unknown

@@ -35,7 +35,12 @@
  *
  * Thread-safety
  *   A context and its tensors are used by one thread at a time. Distinct contexts are
- *   independent and may be used from different threads concurrently.
+ *   independent and may be used from different threads concurrently. A call that finds
+ *   another thread inside a call of the same context (through the context, a tensor, an
+ *   optimizer or a grad scaler of it) does nothing and fails with LOOM_STATUS_BUSY (NULL for
+ *   ops, nothing for void functions), printing one line to stderr; the thread inside then
+ *   records BUSY as the context's error, "the context was used from two threads at once".
+ *   The error getters (loom_context_error, loom_metric_value, ...) are not guarded.
  */
 #ifndef LOOM_LOOM_H
 #define LOOM_LOOM_H
@@ -142,6 +147,14 @@ typedef struct loom_context_options {
                                    this many MB (loom/dist.h); 0: LOOM_ALLREDUCE_BUCKET_MB,
                                    else 25 (DDP's); negative: one bucket per all-reduce (as
                                    LOOM_ALLREDUCE_BUCKET_MB=0); INFINITY: one per dtype */
+    int64_t max_graph_nodes;  /* the most nodes a step's graph may hold: past it an op fails
+                                 with an error saying a loom_mark_step is probably missing in
+                                 a loop (and where most nodes came from), before the graph
+                                 exhausts memory; 0: LOOM_MAX_GRAPH_NODES, else 2,000,000 */
+    double device_memory_mb;  /* the device's memory cap: an allocation past it fails with
+                                 OUT_OF_MEMORY (a step's error then gives the plan's memory
+                                 report) instead of the process being killed; 0:
+                                 LOOM_DEVICE_MEMORY_MB, else no cap */
     bool poison;              /* LOOM_POISON=1, for debugging (slow): fill every new device
                                  buffer, every freed one and each step's scratch with 0xff
                                  bytes (NaN, -1) before use, and hold freed blocks back from
@@ -159,7 +172,10 @@ typedef struct loom_context_options {
 LOOM_API void loom_context_options_init(loom_context_options *opts);
 
 /* Creates a context. opts may be NULL (defaults). On success *out_ctx is owned by the
- * caller. Errors: INVALID_ARGUMENT (out_ctx NULL, unknown device), OUT_OF_MEMORY. */
+ * caller. Errors: INVALID_ARGUMENT (out_ctx NULL, unknown device, a negative num_threads,
+ * max_graph_nodes or device_memory_mb, or LOOM_NUM_THREADS, LOOM_MAX_GRAPH_NODES or
+ * LOOM_DEVICE_MEMORY_MB set to something else than a positive number: the reason is
+ * printed on stderr, there being no context to hold it), OUT_OF_MEMORY. */
 LOOM_API loom_status loom_context_create(const loom_context_options *opts,
                                          loom_context **out_ctx);
 /* Destroys the context, its tensors (live handles become stale) and its device memory.

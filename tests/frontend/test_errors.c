@@ -1,7 +1,12 @@
 /* Bad input through the public API: every case returns a clear error naming the op, the
  * shapes and the caller's line, and the context stays usable afterwards. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "test_util.h"
 
@@ -195,6 +200,19 @@ static void test_bad_shape_arguments_to_movement_and_reduction_ops(void **state)
     expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
                  AT(line, "reshape: cannot infer the -1 extent: 6 elements of f32[2,3] are not a "
                           "multiple of 4"));
+    /* The other extents' product past int64 once was signed overflow (UB) and the message
+     * "not a multiple of 0". */
+    line = __LINE__ + 1;
+    assert_null(loom_reshape(f->ctx, f->m23, 4,
+                             (int64_t[]){-1, INT64_C(1) << 32, INT64_C(1) << 32, 2}));
+    expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
+                 AT(line, "reshape: cannot infer the -1 extent of f32[2,3]: the other extents' "
+                          "product overflows a 64-bit integer"));
+    line = __LINE__ + 1;
+    assert_null(loom_reshape(f->ctx, f->m23, 3, (int64_t[]){-1, 0, 3}));
+    expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
+                 AT(line, "reshape: cannot infer the -1 extent of f32[2,3]: the other extents' "
+                          "product is 0, so any extent fits"));
     line = __LINE__ + 1;
     assert_null(loom_permute(f->ctx, f->m23, (int32_t[]){0, 0}));
     expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
@@ -265,6 +283,231 @@ static void test_context_creation_errors(void **state) {
     assert_int_equal(loom_dtype_size(LOOM_DTYPE_F16), 2);
 }
 
+/* Settings that are wrong are errors, not silently the default. */
+static void test_bad_settings_are_errors(void **state) {
+    (void)state;
+    loom_context_options opts;
+    loom_context *ctx = NULL;
+    static const char *const bad[] = {"abc", "-3", "0", "2.5", "1e9"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("LOOM_NUM_THREADS", bad[i], 1);
+        loom_context_options_init(&opts);
+        assert_int_equal(loom_context_create(&opts, &ctx), LOOM_STATUS_INVALID_ARGUMENT);
+        assert_null(ctx);
+    }
+    setenv("LOOM_NUM_THREADS", "1", 1);
+    loom_context_options_init(&opts);
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+    unsetenv("LOOM_NUM_THREADS");
+    setenv("LOOM_MAX_GRAPH_NODES", "lots", 1);
+    assert_int_equal(loom_context_create(NULL, &ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    unsetenv("LOOM_MAX_GRAPH_NODES");
+    setenv("LOOM_DEVICE_MEMORY_MB", "-1", 1);
+    assert_int_equal(loom_context_create(NULL, &ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    unsetenv("LOOM_DEVICE_MEMORY_MB");
+    loom_context_options_init(&opts);
+    opts.num_threads = -3;
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    loom_context_options_init(&opts);
+    opts.max_graph_nodes = -1;
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_STATUS_INVALID_ARGUMENT);
+}
+
+/* ctx still computes: x + x in a step of its own reads back as want in every element. */
+static void assert_still_computes(loom_context *ctx, loom_tensor *x, float want) {
+    loom_tensor *z = loom_add(ctx, x, x);
+    assert_non_null(z);
+    loom_tensor_retain(z);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    int64_t n = 0;
+    assert_int_equal(loom_tensor_numel(z, &n), LOOM_OK);
+    static float v[1024];
+    assert_true(n <= 1024);
+    assert_int_equal(loom_tensor_read(ctx, z, v, (size_t)n * sizeof *v), LOOM_OK);
+    for (int64_t i = 0; i < n; i++)
+        assert_true(v[i] == want);
+    loom_tensor_release(z);
+}
+
+/* A loop that forgets loom_mark_step is stopped at the graph limit with an error saying so
+ * and naming the line that recorded most of the graph; the context stays usable. */
+static void test_a_graph_past_its_limit_says_mark_step_is_missing(void **state) {
+    (void)state;
+    loom_context_options opts;
+    loom_context_options_init(&opts);
+    opts.max_graph_nodes = 200;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
+    loom_tensor *x = tu_scalar_f32(ctx, 1.0f);
+    loom_tensor *y = x;
+    int line = 0;
+    for (int i = 0; i < 300 && y; i++) {
+        line = __LINE__ + 1;
+        y = loom_add(ctx, y, x);
+    }
+    assert_null(y);
+    assert_int_equal(loom_context_error(ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    char where[64];
+    snprintf(where, sizeof where, "recorded at test_errors.c:%d", line);
+    const char *msg = loom_context_error_message(ctx);
+    if (!strstr(msg, "is a loom_mark_step missing in a loop?") || !strstr(msg, where) ||
+        !strstr(msg, "200 nodes"))
+        fail_msg("message: %s", msg);
+    assert_int_equal(loom_mark_step(ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    loom_context_clear_error(ctx);
+    assert_still_computes(ctx, x, 2.0f); /* the next step has room again */
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+}
+
+/* A device-memory cap makes an allocation past it fail with OUT_OF_MEMORY, not the process
+ * be killed; the context stays usable. */
+static void test_a_device_memory_cap_fails_cleanly(void **state) {
+    (void)state;
+    loom_context_options opts;
+    loom_context_options_init(&opts);
+    opts.device_memory_mb = 1;
+    loom_context *ctx = NULL;
+    assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
+    static float big[1 << 19]; /* 2 MB */
+    assert_null(loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){1 << 19}, big));
+    assert_int_equal(loom_context_error(ctx), LOOM_STATUS_OUT_OF_MEMORY);
+    loom_context_clear_error(ctx);
+    loom_tensor *small = tu_scalar_f32(ctx, 3.0f);
+    assert_still_computes(ctx, small, 6.0f);
+    loom_tensor_release(small);
+    loom_context_destroy(ctx);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* The seconds to compile and run a chain of n elementwise ops (what a loop that should
+ * have called loom_mark_step builds), checking its value. */
+static double chain_seconds(int n) {
+    loom_context *ctx = tu_context(false);
+    float one = 1.0f;
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 0, NULL, &one), *y = x;
+    for (int i = 0; i < n; i++) /* y/2 + 1/4: 0.5 is its fixed point, reached exactly */
+        y = loom_add(ctx, loom_mul(ctx, y, loom_scalar(ctx, LOOM_DTYPE_F32, 0.5)),
+                     loom_scalar(ctx, LOOM_DTYPE_F32, 0.25));
+    assert_non_null(y);
+    loom_tensor_retain(y);
+    double t0 = now_s();
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    float v = 0;
+    assert_int_equal(loom_tensor_read(ctx, y, &v, sizeof v), LOOM_OK);
+    double t = now_s() - t0;
+    assert_true(v == 0.5f);
+    loom_tensor_release(y);
+    loom_tensor_release(x);
+    loom_context_destroy(ctx);
+    return t;
+}
+
+/* A 100,000-node chain compiles in time linear in its length (fused kernels are capped, so
+ * no LLVM function grows with it; it took 63 s when they were not) and without recursion as
+ * deep as the chain (it overflowed the stack under ASan). */
+static void test_a_long_chain_compiles_in_linear_time(void **state) {
+    (void)state;
+    double t1 = chain_seconds(25000), t4 = chain_seconds(100000);
+    print_message("25,000 nodes: %.2f s; 100,000 nodes: %.2f s\n", t1, t4);
+    if (t4 > 8 * t1 + 2) /* linear: 4x; quadratic: 16x */
+        fail_msg("100,000 nodes took %.2f s, 25,000 took %.2f s: not linear", t4, t1);
+}
+
+/* One context used from two threads at once: a call that finds another thread inside the
+ * context fails with BUSY (such use crashed), and the thread inside records the misuse when it
+ * leaves. The allocator holds this thread inside (a context allocates only from the thread
+ * using it) while the other thread tries the context every way. */
+typedef struct {
+    loom_context *ctx;
+    loom_tensor *t;
+    atomic_bool hold, inside, done;
+    loom_status query, step, read;
+    bool op_refused;
+} two_threads;
+
+static void *holding_alloc(void *ud, void *ptr, size_t old_size, size_t new_size) {
+    two_threads *tt = ud;
+    (void)old_size;
+    if (new_size && atomic_exchange(&tt->hold, false)) {
+        atomic_store(&tt->inside, true);
+        double t0 = now_s();
+        while (!atomic_load(&tt->done) && now_s() - t0 < 20)
+            sched_yield();
+    }
+    if (!new_size) {
+        free(ptr);
+        return NULL;
+    }
+    return realloc(ptr, new_size);
+}
+
+static void *other_thread(void *arg) {
+    two_threads *tt = arg;
+    double t0 = now_s();
+    while (!atomic_load(&tt->inside) && now_s() - t0 < 20)
+        sched_yield();
+    int64_t n = 0;
+    float v[4];
+    tt->query = loom_tensor_numel(tt->t, &n);
+    tt->op_refused = loom_full(tt->ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2}, 1.0) == NULL;
+    tt->read = loom_tensor_read(tt->ctx, tt->t, v, sizeof v);
+    tt->step = loom_mark_step(tt->ctx);
+    loom_tensor_release(tt->t); /* refused: the count stays */
+    loom_context_destroy(tt->ctx); /* refused: the context lives on */
+    atomic_store(&tt->done, true);
+    return NULL;
+}
+
+static void test_a_context_used_from_two_threads_at_once_fails_with_busy(void **state) {
+    (void)state;
+    static two_threads tt;
+    memset(&tt, 0, sizeof tt);
+    loom_context_options o;
+    loom_context_options_init(&o);
+    o.allocator = (loom_allocator){holding_alloc, &tt};
+    o.eager = false;
+    assert_int_equal(loom_context_create(&o, &tt.ctx), LOOM_OK);
+    float v[4] = {1, 2, 3, 4};
+    tt.t = loom_tensor_from_host(tt.ctx, LOOM_DTYPE_F32, 1, (int64_t[]){4}, v);
+    assert_non_null(tt.t);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, other_thread, &tt), 0);
+    atomic_store(&tt.hold, true);
+    /* Held inside (in the allocator) until the other thread has tried everything. */
+    float big[1024] = {0};
+    loom_tensor *b = loom_tensor_from_host(tt.ctx, LOOM_DTYPE_F32, 1, (int64_t[]){1024}, big);
+    pthread_join(th, NULL);
+    assert_true(atomic_load(&tt.inside) && atomic_load(&tt.done));
+    assert_non_null(b); /* the thread inside was not disturbed */
+    assert_int_equal(tt.query, LOOM_STATUS_BUSY);
+    assert_true(tt.op_refused);
+    assert_int_equal(tt.read, LOOM_STATUS_BUSY);
+    assert_int_equal(tt.step, LOOM_STATUS_BUSY);
+    assert_int_equal(loom_context_error(tt.ctx), LOOM_STATUS_BUSY);
+    assert_string_equal(loom_context_error_message(tt.ctx),
+                        "tensor_numel: the context was used from two threads at once: this "
+                        "call came from another thread while one was inside the context, and "
+                        "was refused (a context is used by one thread at a time: one context "
+                        "per thread, or a lock around it)");
+    /* Used from one thread again, it works; the refused release and destroy did nothing. */
+    loom_context_clear_error(tt.ctx);
+    assert_still_computes(tt.ctx, b, 0.0f);
+    float w[4];
+    assert_int_equal(loom_tensor_read(tt.ctx, tt.t, w, sizeof w), LOOM_OK);
+    assert_true(w[0] == 1.0f && w[3] == 4.0f);
+    loom_tensor_release(b);
+    loom_tensor_release(tt.t);
+    assert_int_equal(loom_context_error(tt.ctx), LOOM_OK);
+    loom_context_destroy(tt.ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_with_mismatched_inner_dims_names_shapes_and_line),
@@ -281,6 +524,11 @@ int main(void) {
         cmocka_unit_test(test_read_with_wrong_size_or_null_destination),
         cmocka_unit_test(test_garbage_handles_do_not_crash),
         cmocka_unit_test(test_context_creation_errors),
+        cmocka_unit_test(test_bad_settings_are_errors),
+        cmocka_unit_test(test_a_graph_past_its_limit_says_mark_step_is_missing),
+        cmocka_unit_test(test_a_device_memory_cap_fails_cleanly),
+        cmocka_unit_test(test_a_long_chain_compiles_in_linear_time),
+        cmocka_unit_test(test_a_context_used_from_two_threads_at_once_fails_with_busy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

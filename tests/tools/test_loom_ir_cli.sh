@@ -142,4 +142,33 @@ check "-- ends the options: a file named --help" exit_is 1 "$LOOM_IR" print -- -
 check "... is read as a file" has_line "$TMP/err" "--help: error: cannot open: No such file or directory"
 check "help of an unknown command exits 2" exit_is 2 "$LOOM_IR" help frobnicate
 
+# ---- every non-zero exit says why -------------------------------------------------------------
+# A graph whose input cannot be allocated (4 TB): `run` once exited 1 with no message.
+cat >"$TMP/huge.loom" <<'END'
+loom.graph {
+  %x = input {index = 0} : f32[1000000,1000000]
+  %y = neg %x : f32[1000000,1000000]
+  return %y
+}
+END
+says_why() { # says_why COMMAND...: a non-zero exit with an error or usage line on stderr
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    got=$?
+    [ "$got" -ne 0 ] || { echo "exit status 0"; return 1; }
+    grep -q "error\|usage" "$TMP/err" || { echo "exit $got with stderr:"; cat "$TMP/err"; return 1; }
+}
+check "run of an input past memory says so" says_why "$LOOM_IR" run "$TMP/huge.loom"
+check "... naming the input and its size" \
+    grep -q "error: out of memory for input 0 (4000000000000 bytes)" "$TMP/err"
+check "run --check of it too" says_why "$LOOM_IR" run --check "$TMP/huge.loom"
+check "run --repeat=0" says_why "$LOOM_IR" run --repeat=0 "$DATA/mlp.loom"
+check "compile --emit=nope" says_why "$LOOM_IR" compile --emit=nope "$DATA/mlp.loom"
+check "ops --op=nope" says_why "$LOOM_IR" ops --op=nope
+for c in print verify stats dot hash plan; do
+    check "$c into a full disk" says_why sh -c '"$1" "$2" "$3" >/dev/full' sh "$LOOM_IR" "$c" \
+        "$DATA/mlp.loom"
+done
+check "compile --emit=plan into a full disk" \
+    says_why sh -c '"$1" compile --emit=plan "$2" >/dev/full' sh "$LOOM_IR" "$DATA/mlp.loom"
+
 tap_finish
