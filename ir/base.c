@@ -204,6 +204,20 @@ void loom_ir_sbuf_write(const char *chunk, size_t len, void *ud) {
     loom_ir_sbuf_append(ud, chunk, len);
 }
 
+void loom_ir_fixed_buf_write(const char *chunk, size_t len, void *ud) {
+    loom_ir_fixed_buf *f = ud;
+    size_t drop = len < f->skip ? len : f->skip;
+    chunk += drop;
+    len -= drop;
+    f->skip -= drop;
+    size_t room = f->size - 1 - f->len;
+    if (len > room)
+        len = room;
+    memcpy(f->buf + f->len, chunk, len);
+    f->len += len;
+    f->buf[f->len] = '\0';
+}
+
 /* ---- chunked writer ---------------------------------------------------------------------- */
 
 void loom_ir_writer_flush(loom_ir_writer *w) {

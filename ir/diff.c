@@ -551,29 +551,14 @@ static void put_item(loom_ir_writer *w, const loom_ir_diff *df, const loom_ir_di
     }
 }
 
-typedef struct fixed_buf {
-    char *buf;
-    size_t size, len;
-} fixed_buf;
-
-static void fixed_write(const char *chunk, size_t len, void *ud) {
-    fixed_buf *f = ud;
-    size_t room = f->size - 1 - f->len;
-    if (len > room)
-        len = room;
-    memcpy(f->buf + f->len, chunk, len);
-    f->len += len;
-    f->buf[f->len] = '\0';
-}
-
 char *loom_ir_diff_format_item(const loom_ir_diff *df, int32_t i, char *buf, size_t size) {
     if (size == 0)
         return buf;
     buf[0] = '\0';
     if (!df || i < 0 || i >= df->n_items)
         return buf;
-    fixed_buf f = {buf, size, 0};
-    loom_ir_writer w = {.write = fixed_write, .ud = &f};
+    loom_ir_fixed_buf f = {buf, size, 0, 0};
+    loom_ir_writer w = {.write = loom_ir_fixed_buf_write, .ud = &f};
     put_item(&w, df, &df->items[i]);
     loom_ir_writer_flush(&w);
     return buf;

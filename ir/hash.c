@@ -90,6 +90,14 @@ uint64_t loom_ir_graph_hash(const loom_ir_graph *g) {
     return h;
 }
 
+void loom_ir_graph_prefix_hashes(const loom_ir_graph *g, uint64_t *out) {
+    hasher s = {0xcbf29ce484222325ull};
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        hash_node(&s, &g->nodes[i]);
+        out[i] = s.h;
+    }
+}
+
 bool loom_ir_conv_equal(const loom_ir_conv *a, const loom_ir_conv *b) {
     for (int i = 0; i < 2; i++)
         if (a->stride[i] != b->stride[i] || a->padding[i] != b->padding[i] ||

@@ -217,6 +217,13 @@ void loom_ir_sbuf_printf(loom_ir_sbuf *sb, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* A loom_ir_write_fn that appends to the loom_ir_sbuf passed as ud. */
 void loom_ir_sbuf_write(const char *chunk, size_t len, void *ud);
+/* A loom_ir_write_fn into a caller's buffer of size >= 1 bytes (ud: a loom_ir_fixed_buf),
+ * always NUL-terminated, output past size - 1 bytes cut; the first `skip` bytes are dropped. */
+typedef struct loom_ir_fixed_buf {
+    char *buf;
+    size_t size, len, skip;
+} loom_ir_fixed_buf;
+void loom_ir_fixed_buf_write(const char *chunk, size_t len, void *ud);
 
 /* A chunked writer over a loom_ir_write_fn: output is staged in a fixed buffer and handed
  * to the callback in large pieces, allocating nothing (printers use it). */
@@ -376,6 +383,10 @@ loom_status loom_ir_graph_verify(const loom_ir_graph *g, loom_ir_diag *d);
 /* Structural hash: ops, attributes, dtypes, shapes, edges, outputs and aliases; not
  * locations. Equal graphs hash equal. */
 uint64_t loom_ir_graph_hash(const loom_ir_graph *g);
+/* out[i] (g->n_nodes of them): a hash of nodes 0..i as loom_ir_graph_hash sees them, so two
+ * graphs' first structural difference is the first i where theirs differ (what ranks compare
+ * to name where their steps part without sending graphs). */
+void loom_ir_graph_prefix_hashes(const loom_ir_graph *g, uint64_t *out);
 /* Structural equality (the same things the hash covers). */
 bool loom_ir_graph_equal(const loom_ir_graph *a, const loom_ir_graph *b);
 /* Whether two nodes of the same op (and rank) carry equal attributes, the ones their op
@@ -588,6 +599,9 @@ int64_t loom_ir_graph_distance(const loom_ir_graph *a, const loom_ir_graph *b);
  * location is unknown; returns buf. */
 bool loom_ir_write_attrs(loom_ir_writer *w, const loom_ir_node *n, bool shortest);
 char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc);
+/* Node n, numbered id, as the printer writes its line without indent and newline
+ * ("%7 = matmul %3, %5 : f32[64,10] loc("train.c":88)"), cut to size - 1 bytes; returns buf. */
+char *loom_ir_format_node(char *buf, size_t size, const loom_ir_node *n, int32_t id);
 #define LOOM_IR_LOC_STR_MAX 256
 
 #endif /* LOOM_IR_IR_H */

@@ -174,6 +174,19 @@ static void put_node(loom_ir_writer *p, int32_t id, const loom_ir_node *n) {
     loom_ir_writer_puts(p, "\n");
 }
 
+char *loom_ir_format_node(char *buf, size_t size, const loom_ir_node *n, int32_t id) {
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    loom_ir_fixed_buf f = {buf, size, 0, 2}; /* put_node's indent dropped */
+    loom_ir_writer p = {.write = loom_ir_fixed_buf_write, .ud = &f};
+    put_node(&p, id, n);
+    loom_ir_writer_flush(&p);
+    if (f.len > 0 && buf[f.len - 1] == '\n')
+        buf[f.len - 1] = '\0';
+    return buf;
+}
+
 loom_status loom_ir_graph_print(const loom_ir_graph *g, loom_ir_write_fn write, void *ud) {
     if (!g || !write)
         return LOOM_STATUS_INVALID_ARGUMENT;

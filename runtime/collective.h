@@ -34,12 +34,22 @@ loom_status loom_rt_collective_allreduce_start(const loom_ir_graph *g, int32_t i
  * count, so a bucket of one is the same collective as the node run alone. */
 uint64_t loom_rt_collective_digest(uint64_t h, const loom_ir_node *n, size_t count);
 
-/* With several ranks, checks that every rank's step is about to run the same collectives:
- * one all-reduce (max) of the digest and its negation, which agree when max == min. n is the
- * number of collectives digested and first the node of the first, for the message. A rank
- * whose step has no collective never joins: the others fail at the communicator's timeout.
- * No-op with one rank or n == 0. Errors: COMM_ERROR naming first. */
+/* The digest the ranks compare before a step's first collective: its collectives' digest
+ * with the structural hash of the step's graph as traced (step; NULL: collectives only), so
+ * ranks that recorded different steps (another batch size or amp mode) fail at once instead
+ * of training apart or hanging. */
+uint64_t loom_rt_step_digest(uint64_t coll_digest, const loom_ir_graph *step);
+
+/* With several ranks, checks that every rank's step is about to run the same collectives
+ * in the same graph: one all-reduce (max) of the digest (loom_rt_step_digest) and its
+ * negation, which agree when max == min. n is the number of collectives digested and first
+ * the node of the first, for the message. When they differ, the ranks find the first node
+ * where their step graphs differ (a binary search over loom_ir_graph_prefix_hashes, in
+ * lockstep) and every rank's message names it as this rank, rank 0 and another rank have
+ * it. A rank whose step has no collective never joins: the others fail at the
+ * communicator's timeout. No-op with one rank or n == 0. Errors: COMM_ERROR naming first. */
 loom_status loom_rt_collectives_agree(const loom_ir_graph *g, int32_t first, int32_t n,
-                                      uint64_t digest, loom_ir_diag *d);
+                                      uint64_t digest, const loom_ir_graph *step,
+                                      loom_ir_diag *d);
 
 #endif

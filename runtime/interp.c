@@ -499,7 +499,7 @@ static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d)
         first = first < 0 ? i : first;
         count++;
     }
-    return loom_rt_collectives_agree(g, first, count, h, d);
+    return loom_rt_collectives_agree(g, first, count, loom_rt_step_digest(h, g), g, d);
 }
 
 /* ---- the interpreter loop ----------------------------------------------------------------- */

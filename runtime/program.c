@@ -77,6 +77,9 @@ typedef struct program {
     int32_t n_coll_nodes;
     int32_t n_in_flight;
     uint64_t coll_digest; /* of the collectives in plan order, for loom_rt_collectives_agree */
+    uint64_t step_digest; /* with the traced graph's hash (loom_rt_step_digest), at the first
+                             run: base.graph is the graph as traced by then */
+    bool step_digest_ready;
     size_t *input_bytes;  /* per graph input: its value's size */
     size_t *output_bytes; /* per graph output */
     size_t arena_bytes;
@@ -466,9 +469,14 @@ static loom_status run_checked(program *p, loom_rt_buffer *const *inputs,
     for (int32_t s = 0; s < p->n_slots; s++)
         p->bufs[s] = slot_ptr(&p->slots[s], inputs, outputs, p->arena);
     loom_status st = LOOM_OK;
-    if (p->n_colls > 0)
-        st = loom_rt_collectives_agree(&p->coll_graph, p->colls[0].node, p->n_colls, p->coll_digest,
-                                       d);
+    if (p->n_colls > 0) {
+        if (!p->step_digest_ready) {
+            p->step_digest = loom_rt_step_digest(p->coll_digest, &p->base.graph);
+            p->step_digest_ready = true;
+        }
+        st = loom_rt_collectives_agree(&p->coll_graph, p->colls[0].node, p->n_colls,
+                                       p->step_digest, &p->base.graph, d);
+    }
     for (int32_t k = 0; k < p->n_kernels && st == LOOM_OK; k++) {
         const prog_kernel *pk = &p->kernels[k];
         if (p->n_in_flight > 0 && (st = wait_due(p, k, st, d)) != LOOM_OK)

@@ -4,7 +4,9 @@
 # what one process loses on the same global batch; the text report and the progress lines
 # come from rank 0 alone; the JSON line says world_size 2 and counts the collectives; --save
 # writes one file that a single process loads to the same accuracy; --init's loss-scaler
-# state reaches every rank; a rank that fails ends the job at once with its message.
+# state reaches every rank; a rank that fails ends the job at once with its message; ranks
+# started with another --amp or --batch-size fail at the first training step, every rank
+# naming the first node where their steps differ.
 # Usage: test_fashion_mnist_dp.sh /path/to/fashion_mnist MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -38,7 +40,7 @@ STEPS=4
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-dp-test.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT INT TERM
-echo "1..8"
+echo "1..10"
 
 n=0
 failed=0
@@ -180,4 +182,38 @@ else
     echo "exit $rc after $took s" >>"$TMP/bad.err"
     not_ok "a rank that fails ends the job with its message" "$TMP/bad.err"
 fi
+# Ranks that disagree: once they trained apart (--amp) or for 468 steps on unequal shards
+# before a timeout (--batch-size). MPMD: one rank with each setting.
+names_node() { # names_node RANK: its message names what both ranks have at the first difference
+    grep "fashion_mnist (rank $1 of 2): training step: .*rank $1 of 2: the ranks are not running the same step" \
+        "$TMP/dis.err" | grep -F "rank 0: \`$has0" | grep -qF "rank 1: \`$has1"
+}
+disagree() { # disagree NAME WHAT-RANK-0-HAS WHAT-RANK-1-HAS ARGS-0 -- ARGS-1
+    name=$1 has0=$2 has1=$3
+    shift 3
+    a="" b="" side=0
+    for w in "$@"; do
+        if [ "$w" = "--" ]; then side=1; elif [ $side = 0 ]; then a="$a $w"; else b="$b $w"; fi
+    done
+    start=$(date +%s)
+    # shellcheck disable=SC2086 # the argument lists split on purpose
+    timeout $GUARD "$MPIEXEC" -n 1 "$EX" --model mlp --limit-steps $STEPS --log-every 1 $a : \
+        -n 1 "$EX" --model mlp --limit-steps $STEPS --log-every 1 $b >"$TMP/dis" 2>"$TMP/dis.err"
+    rc=$?
+    took=$(($(date +%s) - start))
+    if [ $rc -eq 1 ] && [ $took -lt 60 ] && [ "$(grep -c "^step=" "$TMP/dis")" -eq 0 ] &&
+        names_node 0 && names_node 1; then
+        ok "$name: both ranks fail at the first step naming the node ($took s)"
+    else
+        echo "exit $rc after $took s" >>"$TMP/dis.err"
+        not_ok "$name: both ranks fail at the first step naming the node" "$TMP/dis" "$TMP/dis.err"
+    fi
+}
+disagree "--amp none on rank 0, bf16 on rank 1" \
+    "%1 = transpose %0 {perm = [1, 0]} : f32[784,32]" \
+    "%1 = transpose %0 {perm = [1, 0], autocast = bf16} : f32[784,32]" --amp none -- --amp bf16
+disagree "--batch-size 64 on rank 0, 128 on rank 1" \
+    "%0 = input {index = 0} : f32[32,784]" "%0 = input {index = 0} : f32[64,784]" \
+    --batch-size 64 -- --batch-size 128
+
 [ $failed -eq 0 ]

@@ -446,6 +446,37 @@ static void test_hash_changes_with_every_structural_difference(void **state) {
     loom_ir_graph_deinit(&base);
 }
 
+/* Prefix hashes (what ranks compare to find where their steps part) agree up to the first
+ * changed node and differ from there on; a node's text is its printed line. */
+static void test_prefix_hashes_part_at_the_first_changed_node(void **state) {
+    (void)state;
+    loom_ir_graph a, b;
+    loom_ir_graph_init(&a, &sys);
+    loom_ir_graph_init(&b, &sys);
+    parse_ok(&a, hash_base);
+    char *text = replace_all(hash_base, "value = 2}", "value = 3}"); /* node %3 */
+    parse_ok(&b, text);
+    free(text);
+    uint64_t ha[6], hb[6];
+    assert_int_equal(a.n_nodes, 6);
+    loom_ir_graph_prefix_hashes(&a, ha);
+    loom_ir_graph_prefix_hashes(&b, hb);
+    for (int i = 0; i < 6; i++) {
+        if (i < 3)
+            assert_true(ha[i] == hb[i]);
+        else
+            assert_true(ha[i] != hb[i]);
+    }
+    char line[128];
+    assert_string_equal(loom_ir_format_node(line, sizeof line, &b.nodes[3], 3),
+                        "%3 = constant {value = 3} : f32[2,3]");
+    assert_string_equal(loom_ir_format_node(line, sizeof line, &a.nodes[5], 5),
+                        "%5 = reduce_sum %4 {axes = [1], keepdim = false} : f32[2]");
+    assert_string_equal(loom_ir_format_node(line, 12, &a.nodes[5], 5), "%5 = reduce");
+    loom_ir_graph_deinit(&a);
+    loom_ir_graph_deinit(&b);
+}
+
 /* Collectives hash by op, dtype, shape, reduce op, scale, root and world size, never by the
  * rank (which no graph holds: every rank's graph is the same text, so the same hash). */
 static void test_collectives_round_trip_and_hash_by_their_attributes(void **state) {
@@ -804,6 +835,7 @@ int main(void) {
         cmocka_unit_test(test_file_names_with_quotes_and_control_bytes_round_trip),
         cmocka_unit_test(test_parse_accepts_names_comments_and_free_layout),
         cmocka_unit_test(test_hash_changes_with_every_structural_difference),
+        cmocka_unit_test(test_prefix_hashes_part_at_the_first_changed_node),
         cmocka_unit_test(test_autocast_tags_round_trip_and_hash_by_dtype),
         cmocka_unit_test(test_locations_do_not_change_the_hash),
         cmocka_unit_test(test_parse_errors_name_line_and_column),

@@ -594,7 +594,8 @@ static int run_step_timeout(void) {
 }
 
 /* Rank 0 all-reduces f32[2], rank 1 f32[3]: both steps fail with COMM_ERROR saying the
- * ranks' collectives differ (naming the op and this file's line), instead of hanging. */
+ * ranks are not running the same step, naming the first node where their graphs differ (the
+ * input, at this file's line) as each rank has it, instead of hanging. */
 static int run_mismatch(void) {
     if (loom_dist_init(NULL) != LOOM_OK || loom_dist_world_size() != 2) {
         fprintf(stderr, "loom_dist_init: %s (needs 2 ranks)\n", loom_dist_error_message());
@@ -605,8 +606,8 @@ static int run_mismatch(void) {
     if (!ctx)
         return 1;
     const float xs[3] = {1, 2, 3};
-    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2 + rank_}, xs);
     int line = __LINE__ + 1;
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){2 + rank_}, xs);
     loom_tensor *y = loom_all_reduce(ctx, x, LOOM_REDUCE_SUM, 1.0);
     loom_tensor_retain(y);
     loom_status st = loom_mark_step(ctx);
@@ -614,12 +615,15 @@ static int run_mismatch(void) {
         st = loom_context_sync(ctx);
     const char *msg = loom_context_error_message(ctx);
     fprintf(stderr, "rank %d: step: %s: %s\n", rank_, loom_status_name(st), msg);
-    char where[64], type[32];
-    snprintf(where, sizeof where, "comm_ranks.c:%d", line);
-    snprintf(type, sizeof type, "all_reduce of f32[%d]", 2 + rank_);
+    char mine[96], other[96];
+    snprintf(mine, sizeof mine, "rank %d: `%%0 = input {index = 0} : f32[%d]` at comm_ranks.c:%d",
+             rank_, 2 + rank_, line);
+    snprintf(other, sizeof other, "rank %d: `%%0 = input {index = 0} : f32[%d]` at comm_ranks.c:%d",
+             1 - rank_, 3 - rank_, line);
     CHECK(st == LOOM_STATUS_COMM_ERROR, "step: %s", loom_status_name(st));
-    CHECK(strstr(msg, where) && strstr(msg, type) &&
-              strstr(msg, "collective(s) differ from another rank's"),
+    CHECK(strstr(msg, "the ranks are not running the same step") &&
+              strstr(msg, "their graphs differ first at node %0") && strstr(msg, mine) &&
+              strstr(msg, other),
           "message: %s", msg);
     loom_tensor_release(y);
     loom_tensor_release(x);

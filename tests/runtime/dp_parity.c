@@ -358,6 +358,46 @@ static bool run_case(const dp_case *c) {
     return ok;
 }
 
+/* Ranks that trace different steps (here rank r's batch has r rows more, as under another
+ * --batch-size or amp mode) fail at that step on every rank, compiled and on the
+ * interpreter, with a message naming the first node where their graphs differ as this rank
+ * and rank 0 have it; they once trained apart, or hung. */
+static bool run_disagree(bool eager) {
+    loom_context *ctx = new_context(eager);
+    if (!ctx)
+        return false;
+    const char *mode = eager ? "interpreter" : "compiled";
+    int64_t rows = BATCH / world_ + rank_;
+    static float x[(BATCH + 8) * IN];
+    for (int64_t i = 0; i < rows * IN; i++)
+        x[i] = (float)(i % 7);
+    loom_tensor *xt = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){rows, IN}, x);
+    loom_tensor *r = loom_all_reduce(ctx, loom_sum(ctx, xt, 1, (int32_t[]){0}, false),
+                                     LOOM_REDUCE_SUM, 1.0);
+    CHECK(r != NULL, "%s: recording: %s", mode, loom_context_error_message(ctx));
+    loom_tensor_retain(r);
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK) /* a compiled step runs asynchronously: its error comes at the sync */
+        st = loom_context_sync(ctx);
+    const char *msg = loom_context_error_message(ctx);
+    char mine[96], first[96];
+    snprintf(mine, sizeof mine, "; rank %d: `%%0 = input {index = 0} : f32[%lld,%d]`", rank_,
+             (long long)rows, IN);
+    snprintf(first, sizeof first, "; rank 0: `%%0 = input {index = 0} : f32[%d,%d]`",
+             BATCH / world_, IN);
+    CHECK(st == LOOM_STATUS_COMM_ERROR, "%s: mark_step gave %s: %s", mode, loom_status_name(st),
+          msg);
+    CHECK(strstr(msg, "the ranks are not running the same step") &&
+              strstr(msg, "their graphs differ first at node %0") && strstr(msg, mine) &&
+              (rank_ == 0 || strstr(msg, first)),
+          "%s: the message does not name the first difference: %s", mode, msg);
+    printf("rank %d: %s: %s\n", rank_, mode, msg);
+    loom_tensor_release(r);
+    loom_tensor_release(xt);
+    loom_context_destroy(ctx);
+    return true;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc < 2 || argc > 3 || atoi(argv[1]) < 1 || BATCH % atoi(argv[1]) != 0) {
@@ -374,8 +414,14 @@ int main(int argc, char **argv) {
     CHECK(argc < 3 || loom_dist_local_size() == atoi(argv[2]),
           "%d ranks on this rank's machine, expected %s", loom_dist_local_size(), argv[2]);
     bool ok = world_ == atoi(argv[1]);
-    for (size_t k = 0; ok && k < sizeof cases / sizeof cases[0]; k++)
-        ok = run_case(&cases[k]);
+    const char *disagree = getenv("DP_PARITY_DISAGREE"); /* 1: the disagreeing ranks only */
+    if (disagree && strcmp(disagree, "1") == 0) {
+        CHECK(world_ > 1, "DP_PARITY_DISAGREE needs 2 or more ranks");
+        ok = ok && world_ > 1 && run_disagree(false) && run_disagree(true);
+    } else {
+        for (size_t k = 0; ok && k < sizeof cases / sizeof cases[0]; k++)
+            ok = run_case(&cases[k]);
+    }
     /* After a failure that broke the ranks' lockstep MPI_Finalize could wait for the others:
      * leave MPI unfinalized and exit non-zero, so that mpiexec ends them. */
     if (ok)

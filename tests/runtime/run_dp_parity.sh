@@ -3,7 +3,8 @@
 # global batch split across the ranks and checks every rank against one process taking the
 # whole batch, for SGD, AdamW and bf16 AMP with an overflow on one rank; without a launcher
 # (the self backend) and under mpiexec -n 1, 2 and 3 (the gradients in one bucket), and on 2
-# ranks with LOOM_ALLREDUCE_BUCKET_MB=0 (one bucket per gradient).
+# ranks with LOOM_ALLREDUCE_BUCKET_MB=0 (one bucket per gradient); and on 2 and 3 ranks that
+# each trace another batch size (DP_PARITY_DISAGREE=1), which must fail on every rank.
 # Usage: run_dp_parity.sh /path/to/dp_parity MPIEXEC|"" HAVE_MPI(0|1)
 set -u
 
@@ -46,7 +47,7 @@ job() {
     sed 's/^/# /' "$TMP/out" "$TMP/err"
 }
 
-echo "1..5"
+echo "1..7"
 job "no launcher: 1 rank (self backend) matches one process" 1 "$PROG" 1
 
 for np in 1 2 3; do
@@ -65,4 +66,13 @@ else
     n=$((n + 1))
     echo "ok $n - $name # SKIP no MPI or no mpiexec"
 fi
+for np in 2 3; do
+    name="mpiexec -n $np, each rank another batch: every rank fails at the step naming the node"
+    if [ "$HAVE_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
+        job "$name" $np env DP_PARITY_DISAGREE=1 "$MPIEXEC" -n $np "$PROG" $np
+    else
+        n=$((n + 1))
+        echo "ok $n - $name # SKIP no MPI or no mpiexec"
+    fi
+done
 exit $((failed > 0))
