@@ -248,6 +248,8 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
             f->bufs[g->nodes[mapped].attrs.index] = ctx->trace_inputs[k];
     }
     loom_status st = LOOM_OK;
+    loom_ir_diag d;
+    loom_ir_diag_init(&d);
     int32_t n_outs = 0;
     for (; n_outs < n; n_outs++) {
         int32_t alias = g->outputs[n_outs].alias;
@@ -257,11 +259,14 @@ static loom_status execute(loom_context *ctx, loom_rt_executable *exe, int32_t n
             continue;
         }
         size_t bytes = loom_ir_node_bytes(&g->nodes[g->outputs[n_outs].node]);
-        if ((st = loom_rt_buffer_alloc(ctx->device, bytes, &f->bufs[n_in + n_outs])) != LOOM_OK)
+        if ((st = loom_rt_buffer_alloc(ctx->device, bytes, &f->bufs[n_in + n_outs])) != LOOM_OK) {
+            char cap[160];
+            loom_ir_diag_set(&d, st, "out of memory for output %d of the step (%zu bytes)%s",
+                             (int)n_outs, bytes,
+                             loom_rt_device_cap_note(ctx->device, cap, sizeof cap));
             break;
+        }
     }
-    loom_ir_diag d;
-    loom_ir_diag_init(&d);
     if (st == LOOM_OK)
         st = loom_rt_program_prepare(exe, ctx->device, &d);
     if (st != LOOM_OK) {

@@ -193,8 +193,10 @@ LOOM_API loom_tensor *loom_tensor_from_host_at(loom_context *ctx, loom_dtype dty
     if (slot < 0 || loom_rt_buffer_alloc(ctx->device, bytes, &buf) != LOOM_OK) {
         if (slot >= 0)
             loom_fe_tensor_free(ctx, slot);
+        char cap[160];
         loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op,
-                      "out of memory for %zu bytes of device memory", bytes);
+                      "out of memory for %zu bytes of device memory%s", bytes,
+                      loom_rt_device_cap_note(ctx->device, cap, sizeof cap));
         return NULL;
     }
     loom_rt_buffer_write(buf, data, bytes);

@@ -185,6 +185,18 @@ loom_status loom_rt_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_buffe
     return dev->vt->buffer_alloc(dev, size, out_buf);
 }
 
+char *loom_rt_device_cap_note(const loom_rt_device *dev, char *buf, size_t size) {
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    if (dev && dev->mem_limit)
+        snprintf(buf, size,
+                 "; the device is capped at %.6g MB (device_memory_mb, LOOM_DEVICE_MEMORY_MB) and "
+                 "holds %.6g MB",
+                 (double)dev->mem_limit / (1 << 20), (double)dev->mem_current / (1 << 20));
+    return buf;
+}
+
 void loom_rt_buffer_retain(loom_rt_buffer *buf) {
     if (buf)
         buf->refs++;

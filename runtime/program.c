@@ -298,9 +298,11 @@ static loom_status ensure_arena(program *p, loom_rt_device *dev, loom_ir_diag *d
     p->arena = NULL;
     if (loom_rt_buffer_alloc(dev, p->arena_bytes, &p->arena) != LOOM_OK) {
         p->arena = NULL;
+        char cap[160];
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
-                                "program: out of memory allocating the %zu-byte arena on %s",
-                                p->arena_bytes, dev->name);
+                                "program: out of memory allocating the %zu-byte arena on %s%s",
+                                p->arena_bytes, dev->name,
+                                loom_rt_device_cap_note(dev, cap, sizeof cap));
     }
     return LOOM_OK;
 }

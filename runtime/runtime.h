@@ -130,6 +130,9 @@ loom_status loom_rt_device_create(const char *name, const loom_allocator *a,
 void loom_rt_device_destroy(loom_rt_device *dev);
 /* A new buffer with refs == 1. */
 loom_status loom_rt_buffer_alloc(loom_rt_device *dev, size_t size, loom_rt_buffer **out_buf);
+/* For out-of-memory messages: "" without a cap, else "; the device is capped at 1 MB
+ * (device_memory_mb, LOOM_DEVICE_MEMORY_MB) and holds 0.25 MB"; returns buf. */
+char *loom_rt_device_cap_note(const loom_rt_device *dev, char *buf, size_t size);
 void loom_rt_buffer_retain(loom_rt_buffer *buf);
 /* Frees the buffer when the last reference goes. Accepts NULL. */
 void loom_rt_buffer_release(loom_rt_buffer *buf);

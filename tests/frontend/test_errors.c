@@ -371,8 +371,34 @@ static void test_a_device_memory_cap_fails_cleanly(void **state) {
     loom_context *ctx = NULL;
     assert_int_equal(loom_context_create(&opts, &ctx), LOOM_OK);
     static float big[1 << 19]; /* 2 MB */
+    int line = __LINE__ + 1;
     assert_null(loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){1 << 19}, big));
+    char want[256];
+    snprintf(want, sizeof want,
+             "test_errors.c:%d: tensor_from_host: out of memory for 2097152 bytes of device "
+             "memory; the device is capped at 1 MB (device_memory_mb, LOOM_DEVICE_MEMORY_MB) "
+             "and holds 0 MB",
+             line);
     assert_int_equal(loom_context_error(ctx), LOOM_STATUS_OUT_OF_MEMORY);
+    assert_string_equal(loom_context_error_message(ctx), want);
+    loom_context_clear_error(ctx);
+    /* A step whose output (2 MB) is past the cap: the error says so and where the step's
+     * memory goes. */
+    loom_tensor *row = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){1024}, big);
+    loom_tensor *wide = loom_broadcast(ctx, row, 2, (int64_t[]){512, 1024});
+    loom_tensor *s = loom_exp(ctx, wide);
+    loom_tensor_retain(s);
+    loom_status st = loom_mark_step(ctx);
+    if (st == LOOM_OK)
+        st = loom_context_sync(ctx);
+    const char *msg = loom_context_error_message(ctx);
+    print_message("%s\n", msg);
+    assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
+    if (!strstr(msg, "out of memory for output 0 of the step (2097152 bytes)") ||
+        !strstr(msg, "the device is capped at 1 MB") || !strstr(msg, "planned peak"))
+        fail_msg("message: %s", msg);
+    loom_tensor_release(s);
+    loom_tensor_release(row);
     loom_context_clear_error(ctx);
     loom_tensor *small = tu_scalar_f32(ctx, 3.0f);
     assert_still_computes(ctx, small, 6.0f);
