@@ -46,6 +46,8 @@ typedef struct ac_state {
     int32_t *memo;    /* out node * LOOM_DTYPE_COUNT_ + dtype -> that value in dtype, or -1 */
     int32_t cap_memo; /* entries, a multiple of LOOM_DTYPE_COUNT_ */
     int32_t *ops;     /* scratch operands, g's widest node */
+    int32_t *stack;   /* convert's walk down data movement */
+    int32_t cap_stack;
     loom_ir_diag *d;
     loom_status st;
 } ac_state;
@@ -125,14 +127,15 @@ static bool moves_data(loom_ir_op op) {
     return false;
 }
 
-/* Out node v in dtype dt: v itself, an earlier conversion, or a new one placed at v's source
- * through data movement (see the file comment). -1 on failure. */
-static int32_t convert(ac_state *s, int32_t v, loom_dtype dt) {
-    if (v < 0 || s->out.nodes[v].dtype == dt)
+/* Out node v in dtype dt if it is known: v itself, or an earlier conversion; -1 if not yet. */
+static int32_t converted(const ac_state *s, int32_t v, loom_dtype dt) {
+    if (s->out.nodes[v].dtype == dt)
         return v;
-    int32_t *slot = &s->memo[v * LOOM_DTYPE_COUNT_ + dt];
-    if (*slot >= 0)
-        return *slot;
+    return s->memo[v * LOOM_DTYPE_COUNT_ + dt];
+}
+
+/* Converts out node v, whose data-movement operands are all converted, or casts it. */
+static int32_t convert_one(ac_state *s, int32_t v, loom_dtype dt) {
     loom_ir_node n = s->out.nodes[v]; /* a copy: the node array moves as nodes are added */
     int32_t r = -1;
     if (moves_data(n.op)) {
@@ -143,18 +146,16 @@ static int32_t convert(ac_state *s, int32_t v, loom_dtype dt) {
             s->st = loom_ir_diag_set(s->d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
             return -1;
         }
-        bool ok = true;
-        for (int32_t k = 0; k < n.n_inputs && ok; k++)
-            ok = (in[k] = convert(s, n.inputs[k], dt)) >= 0;
-        if (ok)
-            r = emit(s, &(loom_ir_node_desc){.op = n.op,
-                                             .n_inputs = n.n_inputs,
-                                             .inputs = in,
-                                             .dtype = dt,
-                                             .rank = n.rank,
-                                             .shape = n.shape,
-                                             .attrs = n.attrs,
-                                             .loc = n.loc});
+        for (int32_t k = 0; k < n.n_inputs; k++)
+            in[k] = converted(s, n.inputs[k], dt);
+        r = emit(s, &(loom_ir_node_desc){.op = n.op,
+                                         .n_inputs = n.n_inputs,
+                                         .inputs = in,
+                                         .dtype = dt,
+                                         .rank = n.rank,
+                                         .shape = n.shape,
+                                         .attrs = n.attrs,
+                                         .loc = n.loc});
         if (in != small)
             loom_ir_free(&s->g->alloc, in, bytes);
     } else {
@@ -165,6 +166,50 @@ static int32_t convert(ac_state *s, int32_t v, loom_dtype dt) {
     if (r >= 0)
         s->memo[v * LOOM_DTYPE_COUNT_ + dt] = r;
     return r;
+}
+
+static bool push(ac_state *s, int32_t *top, int32_t x) {
+    if (*top + 1 > s->cap_stack && !loom_ir_grow(&s->g->alloc, (void **)&s->stack, &s->cap_stack,
+                                                 *top + 1, sizeof *s->stack)) {
+        s->st = loom_ir_diag_set(s->d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory");
+        return false;
+    }
+    s->stack[(*top)++] = x;
+    return true;
+}
+
+/* Out node v in dtype dt: v itself, an earlier conversion, or a new one placed at v's source
+ * through data movement (see the file comment). -1 on failure. The walk down the movement
+ * chain keeps its own stack: a chain of 100,000 transposes must not recurse that deep. */
+static int32_t convert(ac_state *s, int32_t v, loom_dtype dt) {
+    if (v < 0 || s->st != LOOM_OK)
+        return -1;
+    int32_t top = 0;
+    if (converted(s, v, dt) < 0 && !push(s, &top, v))
+        return -1;
+    while (top > 0) {
+        int32_t x = s->stack[top - 1];
+        if (converted(s, x, dt) >= 0) {
+            top--;
+            continue;
+        }
+        bool ready = true;
+        if (moves_data(s->out.nodes[x].op))
+            /* pushed last to first, so the first operand converts first, as a recursion's */
+            for (int32_t k = s->out.nodes[x].n_inputs - 1; k >= 0; k--) {
+                int32_t in = s->out.nodes[x].inputs[k];
+                if (in < 0)
+                    return -1;
+                if (converted(s, in, dt) < 0) {
+                    ready = false;
+                    if (!push(s, &top, in))
+                        return -1;
+                }
+            }
+        if (ready && convert_one(s, x, dt) < 0)
+            return -1;
+    }
+    return converted(s, v, dt);
 }
 
 /* Whether g node x is, through reshapes and transposes, the result of a LOWER op tagged tag. */
@@ -297,6 +342,7 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     loom_ir_free(&g->alloc, s.map, map_bytes);
     loom_ir_free(&g->alloc, s.ops, ops_bytes);
     loom_ir_free(&g->alloc, s.memo, (size_t)s.cap_memo * sizeof *s.memo);
+    loom_ir_free(&g->alloc, s.stack, (size_t)s.cap_stack * sizeof *s.stack);
     return loom_pass_replace_graph(g, &s.out, s.st, out_changed);
 }
 

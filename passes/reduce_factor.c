@@ -47,14 +47,20 @@ static bool invariant(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t 
     return true;
 }
 
-/* The factors of x (through mul and neg): false when there are too many. */
-static bool collect(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t r, rf_product *p) {
+/* The factors of x (through mul and neg): false when there are too many, or x is deeper
+ * than a product of that many factors with a few negations can be (a chain of 100,000 muls
+ * must not recurse 100,000 deep). */
+static bool collect_at(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t r, rf_product *p,
+                       int depth) {
     const loom_ir_node *n = &g->nodes[x];
+    if ((n->op == LOOM_IR_OP_MUL || n->op == LOOM_IR_OP_NEG) && depth >= 4 * RF_MAX_FACTORS)
+        return false;
     if (n->op == LOOM_IR_OP_MUL)
-        return collect(g, n->inputs[0], axes, r, p) && collect(g, n->inputs[1], axes, r, p);
+        return collect_at(g, n->inputs[0], axes, r, p, depth + 1) &&
+               collect_at(g, n->inputs[1], axes, r, p, depth + 1);
     if (n->op == LOOM_IR_OP_NEG) {
         p->neg = !p->neg;
-        return collect(g, n->inputs[0], axes, r, p);
+        return collect_at(g, n->inputs[0], axes, r, p, depth + 1);
     }
     if (invariant(g, x, axes, r)) {
         if (p->n_inv == RF_MAX_FACTORS)
@@ -66,6 +72,10 @@ static bool collect(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t r,
         p->var[p->n_var++] = x;
     }
     return true;
+}
+
+static bool collect(const loom_ir_graph *g, int32_t x, uint32_t axes, int32_t r, rf_product *p) {
+    return collect_at(g, x, axes, r, p, 0);
 }
 
 /* Whether v is x less its mean over axes within `axes`, broadcast back: v = sub(x,

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "loom/amp.h"
 #include "test_util.h"
 
 typedef struct fixture {
@@ -446,6 +447,49 @@ static void test_a_long_chain_compiles_in_linear_time(void **state) {
         fail_msg("100,000 nodes took %.2f s, 25,000 took %.2f s: not linear", t4, t1);
 }
 
+/* Passes that walk down a chain walk it without recursing as deep as it: the autocast pass
+ * places a weight's cast at its source through 100,000 transposes, and reduce-factor looks
+ * for factors through a product of 100,000 operands (both overflowed the stack, the first
+ * even without ASan). The values are exact: x is small integers, bf16 holds them. */
+static void test_passes_walk_long_chains_without_deep_recursion(void **state) {
+    (void)state;
+    enum { N = 100000 };
+    loom_context *ctx = tu_context(false);
+    const float xv[4] = {1, 2, 3, 4}, wv[4] = {1, 0, 0, 2}; /* w = diag(1, 2) */
+    const int64_t sh[2] = {2, 2};
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, sh, xv);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, sh, wv);
+    loom_tensor *t = w;
+    for (int i = 0; i < N; i++) /* even: w itself */
+        t = loom_transpose(ctx, t);
+    assert_int_equal(loom_autocast_begin(ctx, LOOM_DTYPE_BF16), LOOM_OK);
+    loom_tensor *y = loom_matmul(ctx, x, t);
+    assert_int_equal(loom_autocast_end(ctx), LOOM_OK);
+    const float ones[4] = {1, 1, 1, 1};
+    loom_tensor *o = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, sh, ones), *p = o;
+    for (int i = 0; i < N; i++)
+        p = loom_mul(ctx, p, o);
+    loom_tensor *sum = loom_sum(ctx, p, 0, NULL, false);
+    assert_non_null(y);
+    assert_non_null(sum);
+    loom_tensor_retain(y);
+    loom_tensor_retain(sum);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    float got[4] = {0}, s = 0;
+    assert_int_equal(loom_tensor_read(ctx, y, got, sizeof got), LOOM_OK);
+    assert_int_equal(loom_tensor_read(ctx, sum, &s, sizeof s), LOOM_OK);
+    const float want[4] = {1, 4, 3, 8};
+    for (int i = 0; i < 4; i++)
+        assert_true(got[i] == want[i]);
+    assert_true(s == 4.0f);
+    loom_tensor_release(y);
+    loom_tensor_release(sum);
+    loom_tensor_release(x);
+    loom_tensor_release(w);
+    loom_tensor_release(o);
+    loom_context_destroy(ctx);
+}
+
 /* One context used from two threads at once: a call that finds another thread inside the
  * context fails with BUSY (such use crashed), and the thread inside records the misuse when it
  * leaves. The allocator holds this thread inside (a context allocates only from the thread
@@ -554,6 +598,7 @@ int main(void) {
         cmocka_unit_test(test_a_graph_past_its_limit_says_mark_step_is_missing),
         cmocka_unit_test(test_a_device_memory_cap_fails_cleanly),
         cmocka_unit_test(test_a_long_chain_compiles_in_linear_time),
+        cmocka_unit_test(test_passes_walk_long_chains_without_deep_recursion),
         cmocka_unit_test(test_a_context_used_from_two_threads_at_once_fails_with_busy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
