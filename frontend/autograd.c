@@ -39,7 +39,7 @@ static int32_t emit(ag *a, const loom_ir_node_desc *desc) {
     int32_t id;
     loom_ir_node_desc dd = *desc;
     dd.loc = a->loc;
-    if (loom_ir_op_table[dd.op].kind != LOOM_IR_KIND_SOURCE)
+    if (!loom_ir_op_traits(dd.op)->leaf)
         dd.attrs.autocast = a->autocast;
     if (loom_ir_graph_add(&a->ctx->trace, &dd, &id, &d) != LOOM_OK) {
         /* An inference failure here is Loom's own bug (a VJP rule built a bad node). */

@@ -35,7 +35,7 @@ static int32_t record(loom_context *ctx, const loom_ir_node_desc *desc, const ch
     if (!loom_fe_graph_room(ctx, desc->loc.file, desc->loc.line, op))
         return -1;
     loom_ir_node_desc tagged = *desc;
-    if (loom_ir_op_table[desc->op].kind != LOOM_IR_KIND_SOURCE)
+    if (!loom_ir_op_traits(desc->op)->leaf)
         tagged.attrs.autocast = loom_autocast_dtype(ctx);
     if (loom_ir_graph_add(&ctx->trace, &tagged, &id, &d) != LOOM_OK) {
         loom_fe_error(ctx, d.code, desc->loc.file, desc->loc.line, op, "%s", d.msg);

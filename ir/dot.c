@@ -35,7 +35,7 @@ loom_status loom_ir_graph_dot(const loom_ir_graph *g, loom_ir_write_fn write, vo
         loom_ir_writer_put(&o, "\\n", 2);
         put_escaped(&o, loom_ir_format_type(type, sizeof type, n->dtype, rank, n->shape));
         if ((unsigned)n->op < LOOM_IR_OP_COUNT_ &&
-            loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV) { /* its window, no quotes */
+            loom_ir_op_traits(n->op)->window) { /* its window, no quotes */
             loom_ir_writer_put(&o, "\\n", 2);
             loom_ir_write_attrs(&o, n, true);
         }

@@ -238,7 +238,8 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
             in[k] = &g->nodes[id];
     }
     /* operand dtype class (select's condition is checked below) */
-    for (int32_t k = info->kind == LOOM_IR_KIND_SELECT ? 1 : 0; k < desc->n_inputs && k < 3; k++) {
+    for (int32_t k = loom_ir_kind_table[info->kind].cond_first ? 1 : 0; k < desc->n_inputs && k < 3;
+         k++) {
         if (!loom_ir_dtype_in_class(in[k]->dtype, info->dtypes)) {
             char t[LOOM_IR_TYPE_STR_MAX];
             return loom_ir_diag_set(d, BAD, "operand %d has dtype %s; %s needs %s", (int)k,
@@ -280,7 +281,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
             return loom_ir_diag_set(d, BAD, "shapes differ: %s vs %s", TYPE(ta, in[0]),
                                     TYPE(tb, in[1]));
         copy_type(in[0], out_dtype, out_rank, out_shape);
-        if (info->kind == LOOM_IR_KIND_COMPARE)
+        if (loom_ir_kind_table[info->kind].bool_out)
             *out_dtype = LOOM_DTYPE_BOOL;
         return LOOM_OK;
     case LOOM_IR_KIND_SELECT:

@@ -14,29 +14,22 @@
 
 /* ---- op table -------------------------------------------------------------------------- */
 
+/* Op kinds and their traits: ir/kinds.def (what each column means is written there). */
 typedef enum loom_ir_kind {
-    LOOM_IR_KIND_SOURCE,      /* no operands: input, constant */
-    LOOM_IR_KIND_UNARY,       /* elementwise, same dtype */
-    LOOM_IR_KIND_PREDICATE,   /* elementwise, bool result */
-    LOOM_IR_KIND_BINARY,      /* elementwise, equal shapes and dtypes */
-    LOOM_IR_KIND_COMPARE,     /* elementwise, bool result */
-    LOOM_IR_KIND_SELECT,      /* elementwise (bool, T, T) -> T */
-    LOOM_IR_KIND_CAST,        /* elementwise, node dtype is the target */
-    LOOM_IR_KIND_BROADCAST,   /* movement, node shape is the target */
-    LOOM_IR_KIND_RESHAPE,     /* movement, node shape is the target */
-    LOOM_IR_KIND_TRANSPOSE,   /* movement by attrs.perm */
-    LOOM_IR_KIND_REDUCTION,   /* over attrs.axes */
-    LOOM_IR_KIND_CONTRACTION, /* matmul */
-    LOOM_IR_KIND_SLICE,       /* movement: operand index = start + stride * index (affine) */
-    LOOM_IR_KIND_PAD,         /* movement: operand placed at low + index * (interior + 1) */
-    LOOM_IR_KIND_CONCAT,      /* movement: n operands joined along attrs.index */
-    LOOM_IR_KIND_IOTA,        /* no operands: the index along attrs.index */
-    LOOM_IR_KIND_RAND,        /* (seed) -> counter-based random numbers of the node's type */
-    LOOM_IR_KIND_COLLECTIVE,  /* across ranks through the communicator (runtime/comm.h) */
-    LOOM_IR_KIND_CONV,        /* 2-D convolution and its gradients, by attrs.conv */
-    LOOM_IR_KIND_POOL,        /* 2-D max pooling and its gradient, by attrs.conv */
+#define LOOM_KIND(e, n, lp, mv, rt, bf, ev, pw, gn, lf, rk, wn, bo, cf, ch, ov, ex)                \
+    LOOM_IR_KIND_##e,
+#include "kinds.def"
+#undef LOOM_KIND
     LOOM_IR_KIND_COUNT_
 } loom_ir_kind;
+
+typedef struct loom_ir_kind_info {
+    const char *name;
+    bool loop, moves, roots, buffered, evaluates, pointwise, gen, leaf, ranks, window, bool_out,
+        cond_first, cheap, operand_view, exact;
+} loom_ir_kind_info;
+
+extern const loom_ir_kind_info loom_ir_kind_table[LOOM_IR_KIND_COUNT_];
 
 typedef enum loom_ir_dtclass {
     LOOM_IR_DT_ANY,   /* every dtype */
@@ -93,6 +86,11 @@ typedef struct loom_ir_op_info {
 } loom_ir_op_info;
 
 extern const loom_ir_op_info loom_ir_op_table[LOOM_IR_OP_COUNT_];
+
+/* The traits of op's kind (ir/kinds.def); op must be a valid op. */
+static inline const loom_ir_kind_info *loom_ir_op_traits(loom_ir_op op) {
+    return &loom_ir_kind_table[loom_ir_op_table[op].kind];
+}
 
 /* The op's name ("add"), "?" out of range. Lookup by name: LOOM_IR_OP_COUNT_ if none. */
 const char *loom_ir_op_name(loom_ir_op op);

@@ -122,7 +122,7 @@ static loom_status check_collective(const loom_ir_plan *p, const loom_ir_graph *
     const loom_ir_node *r = &g->nodes[kn->root];
     for (int32_t j = 0; j < kn->n_nodes; j++) {
         const loom_ir_node *nd = &g->nodes[kn->nodes[j]];
-        if (loom_ir_op_table[nd->op].kind != LOOM_IR_KIND_COLLECTIVE)
+        if (!loom_ir_op_traits(nd->op)->ranks)
             return fail(d, kn->nodes[j], "kernel %d (collective): %%%d is a %s, not a collective",
                         (int)k, (int)kn->nodes[j], loom_ir_op_name(nd->op));
         if (kn->n_nodes > 1 &&
@@ -183,8 +183,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                         (int)kn->root, loom_ir_op_name(root_op));
         break;
     case LOOM_IR_KERNEL_MATMUL:
-        if (root_kind != LOOM_IR_KIND_CONTRACTION && root_kind != LOOM_IR_KIND_CONV &&
-            root_kind != LOOM_IR_KIND_POOL)
+        if (!loom_ir_kind_table[root_kind].roots)
             return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k, (int)kn->root,
                         loom_ir_op_name(root_op));
         break;
@@ -314,17 +313,11 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             int32_t o = nd->inputs[q];
             bool inside = sorted_contains(kn->nodes, kn->n_nodes, o);
             s->used_by[o] = k;
-            if (inside && kind == LOOM_IR_KIND_CONTRACTION &&
-                !loom_ir_matmul_operand_fuses(g, n, o))
+            if (inside && loom_ir_kind_table[kind].roots && !loom_ir_matmul_operand_fuses(g, n, o))
                 return fail(d, n,
-                            "kernel %d (%s): matmul %%%d computes its operand %%%d; a "
-                            "matmul's operands are args (but casts and transposes into a "
-                            "16-bit one)",
-                            (int)k, kname, (int)n, (int)o);
-            if (inside && (kind == LOOM_IR_KIND_CONV || kind == LOOM_IR_KIND_POOL))
-                return fail(d, n,
-                            "kernel %d (%s): %s %%%d computes its operand %%%d; a "
-                            "convolution's or pool's operands are args",
+                            "kernel %d (%s): %s %%%d computes its operand %%%d; the operands "
+                            "of a kernel's root are args (but casts and transposes into a "
+                            "16-bit matmul)",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n, (int)o);
             if (!inside && s->arg_of[o] != k)
                 return fail(d, n,
@@ -653,7 +646,7 @@ loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, l
     /* a collective's value is always materialized: the communicator works on buffers */
     for (int32_t i = 0; i < n; i++) {
         s.seen_in[i] = -1;
-        if (loom_ir_op_table[g->nodes[i].op].kind == LOOM_IR_KIND_COLLECTIVE)
+        if (loom_ir_op_traits(g->nodes[i].op)->ranks)
             s.needed[i] = true;
     }
 
@@ -877,12 +870,7 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
         if (!dep)
             continue;
         dep_small[j / 64] |= (uint64_t)1 << (j % 64);
-        loom_ir_kind kind = loom_ir_op_table[nd->op].kind;
-        if (kind == LOOM_IR_KIND_BROADCAST || kind == LOOM_IR_KIND_TRANSPOSE ||
-            kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD || kind == LOOM_IR_KIND_CONCAT ||
-            kind == LOOM_IR_KIND_RAND || kind == LOOM_IR_KIND_CONTRACTION ||
-            kind == LOOM_IR_KIND_CONV || kind == LOOM_IR_KIND_POOL ||
-            kind == LOOM_IR_KIND_REDUCTION)
+        if (!loom_ir_op_traits(nd->op)->pointwise)
             return false;
     }
     /* The results stored outside the main loop (codegen's side nests) are computed in the

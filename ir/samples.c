@@ -415,10 +415,7 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
         hi = 20;
         rel = abs = 0;
     }
-    loom_ir_kind kind = loom_ir_op_table[op].kind; /* data movement, exact generators */
-    if (kind == LOOM_IR_KIND_SLICE || kind == LOOM_IR_KIND_PAD || kind == LOOM_IR_KIND_CONCAT ||
-        kind == LOOM_IR_KIND_IOTA || kind == LOOM_IR_KIND_RAND || kind == LOOM_IR_KIND_COLLECTIVE ||
-        op == LOOM_IR_OP_MAX_POOL2D)
+    if (loom_ir_op_traits(op)->exact || op == LOOM_IR_OP_MAX_POOL2D)
         rel = abs = 0;
     *out = (loom_ir_sample){.lo = lo, .hi = hi, .rel_tol = rel, .abs_tol = abs};
 }

@@ -99,34 +99,6 @@ static int32_t emit(ac_state *s, const loom_ir_node_desc *desc) {
     return id;
 }
 
-/* Pure data movement whose operands all have its dtype: a cast commutes with it exactly. */
-static bool moves_data(loom_ir_op op) {
-    switch (loom_ir_op_table[op].kind) {
-    case LOOM_IR_KIND_BROADCAST:
-    case LOOM_IR_KIND_RESHAPE:
-    case LOOM_IR_KIND_TRANSPOSE:
-    case LOOM_IR_KIND_SLICE:
-    case LOOM_IR_KIND_PAD:
-    case LOOM_IR_KIND_CONCAT: return true;
-    case LOOM_IR_KIND_SOURCE:
-    case LOOM_IR_KIND_UNARY:
-    case LOOM_IR_KIND_PREDICATE:
-    case LOOM_IR_KIND_BINARY:
-    case LOOM_IR_KIND_COMPARE:
-    case LOOM_IR_KIND_SELECT:
-    case LOOM_IR_KIND_CAST:
-    case LOOM_IR_KIND_REDUCTION:
-    case LOOM_IR_KIND_CONTRACTION:
-    case LOOM_IR_KIND_CONV:
-    case LOOM_IR_KIND_POOL:
-    case LOOM_IR_KIND_IOTA:
-    case LOOM_IR_KIND_RAND:
-    case LOOM_IR_KIND_COLLECTIVE: /* an all_reduce in bf16 is not one in f32 */
-    case LOOM_IR_KIND_COUNT_: break;
-    }
-    return false;
-}
-
 /* Out node v in dtype dt if it is known: v itself, or an earlier conversion; -1 if not yet. */
 static int32_t converted(const ac_state *s, int32_t v, loom_dtype dt) {
     if (s->out.nodes[v].dtype == dt)
@@ -138,7 +110,7 @@ static int32_t converted(const ac_state *s, int32_t v, loom_dtype dt) {
 static int32_t convert_one(ac_state *s, int32_t v, loom_dtype dt) {
     loom_ir_node n = s->out.nodes[v]; /* a copy: the node array moves as nodes are added */
     int32_t r = -1;
-    if (moves_data(n.op)) {
+    if (loom_ir_op_traits(n.op)->moves) {
         /* n.inputs is arena-owned and stays put; s->ops is the caller's, so use our own */
         int32_t small[16], *in = small;
         size_t bytes = (size_t)n.n_inputs * sizeof *in;
@@ -194,7 +166,7 @@ static int32_t convert(ac_state *s, int32_t v, loom_dtype dt) {
             continue;
         }
         bool ready = true;
-        if (moves_data(s->out.nodes[x].op))
+        if (loom_ir_op_traits(s->out.nodes[x].op)->moves)
             /* pushed last to first, so the first operand converts first, as a recursion's */
             for (int32_t k = s->out.nodes[x].n_inputs - 1; k >= 0; k--) {
                 int32_t in = s->out.nodes[x].inputs[k];
@@ -266,9 +238,10 @@ static loom_dtype wanted(const ac_state *s, int32_t i, int32_t k, const int32_t 
     if (tagged && info->autocast == LOOM_IR_AC_FP32)
         return have == LOOM_DTYPE_F16 || have == LOOM_DTYPE_BF16 ? LOOM_DTYPE_F32
                                                                  : LOOM_DTYPE_COUNT_;
-    if (info->kind == LOOM_IR_KIND_COLLECTIVE) /* across ranks in the dtype recorded */
+    if (loom_ir_kind_table[info->kind].ranks) /* across ranks in the dtype recorded */
         return is_castable(have) && is_castable(n->dtype) ? n->dtype : LOOM_DTYPE_COUNT_;
-    int32_t first = info->kind == LOOM_IR_KIND_SELECT ? 1 : 0; /* select's condition is bool */
+    int32_t first =
+        loom_ir_kind_table[info->kind].cond_first ? 1 : 0; /* select's condition is bool */
     if (k < first || !loom_ir_dtype_is_float(have))
         return LOOM_DTYPE_COUNT_;
     if (tagged && n->op == LOOM_IR_OP_ADD && n->n_inputs == 2) { /* a lower op's bias */

@@ -222,8 +222,8 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
     /* A pad reads its operand from a buffer and an iota reads nothing: evaluating one at
      * several indices costs no more than reading it back from memory, so it may join a
      * kernel that reads it through different maps (nothing else reads under its map). */
-    loom_ir_kind own = loom_ir_op_table[g->nodes[i].op].kind;
-    bool recomputable = own == LOOM_IR_KIND_PAD || own == LOOM_IR_KIND_IOTA;
+    const loom_ir_kind_info *own = loom_ir_op_traits(g->nodes[i].op);
+    bool recomputable = own->cheap;
     for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
         int32_t u = s->users[e];
         int32_t ku = s->fn[u].kernel;
@@ -236,8 +236,7 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
             int8_t space = SPACE_OUT;
             fmap map;
             /* in a matmul's operand space only casts and transposes are evaluated */
-            if (s->fn[u].space >= SPACE_OPERAND && own != LOOM_IR_KIND_CAST &&
-                own != LOOM_IR_KIND_TRANSPOSE)
+            if (s->fn[u].space >= SPACE_OPERAND && !own->operand_view)
                 return -1;
             switch (loom_ir_op_table[un->op].kind) {
             case LOOM_IR_KIND_CONTRACTION:
@@ -346,10 +345,8 @@ static void group_producers(fuse_state *s) {
             if (n->op == LOOM_IR_OP_CONSTANT) {
                 bool needs_buffer = s->is_output[i];
                 for (int32_t e = s->user_start[i]; e < s->user_start[i + 1]; e++) {
-                    loom_ir_kind uk = loom_ir_op_table[g->nodes[s->users[e]].op].kind;
-                    needs_buffer = needs_buffer || uk == LOOM_IR_KIND_RESHAPE ||
-                                   uk == LOOM_IR_KIND_CONTRACTION || uk == LOOM_IR_KIND_CONV ||
-                                   uk == LOOM_IR_KIND_POOL || uk == LOOM_IR_KIND_COLLECTIVE;
+                    const loom_ir_node *un = &g->nodes[s->users[e]];
+                    needs_buffer = needs_buffer || loom_ir_op_traits(un->op)->buffered;
                 }
                 if (needs_buffer)
                     s->ckernel[i] = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i);
@@ -601,8 +598,7 @@ static loom_status emit(fuse_state *s, const int32_t *order, int32_t n_live) {
          * epilogue uses the same constant: mark those args first; so does a collective */
         for (int32_t m = 0; m < n_mem; m++) {
             const loom_ir_node *un = &g->nodes[mem[m]];
-            loom_ir_kind uk = loom_ir_op_table[un->op].kind;
-            if (uk != LOOM_IR_KIND_CONTRACTION && uk != LOOM_IR_KIND_COLLECTIVE)
+            if (!loom_ir_op_traits(un->op)->buffered)
                 continue;
             for (int32_t q = 0; q < un->n_inputs; q++)
                 if (s->mark[un->inputs[q]] != -j - 2 && s->mark[un->inputs[q]] != j) {

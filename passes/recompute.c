@@ -57,9 +57,7 @@ typedef struct rc_state {
  * an operand joins it: elementwise ops, broadcasts, transposes, slices, and reductions (in
  * their prologue). */
 static bool evaluates_operands(const loom_ir_graph *g, int32_t u) {
-    loom_ir_kind k = loom_ir_op_table[g->nodes[u].op].kind;
-    return loom_ir_op_is_elementwise(g->nodes[u].op) || k == LOOM_IR_KIND_BROADCAST ||
-           k == LOOM_IR_KIND_TRANSPOSE || k == LOOM_IR_KIND_SLICE || k == LOOM_IR_KIND_REDUCTION;
+    return loom_ir_op_traits(g->nodes[u].op)->evaluates;
 }
 
 static bool is_costly(loom_ir_op op) {

@@ -492,7 +492,7 @@ static loom_status agree_on_collectives(const loom_ir_graph *g, loom_ir_diag *d)
     uint64_t h = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         const loom_ir_node *n = &g->nodes[i];
-        if (loom_ir_op_table[n->op].kind != LOOM_IR_KIND_COLLECTIVE)
+        if (!loom_ir_op_traits(n->op)->ranks)
             continue;
         const loom_ir_node *x = &g->nodes[n->inputs[0]];
         h = loom_rt_collective_digest(h, n, (size_t)loom_ir_numel(x->rank, x->shape));

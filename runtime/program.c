@@ -173,7 +173,7 @@ static loom_status build_collective(program *p, const loom_ir_plan *plan, int32_
     for (int32_t j = 0; j < pk->n_nodes; j++) {
         const loom_ir_node *n = &g->nodes[pk->nodes[j]];
         if (pk->results[j] != pk->nodes[j] || n->inputs[0] != pk->args[j] ||
-            loom_ir_op_table[n->op].kind != LOOM_IR_KIND_COLLECTIVE)
+            !loom_ir_op_traits(n->op)->ranks)
             return LOOM_STATUS_INVALID_ARGUMENT;
         if (j == 0)
             continue;
