@@ -32,7 +32,7 @@ typedef struct prog_kernel {
  * whose core the host thread shares (tracing the next step while this one runs) then takes
  * fewer chunks instead of holding the other up. Matmul kernels (matmuls, convolutions,
  * pools) keep one chunk a thread: each chunk packs its operands anew, and more chunks made
- * ResNet-50's convolutions slower (bench/README.md). So do reductions: 4 chunks a thread
+ * ResNet-50's convolutions slower (5818bcc). So do reductions: 4 chunks a thread
  * made batch norm's sums 5-10% slower at 64x64 (each chunk sets up and sums its own
  * accumulators). */
 enum { PROG_SPLIT_PER_THREAD = 4 };
