@@ -8,6 +8,7 @@
 
 #include "test_util.h"
 #include "frontend/frontend.h"
+#include "loom/dist.h"
 #include "loom/nn.h"
 
 #define MAXIN 4
@@ -56,7 +57,7 @@ static loom_tensor *weighted_loss(loom_context *ctx, loom_tensor *y) {
 
 static double eval_loss(loom_context *ctx, int n_in, const spec *sp, double *const *data,
                         build_fn f) {
-    loom_tensor *in[MAXIN];
+    loom_tensor *in[MAXIN] = {0};
     for (int k = 0; k < n_in; k++)
         in[k] = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, sp[k].rank, sp[k].shape, data[k]);
     loom_tensor *loss = weighted_loss(ctx, f(ctx, in));
@@ -69,6 +70,9 @@ static double eval_loss(loom_context *ctx, int n_in, const spec *sp, double *con
     return v;
 }
 
+/* The op a case's graph must record (-1: any). */
+static int expect_op = -1;
+
 /* The analytic gradients of the weighted loss with respect to every input. */
 static void analytic(loom_context *ctx, int n_in, const spec *sp, double *const *data, build_fn f,
                      double **grads) {
@@ -76,6 +80,12 @@ static void analytic(loom_context *ctx, int n_in, const spec *sp, double *const 
     for (int k = 0; k < n_in; k++)
         in[k] = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, sp[k].rank, sp[k].shape, data[k]);
     loom_tensor *loss = weighted_loss(ctx, f(ctx, in));
+    bool recorded = expect_op < 0;
+    for (int32_t i = 0; i < ctx->trace.n_nodes && !recorded; i++)
+        recorded = (int)ctx->trace.nodes[i].op == expect_op;
+    if (!recorded)
+        fail_msg("the case for %s records no %s", loom_ir_op_name((loom_ir_op)expect_op),
+                 loom_ir_op_name((loom_ir_op)expect_op));
     if (loom_backward(ctx, loss, n_in, in, g) != LOOM_OK)
         fail_msg("%s", loom_context_error_message(ctx));
     for (int k = 0; k < n_in; k++) {
@@ -189,62 +199,115 @@ UNARY_CASE(pad, loom_exp(ctx, loom_pad(ctx, in[0], (int64_t[]){1, 0}, (int64_t[]
 UNARY_CASE(concat, loom_exp(ctx, loom_concat(ctx, 3, (loom_tensor *[]){in[0], in[1], in[0]}, 1)))
 UNARY_CASE(reuse, loom_mul(ctx, loom_tanh(ctx, in[0]), loom_add(ctx, in[0], in[0])))
 
-static void test_every_elementwise_vjp_matches_finite_differences(void **state) {
-    (void)state;
-    const spec any = {S2(3, 4), -2, 2}, pos = {S2(3, 4), 0.5, 3};
-    struct {
-        const char *name;
-        build_fn f;
-        spec s;
-    } un[] = {{"neg", b_neg, any},   {"abs", b_abs, any},         {"exp", b_exp, any},
-              {"log", b_log, pos},   {"sqrt", b_sqrt, pos},       {"rsqrt", b_rsqrt, pos},
-              {"tanh", b_tanh, any}, {"sigmoid", b_sigmoid, any}, {"relu", b_relu, any},
-              {"gelu", b_gelu, any}};
-    for (size_t i = 0; i < sizeof un / sizeof un[0]; i++)
-        check_grad(un[i].name, 1, &un[i].s, un[i].f, 1e-6);
-    struct {
-        const char *name;
-        build_fn f;
-        spec s[2];
-    } bi[] = {{"add", b_add, {any, any}},         {"sub", b_sub, {any, any}},
-              {"mul", b_mul, {any, any}},         {"div", b_div, {any, pos}},
-              {"pow", b_pow, {pos, any}},         {"maximum", b_maximum, {any, any}},
-              {"minimum", b_minimum, {any, any}}, {"select", b_select, {any, any}}};
-    for (size_t i = 0; i < sizeof bi / sizeof bi[0]; i++)
-        check_grad(bi[i].name, 2, bi[i].s, bi[i].f, 1e-6);
+UNARY_CASE(all_reduce, loom_all_reduce(ctx, in[0], LOOM_REDUCE_SUM, 0.5)) /* one rank */
+static loom_tensor *b_conv(loom_context *ctx, loom_tensor *const *in);
+static loom_tensor *b_max_pool(loom_context *ctx, loom_tensor *const *in);
+
+/* One row per IR op, in ops.def's order (the _Static_assert below fails the build when an op
+ * is added without one): the case that checks its VJP, or why it has none. Each case's
+ * graph must record its op. */
+typedef struct vjp_case {
+    loom_ir_op op;
+    build_fn f; /* NULL: no VJP, for the reason in why */
+    int n_in;
+    spec s[MAXIN];
+    double tol, h;   /* h: the finite-difference step */
+    const char *why; /* no VJP: why not */
+} vjp_case;
+
+#define ANY2 {S2(3, 4), -2, 2}
+#define POS2 {S2(3, 4), 0.5, 3}
+#define VJP(e, fn, n, ...) {LOOM_IR_OP_##e, fn, n, {__VA_ARGS__}, 1e-6, 1e-6, NULL}
+#define NO_VJP(e, reason) {LOOM_IR_OP_##e, NULL, 0, {{0}}, 0, 0, reason}
+static const vjp_case vjp_cases[] = {
+    NO_VJP(INPUT, "a leaf: gradients are taken with respect to it"),
+    NO_VJP(CONSTANT, "a leaf with no operand"),
+    VJP(NEG, b_neg, 1, ANY2),
+    VJP(ABS, b_abs, 1, ANY2),
+    VJP(EXP, b_exp, 1, ANY2),
+    VJP(LOG, b_log, 1, POS2),
+    VJP(SQRT, b_sqrt, 1, POS2),
+    VJP(RSQRT, b_rsqrt, 1, POS2),
+    VJP(TANH, b_tanh, 1, ANY2),
+    VJP(SIGMOID, b_sigmoid, 1, ANY2),
+    VJP(RELU, b_relu, 1, ANY2),
+    VJP(GELU, b_gelu, 1, ANY2),
+    NO_VJP(ISFINITE, "a bool result: no gradient flows through it"),
+    VJP(ADD, b_add, 2, ANY2, ANY2),
+    VJP(SUB, b_sub, 2, ANY2, ANY2),
+    VJP(MUL, b_mul, 2, ANY2, ANY2),
+    VJP(DIV, b_div, 2, ANY2, POS2),
+    VJP(POW, b_pow, 2, POS2, ANY2),
+    VJP(MAXIMUM, b_maximum, 2, ANY2, ANY2),
+    VJP(MINIMUM, b_minimum, 2, ANY2, ANY2),
+    NO_VJP(EQ, "a bool result"),
+    NO_VJP(NE, "a bool result"),
+    NO_VJP(LT, "a bool result"),
+    NO_VJP(LE, "a bool result"),
+    NO_VJP(GT, "a bool result"),
+    NO_VJP(GE, "a bool result"),
+    VJP(SELECT, b_select, 2, ANY2, ANY2),
     /* through f32: a step of 1e-6 would be a few f32 ulps; the function is linear, so a
      * large step is exact up to f32 rounding */
-    fd_h = 1e-2;
-    check_grad("cast", 1, &any, b_cast, 1e-5);
+    {LOOM_IR_OP_CAST, b_cast, 1, {ANY2}, 1e-5, 1e-2, NULL},
+    VJP(BROADCAST, b_broadcast, 2, {S2(3, 1), -1, 1}, {S1(4), -1, 1}),
+    VJP(RESHAPE, b_reshape, 1, {S3(2, 3, 2), -1, 1}),
+    VJP(TRANSPOSE, b_permute, 2, {S3(2, 3, 4), -1, 1}, {S3(4, 2, 3), -1, 1}),
+    VJP(REDUCE_SUM, b_sum, 1, {S3(2, 3, 4), -1, 1}),
+    VJP(REDUCE_MEAN, b_mean, 1, {S3(2, 3, 4), -1, 1}),
+    VJP(REDUCE_MAX, b_max, 1, {S3(2, 3, 4), -1, 1}),
+    VJP(MATMUL, b_matmul, 2, {S3(2, 3, 4), -1, 1}, {S3(2, 4, 5), -1, 1}),
+    VJP(SLICE, b_slice, 1, {S2(5, 6), -1, 1}),
+    VJP(PAD, b_pad, 1, {S2(2, 3), -1, 1}),
+    VJP(CONCAT, b_concat, 2, {S3(2, 2, 3), -1, 1}, {S3(2, 1, 3), -1, 1}),
+    NO_VJP(IOTA, "no operand"),
+    NO_VJP(RAND_UNIFORM, "its operand is an integer seed"),
+    VJP(ALL_REDUCE, b_all_reduce, 1, ANY2),
+    NO_VJP(BROADCAST_FROM, "no gradient rule (include/loom/dist.h)"),
+    NO_VJP(ALL_GATHER, "no gradient rule (include/loom/dist.h)"),
+    VJP(CONV2D, b_conv, 3, {S4(2, 2, 5, 6), -1, 1}, {S4(3, 2, 2, 3), -1, 1}, {S1(3), -1, 1}),
+    NO_VJP(CONV2D_GRAD_INPUT, "conv2d's second derivative is not supported"),
+    NO_VJP(CONV2D_GRAD_WEIGHT, "conv2d's second derivative is not supported"),
+    VJP(MAX_POOL2D, b_max_pool, 1, {S4(1, 2, 4, 4), -1, 1}),
+    NO_VJP(MAX_POOL2D_GRAD, "max_pool2d's second derivative is not supported"),
+};
+_Static_assert(sizeof vjp_cases / sizeof vjp_cases[0] == LOOM_IR_OP_COUNT_,
+               "a VJP case (or the reason for none) per op of ops.def");
+
+static void test_every_op_vjp_matches_finite_differences(void **state) {
+    (void)state;
+    int checked = 0;
+    for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
+        const vjp_case *c = &vjp_cases[op];
+        if (c->op != (loom_ir_op)op)
+            fail_msg("vjp_cases[%d] is %s's row, not %s's: rows go in ops.def's order", op,
+                     loom_ir_op_name(c->op), loom_ir_op_name((loom_ir_op)op));
+        if (!c->f) {
+            assert_true(c->why && *c->why);
+            continue;
+        }
+        expect_op = op;
+        fd_h = c->h;
+        check_grad(loom_ir_op_name(c->op), c->n_in, c->s, c->f, c->tol);
+        checked++;
+    }
+    expect_op = -1;
     fd_h = 1e-6;
-    check_grad("reuse", 1, &any, b_reuse, 1e-6);
+    print_message("%d ops' VJPs checked, %d ops without one\n", checked,
+                  LOOM_IR_OP_COUNT_ - checked);
 }
 
-static void test_movement_and_reduction_vjps_match_finite_differences(void **state) {
+/* Cases beyond one per op: what a rule does in another position or shape. */
+static void test_more_vjp_cases_match_finite_differences(void **state) {
     (void)state;
-    spec bc[2] = {{S2(3, 1), -1, 1}, {S1(4), -1, 1}};
-    check_grad("broadcast", 2, bc, b_broadcast, 1e-6);
+    const spec any = ANY2;
+    check_grad("reuse", 1, &any, b_reuse, 1e-6);
     spec bu = {S3(3, 1, 4), -1, 1};
     check_grad("broadcast_unit", 1, &bu, b_broadcast_unit, 1e-6);
-    spec r1 = {S3(2, 3, 2), -1, 1};
-    check_grad("reshape", 1, &r1, b_reshape, 1e-6);
-    spec pm[2] = {{S3(2, 3, 4), -1, 1}, {S3(4, 2, 3), -1, 1}};
-    check_grad("permute", 2, pm, b_permute, 1e-6);
     spec rd = {S3(2, 3, 4), -1, 1};
-    check_grad("sum", 1, &rd, b_sum, 1e-6);
     check_grad("sum_keepdim", 1, &rd, b_sum_keepdim, 1e-6);
-    check_grad("mean", 1, &rd, b_mean, 1e-6);
-    check_grad("max", 1, &rd, b_max, 1e-6);
-    spec mm[2] = {{S3(2, 3, 4), -1, 1}, {S3(2, 4, 5), -1, 1}};
-    check_grad("matmul", 2, mm, b_matmul, 1e-6);
     spec mv[2] = {{S3(2, 3, 4), -1, 1}, {S1(4), -1, 1}};
     check_grad("matmul_vec", 2, mv, b_matmul_vec, 1e-6);
-    spec sl = {S2(5, 6), -1, 1};
-    check_grad("slice", 1, &sl, b_slice, 1e-6);
-    spec pd = {S2(2, 3), -1, 1};
-    check_grad("pad", 1, &pd, b_pad, 1e-6);
-    spec cc[2] = {{S3(2, 2, 3), -1, 1}, {S3(2, 1, 3), -1, 1}};
-    check_grad("concat", 2, cc, b_concat, 1e-6);
 }
 
 /* ---- composite nn ops ------------------------------------------------------------------ */
@@ -318,12 +381,9 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
     check_grad("softmax", 1, &sm, b_softmax, 1e-6);
     check_grad("log_softmax", 1, &sm, b_log_softmax, 1e-6);
     check_grad("cross_entropy", 1, &sm, b_cross_entropy, 1e-6);
-    spec cv[3] = {{S4(2, 2, 5, 6), -1, 1}, {S4(3, 2, 2, 3), -1, 1}, {S1(3), -1, 1}};
-    check_grad("conv2d stride/pad/dilation", 3, cv, b_conv, 1e-6);
     spec cg[2] = {{S4(1, 4, 3, 3), -1, 1}, {S4(2, 2, 2, 2), -1, 1}};
     check_grad("conv2d groups", 2, cg, b_conv_groups, 1e-6);
     spec pl = {S4(1, 2, 4, 4), -1, 1};
-    check_grad("max_pool2d", 1, &pl, b_max_pool, 1e-6);
     check_grad("max_pool2d, windows tiling x", 1, &pl, b_max_pool_tiled, 1e-6);
     spec ap = {S4(1, 2, 4, 6), -1, 1};
     check_grad("avg_pool2d", 1, &ap, b_avg_pool, 1e-6);
@@ -531,8 +591,8 @@ static void test_backward_rejects_bad_arguments_and_stays_usable(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_elementwise_vjp_matches_finite_differences),
-        cmocka_unit_test(test_movement_and_reduction_vjps_match_finite_differences),
+        cmocka_unit_test(test_every_op_vjp_matches_finite_differences),
+        cmocka_unit_test(test_more_vjp_cases_match_finite_differences),
         cmocka_unit_test(test_nn_op_gradients_match_finite_differences),
         cmocka_unit_test(test_gradients_of_a_hand_derived_expression),
         cmocka_unit_test(test_relu_gradient_reads_the_output_not_the_input),
