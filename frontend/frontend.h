@@ -230,7 +230,7 @@ loom_status loom_fe_check_found_inf(loom_context *ctx, loom_tensor *found_inf, c
  * `if (*found_inf)`); NULL after recording an error. */
 loom_tensor *loom_fe_found_inf_flag(loom_context *ctx, loom_tensor *found_inf);
 
-/* ---- compile.c ---- */
+/* ---- build_executable.c ---- */
 typedef struct loom_fe_jit_options {
     int32_t compile_threads;
     bool verify_passes;      /* verifier after every pass (tests, LOOM_VERIFY=1) */
@@ -254,7 +254,7 @@ struct loom_rt_pool;
  * meet a step's collectives on the stream thread). Errors are recorded in each context. */
 void loom_fe_finish_all_inflight(void);
 
-/* LOOM_DEBUG (recompile.c): a read of t that forced the pending step to run early, printed
+/* LOOM_DEBUG (debug_report.c): a read of t that forced the pending step to run early, printed
  * once per source line of the tensor; and, at destroy, a summary of the compiles after the
  * first LOOM_FE_DEBUG_WARMUP steps, forced reads and interpreter fallbacks. */
 #define LOOM_FE_DEBUG_WARMUP 3
