@@ -87,10 +87,18 @@ enum {
     WG_BIG_TASKS = 4,
     WG_TILES = 128,   /* tiles of a K chunk, about (whole tile rows) */
     WG_TASKS_MIN = 2, /* tasks at least, the rows split first (which repeats dy's transform only) */
-    /* F(4x4, 3x3)'s weight gradient: tiles a row at least (f32 on a Zen 4, one thread: at
-     * 14x14, 4 tiles, 8.7 -> 9.6 ms against F(2x2, 3x3); at 28x28, 7 tiles, 9.1 -> 5.7), and
-     * K chunks of half WG_TILES (its 36 GEMMs' operands: 56x56, 7.5 -> 6.3 ms) */
-    WG4_TW_MIN = 7,
+    /* F(4x4, 3x3): tiles of 4 a row at least, in every pass. Its rounding is 6.5x F(2x2)'s
+     * (1.7e-6 relative against 2.6e-7): a training step at 64x64, whose layer1 maps are 16
+     * wide, then let a ReLU input near zero fall the other way from PyTorch-f32's (issue 48:
+     * ResNet-18's update off float64 by 64x PyTorch-f32's on one step, medians 2.7x; F(2x2):
+     * 1.0x and 1.3x). Cost where it no longer runs (Intel family 6 model 207, two threads,
+     * f32): layer1's 3x3 at 16x16, batch 32, 1.4 -> 3.2 ms a pass (forward, input gradient);
+     * layer3's at 14x14, batch 8, forward 11.1 -> 8.0 ms, input gradient 5.8-9.9 -> 8.8-9.3.
+     * The weight gradient took it from 7 tiles before (a Zen 4, one thread: at 14x14, 4
+     * tiles, 8.7 -> 9.6 ms against F(2x2); at 28x28, 7 tiles, 9.1 -> 5.7). */
+    F4_TW_MIN = 7,
+    /* F(4x4, 3x3)'s weight gradient: K chunks of half WG_TILES (its 36 GEMMs' operands:
+     * 56x56, 7.5 -> 6.3 ms) */
 };
 
 static MlirValue fadd(cg_b *b, MlirValue x, MlirValue y) {
@@ -242,14 +250,12 @@ void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v) {
 }
 
 /* The tile: 4 where the GEMMs multiply f32 (F(4x4, 3x3)'s transforms scale by up to 5 and
- * 1/24, which bf16's 8 bits carry less well, and under bf16 pairs it gained less: see
- * bench/README; LOOM_CONV=winograd4 takes it there too, to compare) and the destination is
- * WN_TW_MIN tiles of 4 wide (the weight gradient: WG4_TW_MIN); else 2 (LOOM_CONV=winograd2:
- * everywhere). */
+ * 1/24, which bf16's 8 bits carry less well, and under bf16 pairs it gained less (51155e8);
+ * LOOM_CONV=winograd4 takes it there too, to compare) and the destination is F4_TW_MIN
+ * tiles of 4 wide (25 pixels); else 2 (LOOM_CONV=winograd2: everywhere). */
 static int64_t wino_tile(const cv_plan *cp) {
     cg_conv_mode mode = loom_cg_conv_mode();
-    int64_t tw_min = cp->role == CV_GRAD_WEIGHT ? WG4_TW_MIN : WN_TW_MIN;
-    if (mode == CG_CONV_WINO2 || ceil_div(cp->dW, 4) < tw_min)
+    if (mode == CG_CONV_WINO2 || ceil_div(cp->dW, 4) < F4_TW_MIN)
         return 2;
     return cp->mk.pk == 1 || mode == CG_CONV_WINO4 ? 4 : 2;
 }
