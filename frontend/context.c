@@ -13,6 +13,7 @@
 #include "runtime/disk_cache.h"
 #include "runtime/stream.h"
 #include "runtime/trace.h"
+#include "targets/targets.h"
 
 /* Registry of live contexts so a handle (which carries only an id) finds its context, even
  * in loom_tensor_retain/release which take no context. Ids are handed out round-robin, so
@@ -171,6 +172,7 @@ LOOM_API loom_status loom_context_create(const loom_context_options *opts,
     snprintf(device_name, sizeof device_name, "npu:%d", (int)local_rank);
     loom_ir_diag d;
     loom_ir_diag_init(&d);
+    loom_tg_register_builtin(); /* before the device: it finds its target by name */
     loom_status st = loom_rt_device_create(opts->device ? opts->device : device_name, &ctx->alloc,
                                            &ctx->metrics, &ctx->device, &d);
     if (st == LOOM_OK) {

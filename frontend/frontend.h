@@ -231,25 +231,13 @@ loom_status loom_fe_check_found_inf(loom_context *ctx, loom_tensor *found_inf, c
 loom_tensor *loom_fe_found_inf_flag(loom_context *ctx, loom_tensor *found_inf);
 
 /* ---- build_executable.c ---- */
-typedef struct loom_fe_jit_options {
-    int32_t compile_threads;
-    bool verify_passes;      /* verifier after every pass (tests, LOOM_VERIFY=1) */
-    bool quiet_cache_errors; /* do not warn when the disk cache cannot be written */
-    const char *cache_dir;   /* NULL: no disk cache */
-    const char *dump_dir;    /* NULL: no dumps */
-    const char *dump_prefix; /* "stepNNNNNN-<hash>" */
-    loom_rt_profile *profile; /* NULL: kernels are not timed (LOOM_PROFILE) */
-    double allreduce_bucket_mb; /* loom_pass_options.allreduce_bucket_mb; part of the cache key */
-    struct loom_rt_trace *trace; /* NULL: not tracing */
-    const char *perf_map;        /* append the kernels' perf map here (LOOM_PERF_MAP); NULL: no */
-    const char *jitdump_dir;     /* and their code to <dir>/jit-<pid>.dump; NULL: no */
-} loom_fe_jit_options;
+/* Builds the executable of ctx->cut (hash: its hash; prefix: its dumps' "stepNNNNNN-<hash>")
+ * with the context's device's target, or the fallback target where that one answers
+ * UNSUPPORTED (counted in Fallbacks, one note on stderr). Errors from the target, with the
+ * message in d. */
+loom_status loom_fe_build_executable(loom_context *ctx, uint64_t hash, const char *prefix,
+                                     loom_rt_executable **out_exe, loom_ir_diag *d);
 
-struct loom_rt_pool;
-/* Builds the JIT executable for a cut graph: passes and the plan, then compiled code from
- * the disk cache or codegen (stored back), then a program on pool. Errors: UNSUPPORTED
- * (codegen cannot lower the graph: the caller falls back to the interpreter), INTERNAL,
- * OUT_OF_MEMORY, with the message in d. */
 /* Waits for the step in flight of every live context (dist.c: a barrier or finalize must not
  * meet a step's collectives on the stream thread). Errors are recorded in each context. */
 void loom_fe_finish_all_inflight(void);
@@ -265,28 +253,7 @@ void loom_fe_debug_summary(const loom_context *ctx);
  * why the step recompiled (recompile.c). */
 loom_status loom_fe_explain_recompile(loom_context *ctx, const loom_ir_graph *cut);
 
-loom_status loom_fe_jit_build(const loom_ir_graph *cut, uint64_t hash, const loom_fe_jit_options *o,
-                              struct loom_rt_pool *pool, const loom_allocator *a,
-                              loom_rt_metrics *m, loom_rt_executable **out_exe, loom_ir_diag *d);
 
-/* Builds the reference interpreter's executable for a cut graph: the autocast pass first
- * (the interpreter runs what the JIT runs), the graph as traced kept for the cache.
- * Errors: OUT_OF_MEMORY, INVALID_ARGUMENT, with the message in d. */
-loom_status loom_fe_interp_build(const loom_ir_graph *cut, uint64_t hash, const loom_allocator *a,
-                                 loom_rt_executable **out_exe, loom_ir_diag *d);
-
-/* ---- conformance.c ---- */
-/* Whether codegen can lower g: its passes and plan, then loom_cg_check (nothing compiled).
- * Errors: UNSUPPORTED naming what codegen refuses; others from the passes. */
-loom_status loom_fe_jit_check(const loom_ir_graph *g, loom_ir_diag *d);
-/* Runs g on random inputs (from *rng, in s's domain, in buffers of dev) through the
- * reference interpreter and, unless pool is NULL, through the JIT built on pool, and
- * compares every output within s's tolerance. Errors: INTERNAL naming the first element that
- * differs ("output 0 (f32[3]) element 2: JIT ..., interpreter ..."), the interpreter's or
- * the JIT's errors (UNSUPPORTED when codegen refuses g), OUT_OF_MEMORY; the message in d. */
-loom_status loom_fe_check_against_interp(const loom_ir_graph *g, const loom_ir_sample *s,
-                                         uint64_t *rng, struct loom_rt_pool *pool,
-                                         loom_rt_device *dev, loom_rt_metrics *m, loom_ir_diag *d);
 
 /* ---- step.c ---- */
 /* Computes the given tensors (slots) now: cuts their graph from the trace, looks it up in

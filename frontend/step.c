@@ -120,31 +120,9 @@ static loom_status lookup_or_build(loom_context *ctx, int64_t t0, loom_rt_execut
     snprintf(prefix, sizeof prefix, "step%06" PRId64 "-%016" PRIx64, ctx->step, hash);
     if (ctx->dump_dir)
         dump_graph(ctx, &ctx->cut, prefix);
-    loom_status st = LOOM_STATUS_UNSUPPORTED;
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    if (!ctx->eager) {
-        char perf_map[64];
-        loom_fe_jit_options o = {
-            .compile_threads = loom_rt_pool_threads(ctx->pool),
-            .verify_passes = ctx->verify_passes,
-            .cache_dir = ctx->cache_dir,
-            .dump_dir = ctx->dump_dir,
-            .dump_prefix = prefix,
-            .profile = ctx->profiling ? &ctx->profile : NULL,
-            .allreduce_bucket_mb = ctx->allreduce_bucket_mb,
-            .trace = ctx->chrome,
-            .perf_map = ctx->perf_map ? loom_rt_perf_map_path(perf_map, sizeof perf_map) : NULL,
-            .jitdump_dir = ctx->perf_jitdump ? LOOM_RT_JITDUMP_DIR : NULL};
-        st = loom_fe_jit_build(&ctx->cut, hash, &o, ctx->pool, &ctx->alloc, &ctx->metrics, &exe, &d);
-        if (st == LOOM_STATUS_UNSUPPORTED) {
-            loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_FALLBACKS, 1);
-            fprintf(stderr, "loom: note: step %" PRId64 ": %s; running this graph on the reference "
-                            "interpreter\n", ctx->step, d.msg);
-        }
-    }
-    if (st == LOOM_STATUS_UNSUPPORTED)
-        st = loom_fe_interp_build(&ctx->cut, hash, &ctx->alloc, &exe, &d);
+    loom_status st = loom_fe_build_executable(ctx, hash, prefix, &exe, &d);
     if (st == LOOM_OK)
         st = loom_rt_cache_insert(&ctx->cache, exe);
     int64_t compile_t1 = loom_rt_now_ns();

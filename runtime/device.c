@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "runtime.h"
+#include "target.h"
 #include "trace.h"
 
 /* ---- the NPU target ---------------------------------------------------------------------- */
@@ -152,26 +153,39 @@ loom_status loom_rt_device_create(const char *name, const loom_allocator *a,
                                   loom_ir_diag *d) {
     if (!name)
         name = "npu:0";
+    /* "<target>" or "<target>:N": npu, or a target registered from above (target.h) */
+    size_t base = strcspn(name, ":");
+    char tname[16];
+    snprintf(tname, sizeof tname, "%.*s", (int)(base < sizeof tname ? base : sizeof tname - 1),
+             name);
+    const loom_rt_target *target = loom_rt_target_find(tname);
+    if (base >= sizeof tname || (strcmp(tname, "npu") != 0 && !target))
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
+                                "unknown device '%s' (expected \"npu\" or \"npu:N\", or a "
+                                "registered target's name)",
+                                name);
     long index = 0;
-    if (strcmp(name, "npu") != 0) {
+    if (name[base] == ':') {
         char *end = NULL;
-        if (strncmp(name, "npu:", 4) != 0 || name[4] < '0' || name[4] > '9')
+        if (name[base + 1] < '0' || name[base + 1] > '9')
             return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
                                     "unknown device '%s' (expected \"npu\" or \"npu:N\")", name);
-        index = strtol(name + 4, &end, 10);
+        index = strtol(name + base + 1, &end, 10);
         if (*end != '\0' || index > 1023)
             return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
-                                    "bad device index in '%s' (expected npu:0..npu:1023)", name);
+                                    "bad device index in '%s' (expected %s:0..%s:1023)", name,
+                                    tname, tname);
     }
     loom_rt_device *dev = loom_ir_alloc(a, sizeof *dev);
     if (!dev)
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "out of memory creating %s", name);
     memset(dev, 0, sizeof *dev);
     dev->vt = &npu_vtable;
+    dev->target = target; /* NULL where no target registered (runtime's own tests) */
     dev->alloc = *a;
     dev->metrics = metrics;
     dev->index = (int32_t)index;
-    snprintf(dev->name, sizeof dev->name, "npu:%ld", index);
+    snprintf(dev->name, sizeof dev->name, "%s:%d", tname, (int)index);
     *out_dev = dev;
     return LOOM_OK;
 }

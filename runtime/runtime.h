@@ -102,6 +102,7 @@ typedef struct loom_rt_device_vtable {
 
 struct loom_rt_device {
     const loom_rt_device_vtable *vt;
+    const struct loom_rt_target *target; /* its compiler (target.h); NULL if none registered */
     loom_allocator alloc;
     loom_rt_metrics *metrics; /* borrowed: transfers are counted here */
     struct loom_rt_trace *trace; /* borrowed, may be NULL: transfers are traced here */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "frontend/frontend.h"
+#include "targets/targets.h"
 #include "loom_ir_exec.h"
 #include "runtime/kernel.h"
 
@@ -44,19 +45,21 @@ static loom_rt_executable *build(pipeline *p, const loom_ir_graph *g, const char
     loom_context_options env; /* LOOM_PERF_MAP, read as a context reads it */
     loom_context_options_init(&env);
     char map_path[64];
-    loom_fe_jit_options o = {.compile_threads = loom_rt_pool_threads(p->pool),
-                             .verify_passes = true,
-                             .dump_dir = dump_dir,
-                             .dump_prefix = "x",
-                             .profile = profile ? &p->profile : NULL,
-                             .perf_map = env.perf_map || env.perf_jitdump
-                                             ? loom_rt_perf_map_path(map_path, sizeof map_path)
-                                             : NULL,
-                             .jitdump_dir = env.perf_jitdump ? LOOM_RT_JITDUMP_DIR : NULL};
+    loom_rt_build_options o = {.compile_threads = loom_rt_pool_threads(p->pool),
+                               .verify_passes = true,
+                               .dump_dir = dump_dir,
+                               .dump_prefix = "x",
+                               .profile = profile ? &p->profile : NULL,
+                               .perf_map = env.perf_map || env.perf_jitdump
+                                               ? loom_rt_perf_map_path(map_path, sizeof map_path)
+                                               : NULL,
+                               .jitdump_dir = env.perf_jitdump ? LOOM_RT_JITDUMP_DIR : NULL};
     loom_rt_executable *exe = NULL;
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    if (loom_fe_jit_build(g, loom_ir_graph_hash(g), &o, p->pool, &p->a, &p->metrics, &exe, &d) !=
+    loom_tg_register_builtin();
+    const loom_rt_target *npu = loom_rt_target_find("npu");
+    if (npu->build(g, loom_ir_graph_hash(g), &o, p->pool, &p->a, &p->metrics, &exe, &d) !=
         LOOM_OK) {
         fprintf(stderr, "%s: error: %s\n", shown, d.msg);
         return NULL;

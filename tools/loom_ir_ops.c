@@ -10,6 +10,7 @@
 
 #include "codegen/codegen.h"
 #include "frontend/frontend.h"
+#include "targets/targets.h"
 #include "loom_ir_exec.h"
 
 enum { SAMPLES = 3, VJP_SAMPLES = 8, NOTE_MAX = 640, N_DT = LOOM_IR_SAMPLE_N_DTYPES };
@@ -56,15 +57,15 @@ static void probe_dtype(probe *p, loom_ir_op op, int t, op_row *r) {
             note_failure(&r->interp, dt, "sampling", d.msg);
             interp_ok = jit_ok = false;
         } else {
-            if (loom_fe_check_against_interp(&g, &s, &p->rng, NULL, p->dev, &p->metrics, &d) !=
+            if (loom_tg_check_against_ref(&g, &s, &p->rng, NULL, p->dev, &p->metrics, &d) !=
                 LOOM_OK) {
                 note_failure(&r->interp, dt, "interpreter", d.msg);
                 interp_ok = false;
             }
             loom_ir_diag_init(&d);
-            loom_status st = p->check ? loom_fe_check_against_interp(&g, &s, &p->rng, p->pool,
-                                                                     p->dev, &p->metrics, &d)
-                                      : loom_fe_jit_check(&g, &d);
+            loom_status st = p->check ? loom_tg_check_against_ref(&g, &s, &p->rng, p->pool, p->dev,
+                                                                  &p->metrics, &d)
+                                      : loom_tg_npu_supports(&g, &d);
             if (st != LOOM_OK) {
                 note_failure(&r->jit, dt, p->check ? "JIT run" : "codegen", d.msg);
                 jit_ok = false;

@@ -8,6 +8,7 @@
 
 #include "codegen/codegen.h"
 #include "frontend/frontend.h"
+#include "targets/targets.h"
 #include "passes/passes.h"
 #include "runtime/kernel.h"
 
@@ -60,7 +61,7 @@ static void check_and_free(loom_ir_graph *g, uint64_t seed) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     loom_ir_sample s = {.lo = -2, .hi = 2, .rel_tol = 1e-5, .abs_tol = 1e-6};
-    if (loom_fe_check_against_interp(g, &s, &seed, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
+    if (loom_tg_check_against_ref(g, &s, &seed, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
         fail_msg("%s", d.msg);
     loom_ir_graph_deinit(g);
 }

@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 #include "frontend/frontend.h"
+#include "targets/targets.h"
 #include "ir/samples.h"
 #include "runtime/kernel.h"
 
@@ -46,7 +47,7 @@ static int teardown(void **state) {
 static void check_graph(const loom_ir_graph *g, const loom_ir_sample *s, const char *what) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    if (loom_fe_check_against_interp(g, s, &rng_state, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
+    if (loom_tg_check_against_ref(g, s, &rng_state, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
         fail_msg("%s: %s", what, d.msg);
 }
 
@@ -228,7 +229,7 @@ static void test_the_probes_give_each_layers_answer(void **state) {
     assert_int_equal(g.nodes[s.subject].op, LOOM_IR_OP_MATMUL);
     assert_int_equal(loom_fe_vjp_probe(&g, s.subject, &applies, &d), LOOM_OK);
     assert_true(applies);
-    assert_int_equal(loom_fe_jit_check(&g, &d), LOOM_OK);
+    assert_int_equal(loom_tg_npu_supports(&g, &d), LOOM_OK);
     loom_ir_graph_deinit(&g);
 
     loom_ir_graph_init(&g, &H.alloc); /* a bool result: nothing to differentiate */
@@ -257,14 +258,14 @@ static void test_the_probes_give_each_layers_answer(void **state) {
               -1);
     loom_ir_sample exact = {.lo = -4, .hi = 4}, loose = {.lo = -4, .hi = 4, .rel_tol = 1e-5};
     loom_ir_diag_init(&d);
-    assert_int_equal(loom_fe_check_against_interp(&g, &exact, &rng, NULL, H.dev, &H.metrics, &d),
+    assert_int_equal(loom_tg_check_against_ref(&g, &exact, &rng, NULL, H.dev, &H.metrics, &d),
                      LOOM_OK); /* the interpreter alone */
-    assert_int_equal(loom_fe_check_against_interp(&g, &exact, &rng, H.pool, H.dev, &H.metrics, &d),
+    assert_int_equal(loom_tg_check_against_ref(&g, &exact, &rng, H.pool, H.dev, &H.metrics, &d),
                      LOOM_STATUS_INTERNAL);
     assert_non_null(strstr(d.msg, "output 0 (f32[256]) element "));
     assert_non_null(strstr(d.msg, "(error "));
     loom_ir_diag_init(&d);
-    assert_int_equal(loom_fe_check_against_interp(&g, &loose, &rng, H.pool, H.dev, &H.metrics, &d),
+    assert_int_equal(loom_tg_check_against_ref(&g, &loose, &rng, H.pool, H.dev, &H.metrics, &d),
                      LOOM_OK);
     loom_ir_graph_deinit(&g);
 

@@ -214,12 +214,15 @@ static void test_device_rejects_bad_names_with_a_message(void **state) {
     static const struct {
         const char *name, *msg;
     } bad[] = {
-        {"gpu:0", "unknown device 'gpu:0' (expected \"npu\" or \"npu:N\")"},
+        {"gpu:0",
+         "unknown device 'gpu:0' (expected \"npu\" or \"npu:N\", or a registered target's name)"},
         {"npu:x", "unknown device 'npu:x' (expected \"npu\" or \"npu:N\")"},
         {"npu:", "unknown device 'npu:' (expected \"npu\" or \"npu:N\")"},
-        {"", "unknown device '' (expected \"npu\" or \"npu:N\")"},
-        {"npu0", "unknown device 'npu0' (expected \"npu\" or \"npu:N\")"},
-        {"NPU:0", "unknown device 'NPU:0' (expected \"npu\" or \"npu:N\")"},
+        {"", "unknown device '' (expected \"npu\" or \"npu:N\", or a registered target's name)"},
+        {"npu0",
+         "unknown device 'npu0' (expected \"npu\" or \"npu:N\", or a registered target's name)"},
+        {"NPU:0",
+         "unknown device 'NPU:0' (expected \"npu\" or \"npu:N\", or a registered target's name)"},
         {"npu:-1", "unknown device 'npu:-1' (expected \"npu\" or \"npu:N\")"},
         {"npu: 1", "unknown device 'npu: 1' (expected \"npu\" or \"npu:N\")"},
         {"npu:99999", "bad device index in 'npu:99999' (expected npu:0..npu:1023)"},

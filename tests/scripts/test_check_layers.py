@@ -17,7 +17,7 @@ if len(sys.argv) != 3:
     print("usage: %s /path/to/check_layers.py SOURCE_ROOT" % sys.argv[0], file=sys.stderr)
     sys.exit(2)
 CHECKER, ROOT = sys.argv[1], os.path.realpath(sys.argv[2])
-FOLDERS = ["ir", "runtime", "passes", "codegen", "frontend", "include"]
+FOLDERS = ["ir", "runtime", "passes", "codegen", "targets", "frontend", "include"]
 TMP = os.path.realpath(tempfile.mkdtemp(prefix="loom-layers-test."))
 TREE = os.path.join(TMP, "tree")
 n = 0
@@ -125,7 +125,7 @@ try:
     expect_fail("a layer may not include tests/ (on top, with tools/ and examples/)",
                 "frontend/nn.c", '#include "tests/test_util.h"',
                 '#include "tests/test_util.h": frontend/ may include only frontend/, ir/, '
-                'runtime/, passes/, codegen/ and include/')
+                'runtime/, targets/ and include/')
     expect_fail("mlir-c/ outside codegen/ fails",
                 "frontend/tensor.c", "#include <mlir-c/IR.h>",
                 "#include <mlir-c/IR.h>: only codegen/ may include mlir-c/ headers")
@@ -146,9 +146,15 @@ try:
                 "ir/dot.c", '/* why */ #include "frontend/frontend.h"',
                 '#include "frontend/frontend.h": ir/ may include only ir/ and include/')
 
-    expect_pass("frontend/ may include every layer below it", "frontend/nn.c",
-                '#include "codegen/codegen.h"\n#include "passes/passes.h"\n'
+    expect_pass("frontend/ may include the layers it drives", "frontend/nn.c",
+                '#include "targets/targets.h"\n'
                 '#include "runtime/kernel.h"\n#include "ir/plan.h"')
+    expect_pass("targets/ may include passes/ and codegen/", "targets/npu.c",
+                '#include "codegen/codegen.h"\n#include "passes/passes.h"')
+    expect_fail("frontend/ names no compiler: codegen/ is the npu target's",
+                "frontend/nn.c", '#include "codegen/codegen.h"',
+                '#include "codegen/codegen.h": frontend/ may include only frontend/, ir/, '
+                'runtime/, targets/ and include/')
     expect_pass("codegen/ may include mlir-c/ and llvm-c/", "codegen/mlir_build.c",
                 "#include <mlir-c/IR.h>\n#include <llvm-c/Core.h>")
     expect_pass("commented-out includes are ignored", "ir/dot.c",

@@ -1,32 +1,12 @@
-/* Conformance of the layers on a graph (one-op samples from ir/samples.h, or any graph): what
- * codegen can lower (checked without compiling), and the JIT's results against the reference
- * interpreter's on random inputs. The conformance test and `loom-ir ops` both run these. */
+/* Conformance of the npu target on a graph (one-op samples from ir/samples.h, or any graph):
+ * its JIT's results against the reference interpreter's on random inputs. The conformance
+ * test and `loom-ir ops` run it; what the JIT takes is the npu target's supports. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "codegen/codegen.h"
-#include "frontend.h"
-#include "passes/passes.h"
 #include "runtime/kernel.h"
-
-loom_status loom_fe_jit_check(const loom_ir_graph *g, loom_ir_diag *d) {
-    loom_ir_graph copy;
-    loom_ir_graph_init(&copy, &g->alloc);
-    loom_ir_plan plan;
-    loom_ir_plan_init(&plan, &g->alloc);
-    loom_pass_options popts = {.verify_each = true};
-    loom_status st = loom_ir_graph_copy(&copy, g);
-    if (st != LOOM_OK)
-        st = loom_ir_diag_set(d, st, "out of memory copying the graph");
-    if (st == LOOM_OK)
-        st = loom_pass_build_plan(&copy, &popts, &plan, d);
-    if (st == LOOM_OK)
-        st = loom_cg_check(&copy, &plan, d);
-    loom_ir_plan_deinit(&plan);
-    loom_ir_graph_deinit(&copy);
-    return st;
-}
+#include "targets.h"
 
 /* The first element of output o where got and want differ beyond s's tolerance, as an
  * INTERNAL error naming it; LOOM_OK when none does. NaN matches NaN. */
@@ -51,9 +31,9 @@ static loom_status compare(const loom_ir_graph *g, int32_t o, const void *got, c
     return LOOM_OK;
 }
 
-loom_status loom_fe_check_against_interp(const loom_ir_graph *g, const loom_ir_sample *s,
-                                         uint64_t *rng, struct loom_rt_pool *pool,
-                                         loom_rt_device *dev, loom_rt_metrics *m, loom_ir_diag *d) {
+loom_status loom_tg_check_against_ref(const loom_ir_graph *g, const loom_ir_sample *s,
+                                      uint64_t *rng, struct loom_rt_pool *pool, loom_rt_device *dev,
+                                      loom_rt_metrics *m, loom_ir_diag *d) {
     int32_t n_in = g->n_graph_inputs, n_out = g->n_outputs;
     loom_rt_buffer **ins = calloc((size_t)n_in + 1, sizeof *ins);
     loom_rt_buffer **outs = calloc((size_t)n_out + 1, sizeof *outs);
@@ -86,9 +66,11 @@ loom_status loom_fe_check_against_interp(const loom_ir_graph *g, const loom_ir_s
         d->code = st; /* the message names the node */
     } else if (pool) {
         /* the interpreter first: the JIT may write outputs into donated inputs */
-        loom_fe_jit_options o = {.compile_threads = loom_rt_pool_threads(pool),
-                                 .verify_passes = true};
-        st = loom_fe_jit_build(g, loom_ir_graph_hash(g), &o, pool, &g->alloc, m, &exe, d);
+        loom_rt_build_options o = {.compile_threads = loom_rt_pool_threads(pool),
+                                   .verify_passes = true};
+        loom_tg_register_builtin();
+        const loom_rt_target *npu = loom_rt_target_find("npu");
+        st = npu->build(g, loom_ir_graph_hash(g), &o, pool, &g->alloc, m, &exe, d);
         if (st == LOOM_OK)
             st = exe->vt->run(exe, ins, outs, d);
         for (int32_t o2 = 0; o2 < n_out && st == LOOM_OK; o2++)
