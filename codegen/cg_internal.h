@@ -1,11 +1,12 @@
 /* Codegen internals shared by its files: the MLIR op builder, the polynomial math emitters,
- * the per-kernel lowering and the JIT. Never included outside codegen/. */
+ * the per-kernel lowering, the host target and the JIT. Never included outside codegen/. */
 #ifndef LOOM_CODEGEN_CG_INTERNAL_H
 #define LOOM_CODEGEN_CG_INTERNAL_H
 
 #include <mlir-c/BuiltinAttributes.h>
 #include <mlir-c/BuiltinTypes.h>
 #include <mlir-c/IR.h>
+#include <llvm-c/TargetMachine.h>
 
 #include "codegen.h"
 
@@ -201,8 +202,10 @@ loom_status loom_cg_kernel_emit(cg_b *b, const loom_ir_graph *g, const loom_ir_p
 /* Whether kernel k's body contains a linalg.matmul when emitted with use_linalg. */
 bool loom_cg_kernel_uses_linalg(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k);
 
-/* ---- JIT (jit.c) ---------------------------------------------------------------------------
- * One-time LLVM/MLIR initialisation (targets, passes); host CPU description. */
+/* ---- the host target (host_target.c) ----------------------------------------------------
+ * One-time LLVM/MLIR initialisation (targets, passes); host CPU description; the code paths
+ * chosen from it. (Also there: codegen.h's loom_cg_llvm_version, loom_cg_target_key,
+ * loom_cg_matmul16_path and loom_cg_amx_missing.) */
 void loom_cg_init_once(void);
 const char *loom_cg_host_triple(void);
 const char *loom_cg_host_cpu(void);
@@ -239,6 +242,12 @@ typedef enum cg_conv_mode {
                      * padding (lower_conv.c), not only where they were measured faster */
 } cg_conv_mode;
 cg_conv_mode loom_cg_conv_mode(void);
+/* A target machine for the host (triple, CPU, features; default codegen level, PIC, small
+ * code model), owned by the caller (LLVMDisposeTargetMachine). *out is NULL on error:
+ * INTERNAL (no LLVM target for the triple, or LLVM refused the machine). */
+loom_status loom_cg_host_target_machine_create(LLVMTargetMachineRef *out, loom_ir_diag *d);
+
+/* ---- JIT (jit.c) --------------------------------------------------------------------------- */
 
 typedef struct cg_kernel_rec {
     char name[32];

@@ -32,8 +32,8 @@
  *            loop-vectorize, instcombine, simplifycfg)
  * (every instcombine without its fixpoint verification, which aborts: see below)
  * with the target triple, data layout, CPU and feature string of the host (detected at run
- * time), codegen at the default level without loop strength reduction (jit.c), PIC, small
- * code model. */
+ * time), codegen at the default level without loop strength reduction (host_target.c), PIC,
+ * small code model. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -99,7 +99,7 @@ static void phase_add(int phase, int64_t t0) {
  * together by one thread. */
 typedef struct job {
     int32_t first, count; /* into compile_state.order */
-    uint8_t *obj; /* object file bytes (the shared allocator) */
+    uint8_t *obj;         /* object file bytes (the shared allocator) */
     size_t obj_len;
     loom_status st;
     loom_ir_diag d;
@@ -173,20 +173,9 @@ static loom_status worker_init(worker *w, compile_state *cs, loom_ir_diag *d) {
     mlirRegisterAllLLVMTranslations(w->ctx);
     mlirContextAttachDiagnosticHandler(w->ctx, on_diagnostic, w, NULL);
     w->lctx = LLVMContextCreate();
-    LLVMTargetRef target;
-    char *err = NULL;
-    if (LLVMGetTargetFromTriple(loom_cg_host_triple(), &target, &err)) {
-        loom_status st =
-            loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "codegen: no LLVM target for %s: %s",
-                             loom_cg_host_triple(), err ? err : "?");
-        LLVMDisposeMessage(err);
+    loom_status st = loom_cg_host_target_machine_create(&w->tm, d);
+    if (st != LOOM_OK)
         return st;
-    }
-    w->tm = LLVMCreateTargetMachine(target, loom_cg_host_triple(), loom_cg_host_cpu(),
-                                    loom_cg_host_features(), LLVMCodeGenLevelDefault, LLVMRelocPIC,
-                                    LLVMCodeModelSmall);
-    if (!w->tm)
-        return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "codegen: cannot create a target machine");
     if (loom_cg_scratch_create(cs->g, &cs->shared, &w->scratch) != LOOM_OK)
         return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "codegen: out of memory");
     return LOOM_OK;
@@ -468,8 +457,8 @@ static void buffer_of(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t 
 /* Kernel k's pointer parameters (its args, then its results) by buffer: cls[p] is the first
  * parameter in p's buffer when that buffer is also written through another parameter (an
  * in-place update), else p itself. At most max parameters; false when k has more. */
-static bool param_classes(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k,
-                          int32_t *cls, int32_t max) {
+static bool param_classes(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k, int32_t *cls,
+                          int32_t max) {
     const loom_ir_kernel *kn = &plan->kernels[k];
     int32_t n = kn->n_args + kn->n_results;
     if (n > max)
@@ -846,8 +835,7 @@ static loom_status share_code(const loom_ir_graph *g, const loom_ir_plan *plan, 
             continue;
         int32_t a[2048], b[2048], n = plan_params(plan, k);
         if (n != plan_params(plan, rep[k]) || !param_classes(g, plan, k, a, 2048) ||
-            !param_classes(g, plan, rep[k], b, 2048) ||
-            memcmp(a, b, (size_t)n * sizeof *a) != 0)
+            !param_classes(g, plan, rep[k], b, 2048) || memcmp(a, b, (size_t)n * sizeof *a) != 0)
             rep[k] = k;
     }
     *n_order = 0;

@@ -5,9 +5,7 @@
 #include <mlir-c/Dialect/Func.h>
 #include <mlir-c/IR.h>
 #include <mlir-c/RegisterEverything.h>
-#include <llvm-c/Core.h>
 
-#include <stdio.h>
 #include <string.h>
 
 #include "cg_internal.h"
@@ -54,12 +52,4 @@ loom_status loom_cg_mlir_smoke(loom_ir_sbuf *out_text, loom_ir_diag *d) {
     mlirModuleDestroy(module);
     mlirContextDestroy(ctx);
     return st;
-}
-
-const char *loom_cg_llvm_version(void) {
-    static char buf[32];
-    unsigned major, minor, patch;
-    LLVMGetVersion(&major, &minor, &patch);
-    snprintf(buf, sizeof buf, "%u.%u.%u", major, minor, patch);
-    return buf;
 }
