@@ -1,8 +1,8 @@
-/* Internals of the kernel lowering shared by its files (lower_kernel.c: scratch, nests and
- * entry points; lower_errors.c: errors; lower_eval.c: dtypes and per-element evaluation of
- * fused nodes; lower_elementwise.c, lower_reduction.c, lower_matmul.c, lower_conv.c with
- * conv_stage.c: one kernel kind each). How a kernel becomes loops is described at the top of
- * lower_kernel.c. */
+/* Internals of the kernel lowering shared by its files (lower_kernel.c: scratch and entry
+ * points; lower_errors.c: errors; loop_nest.c: nests; lower_eval.c: dtypes and per-element
+ * evaluation of fused nodes; lower_elementwise.c, lower_reduction.c, lower_matmul.c,
+ * lower_conv.c with conv_stage.c: one kernel kind each). How a kernel becomes loops is
+ * described at the top of lower_kernel.c. */
 #ifndef LOOM_CODEGEN_LOWER_INTERNAL_H
 #define LOOM_CODEGEN_LOWER_INTERNAL_H
 
@@ -156,7 +156,7 @@ loom_status cg_unsupported(kc *c, int32_t id, const char *why);
 loom_status cg_bad_plan(kc *c, int32_t id, const char *why);
 loom_status cg_oom(kc *c);
 
-/* ---- nests (lower_kernel.c) ---- */
+/* ---- nests (loop_nest.c) ---- */
 void cg_nest_init(nest *ns, int32_t rank, const int64_t *shape);
 void cg_identity_map(const nest *ns, imap *map);
 loom_status cg_plan_nest(kc *c, nest *ns, int32_t n_sinks, const sink *sinks);
