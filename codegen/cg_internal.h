@@ -88,6 +88,8 @@ MlirValue cg_imin(cg_b *b, MlirValue x, MlirValue y);
 /* memref.load / memref.store on a 1-D memref. */
 MlirValue cg_load(cg_b *b, MlirValue mem, MlirValue i);
 void cg_store(cg_b *b, MlirValue v, MlirValue mem, MlirValue i);
+/* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
+MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 
 /* scf.for over [lb, ub) with step 1 and n_iter loop-carried values (<= 4). After begin, ops
  * go into the body; end yields and moves back after the loop. */
@@ -224,7 +226,7 @@ bool loom_cg_host_has(const char *feature);
  * imply F32). Read at each compile; loom_cg_target_key includes the variable. */
 typedef enum cg_mm16 { CG_MM16_F32, CG_MM16_AVX512BF16, CG_MM16_COUNT_ } cg_mm16;
 cg_mm16 loom_cg_mm16_path(void);
-/* Whether large f32 matmuls run on that FMA microkernel (lower_matmul.c) rather than the
+/* Whether large f32 matmuls run on that FMA microkernel (microkernel.c) rather than the
  * matmul schedule: on AVX-512 hosts (its 16 accumulators of 16 lanes are 16 zmm registers),
  * unless LOOM_MATMUL_ISA forces another ISA's register tiles. */
 bool loom_cg_f32_microkernel(void);

@@ -1,5 +1,5 @@
 /* Lowering of convolution kernels: conv2d and its two gradients, each an implicit GEMM per
- * group on the packed microkernel of lower_matmul.c (cg_mk_tiles), with the root's fused
+ * group on the packed microkernel (microkernel.c's cg_mk_tiles), with the root's fused
  * elementwise epilogue (bias, activation, cast) as a matmul's. NCHW at the API; no im2col
  * in memory: the window operand is packed from the activations block by block. The stride-1
  * 3x3s (of an output at least 7 wide; 3 where the GEMMs multiply f32) run as Winograd

@@ -193,7 +193,7 @@ loom_status cg_add_leaf(kc *c, const loom_ir_node *n, const imap *map);
 loom_status cg_offset_of(kc *c, int32_t id, const imap *map, MlirValue *out);
 loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out);
 
-/* ---- the packed microkernel (lower_matmul.c), shared with lower_conv.c ----
+/* ---- the packed microkernel (microkernel.c), of lower_matmul.c and the convolutions ----
  * A block's product C = A x B from packed operands: A row-major, ap[i * kp + kk]; B in
  * panels of 16 columns, bp[(pn * kp + kk) * 16 + l] holding element kk of column 16 pn + l
  * (or, with b_ld, row-major: bp[kk * b_ld + 16 pn + l]);
@@ -235,8 +235,6 @@ void cg_mk_tiles(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp
 void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue bp, MlirValue b0,
                     MlirValue cs, MlirValue cs0, MlirValue mb, MlirValue nb, bool accumulate,
                     MlirValue first, const cg_mk_hook *hook);
-/* One malloc'd 1-D buffer of n elements of t per call (the caller frees it at the end). */
-MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n);
 /* Two bf16 (f32 values already rounded to bf16; scalars or vectors) as one i32 each: lo in
  * the low half. */
 MlirValue cg_bf16_pair(cg_b *b, MlirValue lo, MlirValue hi);

@@ -167,6 +167,13 @@ void cg_store(cg_b *b, MlirValue v, MlirValue mem, MlirValue i) {
     cg_op(b, "memref.store", 3, ops, 0, NULL, 0, NULL);
 }
 
+MlirValue cg_alloc_buf(cg_b *b, MlirType t, int64_t n) {
+    MlirType mt = mlirMemRefTypeContiguousGet(t, 1, &n, mlirAttributeGetNull());
+    MlirNamedAttribute seg =
+        cg_named(b, "operandSegmentSizes", mlirDenseI32ArrayGet(b->ctx, 2, (int32_t[]){0, 0}));
+    return mlirOperationGetResult(cg_op(b, "memref.alloc", 0, NULL, 1, &mt, 1, &seg), 0);
+}
+
 void cg_for_begin(cg_b *b, cg_for *l, MlirValue lb, MlirValue ub, int n_iter,
                   const MlirValue *init) {
     MlirType types[1 + CG_MAX_ITER];
