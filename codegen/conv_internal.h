@@ -1,7 +1,7 @@
-/* Internals of the convolution kernels shared by their files (lower_conv.c: the plan, its
- * tasks and epilogue; conv_stage.c: how each block's operands are staged from the
- * activations and the weights). How a convolution becomes GEMMs is described at the top of
- * lower_conv.c. */
+/* Internals of the convolution kernels shared by their files (lower_conv.c: the plan and its
+ * tasks; conv_epilogue.c: a block's epilogue; conv_stage.c: how each block's operands are
+ * staged from the activations and the weights; conv_winograd.c, conv_taps.c: the Winograd and
+ * by-taps kernels). How a convolution becomes GEMMs is described at the top of lower_conv.c. */
 #ifndef LOOM_CODEGEN_CONV_INTERNAL_H
 #define LOOM_CODEGEN_CONV_INTERNAL_H
 
@@ -167,7 +167,7 @@ void cv_pack_weight_pairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue base
 void cv_zero_rows_at(cg_b *b, MlirValue buf, MlirValue base, MlirValue from, int64_t to, int64_t ld,
                      MlirValue zero);
 
-/* ---- lower_conv.c, for conv_winograd.c ---- */
+/* ---- the epilogue (conv_epilogue.c), of lower_conv.c, conv_winograd.c and conv_taps.c ---- */
 /* The epilogue of a task's block (rows [i0, i1), destination pixel rows [c0, c1)) from C
  * cs[0] (cs[b]: phase b's, nw of them, where phases along W share a row; row: f32 scratch of
  * cv_row_len(cp, nw) values where that is not 0, else NULL). */
