@@ -139,14 +139,19 @@ void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, M
  * 2 kk + 1). */
 void cv_pair_up(kc *c, MlirValue stg, MlirValue ap, MlirValue base, int64_t n);
 void cv_panelize(kc *c, const cv_plan *cp, MlirValue stg, MlirValue bp);
-/* Winograd F(m x m, 3x3)'s input transform for channels [k0, k1) and tile rows [r0, r1), wp
- * being the a x a window (a = m + 2) of stride m over x whose destination grid is the tiles
- * (cv_wino.win; rtab from cv_build_rows on it): each tile's V = B^T d B, its a^2 values the
- * B operands of the a^2 GEMMs, GEMM x's at bw[x kp b_ld]: row (k - k0) / pk, column (r - r0)
- * dW + tile (f32, or bf16 pairs of channels rounded to nearest); zeros past the block's
- * tiles up to nbp and past the chunk's channels up to kp. */
-void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, MlirValue rtab,
-                       MlirValue k0, MlirValue k1, MlirValue r0, MlirValue r1);
+/* Blocks of `step` columns of a row of n: the whole ones (an scf.for when there are three or
+ * more, which spares LLVM unrolled copies to compile; one by one otherwise), then the last
+ * partial one. cv_lanes_begin/cv_lanes_next give each block's first column (an index value)
+ * with lb.lanes its width; the loop stops at lb.at == lb.end. */
+typedef struct cv_lane_blocks {
+    int64_t n, step, full, at, end, lanes;
+    bool looped;
+    cg_for l;
+} cv_lane_blocks;
+MlirValue cv_lanes_begin(cg_b *b, cv_lane_blocks *lb, int64_t n, int64_t step);
+MlirValue cv_lanes_next(cg_b *b, cv_lane_blocks *lb);
+/* buf[at + i] = 0 for i in [lo, hi) */
+void cv_zero_span(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValue lo, MlirValue hi);
 /* The mask of a vector of 16's first n lanes. */
 MlirValue cv_first_lanes(cg_b *b, int64_t n);
 /* The first n (1..16) of v's 16 lanes to mem[at] (a masked store below 16). */
@@ -209,8 +214,6 @@ bool cv_wino_ok(const kc *c, const cv_plan *cp);
 void cv_wino_plan(cv_plan *cp, cv_wino *wn);
 /* Every task of the kernel [c->lo, c->hi). */
 loom_status cv_wino_emit(kc *c, const cv_plan *cp, const cv_wino *wn);
-/* V = B^T d B of F(m x m, 3x3)'s (m + 2) x (m + 2) tile d (row-major; vectors or scalars). */
-void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v);
 /* A 3x3's weights for rows [i0, i1) (rows past i1 up to cp->mbp repeat its last) in nbk
  * chunks of kch channels (a multiple of 16), each chunk's taps as nx GEMMs' A: chunk k's GEMM
  * x at uw[(k nx + x) mbp kp], row-major [mbp, kp] (bf16 pairs of channels through ut, f32

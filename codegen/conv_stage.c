@@ -1,7 +1,8 @@
-/* Staging of the convolution kernels' operands (lower_conv.c): each block's window rows
- * read from the activations 16 pixels at a time by masked loads (source steps 1 and 2), or
- * copied and gathered element by element (other steps), the weights as A, dy^T for the
- * weight gradient, and the bf16 pairs the vdpbf16ps microkernel reads. */
+/* Staging of the direct convolution kernels' operands (lower_conv.c; Winograd's input
+ * transform is conv_winograd.c's): each block's window rows read from the activations 16
+ * pixels at a time by masked loads (source steps 1 and 2), or copied and gathered element by
+ * element (other steps), the weights as A, dy^T for the weight gradient, and the bf16 pairs
+ * the vdpbf16ps microkernel reads; and the lane and row helpers the other kernels share. */
 #include "conv_internal.h"
 
 /* floor(x / s) for signed x and s > 0 (arith.floordivsi would need the arith-expand pass) */
@@ -20,9 +21,8 @@ static MlirValue ceildiv_s(cg_b *b, MlirValue x, int64_t s) {
     return isub(b, z, floordiv_s(b, isub(b, z, x), s));
 }
 
-/* buf[at + i] = 0 for i in [lo, hi) */
-static void zero_range(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValue lo,
-                       MlirValue hi) {
+void cv_zero_span(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValue lo,
+                  MlirValue hi) {
     cg_zero_range(b, buf, cg_iadd(b, at, lo), isub(b, hi, lo), zero);
 }
 
@@ -124,14 +124,14 @@ void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_
     MlirValue at = cg_iadd(b, jrow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
     cg_if fz, fc;
     cg_if_begin(b, &fz, cg_bin(b, "arith.xori", ok, cg_ci(b, b->i1, 1)));
-    zero_range(b, zf, buf, at, z, cg_idx(b, cp->dW));
+    cv_zero_span(b, zf, buf, at, z, cg_idx(b, cp->dW));
     cg_if_end(b, &fz);
     cg_if_begin(b, &fc, ok);
     if (cp->dst_big && s1 > 1) {
-        zero_range(b, zf, buf, at, z, cg_idx(b, cp->dW));
+        cv_zero_span(b, zf, buf, at, z, cg_idx(b, cp->dW));
     } else {
-        zero_range(b, zf, buf, at, z, d0);
-        zero_range(b, zf, buf, at, cg_iadd(b, d0, cg_imul_c(b, T, dstep)), cg_idx(b, cp->dW));
+        cv_zero_span(b, zf, buf, at, z, d0);
+        cv_zero_span(b, zf, buf, at, cg_iadd(b, d0, cg_imul_c(b, T, dstep)), cg_idx(b, cp->dW));
     }
     /* src row (clamped reads never happen: the branch holds only where sy exists) */
     MlirValue srow = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index),
@@ -145,7 +145,7 @@ void cv_stage_window(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
     MlirValue used = cg_imul_c(b, isub(b, r1, r0), cp->dW);
-    zero_range(b, zf, buf, jrow, used, cg_idx(b, width));
+    cv_zero_span(b, zf, buf, jrow, used, cg_idx(b, width));
     cg_for_end(b, &lj, 0, NULL);
 }
 
@@ -191,7 +191,7 @@ void cv_stage_runs(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, int64_t 
     cg_store(b, cg_load_val(b, sdt, src, cg_iadd(b, from, lt.iv)), buf, cg_iadd(b, to, lt.iv));
     cg_for_end(b, &lt, 0, NULL);
     cg_for_end(b, &ln, 0, NULL);
-    zero_range(b, zf, buf, row, isub(b, P1, P0), cg_idx(b, width));
+    cv_zero_span(b, zf, buf, row, isub(b, P1, P0), cg_idx(b, width));
     cg_for_end(b, &lj, 0, NULL);
 }
 
@@ -246,7 +246,7 @@ void cv_stage_runs_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, Ml
     cg_store(b, pair16(b, cg_load(b, src, cg_iadd(b, fa, lt.iv)), h1), bp, cg_iadd(b, to, lt.iv));
     cg_for_end(b, &lt, 0, NULL);
     cg_for_end(b, &ln, 0, NULL);
-    zero_range(b, zi, bp, row, isub(b, P1, P0), cg_idx(b, m->nbp));
+    cv_zero_span(b, zi, bp, row, isub(b, P1, P0), cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
@@ -337,17 +337,7 @@ static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src
     return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
 }
 
-/* Blocks of `step` columns of a row of n: the whole ones (an scf.for when there are three or
- * more, which spares LLVM unrolled copies to compile; one by one otherwise), then the last
- * partial one. lanes_begin/lanes_next give each block's first column (an index value) with
- * lb.lanes its width; the loop stops at lb.at == lb.end. */
-typedef struct lane_blocks {
-    int64_t n, step, full, at, end, lanes;
-    bool looped;
-    cg_for l;
-} lane_blocks;
-
-static MlirValue lanes_block(cg_b *b, lane_blocks *lb) {
+static MlirValue lanes_block(cg_b *b, cv_lane_blocks *lb) {
     if (lb->at >= lb->end)
         return cg_idx(b, 0);
     bool in_loop = lb->looped && lb->at < lb->full;
@@ -361,14 +351,14 @@ static MlirValue lanes_block(cg_b *b, lane_blocks *lb) {
     return cg_idx(b, lb->at * lb->step);
 }
 
-static MlirValue lanes_begin(cg_b *b, lane_blocks *lb, int64_t n, int64_t step) {
+MlirValue cv_lanes_begin(cg_b *b, cv_lane_blocks *lb, int64_t n, int64_t step) {
     lb->n = n, lb->step = step, lb->full = n / step, lb->at = 0;
     lb->end = ceil_div(n, step);
     lb->looped = lb->full >= 3;
     return lanes_block(b, lb);
 }
 
-static MlirValue lanes_next(cg_b *b, lane_blocks *lb) {
+MlirValue cv_lanes_next(cg_b *b, cv_lane_blocks *lb) {
     if (lb->looped && lb->at < lb->full) {
         cg_for_end(b, &lb->l, 0, NULL);
         lb->at = lb->full;
@@ -420,15 +410,16 @@ void cv_stage_window_pairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue rta
     for (int q = 0; q < 2; q++)
         window_row_at(b, &w[q], rtab, lr.iv, r0, &at[q], &ok[q]);
     MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
-    lane_blocks lb;
-    for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb)) {
+    cv_lane_blocks lb;
+    for (MlirValue q0 = cv_lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end;
+         q0 = cv_lanes_next(b, &lb)) {
         MlirValue va = row_lanes(b, b->i16, &w[0], src, at[0], ok[0], q0);
         MlirValue vb = row_lanes(b, b->i16, &w[1], src, at[1], ok[1], q0);
         cv_store_lanes(b, pair16(b, va, vb), bp, cg_iadd(b, dst, q0), lb.lanes);
     }
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
-    zero_range(b, zi, bp, prow, cg_imul_c(b, isub(b, r1, r0), cp->dW), cg_idx(b, m->nbp));
+    cv_zero_span(b, zi, bp, prow, cg_imul_c(b, isub(b, r1, r0), cp->dW), cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
@@ -551,7 +542,7 @@ void cv_stage_window_pairs_img(kc *c, const cv_plan *cp, MlirValue bp, MlirValue
     MlirValue ncol = cg_imul_c(b, isub(b, r1, r0), cp->dW);
     cg_for lz;
     cg_for_begin(b, &lz, z, npair, 0, NULL);
-    zero_range(b, zi, bp, cg_imul_c(b, lz.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
+    cv_zero_span(b, zi, bp, cg_imul_c(b, lz.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
     cg_for_end(b, &lz, 0, NULL);
     cv_zero_rows(b, bp, npair, m->kp, m->b_ld, zi);
 }
@@ -571,127 +562,16 @@ void cv_stage_window_lanes(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, 
     MlirValue at, ok;
     window_row_at(b, &w, rtab, lr.iv, r0, &at, &ok);
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), cp->dW));
-    lane_blocks lb;
-    for (MlirValue q0 = lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb))
+    cv_lane_blocks lb;
+    for (MlirValue q0 = cv_lanes_begin(b, &lb, cp->dW, 16); lb.at < lb.end;
+         q0 = cv_lanes_next(b, &lb))
         cv_store_lanes(b, cg_widen16(b, sdt, row_lanes(b, et, &w, src, at, ok, q0)), buf,
                        cg_iadd(b, dst, q0), lb.lanes);
     cg_for_end(b, &lr, 0, NULL);
     /* the row's padding past the block's pixels */
-    zero_range(b, cg_cf(b, b->f32, 0.0), buf, row, cg_imul_c(b, isub(b, r1, r0), cp->dW),
-               cg_idx(b, width));
+    cv_zero_span(b, cg_cf(b, b->f32, 0.0), buf, row, cg_imul_c(b, isub(b, r1, r0), cp->dW),
+                 cg_idx(b, width));
     cg_for_end(b, &lj, 0, NULL);
-}
-
-/* One row of a Winograd window (stride tm, tm + 2 taps) for 16 tiles: tap[kw] lane t the
- * source column tm t + kw of the span from column c0 (an index, negative over the padding),
- * at the source index `at` of column 0; zeros outside the source's sW columns and where ok
- * (i1) is false. The span's 16 tm + 2 columns come in tm + 1 masked loads and the taps out
- * of them by shuffles (F(2x2, 3x3)'s four taps, each read with a source step of 2 as 32
- * lanes, took 8 masked loads a row; F(4x4, 3x3)'s so spilled most of its 144 vectors). */
-static void wino_row_taps(cg_b *b, const cv_plan *wp, MlirValue src, loom_dtype sdt, MlirValue at,
-                          MlirValue ok, MlirValue c0, MlirValue *tap) {
-    int64_t tm = wp->st[1];
-    MlirType vi = cg_vec_t(16, b->i32), vs = cg_vec_t(16, cg_storage_type(b, sdt));
-    int32_t ln[16];
-    for (int l = 0; l < 16; l++)
-        ln[l] = l;
-    MlirValue col = cg_bin(b, "arith.addi", cg_vconst_i32(b, 16, ln),
-                           cg_vbroadcast(b, cg_conv(b, "arith.index_cast", c0, b->i32), vi));
-    MlirValue vok = cg_vbroadcast(b, ok, cg_vec_t(16, b->i1));
-    MlirValue zero = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
-    MlirValue width = cg_vbroadcast(b, cg_ci(b, b->i32, wp->sW), vi), v[5];
-    MlirValue from = cg_iadd(b, at, c0);
-    for (int64_t q = 0; q <= tm; q++) {
-        MlirValue cq =
-            q == 0 ? col
-                   : cg_bin(b, "arith.addi", col, cg_vbroadcast(b, cg_ci(b, b->i32, 16 * q), vi));
-        MlirValue mask = and_i1(
-            b, and_i1(b, cg_vcmpi(b, CG_I_SGE, cq, zero), cg_vcmpi(b, CG_I_SLT, cq, width)), vok);
-        MlirValue fq = cg_iadd(b, from, cg_idx(b, 16 * q));
-        /* the next channel's same columns, which the next window row of this tap row reads */
-        cg_prefetch(b, src, cg_iadd(b, fq, cg_idx(b, wp->sH * wp->sW)), false, true);
-        v[q] = cg_widen16(b, sdt, cg_vmaskload(b, vs, src, fq, mask));
-    }
-    int64_t idx[16];
-    for (int64_t kw = 0; kw < tm; kw++) {
-        if (tm == 2) {
-            for (int t = 0; t < 16; t++)
-                idx[t] = 2 * t + kw;
-            tap[kw] = cg_vshuffle(b, v[0], v[1], 16, idx);
-            continue;
-        }
-        int64_t hi[16]; /* tiles 0-7 from v[0], v[1]; 8-15 from v[2], v[3] */
-        for (int t = 0; t < 16; t++) {
-            idx[t] = t < 8 ? 4 * t + kw : 0;
-            hi[t] = t < 8 ? 0 : 4 * (t - 8) + kw;
-        }
-        MlirValue lo = cg_vshuffle(b, v[0], v[1], 16, idx), up = cg_vshuffle(b, v[2], v[3], 16, hi);
-        for (int t = 0; t < 16; t++)
-            idx[t] = t < 8 ? t : 16 + t;
-        tap[kw] = cg_vshuffle(b, lo, up, 16, idx);
-    }
-    for (int64_t j = 0; j < 2; j++) { /* taps tm, tm + 1: taps 0, 1 a tile on */
-        for (int t = 0; t < 16; t++)
-            idx[t] = t < 15 ? t + 1 : 16 + j;
-        tap[tm + j] = cg_vshuffle(b, tap[j], v[tm], 16, idx);
-    }
-}
-
-void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw, MlirValue rtab,
-                       MlirValue k0, MlirValue k1, MlirValue r0, MlirValue r1) {
-    cg_b *b = c->b;
-    MlirValue src = c->bufs[c->s->buf_of[wp->win]], z = cg_idx(b, 0);
-    loom_dtype sdt = c->g->nodes[wp->win].dtype;
-    int64_t pk = m->pk, xs = m->kp * m->b_ld; /* elements from one GEMM's B to the next's */
-    MlirValue zero = pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
-    MlirValue nk = idiv(b, cg_iadd(b, isub(b, k1, k0), cg_idx(b, pk - 1)), pk);
-    cg_for lk, lr;
-    cg_for_begin(b, &lk, z, nk, 0, NULL);
-    int64_t nx = wp->KK, a = wp->KW, tm = wp->st[1]; /* the GEMMs (the window's taps) */
-    /* the pair's channels (a second past k1: an empty window, zeros) */
-    MlirValue coff[2], has[2];
-    for (int64_t e = 0; e < pk; e++) {
-        MlirValue ch = cg_iadd(b, k0, cg_iadd(b, cg_imul_c(b, lk.iv, pk), cg_idx(b, e)));
-        has[e] = e > 0 ? cg_cmpi(b, CG_I_ULT, ch, k1) : cg_ci(b, b->i1, 1);
-        coff[e] = cg_imul_c(b, cg_select(b, has[e], ch, k0), wp->sH * wp->sW);
-    }
-    MlirValue prow = cg_imul_c(b, lk.iv, m->b_ld);
-    cg_for_begin(b, &lr, r0, r1, 0, NULL);
-    /* each tap row's source row (cv_build_rows; -1: padding) */
-    MlirValue rat[2][6], rok[2][6];
-    for (int64_t kh = 0; kh < a; kh++) {
-        MlirValue roff =
-            cg_load(b, rtab, cg_iadd(b, cg_idx(b, kh * wp->pix_rows), isub(b, lr.iv, r0)));
-        MlirValue ok = cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0));
-        MlirValue ro = cg_conv(b, "arith.index_cast", roff, b->index);
-        for (int64_t e = 0; e < pk; e++)
-            rat[e][kh] = cg_iadd(b, ro, coff[e]), rok[e][kh] = and_i1(b, ok, has[e]);
-    }
-    MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), wp->dW));
-    lane_blocks lb;
-    for (MlirValue q0 = lanes_begin(b, &lb, wp->dW, 16); lb.at < lb.end; q0 = lanes_next(b, &lb)) {
-        MlirValue v[2][WN_NX];
-        MlirValue c0 = isub(b, cg_imul_c(b, q0, tm), cg_idx(b, wp->pd[1]));
-        for (int64_t e = 0; e < pk; e++) {
-            MlirValue d[WN_NX];
-            for (int64_t kh = 0; kh < a; kh++)
-                wino_row_taps(b, wp, src, sdt, rat[e][kh], rok[e][kh], c0, d + kh * a);
-            cv_wino_input(b, tm, d, v[e]);
-        }
-        for (int64_t x = 0; x < nx; x++) {
-            MlirValue val = pk == 2 ? cg_cvt_bf16x32(b, v[0][x], v[1][x], true) : v[0][x];
-            cv_store_lanes(b, val, bw, cg_iadd(b, cg_idx(b, x * xs), cg_iadd(b, dst, q0)),
-                           lb.lanes);
-        }
-    }
-    cg_for_end(b, &lr, 0, NULL);
-    /* the rows' columns past the block's tiles */
-    MlirValue used = cg_imul_c(b, isub(b, r1, r0), wp->dW);
-    for (int64_t x = 0; x < nx; x++)
-        zero_range(b, zero, bw, cg_iadd(b, prow, cg_idx(b, x * xs)), used, cg_idx(b, m->nbp));
-    cg_for_end(b, &lk, 0, NULL);
-    for (int64_t x = 0; x < nx; x++) /* and the rows past the chunk's channels */
-        cv_zero_rows_at(b, bw, cg_idx(b, x * xs), nk, m->kp, m->b_ld, zero);
 }
 
 /* The weight gradient's pairs along K (pixels): a destination row's pixels in segments of
@@ -718,15 +598,16 @@ void cv_stage_window_kpairs(kc *c, const cv_plan *cp, MlirValue ap, MlirValue rt
     MlirValue at, ok;
     window_row_at(b, &w, rtab, lr.iv, r0, &at, &ok);
     MlirValue dst = cg_iadd(b, row, cg_imul_c(b, isub(b, lr.iv, r0), P));
-    lane_blocks lb; /* segments of 32 pixels: h = lb.lanes / 2 rounded up */
-    for (MlirValue s = lanes_begin(b, &lb, cp->dW, 32); lb.at < lb.end; s = lanes_next(b, &lb)) {
+    cv_lane_blocks lb; /* segments of 32 pixels: h = lb.lanes / 2 rounded up */
+    for (MlirValue s = cv_lanes_begin(b, &lb, cp->dW, 32); lb.at < lb.end;
+         s = cv_lanes_next(b, &lb)) {
         int64_t h = (lb.lanes + 1) / 2;
         MlirValue va = row_lanes(b, b->i16, &w, src, at, ok, s);
         MlirValue vb = row_lanes(b, b->i16, &w, src, at, ok, cg_iadd(b, s, cg_idx(b, h)));
         cv_store_lanes(b, pair16(b, va, vb), ap, cg_iadd(b, dst, idiv(b, s, 2)), h);
     }
     cg_for_end(b, &lr, 0, NULL);
-    zero_range(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));
+    cv_zero_span(b, zi, ap, row, cg_imul_c(b, isub(b, r1, r0), P), cg_idx(b, m->kp));
     cg_for_end(b, &lj, 0, NULL);
     cv_zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp, zi);
 }
@@ -774,8 +655,8 @@ void cv_stage_window_kpairs_img(kc *c, const cv_plan *cp, MlirValue ap, MlirValu
     cg_for_end(b, &lc, 0, NULL);
     /* the rows' pairs past the chunk's pixels, and the rows past the block up to mbp */
     cg_for_begin(b, &lj, cg_idx(b, 0), isub(b, i1, i0), 0, NULL);
-    zero_range(b, zi, ap, cg_imul_c(b, lj.iv, m->kp), cg_imul_c(b, isub(b, r1, r0), P),
-               cg_idx(b, m->kp));
+    cv_zero_span(b, zi, ap, cg_imul_c(b, lj.iv, m->kp), cg_imul_c(b, isub(b, r1, r0), P),
+                 cg_idx(b, m->kp));
     cg_for_end(b, &lj, 0, NULL);
     cv_zero_rows(b, ap, isub(b, i1, i0), cp->mbp, m->kp, zi);
 }
@@ -892,7 +773,7 @@ void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, M
     MlirValue nk = cg_imul_c(b, isub(b, r1, r0), P);
     cg_for lk;
     cg_for_begin(b, &lk, z, nk, 0, NULL);
-    zero_range(b, zi, bp, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
+    cv_zero_span(b, zi, bp, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, bp, nk, m->kp, m->b_ld, zi);
 }
@@ -986,7 +867,7 @@ void cv_stage_window_tab(kc *c, const cv_plan *cp, MlirValue buf, int64_t ld, in
         cg_select(b, ok, cg_iadd(b, base, cg_conv(b, "arith.index_cast", t, b->index)), z);
     cg_store(b, cg_select(b, ok, cg_load_val(b, sdt, src, at), zf), buf, cg_iadd(b, row, lp.iv));
     cg_for_end(b, &lp, 0, NULL);
-    zero_range(b, zf, buf, row, npix, cg_idx(b, width));
+    cv_zero_span(b, zf, buf, row, npix, cg_idx(b, width));
     cg_for_end(b, &lj, 0, NULL);
 }
 
@@ -1097,7 +978,7 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
                      stg, cg_iadd(b, row0, cg_iadd(b, lo.iv, cg_idx(b, t * ld))));
         cg_for_end(b, &lo, 0, NULL);
         for (int t = 0; t < 16; t++)
-            zero_range(b, zf, stg, cg_iadd(b, row0, cg_idx(b, t * ld)), n, cg_idx(b, ld));
+            cv_zero_span(b, zf, stg, cg_iadd(b, row0, cg_idx(b, t * ld)), n, cg_idx(b, ld));
         cg_for_end(b, &lib, 0, NULL);
         i_rest = cg_iadd(b, i0, cg_imul_c(b, nib, 16));
     }
@@ -1130,7 +1011,7 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
         }
         cg_for_end(b, &lo, 0, NULL);
     }
-    zero_range(b, zf, stg, row, n, cg_idx(b, ld));
+    cv_zero_span(b, zf, stg, row, n, cg_idx(b, ld));
     cg_for_end(b, &li, 0, NULL);
     cv_zero_rows_at(b, stg, base, isub(b, i1, i0), cp->mbp, ld, zf);
 }
@@ -1246,7 +1127,7 @@ void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirVal
     MlirValue nk = isub(b, P1, P0);
     cg_for lk;
     cg_for_begin(b, &lk, z, nk, 0, NULL);
-    zero_range(b, zf, stg, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
+    cv_zero_span(b, zf, stg, cg_imul_c(b, lk.iv, m->b_ld), ncol, cg_idx(b, m->nbp));
     cg_for_end(b, &lk, 0, NULL);
     cv_zero_rows(b, stg, nk, m->kp * m->pk, m->b_ld, zf);
 }

@@ -17,9 +17,9 @@
  *    weights, gathered 16 channels at a time), kept across its tasks as lower_conv.c keeps
  *    packed weights;
  *  - V per block of tiles and chunk of channels, the input read as the a x a window of
- *    stride m whose destination grid is the tiles (conv_stage.c's cv_stage_winograd: a
- *    window row's span for 16 tiles in m + 1 masked loads, its a taps by shuffles),
- *    straight into the a^2 GEMMs' B;
+ *    stride m whose destination grid is the tiles (cv_stage_winograd: a window row's span
+ *    for 16 tiles in m + 1 masked loads, its a taps by shuffles), straight into the a^2
+ *    GEMMs' B;
  *  - Y from the a^2 GEMMs' C into one block of C in the destination's layout (whole pixel
  *    rows, m per tile row), which the convolution's own epilogue (bias, activation, cast,
  *    fused consumers) then runs over as it runs over a direct convolution's.
@@ -245,8 +245,129 @@ static const wn_fns *fns_of(int64_t m) {
     return m == 4 ? &f4 : &f2;
 }
 
-void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v) {
+/* V = B^T d B of F(m x m, 3x3)'s (m + 2) x (m + 2) tile d (row-major; vectors or scalars). */
+static void cv_wino_input(cg_b *b, int64_t m, const MlirValue *d, MlirValue *v) {
     both_axes(b, fns_of(m)->bt, m + 2, m + 2, d, v);
+}
+
+/* One row of a Winograd window (stride tm, tm + 2 taps) for 16 tiles: tap[kw] lane t the
+ * source column tm t + kw of the span from column c0 (an index, negative over the padding),
+ * at the source index `at` of column 0; zeros outside the source's sW columns and where ok
+ * (i1) is false. The span's 16 tm + 2 columns come in tm + 1 masked loads and the taps out
+ * of them by shuffles (F(2x2, 3x3)'s four taps, each read with a source step of 2 as 32
+ * lanes, took 8 masked loads a row; F(4x4, 3x3)'s so spilled most of its 144 vectors). */
+static void wino_row_taps(cg_b *b, const cv_plan *wp, MlirValue src, loom_dtype sdt, MlirValue at,
+                          MlirValue ok, MlirValue c0, MlirValue *tap) {
+    int64_t tm = wp->st[1];
+    MlirType vi = cg_vec_t(16, b->i32), vs = cg_vec_t(16, cg_storage_type(b, sdt));
+    int32_t ln[16];
+    for (int l = 0; l < 16; l++)
+        ln[l] = l;
+    MlirValue col = cg_bin(b, "arith.addi", cg_vconst_i32(b, 16, ln),
+                           cg_vbroadcast(b, cg_conv(b, "arith.index_cast", c0, b->i32), vi));
+    MlirValue vok = cg_vbroadcast(b, ok, cg_vec_t(16, b->i1));
+    MlirValue zero = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
+    MlirValue width = cg_vbroadcast(b, cg_ci(b, b->i32, wp->sW), vi), v[5];
+    MlirValue from = cg_iadd(b, at, c0);
+    for (int64_t q = 0; q <= tm; q++) {
+        MlirValue cq =
+            q == 0 ? col
+                   : cg_bin(b, "arith.addi", col, cg_vbroadcast(b, cg_ci(b, b->i32, 16 * q), vi));
+        MlirValue mask = and_i1(
+            b, and_i1(b, cg_vcmpi(b, CG_I_SGE, cq, zero), cg_vcmpi(b, CG_I_SLT, cq, width)), vok);
+        MlirValue fq = cg_iadd(b, from, cg_idx(b, 16 * q));
+        /* the next channel's same columns, which the next window row of this tap row reads */
+        cg_prefetch(b, src, cg_iadd(b, fq, cg_idx(b, wp->sH * wp->sW)), false, true);
+        v[q] = cg_widen16(b, sdt, cg_vmaskload(b, vs, src, fq, mask));
+    }
+    int64_t idx[16];
+    for (int64_t kw = 0; kw < tm; kw++) {
+        if (tm == 2) {
+            for (int t = 0; t < 16; t++)
+                idx[t] = 2 * t + kw;
+            tap[kw] = cg_vshuffle(b, v[0], v[1], 16, idx);
+            continue;
+        }
+        int64_t hi[16]; /* tiles 0-7 from v[0], v[1]; 8-15 from v[2], v[3] */
+        for (int t = 0; t < 16; t++) {
+            idx[t] = t < 8 ? 4 * t + kw : 0;
+            hi[t] = t < 8 ? 0 : 4 * (t - 8) + kw;
+        }
+        MlirValue lo = cg_vshuffle(b, v[0], v[1], 16, idx), up = cg_vshuffle(b, v[2], v[3], 16, hi);
+        for (int t = 0; t < 16; t++)
+            idx[t] = t < 8 ? t : 16 + t;
+        tap[kw] = cg_vshuffle(b, lo, up, 16, idx);
+    }
+    for (int64_t j = 0; j < 2; j++) { /* taps tm, tm + 1: taps 0, 1 a tile on */
+        for (int t = 0; t < 16; t++)
+            idx[t] = t < 15 ? t + 1 : 16 + j;
+        tap[tm + j] = cg_vshuffle(b, tap[j], v[tm], 16, idx);
+    }
+}
+
+/* Winograd F(m x m, 3x3)'s input transform for channels [k0, k1) and tile rows [r0, r1), wp
+ * being the a x a window (a = m + 2) of stride m over x whose destination grid is the tiles
+ * (cv_wino.win; rtab from cv_build_rows on it): each tile's V = B^T d B, its a^2 values the
+ * B operands of the a^2 GEMMs, GEMM x's at bw[x kp b_ld]: row (k - k0) / pk, column (r - r0)
+ * dW + tile (f32, or bf16 pairs of channels rounded to nearest); zeros past the block's
+ * tiles up to nbp and past the chunk's channels up to kp. */
+static void cv_stage_winograd(kc *c, const cv_plan *wp, const cg_mk *m, MlirValue bw,
+                              MlirValue rtab, MlirValue k0, MlirValue k1, MlirValue r0,
+                              MlirValue r1) {
+    cg_b *b = c->b;
+    MlirValue src = c->bufs[c->s->buf_of[wp->win]], z = cg_idx(b, 0);
+    loom_dtype sdt = c->g->nodes[wp->win].dtype;
+    int64_t pk = m->pk, xs = m->kp * m->b_ld; /* elements from one GEMM's B to the next's */
+    MlirValue zero = pk == 2 ? cg_ci(b, b->i32, 0) : cg_cf(b, b->f32, 0.0);
+    MlirValue nk = idiv(b, cg_iadd(b, isub(b, k1, k0), cg_idx(b, pk - 1)), pk);
+    cg_for lk, lr;
+    cg_for_begin(b, &lk, z, nk, 0, NULL);
+    int64_t nx = wp->KK, a = wp->KW, tm = wp->st[1]; /* the GEMMs (the window's taps) */
+    /* the pair's channels (a second past k1: an empty window, zeros) */
+    MlirValue coff[2], has[2];
+    for (int64_t e = 0; e < pk; e++) {
+        MlirValue ch = cg_iadd(b, k0, cg_iadd(b, cg_imul_c(b, lk.iv, pk), cg_idx(b, e)));
+        has[e] = e > 0 ? cg_cmpi(b, CG_I_ULT, ch, k1) : cg_ci(b, b->i1, 1);
+        coff[e] = cg_imul_c(b, cg_select(b, has[e], ch, k0), wp->sH * wp->sW);
+    }
+    MlirValue prow = cg_imul_c(b, lk.iv, m->b_ld);
+    cg_for_begin(b, &lr, r0, r1, 0, NULL);
+    /* each tap row's source row (cv_build_rows; -1: padding) */
+    MlirValue rat[2][6], rok[2][6];
+    for (int64_t kh = 0; kh < a; kh++) {
+        MlirValue roff =
+            cg_load(b, rtab, cg_iadd(b, cg_idx(b, kh * wp->pix_rows), isub(b, lr.iv, r0)));
+        MlirValue ok = cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0));
+        MlirValue ro = cg_conv(b, "arith.index_cast", roff, b->index);
+        for (int64_t e = 0; e < pk; e++)
+            rat[e][kh] = cg_iadd(b, ro, coff[e]), rok[e][kh] = and_i1(b, ok, has[e]);
+    }
+    MlirValue dst = cg_iadd(b, prow, cg_imul_c(b, isub(b, lr.iv, r0), wp->dW));
+    cv_lane_blocks lb;
+    for (MlirValue q0 = cv_lanes_begin(b, &lb, wp->dW, 16); lb.at < lb.end;
+         q0 = cv_lanes_next(b, &lb)) {
+        MlirValue v[2][WN_NX];
+        MlirValue c0 = isub(b, cg_imul_c(b, q0, tm), cg_idx(b, wp->pd[1]));
+        for (int64_t e = 0; e < pk; e++) {
+            MlirValue d[WN_NX];
+            for (int64_t kh = 0; kh < a; kh++)
+                wino_row_taps(b, wp, src, sdt, rat[e][kh], rok[e][kh], c0, d + kh * a);
+            cv_wino_input(b, tm, d, v[e]);
+        }
+        for (int64_t x = 0; x < nx; x++) {
+            MlirValue val = pk == 2 ? cg_cvt_bf16x32(b, v[0][x], v[1][x], true) : v[0][x];
+            cv_store_lanes(b, val, bw, cg_iadd(b, cg_idx(b, x * xs), cg_iadd(b, dst, q0)),
+                           lb.lanes);
+        }
+    }
+    cg_for_end(b, &lr, 0, NULL);
+    /* the rows' columns past the block's tiles */
+    MlirValue used = cg_imul_c(b, isub(b, r1, r0), wp->dW);
+    for (int64_t x = 0; x < nx; x++)
+        cv_zero_span(b, zero, bw, cg_iadd(b, prow, cg_idx(b, x * xs)), used, cg_idx(b, m->nbp));
+    cg_for_end(b, &lk, 0, NULL);
+    for (int64_t x = 0; x < nx; x++) /* and the rows past the chunk's channels */
+        cv_zero_rows_at(b, bw, cg_idx(b, x * xs), nk, m->kp, m->b_ld, zero);
 }
 
 /* The tile: 4 where the GEMMs multiply f32 (F(4x4, 3x3)'s transforms scale by up to 5 and
