@@ -201,6 +201,9 @@ loom_status loom_cg_kernel_check(const loom_ir_graph *g, const loom_ir_plan *pla
 loom_status loom_cg_kernel_emit(cg_b *b, const loom_ir_graph *g, const loom_ir_plan *plan,
                                 int32_t k, const char *name, bool use_linalg, cg_scratch *s,
                                 loom_ir_diag *d);
+
+/* ---- matmul kernels (lower_matmul.c) ----------------------------------------------------- */
+
 /* Whether kernel k's body contains a linalg.matmul when emitted with use_linalg. */
 bool loom_cg_kernel_uses_linalg(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k);
 

@@ -1,8 +1,9 @@
-/* Internals of the kernel lowering shared by its files (lower_kernel.c: scratch and entry
- * points; lower_errors.c: errors; loop_nest.c: nests; lower_eval.c: dtypes and per-element
- * evaluation of fused nodes; lower_elementwise.c, lower_reduction.c, lower_matmul.c,
- * lower_conv.c with conv_stage.c: one kernel kind each). How a kernel becomes loops is
- * described at the top of lower_kernel.c. */
+/* Internals of the kernel lowering shared by its files, from the top: lower_kernel.c (scratch,
+ * entry points, dispatch), one kernel kind each (lower_elementwise.c, lower_reduction.c,
+ * lower_matmul.c, lower_pool.c, lower_conv.c with the conv_*.c of conv_internal.h), then what
+ * they call: microkernel.c (the packed microkernel), loop_nest.c (nests), lower_eval.c (dtypes
+ * and per-element evaluation of fused nodes), lower_errors.c (errors). How a kernel becomes
+ * loops is described at the top of lower_kernel.c. */
 #ifndef LOOM_CODEGEN_LOWER_INTERNAL_H
 #define LOOM_CODEGEN_LOWER_INTERNAL_H
 
