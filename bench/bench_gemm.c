@@ -496,7 +496,7 @@ static void loom_mm_build(loom_mm *mm, const loom_allocator *al, loom_dtype dt, 
                               sizeof(loom_ir_kernel)))
         die("out of memory", NULL);
     ids[0] = im, ids[1] = ia, ids[2] = ib, ids[3] = im;
-    mm->plan.kernels[0] = (loom_ir_kernel){.kind = LOOM_IR_KERNEL_MATMUL,
+    mm->plan.kernels[0] = (loom_ir_kernel){.kind = LOOM_IR_KERNEL_ROOTED,
                                            .root = im,
                                            .n_nodes = 1,
                                            .nodes = ids,

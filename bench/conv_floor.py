@@ -152,7 +152,7 @@ def main():
             sys.exit("conv_floor: kernel %s:%d of the profile is not in %s's plan and graph "
                      "(a truncated or mismatched LOOM_DUMP folder?)" % (prog, idx, args.dump))
         op = nodes[n][0]
-        if kind != "matmul" or not op.startswith("conv2d"):
+        if kind not in ("rooted", "matmul") or not op.startswith("conv2d"):
             other["%s %s" % (kind, op)] += ms
             continue
         name, ins, attrs, ty = nodes[n]

@@ -199,7 +199,7 @@ static void worker_deinit(worker *w) {
  * convolutions' microkernels dominate; a strided input gradient computes stride^2 phases. */
 static int32_t compile_cost(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k) {
     const loom_ir_kernel *kr = &plan->kernels[k];
-    if (kr->kind != LOOM_IR_KERNEL_MATMUL)
+    if (kr->kind != LOOM_IR_KERNEL_ROOTED)
         return 4 + kr->n_nodes / 4;
     const loom_ir_node *root = &g->nodes[kr->root];
     if (root->op == LOOM_IR_OP_CONV2D)

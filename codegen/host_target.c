@@ -37,7 +37,7 @@ static void copy_str(char *dst, size_t size, char *src) {
 /* LLVM's loop strength reduction is off in codegen unless LOOM_CG_LSR=1 (read once, at the
  * first compile). On ResNet-50's convolution kernels it took a third of the object emission
  * and sped nothing up: off, the bf16 step at batch 8, 224x224 compiles in ~3.4 s instead of
- * ~4.8 s, its kernels as fast as before (bench/README.md, "Compile time"). The option is
+ * ~4.8 s, its kernels as fast as before (267f427). The option is
  * LLVM's process-wide -disable-lsr; its errors, if any, are ignored (LLVMParseCommandLineOptions
  * writes them to a null stream and never exits). */
 static bool lsr_on(void) {

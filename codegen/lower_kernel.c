@@ -187,6 +187,35 @@ static void kernel_end(kc *c) {
     cg_memo_pop(c, 0);
 }
 
+/* A ROOTED kernel, by its root's kind (ir/kinds.def's roots). */
+static loom_status lower_rooted(kc *c, const loom_ir_node *root) {
+    switch (loom_ir_op_table[root->op].kind) {
+    case LOOM_IR_KIND_CONTRACTION: return cg_lower_matmul(c);
+    case LOOM_IR_KIND_CONV: return cg_lower_conv(c);
+    case LOOM_IR_KIND_POOL: return cg_lower_pool(c);
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_UNARY:
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_BINARY:
+    case LOOM_IR_KIND_COMPARE:
+    case LOOM_IR_KIND_SELECT:
+    case LOOM_IR_KIND_CAST:
+    case LOOM_IR_KIND_BROADCAST:
+    case LOOM_IR_KIND_RESHAPE:
+    case LOOM_IR_KIND_TRANSPOSE:
+    case LOOM_IR_KIND_REDUCTION:
+    case LOOM_IR_KIND_SLICE:
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_CONCAT:
+    case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_RAND:
+    case LOOM_IR_KIND_COLLECTIVE:
+    case LOOM_IR_KIND_COUNT_: break;
+    }
+    return cg_bad_plan(c, c->k->root,
+                       "a ROOTED kernel whose root is no matmul, convolution or pool");
+}
+
 static loom_status lower(kc *c) {
     loom_status st = kernel_begin(c);
     if (st == LOOM_OK) {
@@ -199,14 +228,7 @@ static loom_status lower(kc *c) {
                      ? cg_lower_reduction(c)
                      : cg_bad_plan(c, c->k->root, "a REDUCTION kernel whose root is no reduction");
             break;
-        case LOOM_IR_KERNEL_MATMUL:
-            st = root->op == LOOM_IR_OP_MATMUL                          ? cg_lower_matmul(c)
-                 : loom_ir_op_table[root->op].kind == LOOM_IR_KIND_CONV ? cg_lower_conv(c)
-                 : loom_ir_op_table[root->op].kind == LOOM_IR_KIND_POOL
-                     ? cg_lower_pool(c)
-                     : cg_bad_plan(c, c->k->root,
-                                   "a MATMUL kernel whose root is no matmul or convolution");
-            break;
+        case LOOM_IR_KERNEL_ROOTED: st = lower_rooted(c, root); break;
         case LOOM_IR_KERNEL_COLLECTIVE: /* the runtime runs these on the host */
             st = cg_bad_plan(c, c->k->root, "a COLLECTIVE kernel has no code to compile");
             break;

@@ -591,7 +591,7 @@ done:
 
 bool loom_cg_kernel_uses_linalg(const loom_ir_graph *g, const loom_ir_plan *plan, int32_t k) {
     const loom_ir_kernel *kr = &plan->kernels[k];
-    if (kr->kind != LOOM_IR_KERNEL_MATMUL || kr->root < 0 || kr->root >= g->n_nodes)
+    if (kr->kind != LOOM_IR_KERNEL_ROOTED || kr->root < 0 || kr->root >= g->n_nodes)
         return false;
     const loom_ir_node *root = &g->nodes[kr->root];
     if (root->op != LOOM_IR_OP_MATMUL || root->rank < 2 || root->n_inputs != 2)

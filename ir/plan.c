@@ -182,7 +182,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             return fail(d, kn->root, "kernel %d (reduction): root %%%d is a %s", (int)k,
                         (int)kn->root, loom_ir_op_name(root_op));
         break;
-    case LOOM_IR_KERNEL_MATMUL:
+    case LOOM_IR_KERNEL_ROOTED:
         if (!loom_ir_kind_table[root_kind].roots)
             return fail(d, kn->root, "kernel %d (matmul): root %%%d is a %s", (int)k, (int)kn->root,
                         loom_ir_op_name(root_op));
@@ -292,7 +292,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             break;
         case LOOM_IR_KIND_CONV:
         case LOOM_IR_KIND_POOL:
-            if (kn->kind != LOOM_IR_KERNEL_MATMUL || kn->root != n)
+            if (kn->kind != LOOM_IR_KERNEL_ROOTED || kn->root != n)
                 return fail(d, n,
                             "kernel %d (%s): %s %%%d is not the root of a matmul kernel, which "
                             "alone computes convolutions and pools",
@@ -681,7 +681,7 @@ const char *loom_ir_kernel_kind_name(loom_ir_kernel_kind k) {
     switch (k) {
     case LOOM_IR_KERNEL_ELEMENTWISE: return "elementwise";
     case LOOM_IR_KERNEL_REDUCTION: return "reduction";
-    case LOOM_IR_KERNEL_MATMUL: return "matmul";
+    case LOOM_IR_KERNEL_ROOTED: return "rooted";
     case LOOM_IR_KERNEL_COLLECTIVE: return "collective";
     case LOOM_IR_KERNEL_COUNT_: break;
     }
@@ -838,7 +838,7 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
     bool main_loop = kn->kind == LOOM_IR_KERNEL_ELEMENTWISE
                          ? kn->root == x || (root->op != LOOM_IR_OP_CONCAT &&
                                              same_type_shape(&g->nodes[x], root))
-                         : kn->kind == LOOM_IR_KERNEL_MATMUL && kn->root != x;
+                         : kn->kind == LOOM_IR_KERNEL_ROOTED && kn->root != x;
     if (!main_loop)
         return false;
     int32_t in = -1;
@@ -865,7 +865,7 @@ bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph
         }
         if (on_root)
             root_small[j / 64] |= (uint64_t)1 << (j % 64);
-        if (kn->nodes[j] == x && kn->kind == LOOM_IR_KERNEL_MATMUL && !on_root)
+        if (kn->nodes[j] == x && kn->kind == LOOM_IR_KERNEL_ROOTED && !on_root)
             return false; /* not the epilogue's: a loop of its own */
         if (!dep)
             continue;

@@ -42,9 +42,10 @@ typedef enum loom_ir_kernel_kind {
      * LOOM_IR_KERNEL_REDUCTIONS_MAX independent reductions over operands of one shape along
      * the same axes share the kernel (one pass over their operands), the root the first */
     LOOM_IR_KERNEL_REDUCTION,
-    /* a matmul, a convolution or a max pool (root) with an elementwise epilogue (bias,
-     * activation, cast); convolutions and pools read their operands from buffers */
-    LOOM_IR_KERNEL_MATMUL,
+    /* rooted at an op that owns its loops (ir/kinds.def's roots: a matmul, a convolution or a
+     * max pool), with an elementwise epilogue (bias, activation, cast); its operands are read
+     * from buffers (but casts and transposes into a 16-bit matmul's). Printed "rooted". */
+    LOOM_IR_KERNEL_ROOTED,
     /* collectives (ops.def kind COLLECTIVE), run on the host through the communicator, not
      * compiled: one node, or a bucket of ALL_REDUCEs with the same dtype, reduce op and
      * scale, reduced as one flat buffer (the allreduce bucketing pass). Every node is a

@@ -354,7 +354,7 @@ static void group_producers(fuse_state *s) {
             break;
         case LOOM_IR_KIND_RESHAPE: break;
         case LOOM_IR_KIND_REDUCTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_REDUCTION, i); break;
-        case LOOM_IR_KIND_CONTRACTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i); break;
+        case LOOM_IR_KIND_CONTRACTION: f->kernel = new_kernel(s, LOOM_IR_KERNEL_ROOTED, i); break;
         case LOOM_IR_KIND_CONCAT: f->kernel = new_kernel(s, LOOM_IR_KERNEL_ELEMENTWISE, i); break;
         case LOOM_IR_KIND_SLICE:
             if ((f->kernel = pad_view_target(s, i)) >= 0) {
@@ -381,7 +381,7 @@ static void group_producers(fuse_state *s) {
             break;
         case LOOM_IR_KIND_CONV: /* a contraction of its own kind: operands from buffers */
         case LOOM_IR_KIND_POOL: /* likewise a window's */
-            f->kernel = new_kernel(s, LOOM_IR_KERNEL_MATMUL, i);
+            f->kernel = new_kernel(s, LOOM_IR_KERNEL_ROOTED, i);
             break;
         case LOOM_IR_KIND_COUNT_: break;
         }
@@ -488,7 +488,7 @@ static void try_epilogue(fuse_state *s, int32_t e) {
         return;
     const fkernel *kt = &s->kernels[target];
     bool sibling = kt->kind == LOOM_IR_KERNEL_ELEMENTWISE;
-    if (kt->kind != LOOM_IR_KERNEL_REDUCTION && kt->kind != LOOM_IR_KERNEL_MATMUL &&
+    if (kt->kind != LOOM_IR_KERNEL_REDUCTION && kt->kind != LOOM_IR_KERNEL_ROOTED &&
         !(sibling && sibling_ok(s, target, e)))
         return;
     const loom_ir_node *troot = &g->nodes[kt->root], *eroot = &g->nodes[ke->root];
@@ -518,7 +518,7 @@ static void try_epilogue(fuse_state *s, int32_t e) {
                 return;
             if (s->fn[o].space != SPACE_OUT || !map_equal(&map, &s->fn[o].map))
                 return;
-            if (kt->kind == LOOM_IR_KERNEL_MATMUL)
+            if (kt->kind == LOOM_IR_KERNEL_ROOTED)
                 for (int32_t x = s->user_start[o]; x < s->user_start[o + 1]; x++) {
                     int32_t k = s->fn[s->users[x]].kernel;
                     if (k != target && k != e)

@@ -495,7 +495,7 @@ static void residual_input_gradient(fx *f, loom_dtype dt, const int64_t *xs, con
     int32_t m = op2(f, LOOM_IR_OP_GT, x, z);
     int32_t r = op3(f, LOOM_IR_OP_SELECT, m, s, z);
     output(f, r);
-    kernel(f, LOOM_IR_KERNEL_MATMUL, dx, 4, (int32_t[]){dx, s, m, r});
+    kernel(f, LOOM_IR_KERNEL_ROOTED, dx, 4, (int32_t[]){dx, s, m, r});
     fill_all(f, -2, 2, false);
 }
 
@@ -825,10 +825,10 @@ static void check_matmul(int32_t rank, const int64_t *ashape, const int64_t *bsh
         int32_t bb = shaped(&f, LOOM_IR_OP_BROADCAST, bias, mn->rank, mn->shape);
         last = op1(&f, LOOM_IR_OP_RELU, op2(&f, LOOM_IR_OP_ADD, m, bb));
         output(&f, last);
-        kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 4, (int32_t[]){m, bb, last - 1, last});
+        kernel(&f, LOOM_IR_KERNEL_ROOTED, m, 4, (int32_t[]){m, bb, last - 1, last});
     } else {
         output(&f, last);
-        kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 1, &m);
+        kernel(&f, LOOM_IR_KERNEL_ROOTED, m, 1, &m);
     }
     fill_all(&f, -1, 1, false);
     char what[96];
@@ -885,7 +885,7 @@ static void test_matmul_reads_a_reshaped_operand_and_writes_product_and_epilogue
     output(&f, m); /* the product itself is an output too */
     output(&f, g);
     output(&f, h);
-    kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 3, (int32_t[]){m, g, h});
+    kernel(&f, LOOM_IR_KERNEL_ROOTED, m, 3, (int32_t[]){m, g, h});
     fill_all(&f, -1, 1, false);
     check(&f, 1e-5, 1e-5, "matmul of a reshape with outputs");
     fx_deinit(&f);
@@ -1138,7 +1138,7 @@ static void test_a_matmul_operand_computed_in_its_kernel_is_unsupported(void **s
     int32_t e = op1(&f, LOOM_IR_OP_EXP, a);
     int32_t m = op2(&f, LOOM_IR_OP_MATMUL, e, b);
     output(&f, m);
-    kernel(&f, LOOM_IR_KERNEL_MATMUL, m, 2, (int32_t[]){e, m});
+    kernel(&f, LOOM_IR_KERNEL_ROOTED, m, 2, (int32_t[]){e, m});
     loom_rt_kernel k;
     loom_cg_code *code = NULL;
     assert_int_equal(compile(&f, 1, &code, &k), LOOM_STATUS_UNSUPPORTED);

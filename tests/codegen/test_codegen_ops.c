@@ -140,7 +140,7 @@ static void check_op_f32(loom_ir_op op) {
         y = input(&f, F, 2, S(13, 5));
         r = op2(&f, op, x, y);
         output(&f, r);
-        kernel(&f, LOOM_IR_KERNEL_MATMUL, r, 1, &r);
+        kernel(&f, LOOM_IR_KERNEL_ROOTED, r, 1, &r);
         break;
     case LOOM_IR_OP_SLICE: /* strided rows and columns, fused into a neg */
         x = input(&f, F, 2, S(33, 70));
@@ -208,7 +208,7 @@ static void check_op_f32(loom_ir_op op) {
                 (loom_ir_node_desc){
                     .op = op, .n_inputs = y < 0 ? 1 : 2, .inputs = (int32_t[]){x, y}, .attrs = w});
         output(&f, r);
-        kernel(&f, LOOM_IR_KERNEL_MATMUL, r, 1, &r);
+        kernel(&f, LOOM_IR_KERNEL_ROOTED, r, 1, &r);
         break;
     }
     case LOOM_IR_OP_COUNT_: fail();

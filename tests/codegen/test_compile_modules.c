@@ -90,7 +90,7 @@ static void test_modules_are_contiguous_runs_of_equal_cost(void **state) {
     assert_int_equal(p.n_kernels, N_MATMUL + N_EXP);
     for (int32_t k = 0; k < p.n_kernels; k++) /* plan order: the matmuls first */
         assert_int_equal(p.kernels[k].kind,
-                         k < N_MATMUL ? LOOM_IR_KERNEL_MATMUL : LOOM_IR_KERNEL_ELEMENTWISE);
+                         k < N_MATMUL ? LOOM_IR_KERNEL_ROOTED : LOOM_IR_KERNEL_ELEMENTWISE);
 
     loom_rt_kernel *kern = calloc((size_t)p.n_kernels, sizeof *kern);
     for (int threads = 1; threads <= 2; threads++) {

@@ -410,7 +410,7 @@ static void test_fusion_gives_each_conv_a_kernel_with_its_epilogue(void **state)
         if (loom_ir_op_table[g.nodes[kn->root].op].kind != LOOM_IR_KIND_CONV)
             continue;
         conv_kernels++;
-        assert_int_equal(kn->kind, LOOM_IR_KERNEL_MATMUL);
+        assert_int_equal(kn->kind, LOOM_IR_KERNEL_ROOTED);
         assert_int_equal(kn->n_args, 2 + (kn->root == 3)); /* conv2d's epilogue reads bias */
         for (int32_t q = 0; q < 2; q++)
             assert_int_equal(plan.node_kernel[g.nodes[kn->root].inputs[q]], -1); /* inputs */
