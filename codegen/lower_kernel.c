@@ -161,8 +161,8 @@ static loom_status kernel_begin(kc *c) {
     for (int32_t i = 0; i < k->n_nodes; i++) {
         int32_t id = k->nodes[i];
         const loom_ir_node *nd = &c->g->nodes[id];
-        bool dep = id == k->root || (k->kind == LOOM_IR_KERNEL_REDUCTION &&
-                                     loom_ir_op_table[nd->op].kind == LOOM_IR_KIND_REDUCTION);
+        bool dep = id == k->root ||
+                   (k->kind == LOOM_IR_KERNEL_REDUCTION && loom_ir_op_traits(nd->op)->reduces);
         for (int32_t j = 0; j < nd->n_inputs && !dep; j++)
             dep = nd->inputs[j] >= 0 && nd->inputs[j] < n && s->dep_root[nd->inputs[j]];
         s->dep_root[id] = dep;

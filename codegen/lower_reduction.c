@@ -225,7 +225,7 @@ loom_status cg_lower_reduction(kc *c) {
     for (int32_t i = 0; i < c->k->n_nodes; i++) {
         int32_t id = c->k->nodes[i];
         const loom_ir_node *n = &g->nodes[id];
-        if (id == root_id || loom_ir_op_table[n->op].kind != LOOM_IR_KIND_REDUCTION)
+        if (id == root_id || !loom_ir_op_traits(n->op)->reduces)
             continue;
         if (rp->n == CG_RED_ROOTS_MAX || !loom_ir_reductions_share_loops(g, root_id, id) ||
             c->s->dep_root[n->inputs[0]]) {

@@ -226,7 +226,8 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
         else
             loom_fe_error(a->ctx, LOOM_STATUS_UNSUPPORTED, a->loc.file, a->loc.line, "backward",
                           "%s of %s has no gradient rule%s", loom_ir_op_name(n->op), t,
-                          loom_ir_op_table[n->op].kind == LOOM_IR_KIND_CONV
+                          n->op == LOOM_IR_OP_CONV2D_GRAD_INPUT ||
+                                  n->op == LOOM_IR_OP_CONV2D_GRAD_WEIGHT
                               ? " (differentiating conv2d's gradient, a second derivative, is "
                                 "not supported)"
                           : n->op == LOOM_IR_OP_MAX_POOL2D_GRAD

@@ -16,8 +16,7 @@
 
 /* Op kinds and their traits: ir/kinds.def (what each column means is written there). */
 typedef enum loom_ir_kind {
-#define LOOM_KIND(e, n, lp, mv, rt, bf, ev, pw, gn, lf, rk, wn, bo, cf, ch, ov, ex)                \
-    LOOM_IR_KIND_##e,
+#define LOOM_KIND(e, ...) LOOM_IR_KIND_##e,
 #include "kinds.def"
 #undef LOOM_KIND
     LOOM_IR_KIND_COUNT_
@@ -26,7 +25,7 @@ typedef enum loom_ir_kind {
 typedef struct loom_ir_kind_info {
     const char *name;
     bool loop, moves, roots, buffered, evaluates, pointwise, gen, leaf, ranks, window, bool_out,
-        cond_first, cheap, operand_view, exact;
+        cond_first, cheap, operand_view, exact, unary, reduces, packs_operands, im2col;
 } loom_ir_kind_info;
 
 extern const loom_ir_kind_info loom_ir_kind_table[LOOM_IR_KIND_COUNT_];

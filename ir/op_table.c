@@ -4,8 +4,7 @@
 #include "ir.h"
 
 const loom_ir_kind_info loom_ir_kind_table[LOOM_IR_KIND_COUNT_] = {
-#define LOOM_KIND(e, n, lp, mv, rt, bf, ev, pw, gn, lf, rk, wn, bo, cf, ch, ov, ex)                \
-    [LOOM_IR_KIND_##e] = {#n, lp, mv, rt, bf, ev, pw, gn, lf, rk, wn, bo, cf, ch, ov, ex},
+#define LOOM_KIND(e, n, ...) [LOOM_IR_KIND_##e] = {#n, __VA_ARGS__},
 #include "kinds.def"
 #undef LOOM_KIND
 };

@@ -178,7 +178,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
                         (int)k, (int)kn->root);
         break;
     case LOOM_IR_KERNEL_REDUCTION:
-        if (root_kind != LOOM_IR_KIND_REDUCTION)
+        if (!loom_ir_kind_table[root_kind].reduces)
             return fail(d, kn->root, "kernel %d (reduction): root %%%d is a %s", (int)k,
                         (int)kn->root, loom_ir_op_name(root_op));
         break;
@@ -582,7 +582,7 @@ bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t op
         return false;
     loom_dtype dt = g->nodes[mm].dtype;
     loom_ir_op op = g->nodes[operand].op;
-    return loom_ir_op_table[g->nodes[mm].op].kind == LOOM_IR_KIND_CONTRACTION &&
+    return loom_ir_op_traits(g->nodes[mm].op)->packs_operands &&
            (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) &&
            (op == LOOM_IR_OP_CAST || op == LOOM_IR_OP_TRANSPOSE);
 }

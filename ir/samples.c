@@ -21,12 +21,29 @@ bool loom_ir_op_accepts(loom_ir_op op, loom_dtype dt) {
     if (op < 0 || op >= LOOM_IR_OP_COUNT_ || dt < 0 || dt >= LOOM_DTYPE_COUNT_)
         return false;
     const loom_ir_op_info *info = &loom_ir_op_table[op];
-    if (info->kind == LOOM_IR_KIND_CAST)
-        return true;
-    if (info->kind == LOOM_IR_KIND_IOTA) /* result dtypes: iota numeric, rand float */
-        return loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM);
-    if (info->kind == LOOM_IR_KIND_RAND)
-        return loom_ir_dtype_is_float(dt);
+    switch (info->kind) { /* kinds whose result dtype is the node's, not their operands' */
+    case LOOM_IR_KIND_CAST: return true;
+    case LOOM_IR_KIND_IOTA: return loom_ir_dtype_in_class(dt, LOOM_IR_DT_NUM);
+    case LOOM_IR_KIND_RAND: return loom_ir_dtype_is_float(dt);
+    case LOOM_IR_KIND_SOURCE:
+    case LOOM_IR_KIND_UNARY:
+    case LOOM_IR_KIND_PREDICATE:
+    case LOOM_IR_KIND_BINARY:
+    case LOOM_IR_KIND_COMPARE:
+    case LOOM_IR_KIND_SELECT:
+    case LOOM_IR_KIND_BROADCAST:
+    case LOOM_IR_KIND_RESHAPE:
+    case LOOM_IR_KIND_TRANSPOSE:
+    case LOOM_IR_KIND_REDUCTION:
+    case LOOM_IR_KIND_CONTRACTION:
+    case LOOM_IR_KIND_SLICE:
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_CONCAT:
+    case LOOM_IR_KIND_COLLECTIVE:
+    case LOOM_IR_KIND_CONV:
+    case LOOM_IR_KIND_POOL:
+    case LOOM_IR_KIND_COUNT_: break;
+    }
     return loom_ir_dtype_in_class(dt, info->dtypes);
 }
 

@@ -32,7 +32,7 @@
 /* Whether conv node n is rewritten here (else a convolution kernel computes it); all:
  * LOOM_CONV=im2col, read once per run. */
 static bool decomposes(const loom_ir_node *n, bool all) {
-    if (loom_ir_op_table[n->op].kind != LOOM_IR_KIND_CONV)
+    if (!loom_ir_op_traits(n->op)->im2col)
         return false;
     return all || (n->dtype != LOOM_DTYPE_F32 && n->dtype != LOOM_DTYPE_BF16 &&
                    n->dtype != LOOM_DTYPE_F16);

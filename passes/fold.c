@@ -258,7 +258,7 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
         /* transpose(f(transpose(y, p)), q) with p then q the identity is f(y) for an
          * elementwise unary f: layers that permute a result, apply an activation and
          * permute it back (one conv feeding another) then cost no pass over memory. */
-        if (loom_ir_op_table[x[0]->op].kind == LOOM_IR_KIND_UNARY &&
+        if (loom_ir_op_traits(x[0]->op)->unary &&
             g->nodes[x[0]->inputs[0]].op == LOOM_IR_OP_TRANSPOSE) {
             const loom_ir_node *t = &g->nodes[x[0]->inputs[0]];
             bool cancels = true;

@@ -685,7 +685,7 @@ static void test_fold_matches_the_interpreter_for_every_elementwise_op(void **st
             continue;
         for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {
             loom_dtype dt = dtypes[t];
-            bool is_select = info->kind == LOOM_IR_KIND_SELECT;
+            bool is_select = loom_ir_kind_table[info->kind].cond_first;
             if (!is_select && !loom_ir_dtype_in_class(dt, info->dtypes))
                 continue;
             /* one graph per (op, dtype): every value (pair) as one output */
