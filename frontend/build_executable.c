@@ -7,7 +7,6 @@
 #include "frontend.h"
 #include "runtime/kernel.h"
 #include "runtime/target.h"
-#include "runtime/trace.h"
 
 loom_status loom_fe_build_executable(loom_context *ctx, uint64_t hash, const char *prefix,
                                      loom_rt_executable **out_exe, loom_ir_diag *d) {

@@ -17,7 +17,6 @@ struct loom_rt_trace;
 typedef struct loom_rt_build_options {
     int32_t compile_threads;
     bool verify_passes;          /* verifier after every pass (tests, LOOM_VERIFY=1) */
-    bool quiet_cache_errors;     /* do not warn when the disk cache cannot be written */
     const char *cache_dir;       /* NULL: no disk cache */
     const char *dump_dir;        /* NULL: no dumps */
     const char *dump_prefix;     /* "stepNNNNNN-<hash>" */

@@ -147,7 +147,7 @@ static loom_status get_code(const loom_ir_graph *g, const loom_ir_plan *plan, ui
         sst = loom_ir_diag_set(&cd, LOOM_STATUS_OUT_OF_MEMORY, "out of memory serializing code");
     if (sst == LOOM_OK)
         sst = loom_rt_disk_cache_put(o->cache_dir, key, blob.data, blob.len, a, &cd);
-    if (sst != LOOM_OK && !o->quiet_cache_errors)
+    if (sst != LOOM_OK)
         warn_once("compile cache not written (the step still runs): ", cd.msg);
     loom_ir_sbuf_deinit(&blob);
     return LOOM_OK;
