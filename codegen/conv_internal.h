@@ -156,6 +156,14 @@ void cv_zero_span(cg_b *b, MlirValue zero, MlirValue buf, MlirValue at, MlirValu
 MlirValue cv_first_lanes(cg_b *b, int64_t n);
 /* The first n (1..16) of v's 16 lanes to mem[at] (a masked store below 16). */
 void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n);
+/* A masked load of vt from mem[at] (zeros in the lanes off mask) where ok (an i1) holds, and
+ * zeros where it does not: a branch, not ok folded into the mask. LLVM 19's AVX2 lowering
+ * (llc -mcpu=haswell, znver2, x86-64-v3) turns a 512-bit masked load whose mask folds to
+ * select(ok, C, 0), C constant with a 256-bit half all false, into a plain load of that half:
+ * the lanes past a window row's end read their neighbours (test_conformance's conv2d f32
+ * case 0 and test_conv2d_wino on a Zen 2). */
+MlirValue cv_maskload_if(cg_b *b, MlirType vt, MlirValue mem, MlirValue at, MlirValue mask,
+                         MlirValue ok);
 /* Transposes the 16 x 16 matrix of rows r[0..15] (vectors of 16) in place. */
 void cv_transpose16(cg_b *b, MlirValue *r);
 /* Zeros rows [from, to) of a row-major buffer of ld columns (at buf[base]). */

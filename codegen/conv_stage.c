@@ -265,6 +265,19 @@ void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n
         cg_vmaskstore(b, v, mem, at, cv_first_lanes(b, n));
 }
 
+MlirValue cv_maskload_if(cg_b *b, MlirType vt, MlirValue mem, MlirValue at, MlirValue mask,
+                         MlirValue ok) {
+    MlirType et = mlirShapedTypeGetElementType(vt);
+    MlirValue zero =
+        cg_vbroadcast(b, mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0), vt);
+    cg_if f;
+    cg_ifv_begin(b, &f, ok, 1, &vt);
+    MlirValue v = cg_vmaskload(b, vt, mem, at, mask);
+    cg_ifv_else(b, &f, 1, &v);
+    cg_ifv_end(b, &f, 1, &zero);
+    return cg_if_result(&f, 0);
+}
+
 /* One window row j (of group g) as its lanes read it: the source index of destination
  * column 0 less the source row's offset (base), the columns [lo, hi) it reaches (vectors of
  * 16 sstep i32; an empty range where has is false), and its kernel row's entries in rtab. */
@@ -294,19 +307,18 @@ static win_row window_row(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue j, 
 }
 
 /* Window row w at destination pixel row r (of the block from r0): the source index of column
- * 0 in *at, and in *ok (a vector of i1) whether the row reads a source row (cv_build_rows). */
+ * 0 in *at, and in *ok (an i1) whether the row reads a source row (cv_build_rows). */
 static void window_row_at(cg_b *b, const win_row *w, MlirValue rtab, MlirValue r, MlirValue r0,
                           MlirValue *at, MlirValue *ok) {
     MlirValue roff = cg_load(b, rtab, cg_iadd(b, w->trow, isub(b, r, r0)));
-    *ok = cg_vbroadcast(b, cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0)),
-                        cg_vec_t(16 * w->sstep, b->i1));
+    *ok = cg_cmpi(b, CG_I_SGE, roff, cg_ci(b, b->i64, 0));
     *at = cg_iadd(b, cg_conv(b, "arith.index_cast", roff, b->index), w->base);
 }
 
 /* Window row w's source values at destination columns [q0, q0 + 16) of a pixel row (q0 an
  * index value), as a
  * vector of 16 of the source's storage type et: masked loads of the lanes whose column is in
- * [lo, hi) where the row is ok (zeros elsewhere, no memory touched); at is the source index
+ * [lo, hi) where the row is ok (an i1; zeros elsewhere, no memory touched); at is the source index
  * of column 0 (lanes before lo may point before the buffer: they are never read). A source
  * step of 2 loads 32 lanes and keeps the even ones. */
 static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src, MlirValue at,
@@ -323,8 +335,7 @@ static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src
     MlirType vt = cg_vec_t(n, b->i32);
     MlirValue q = cg_bin(b, "arith.addi", cg_vconst_i32(b, n, qv),
                          cg_vbroadcast(b, cg_conv(b, "arith.index_cast", q0, b->i32), vt));
-    MlirValue mask =
-        and_i1(b, and_i1(b, cg_vcmpi(b, CG_I_SGE, q, w->lo), cg_vcmpi(b, CG_I_SLT, q, w->hi)), ok);
+    MlirValue mask = and_i1(b, cg_vcmpi(b, CG_I_SGE, q, w->lo), cg_vcmpi(b, CG_I_SLT, q, w->hi));
     if (sstep > 1)
         mask = and_i1(b, mask,
                       cg_vcmpi(b, CG_I_EQ, cg_vconst_i32(b, n, even),
@@ -333,7 +344,7 @@ static MlirValue row_lanes(cg_b *b, MlirType et, const win_row *w, MlirValue src
     /* masked loads train no prefetcher: the same lanes of the next channel, which a later
      * window row reads (from memory, a conv's staging waited on each line) */
     cg_prefetch(b, src, cg_iadd(b, from, cg_idx(b, w->ahead)), false, true);
-    MlirValue v = cg_vmaskload(b, cg_vec_t(n, et), src, from, mask);
+    MlirValue v = cv_maskload_if(b, cg_vec_t(n, et), src, from, mask, ok);
     return sstep > 1 ? cg_vshuffle(b, v, v, 16, keep) : v;
 }
 

@@ -265,7 +265,6 @@ static void wino_row_taps(cg_b *b, const cv_plan *wp, MlirValue src, loom_dtype 
         ln[l] = l;
     MlirValue col = cg_bin(b, "arith.addi", cg_vconst_i32(b, 16, ln),
                            cg_vbroadcast(b, cg_conv(b, "arith.index_cast", c0, b->i32), vi));
-    MlirValue vok = cg_vbroadcast(b, ok, cg_vec_t(16, b->i1));
     MlirValue zero = cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi);
     MlirValue width = cg_vbroadcast(b, cg_ci(b, b->i32, wp->sW), vi), v[5];
     MlirValue from = cg_iadd(b, at, c0);
@@ -273,12 +272,12 @@ static void wino_row_taps(cg_b *b, const cv_plan *wp, MlirValue src, loom_dtype 
         MlirValue cq =
             q == 0 ? col
                    : cg_bin(b, "arith.addi", col, cg_vbroadcast(b, cg_ci(b, b->i32, 16 * q), vi));
-        MlirValue mask = and_i1(
-            b, and_i1(b, cg_vcmpi(b, CG_I_SGE, cq, zero), cg_vcmpi(b, CG_I_SLT, cq, width)), vok);
+        MlirValue mask =
+            and_i1(b, cg_vcmpi(b, CG_I_SGE, cq, zero), cg_vcmpi(b, CG_I_SLT, cq, width));
         MlirValue fq = cg_iadd(b, from, cg_idx(b, 16 * q));
         /* the next channel's same columns, which the next window row of this tap row reads */
         cg_prefetch(b, src, cg_iadd(b, fq, cg_idx(b, wp->sH * wp->sW)), false, true);
-        v[q] = cg_widen16(b, sdt, cg_vmaskload(b, vs, src, fq, mask));
+        v[q] = cg_widen16(b, sdt, cv_maskload_if(b, vs, src, fq, mask, ok));
     }
     int64_t idx[16];
     for (int64_t kw = 0; kw < tm; kw++) {

@@ -43,12 +43,21 @@ static int teardown(void **state) {
     return 0;
 }
 
+static void print_to_stderr(const char *chunk, size_t len, void *ud) {
+    (void)ud;
+    fwrite(chunk, 1, len, stderr);
+}
+
 /* Runs g through the interpreter and the JIT on the same random inputs and compares. */
 static void check_graph(const loom_ir_graph *g, const loom_ir_sample *s, const char *what) {
     loom_ir_diag d;
     loom_ir_diag_init(&d);
-    if (loom_tg_check_against_ref(g, s, &rng_state, H.pool, H.dev, &H.metrics, &d) != LOOM_OK)
+    if (loom_tg_check_against_ref(g, s, &rng_state, H.pool, H.dev, &H.metrics, &d) != LOOM_OK) {
+        /* the graph, for `loom-ir run --check` */
+        fprintf(stderr, "%s: the graph:\n", what);
+        loom_ir_graph_print(g, print_to_stderr, NULL);
         fail_msg("%s: %s", what, d.msg);
+    }
 }
 
 /* ---- per-op cases (ir/samples.c builds them) ------------------------------------------- */

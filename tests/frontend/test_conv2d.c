@@ -30,6 +30,10 @@ static const conv_case sweep[] = {
     {"depthwise 3x3", 1, 3, 5, 5, 3, 3, 3, {1, 1}, {1, 1}, {1, 1}, 3, false},
     {"1x1", 2, 3, 3, 3, 2, 1, 1, {1, 1}, {0, 0}, {1, 1}, 1, true},
     {"7x7 stride 2 pad 3", 1, 1, 8, 7, 2, 7, 7, {2, 2}, {3, 3}, {1, 1}, 1, false},
+    /* rows of 9 and 25 pixels whose last is padding: on AVX2, LLVM 19 read the source past a
+     * row's end there (conv_internal.h's cv_maskload_if) */
+    {"1x1 pad 1 at 3x7", 1, 2, 3, 7, 2, 1, 1, {1, 1}, {0, 1}, {1, 1}, 1, false},
+    {"1x2 pad 1 dilation 2 at 2x23", 1, 1, 2, 23, 1, 1, 2, {1, 1}, {0, 1}, {1, 2}, 1, true},
 };
 #define N_SWEEP (sizeof sweep / sizeof sweep[0])
 
