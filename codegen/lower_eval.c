@@ -584,6 +584,39 @@ static loom_status eval_concat(kc *c, int32_t id, const imap *map, MlirValue *ou
                           "lowers a concat only as its kernel's root)");
 }
 
+/* gather: idx read from its buffer at the map, clamped into [0, extent) (ops.def), and x read
+ * from its buffer at the map with its axis's index replaced by it. Scalar, as every loop
+ * op: LLVM vectorizes the row (x's rows at one index are contiguous off the axis). */
+static loom_status eval_gather(kc *c, int32_t id, const imap *map, MlirValue *out) {
+    const loom_ir_node *n = &c->g->nodes[id];
+    int32_t xid = n->inputs[0], iid = n->inputs[1], a = (int32_t)n->attrs.index;
+    const loom_ir_node *x = &c->g->nodes[xid];
+    if (c->s->buf_of[xid] < 0 || c->s->buf_of[iid] < 0)
+        return cg_bad_plan(c, id, "a gather whose operands are not read from buffers");
+    imap xm = *map;
+    xm.dim[a] = -1; /* the axis's index comes from idx */
+    xm.off[a] = xm.scale[a] = 0;
+    MlirValue t = {NULL};
+    loom_status st = cg_eval(c, iid, map, &t);
+    if (st != LOOM_OK)
+        return st;
+    if (c->collect && (st = cg_add_leaf(c, x, &xm)) != LOOM_OK)
+        return st;
+    if (!c->emit)
+        return LOOM_OK;
+    cg_b *b = c->b;
+    MlirValue off;
+    if ((st = cg_offset_of(c, xid, &xm, &off)) != LOOM_OK)
+        return st;
+    int64_t stride = loom_ir_numel(x->rank - a - 1, x->shape + a + 1);
+    MlirValue q = cg_conv(b, "arith.index_cast", t, b->index);
+    q = cg_bin(b, "arith.maxsi", q, cg_idx(b, 0));
+    q = cg_imin(b, q, cg_idx(b, x->shape[a] - 1));
+    off = cg_iadd(b, off, cg_imul_c(b, q, stride));
+    *out = cg_load_val(b, x->dtype, c->bufs[c->s->buf_of[xid]], off);
+    return LOOM_OK;
+}
+
 /* Evaluates node id at map (emit), or walks it recording leaves (plan). */
 loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out) {
     const loom_ir_node *n = &c->g->nodes[id];
@@ -615,10 +648,12 @@ loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out) {
     } else if (!c->s->in_kernel[id]) {
         return cg_bad_plan(c, id, "read by the kernel but neither computed in it nor an arg");
     } else if (n->op == LOOM_IR_OP_IOTA || n->op == LOOM_IR_OP_RAND_UNIFORM ||
-               n->op == LOOM_IR_OP_PAD || n->op == LOOM_IR_OP_CONCAT) {
+               n->op == LOOM_IR_OP_PAD || n->op == LOOM_IR_OP_CONCAT ||
+               n->op == LOOM_IR_OP_GATHER) {
         st = n->op == LOOM_IR_OP_IOTA           ? eval_iota(c, id, map, &v)
              : n->op == LOOM_IR_OP_RAND_UNIFORM ? eval_rand(c, id, map, &v)
              : n->op == LOOM_IR_OP_PAD          ? eval_pad(c, id, map, &v)
+             : n->op == LOOM_IR_OP_GATHER       ? eval_gather(c, id, map, &v)
                                                 : eval_concat(c, id, map, &v);
         if (st != LOOM_OK)
             return st;
@@ -662,6 +697,7 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_PAD:
     case LOOM_IR_OP_CONCAT:
     case LOOM_IR_OP_IOTA:
+    case LOOM_IR_OP_GATHER:
     case LOOM_IR_OP_RAND_UNIFORM: return cg_bad_plan(c, id, "evaluated by eval, not apply");
     case LOOM_IR_OP_ALL_REDUCE: /* fusion refuses graphs with collectives (UNSUPPORTED) */
     case LOOM_IR_OP_BROADCAST_FROM:
@@ -670,6 +706,8 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_CONV2D_GRAD_INPUT:
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
         return cg_unsupported(c, id, "a convolution (no conv kernel yet: decomposed first)");
+    case LOOM_IR_OP_SCATTER_ADD: /* fusion makes it a root */
+        return cg_unsupported(c, id, "a scatter_add that is not its kernel's root");
     case LOOM_IR_OP_MAX_POOL2D: /* fusion makes them roots */
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
         return cg_unsupported(c, id, "a max pool that is not its kernel's root");
@@ -842,6 +880,8 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_MAX_POOL2D:
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
+    case LOOM_IR_OP_GATHER:
+    case LOOM_IR_OP_SCATTER_ADD:
     case LOOM_IR_OP_COUNT_: return cg_bad_plan(c, id, "unreachable op");
     }
     *out = round ? cg_round16(b, dt, v) : v;

@@ -241,11 +241,12 @@ void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue
 MlirValue cg_bf16_pair(cg_b *b, MlirValue lo, MlirValue hi);
 
 /* ---- one kernel kind each (lower_elementwise.c, lower_reduction.c, lower_matmul.c,
- * lower_conv.c, lower_pool.c) ---- */
+ * lower_conv.c, lower_pool.c, lower_index.c) ---- */
 loom_status cg_lower_elementwise(kc *c);
 loom_status cg_lower_reduction(kc *c);
 loom_status cg_lower_matmul(kc *c);
 loom_status cg_lower_conv(kc *c);
 loom_status cg_lower_pool(kc *c);
+loom_status cg_lower_scatter(kc *c);
 
 #endif

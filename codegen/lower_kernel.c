@@ -193,6 +193,7 @@ static loom_status lower_rooted(kc *c, const loom_ir_node *root) {
     case LOOM_IR_KIND_CONTRACTION: return cg_lower_matmul(c);
     case LOOM_IR_KIND_CONV: return cg_lower_conv(c);
     case LOOM_IR_KIND_POOL: return cg_lower_pool(c);
+    case LOOM_IR_KIND_SCATTER: return cg_lower_scatter(c);
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_UNARY:
     case LOOM_IR_KIND_PREDICATE:
@@ -209,6 +210,7 @@ static loom_status lower_rooted(kc *c, const loom_ir_node *root) {
     case LOOM_IR_KIND_CONCAT:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
+    case LOOM_IR_KIND_GATHER:
     case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_COUNT_: break;
     }

@@ -290,6 +290,25 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
                                             .shape = shape,
                                             .attrs = {.conv = n.attrs.conv}});
     }
+    case LOOM_IR_OP_GATHER: { /* g added back where each element was read from */
+        if (g < 0)
+            return -1;
+        int32_t in[3] = {full_like(a, x, 0.0), y, g};
+        return in[0] < 0 ? -1
+                         : emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_SCATTER_ADD,
+                                                        .n_inputs = 3,
+                                                        .inputs = in,
+                                                        .attrs = {.index = n.attrs.index}});
+    }
+    case LOOM_IR_OP_SCATTER_ADD: { /* base: g; src: g read where each element was added */
+        if (k == 0 || g < 0)
+            return g;
+        int32_t in[2] = {g, y};
+        return emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_GATHER,
+                                            .n_inputs = 2,
+                                            .inputs = in,
+                                            .attrs = {.index = n.attrs.index}});
+    }
     case LOOM_IR_OP_NEG: return un(a, LOOM_IR_OP_NEG, g);
     case LOOM_IR_OP_ABS: {
         int32_t zero = full_like(a, x, 0.0);

@@ -187,11 +187,14 @@ LOOM_API loom_tensor *loom_one_hot_at(loom_context *ctx, loom_tensor *labels, in
     return loom_cast_at(ctx, loom_eq_at(ctx, col, ids, file, line), dtype, file, line);
 }
 
-LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logits,
-                                            loom_tensor *labels, loom_reduction reduction,
-                                            const char *file, int line) {
+LOOM_API loom_tensor *loom_cross_entropy_ex_at(loom_context *ctx, loom_tensor *logits,
+                                               loom_tensor *labels,
+                                               const loom_cross_entropy_options *opts,
+                                               const char *file, int line) {
     LOOM_FE_USE(ctx, "cross_entropy", NULL);
     static const char op[] = "cross_entropy";
+    const loom_cross_entropy_options o =
+        opts ? *opts : (loom_cross_entropy_options)LOOM_CROSS_ENTROPY_OPTIONS_DEFAULT;
     loom_dtype dl, dy;
     int32_t rl, ry;
     int64_t sl[LOOM_MAX_RANK], sy[LOOM_MAX_RANK];
@@ -199,38 +202,79 @@ LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logi
         !type_of(ctx, labels, "labels", file, line, op, &dy, &ry, sy))
         return NULL;
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
-    if (rl != 2 || ry != 1 || sl[0] != sy[0] || !loom_ir_dtype_is_float(dl) ||
-        !loom_ir_dtype_is_int(dy)) {
+    bool shapes = rl >= 1 && ry == rl - 1;
+    for (int32_t i = 0; shapes && i < ry; i++)
+        shapes = sy[i] == sl[i];
+    if (!shapes || !loom_ir_dtype_is_float(dl) || !loom_ir_dtype_is_int(dy)) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "needs float logits [N, C] and integer labels [N]: %s and %s",
+                      "needs float logits [..., C] and integer labels [...] of the same leading "
+                      "extents: %s and %s",
                       fmt_type(ta, sizeof ta, dl, rl, sl), fmt_type(tb, sizeof tb, dy, ry, sy));
         return NULL;
     }
-    if ((unsigned)reduction >= LOOM_REDUCTION_COUNT_) {
+    if ((unsigned)o.reduction >= LOOM_REDUCTION_COUNT_) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "reduction %d is not a loom_reduction", (int)reduction);
+                      "reduction %d is not a loom_reduction", (int)o.reduction);
         return NULL;
     }
-    loom_tensor *ls = loom_log_softmax_at(ctx, logits, 1, file, line);
-    loom_tensor *oh = loom_one_hot_at(ctx, labels, sl[1], dl, file, line);
-    /* nll per row; labels outside [0, C) match no class and contribute 0 */
-    loom_tensor *nll = loom_neg_at(ctx,
-                                   loom_sum_at(ctx, loom_mul_at(ctx, ls, oh, file, line), 1,
-                                               (int32_t[]){1}, false, file, line),
-                                   file, line);
-    switch (reduction) {
-    case LOOM_REDUCTION_NONE: return nll;
-    case LOOM_REDUCTION_SUM: return loom_sum_at(ctx, nll, 0, NULL, false, file, line);
+    if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0)) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "label_smoothing %g is not in [0, 1]", o.label_smoothing);
+        return NULL;
+    }
+    int64_t C = sl[rl - 1];
+    loom_tensor *ls = loom_log_softmax_at(ctx, logits, -1, file, line);
+    /* counted: label != ignore_index and in [0, C) */
+    loom_tensor *no = loom_full_at(ctx, LOOM_DTYPE_BOOL, 0, NULL, 0.0, file, line);
+    loom_tensor *in_range = loom_select_at(
+        ctx, loom_ge_at(ctx, labels, loom_full_at(ctx, dy, 0, NULL, 0.0, file, line), file, line),
+        loom_lt_at(ctx, labels, loom_full_at(ctx, dy, 0, NULL, (double)C, file, line), file, line),
+        no, file, line);
+    loom_tensor *ign = loom_full_at(ctx, dy, 0, NULL, (double)o.ignore_index, file, line);
+    loom_tensor *counted =
+        loom_select_at(ctx, loom_ne_at(ctx, labels, ign, file, line), in_range, no, file, line);
+    /* the label's log-probability, by a gather at the label (0 where not counted) */
+    loom_tensor *at = loom_select_at(ctx, counted, labels,
+                                     loom_full_at(ctx, dy, 0, NULL, 0.0, file, line), file, line);
+    sy[ry] = 1;
+    at = loom_reshape_at(ctx, at, rl, sy, file, line);
+    loom_tensor *picked = loom_gather_at(ctx, ls, -1, at, file, line);
+    loom_tensor *loss =
+        loom_neg_at(ctx, loom_reshape_at(ctx, picked, ry, sy, file, line), file, line);
+    if (o.label_smoothing > 0.0) { /* (1 - s) nll + s mean over classes of -log p */
+        loom_tensor *uniform = loom_neg_at(
+            ctx, loom_mean_at(ctx, ls, 1, (int32_t[]){-1}, false, file, line), file, line);
+        loom_tensor *keep = loom_full_at(ctx, dl, 0, NULL, 1.0 - o.label_smoothing, file, line);
+        loom_tensor *spread = loom_full_at(ctx, dl, 0, NULL, o.label_smoothing, file, line);
+        loss = loom_add_at(ctx, loom_mul_at(ctx, keep, loss, file, line),
+                           loom_mul_at(ctx, spread, uniform, file, line), file, line);
+    }
+    loss = loom_select_at(ctx, counted, loss, loom_full_at(ctx, dl, 0, NULL, 0.0, file, line), file,
+                          line);
+    switch (o.reduction) {
+    case LOOM_REDUCTION_NONE: return loss;
+    case LOOM_REDUCTION_SUM: return loom_sum_at(ctx, loss, 0, NULL, false, file, line);
     case LOOM_REDUCTION_MEAN: {
-        /* divided by the number of valid labels, as PyTorch with ignore_index */
+        /* divided by the number of counted labels, as PyTorch with ignore_index */
         loom_tensor *count =
-            loom_detach_at(ctx, loom_sum_at(ctx, oh, 0, NULL, false, file, line), file, line);
-        return loom_div_at(ctx, loom_sum_at(ctx, nll, 0, NULL, false, file, line), count, file,
+            loom_detach_at(ctx,
+                           loom_sum_at(ctx, loom_cast_at(ctx, counted, dl, file, line), 0, NULL,
+                                       false, file, line),
+                           file, line);
+        return loom_div_at(ctx, loom_sum_at(ctx, loss, 0, NULL, false, file, line), count, file,
                            line);
     }
     case LOOM_REDUCTION_COUNT_: break;
     }
     return NULL;
+}
+
+LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logits,
+                                            loom_tensor *labels, loom_reduction reduction,
+                                            const char *file, int line) {
+    loom_cross_entropy_options o = LOOM_CROSS_ENTROPY_OPTIONS_DEFAULT;
+    o.reduction = reduction;
+    return loom_cross_entropy_ex_at(ctx, logits, labels, &o, file, line);
 }
 
 LOOM_API loom_tensor *loom_argmax_at(loom_context *ctx, loom_tensor *x, int32_t axis,
@@ -609,11 +653,7 @@ LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices,
                       fmt_type(ta, sizeof ta, di, ri, si), fmt_type(tb, sizeof tb, dt, rt, st));
         return NULL;
     }
-    /* one_hot(indices) @ table: its gradient is the scatter-add of rows PyTorch computes.
-     * Indices outside [0, V) give zero rows. */
-    loom_tensor *oh = loom_one_hot_at(ctx, indices, st[0], dt, file, line);
-    oh = loom_reshape_at(ctx, oh, 2, (int64_t[]){-1, st[0]}, file, line);
-    loom_tensor *rows = loom_matmul_at(ctx, oh, table, file, line);
-    si[ri] = st[1];
-    return loom_reshape_at(ctx, rows, ri + 1, si, file, line);
+    /* a gather of rows (its gradient the scatter_add of rows PyTorch computes): no one-hot
+     * matmul, and in the table's dtype under autocast too (gather is not on the lower list) */
+    return loom_index_select_at(ctx, table, 0, indices, file, line);
 }

@@ -616,6 +616,88 @@ done:
     return result;
 }
 
+/* gather(x, index) and scatter_add(x, index, src) along axis: the operands, the axis in range,
+ * and a constant index inside x's extent (a runtime one is clamped: ops.def). */
+static loom_tensor *index_op(loom_context *ctx, loom_ir_op opc, loom_tensor *x, int32_t axis,
+                             loom_tensor *index, loom_tensor *src, const char *file, int line,
+                             const char *op) {
+    int32_t n = opc == LOOM_IR_OP_GATHER ? 2 : 3, nodes[3];
+    if (!operands(ctx, n, (loom_tensor *const[]){x, index, src}, nodes, file, line, op))
+        return NULL;
+    const loom_ir_node *xn = node_of(ctx, nodes[0]), *in = node_of(ctx, nodes[1]);
+    char tx[LOOM_IR_TYPE_STR_MAX];
+    int32_t ax = axis < 0 ? axis + xn->rank : axis;
+    if (xn->rank < 1 || ax < 0 || ax >= xn->rank) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "axis %d is out of range for %s", (int)axis, TYPE_OF(tx, xn));
+        return NULL;
+    }
+    if (in->op == LOOM_IR_OP_CONSTANT && loom_ir_numel(in->rank, in->shape) > 0 &&
+        (in->attrs.value < 0 || in->attrs.value >= (double)xn->shape[ax])) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "index %.17g is out of range for axis %d of %s", in->attrs.value, (int)ax,
+                      TYPE_OF(tx, xn));
+        return NULL;
+    }
+    loom_ir_node_desc desc = {
+        .op = opc, .n_inputs = n, .inputs = nodes, .attrs = {.index = ax}, .loc = {file, line}};
+    return finish(ctx, &desc, op);
+}
+
+LOOM_API loom_tensor *loom_gather_at(loom_context *ctx, loom_tensor *x, int32_t axis,
+                                     loom_tensor *index, const char *file, int line) {
+    LOOM_FE_USE(ctx, "gather", NULL);
+    return index_op(ctx, LOOM_IR_OP_GATHER, x, axis, index, NULL, file, line, "gather");
+}
+
+LOOM_API loom_tensor *loom_scatter_add_at(loom_context *ctx, loom_tensor *base, int32_t axis,
+                                          loom_tensor *index, loom_tensor *src, const char *file,
+                                          int line) {
+    LOOM_FE_USE(ctx, "scatter_add", NULL);
+    return index_op(ctx, LOOM_IR_OP_SCATTER_ADD, base, axis, index, src, file, line, "scatter_add");
+}
+
+/* index [I...] -> [1.., I (flattened), 1..] broadcast over x's other axes, gathered, and the
+ * result's axis unflattened into index's axes. */
+LOOM_API loom_tensor *loom_index_select_at(loom_context *ctx, loom_tensor *x, int32_t axis,
+                                           loom_tensor *index, const char *file, int line) {
+    LOOM_FE_USE(ctx, "index_select", NULL);
+    static const char op[] = "index_select";
+    int32_t nodes[2];
+    if (!operands(ctx, 2, (loom_tensor *const[]){x, index}, nodes, file, line, op))
+        return NULL;
+    const loom_ir_node *xn = node_of(ctx, nodes[0]), *in = node_of(ctx, nodes[1]);
+    char tx[LOOM_IR_TYPE_STR_MAX];
+    int32_t r = xn->rank, ax = axis < 0 ? axis + r : axis;
+    if (r < 1 || ax < 0 || ax >= r) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "axis %d is out of range for %s", (int)axis, TYPE_OF(tx, xn));
+        return NULL;
+    }
+    if (r - 1 + in->rank > LOOM_MAX_RANK) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "the result of %s at %d-D indices has more than %d axes", TYPE_OF(tx, xn),
+                      (int)in->rank, LOOM_MAX_RANK);
+        return NULL;
+    }
+    int64_t flat[LOOM_MAX_RANK], wide[LOOM_MAX_RANK], out[LOOM_MAX_RANK];
+    int64_t count = loom_ir_numel(in->rank, in->shape);
+    int32_t o = 0;
+    for (int32_t k = 0; k < r; k++) {
+        flat[k] = k == ax ? count : 1;
+        wide[k] = k == ax ? count : xn->shape[k];
+    }
+    for (int32_t k = 0; k < ax; k++)
+        out[o++] = xn->shape[k];
+    for (int32_t k = 0; k < in->rank; k++)
+        out[o++] = in->shape[k];
+    for (int32_t k = ax + 1; k < r; k++)
+        out[o++] = xn->shape[k];
+    loom_tensor *ix = loom_reshape_at(ctx, index, r, flat, file, line);
+    ix = loom_broadcast_at(ctx, ix, r, wide, file, line);
+    return loom_reshape_at(ctx, loom_gather_at(ctx, x, ax, ix, file, line), o, out, file, line);
+}
+
 LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,
                                    const int64_t *shape, int32_t axis, const char *file, int line) {
     LOOM_FE_USE(ctx, "iota", NULL);

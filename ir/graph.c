@@ -219,6 +219,10 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
         return (double)loom_ir_numel(4, y->shape) * (double)n->attrs.conv.kernel[0] *
                (double)n->attrs.conv.kernel[1];
     }
+    case LOOM_IR_KIND_SCATTER: { /* an add per element of src */
+        const loom_ir_node *src = &g->nodes[n->inputs[2]];
+        return (double)loom_ir_numel(src->rank, src->shape);
+    }
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_BROADCAST:
     case LOOM_IR_KIND_RESHAPE:
@@ -227,6 +231,7 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
     case LOOM_IR_KIND_PAD:
     case LOOM_IR_KIND_CONCAT:
     case LOOM_IR_KIND_IOTA:
+    case LOOM_IR_KIND_GATHER:     /* data movement */
     case LOOM_IR_KIND_COLLECTIVE: /* communication, not arithmetic */
     case LOOM_IR_KIND_COUNT_: break;
     }

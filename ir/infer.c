@@ -159,6 +159,51 @@ static loom_status infer_conv(const loom_ir_node_desc *desc, const loom_ir_node 
     return check_conv(cv, *out_dtype, in[0]->shape, out_shape, in[1]->shape, d);
 }
 
+/* gather(x, idx) and scatter_add(base, idx, src) along attrs.index: idx is i32 or i64 of the
+ * data's rank, its extents off the axis the data's (x's, base's); src has idx's shape and
+ * base's dtype. */
+static loom_status infer_index(const loom_ir_node_desc *desc, const loom_ir_node *const *in,
+                               loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
+                               loom_ir_diag *d) {
+    const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
+    char tx[LOOM_IR_TYPE_STR_MAX], ti[LOOM_IR_TYPE_STR_MAX], ts[LOOM_IR_TYPE_STR_MAX];
+    const loom_ir_node *x = in[0], *idx = in[1];
+    bool scatter = desc->op == LOOM_IR_OP_SCATTER_ADD;
+    int64_t a = desc->attrs.index;
+    TYPE(tx, x);
+    TYPE(ti, idx);
+    if (idx->dtype != LOOM_DTYPE_I32 && idx->dtype != LOOM_DTYPE_I64)
+        return loom_ir_diag_set(d, BAD, "indices must be i32 or i64, got %s", ti);
+    if (x->rank < 1)
+        return loom_ir_diag_set(d, BAD, "indexes along an axis, but %s is a scalar", tx);
+    if (a < 0 || a >= x->rank)
+        return loom_ir_diag_set(d, BAD, "axis %lld is out of range for %s", (long long)a, tx);
+    if (idx->rank != x->rank)
+        return loom_ir_diag_set(d, BAD, "indices %s must have the rank of %s", ti, tx);
+    for (int32_t k = 0; k < x->rank; k++)
+        if (k != a && idx->shape[k] != x->shape[k])
+            return loom_ir_diag_set(d, BAD,
+                                    "indices %s and %s differ in extent along axis %d (only "
+                                    "axis %lld may differ)",
+                                    ti, tx, (int)k, (long long)a);
+    if (idx->shape[a] > 0 && x->shape[a] == 0)
+        return loom_ir_diag_set(d, BAD, "indices %s index the empty axis %lld of %s", ti,
+                                (long long)a, tx);
+    if (scatter) {
+        const loom_ir_node *src = in[2];
+        TYPE(ts, src);
+        if (src->dtype != x->dtype)
+            return loom_ir_diag_set(d, BAD, "dtypes differ: base %s, src %s", tx, ts);
+        if (!same_shape(src, idx))
+            return loom_ir_diag_set(d, BAD, "src %s must have the indices' shape %s", ts, ti);
+        copy_type(x, out_dtype, out_rank, out_shape);
+        return LOOM_OK;
+    }
+    copy_type(idx, out_dtype, out_rank, out_shape);
+    *out_dtype = x->dtype;
+    return LOOM_OK;
+}
+
 /* max_pool2d and its gradient: x [N,C,H,W] and the window; the gradient's dy must have the
  * pooled shape. Padding at most half the kernel keeps every window on a pixel of x. */
 static loom_status infer_pool(const loom_ir_node_desc *desc, const loom_ir_node *const *in,
@@ -522,6 +567,8 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
     }
     case LOOM_IR_KIND_CONV: return infer_conv(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_POOL: return infer_pool(desc, in, out_dtype, out_rank, out_shape, d);
+    case LOOM_IR_KIND_GATHER:
+    case LOOM_IR_KIND_SCATTER: return infer_index(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_COUNT_:
         break;
     }

@@ -282,6 +282,7 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         case LOOM_IR_KIND_PAD:
         case LOOM_IR_KIND_CONCAT:
         case LOOM_IR_KIND_IOTA:
+        case LOOM_IR_KIND_GATHER:
         case LOOM_IR_KIND_RAND: break;
         case LOOM_IR_KIND_COLLECTIVE:
             if (kn->kind != LOOM_IR_KERNEL_COLLECTIVE)
@@ -292,10 +293,11 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             break;
         case LOOM_IR_KIND_CONV:
         case LOOM_IR_KIND_POOL:
+        case LOOM_IR_KIND_SCATTER:
             if (kn->kind != LOOM_IR_KERNEL_ROOTED || kn->root != n)
                 return fail(d, n,
-                            "kernel %d (%s): %s %%%d is not the root of a matmul kernel, which "
-                            "alone computes convolutions and pools",
+                            "kernel %d (%s): %s %%%d is not the root of a rooted kernel, which "
+                            "alone computes convolutions, pools and scatters",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n);
             break;
         case LOOM_IR_KIND_COUNT_:

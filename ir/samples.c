@@ -42,6 +42,8 @@ bool loom_ir_op_accepts(loom_ir_op op, loom_dtype dt) {
     case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_CONV:
     case LOOM_IR_KIND_POOL:
+    case LOOM_IR_KIND_GATHER:
+    case LOOM_IR_KIND_SCATTER:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return loom_ir_dtype_in_class(dt, info->dtypes);
@@ -344,6 +346,24 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         s = *res = add(b, op, in[1] >= 0 ? 2 : 1, in, dt, 0, NULL, (loom_ir_attrs){.conv = cv});
         break;
     }
+    case LOOM_IR_KIND_GATHER:
+    case LOOM_IR_KIND_SCATTER: { /* a random axis of 1..6, i32 or i64 indices in [-1, 6]:
+                                  * some clamped (samples' domain) */
+        if (rank == 0) {
+            rank = 1;
+            shape[0] = rnd_extent(b);
+        }
+        int32_t axis = (int32_t)rnd_int(b, 0, rank - 1);
+        int64_t xs[LOOM_MAX_RANK];
+        memcpy(xs, shape, sizeof xs);
+        xs[axis] = rnd_int(b, 1, 6);
+        loom_dtype it = rnd(b) % 2 ? LOOM_DTYPE_I64 : LOOM_DTYPE_I32;
+        int32_t in[3] = {input(b, dt, rank, xs), input(b, it, rank, shape), -1};
+        if (op == LOOM_IR_OP_SCATTER_ADD)
+            in[2] = input(b, dt, rank, shape);
+        s = *res = add(b, op, in[2] >= 0 ? 3 : 2, in, dt, 0, NULL, (loom_ir_attrs){.index = axis});
+        break;
+    }
     case LOOM_IR_KIND_COUNT_: break;
     }
     return s;
@@ -376,6 +396,16 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
         abs = 1e-4;
         break;
     case LOOM_IR_OP_MAX_POOL2D_GRAD: /* sums of dy where windows overlap */
+        rel = 1e-5;
+        abs = 1e-4;
+        break;
+    case LOOM_IR_OP_GATHER: /* indices in [-1, 6]: axes of 1..6, the ends clamped */
+        lo = -1;
+        hi = 6;
+        break;
+    case LOOM_IR_OP_SCATTER_ADD: /* likewise; sums where indices repeat */
+        lo = -1;
+        hi = 6;
         rel = 1e-5;
         abs = 1e-4;
         break;

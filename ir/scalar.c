@@ -201,6 +201,8 @@ loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op) {
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_MAX_POOL2D: /* a max over a window */
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
+    case LOOM_IR_OP_GATHER: /* reads at indices from a tensor */
+    case LOOM_IR_OP_SCATTER_ADD:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;
@@ -256,6 +258,8 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_MAX_POOL2D: /* a max over a window */
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
+    case LOOM_IR_OP_GATHER: /* reads at indices from a tensor */
+    case LOOM_IR_OP_SCATTER_ADD:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;

@@ -89,6 +89,8 @@ static bool eval_elementwise(const loom_ir_node *n, const loom_ir_node *const *x
     case LOOM_IR_KIND_CONCAT:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
+    case LOOM_IR_KIND_GATHER:
+    case LOOM_IR_KIND_SCATTER:
     case LOOM_IR_KIND_COLLECTIVE: /* other ranks' values: never folded */
     case LOOM_IR_KIND_COUNT_: break;
     }
@@ -326,6 +328,8 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
     case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
+    case LOOM_IR_KIND_GATHER:
+    case LOOM_IR_KIND_SCATTER:
     case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_COUNT_: return;
     }

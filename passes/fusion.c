@@ -170,7 +170,9 @@ static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32
         om->off[un->attrs.index] -= at;
         break;
     }
-    case LOOM_IR_KIND_PAD: return false;
+    case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_GATHER: return false;
+    case LOOM_IR_KIND_SCATTER:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_UNARY:
@@ -269,6 +271,8 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
                 operand_map(g, u, &s->fn[u].map, q, &map);
                 break;
             case LOOM_IR_KIND_PAD: /* reads its operand from a buffer */
+            case LOOM_IR_KIND_GATHER: /* likewise both of its */
+            case LOOM_IR_KIND_SCATTER:
             case LOOM_IR_KIND_IOTA:
             case LOOM_IR_KIND_SOURCE:
             case LOOM_IR_KIND_RESHAPE:
@@ -375,12 +379,14 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_SELECT:
         case LOOM_IR_KIND_CAST:
         case LOOM_IR_KIND_BROADCAST:
+        case LOOM_IR_KIND_GATHER: /* evaluated in its reader's kernel (lower_eval.c) */
         case LOOM_IR_KIND_TRANSPOSE: place_loop_op(s, i, f); break;
         case LOOM_IR_KIND_COLLECTIVE:
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_COLLECTIVE, i);
             break;
         case LOOM_IR_KIND_CONV: /* a contraction of its own kind: operands from buffers */
         case LOOM_IR_KIND_POOL: /* likewise a window's */
+        case LOOM_IR_KIND_SCATTER: /* and a scatter's (codegen/lower_index.c) */
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_ROOTED, i);
             break;
         case LOOM_IR_KIND_COUNT_: break;

@@ -185,6 +185,83 @@ static void run_pad(const loom_ir_node *n, const loom_ir_node *x, const void *sr
     }
 }
 
+/* The extents of a gather's or scatter_add's data around its axis a: outer (before it), the
+ * axis, inner (after it). */
+static void index_extents(const loom_ir_node *n, const loom_ir_node *data, int64_t *outer,
+                          int64_t *len, int64_t *inner) {
+    int32_t a = (int32_t)n->attrs.index;
+    *outer = loom_ir_numel(a, data->shape);
+    *len = data->shape[a];
+    *inner = loom_ir_numel(data->rank - a - 1, data->shape + a + 1);
+}
+
+/* Index e of idx, clamped into [0, len) (ops.def: never out of bounds). */
+static int64_t index_at(const loom_ir_node *idx, const void *ix, int64_t e, int64_t len) {
+    int64_t t = loom_ir_load_i64(ix, idx->dtype, e);
+    return t < 0 ? 0 : t >= len ? len - 1 : t;
+}
+
+/* out[o, j, i] = x[o, idx[o, j, i], i]: an exact copy of x's element. */
+static void run_gather(const loom_ir_node *n, const loom_ir_node *x, const loom_ir_node *idx,
+                       const void *xd, const void *ix, void *dst) {
+    int64_t outer, len, inner, J = idx->shape[n->attrs.index];
+    index_extents(n, x, &outer, &len, &inner);
+    size_t es = loom_dtype_size(n->dtype);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < J; j++)
+            for (int64_t i = 0; i < inner; i++) {
+                int64_t e = (o * J + j) * inner + i;
+                int64_t from = (o * len + index_at(idx, ix, e, len)) * inner + i;
+                memcpy((char *)dst + (size_t)e * es, (const char *)xd + (size_t)from * es, es);
+            }
+}
+
+/* base plus src[o, j, i] at [o, idx[o, j, i], i], summed exactly (double, or wrapping int64)
+ * and rounded once to the dtype. */
+static loom_status run_scatter_add(const loom_ir_node *n, const loom_ir_node *const *x,
+                                   const void *const *src, void *dst, const loom_allocator *a,
+                                   loom_ir_diag *d) {
+    const loom_ir_node *idx = x[1];
+    int64_t outer, len, inner, J = idx->shape[n->attrs.index];
+    index_extents(n, n, &outer, &len, &inner);
+    int64_t count = loom_ir_numel(n->rank, n->shape);
+    bool fl = loom_ir_dtype_is_float(n->dtype);
+    size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(double);
+    double *facc = fl ? loom_ir_alloc(a, bytes) : NULL;
+    int64_t *iacc = fl ? NULL : loom_ir_alloc(a, bytes);
+    if (!facc && !iacc) {
+        char t[LOOM_IR_TYPE_STR_MAX];
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY,
+                                "interp: out of memory for the sums of scatter_add : %s",
+                                loom_ir_format_type(t, sizeof t, n->dtype, n->rank, n->shape));
+    }
+    loom_ir_scalar_i64_fn add_i = loom_ir_scalar_rule_i64(LOOM_IR_OP_ADD); /* wrapping */
+    for (int64_t e = 0; e < count; e++) {
+        if (fl)
+            facc[e] = loom_ir_load_f64(src[0], n->dtype, e);
+        else
+            iacc[e] = loom_ir_load_i64(src[0], n->dtype, e);
+    }
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < J; j++)
+            for (int64_t i = 0; i < inner; i++) {
+                int64_t e = (o * J + j) * inner + i;
+                int64_t to = (o * len + index_at(idx, src[1], e, len)) * inner + i;
+                if (fl)
+                    facc[to] += loom_ir_load_f64(src[2], n->dtype, e);
+                else
+                    iacc[to] = add_i(iacc[to], loom_ir_load_i64(src[2], n->dtype, e));
+            }
+    for (int64_t e = 0; e < count; e++) {
+        if (fl)
+            loom_ir_store_f64(dst, n->dtype, e, facc[e]);
+        else
+            loom_ir_store_i64(dst, n->dtype, e, iacc[e]);
+    }
+    loom_ir_free(a, fl ? (void *)facc : (void *)iacc, bytes);
+    return LOOM_OK;
+}
+
 /* For each index of the axes before `axis` (outer), the operands' blocks follow each other:
  * operand k contributes its extent along axis times the extents after it. */
 static void run_concat(const loom_ir_graph *g, const loom_ir_node *n, const slot *srcs, void *dst) {
@@ -513,7 +590,8 @@ static void release_slot(const loom_allocator *a, slot *s) {
 }
 
 /* Computes node i into slots[i].data (already allocated). */
-static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots, loom_ir_diag *d) {
+static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots,
+                            const loom_allocator *a, loom_ir_diag *d) {
     const loom_ir_node *n = &g->nodes[i];
     const loom_ir_node *x[3] = {NULL, NULL, NULL};
     const void *src[3] = {NULL, NULL, NULL};
@@ -576,6 +654,8 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
         run_pool(n, x, src[0], n->op == LOOM_IR_OP_MAX_POOL2D ? NULL : src[1], dst);
         return LOOM_OK;
+    case LOOM_IR_OP_GATHER: run_gather(n, x[0], x[1], src[0], src[1], dst); return LOOM_OK;
+    case LOOM_IR_OP_SCATTER_ADD: return run_scatter_add(n, x, src, dst, a, d);
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);
@@ -676,7 +756,7 @@ loom_status loom_rt_interp_run(const loom_ir_graph *g, const loom_allocator *a,
             slots[i].bytes = bytes;
             slots[i].owned = true;
         }
-        st = run_node(g, i, slots, d);
+        st = run_node(g, i, slots, a, d);
         /* Free operands whose last reader was this node (an operand may repeat: the first
          * release clears the slot, the second is a no-op). */
         for (int32_t k = 0; k < n->n_inputs; k++)

@@ -163,6 +163,7 @@ static void sixteen_text(char *buf, size_t n, loom_ir_op op, const op_row *r) {
     case LOOM_IR_KIND_CAST:
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_POOL:
+    case LOOM_IR_KIND_SCATTER:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND: how = "f32 math"; break;
     case LOOM_IR_KIND_SOURCE:
@@ -172,6 +173,7 @@ static void sixteen_text(char *buf, size_t n, loom_ir_op op, const op_row *r) {
     case LOOM_IR_KIND_TRANSPOSE:
     case LOOM_IR_KIND_SLICE:
     case LOOM_IR_KIND_PAD:
+    case LOOM_IR_KIND_GATHER:
     case LOOM_IR_KIND_CONCAT: how = "moved as is"; break;
     case LOOM_IR_KIND_COLLECTIVE:
         how = op == LOOM_IR_OP_ALL_REDUCE ? "host, f32 sum" : "host, as is";

@@ -389,6 +389,29 @@ LOOM_API loom_tensor *loom_pad_at(loom_context *ctx, loom_tensor *a, const int64
 LOOM_API loom_tensor *loom_concat_at(loom_context *ctx, int32_t n, loom_tensor *const *ts,
                                      int32_t axis, const char *file, int line);
 #define loom_concat(...) loom_concat_at(__VA_ARGS__, __FILE__, __LINE__)
+/* torch.gather(x, axis, index): out[i] = x[i with its index along `axis` replaced by
+ * index[i]]; index is i32 or i64 of x's rank, with x's extents on every other axis (PyTorch
+ * allows smaller ones: broadcast or slice first), and out has index's shape and x's dtype.
+ * An index outside [0, x's extent) is clamped into it (never read out of bounds); a constant
+ * one is an error here. Differentiable in x (its gradient: scatter_add). */
+LOOM_API loom_tensor *loom_gather_at(loom_context *ctx, loom_tensor *x, int32_t axis,
+                                     loom_tensor *index, const char *file, int line);
+#define loom_gather(...) loom_gather_at(__VA_ARGS__, __FILE__, __LINE__)
+/* torch.index_select(x, axis, index) for an index of any shape, as numpy.take: x's rows
+ * along `axis` at index (i32 or i64), the result x's shape with that axis replaced by
+ * index's axes (an embedding: a table [V, C] at tokens [B, T] gives [B, T, C]). Indices are
+ * clamped as loom_gather's. */
+LOOM_API loom_tensor *loom_index_select_at(loom_context *ctx, loom_tensor *x, int32_t axis,
+                                           loom_tensor *index, const char *file, int line);
+#define loom_index_select(...) loom_index_select_at(__VA_ARGS__, __FILE__, __LINE__)
+/* torch.scatter_add(base, axis, index, src): base with each src[i] added at (i with its
+ * index along `axis` replaced by index[i]); index (i32 or i64) has src's shape and base's
+ * extents on every other axis. Sums repeated indices; indices clamped as loom_gather's.
+ * Differentiable in base and src. */
+LOOM_API loom_tensor *loom_scatter_add_at(loom_context *ctx, loom_tensor *base, int32_t axis,
+                                          loom_tensor *index, loom_tensor *src, const char *file,
+                                          int line);
+#define loom_scatter_add(...) loom_scatter_add_at(__VA_ARGS__, __FILE__, __LINE__)
 /* A tensor of `shape` whose element is its index along `axis` (0, 1, 2, ...), as a
  * constant of the graph. dtype numeric. */
 LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,

@@ -73,8 +73,25 @@ LOOM_API loom_tensor *loom_log_softmax_at(loom_context *ctx, loom_tensor *x, int
 #define loom_softmax(...) loom_softmax_at(__VA_ARGS__, __FILE__, __LINE__)
 #define loom_log_softmax(...) loom_log_softmax_at(__VA_ARGS__, __FILE__, __LINE__)
 
-/* Cross-entropy of logits [N, C] against integer labels [N] (i32/i64 in [0, C); other values
- * contribute 0 and are not counted, as ignore_index), reduced as asked (NONE: [N]). */
+/* Cross-entropy of logits [..., C] against integer labels [...] (i32/i64), as
+ * torch.nn.functional.cross_entropy with class indices: the label's log-probability picked by
+ * a gather (no one-hot), reduced as asked (NONE: labels' shape; MEAN: over the counted
+ * positions, NaN when none is). A label equal to ignore_index, or outside [0, C) (where
+ * PyTorch raises), contributes 0 and is not counted. label_smoothing in [0, 1]: the target is
+ * (1 - s) on the label plus s / C on every class. */
+typedef struct loom_cross_entropy_options {
+    loom_reduction reduction; /* LOOM_REDUCTION_MEAN */
+    int64_t ignore_index;     /* -100 */
+    double label_smoothing;   /* 0 */
+} loom_cross_entropy_options;
+#define LOOM_CROSS_ENTROPY_OPTIONS_DEFAULT {LOOM_REDUCTION_MEAN, -100, 0.0}
+/* opts NULL: LOOM_CROSS_ENTROPY_OPTIONS_DEFAULT. */
+LOOM_API loom_tensor *loom_cross_entropy_ex_at(loom_context *ctx, loom_tensor *logits,
+                                               loom_tensor *labels,
+                                               const loom_cross_entropy_options *opts,
+                                               const char *file, int line);
+#define loom_cross_entropy_ex(...) loom_cross_entropy_ex_at(__VA_ARGS__, __FILE__, __LINE__)
+/* The same with the given reduction, ignore_index -100 and no smoothing. */
 LOOM_API loom_tensor *loom_cross_entropy_at(loom_context *ctx, loom_tensor *logits,
                                             loom_tensor *labels, loom_reduction reduction,
                                             const char *file, int line);
@@ -137,7 +154,9 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
 #define loom_dropout(...) loom_dropout_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* Rows of table [V, D] picked by integer indices [...] -> [..., D] (differentiable in
- * table, as torch.nn.functional.embedding). */
+ * table, as torch.nn.functional.embedding): a gather, its gradient a scatter_add of rows
+ * into the table. In the table's dtype, also under autocast (as PyTorch's). An index
+ * outside [0, V) reads the nearest row, clamped (PyTorch raises). */
 LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices, loom_tensor *table,
                                         const char *file, int line);
 #define loom_embedding(...) loom_embedding_at(__VA_ARGS__, __FILE__, __LINE__)

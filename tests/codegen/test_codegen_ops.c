@@ -211,6 +211,21 @@ static void check_op_f32(loom_ir_op op) {
         kernel(&f, LOOM_IR_KERNEL_ROOTED, r, 1, &r);
         break;
     }
+    case LOOM_IR_OP_GATHER: /* embedding rows: a table f32[7,33] at i32 indices [70,33] */
+    case LOOM_IR_OP_SCATTER_ADD: {
+        x = input(&f, F, 2, S(7, 33));
+        y = input(&f, LOOM_DTYPE_I32, 2, S(70, 33));
+        int32_t src = op == LOOM_IR_OP_GATHER ? -1 : input(&f, F, 2, S(70, 33));
+        r = add(&f, (loom_ir_node_desc){.op = op,
+                                        .n_inputs = src < 0 ? 2 : 3,
+                                        .inputs = (int32_t[]){x, y, src},
+                                        .attrs = {.index = 0}});
+        output(&f, r);
+        kernel(&f, op == LOOM_IR_OP_GATHER ? LOOM_IR_KERNEL_ELEMENTWISE : LOOM_IR_KERNEL_ROOTED, r,
+               1, &r);
+        rtol = op == LOOM_IR_OP_GATHER ? 0.0 : 1e-5; /* f32 sums of 10 per element, in order */
+        break;
+    }
     case LOOM_IR_OP_COUNT_: fail();
     }
     fill_all(&f, lo, hi, specials);

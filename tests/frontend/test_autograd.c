@@ -200,6 +200,22 @@ UNARY_CASE(concat, loom_exp(ctx, loom_concat(ctx, 3, (loom_tensor *[]){in[0], in
 UNARY_CASE(reuse, loom_mul(ctx, loom_tanh(ctx, in[0]), loom_add(ctx, in[0], in[0])))
 
 UNARY_CASE(all_reduce, loom_all_reduce(ctx, in[0], LOOM_REDUCE_SUM, 0.5)) /* one rank */
+/* rows 2, 0, 2 and 1 of a [3,4] table (row 2 twice: its gradient sums), and a scatter_add of
+ * [2,4] into a [3,4] base along axis 0, rows 1 and 0 summed where indices repeat */
+static loom_tensor *b_gather(loom_context *ctx, loom_tensor *const *in) {
+    static const int32_t rows[] = {2, 0, 2, 1};
+    loom_tensor *ix = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 1, (int64_t[]){4}, rows);
+    loom_tensor *y = loom_exp(ctx, loom_index_select(ctx, in[0], 0, ix));
+    loom_tensor_release(ix); /* the step keeps it */
+    return y;
+}
+static loom_tensor *b_scatter_add(loom_context *ctx, loom_tensor *const *in) {
+    static const int32_t rows[] = {1, 0, 1, 2, 1, 0, 1, 2};
+    loom_tensor *ix = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, (int64_t[]){2, 4}, rows);
+    loom_tensor *y = loom_exp(ctx, loom_scatter_add(ctx, in[0], 0, ix, loom_tanh(ctx, in[1])));
+    loom_tensor_release(ix);
+    return y;
+}
 static loom_tensor *b_conv(loom_context *ctx, loom_tensor *const *in);
 static loom_tensor *b_max_pool(loom_context *ctx, loom_tensor *const *in);
 
@@ -270,6 +286,8 @@ static const vjp_case vjp_cases[] = {
     NO_VJP(CONV2D_GRAD_WEIGHT, "conv2d's second derivative is not supported"),
     VJP(MAX_POOL2D, b_max_pool, 1, {S4(1, 2, 4, 4), -1, 1}),
     NO_VJP(MAX_POOL2D_GRAD, "max_pool2d's second derivative is not supported"),
+    VJP(GATHER, b_gather, 1, {S2(3, 4), -1, 1}),
+    VJP(SCATTER_ADD, b_scatter_add, 2, {S2(3, 4), -1, 1}, {S2(2, 4), -1, 1}),
 };
 _Static_assert(sizeof vjp_cases / sizeof vjp_cases[0] == LOOM_IR_OP_COUNT_,
                "a VJP case (or the reason for none) per op of ops.def");
@@ -333,6 +351,15 @@ static loom_tensor *b_cross_entropy(loom_context *ctx, loom_tensor *const *in) {
     loom_tensor_release(y);
     return l;
 }
+/* logits [2,2,5], labels [2,2] with one ignored (class 3), label smoothing 0.2 */
+static loom_tensor *b_cross_entropy_smooth(loom_context *ctx, loom_tensor *const *in) {
+    int32_t labels[4] = {2, 3, 4, 0};
+    loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, (int64_t[]){2, 2}, labels);
+    loom_cross_entropy_options o = {LOOM_REDUCTION_MEAN, 3, 0.2};
+    loom_tensor *l = loom_cross_entropy_ex(ctx, in[0], y, &o);
+    loom_tensor_release(y);
+    return l;
+}
 static loom_tensor *b_conv(loom_context *ctx, loom_tensor *const *in) {
     return loom_conv2d(ctx, in[0], in[1], in[2], (int64_t[]){2, 1}, (int64_t[]){1, 1},
                        (int64_t[]){1, 2}, 1);
@@ -356,7 +383,7 @@ static loom_tensor *b_layer_norm(loom_context *ctx, loom_tensor *const *in) {
     return loom_layer_norm(ctx, in[0], 2, in[1], in[2], 1e-5);
 }
 static loom_tensor *b_embedding(loom_context *ctx, loom_tensor *const *in) {
-    int64_t idx[5] = {3, 0, 3, 1, 9}; /* 9 is out of range: a zero row */
+    int64_t idx[5] = {3, 0, 3, 1, 9}; /* 9 is out of range: clamped to the last row, 3 */
     loom_tensor *t = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){5}, idx);
     loom_tensor *e = loom_embedding(ctx, t, in[0]);
     loom_tensor_release(t);
@@ -381,6 +408,9 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
     check_grad("softmax", 1, &sm, b_softmax, 1e-6);
     check_grad("log_softmax", 1, &sm, b_log_softmax, 1e-6);
     check_grad("cross_entropy", 1, &sm, b_cross_entropy, 1e-6);
+    spec sm3 = {S3(2, 2, 5), -2, 2};
+    check_grad("cross_entropy over [B, T, C], ignore_index, smoothing", 1, &sm3,
+               b_cross_entropy_smooth, 1e-6);
     spec cg[2] = {{S4(1, 4, 3, 3), -1, 1}, {S4(2, 2, 2, 2), -1, 1}};
     check_grad("conv2d groups", 2, cg, b_conv_groups, 1e-6);
     spec pl = {S4(1, 2, 4, 4), -1, 1};

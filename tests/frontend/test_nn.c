@@ -290,6 +290,56 @@ static void test_cross_entropy_matches_hand_computed_values(void **state) {
     }
 }
 
+/* logits [2, 2, 3] against labels [2, 2] with ignore_index 1 (an in-range class: rows 2 and
+ * 3 not counted) and label smoothing 0.1: per row 0.9 (lse - x[label]) + 0.1 (lse - mean x). */
+static void test_cross_entropy_over_leading_axes_with_ignore_index_and_smoothing(void **state) {
+    (void)state;
+    for (int e = 0; e < 2; e++) {
+        loom_context *ctx = tu_context(e == 0);
+        const float logits[12] = {1, 2, 3, 0, 0, 5, 2, -1, 0.5f, 0, 1, 0};
+        const int32_t labels[4] = {2, 0, 1, 1};
+        loom_tensor *tl =
+            loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 3, (int64_t[]){2, 2, 3}, logits);
+        loom_tensor *ty = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 2, (int64_t[]){2, 2}, labels);
+        double want[4] = {0, 0, 0, 0};
+        for (int r = 0; r < 2; r++) {
+            const float *x = logits + 3 * r;
+            double lse = log(exp(x[0]) + exp(x[1]) + exp(x[2]));
+            want[r] = 0.9 * (lse - x[labels[r]]) + 0.1 * (lse - (x[0] + x[1] + x[2]) / 3);
+        }
+        loom_cross_entropy_options o = {LOOM_REDUCTION_NONE, 1, 0.1};
+        float none[4], mean;
+        loom_tensor *ln = loom_cross_entropy_ex(ctx, tl, ty, &o);
+        int64_t sh[LOOM_MAX_RANK];
+        int32_t rank = 0;
+        assert_int_equal(loom_tensor_rank(ln, &rank), LOOM_OK);
+        assert_int_equal(rank, 2);
+        assert_int_equal(loom_tensor_shape(ln, sh), LOOM_OK);
+        assert_int_equal(sh[0] * 10 + sh[1], 22);
+        tu_read_f32(ctx, ln, none, 4);
+        o.reduction = LOOM_REDUCTION_MEAN;
+        tu_read_f32(ctx, loom_cross_entropy_ex(ctx, tl, ty, &o), &mean, 1);
+        for (int r = 0; r < 4; r++)
+            assert_float_equal(none[r], want[r], 1e-5);
+        assert_float_equal(mean, (want[0] + want[1]) / 2, 1e-5);
+        /* the defaults (NULL): mean, ignore_index -100, no smoothing */
+        tu_read_f32(ctx, loom_cross_entropy_ex(ctx, tl, ty, NULL), &mean, 1);
+        double plain = 0;
+        for (int r = 0; r < 4; r++) {
+            const float *x = logits + 3 * r;
+            plain += log(exp(x[0]) + exp(x[1]) + exp(x[2])) - x[labels[r]];
+        }
+        assert_float_equal(mean, plain / 4, 1e-5);
+        o.label_smoothing = 1.5;
+        assert_null(loom_cross_entropy_ex(ctx, tl, ty, &o));
+        assert_non_null(strstr(loom_context_error_message(ctx), "label_smoothing 1.5"));
+        loom_context_clear_error(ctx);
+        loom_tensor_release(tl);
+        loom_tensor_release(ty);
+        loom_context_destroy(ctx);
+    }
+}
+
 static void test_argmax_takes_the_first_maximum_and_one_hot_marks_labels(void **state) {
     (void)state;
     for (int e = 0; e < 2; e++) {
@@ -493,6 +543,7 @@ int main(void) {
         cmocka_unit_test(test_max_and_avg_pool_match_naive_loops),
         cmocka_unit_test(test_max_pool_sends_the_gradient_to_each_windows_first_maximum),
         cmocka_unit_test(test_cross_entropy_matches_hand_computed_values),
+        cmocka_unit_test(test_cross_entropy_over_leading_axes_with_ignore_index_and_smoothing),
         cmocka_unit_test(test_argmax_takes_the_first_maximum_and_one_hot_marks_labels),
         cmocka_unit_test(test_batch_norm_normalises_and_updates_running_stats),
         cmocka_unit_test(test_layer_norm_gives_zero_mean_unit_variance_rows),

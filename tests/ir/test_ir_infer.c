@@ -28,6 +28,10 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
     int32_t cw = add_input(&g, 7, LOOM_DTYPE_F32, SHAPE(4, 1, 3, 3));
     int32_t cy = add_input(&g, 8, LOOM_DTYPE_F32, SHAPE(1, 4, 3, 3));
     int32_t py = add_input(&g, 9, LOOM_DTYPE_F32, SHAPE(1, 2, 3, 2));
+    /* indices i32[2,5] into f32[2,3] along axis 1; a scatter's src f32[2,5] */
+    int32_t gi = add_input(&g, 10, LOOM_DTYPE_I32, SHAPE(2, 5));
+    int32_t gs = add_input(&g, 11, LOOM_DTYPE_F32, SHAPE(2, 5));
+    int32_t gat[2] = {f, gi}, sca[3] = {f, gi, gs};
     const int64_t sh45[2] = {4, 5}, sh23[2] = {2, 3}, sh312[3] = {3, 1, 2}, sh12[2] = {1, 2};
     int n_checked = 0;
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
@@ -172,6 +176,18 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
             want = op == LOOM_IR_OP_MAX_POOL2D ? "f32[1,2,3,2]" : "f32[1,2,5,5]";
             break;
         }
+        case LOOM_IR_KIND_GATHER: /* the indices' shape, the data's dtype */
+            desc.n_inputs = 2;
+            desc.inputs = gat;
+            desc.attrs.index = 1;
+            want = "f32[2,5]";
+            break;
+        case LOOM_IR_KIND_SCATTER: /* the base's type */
+            desc.n_inputs = 3;
+            desc.inputs = sca;
+            desc.attrs.index = 1;
+            want = "f32[2,3]";
+            break;
         case LOOM_IR_KIND_COUNT_: break;
         }
         assert_non_null(want);

@@ -183,6 +183,15 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
         r = add(g, op, op == LOOM_IR_OP_MAX_POOL2D ? 1 : 2, ins, dt, 0, NULL, cv, "model.c", 33);
         break;
     }
+    case LOOM_IR_KIND_GATHER:
+    case LOOM_IR_KIND_SCATTER: { /* i64 indices [2,5] along axis 1 of x [2,3] */
+        int32_t ins[3] = {x, input(g, 1, LOOM_DTYPE_I64, 2, (const int64_t[]){2, 5}), -1};
+        if (op == LOOM_IR_OP_SCATTER_ADD)
+            ins[2] = input(g, 2, dt, 2, (const int64_t[]){2, 5});
+        r = add(g, op, ins[2] >= 0 ? 3 : 2, ins, dt, 0, NULL, (loom_ir_attrs){.index = 1},
+                "model.c", 34);
+        break;
+    }
     case LOOM_IR_KIND_COUNT_:
         fail();
     }

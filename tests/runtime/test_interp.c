@@ -530,6 +530,49 @@ static void test_concat_joins_three_operands_along_the_middle_axis(void **state)
     tg_deinit(&t);
 }
 
+/* x [[1,2,3],[4,5,6]]: along axis 1 at [[2,0],[1,7]] (7 clamped to 2), along axis 0 at
+ * i64 [[1,0,-5]] (-5 clamped to 0). */
+static void test_gather_reads_along_its_axis_and_clamps(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t in[3] = {input(&t, LOOM_DTYPE_F32, 2, S(2, 3)), input(&t, LOOM_DTYPE_I32, 2, S(2, 2)),
+                     input(&t, LOOM_DTYPE_I64, 2, S(1, 3))};
+    int32_t g1 = movement(&t, LOOM_IR_OP_GATHER, 2, (int32_t[]){in[0], in[1]}, 0, NULL,
+                          (loom_ir_attrs){.index = 1});
+    int32_t g0 = movement(&t, LOOM_IR_OP_GATHER, 2, (int32_t[]){in[0], in[2]}, 0, NULL,
+                          (loom_ir_attrs){.index = 0});
+    expect_type(&t, g1, LOOM_DTYPE_F32, 2, S(2, 2));
+    expect_type(&t, g0, LOOM_DTYPE_F32, 2, S(1, 3));
+    output(&t, g1, -1);
+    output(&t, g0, -1);
+    float x[6] = {1, 2, 3, 4, 5, 6}, y1[4], y0[3];
+    int32_t i1[4] = {2, 0, 1, 7};
+    int64_t i0[3] = {1, 0, -5};
+    run_graph(&t, (const void *[]){x, i1, i0}, (void *[]){y1, y0});
+    EXPECT_F32(y1, 0, 3, 1, 5, 6);
+    EXPECT_F32(y0, 0, 4, 2, 3);
+    tg_deinit(&t);
+}
+
+/* base all ones; src 0.5, 0.25 both at column 0 of row 0 (summed), 2 and 3 at column 2 of
+ * row 1 (9 clamped to 2): one rounding of each sum. */
+static void test_scatter_add_sums_repeated_indices(void **state) {
+    (void)state;
+    tg t;
+    tg_init(&t);
+    int32_t in[3] = {input(&t, LOOM_DTYPE_F32, 2, S(2, 3)), input(&t, LOOM_DTYPE_I64, 2, S(2, 2)),
+                     input(&t, LOOM_DTYPE_F32, 2, S(2, 2))};
+    int32_t sc = movement(&t, LOOM_IR_OP_SCATTER_ADD, 3, in, 0, NULL, (loom_ir_attrs){.index = 1});
+    expect_type(&t, sc, LOOM_DTYPE_F32, 2, S(2, 3));
+    output(&t, sc, -1);
+    float base[6] = {1, 1, 1, 1, 1, 1}, src[4] = {0.5f, 0.25f, 2, 3}, y[6];
+    int64_t ix[4] = {0, 0, 2, 9};
+    run_graph(&t, (const void *[]){base, ix, src}, (void *[]){y});
+    EXPECT_F32(y, 0, 1.75f, 1, 1, 1, 1, 6);
+    tg_deinit(&t);
+}
+
 static void test_iota_counts_along_its_axis(void **state) {
     (void)state;
     tg t;
@@ -1090,6 +1133,8 @@ static const struct op_case {
     OP_CASE(CONV2D_GRAD_WEIGHT, test_conv2d_grad_weight_sums_x_windows_weighted_by_dy),
     OP_CASE(MAX_POOL2D, test_max_pool2d_skips_the_padding_and_propagates_nan),
     OP_CASE(MAX_POOL2D_GRAD, test_max_pool2d_grad_sends_dy_to_the_first_max_of_each_window),
+    OP_CASE(GATHER, test_gather_reads_along_its_axis_and_clamps),
+    OP_CASE(SCATTER_ADD, test_scatter_add_sums_repeated_indices),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");

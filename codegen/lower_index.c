@@ -1,0 +1,125 @@
+/* Lowering of scatter_add kernels (ops.def): the root of a ROOTED kernel whose operands (base,
+ * idx, src) are read from buffers, with the root's fused elementwise epilogue. (A gather is a
+ * loop op, evaluated in its reader's kernel: lower_eval.c.)
+ *
+ * A task is one index `o` of the axes before the scatter's axis: its part of the result,
+ * [o, :, :], is written by no other task. Its sums start from base, src's elements are added
+ * in order at their clamped indices, and then the epilogue runs on each element. The sums
+ * are kept in the compute type (f32 for 16-bit dtypes, rounded once at the end): in the root's
+ * own result buffer where the root is stored in a dtype that is its compute type, else in
+ * scratch of the kernel's size. */
+#include "lower_internal.h"
+
+typedef struct sc_plan {
+    loom_dtype dt;
+    int64_t outer, len, inner, J;
+    bool in_place; /* the sums in the root's result buffer */
+    sink epi[CG_EPI_MAX];
+    int32_t n_epi;
+    nest ns;
+} sc_plan;
+
+static loom_status plan_scatter(kc *c, sc_plan *sp) {
+    const loom_ir_graph *g = c->g;
+    const loom_ir_node *root = &g->nodes[c->k->root];
+    int32_t a = (int32_t)root->attrs.index;
+    if (root->n_inputs != 3 || a < 0 || a >= root->rank)
+        return cg_bad_plan(c, c->k->root, "a scatter_add without base, indices and src");
+    for (int32_t q = 0; q < 3; q++)
+        if (c->s->buf_of[root->inputs[q]] < 0)
+            return cg_unsupported(c, root->inputs[q],
+                                  "a scatter_add operand computed inside its kernel (its "
+                                  "operands are read from buffers)");
+    sp->dt = root->dtype;
+    sp->outer = loom_ir_numel(a, root->shape);
+    sp->len = root->shape[a];
+    sp->inner = loom_ir_numel(root->rank - a - 1, root->shape + a + 1);
+    sp->J = g->nodes[root->inputs[1]].shape[a];
+    sp->in_place = c->s->res_of[c->k->root] >= 0 && !is_16(sp->dt) && sp->dt != LOOM_DTYPE_BOOL;
+    return cg_plan_epilogue(c, &sp->ns, sp->epi, &sp->n_epi, -1);
+}
+
+/* The epilogue at flat element e of the root (its row-major index split over the nest). */
+static loom_status epilogue_at(kc *c, const sc_plan *sp, MlirValue v, MlirValue e) {
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    const nest *ns = &sp->ns;
+    c->ns = ns;
+    cg_clear_gv(c);
+    MlirValue q = e;
+    for (int32_t d = root->rank - 1; d >= 0; d--) {
+        MlirValue at = d == 0 ? q : irem(c->b, q, root->shape[d]);
+        if (d > 0)
+            q = idiv(c->b, q, root->shape[d]);
+        if (ns->dim_group[d] >= 0)
+            c->gv[ns->dim_group[d]] = at;
+    }
+    c->bound_v = is_16(sp->dt) ? cg_round16(c->b, sp->dt, v) : v;
+    return cg_emit_sinks(c, sp->n_epi, sp->epi);
+}
+
+/* Task o: base's part into the sums, src's elements added, the epilogue on each sum. */
+static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, const MlirValue *args,
+                             MlirValue acc) {
+    cg_b *b = c->b;
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    const loom_ir_node *idx = &c->g->nodes[root->inputs[1]];
+    bool fl = loom_ir_dtype_is_float(sp->dt);
+    int64_t part = sp->len * sp->inner;
+    MlirValue p0 = cg_imul_c(b, o, part), s0 = cg_imul_c(b, o, sp->J * sp->inner);
+    cg_for le, lj, li;
+    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, part), 0, NULL);
+    MlirValue at = cg_iadd(b, p0, le.iv);
+    cg_store(b, cg_load_val(b, sp->dt, args[0], at), acc, at);
+    cg_for_end(b, &le, 0, NULL);
+    cg_for_begin(b, &lj, cg_idx(b, 0), cg_idx(b, sp->J), 0, NULL);
+    MlirValue srow = cg_iadd(b, s0, cg_imul_c(b, lj.iv, sp->inner));
+    cg_for_begin(b, &li, cg_idx(b, 0), cg_idx(b, sp->inner), 0, NULL);
+    MlirValue e = cg_iadd(b, srow, li.iv);
+    MlirValue t = cg_conv(b, "arith.index_cast", cg_load_val(b, idx->dtype, args[1], e), b->index);
+    t = cg_imin(b, cg_bin(b, "arith.maxsi", t, cg_idx(b, 0)), cg_idx(b, sp->len - 1));
+    MlirValue to = cg_iadd(b, p0, cg_iadd(b, cg_imul_c(b, t, sp->inner), li.iv));
+    MlirValue sum = cg_bin(b, fl ? "arith.addf" : "arith.addi", cg_load(b, acc, to),
+                           cg_load_val(b, sp->dt, args[2], e));
+    cg_store(b, sum, acc, to);
+    cg_for_end(b, &li, 0, NULL);
+    cg_for_end(b, &lj, 0, NULL);
+    loom_status st = LOOM_OK;
+    if (sp->in_place && sp->n_epi == 1 && sp->epi[0].node == c->k->root)
+        return st; /* the sums are the result, nothing else to compute */
+    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, part), 0, NULL);
+    at = cg_iadd(b, p0, le.iv);
+    st = epilogue_at(c, sp, cg_load(b, acc, at), at);
+    cg_for_end(b, &le, 0, NULL);
+    return st;
+}
+
+loom_status cg_lower_scatter(kc *c) {
+    sc_plan *sp = loom_ir_alloc(&c->s->alloc, sizeof *sp);
+    if (!sp)
+        return cg_oom(c);
+    memset(sp, 0, sizeof *sp);
+    loom_status st = plan_scatter(c, sp);
+    if (st != LOOM_OK)
+        goto done;
+    c->extent = sp->outer > 0 ? sp->outer : 1;
+    c->grain = cg_grain_for(sp->len * sp->inner + sp->J * sp->inner);
+    if (!c->emit || sp->outer * sp->len * sp->inner == 0)
+        goto done;
+    cg_b *b = c->b;
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    MlirValue args[3];
+    for (int32_t q = 0; q < 3; q++)
+        args[q] = c->bufs[c->s->buf_of[root->inputs[q]]];
+    MlirValue acc =
+        sp->in_place ? c->bufs[c->s->res_of[c->k->root]]
+                     : cg_alloc_buf(b, cg_compute_type(b, sp->dt), sp->outer * sp->len * sp->inner);
+    cg_for lo;
+    cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
+    st = emit_task(c, sp, lo.iv, args, acc);
+    cg_for_end(b, &lo, 0, NULL);
+    if (!sp->in_place)
+        cg_op(b, "memref.dealloc", 1, &acc, 0, NULL, 0, NULL);
+done:
+    loom_ir_free(&c->s->alloc, sp, sizeof *sp);
+    return st;
+}
