@@ -723,6 +723,7 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_SIGMOID:
     case LOOM_IR_OP_RELU:
     case LOOM_IR_OP_GELU:
+    case LOOM_IR_OP_GELU_TANH:
     case LOOM_IR_OP_ISFINITE:
     case LOOM_IR_OP_ADD:
     case LOOM_IR_OP_SUB:
@@ -800,6 +801,20 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
                        cg_bin(b, "arith.addf", cg_cf(b, ct, 1.0), e));
         }
         break;
+    case LOOM_IR_OP_GELU_TANH: { /* x sigmoid(2 u): no cancellation for negative x */
+        MlirValue x3 = cg_bin(b, "arith.mulf", cg_bin(b, "arith.mulf", x[0], x[0]), x[0]);
+        MlirValue u =
+            cg_bin(b, "arith.mulf", cg_cf(b, ct, 2.0 * LOOM_IR_GELU_TANH_C),
+                   cg_bin(b, "arith.addf", x[0],
+                          cg_bin(b, "arith.mulf", cg_cf(b, ct, LOOM_IR_GELU_TANH_K), x3)));
+        if (f32c) {
+            v = cg_bin(b, "arith.mulf", x[0], cg_sigmoid_f32(b, u));
+        } else {
+            MlirValue e = cg_un(b, "math.exp", cg_un(b, "arith.negf", u));
+            v = cg_bin(b, "arith.divf", x[0], cg_bin(b, "arith.addf", cg_cf(b, ct, 1.0), e));
+        }
+        break;
+    }
     case LOOM_IR_OP_ISFINITE: {
         MlirType xt = mlirValueGetType(x[0]);
         v = cg_cmpf(b, CG_F_OLT, cg_un(b, "math.absf", x[0]), cg_cf(b, xt, INFINITY));

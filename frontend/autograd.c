@@ -347,6 +347,23 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
         int32_t d = bin(a, LOOM_IR_OP_ADD, phi_cdf, bin(a, LOOM_IR_OP_MUL, x, pdf));
         return bin(a, LOOM_IR_OP_MUL, g, d);
     }
+    case LOOM_IR_OP_GELU_TANH: {
+        /* y = x s, s = sigmoid(2u), u = C (x + K x^3): d = s + x s (1 - s) 2C (1 + 3K x^2) */
+        int32_t x2 = bin(a, LOOM_IR_OP_MUL, x, x);
+        int32_t u = bin(a, LOOM_IR_OP_MUL, full_like(a, x, 2.0 * LOOM_IR_GELU_TANH_C),
+                        bin(a, LOOM_IR_OP_ADD, x,
+                            bin(a, LOOM_IR_OP_MUL, full_like(a, x, LOOM_IR_GELU_TANH_K),
+                                bin(a, LOOM_IR_OP_MUL, x2, x))));
+        int32_t s = un(a, LOOM_IR_OP_SIGMOID, u);
+        int32_t du =
+            bin(a, LOOM_IR_OP_MUL, full_like(a, x, 2.0 * LOOM_IR_GELU_TANH_C),
+                bin(a, LOOM_IR_OP_ADD, full_like(a, x, 1.0),
+                    bin(a, LOOM_IR_OP_MUL, full_like(a, x, 3.0 * LOOM_IR_GELU_TANH_K), x2)));
+        int32_t ds = bin(a, LOOM_IR_OP_MUL, s, bin(a, LOOM_IR_OP_SUB, full_like(a, s, 1.0), s));
+        int32_t d =
+            bin(a, LOOM_IR_OP_ADD, s, bin(a, LOOM_IR_OP_MUL, x, bin(a, LOOM_IR_OP_MUL, ds, du)));
+        return bin(a, LOOM_IR_OP_MUL, g, d);
+    }
     case LOOM_IR_OP_ADD: return g;
     case LOOM_IR_OP_SUB: return k == 0 ? g : un(a, LOOM_IR_OP_NEG, g);
     case LOOM_IR_OP_MUL: return bin(a, LOOM_IR_OP_MUL, g, k == 0 ? y : x);

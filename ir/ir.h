@@ -157,6 +157,10 @@ typedef int64_t (*loom_ir_scalar_i64_fn)(int64_t a, int64_t b);
 loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op);
 loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op);
 
+/* gelu_tanh's constants (ops.def), for every layer to compute the same u = C (x + K x^3). */
+#define LOOM_IR_GELU_TANH_C 0.79788456080286535588 /* sqrt(2 / pi) */
+#define LOOM_IR_GELU_TANH_K 0.044715
+
 /* Element i (row-major linear index) of rand_uniform with this seed: the top 24 bits of
  * SplitMix64's output for the state seed + (i + 1) * 0x9E3779B97F4A7C15 (unsigned, wrapping),
  * times 2^-24. In [0, 1) and exact in f32, so every executor can match it bit for bit. */

@@ -385,6 +385,7 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
     case LOOM_IR_OP_TANH:
     case LOOM_IR_OP_SIGMOID:
     case LOOM_IR_OP_GELU:
+    case LOOM_IR_OP_GELU_TANH:
         rel = 1e-5;
         abs = 1e-6;
         break;

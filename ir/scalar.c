@@ -54,6 +54,10 @@ static int64_t relu_i(int64_t x, int64_t b) {
 static double gelu_f(double x, double b) {
     return 0.5 * x * (1.0 + erf(x / M_SQRT2));
 }
+static double gelu_tanh_f(double x, double b) {
+    double u = LOOM_IR_GELU_TANH_C * (x + LOOM_IR_GELU_TANH_K * x * x * x);
+    return x / (1.0 + exp(-2.0 * u));
+}
 static double isfinite_f(double x, double b) {
     return isfinite(x) ? 1.0 : 0.0;
 }
@@ -163,6 +167,7 @@ loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op) {
     case LOOM_IR_OP_SIGMOID: return sigmoid_f;
     case LOOM_IR_OP_RELU: return relu_f;
     case LOOM_IR_OP_GELU: return gelu_f;
+    case LOOM_IR_OP_GELU_TANH: return gelu_tanh_f;
     case LOOM_IR_OP_ISFINITE: return isfinite_f;
     case LOOM_IR_OP_ADD: return add_f;
     case LOOM_IR_OP_SUB: return sub_f;
@@ -232,6 +237,7 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
     case LOOM_IR_OP_TANH:
     case LOOM_IR_OP_SIGMOID:
     case LOOM_IR_OP_GELU:
+    case LOOM_IR_OP_GELU_TANH:
     case LOOM_IR_OP_ISFINITE:
     case LOOM_IR_OP_POW:
     case LOOM_IR_OP_INPUT:

@@ -612,7 +612,8 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
     case LOOM_IR_OP_TANH:
     case LOOM_IR_OP_SIGMOID:
     case LOOM_IR_OP_RELU:
-    case LOOM_IR_OP_GELU: return run_arith(n, src[0], src[0], dst, d);
+    case LOOM_IR_OP_GELU:
+    case LOOM_IR_OP_GELU_TANH: return run_arith(n, src[0], src[0], dst, d);
     case LOOM_IR_OP_ISFINITE: return run_test(n, x[0]->dtype, src[0], src[0], dst, d);
     case LOOM_IR_OP_ADD:
     case LOOM_IR_OP_SUB:

@@ -276,8 +276,10 @@ LOOM_API loom_tensor *loom_full_at(loom_context *ctx, loom_dtype dtype, int32_t 
 /* A rank-0 constant. */
 #define loom_scalar(ctx, dt, v) loom_full_at((ctx), (dt), 0, NULL, (v), __FILE__, __LINE__)
 
-#define LOOM_UNARY_OPS(X)                                                                     \
-    X(neg) X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) X(gelu) X(isfinite)
+#define LOOM_UNARY_OPS(X)                                                                          \
+    X(neg)                                                                                         \
+    X(abs) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) X(gelu) X(gelu_tanh)          \
+        X(isfinite)
 #define LOOM_BINARY_OPS(X)                                                                    \
     X(add) X(sub) X(mul) X(div) X(pow) X(maximum) X(minimum)                                  \
     X(eq) X(ne) X(lt) X(le) X(gt) X(ge)
@@ -294,7 +296,8 @@ LOOM_BINARY_OPS(LOOM_DECLARE_BINARY_)
 #undef LOOM_DECLARE_BINARY_
 
 /* Elementwise unary: neg, abs, relu accept any numeric dtype; exp, log, sqrt, rsqrt, tanh,
- * sigmoid, gelu (tanh approximation-free, erf form) need a float dtype; isfinite gives bool. */
+ * sigmoid, gelu (the erf form, PyTorch's default) and gelu_tanh (PyTorch's
+ * gelu(approximate="tanh"), GPT-2's) need a float dtype; isfinite gives bool. */
 #define loom_neg(...) loom_neg_at(__VA_ARGS__, __FILE__, __LINE__)
 #define loom_abs(...) loom_abs_at(__VA_ARGS__, __FILE__, __LINE__)
 #define loom_exp(...) loom_exp_at(__VA_ARGS__, __FILE__, __LINE__)
@@ -305,6 +308,7 @@ LOOM_BINARY_OPS(LOOM_DECLARE_BINARY_)
 #define loom_sigmoid(...) loom_sigmoid_at(__VA_ARGS__, __FILE__, __LINE__)
 #define loom_relu(...) loom_relu_at(__VA_ARGS__, __FILE__, __LINE__)
 #define loom_gelu(...) loom_gelu_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_gelu_tanh(...) loom_gelu_tanh_at(__VA_ARGS__, __FILE__, __LINE__)
 #define loom_isfinite(...) loom_isfinite_at(__VA_ARGS__, __FILE__, __LINE__)
 /* Elementwise binary arithmetic (numeric; pow needs float) and comparisons (bool result). */
 #define loom_add(...) loom_add_at(__VA_ARGS__, __FILE__, __LINE__)

@@ -168,6 +168,7 @@ UNARY_CASE(tanh, loom_tanh(ctx, in[0]))
 UNARY_CASE(sigmoid, loom_sigmoid(ctx, in[0]))
 UNARY_CASE(relu, loom_relu(ctx, in[0]))
 UNARY_CASE(gelu, loom_gelu(ctx, in[0]))
+UNARY_CASE(gelu_tanh, loom_gelu_tanh(ctx, in[0]))
 UNARY_CASE(add, loom_add(ctx, in[0], in[1]))
 UNARY_CASE(sub, loom_sub(ctx, in[0], in[1]))
 UNARY_CASE(mul, loom_mul(ctx, in[0], in[1]))
@@ -288,6 +289,7 @@ static const vjp_case vjp_cases[] = {
     NO_VJP(MAX_POOL2D_GRAD, "max_pool2d's second derivative is not supported"),
     VJP(GATHER, b_gather, 1, {S2(3, 4), -1, 1}),
     VJP(SCATTER_ADD, b_scatter_add, 2, {S2(3, 4), -1, 1}, {S2(2, 4), -1, 1}),
+    VJP(GELU_TANH, b_gelu_tanh, 1, {S2(3, 4), -4, 4}),
 };
 _Static_assert(sizeof vjp_cases / sizeof vjp_cases[0] == LOOM_IR_OP_COUNT_,
                "a VJP case (or the reason for none) per op of ops.def");

@@ -262,9 +262,9 @@ static void test_infer_rejects_operands_outside_the_ops_dtype_class(void **state
         n_float += is_float;
         n_num += !is_float;
     }
-    /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, isfinite, pow, reduce_mean, conv2d with
-     * its two gradients, and max_pool2d with its gradient */
-    assert_int_equal(n_float, 15);
+    /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, gelu_tanh, isfinite, pow, reduce_mean,
+     * conv2d with its two gradients, and max_pool2d with its gradient */
+    assert_int_equal(n_float, 16);
     assert_true(n_num >= 10);
     int32_t small = add_input(&g, 2, LOOM_DTYPE_I32, SHAPE(2));
     assert_string_equal(infer_error(&g, (loom_ir_node_desc){.op = LOOM_IR_OP_EXP,

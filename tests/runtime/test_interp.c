@@ -133,6 +133,16 @@ static void test_gelu_uses_the_exact_erf_form(void **state) {
                0.345731229f, INFINITY);
 }
 
+/* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in double (PyTorch's approximate="tanh"),
+ * computed as x sigmoid(2u): at -10 the tail -1.2e-37 that the tanh form cancels to -0 */
+static void test_gelu_tanh_is_the_tanh_approximation(void **state) {
+    (void)state;
+    float x[8] = {0.0f, 1.0f, -1.0f, 2.0f, -3.0f, 0.5f, 10.0f, -10.0f}, y[8];
+    unary(LOOM_IR_OP_GELU_TANH, LOOM_DTYPE_F32, 8, x, y);
+    EXPECT_F32(y, TOL, 0.0f, 0.841191991f, -0.158808009f, 1.95459769f, -0.00363739208f,
+               0.345714010f, 10.0f, -1.20409235e-37f);
+}
+
 static void test_isfinite_is_false_for_inf_and_nan(void **state) {
     (void)state;
     float x[6] = {1.0f, INFINITY, -INFINITY, NAN, 0.0f, -2.0f};
@@ -1135,6 +1145,7 @@ static const struct op_case {
     OP_CASE(MAX_POOL2D_GRAD, test_max_pool2d_grad_sends_dy_to_the_first_max_of_each_window),
     OP_CASE(GATHER, test_gather_reads_along_its_axis_and_clamps),
     OP_CASE(SCATTER_ADD, test_scatter_add_sums_repeated_indices),
+    OP_CASE(GELU_TANH, test_gelu_tanh_is_the_tanh_approximation),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");
