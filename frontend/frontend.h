@@ -178,6 +178,13 @@ loom_context *loom_fe_handle_context(const loom_tensor *h);
 bool loom_fe_graph_room(loom_context *ctx, const char *file, int line, const char *op);
 
 /* ---- tensor.c ---- */
+/* t's dtype, rank and shape (LOOM_MAX_RANK entries), for an op builder: false with the
+ * context's error set when t is NULL (named `what`) or not a live tensor of ctx. */
+bool loom_fe_type_of(loom_context *ctx, loom_tensor *t, const char *what, const char *file,
+                     int line, const char *op, loom_dtype *dt, int32_t *rank, int64_t *shape);
+/* *axis (negative counts from the end) as an axis in [0, rank), or false with an error. */
+bool loom_fe_norm_axis(loom_context *ctx, int32_t *axis, int32_t rank, const char *file, int line,
+                       const char *op);
 /* The slot behind a handle of ctx, or NULL after recording STALE_HANDLE/INVALID_ARGUMENT
  * (naming op and the caller's location). */
 loom_fe_tensor *loom_fe_tensor_get(loom_context *ctx, const loom_tensor *h, const char *file,

@@ -9,36 +9,8 @@
 #include "loom/nn.h"
 
 /* Type of a handle, or false after recording the error (NULL: sticky, no new error). */
-static bool type_of(loom_context *ctx, loom_tensor *t, const char *what, const char *file, int line,
-                    const char *op, loom_dtype *dt, int32_t *rank, int64_t *shape) {
-    if (!t) {
-        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "%s is NULL (from an earlier failed op?)", what);
-        return false;
-    }
-    loom_fe_tensor *ft = loom_fe_tensor_get(ctx, t, file, line, op);
-    if (!ft)
-        return false;
-    *dt = ft->dtype;
-    *rank = ft->rank;
-    memcpy(shape, ft->shape, sizeof ft->shape);
-    return true;
-}
-
 static char *fmt_type(char *buf, size_t n, loom_dtype dt, int32_t rank, const int64_t *shape) {
     return loom_ir_format_type(buf, n, dt, rank, shape);
-}
-
-static bool norm_axis(loom_context *ctx, int32_t *axis, int32_t rank, const char *file, int line,
-                      const char *op) {
-    int32_t ax = *axis < 0 ? *axis + rank : *axis;
-    if (ax < 0 || ax >= rank) {
-        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "axis %d is out of range for rank %d", (int)*axis, (int)rank);
-        return false;
-    }
-    *axis = ax;
-    return true;
 }
 
 static bool need_float(loom_context *ctx, loom_dtype dt, const char *what, const char *file,
@@ -58,7 +30,7 @@ static bool check_vec(loom_context *ctx, loom_tensor *t, const char *what, loom_
     loom_dtype d;
     int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!type_of(ctx, t, what, file, line, op, &d, &r, s))
+    if (!loom_fe_type_of(ctx, t, what, file, line, op, &d, &r, s))
         return false;
     if (d == dt && r == rank && memcmp(s, shape, (size_t)rank * sizeof *s) == 0)
         return true;
@@ -70,24 +42,26 @@ static bool check_vec(loom_context *ctx, loom_tensor *t, const char *what, loom_
 
 /* ---- linear ----------------------------------------------------------------------------- */
 
-LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
-                                     loom_tensor *bias, const char *file, int line) {
-    LOOM_FE_USE(ctx, "linear", NULL);
-    static const char op[] = "linear";
+/* x [..., in] times a weight [out, in] (torch's Linear) or, in_out, [in, out] (HF Conv1D). */
+static loom_tensor *linear(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
+                           loom_tensor *bias, bool in_out, const char *file, int line,
+                           const char *op) {
     loom_dtype dx, dw;
     int32_t rx, rw;
     int64_t sx[LOOM_MAX_RANK], sw[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dx, &rx, sx) ||
-        !type_of(ctx, weight, "weight", file, line, op, &dw, &rw, sw))
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dx, &rx, sx) ||
+        !loom_fe_type_of(ctx, weight, "weight", file, line, op, &dw, &rw, sw))
         return NULL;
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
-    if (rx < 1 || rw != 2 || sx[rx - 1] != sw[1] || dx != dw) {
+    int64_t n_in = sw[in_out ? 0 : 1], n_out = sw[in_out ? 1 : 0];
+    if (rx < 1 || rw != 2 || sx[rx - 1] != n_in || dx != dw) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "needs x [..., in] and weight [out, in] of one dtype: %s x %s",
-                      fmt_type(ta, sizeof ta, dx, rx, sx), fmt_type(tb, sizeof tb, dw, rw, sw));
+                      "needs x [..., in] and weight %s of one dtype: %s x %s",
+                      in_out ? "[in, out]" : "[out, in]", fmt_type(ta, sizeof ta, dx, rx, sx),
+                      fmt_type(tb, sizeof tb, dw, rw, sw));
         return NULL;
     }
-    if (!check_vec(ctx, bias, "bias", dw, 1, sw, file, line, op))
+    if (!check_vec(ctx, bias, "bias", dw, 1, &n_out, file, line, op))
         return NULL;
     loom_tensor *x2 = x;
     int64_t rows = 1;
@@ -97,9 +71,12 @@ LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_ten
         x2 = loom_reshape_at(ctx, x, 2, (int64_t[]){rows, sx[rx - 1]}, file, line);
     /* x W^T needs W^T in memory, a pass over the weight every step (and in backward, over
      * its gradient). When the weight outweighs x and y, compute (W x^T)^T instead: x^T is
-     * the transpose made, and the outer one fuses into the consumer's reads. */
+     * the transpose made, and the outer one fuses into the consumer's reads. A weight
+     * [in, out] is used as it lies. */
     loom_tensor *y;
-    if (sw[0] * sw[1] > rows * (sw[0] + sw[1]))
+    if (in_out)
+        y = loom_matmul_at(ctx, x2, weight, file, line);
+    else if (sw[0] * sw[1] > rows * (sw[0] + sw[1]))
         y = loom_transpose_at(
             ctx, loom_matmul_at(ctx, weight, loom_transpose_at(ctx, x2, file, line), file, line),
             file, line);
@@ -108,10 +85,22 @@ LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_ten
     if (bias)
         y = loom_add_at(ctx, y, bias, file, line);
     if (rx != 2) {
-        sx[rx - 1] = sw[0];
+        sx[rx - 1] = n_out;
         y = loom_reshape_at(ctx, y, rx, sx, file, line);
     }
     return y;
+}
+
+LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
+                                     loom_tensor *bias, const char *file, int line) {
+    LOOM_FE_USE(ctx, "linear", NULL);
+    return linear(ctx, x, weight, bias, false, file, line, "linear");
+}
+
+LOOM_API loom_tensor *loom_linear_t_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
+                                       loom_tensor *bias, const char *file, int line) {
+    LOOM_FE_USE(ctx, "linear_t", NULL);
+    return linear(ctx, x, weight, bias, true, file, line, "linear_t");
 }
 
 /* ---- softmax family --------------------------------------------------------------------- */
@@ -135,8 +124,9 @@ static bool softmax_args(loom_context *ctx, loom_tensor *x, int32_t *axis, const
     loom_dtype dt;
     int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    return ctx && type_of(ctx, x, "x", file, line, op, &dt, &r, s) &&
-           need_float(ctx, dt, "x", file, line, op) && norm_axis(ctx, axis, r, file, line, op);
+    return ctx && loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s) &&
+           need_float(ctx, dt, "x", file, line, op) &&
+           loom_fe_norm_axis(ctx, axis, r, file, line, op);
 }
 
 LOOM_API loom_tensor *loom_softmax_at(loom_context *ctx, loom_tensor *x, int32_t axis,
@@ -169,7 +159,7 @@ LOOM_API loom_tensor *loom_one_hot_at(loom_context *ctx, loom_tensor *labels, in
     loom_dtype dt;
     int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, labels, "labels", file, line, op, &dt, &r, s))
+    if (!ctx || !loom_fe_type_of(ctx, labels, "labels", file, line, op, &dt, &r, s))
         return NULL;
     if (!loom_ir_dtype_is_int(dt) || r >= LOOM_MAX_RANK || classes < 1 ||
         !loom_ir_dtype_valid(dtype)) {
@@ -198,8 +188,8 @@ LOOM_API loom_tensor *loom_cross_entropy_ex_at(loom_context *ctx, loom_tensor *l
     loom_dtype dl, dy;
     int32_t rl, ry;
     int64_t sl[LOOM_MAX_RANK], sy[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, logits, "logits", file, line, op, &dl, &rl, sl) ||
-        !type_of(ctx, labels, "labels", file, line, op, &dy, &ry, sy))
+    if (!ctx || !loom_fe_type_of(ctx, logits, "logits", file, line, op, &dl, &rl, sl) ||
+        !loom_fe_type_of(ctx, labels, "labels", file, line, op, &dy, &ry, sy))
         return NULL;
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
     bool shapes = rl >= 1 && ry == rl - 1;
@@ -284,8 +274,8 @@ LOOM_API loom_tensor *loom_argmax_at(loom_context *ctx, loom_tensor *x, int32_t 
     loom_dtype dt;
     int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dt, &r, s) ||
-        !norm_axis(ctx, &axis, r, file, line, op))
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s) ||
+        !loom_fe_norm_axis(ctx, &axis, r, file, line, op))
         return NULL;
     if (dt == LOOM_DTYPE_BOOL) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
@@ -347,8 +337,8 @@ LOOM_API loom_tensor *loom_conv2d_at(loom_context *ctx, loom_tensor *x, loom_ten
     int32_t rx, rw;
     int64_t sx[LOOM_MAX_RANK], sw[LOOM_MAX_RANK];
     int64_t st[2], pd[2], dl[2];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dx, &rx, sx) ||
-        !type_of(ctx, weight, "weight", file, line, op, &dw, &rw, sw) ||
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dx, &rx, sx) ||
+        !loom_fe_type_of(ctx, weight, "weight", file, line, op, &dw, &rw, sw) ||
         !pair(ctx, stride, 1, 1, st, "stride", file, line, op) ||
         !pair(ctx, padding, 0, 0, pd, "padding", file, line, op) ||
         !pair(ctx, dilation, 1, 1, dl, "dilation", file, line, op))
@@ -393,7 +383,7 @@ static loom_tensor *pool(loom_context *ctx, loom_tensor *x, const int64_t *kerne
     loom_dtype dx;
     int32_t rx;
     int64_t sx[LOOM_MAX_RANK], k[2], st[2], pd[2];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dx, &rx, sx))
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dx, &rx, sx))
         return NULL;
     if (!kernel) {
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op, "kernel is NULL");
@@ -477,7 +467,7 @@ LOOM_API loom_tensor *loom_batch_norm_at(loom_context *ctx, loom_tensor *x,
     loom_dtype dt;
     int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dt, &r, s))
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s))
         return NULL;
     char t[LOOM_IR_TYPE_STR_MAX];
     if (r < 2 || !loom_ir_dtype_is_float(dt) || !(eps >= 0) || !(momentum >= 0) || momentum > 1) {
@@ -557,7 +547,7 @@ LOOM_API loom_tensor *loom_layer_norm_at(loom_context *ctx, loom_tensor *x, int3
     loom_dtype dt;
     int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dt, &r, s))
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s))
         return NULL;
     char t[LOOM_IR_TYPE_STR_MAX];
     if (n_norm < 1 || n_norm > r || !loom_ir_dtype_is_float(dt) || !(eps >= 0)) {
@@ -600,7 +590,7 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
     loom_dtype dt, ds;
     int32_t r, rs;
     int64_t s[LOOM_MAX_RANK], ss[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, x, "x", file, line, op, &dt, &r, s))
+    if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s))
         return NULL;
     if (!(p >= 0 && p <= 1) || !loom_ir_dtype_is_float(dt)) {
         char t[LOOM_IR_TYPE_STR_MAX];
@@ -611,7 +601,7 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
     }
     if (!training || p == 0)
         return x;
-    if (!type_of(ctx, seed, "seed", file, line, op, &ds, &rs, ss))
+    if (!loom_fe_type_of(ctx, seed, "seed", file, line, op, &ds, &rs, ss))
         return NULL;
     if (ds != LOOM_DTYPE_I64 || rs != 0) {
         char t[LOOM_IR_TYPE_STR_MAX];
@@ -642,8 +632,8 @@ LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices,
     loom_dtype di, dt;
     int32_t ri, rt;
     int64_t si[LOOM_MAX_RANK], st[LOOM_MAX_RANK];
-    if (!ctx || !type_of(ctx, indices, "indices", file, line, op, &di, &ri, si) ||
-        !type_of(ctx, table, "table", file, line, op, &dt, &rt, st))
+    if (!ctx || !loom_fe_type_of(ctx, indices, "indices", file, line, op, &di, &ri, si) ||
+        !loom_fe_type_of(ctx, table, "table", file, line, op, &dt, &rt, st))
         return NULL;
     if (!loom_ir_dtype_is_int(di) || rt != 2 || !loom_ir_dtype_is_float(dt) ||
         ri >= LOOM_MAX_RANK) {

@@ -398,3 +398,31 @@ LOOM_API loom_status loom_assign_at(loom_context *ctx, loom_tensor *dst, loom_te
     d->node_step = ctx->step;
     return LOOM_OK;
 }
+
+bool loom_fe_type_of(loom_context *ctx, loom_tensor *t, const char *what, const char *file,
+                     int line, const char *op, loom_dtype *dt, int32_t *rank, int64_t *shape) {
+    if (!t) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "%s is NULL (from an earlier failed op?)", what);
+        return false;
+    }
+    loom_fe_tensor *ft = loom_fe_tensor_get(ctx, t, file, line, op);
+    if (!ft)
+        return false;
+    *dt = ft->dtype;
+    *rank = ft->rank;
+    memcpy(shape, ft->shape, sizeof ft->shape);
+    return true;
+}
+
+bool loom_fe_norm_axis(loom_context *ctx, int32_t *axis, int32_t rank, const char *file, int line,
+                       const char *op) {
+    int32_t ax = *axis < 0 ? *axis + rank : *axis;
+    if (ax < 0 || ax >= rank) {
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "axis %d is out of range for rank %d", (int)*axis, (int)rank);
+        return false;
+    }
+    *axis = ax;
+    return true;
+}

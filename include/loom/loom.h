@@ -416,6 +416,31 @@ LOOM_API loom_tensor *loom_scatter_add_at(loom_context *ctx, loom_tensor *base, 
                                           loom_tensor *index, loom_tensor *src, const char *file,
                                           int line);
 #define loom_scatter_add(...) loom_scatter_add_at(__VA_ARGS__, __FILE__, __LINE__)
+/* torch.tril / torch.triu over the last two axes of x [..., M, N]: the elements with
+ * col - row <= diagonal (tril) or >= diagonal (triu) kept, the others 0. */
+LOOM_API loom_tensor *loom_tril_at(loom_context *ctx, loom_tensor *x, int64_t diagonal,
+                                   const char *file, int line);
+LOOM_API loom_tensor *loom_triu_at(loom_context *ctx, loom_tensor *x, int64_t diagonal,
+                                   const char *file, int line);
+#define loom_tril(...) loom_tril_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_triu(...) loom_triu_at(__VA_ARGS__, __FILE__, __LINE__)
+/* Tensor.masked_fill: value where the bool mask (broadcast to x's shape) holds, x elsewhere
+ * (-INFINITY: an attention mask before softmax). */
+LOOM_API loom_tensor *loom_masked_fill_at(loom_context *ctx, loom_tensor *x, loom_tensor *mask,
+                                          double value, const char *file, int line);
+#define loom_masked_fill(...) loom_masked_fill_at(__VA_ARGS__, __FILE__, __LINE__)
+/* torch.split with sizes: out[i] (n of them) the consecutive parts of x along axis, of
+ * sizes[i] each (slices of x); the sizes sum to the axis's extent. On error every out[i]
+ * is NULL. */
+LOOM_API loom_status loom_split_at(loom_context *ctx, loom_tensor *x, int32_t n,
+                                   const int64_t *sizes, int32_t axis, loom_tensor **out,
+                                   const char *file, int line);
+#define loom_split(...) loom_split_at(__VA_ARGS__, __FILE__, __LINE__)
+/* torch.chunk: x along axis in parts of ceil(extent / chunks), the last smaller, so there
+ * may be fewer than chunks (*out_n says how many; out has room for chunks). */
+LOOM_API loom_status loom_chunk_at(loom_context *ctx, loom_tensor *x, int32_t chunks, int32_t axis,
+                                   loom_tensor **out, int32_t *out_n, const char *file, int line);
+#define loom_chunk(...) loom_chunk_at(__VA_ARGS__, __FILE__, __LINE__)
 /* A tensor of `shape` whose element is its index along `axis` (0, 1, 2, ...), as a
  * constant of the graph. dtype numeric. */
 LOOM_API loom_tensor *loom_iota_at(loom_context *ctx, loom_dtype dtype, int32_t rank,

@@ -64,6 +64,12 @@ typedef enum loom_reduction {
 LOOM_API loom_tensor *loom_linear_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
                                      loom_tensor *bias, const char *file, int line);
 #define loom_linear(...) loom_linear_at(__VA_ARGS__, __FILE__, __LINE__)
+/* x [..., in] @ weight[in, out] + bias[out] (bias may be NULL): a weight stored [in, out], as
+ * Hugging Face GPT-2's Conv1D (torch.addmm(bias, x, weight)), used as it lies: no transpose
+ * of the weight or its gradient is made. */
+LOOM_API loom_tensor *loom_linear_t_at(loom_context *ctx, loom_tensor *x, loom_tensor *weight,
+                                       loom_tensor *bias, const char *file, int line);
+#define loom_linear_t(...) loom_linear_t_at(__VA_ARGS__, __FILE__, __LINE__)
 
 /* softmax / log_softmax along axis (negative counts from the end), numerically stable. */
 LOOM_API loom_tensor *loom_softmax_at(loom_context *ctx, loom_tensor *x, int32_t axis,

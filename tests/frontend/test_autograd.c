@@ -340,6 +340,9 @@ static loom_tensor *seed_of(loom_context *ctx, int64_t v) {
 static loom_tensor *b_linear(loom_context *ctx, loom_tensor *const *in) {
     return loom_linear(ctx, in[0], in[1], in[2]);
 }
+static loom_tensor *b_linear_t(loom_context *ctx, loom_tensor *const *in) {
+    return loom_gelu_tanh(ctx, loom_linear_t(ctx, in[0], in[1], in[2]));
+}
 static loom_tensor *b_softmax(loom_context *ctx, loom_tensor *const *in) {
     return loom_softmax(ctx, in[0], 0);
 }
@@ -406,6 +409,8 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
      * transposing W or its gradient; x of rank 3 goes through the row reshape */
     spec wide[3] = {{S3(1, 2, 4), -1, 1}, {S2(9, 4), -1, 1}, {S1(9), -1, 1}};
     check_grad("linear with a large weight", 3, wide, b_linear, 1e-6);
+    spec lint[3] = {{S3(2, 2, 3), -1, 1}, {S2(3, 5), -1, 1}, {S1(5), -1, 1}};
+    check_grad("linear_t, a weight [in, out]", 3, lint, b_linear_t, 1e-6);
     spec sm = {S2(4, 5), -2, 2};
     check_grad("softmax", 1, &sm, b_softmax, 1e-6);
     check_grad("log_softmax", 1, &sm, b_log_softmax, 1e-6);

@@ -1,4 +1,5 @@
-/* Slice, pad, concat, iota and rand_uniform through the public API: hand-derived values on
+/* Slice, pad, concat, iota and rand_uniform, and the compositions of them (tril, triu,
+ * masked_fill, split, chunk) through the public API: hand-derived values on
  * the reference interpreter (eager contexts) and the JIT, fused chains (a conv2d by im2col,
  * a max pool), and the builders' errors. */
 #include <math.h>
@@ -488,6 +489,88 @@ static void expect_error(loom_context *ctx, loom_tensor *r, const char *const *f
     expect_error((ctx), (r), (const char *const[]){__VA_ARGS__},                                   \
                  sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *))
 
+/* ---- tril, triu, masked_fill, split, chunk (frontend/ops_compose.c) ------------------------ */
+
+static loom_tensor *build_tril_triu(loom_context *ctx, const void *ud) {
+    (void)ud; /* x[3,4] = 0..11: tril(x) then triu(x, 1), side by side along axis 1 */
+    loom_tensor *x = host_f32(ctx, 2, SH(3, 4), iota12);
+    loom_tensor *r =
+        loom_concat(ctx, 2, (loom_tensor *[]){loom_tril(ctx, x, 0), loom_triu(ctx, x, 1)}, 1);
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_tril_and_triu_keep_the_diagonals_asked(void **state) {
+    (void)state;
+    float y[24];
+    run_both(build_tril_triu, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){0, 0, 0,  0, 0, 1, 2, 3,   /* row 0 */
+                                  4, 5, 0,  0, 0, 0, 6, 7,   /* row 1 */
+                                  8, 9, 10, 0, 0, 0, 0, 11}, /* row 2 */
+               24);
+}
+
+static loom_tensor *build_masked_fill(loom_context *ctx, const void *ud) {
+    (void)ud; /* x[2,3] = 0..5, the mask [3] = {1, 0, 1} broadcast over the rows */
+    static const uint8_t m[3] = {1, 0, 1};
+    loom_tensor *x = host_f32(ctx, 2, SH(2, 3), iota12);
+    loom_tensor *mask = loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 1, SH(3), m);
+    loom_tensor *r = loom_masked_fill(ctx, x, mask, -INFINITY);
+    loom_tensor_release(x);
+    loom_tensor_release(mask);
+    return r;
+}
+
+static void test_masked_fill_broadcasts_its_mask(void **state) {
+    (void)state;
+    float y[6];
+    run_both(build_masked_fill, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){-INFINITY, 1, -INFINITY, -INFINITY, 4, -INFINITY}, 6);
+}
+
+static loom_tensor *build_split_chunk(loom_context *ctx, const void *ud) {
+    (void)ud; /* 0..11 [12]: split 5 + 7, chunk(5) of the 7 in parts of 2, 2, 2, 1; all of them
+               * concatenated in reverse */
+    loom_tensor *x = host_f32(ctx, 1, SH(12), iota12), *p[2], *c[5];
+    int32_t n = 0;
+    if (loom_split(ctx, x, 2, SH(5, 7), 0, p) != LOOM_OK ||
+        loom_chunk(ctx, p[1], 5, -1, c, &n) != LOOM_OK || n != 4) {
+        loom_tensor_release(x);
+        return NULL;
+    }
+    loom_tensor *r = loom_concat(ctx, 5, (loom_tensor *[]){c[3], c[2], c[1], c[0], p[0]}, 0);
+    loom_tensor_release(x);
+    return r;
+}
+
+static void test_split_and_chunk_cut_an_axis_as_pytorch_does(void **state) {
+    (void)state;
+    float y[12];
+    run_both(build_split_chunk, NULL, y, sizeof y);
+    expect_f32(y, (const float[]){11, 9, 10, 7, 8, 5, 6, 0, 1, 2, 3, 4}, 12);
+}
+
+static void test_compositions_reject_bad_arguments(void **state) {
+    (void)state;
+    loom_context *ctx = new_ctx(true);
+    loom_tensor *v = host_f32(ctx, 1, SH(12), iota12), *p[3];
+    assert_null(loom_tril(ctx, v, 0));
+    assert_non_null(strstr(loom_context_error_message(ctx), "[..., M, N]"));
+    loom_context_clear_error(ctx);
+    assert_int_equal(loom_split(ctx, v, 2, SH(5, 8), 0, p), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "part 1 of 8 does not fit"));
+    assert_null(p[0]);
+    loom_context_clear_error(ctx);
+    assert_int_equal(loom_split(ctx, v, 2, SH(5, 6), 0, p), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx), "sum to 11"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_masked_fill(ctx, v, v, 0.0));
+    assert_non_null(strstr(loom_context_error_message(ctx), "mask must be bool"));
+    loom_context_clear_error(ctx);
+    loom_tensor_release(v);
+    loom_context_destroy(ctx);
+}
+
 static void test_builders_reject_bad_arguments_with_clear_messages(void **state) {
     (void)state;
     loom_context *ctx = new_ctx(true);
@@ -552,6 +635,10 @@ int main(void) {
         cmocka_unit_test(test_conv2d_by_im2col_matches_the_direct_convolution),
         cmocka_unit_test(test_max_pool_as_the_maximum_of_strided_slices),
         cmocka_unit_test(test_builders_reject_bad_arguments_with_clear_messages),
+        cmocka_unit_test(test_tril_and_triu_keep_the_diagonals_asked),
+        cmocka_unit_test(test_masked_fill_broadcasts_its_mask),
+        cmocka_unit_test(test_split_and_chunk_cut_an_axis_as_pytorch_does),
+        cmocka_unit_test(test_compositions_reject_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
