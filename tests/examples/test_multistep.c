@@ -22,7 +22,8 @@
  * the tolerance classes below say what sets each one. Checked against two deliberate bugs
  * (the planner's in-place check for later reads removed; kernels' buffer pointers bound on
  * the first run only, caught with LOOM_POISON): both fail here.
- * One configuration at a time: MULTISTEP_ONLY=<part of its name> build/tests/test_multistep. */
+ * One configuration at a time: MULTISTEP_ONLY=<part of its name> build/tests/test_multistep;
+ * one test function: --only '*resnet18*' (meson runs that part and the rest side by side). */
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -459,7 +460,17 @@ static void test_resnet50_trains_as_the_interpreter_does(void **state) {
     check_all(cs, sizeof cs / sizeof *cs);
 }
 
-int main(void) {
+/* Arguments: --only PATTERN or --skip PATTERN (cmocka's globs over the test names), so that
+ * meson runs the ResNet-18 part beside the rest on a second core. */
+int main(int argc, char **argv) {
+    if (argc == 3 && strcmp(argv[1], "--only") == 0)
+        cmocka_set_test_filter(argv[2]);
+    else if (argc == 3 && strcmp(argv[1], "--skip") == 0)
+        cmocka_set_skip_filter(argv[2]);
+    else if (argc != 1) {
+        fprintf(stderr, "usage: %s [--only PATTERN | --skip PATTERN]\n", argv[0]);
+        return 2;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_the_mlp_trains_as_the_interpreter_does),
         cmocka_unit_test(test_the_cnn_trains_as_the_interpreter_does_in_every_conv_mode),
