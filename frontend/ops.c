@@ -623,7 +623,7 @@ static loom_tensor *index_op(loom_context *ctx, loom_ir_op opc, loom_tensor *x, 
                              loom_tensor *index, loom_tensor *src, const char *file, int line,
                              const char *op) {
     int32_t n = opc == LOOM_IR_OP_GATHER ? 2 : 3, nodes[3];
-    if (!operands(ctx, n, (loom_tensor *const[]){x, index, src}, nodes, file, line, op))
+    if (!ctx || !operands(ctx, n, (loom_tensor *const[]){x, index, src}, nodes, file, line, op))
         return NULL;
     const loom_ir_node *xn = node_of(ctx, nodes[0]), *in = node_of(ctx, nodes[1]);
     char tx[LOOM_IR_TYPE_STR_MAX];
@@ -665,7 +665,7 @@ LOOM_API loom_tensor *loom_index_select_at(loom_context *ctx, loom_tensor *x, in
     LOOM_FE_USE(ctx, "index_select", NULL);
     static const char op[] = "index_select";
     int32_t nodes[2];
-    if (!operands(ctx, 2, (loom_tensor *const[]){x, index}, nodes, file, line, op))
+    if (!ctx || !operands(ctx, 2, (loom_tensor *const[]){x, index}, nodes, file, line, op))
         return NULL;
     const loom_ir_node *xn = node_of(ctx, nodes[0]), *in = node_of(ctx, nodes[1]);
     char tx[LOOM_IR_TYPE_STR_MAX];

@@ -103,8 +103,11 @@ LOOM_API loom_status loom_split_at(loom_context *ctx, loom_tensor *x, int32_t n,
     for (int32_t i = 0; i < n; i++) {
         size[axis] = sizes[i];
         out[i] = loom_slice_at(ctx, x, start, size, NULL, file, line);
-        if (!out[i])
+        if (!out[i]) {
+            for (int32_t k = 0; k < i; k++)
+                out[k] = NULL;
             return loom_context_error(ctx);
+        }
         start[axis] += sizes[i];
     }
     return LOOM_OK;
@@ -139,8 +142,11 @@ LOOM_API loom_status loom_chunk_at(loom_context *ctx, loom_tensor *x, int32_t ch
     do {
         size[axis] = each < ext - start[axis] ? each : ext - start[axis];
         out[n] = loom_slice_at(ctx, x, start, size, NULL, file, line);
-        if (!out[n])
+        if (!out[n]) {
+            for (int32_t k = 0; k < n; k++)
+                out[k] = NULL;
             return loom_context_error(ctx);
+        }
         n++;
         start[axis] += size[axis];
     } while (start[axis] < ext);

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "loom/amp.h"
+#include "loom/nn.h"
 #include "test_util.h"
 
 typedef struct fixture {
@@ -94,6 +95,22 @@ static void test_float_only_op_on_integers_is_rejected(void **state) {
 static void test_null_operand_and_null_context(void **state) {
     fixture *f = *state;
     assert_null(loom_add(NULL, f->v2, f->v2)); /* nothing to record into: just NULL */
+    /* the builders of issue 51 alike */
+    loom_tensor *parts[2] = {f->v2, f->v2};
+    int32_t n_parts = 7;
+    assert_null(loom_gather(NULL, f->v2, 0, f->i2));
+    assert_null(loom_index_select(NULL, f->v2, 0, f->i2));
+    assert_null(loom_scatter_add(NULL, f->v2, 0, f->i2, f->v2));
+    assert_null(loom_gelu_tanh(NULL, f->v2));
+    assert_null(loom_tril(NULL, f->v2, 0));
+    assert_null(loom_triu(NULL, f->v2, 0));
+    assert_null(loom_masked_fill(NULL, f->v2, f->v2, 0.0));
+    assert_int_equal(loom_split(NULL, f->v2, 2, (int64_t[]){1, 1}, 0, parts),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_chunk(NULL, f->v2, 2, 0, parts, &n_parts), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_null(loom_linear_t(NULL, f->v2, f->v2, NULL));
+    assert_null(loom_cross_entropy_ex(NULL, f->v2, f->i2, NULL));
+    assert_int_equal(loom_context_error(f->ctx), LOOM_OK); /* f's context untouched */
     int line = __LINE__ + 1;
     assert_null(loom_add(f->ctx, NULL, f->v2));
     expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
