@@ -609,10 +609,7 @@ static loom_status eval_gather(kc *c, int32_t id, const imap *map, MlirValue *ou
     if ((st = cg_offset_of(c, xid, &xm, &off)) != LOOM_OK)
         return st;
     int64_t stride = loom_ir_numel(x->rank - a - 1, x->shape + a + 1);
-    MlirValue q = cg_conv(b, "arith.index_cast", t, b->index);
-    q = cg_bin(b, "arith.maxsi", q, cg_idx(b, 0));
-    q = cg_imin(b, q, cg_idx(b, x->shape[a] - 1));
-    off = cg_iadd(b, off, cg_imul_c(b, q, stride));
+    off = cg_iadd(b, off, cg_imul_c(b, index_clamped(b, t, x->shape[a]), stride));
     *out = cg_load_val(b, x->dtype, c->bufs[c->s->buf_of[xid]], off);
     return LOOM_OK;
 }

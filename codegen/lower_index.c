@@ -75,8 +75,7 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, const MlirVa
     MlirValue srow = cg_iadd(b, s0, cg_imul_c(b, lj.iv, sp->inner));
     cg_for_begin(b, &li, cg_idx(b, 0), cg_idx(b, sp->inner), 0, NULL);
     MlirValue e = cg_iadd(b, srow, li.iv);
-    MlirValue t = cg_conv(b, "arith.index_cast", cg_load_val(b, idx->dtype, args[1], e), b->index);
-    t = cg_imin(b, cg_bin(b, "arith.maxsi", t, cg_idx(b, 0)), cg_idx(b, sp->len - 1));
+    MlirValue t = index_clamped(b, cg_load_val(b, idx->dtype, args[1], e), sp->len);
     MlirValue to = cg_iadd(b, p0, cg_iadd(b, cg_imul_c(b, t, sp->inner), li.iv));
     MlirValue sum = cg_bin(b, fl ? "arith.addf" : "arith.addi", cg_load(b, acc, to),
                            cg_load_val(b, sp->dt, args[2], e));

@@ -148,6 +148,13 @@ static inline MlirValue imin_s(cg_b *b, MlirValue x, MlirValue y) {
     return cg_bin(b, "arith.minsi", x, y);
 }
 
+/* A gather's or scatter_add's index t (i32 or i64) as an index clamped into [0, len), as
+ * ops.def defines them (never out of bounds). */
+static inline MlirValue index_clamped(cg_b *b, MlirValue t, int64_t len) {
+    MlirValue q = cg_conv(b, "arith.index_cast", t, b->index);
+    return imin_s(b, imax_s(b, q, cg_idx(b, 0)), cg_idx(b, len - 1));
+}
+
 static inline MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
     return cg_bin(b, "arith.andi", x, y);
 }

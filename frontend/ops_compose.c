@@ -65,6 +65,39 @@ LOOM_API loom_tensor *loom_masked_fill_at(loom_context *ctx, loom_tensor *x, loo
     return loom_select_at(ctx, m, loom_full_at(ctx, dt, 0, NULL, value, file, line), x, file, line);
 }
 
+/* x's shape into s and axis normalized for split/chunk, with out[0..n) cleared first (every
+ * part NULL on error); false with the context's error set. */
+static bool parts_of(loom_context *ctx, loom_tensor *x, int32_t *axis, int64_t *s,
+                     loom_tensor **out, int32_t n, const char *file, int line, const char *op) {
+    for (int32_t i = 0; i < n; i++)
+        out[i] = NULL;
+    loom_dtype dt;
+    int32_t r;
+    return loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s) &&
+           loom_fe_norm_axis(ctx, axis, r, file, line, op);
+}
+
+/* The n consecutive slices of x (shape s) along axis: part i is sizes[i] long, or (sizes
+ * NULL) `each` long with the last one cut at the axis's end. On error every out[i] is NULL. */
+static loom_status cut(loom_context *ctx, loom_tensor *x, int32_t axis, const int64_t *s, int32_t n,
+                       const int64_t *sizes, int64_t each, loom_tensor **out, const char *file,
+                       int line) {
+    int64_t start[LOOM_MAX_RANK] = {0}, size[LOOM_MAX_RANK];
+    memcpy(size, s, sizeof size);
+    for (int32_t i = 0; i < n; i++) {
+        int64_t left = s[axis] - start[axis];
+        size[axis] = sizes ? sizes[i] : each < left ? each : left;
+        out[i] = loom_slice_at(ctx, x, start, size, NULL, file, line);
+        if (!out[i]) {
+            for (int32_t k = 0; k < i; k++)
+                out[k] = NULL;
+            return loom_context_error(ctx);
+        }
+        start[axis] += size[axis];
+    }
+    return LOOM_OK;
+}
+
 LOOM_API loom_status loom_split_at(loom_context *ctx, loom_tensor *x, int32_t n,
                                    const int64_t *sizes, int32_t axis, loom_tensor **out,
                                    const char *file, int line) {
@@ -76,13 +109,8 @@ LOOM_API loom_status loom_split_at(loom_context *ctx, loom_tensor *x, int32_t n,
         return loom_fe_error(
             ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
             n < 1 ? "needs at least one part, got %d" : "sizes or out is NULL (n = %d)", (int)n);
-    for (int32_t i = 0; i < n; i++)
-        out[i] = NULL;
-    loom_dtype dt;
-    int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s) ||
-        !loom_fe_norm_axis(ctx, &axis, r, file, line, op))
+    if (!parts_of(ctx, x, &axis, s, out, n, file, line, op))
         return loom_context_error(ctx);
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -98,19 +126,7 @@ LOOM_API loom_status loom_split_at(loom_context *ctx, loom_tensor *x, int32_t n,
         return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                              "the parts sum to %lld, axis %d has %lld", (long long)total, (int)axis,
                              (long long)s[axis]);
-    int64_t start[LOOM_MAX_RANK] = {0}, size[LOOM_MAX_RANK];
-    memcpy(size, s, sizeof size);
-    for (int32_t i = 0; i < n; i++) {
-        size[axis] = sizes[i];
-        out[i] = loom_slice_at(ctx, x, start, size, NULL, file, line);
-        if (!out[i]) {
-            for (int32_t k = 0; k < i; k++)
-                out[k] = NULL;
-            return loom_context_error(ctx);
-        }
-        start[axis] += sizes[i];
-    }
-    return LOOM_OK;
+    return cut(ctx, x, axis, s, n, sizes, 0, out, file, line);
 }
 
 LOOM_API loom_status loom_chunk_at(loom_context *ctx, loom_tensor *x, int32_t chunks, int32_t axis,
@@ -125,31 +141,15 @@ LOOM_API loom_status loom_chunk_at(loom_context *ctx, loom_tensor *x, int32_t ch
         return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
                              !out || !out_n ? "out or out_n is NULL" : "chunks %d is below 1",
                              (int)chunks);
-    for (int32_t i = 0; i < chunks; i++)
-        out[i] = NULL;
-    loom_dtype dt;
-    int32_t r;
     int64_t s[LOOM_MAX_RANK];
-    if (!loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s) ||
-        !loom_fe_norm_axis(ctx, &axis, r, file, line, op))
+    if (!parts_of(ctx, x, &axis, s, out, chunks, file, line, op))
         return loom_context_error(ctx);
     /* as torch.chunk: parts of ceil(extent / chunks), the last smaller, fewer when they run
      * out (an empty axis: one empty part) */
     int64_t ext = s[axis], each = (ext + chunks - 1) / chunks;
-    int64_t start[LOOM_MAX_RANK] = {0}, size[LOOM_MAX_RANK];
-    memcpy(size, s, sizeof size);
-    int32_t n = 0;
-    do {
-        size[axis] = each < ext - start[axis] ? each : ext - start[axis];
-        out[n] = loom_slice_at(ctx, x, start, size, NULL, file, line);
-        if (!out[n]) {
-            for (int32_t k = 0; k < n; k++)
-                out[k] = NULL;
-            return loom_context_error(ctx);
-        }
-        n++;
-        start[axis] += size[axis];
-    } while (start[axis] < ext);
-    *out_n = n;
-    return LOOM_OK;
+    int32_t n = ext == 0 ? 1 : (int32_t)((ext + each - 1) / each);
+    loom_status st = cut(ctx, x, axis, s, n, NULL, each, out, file, line);
+    if (st == LOOM_OK)
+        *out_n = n;
+    return st;
 }
