@@ -167,6 +167,58 @@ LOOM_API loom_tensor *loom_embedding_at(loom_context *ctx, loom_tensor *indices,
                                         const char *file, int line);
 #define loom_embedding(...) loom_embedding_at(__VA_ARGS__, __FILE__, __LINE__)
 
+/* ---- attention -------------------------------------------------------------------------- */
+
+/* Where the token axis sits in q, k, v and the result: [B, H, T, D] (PyTorch's
+ * F.scaled_dot_product_attention) or [B, T, H, D] (a linear layer's output split into heads
+ * without a transpose). */
+typedef enum loom_attention_layout {
+    LOOM_ATTENTION_BHTD,
+    LOOM_ATTENTION_BTHD,
+    LOOM_ATTENTION_LAYOUT_COUNT_
+} loom_attention_layout;
+
+typedef struct loom_attention_options {
+    loom_tensor *mask; /* NULL, or bool (true: attend) or q's dtype (added to the scores),
+                          broadcasting to the scores [..., L, S] */
+    bool causal;       /* PyTorch's is_causal: query i attends to keys 0..i (top-left
+                          aligned); not together with a mask */
+    double scale;      /* multiplies q k^T; 0: 1/sqrt(E) */
+    double dropout_p;  /* on the attention weights, in [0, 1) (PyTorch applies it whatever
+                          the module's mode: pass 0 to evaluate) */
+    loom_tensor *seed; /* i64 scalar for dropout, as loom_dropout's; NULL when dropout_p == 0 */
+    int64_t stream;    /* dropout stream, as loom_dropout's */
+    loom_attention_layout layout;
+} loom_attention_options;
+
+/* Fills *o with no mask, not causal, scale 0 (1/sqrt(E)), no dropout, [B, H, T, D]. */
+LOOM_API void loom_attention_options_init(loom_attention_options *o);
+
+/* torch.nn.functional.scaled_dot_product_attention: softmax(q k^T * scale + mask) v for
+ * q [..., L, E], k [..., S, E], v [..., S, Ev] -> [..., L, Ev] (or all four [B, T, H, *] with
+ * the BTHD layout), of one float dtype with equal leading axes. The softmax runs in f32
+ * under autocast (the two products in the autocast dtype). A query whose keys are all masked
+ * gets NaN, as PyTorch's. Differentiable in q, k and v (and an additive mask). Returns a
+ * step-scoped tensor, or NULL with the error recorded (INVALID_ARGUMENT naming the shapes:
+ * mismatched E or S, dtypes, a mask that does not broadcast, a mask together with causal,
+ * scale < 0, dropout_p outside [0, 1) or without a seed; STALE_HANDLE; OUT_OF_MEMORY).
+ * Recorded today as its composition (the scores [..., L, S] are materialized, forward and
+ * backward); a fused kernel is planned. */
+LOOM_API loom_tensor *loom_scaled_dot_product_attention_ex_at(loom_context *ctx, loom_tensor *q,
+                                                              loom_tensor *k, loom_tensor *v,
+                                                              const loom_attention_options *o,
+                                                              const char *file, int line);
+/* The common case: loom_scaled_dot_product_attention_ex with only mask, causal and scale. */
+LOOM_API loom_tensor *loom_scaled_dot_product_attention_at(loom_context *ctx, loom_tensor *q,
+                                                           loom_tensor *k, loom_tensor *v,
+                                                           loom_tensor *mask, bool causal,
+                                                           double scale, const char *file,
+                                                           int line);
+#define loom_scaled_dot_product_attention(...)                                                     \
+    loom_scaled_dot_product_attention_at(__VA_ARGS__, __FILE__, __LINE__)
+#define loom_scaled_dot_product_attention_ex(...)                                                  \
+    loom_scaled_dot_product_attention_ex_at(__VA_ARGS__, __FILE__, __LINE__)
+
 /* ---- parameters and their initialisation ----------------------------------------------- */
 
 /* A seeded host generator for parameter initialisation (deterministic per seed; not

@@ -401,6 +401,29 @@ static loom_tensor *b_dropout(loom_context *ctx, loom_tensor *const *in) {
     return y;
 }
 
+/* q [1,2,3,4], k [1,2,5,4], v [1,2,5,3] with an additive mask [3,5] (differentiable too) */
+static loom_tensor *b_attention_masked(loom_context *ctx, loom_tensor *const *in) {
+    return loom_scaled_dot_product_attention(ctx, in[0], in[1], in[2], in[3], false, 0.7);
+}
+/* causal, in the token-major layout: q, k, v [1,4,2,3] (B, T, H, D) */
+static loom_tensor *b_attention_causal_bthd(loom_context *ctx, loom_tensor *const *in) {
+    loom_attention_options o;
+    loom_attention_options_init(&o);
+    o.causal = true;
+    o.layout = LOOM_ATTENTION_BTHD;
+    return loom_scaled_dot_product_attention_ex(ctx, in[0], in[1], in[2], &o);
+}
+static loom_tensor *b_attention_dropout(loom_context *ctx, loom_tensor *const *in) {
+    loom_attention_options o;
+    loom_attention_options_init(&o);
+    o.dropout_p = 0.3;
+    o.seed = seed_of(ctx, 5);
+    o.stream = 2;
+    loom_tensor *y = loom_scaled_dot_product_attention_ex(ctx, in[0], in[1], in[2], &o);
+    loom_tensor_release(o.seed);
+    return y;
+}
+
 static void test_nn_op_gradients_match_finite_differences(void **state) {
     (void)state;
     spec lin[3] = {{S2(4, 3), -1, 1}, {S2(5, 3), -1, 1}, {S1(5), -1, 1}};
@@ -432,6 +455,15 @@ static void test_nn_op_gradients_match_finite_differences(void **state) {
     check_grad("embedding", 1, &em, b_embedding, 1e-6);
     spec dr = {S2(4, 5), -1, 1};
     check_grad("dropout", 1, &dr, b_dropout, 1e-6);
+    spec at[4] = {{S4(1, 2, 3, 4), -1, 1},
+                  {S4(1, 2, 5, 4), -1, 1},
+                  {S4(1, 2, 5, 3), -1, 1},
+                  {S2(3, 5), -1, 1}};
+    check_grad("scaled_dot_product_attention, additive mask", 4, at, b_attention_masked, 1e-6);
+    spec ac[3] = {{S4(1, 4, 2, 3), -1, 1}, {S4(1, 4, 2, 3), -1, 1}, {S4(1, 4, 2, 3), -1, 1}};
+    check_grad("scaled_dot_product_attention, causal, [B, T, H, D]", 3, ac, b_attention_causal_bthd,
+               1e-6);
+    check_grad("scaled_dot_product_attention, dropout", 3, at, b_attention_dropout, 1e-6);
 }
 
 /* ---- semantics ------------------------------------------------------------------------- */

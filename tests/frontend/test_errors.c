@@ -110,6 +110,9 @@ static void test_null_operand_and_null_context(void **state) {
     assert_int_equal(loom_chunk(NULL, f->v2, 2, 0, parts, &n_parts), LOOM_STATUS_INVALID_ARGUMENT);
     assert_null(loom_linear_t(NULL, f->v2, f->v2, NULL));
     assert_null(loom_cross_entropy_ex(NULL, f->v2, f->i2, NULL));
+    assert_null(loom_scaled_dot_product_attention(NULL, f->m23, f->m23, f->m23, NULL, true, 0));
+    assert_null(loom_scaled_dot_product_attention_ex(NULL, f->m23, f->m23, f->m23, NULL));
+    loom_attention_options_init(NULL); /* accepted, does nothing */
     assert_int_equal(loom_context_error(f->ctx), LOOM_OK); /* f's context untouched */
     int line = __LINE__ + 1;
     assert_null(loom_add(f->ctx, NULL, f->v2));

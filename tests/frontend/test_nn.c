@@ -493,6 +493,273 @@ static void test_embedding_picks_rows(void **state) {
     loom_context_destroy(ctx);
 }
 
+/* ---- attention ------------------------------------------------------------------------- */
+
+typedef struct attn_case {
+    int64_t bh, l, s, e, ev; /* batch*heads folded into one axis of 2 x (bh/2) */
+    bool causal, bool_mask, add_mask;
+} attn_case;
+
+/* softmax(q k^T / sqrt(e) + mask) v in f64, and its gradients for the loss sum(out * w). */
+static void naive_attention(const attn_case *c, const float *q, const float *k, const float *v,
+                            const uint8_t *bmask, const float *amask, const float *w, double *out,
+                            double *dq, double *dk, double *dv) {
+    int64_t L = c->l, S = c->s, E = c->e, Ev = c->ev;
+    double scale = 1 / sqrt((double)E);
+    double *p = malloc((size_t)S * sizeof *p), *dp = malloc((size_t)S * sizeof *dp);
+    memset(dk, 0, (size_t)(c->bh * S * E) * sizeof *dk);
+    memset(dv, 0, (size_t)(c->bh * S * Ev) * sizeof *dv);
+    for (int64_t b = 0; b < c->bh; b++)
+        for (int64_t i = 0; i < L; i++) {
+            const float *qi = q + (b * L + i) * E;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < S; j++) {
+                double d = 0;
+                for (int64_t x = 0; x < E; x++)
+                    d += (double)qi[x] * k[(b * S + j) * E + x];
+                d *= scale;
+                if ((c->causal && j > i) || (c->bool_mask && !bmask[i * S + j]))
+                    d = -INFINITY;
+                if (c->add_mask)
+                    d += amask[i * S + j];
+                p[j] = d;
+                mx = d > mx ? d : mx;
+            }
+            for (int64_t j = 0; j < S; j++)
+                sum += p[j] = exp(p[j] - mx);
+            for (int64_t j = 0; j < S; j++)
+                p[j] /= sum;
+            const float *wi = w + (b * L + i) * Ev;
+            double *oi = out + (b * L + i) * Ev, dot = 0;
+            for (int64_t y = 0; y < Ev; y++) {
+                double acc = 0;
+                for (int64_t j = 0; j < S; j++)
+                    acc += p[j] * v[(b * S + j) * Ev + y];
+                oi[y] = acc;
+            }
+            for (int64_t j = 0; j < S; j++) {
+                double g = 0;
+                for (int64_t y = 0; y < Ev; y++) {
+                    g += (double)wi[y] * v[(b * S + j) * Ev + y];
+                    dv[(b * S + j) * Ev + y] += p[j] * wi[y];
+                }
+                dp[j] = g;
+                dot += g * p[j];
+            }
+            double *dqi = dq + (b * L + i) * E;
+            memset(dqi, 0, (size_t)E * sizeof *dqi);
+            for (int64_t j = 0; j < S; j++) {
+                double ds = p[j] * (dp[j] - dot) * scale;
+                for (int64_t x = 0; x < E; x++) {
+                    dqi[x] += ds * k[(b * S + j) * E + x];
+                    dk[(b * S + j) * E + x] += ds * qi[x];
+                }
+            }
+        }
+    free(p);
+    free(dp);
+}
+
+static void expect_near(const char *what, const attn_case *c, bool eager, const float *got,
+                        const double *want, int64_t n, double tol) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i]))))
+            fail_msg("attention L %lld S %lld E %lld%s%s (%s): %s[%lld] = %.8g, want %.8g",
+                     (long long)c->l, (long long)c->s, (long long)c->e, c->causal ? " causal" : "",
+                     c->bool_mask ? " bool mask" : "", eager ? "interpreter" : "JIT", what,
+                     (long long)i, got[i], want[i]);
+}
+
+/* The op forward and backward against naive_attention, through the interpreter and the JIT,
+ * in the BHTD layout, and for BTHD the same values permuted. */
+static void check_attention(const attn_case *c, bool eager, bool bthd) {
+    int64_t B = 2, H = c->bh / 2, L = c->l, S = c->s, E = c->e, Ev = c->ev;
+    int64_t nq = c->bh * L * E, nk = c->bh * S * E, nv = c->bh * S * Ev, no = c->bh * L * Ev;
+    float *q = malloc((size_t)nq * 4), *k = malloc((size_t)nk * 4), *v = malloc((size_t)nv * 4);
+    float *w = malloc((size_t)no * 4), *am = malloc((size_t)(L * S) * 4);
+    uint8_t *bm = malloc((size_t)(L * S));
+    fill(q, nq, 1 + (uint64_t)L);
+    fill(k, nk, 2 + (uint64_t)S);
+    fill(v, nv, 3 + (uint64_t)E);
+    fill(w, no, 4);
+    fill(am, L * S, 5);
+    for (int64_t i = 0; i < L * S; i++)
+        bm[i] = (i * 7 + i / S) % 3 != 0 || i % S == 0; /* every row keeps key 0 */
+    double *want = malloc((size_t)no * 8), *wq = malloc((size_t)nq * 8);
+    double *wk = malloc((size_t)nk * 8), *wv = malloc((size_t)nv * 8);
+    naive_attention(c, q, k, v, bm, am, w, want, wq, wk, wv);
+
+    loom_context *ctx = tu_context(eager);
+    /* in BTHD the host data is the BHTD data permuted, so the reference stays the same */
+    int64_t sq[4] = {B, H, L, E}, sk[4] = {B, H, S, E}, sv[4] = {B, H, S, Ev},
+            so[4] = {B, H, L, Ev};
+    loom_tensor *in[3] = {loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sq, q),
+                          loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sk, k),
+                          loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sv, v)};
+    static const int32_t perm[4] = {0, 2, 1, 3};
+    loom_tensor *use[3];
+    for (int i = 0; i < 3; i++)
+        use[i] = bthd ? loom_permute(ctx, in[i], perm) : in[i];
+    loom_tensor *mask = NULL;
+    if (c->bool_mask)
+        mask = loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 2, (int64_t[]){L, S}, bm);
+    if (c->add_mask)
+        mask = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){L, S}, am);
+    loom_attention_options o;
+    loom_attention_options_init(&o);
+    o.mask = mask;
+    o.causal = c->causal;
+    o.layout = bthd ? LOOM_ATTENTION_BTHD : LOOM_ATTENTION_BHTD;
+    loom_tensor *y = loom_scaled_dot_product_attention_ex(ctx, use[0], use[1], use[2], &o);
+    if (!y)
+        fail_msg("%s", loom_context_error_message(ctx));
+    if (bthd)
+        y = loom_permute(ctx, y, perm);
+    loom_tensor *tw = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, so, w);
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, y, tw), 0, NULL, false);
+    loom_tensor *g[3] = {0};
+    assert_int_equal(loom_backward(ctx, loss, 3, in, g), LOOM_OK);
+    int64_t most = nq > nk ? nq : nk;
+    most = most > nv ? most : nv;
+    float *got = malloc((size_t)(most > no ? most : no) * 4);
+    tu_read_f32(ctx, y, got, (size_t)no);
+    expect_near("out", c, eager, got, want, no, 2e-5);
+    tu_read_f32(ctx, g[0], got, (size_t)nq);
+    expect_near("dq", c, eager, got, wq, nq, 5e-5);
+    tu_read_f32(ctx, g[1], got, (size_t)nk);
+    expect_near("dk", c, eager, got, wk, nk, 5e-5);
+    tu_read_f32(ctx, g[2], got, (size_t)nv);
+    expect_near("dv", c, eager, got, wv, nv, 5e-5);
+    for (int i = 0; i < 3; i++)
+        loom_tensor_release(in[i]);
+    loom_tensor_release(mask);
+    loom_tensor_release(tw);
+    loom_context_destroy(ctx);
+    free(got);
+    free(q);
+    free(k);
+    free(v);
+    free(w);
+    free(am);
+    free(bm);
+    free(want);
+    free(wq);
+    free(wk);
+    free(wv);
+}
+
+static void test_attention_matches_the_definition_on_odd_lengths_and_head_sizes(void **state) {
+    (void)state;
+    /* T 1, 7, 63, 65, 257 and head sizes 8, 64, 80; L != S both ways; masks of both kinds */
+    static const attn_case cases[] = {
+        {2, 1, 1, 8, 8, true, false, false},       {4, 7, 7, 64, 64, true, false, false},
+        {2, 63, 63, 80, 80, true, false, false},   {2, 65, 65, 8, 8, false, false, false},
+        {2, 257, 257, 64, 64, true, false, false}, {2, 7, 65, 8, 16, false, true, false},
+        {2, 65, 7, 80, 8, true, false, false},     {2, 63, 65, 64, 64, false, false, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int eager = 0; eager < 2; eager++)
+            check_attention(&cases[i], eager, false);
+    /* the token-major layout gives the same values */
+    check_attention(&cases[1], false, true);
+    check_attention(&cases[5], true, true);
+}
+
+/* Dropout on the attention weights: the graph's RNG as loom_dropout draws it, so the op
+ * equals the composition with loom_dropout (seed, stream) and differs from no dropout. */
+static void test_attention_dropout_is_loom_dropout_on_the_weights(void **state) {
+    (void)state;
+    enum { L = 9, E = 8, N = 2 * L * E };
+    float q[N], k[N], v[N], a[N], b[N], c[N];
+    fill(q, N, 21);
+    fill(k, N, 22);
+    fill(v, N, 23);
+    for (int eager = 0; eager < 2; eager++) {
+        loom_context *ctx = tu_context(eager);
+        int64_t sh[4] = {1, 2, L, E}, sd = 77;
+        loom_tensor *tq = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, q);
+        loom_tensor *tk = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, k);
+        loom_tensor *tv = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, v);
+        loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &sd);
+        loom_attention_options o;
+        loom_attention_options_init(&o);
+        o.dropout_p = 0.25;
+        o.seed = seed;
+        o.stream = 3;
+        tu_read_f32(ctx, loom_scaled_dot_product_attention_ex(ctx, tq, tk, tv, &o), a, N);
+        loom_tensor *scores = loom_matmul(
+            ctx, loom_mul(ctx, tq, loom_scalar(ctx, LOOM_DTYPE_F32, 1 / sqrt((double)E))),
+            loom_transpose(ctx, tk));
+        loom_tensor *w = loom_dropout(ctx, loom_softmax(ctx, scores, -1), 0.25, true, seed, 3);
+        tu_read_f32(ctx, loom_matmul(ctx, w, tv), b, N);
+        tu_read_f32(ctx, loom_scaled_dot_product_attention(ctx, tq, tk, tv, NULL, false, 0), c, N);
+        int differ = 0;
+        for (int i = 0; i < N; i++) {
+            assert_float_equal(a[i], b[i], 1e-6);
+            differ += fabsf(a[i] - c[i]) > 1e-4f;
+        }
+        assert_true(differ > N / 4);
+        loom_tensor_release(tq);
+        loom_tensor_release(tk);
+        loom_tensor_release(tv);
+        loom_tensor_release(seed);
+        loom_context_destroy(ctx);
+    }
+}
+
+static void test_attention_rejects_bad_arguments_with_clear_messages(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(true);
+    float z[256] = {0};
+    loom_tensor *q = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 2, 4, 8}, z);
+    loom_tensor *k5 = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 2, 5, 4}, z);
+    loom_tensor *v6 = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, (int64_t[]){1, 2, 6, 8}, z);
+    loom_tensor *m = loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 2, (int64_t[]){3, 4}, z);
+    assert_null(loom_scaled_dot_product_attention(ctx, q, k5, k5, NULL, false, 0));
+    assert_non_null(strstr(loom_context_error_message(ctx),
+                           "scaled_dot_product_attention: q and k need one head size E"));
+    assert_non_null(strstr(loom_context_error_message(ctx), "q f32[1,2,4,8], k f32[1,2,5,4]"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_scaled_dot_product_attention(ctx, q, q, v6, NULL, false, 0));
+    assert_non_null(strstr(loom_context_error_message(ctx), "k and v need one key length S"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_scaled_dot_product_attention(ctx, q, q, q, m, false, 0));
+    assert_non_null(
+        strstr(loom_context_error_message(ctx), "broadcast to the scores f32[1,2,4,4]"));
+    loom_context_clear_error(ctx);
+    loom_tensor *m4 = loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 1, (int64_t[]){4}, z);
+    assert_null(loom_scaled_dot_product_attention(ctx, q, q, q, m4, true, 0));
+    assert_non_null(strstr(loom_context_error_message(ctx), "a mask or causal, not both"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_scaled_dot_product_attention(ctx, q, q, q, NULL, false, -1));
+    assert_non_null(strstr(loom_context_error_message(ctx), "finite scale >= 0"));
+    loom_context_clear_error(ctx);
+    loom_attention_options o;
+    loom_attention_options_init(&o);
+    o.dropout_p = 0.1;
+    assert_null(loom_scaled_dot_product_attention_ex(ctx, q, q, q, &o));
+    assert_non_null(strstr(loom_context_error_message(ctx), "needs a seed tensor"));
+    loom_context_clear_error(ctx);
+    o.dropout_p = 0;
+    o.layout = LOOM_ATTENTION_BTHD;
+    loom_tensor *q3 = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 3, (int64_t[]){2, 4, 8}, z);
+    assert_null(loom_scaled_dot_product_attention_ex(ctx, q3, q3, q3, &o));
+    assert_non_null(strstr(loom_context_error_message(ctx), "layout needs rank-4"));
+    loom_context_clear_error(ctx);
+    assert_null(loom_scaled_dot_product_attention_ex(ctx, q, q, q, NULL));
+    assert_non_null(strstr(loom_context_error_message(ctx), "options is NULL"));
+    loom_context_clear_error(ctx);
+    /* a bool mask [L, S] broadcasts; rank-3 q without heads works too */
+    assert_non_null(loom_scaled_dot_product_attention(ctx, q3, q3, q3, m4, false, 0.5));
+    loom_tensor_release(q);
+    loom_tensor_release(k5);
+    loom_tensor_release(v6);
+    loom_tensor_release(m);
+    loom_tensor_release(m4);
+    loom_tensor_release(q3);
+    loom_context_destroy(ctx);
+}
+
 static void test_nn_ops_reject_bad_arguments_with_clear_messages(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
@@ -549,6 +816,9 @@ int main(void) {
         cmocka_unit_test(test_layer_norm_gives_zero_mean_unit_variance_rows),
         cmocka_unit_test(test_dropout_is_deterministic_per_seed_and_scales_survivors),
         cmocka_unit_test(test_embedding_picks_rows),
+        cmocka_unit_test(test_attention_matches_the_definition_on_odd_lengths_and_head_sizes),
+        cmocka_unit_test(test_attention_dropout_is_loom_dropout_on_the_weights),
+        cmocka_unit_test(test_attention_rejects_bad_arguments_with_clear_messages),
         cmocka_unit_test(test_nn_ops_reject_bad_arguments_with_clear_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
