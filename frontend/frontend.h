@@ -202,6 +202,11 @@ loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, i
                             const char *op);
 
 /* ---- ops.c ---- */
+/* x [..., K] times w [N, K] transposed -> [..., N], as loom_matmul(x, loom_transpose(w))
+ * computes it (rows folded, (w x^T)^T for a large w) without recording the transpose
+ * first. NULL after recording the error. */
+loom_tensor *loom_fe_matmul_t(loom_context *ctx, loom_tensor *x, loom_tensor *w, const char *file,
+                              int line);
 /* Records conv2d(x, w) with window cv (loom_conv2d_at validates first, so that its messages
  * name the user's arguments); NULL after recording an error. */
 loom_tensor *loom_fe_conv2d(loom_context *ctx, loom_tensor *x, loom_tensor *w,

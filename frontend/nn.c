@@ -63,31 +63,12 @@ static loom_tensor *linear(loom_context *ctx, loom_tensor *x, loom_tensor *weigh
     }
     if (!check_vec(ctx, bias, "bias", dw, 1, &n_out, file, line, op))
         return NULL;
-    loom_tensor *x2 = x;
-    int64_t rows = 1;
-    for (int32_t i = 0; i < rx - 1; i++)
-        rows *= sx[i];
-    if (rx != 2) /* [..., in] -> [rows, in] so the weight is not broadcast over a batch */
-        x2 = loom_reshape_at(ctx, x, 2, (int64_t[]){rows, sx[rx - 1]}, file, line);
-    /* x W^T needs W^T in memory, a pass over the weight every step (and in backward, over
-     * its gradient). When the weight outweighs x and y, compute (W x^T)^T instead: x^T is
-     * the transpose made, and the outer one fuses into the consumer's reads. A weight
-     * [in, out] is used as it lies. */
-    loom_tensor *y;
-    if (in_out)
-        y = loom_matmul_at(ctx, x2, weight, file, line);
-    else if (sw[0] * sw[1] > rows * (sw[0] + sw[1]))
-        y = loom_transpose_at(
-            ctx, loom_matmul_at(ctx, weight, loom_transpose_at(ctx, x2, file, line), file, line),
-            file, line);
-    else
-        y = loom_matmul_at(ctx, x2, loom_transpose_at(ctx, weight, file, line), file, line);
+    /* matmul folds x's leading axes into its rows and, for a weight that outweighs x and
+     * y, computes (W x^T)^T rather than putting W^T in memory; [in, out] is used as it lies */
+    loom_tensor *y = in_out ? loom_matmul_at(ctx, x, weight, file, line)
+                            : loom_fe_matmul_t(ctx, x, weight, file, line);
     if (bias)
         y = loom_add_at(ctx, y, bias, file, line);
-    if (rx != 2) {
-        sx[rx - 1] = n_out;
-        y = loom_reshape_at(ctx, y, rx, sx, file, line);
-    }
     return y;
 }
 

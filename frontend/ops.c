@@ -390,6 +390,137 @@ static int32_t reshaped(loom_context *ctx, loom_ir_op opc, int32_t node, int32_t
     return record(ctx, &desc, "matmul");
 }
 
+/* a [..., M, K] x b [..., K, N] with their batch axes broadcast to one rank and shape. */
+static int32_t batched(loom_context *ctx, int32_t *nodes, const char *file, int line) {
+    static const char op[] = "matmul";
+    const loom_ir_node *x = node_of(ctx, nodes[0]), *y = node_of(ctx, nodes[1]);
+    int64_t s[LOOM_MAX_RANK];
+    int32_t rank = x->rank > y->rank ? x->rank : y->rank;
+    int64_t batch[LOOM_MAX_RANK];
+    for (int32_t i = 0; i < rank - 2; i++) {
+        int32_t ix = i - (rank - x->rank), iy = i - (rank - y->rank);
+        int64_t ex = ix >= 0 ? x->shape[ix] : 1, ey = iy >= 0 ? y->shape[iy] : 1;
+        if (ex != ey && ex != 1 && ey != 1) {
+            char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                          "batch dimensions cannot be broadcast: %s x %s",
+                          loom_ir_format_type(ta, sizeof ta, x->dtype, x->rank, x->shape),
+                          loom_ir_format_type(tb, sizeof tb, y->dtype, y->rank, y->shape));
+            return -1;
+        }
+        batch[i] = ex == 1 ? ey : ex;
+    }
+    for (int32_t k = 0; k < 2; k++) {
+        const loom_ir_node *z = node_of(ctx, nodes[k]);
+        memcpy(s, batch, (size_t)(rank - 2) * sizeof *s);
+        s[rank - 2] = z->shape[z->rank - 2];
+        s[rank - 1] = z->shape[z->rank - 1];
+        if (z->rank != rank || memcmp(z->shape, s, (size_t)rank * sizeof *s) != 0)
+            if ((nodes[k] = reshaped(ctx, LOOM_IR_OP_BROADCAST, nodes[k], rank, s, file, line)) < 0)
+                return -1;
+    }
+    loom_ir_node_desc desc = {
+        .op = LOOM_IR_OP_MATMUL, .n_inputs = 2, .inputs = nodes, .loc = {file, line}};
+    return record(ctx, &desc, op);
+}
+
+static int32_t transposed(loom_context *ctx, int32_t node, const char *file, int line) {
+    loom_ir_node_desc desc = {
+        .op = LOOM_IR_OP_TRANSPOSE, .n_inputs = 1, .inputs = &node, .loc = {file, line}};
+    desc.attrs.perm[0] = 1;
+    desc.attrs.perm[1] = 0;
+    return record(ctx, &desc, "matmul");
+}
+
+/* b's extents as the matmul sees it: [K, N], or with b_t (b a weight [N, K] used
+ * transposed) b's own reversed. */
+static void kn_of(const loom_ir_node *y, bool b_t, int64_t *K, int64_t *N) {
+    *K = y->shape[b_t ? 1 : 0];
+    *N = y->shape[b_t ? 0 : 1];
+}
+
+/* a [R, K] x b [K, N] (b_t: x b^T for b [N, K]) as one 2-D matmul node. A b that is a
+ * recorded transpose of a 2-D S counts as S used transposed. When that weight outweighs a
+ * and the result, computes (S a^T)^T: S^T would need a pass over the weight every step (and
+ * in backward over its gradient), where a^T is the transpose made and the outer one fuses
+ * into the consumer's reads. */
+static int32_t matmul_rows(loom_context *ctx, int32_t a, int32_t b, bool b_t, const char *file,
+                           int line) {
+    const loom_ir_node *x = node_of(ctx, a), *y = node_of(ctx, b);
+    if (!b_t && y->op == LOOM_IR_OP_TRANSPOSE && y->attrs.perm[0] == 1 &&
+        node_of(ctx, y->inputs[0])->rank == 2) {
+        b = y->inputs[0];
+        b_t = true;
+        y = node_of(ctx, b);
+    }
+    int64_t R = x->shape[0], K, N;
+    kn_of(y, b_t, &K, &N);
+    bool swap = b_t && x->shape[1] == K && N * K > R * (N + K);
+    int32_t in[2] = {a, b};
+    if (swap) {
+        in[0] = b;
+        in[1] = transposed(ctx, a, file, line);
+    } else if (b_t) {
+        in[1] = transposed(ctx, b, file, line);
+    }
+    if (in[1] < 0)
+        return -1;
+    loom_ir_node_desc desc = {
+        .op = LOOM_IR_OP_MATMUL, .n_inputs = 2, .inputs = in, .loc = {file, line}};
+    int32_t id = record(ctx, &desc, "matmul");
+    return swap && id >= 0 ? transposed(ctx, id, file, line) : id;
+}
+
+/* a [..., M, K] x b [K, N] (b_t: b [N, K] used transposed): the leading axes fold into the
+ * rows, as torch.matmul does, so b is never broadcast over them (a weight [C, V] against
+ * x [B, T, C] would be B copies of it). The result is [..., M, N], without M for a vector a
+ * (vec_a: made [1, K]) and without N for a vector b (vec_b: made [K, 1]). */
+static loom_tensor *matmul_2d_weight(loom_context *ctx, const int32_t *nodes, bool b_t, bool vec_a,
+                                     bool vec_b, const char *file, int line) {
+    const loom_ir_node *x = node_of(ctx, nodes[0]), *y = node_of(ctx, nodes[1]);
+    int32_t r = x->rank;
+    int64_t K, N;
+    kn_of(y, b_t, &K, &N);
+    if (x->shape[r - 1] != K) {
+        char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, "matmul",
+                      "inner dimensions differ: %s x %s%s",
+                      loom_ir_format_type(ta, sizeof ta, x->dtype, x->rank, x->shape),
+                      loom_ir_format_type(tb, sizeof tb, y->dtype, y->rank, y->shape),
+                      b_t ? " transposed" : "");
+        return NULL;
+    }
+    int64_t shape[LOOM_MAX_RANK], rows[2] = {loom_ir_numel(r - 1, x->shape), K};
+    memcpy(shape, x->shape, (size_t)r * sizeof *shape);
+    int32_t a = nodes[0];
+    if (r != 2 && (a = reshaped(ctx, LOOM_IR_OP_RESHAPE, a, 2, rows, file, line)) < 0)
+        return NULL;
+    int32_t id = matmul_rows(ctx, a, nodes[1], b_t, file, line);
+    if (id < 0)
+        return NULL;
+    int32_t n = r - 1 - vec_a;
+    if (!vec_b)
+        shape[n++] = N;
+    if ((r != 2 || vec_a || vec_b) &&
+        (id = reshaped(ctx, LOOM_IR_OP_RESHAPE, id, n, shape, file, line)) < 0)
+        return NULL;
+    return loom_fe_result(ctx, id, file, line, "matmul");
+}
+
+loom_tensor *loom_fe_matmul_t(loom_context *ctx, loom_tensor *x, loom_tensor *w, const char *file,
+                              int line) {
+    loom_tensor *hs[2] = {x, w};
+    int32_t nodes[2];
+    if (!operands(ctx, 2, hs, nodes, file, line, "matmul"))
+        return NULL;
+    bool vec_a = node_of(ctx, nodes[0])->rank == 1;
+    if (vec_a &&
+        (nodes[0] = reshaped(ctx, LOOM_IR_OP_RESHAPE, nodes[0], 2,
+                             (int64_t[]){1, node_of(ctx, nodes[0])->shape[0]}, file, line)) < 0)
+        return NULL;
+    return matmul_2d_weight(ctx, nodes, true, vec_a, false, file, line);
+}
+
 LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_tensor *b,
                                      const char *file, int line) {
     LOOM_FE_USE(ctx, "matmul", NULL);
@@ -421,36 +552,11 @@ LOOM_API loom_tensor *loom_matmul_at(loom_context *ctx, loom_tensor *a, loom_ten
         if ((nodes[1] = reshaped(ctx, LOOM_IR_OP_RESHAPE, nodes[1], 2, s, file, line)) < 0)
             return NULL;
     }
-    /* Broadcast batch dimensions to a common rank and shape. */
     x = node_of(ctx, nodes[0]);
     y = node_of(ctx, nodes[1]);
-    int32_t rank = x->rank > y->rank ? x->rank : y->rank;
-    int64_t batch[LOOM_MAX_RANK];
-    for (int32_t i = 0; i < rank - 2; i++) {
-        int32_t ix = i - (rank - x->rank), iy = i - (rank - y->rank);
-        int64_t ex = ix >= 0 ? x->shape[ix] : 1, ey = iy >= 0 ? y->shape[iy] : 1;
-        if (ex != ey && ex != 1 && ey != 1) {
-            char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
-            loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                          "batch dimensions cannot be broadcast: %s x %s",
-                          loom_ir_format_type(ta, sizeof ta, x->dtype, x->rank, x->shape),
-                          loom_ir_format_type(tb, sizeof tb, y->dtype, y->rank, y->shape));
-            return NULL;
-        }
-        batch[i] = ex == 1 ? ey : ex;
-    }
-    for (int32_t k = 0; k < 2; k++) {
-        const loom_ir_node *z = node_of(ctx, nodes[k]);
-        memcpy(s, batch, (size_t)(rank - 2) * sizeof *s);
-        s[rank - 2] = z->shape[z->rank - 2];
-        s[rank - 1] = z->shape[z->rank - 1];
-        if (z->rank != rank || memcmp(z->shape, s, (size_t)rank * sizeof *s) != 0)
-            if ((nodes[k] = reshaped(ctx, LOOM_IR_OP_BROADCAST, nodes[k], rank, s, file, line)) < 0)
-                return NULL;
-    }
-    loom_ir_node_desc desc = {.op = LOOM_IR_OP_MATMUL, .n_inputs = 2, .inputs = nodes,
-                              .loc = {file, line}};
-    int32_t id = record(ctx, &desc, op);
+    if (y->rank == 2 && x->rank >= 2)
+        return matmul_2d_weight(ctx, nodes, false, vec_a, vec_b, file, line);
+    int32_t id = batched(ctx, nodes, file, line);
     if (id < 0)
         return NULL;
     if (vec_a || vec_b) { /* drop the axes that rank-1 operands gained */

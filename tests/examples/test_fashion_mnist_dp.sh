@@ -210,8 +210,8 @@ disagree() { # disagree NAME WHAT-RANK-0-HAS WHAT-RANK-1-HAS ARGS-0 -- ARGS-1
     fi
 }
 disagree "--amp none on rank 0, bf16 on rank 1" \
-    "%1 = transpose %0 {perm = [1, 0]} : f32[784,32]" \
-    "%1 = transpose %0 {perm = [1, 0], autocast = bf16} : f32[784,32]" --amp none -- --amp bf16
+    "%2 = transpose %0 {perm = [1, 0]} : f32[784,32]" \
+    "%2 = transpose %0 {perm = [1, 0], autocast = bf16} : f32[784,32]" --amp none -- --amp bf16
 disagree "--batch-size 64 on rank 0, 128 on rank 1" \
     "%0 = input {index = 0} : f32[32,784]" "%0 = input {index = 0} : f32[64,784]" \
     --batch-size 64 -- --batch-size 128

@@ -317,6 +317,10 @@ static void test_every_op_vjp_matches_finite_differences(void **state) {
                   LOOM_IR_OP_COUNT_ - checked);
 }
 
+static loom_tensor *b_matmul_weight_t(loom_context *ctx, loom_tensor *const *in) {
+    return loom_matmul(ctx, in[0], loom_transpose(ctx, in[1]));
+}
+
 /* Cases beyond one per op: what a rule does in another position or shape. */
 static void test_more_vjp_cases_match_finite_differences(void **state) {
     (void)state;
@@ -328,6 +332,60 @@ static void test_more_vjp_cases_match_finite_differences(void **state) {
     check_grad("sum_keepdim", 1, &rd, b_sum_keepdim, 1e-6);
     spec mv[2] = {{S3(2, 3, 4), -1, 1}, {S1(4), -1, 1}};
     check_grad("matmul_vec", 2, mv, b_matmul_vec, 1e-6);
+    spec mw[2] = {{S3(2, 3, 4), -1, 1}, {S2(4, 5), -1, 1}};
+    check_grad("matmul [..., M, K] x [K, N]", 2, mw, b_matmul, 1e-6);
+    spec mt[2] = {{S3(1, 2, 6), -1, 1}, {S2(40, 6), -1, 1}};
+    check_grad("matmul [..., M, K] x a large weight's transpose", 2, mt, b_matmul_weight_t, 1e-6);
+}
+
+/* x [B, T, C] @ W^T for a W [V, C] larger than x and the result (a tied lm_head), and x @ U
+ * for U [C, V]: computed as 2-D matmuls over the B*T rows, with no broadcast of the weight
+ * and no transpose of W in memory (W's transpose is (W x^T)^T), same values as a loop. */
+static void test_matmul_with_a_2d_weight_folds_rows_and_never_copies_the_weight(void **state) {
+    (void)state;
+    enum { B = 2, T = 3, C = 8, V = 64 };
+    float x[B * T * C], w[V * C], wt[C * V], y[B * T * V];
+    for (int i = 0; i < B * T * C; i++)
+        x[i] = (float)((i * 37 % 17) - 8) / 8;
+    for (int i = 0; i < V * C; i++)
+        w[i] = (float)((i * 11 % 13) - 6) / 4;
+    for (int v = 0; v < V; v++)
+        for (int c = 0; c < C; c++)
+            wt[c * V + v] = w[v * C + c];
+    for (int eager = 0; eager < 2; eager++) {
+        loom_context *ctx = tu_context(eager);
+        loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 3, (int64_t[]){B, T, C}, x);
+        loom_tensor *tw = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){V, C}, w);
+        loom_tensor *u = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){C, V}, wt);
+        loom_tensor *y1 = loom_matmul(ctx, tx, loom_transpose(ctx, tw));
+        /* W itself is the matmul's operand (the transpose recorded above is left unused) */
+        int32_t w_node = loom_fe_tensor_get(ctx, tw, NULL, 0, "test")->input_node, n_w = 0;
+        for (int32_t i = 0; i < ctx->trace.n_nodes; i++) {
+            const loom_ir_node *nd = &ctx->trace.nodes[i];
+            n_w += nd->op == LOOM_IR_OP_MATMUL && nd->inputs[0] == w_node;
+        }
+        assert_int_equal(n_w, 1);
+        loom_tensor *y2 = loom_matmul(ctx, tx, u);
+        for (int32_t i = 0; i < ctx->trace.n_nodes; i++)
+            assert_int_not_equal(ctx->trace.nodes[i].op, LOOM_IR_OP_BROADCAST);
+        int64_t s[3];
+        assert_int_equal(loom_tensor_shape(y1, s), LOOM_OK);
+        assert_true(s[0] == B && s[1] == T && s[2] == V);
+        for (int k = 0; k < 2; k++) {
+            tu_read_f32(ctx, k ? y2 : y1, y, B * T * V);
+            for (int r = 0; r < B * T; r++)
+                for (int v = 0; v < V; v++) {
+                    double want = 0;
+                    for (int c = 0; c < C; c++)
+                        want += (double)x[r * C + c] * w[v * C + c];
+                    assert_float_equal(y[r * V + v], want, 1e-5);
+                }
+        }
+        loom_tensor_release(tx);
+        loom_tensor_release(tw);
+        loom_tensor_release(u);
+        loom_context_destroy(ctx);
+    }
 }
 
 /* ---- composite nn ops ------------------------------------------------------------------ */
@@ -667,6 +725,7 @@ int main(void) {
         cmocka_unit_test(test_relu_gradient_reads_the_output_not_the_input),
         cmocka_unit_test(test_backward_twice_accumulates_and_unrelated_inputs_get_zeros),
         cmocka_unit_test(test_detach_stops_the_gradient),
+        cmocka_unit_test(test_matmul_with_a_2d_weight_folds_rows_and_never_copies_the_weight),
         cmocka_unit_test(test_jit_gradients_match_the_interpreter),
         cmocka_unit_test(test_backward_rejects_bad_arguments_and_stays_usable),
     };
