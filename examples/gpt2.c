@@ -467,11 +467,11 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
     double elapsed =
         end - t_first - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
     res->tokens_per_sec = total > 1 && elapsed > 0 ? (double)((total - 1) * B * T) / elapsed : 0;
-    /* Step i ran from its launch to the next's (a launch waits for its predecessor), the
-     * steady state; the last step's interval, from its launch to the end, lacks the next
-     * step's tracing, so it counts only when nothing else is left. */
-    int64_t first = total > WARMUP_STEPS ? WARMUP_STEPS : 1;
-    int64_t n = total - 1 - first > 0 ? total - 1 - first : total - first;
+    /* Step i ran from its launch to the next's (a launch waits for its predecessor): the
+     * steady state. The last step's interval, from its launch to the end, lacks the next
+     * step's tracing: with no other interval left the overall rate stands in. */
+    int64_t first = total > WARMUP_STEPS ? WARMUP_STEPS : 1, n = total - 1 - first;
+    res->tokens_per_sec_median = res->tokens_per_sec;
     double *d = n > 0 ? malloc((size_t)n * sizeof *d) : NULL;
     if (d) {
         for (int64_t i = 0; i < n; i++)
