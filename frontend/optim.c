@@ -1,6 +1,7 @@
 /* Optimizers (SGD, Adam, AdamW) recorded as graph ops with PyTorch 1.13's single-tensor
  * update rules, written back in place with loom_assign; sync-free through found_inf. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "frontend.h"
@@ -14,7 +15,8 @@ struct loom_optim {
     loom_allocator alloc; /* a copy, so destroy works even after a mistaken context destroy */
     loom_optim_options o;
     int32_t n;
-    loom_tensor **params; /* borrowed */
+    loom_tensor **params; /* borrowed; the groups' parameters in group order */
+    double *weight_decay; /* n: each parameter's group's */
     loom_tensor **state;  /* n * OPTIM_STATE_PER_PARAM, owned; NULL where the kind has none */
     loom_tensor *step;    /* f32 scalar, owned: clean steps taken so far */
     loom_tensor *lr;      /* f64 scalar, owned: a graph input, replaced by set_lr */
@@ -99,63 +101,111 @@ LOOM_API void loom_optim_destroy(loom_optim *opt) {
                      (size_t)opt->n * OPTIM_STATE_PER_PARAM * sizeof *opt->state);
     }
     loom_ir_free(&opt->alloc, opt->params, (size_t)opt->n * sizeof *opt->params);
+    loom_ir_free(&opt->alloc, opt->weight_decay, (size_t)opt->n * sizeof *opt->weight_decay);
     loom_tensor_release(opt->step);
     loom_tensor_release(opt->lr);
     loom_allocator a = opt->alloc;
     loom_ir_free(&a, opt, sizeof *opt);
 }
 
-LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o, int32_t n,
-                                       loom_tensor *const *params, loom_optim **out) {
-    LOOM_FE_USE(ctx, "optim_create", LOOM_STATUS_BUSY);
-    static const char op[] = "optim_create";
-    if (!ctx)
-        return LOOM_STATUS_INVALID_ARGUMENT;
-    if (out)
-        *out = NULL;
-    if (!o || !params || !out)
+/* "params[3]", or "groups[1].params[2]" for flat index i of a grouped create. */
+static const char *param_name(char *buf, size_t size, bool grouped, int32_t n_groups,
+                              const loom_optim_group *groups, int32_t i) {
+    if (!grouped) {
+        snprintf(buf, size, "params[%d]", (int)i);
+        return buf;
+    }
+    int32_t g = 0;
+    while (g < n_groups - 1 && i >= groups[g].n)
+        i -= groups[g++].n;
+    snprintf(buf, size, "groups[%d].params[%d]", (int)g, (int)i);
+    return buf;
+}
+
+/* The groups' own fields, before anything is allocated: their total size in *out_n. */
+static loom_status check_groups(loom_context *ctx, const loom_optim_options *o, int32_t n_groups,
+                                const loom_optim_group *groups, bool grouped, int32_t *out_n,
+                                const char *op) {
+#define BAD(...) loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, __VA_ARGS__)
+    if (!grouped) { /* loom_optim_create: its messages name params and n */
+        if (groups[0].n < 1)
+            return BAD("needs at least one parameter, got n = %d", (int)groups[0].n);
+        *out_n = groups[0].n;
+        return LOOM_OK;
+    }
+    if (n_groups < 1)
+        return BAD("needs at least one group, got n_groups = %d", (int)n_groups);
+    int64_t total = 0;
+    for (int32_t g = 0; g < n_groups; g++) {
+        const loom_optim_group *gr = &groups[g];
+        if (gr->n < 0)
+            return BAD("groups[%d].n is negative (%d)", (int)g, (int)gr->n);
+        if (gr->n > 0 && !gr->params)
+            return BAD("groups[%d].params is NULL for n = %d", (int)g, (int)gr->n);
+        if (!(gr->weight_decay >= 0) || !isfinite(gr->weight_decay))
+            return BAD("%s: groups[%d].weight_decay must be finite and >= 0, got %g",
+                       kind_name(o->kind), (int)g, gr->weight_decay);
+        total += gr->n;
+    }
+    if (total < 1) /* PyTorch: "optimizer got an empty parameter list" */
+        return BAD("needs at least one parameter, got none in %d groups", (int)n_groups);
+    if (total > INT32_MAX)
+        return BAD("more than %d parameters in all groups", (int)INT32_MAX);
+    *out_n = (int32_t)total;
+    return LOOM_OK;
+#undef BAD
+}
+
+/* Checks parameter i of the flat list (live, long-lived, float, not listed before); its bytes
+ * in *out_bytes. */
+static loom_status check_param(loom_context *ctx, loom_tensor *const *flat, int32_t i, bool grouped,
+                               int32_t n_groups, const loom_optim_group *groups, size_t *out_bytes,
+                               const char *op) {
+    char name[48];
+    if (!flat[i])
         return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, "%s is NULL",
-                             !o        ? "options"
-                             : !params ? "params"
-                                       : "out");
+                             param_name(name, sizeof name, grouped, n_groups, groups, i));
+    const loom_fe_tensor *t = loom_fe_tensor_get(ctx, flat[i], NULL, 0, op);
+    if (!t)
+        return ctx->err;
+    if (t->step_owned)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, t->loc.file, t->loc.line, op,
+                             "%s is a result of this step; parameters must be long-lived "
+                             "(loom_tensor_from_host, or retained across a mark_step)",
+                             param_name(name, sizeof name, grouped, n_groups, groups, i));
+    if (!loom_ir_dtype_is_float(t->dtype))
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, t->loc.file, t->loc.line, op,
+                             "%s is %s; parameters must be floating point",
+                             param_name(name, sizeof name, grouped, n_groups, groups, i),
+                             loom_dtype_name(t->dtype));
+    *out_bytes = (size_t)loom_ir_numel(t->rank, t->shape) * loom_dtype_size(t->dtype);
+    for (int32_t j = 0; j < i; j++)
+        if (flat[j] == flat[i]) {
+            char first[48];
+            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op,
+                                 "%s and %s are the same tensor",
+                                 param_name(first, sizeof first, grouped, n_groups, groups, j),
+                                 param_name(name, sizeof name, grouped, n_groups, groups, i));
+        }
+    return LOOM_OK;
+}
+
+/* loom_optim_create (one group, grouped false: messages name params[i]) and
+ * loom_optim_create_groups. */
+static loom_status create(loom_context *ctx, const loom_optim_options *o, int32_t n_groups,
+                          const loom_optim_group *groups, bool grouped, loom_optim **out,
+                          const char *op) {
     loom_status st = check_options(ctx, o, op);
+    int32_t n = 0;
+    if (st == LOOM_OK)
+        st = check_groups(ctx, o, n_groups, groups, grouped, &n, op);
     if (st != LOOM_OK)
         return st;
-    if (n < 1)
-        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op,
-                             "needs at least one parameter, got n = %d", (int)n);
-    size_t max_bytes = sizeof(float);
-    for (int32_t i = 0; i < n; i++) {
-        if (!params[i])
-            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op,
-                                 "params[%d] is NULL", (int)i);
-        const loom_fe_tensor *t = loom_fe_tensor_get(ctx, params[i], NULL, 0, op);
-        if (!t)
-            return ctx->err;
-        if (t->step_owned)
-            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, t->loc.file, t->loc.line, op,
-                                 "params[%d] is a result of this step; parameters must be "
-                                 "long-lived (loom_tensor_from_host, or retained across a "
-                                 "mark_step)",
-                                 (int)i);
-        if (!loom_ir_dtype_is_float(t->dtype))
-            return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, t->loc.file, t->loc.line, op,
-                                 "params[%d] is %s; parameters must be floating point", (int)i,
-                                 loom_dtype_name(t->dtype));
-        for (int32_t j = 0; j < i; j++)
-            if (params[j] == params[i])
-                return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op,
-                                     "params[%d] and params[%d] are the same tensor", (int)j,
-                                     (int)i);
-        size_t bytes = (size_t)loom_ir_numel(t->rank, t->shape) * loom_dtype_size(t->dtype);
-        if (bytes > max_bytes)
-            max_bytes = bytes;
-    }
 
     /* Each allocation is zeroed before anything can fail after it, so destroy can clean up
      * from any point. */
-    size_t state_bytes = (size_t)n * OPTIM_STATE_PER_PARAM * sizeof(loom_tensor *);
     void *zeros = NULL;
+    size_t max_bytes = sizeof(float);
     loom_optim *opt = loom_ir_alloc(&ctx->alloc, sizeof *opt);
     if (!opt)
         goto oom;
@@ -164,26 +214,37 @@ LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_optio
     opt->alloc = ctx->alloc;
     opt->o = *o;
     opt->params = loom_ir_alloc(&ctx->alloc, (size_t)n * sizeof *opt->params);
-    if (!opt->params)
+    opt->weight_decay = loom_ir_alloc(&ctx->alloc, (size_t)n * sizeof *opt->weight_decay);
+    opt->state = loom_ir_alloc(&ctx->alloc, (size_t)n * OPTIM_STATE_PER_PARAM * sizeof *opt->state);
+    opt->n = n; /* destroy frees the three arrays by n; NULL ones are skipped */
+    if (!opt->params || !opt->weight_decay || !opt->state)
         goto oom;
-    opt->state = loom_ir_alloc(&ctx->alloc, state_bytes);
-    if (!opt->state) {
-        loom_ir_free(&ctx->alloc, opt->params, (size_t)n * sizeof *opt->params);
-        opt->params = NULL;
-        goto oom;
+    memset(opt->state, 0, (size_t)n * OPTIM_STATE_PER_PARAM * sizeof *opt->state);
+    /* The flat parameter list, in group order, and each parameter's group's decay. */
+    for (int32_t g = 0, i = 0; g < n_groups && i < n; g++) {
+        int32_t gn = grouped ? groups[g].n : n;
+        for (int32_t j = 0; j < gn; j++, i++) {
+            opt->params[i] = groups[g].params[j];
+            opt->weight_decay[i] = groups[g].weight_decay;
+        }
     }
-    memset(opt->state, 0, state_bytes);
-    opt->n = n;
+    for (int32_t i = 0; i < n; i++) {
+        size_t bytes = 0;
+        st = check_param(ctx, opt->params, i, grouped, n_groups, groups, &bytes, op);
+        if (st != LOOM_OK)
+            goto fail;
+        if (bytes > max_bytes)
+            max_bytes = bytes;
+    }
     zeros = loom_ir_alloc(&ctx->alloc, max_bytes);
     if (!zeros)
         goto oom;
     memset(zeros, 0, max_bytes);
-    memcpy(opt->params, params, (size_t)n * sizeof *params);
 
     /* State tensors: zero-filled, long-lived, of their parameter's type. The slot table may
      * move while tensors are created, so each parameter's type is copied out first. */
     for (int32_t i = 0; i < n; i++) {
-        const loom_fe_tensor *t = loom_fe_tensor_get(ctx, params[i], NULL, 0, op);
+        const loom_fe_tensor *t = loom_fe_tensor_get(ctx, opt->params[i], NULL, 0, op);
         loom_dtype dt = t->dtype;
         int32_t rank = t->rank;
         int64_t shape[LOOM_MAX_RANK];
@@ -211,6 +272,40 @@ fail:
     if (opt)
         loom_optim_destroy(opt);
     return ctx->err != LOOM_OK ? ctx->err : LOOM_STATUS_OUT_OF_MEMORY;
+}
+
+LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o, int32_t n,
+                                       loom_tensor *const *params, loom_optim **out) {
+    LOOM_FE_USE(ctx, "optim_create", LOOM_STATUS_BUSY);
+    static const char op[] = "optim_create";
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (out)
+        *out = NULL;
+    if (!o || !params || !out)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, "%s is NULL",
+                             !o        ? "options"
+                             : !params ? "params"
+                                       : "out");
+    const loom_optim_group all = {n, params, o->weight_decay};
+    return create(ctx, o, 1, &all, false, out, op);
+}
+
+LOOM_API loom_status loom_optim_create_groups(loom_context *ctx, const loom_optim_options *o,
+                                              int32_t n_groups, const loom_optim_group *groups,
+                                              loom_optim **out) {
+    LOOM_FE_USE(ctx, "optim_create_groups", LOOM_STATUS_BUSY);
+    static const char op[] = "optim_create_groups";
+    if (!ctx)
+        return LOOM_STATUS_INVALID_ARGUMENT;
+    if (out)
+        *out = NULL;
+    if (!o || !groups || !out)
+        return loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, NULL, 0, op, "%s is NULL",
+                             !o        ? "options"
+                             : !groups ? "groups"
+                                       : "out");
+    return create(ctx, o, n_groups, groups, true, out, op);
 }
 
 /* The slot behind parameter or gradient h, after checking it (recorded error otherwise). */
@@ -279,7 +374,8 @@ typedef struct step_scalars {
     loom_tensor *lr;        /* f64 */
     loom_tensor *step_size; /* Adam: lr / (1 - beta1^step) */
     loom_tensor *bc2_sqrt;  /* Adam: sqrt(1 - beta2^step) */
-    loom_tensor *decay;     /* AdamW: 1 - lr * weight_decay */
+    loom_tensor *decay;     /* AdamW: 1 - lr * decay_wd, recorded when a group needs it */
+    double decay_wd;
 } step_scalars;
 
 static loom_tensor *keep_if_skipped(loom_context *ctx, const step_scalars *s, loom_tensor *old,
@@ -311,9 +407,17 @@ static void record_step_scalars(loom_optim *opt, loom_tensor *found_inf, step_sc
         loom_sub(ctx, one, loom_pow(ctx, loom_scalar(ctx, LOOM_DTYPE_F64, o->beta2), t));
     s->step_size = loom_div(ctx, opt->lr, bc1);
     s->bc2_sqrt = loom_sqrt(ctx, bc2);
-    if (o->kind == LOOM_OPTIM_ADAMW && o->weight_decay != 0)
-        s->decay = loom_sub(
-            ctx, one, loom_mul(ctx, opt->lr, loom_scalar(ctx, LOOM_DTYPE_F64, o->weight_decay)));
+}
+
+/* AdamW's 1 - lr * wd (f64), recorded once per run of parameters with the same decay: a
+ * group's parameters are consecutive, so that is once per group. */
+static loom_tensor *adamw_decay(loom_context *ctx, step_scalars *s, double wd) {
+    if (!s->decay || s->decay_wd != wd) {
+        s->decay = loom_sub(ctx, loom_scalar(ctx, LOOM_DTYPE_F64, 1.0),
+                            loom_mul(ctx, s->lr, loom_scalar(ctx, LOOM_DTYPE_F64, wd)));
+        s->decay_wd = wd;
+    }
+    return s->decay;
 }
 
 /* value * c for a graph constant c of dtype dt. */
@@ -335,8 +439,9 @@ static loom_status sgd_update(loom_optim *opt, int32_t i, loom_tensor *g, loom_d
     const loom_optim_options *o = &opt->o;
     loom_tensor *p = opt->params[i];
     loom_tensor *d = g;
-    if (o->weight_decay != 0)
-        d = loom_add(ctx, d, scale(ctx, p, o->weight_decay, dt));
+    double wd = opt->weight_decay[i];
+    if (wd != 0)
+        d = loom_add(ctx, d, scale(ctx, p, wd, dt));
     if (o->momentum != 0) {
         loom_tensor *buf = opt->state[i * OPTIM_STATE_PER_PARAM];
         loom_tensor *damped = o->dampening != 0 ? scale(ctx, d, 1.0 - o->dampening, dt) : d;
@@ -354,19 +459,18 @@ static loom_status sgd_update(loom_optim *opt, int32_t i, loom_tensor *g, loom_d
 
 /* torch.optim.adam._single_tensor_adam and adamw._single_tensor_adamw (no amsgrad) */
 static loom_status adam_update(loom_optim *opt, int32_t i, loom_tensor *g, loom_dtype dt,
-                               const step_scalars *s) {
+                               step_scalars *s) {
     loom_context *ctx = opt->ctx;
     const loom_optim_options *o = &opt->o;
     loom_tensor *p = opt->params[i];
     loom_tensor *m = opt->state[i * OPTIM_STATE_PER_PARAM];
     loom_tensor *v = opt->state[i * OPTIM_STATE_PER_PARAM + 1];
     loom_tensor *base = p; /* the parameter the Adam step starts from */
-    if (o->kind == LOOM_OPTIM_ADAMW) {
-        if (s->decay)
-            base = loom_mul(ctx, p, loom_cast(ctx, s->decay, dt));
-    } else if (o->weight_decay != 0) {
-        g = loom_add(ctx, g, scale(ctx, p, o->weight_decay, dt));
-    }
+    double wd = opt->weight_decay[i];
+    if (wd != 0 && o->kind == LOOM_OPTIM_ADAMW)
+        base = loom_mul(ctx, p, loom_cast(ctx, adamw_decay(ctx, s, wd), dt));
+    else if (wd != 0)
+        g = loom_add(ctx, g, scale(ctx, p, wd, dt));
     loom_tensor *m_new =
         loom_add(ctx, scale(ctx, m, o->beta1, dt), scale(ctx, g, 1.0 - o->beta1, dt));
     loom_tensor *v_new = loom_add(ctx, scale(ctx, v, o->beta2, dt),

@@ -1,4 +1,5 @@
-/* Loom optimizers: SGD, Adam and AdamW as graph ops with PyTorch's exact update rules.
+/* Loom optimizers: SGD, Adam and AdamW as graph ops with PyTorch's exact update rules;
+ * parameter groups with their own weight decay.
  *
  * Tutorial
  * --------
@@ -39,6 +40,10 @@
  * SGD keeps it too, to apply PyTorch's first-step rule (the momentum buffer starts as a
  * copy of the first gradient, without dampening) inside the graph.
  *
+ * Parameter groups: loom_optim_create_groups gives each group of parameters its own
+ * weight_decay (PyTorch's param_groups), e.g. decay on the 2-D weights only, as nanoGPT and
+ * llm.c do.
+ *
  * Thread-safety: as the context the optimizer belongs to.
  */
 #ifndef LOOM_OPTIM_H
@@ -74,9 +79,10 @@ LOOM_API void loom_optim_options_init(loom_optim_options *o, loom_optim_kind kin
 
 typedef struct loom_optim loom_optim;
 
-/* Creates an optimizer over n long-lived f32 parameters (borrowed: they must outlive the
- * optimizer; the optimizer assigns new values to them). Its state tensors (momentum
- * buffers, exp_avg, exp_avg_sq, step) are created zero-filled on the context's device.
+/* Creates an optimizer over n long-lived float parameters (borrowed: they must outlive the
+ * optimizer; the optimizer assigns new values to them), all with o->weight_decay: the
+ * one-group case of loom_optim_create_groups, whose messages name params[i]. Its state tensors
+ * (momentum buffers, exp_avg, exp_avg_sq, step) are created zero-filled on the context's device.
  * Only the fields the kind uses are checked (SGD ignores betas and eps, Adam/AdamW ignore
  * momentum, dampening and nesterov). On success *out is owned by the caller; on failure
  * *out is NULL. Errors: INVALID_ARGUMENT (NULL, n < 1, a step-scoped, non-float or repeated
@@ -85,6 +91,39 @@ typedef struct loom_optim loom_optim;
  * OUT_OF_MEMORY. Errors are also recorded in ctx. */
 LOOM_API loom_status loom_optim_create(loom_context *ctx, const loom_optim_options *o, int32_t n,
                                        loom_tensor *const *params, loom_optim **out);
+
+/* A parameter group, PyTorch's param_groups entry: n parameters (borrowed, as by
+ * loom_optim_create; params may be NULL when n is 0) and the weight_decay they use in place
+ * of loom_optim_options.weight_decay. */
+typedef struct loom_optim_group {
+    int32_t n;
+    loom_tensor *const *params;
+    double weight_decay;
+} loom_optim_group;
+
+/* Creates an optimizer over the parameters of n_groups groups. Their parameters, in group
+ * order (group 0's first), form the optimizer's parameter list: grads[i] of loom_optim_step
+ * and index i of loom_optim_state follow it. Each group's weight_decay replaces
+ * o->weight_decay for its parameters, whatever the kind: the L2 term SGD and Adam add to the
+ * gradient, AdamW's decoupled p *= 1 - lr * wd. It is checked as o->weight_decay is (finite,
+ * >= 0); o->weight_decay is still checked although no parameter uses it. nanoGPT's and
+ * llm.c's AdamW, decay on the matrices only:
+ *
+ *   loom_optim_group groups[2] = {{n_matrices, matrices, 0.1}, {n_others, others, 0.0}};
+ *   loom_optim_create_groups(ctx, &o, 2, groups, &opt);   // grads[]: matrices', then others'
+ *
+ * An empty group (n == 0) is allowed, as in PyTorch, so that a model without biases or norms
+ * can keep its no-decay group; the groups together need at least one parameter (PyTorch's
+ * "optimizer got an empty parameter list"). A tensor may be listed once in all groups
+ * together (PyTorch: "some parameters appear in more than one parameter group"). Ownership
+ * and the rest as loom_optim_create. Errors (also recorded in ctx): as loom_optim_create,
+ * naming parameters as groups[g].params[j] (a repeated one by both positions), and
+ * INVALID_ARGUMENT for NULL groups, n_groups < 1, a group with n < 0 or with NULL params and
+ * n > 0, a group's weight_decay < 0 or not finite, no parameter in any group. */
+LOOM_API loom_status loom_optim_create_groups(loom_context *ctx, const loom_optim_options *o,
+                                              int32_t n_groups, const loom_optim_group *groups,
+                                              loom_optim **out);
+
 /* Destroys the optimizer and its state tensors. Accepts NULL. */
 LOOM_API void loom_optim_destroy(loom_optim *opt);
 

@@ -10,6 +10,7 @@
 
 #include "loom/amp.h"
 #include "loom/nn.h"
+#include "loom/optim.h"
 #include "test_util.h"
 
 typedef struct fixture {
@@ -113,6 +114,12 @@ static void test_null_operand_and_null_context(void **state) {
     assert_null(loom_scaled_dot_product_attention(NULL, f->m23, f->m23, f->m23, NULL, true, 0));
     assert_null(loom_scaled_dot_product_attention_ex(NULL, f->m23, f->m23, f->m23, NULL));
     loom_attention_options_init(NULL); /* accepted, does nothing */
+    loom_optim_options oo;
+    loom_optim_options_init(&oo, LOOM_OPTIM_ADAMW);
+    loom_optim *opt = (loom_optim *)&opt;
+    const loom_optim_group group = {1, &f->v2, 0.0};
+    assert_int_equal(loom_optim_create_groups(NULL, &oo, 1, &group, &opt),
+                     LOOM_STATUS_INVALID_ARGUMENT);
     assert_int_equal(loom_context_error(f->ctx), LOOM_OK); /* f's context untouched */
     int line = __LINE__ + 1;
     assert_null(loom_add(f->ctx, NULL, f->v2));

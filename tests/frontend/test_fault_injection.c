@@ -122,7 +122,8 @@ static void test_profiling_survives_every_failed_allocation(void **state) {
 /* One training step: linear + cross-entropy, backward, an Adam update of both parameters;
  * with amp, the forward under bf16 autocast (so the autocast and matmul-casts passes run)
  * and through a GradScaler (scale, unscale, the update skipped on found_inf, the scale's
- * update). */
+ * update), and the optimizer made of two parameter groups (the weight decayed, the bias
+ * not), so that both create entry points are swept. */
 static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
     const float xs[6] = {1, 2, 3, -4, -5, -6}, ws[6] = {0.1f, 0.2f, -0.3f, 0.4f, 0.5f, -0.6f};
     const float bs[2] = {0.5f, -0.5f};
@@ -138,8 +139,10 @@ static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
     loom_grad_scaler_options so;
     loom_grad_scaler_options_init(&so);
     so.enabled = amp;
-    loom_status st =
-        p[0] && p[1] ? loom_optim_create(ctx, &o, 2, p, &opt) : loom_context_error(ctx);
+    const loom_optim_group groups[2] = {{1, &p[0], 0.01}, {1, &p[1], 0.0}};
+    loom_status st = !p[0] || !p[1] ? loom_context_error(ctx)
+                     : amp          ? loom_optim_create_groups(ctx, &o, 2, groups, &opt)
+                                    : loom_optim_create(ctx, &o, 2, p, &opt);
     if (st == LOOM_OK)
         st = loom_grad_scaler_create(ctx, &so, &scaler);
     if (st == LOOM_OK) {

@@ -1,6 +1,7 @@
 /* Optimizers: SGD, Adam and AdamW against PyTorch 1.13's update rules computed here in
  * double, on the interpreter and the JIT; sync-free skips, learning-rate changes without
- * recompiles, NULL gradients, option checks and the state accessor. */
+ * recompiles, NULL gradients, option checks and the state accessor; parameter groups with
+ * their own weight decay. */
 #include <math.h>
 #include <string.h>
 
@@ -32,7 +33,7 @@ static void ref_init(ref_state *r) {
         r->p[i] = P0[i];
 }
 
-static void ref_step(const loom_optim_options *o, ref_state *r, const float *g_in) {
+static void ref_step_d(const loom_optim_options *o, ref_state *r, const double *g_in) {
     if (o->kind == LOOM_OPTIM_SGD) {
         for (int i = 0; i < N; i++) {
             double g = g_in[i] + o->weight_decay * r->p[i];
@@ -59,6 +60,13 @@ static void ref_step(const loom_optim_options *o, ref_state *r, const float *g_i
     }
 }
 
+static void ref_step(const loom_optim_options *o, ref_state *r, const float *g_in) {
+    double g[N];
+    for (int i = 0; i < N; i++)
+        g[i] = g_in[i];
+    ref_step_d(o, r, g);
+}
+
 static void expect_close(const float *got, const double *want, const char *what) {
     for (int i = 0; i < N; i++) {
         double err = fabs(got[i] - want[i]);
@@ -80,15 +88,15 @@ static float read_scalar(loom_context *ctx, loom_tensor *t) {
     return v;
 }
 
-/* Compares the parameter, its state and the step counter with the reference. */
-static void expect_state(loom_context *ctx, loom_optim *opt, loom_tensor *p,
-                         const loom_optim_options *o, const ref_state *r) {
+/* Compares parameter i, its state and the step counter with the reference. */
+static void expect_state_of(loom_context *ctx, loom_optim *opt, int32_t i, loom_tensor *p,
+                            const ref_state *r) {
     float got[N];
     read_vec(ctx, p, got);
     expect_close(got, r->p, "param");
     const char *names[4];
     loom_tensor *ts[4];
-    int32_t k = loom_optim_state(opt, 0, names, ts);
+    int32_t k = loom_optim_state(opt, i, names, ts);
     for (int32_t j = 0; j < k; j++) {
         if (strcmp(names[j], "step") == 0) {
             assert_true(read_scalar(ctx, ts[j]) == (float)r->step);
@@ -100,7 +108,12 @@ static void expect_state(loom_context *ctx, loom_optim *opt, loom_tensor *p,
                                                                       : r->v;
         expect_close(got, want, names[j]);
     }
+}
+
+static void expect_state(loom_context *ctx, loom_optim *opt, loom_tensor *p,
+                         const loom_optim_options *o, const ref_state *r) {
     (void)o;
+    expect_state_of(ctx, opt, 0, p, r);
 }
 
 /* Three steps of the optimizer against the reference, on the interpreter or the JIT. */
@@ -590,22 +603,167 @@ static void test_state_names_follow_pytorch_state_dict_keys(void **state) {
     loom_context_destroy(ctx);
 }
 
+/* ---- parameter groups ------------------------------------------------------------------- */
+
+static const float Q0[N] = {0.5f, 1.5f, -1.0f, 0.75f};
+
+/* Three steps over a [2,2] matrix decayed by 0.1 and a [4] vector not decayed (an empty
+ * group between them), whatever o->weight_decay says, against two references. */
+static void run_groups(loom_optim_kind kind, bool eager) {
+    loom_context *ctx = tu_context(eager);
+    int32_t live0 = ctx->n_live_tensors;
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 2}, P0);
+    loom_tensor *b = tu_f32(ctx, N, Q0);
+    loom_optim_options o;
+    loom_optim_options_init(&o, kind);
+    o.lr = 0.05;
+    o.momentum = 0.9;
+    o.weight_decay = 0.3; /* used by no parameter: every group has its own */
+    const loom_optim_group groups[3] = {{1, &w, 0.1}, {0, NULL, 0.3}, {1, &b, 0.0}};
+    loom_optim *opt = NULL;
+    assert_int_equal(loom_optim_create_groups(ctx, &o, 3, groups, &opt), LOOM_OK);
+    loom_optim_options ow = o, ob = o;
+    ow.weight_decay = 0.1;
+    ob.weight_decay = 0.0;
+    ref_state rw, rb;
+    ref_init(&rw);
+    ref_init(&rb);
+    memcpy(rb.p, (double[]){Q0[0], Q0[1], Q0[2], Q0[3]}, sizeof rb.p);
+    for (int s = 0; s < STEPS; s++) {
+        loom_tensor *g[2] = {loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){2, 2}, G[s]),
+                             tu_f32(ctx, N, G[(s + 1) % STEPS])};
+        assert_int_equal(loom_optim_step(opt, g, NULL), LOOM_OK);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        loom_tensor_release(g[0]);
+        loom_tensor_release(g[1]);
+        ref_step(&ow, &rw, G[s]);
+        ref_step(&ob, &rb, G[(s + 1) % STEPS]);
+        expect_state_of(ctx, opt, 0, w, &rw); /* group 0's parameter is index 0 */
+        expect_state_of(ctx, opt, 1, b, &rb);
+    }
+    if (!eager) {
+        assert_int_equal(loom_metric_value(ctx, "Fallbacks"), 0);
+        assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    }
+    assert_int_equal(loom_optim_state(opt, 2, NULL, NULL), 0); /* two parameters in all */
+    loom_optim_destroy(opt);
+    loom_tensor_release(w);
+    loom_tensor_release(b);
+    assert_int_equal(ctx->n_live_tensors, live0);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_groups_apply_their_own_weight_decay_for_every_kind(void **state) {
+    (void)state;
+    for (int kind = 0; kind < LOOM_OPTIM_COUNT_; kind++) {
+        run_groups((loom_optim_kind)kind, true);
+        run_groups((loom_optim_kind)kind, false);
+    }
+}
+
+static void expect_groups_rejected(loom_context *ctx, const loom_optim_options *o, int32_t n_groups,
+                                   const loom_optim_group *groups, const char *message) {
+    loom_optim *opt = (loom_optim *)&opt; /* must be reset to NULL */
+    assert_int_equal(loom_optim_create_groups(ctx, o, n_groups, groups, &opt),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    assert_null(opt);
+    if (!strstr(loom_context_error_message(ctx), message)) {
+        print_error("message '%s' lacks '%s'\n", loom_context_error_message(ctx), message);
+        fail();
+    }
+    loom_context_clear_error(ctx);
+}
+
+static void test_create_groups_rejects_bad_groups_naming_the_position(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(true);
+    int32_t live0 = ctx->n_live_tensors;
+    loom_tensor *p = tu_f32(ctx, N, P0), *q = tu_f32(ctx, N, Q0);
+    loom_optim_options o;
+    loom_optim_options_init(&o, LOOM_OPTIM_ADAMW);
+    loom_tensor *pq[2] = {p, q}, *qp[2] = {q, p};
+    expect_groups_rejected(ctx, &o, 2, (loom_optim_group[]){{2, pq, 0.1}, {1, &p, 0.0}},
+                           "optim_create_groups: groups[0].params[0] and groups[1].params[0] are "
+                           "the same tensor");
+    expect_groups_rejected(ctx, &o, 2, (loom_optim_group[]){{1, &q, 0.1}, {2, pq, 0.0}},
+                           "groups[0].params[0] and groups[1].params[1] are the same tensor");
+    expect_groups_rejected(ctx, &o, 1, (loom_optim_group[]){{2, (loom_tensor *[]){p, p}, 0.1}},
+                           "groups[0].params[0] and groups[0].params[1] are the same tensor");
+    expect_groups_rejected(ctx, &o, 2, (loom_optim_group[]){{1, &p, 0.1}, {1, &q, -1}},
+                           "AdamW: groups[1].weight_decay must be finite and >= 0, got -1");
+    expect_groups_rejected(ctx, &o, 1, (loom_optim_group[]){{1, &p, NAN}},
+                           "groups[0].weight_decay must be finite and >= 0, got nan");
+    expect_groups_rejected(ctx, &o, 2, (loom_optim_group[]){{0, NULL, 0.1}, {0, pq, 0.0}},
+                           "needs at least one parameter, got none in 2 groups");
+    expect_groups_rejected(ctx, &o, 0, (loom_optim_group[]){{1, &p, 0.1}},
+                           "needs at least one group, got n_groups = 0");
+    expect_groups_rejected(ctx, &o, 1, NULL, "optim_create_groups: groups is NULL");
+    expect_groups_rejected(ctx, NULL, 1, (loom_optim_group[]){{1, &p, 0.1}}, "options is NULL");
+    expect_groups_rejected(ctx, &o, 2, (loom_optim_group[]){{1, &p, 0.1}, {-1, &q, 0.0}},
+                           "groups[1].n is negative (-1)");
+    expect_groups_rejected(ctx, &o, 1, (loom_optim_group[]){{2, NULL, 0.1}},
+                           "groups[0].params is NULL for n = 2");
+    expect_groups_rejected(ctx, &o, 2,
+                           (loom_optim_group[]){{1, &p, 0.1}, {1, (loom_tensor *[]){NULL}, 0.0}},
+                           "groups[1].params[0] is NULL");
+    loom_tensor *result = loom_add(ctx, p, p);
+    expect_groups_rejected(
+        ctx, &o, 2, (loom_optim_group[]){{0, NULL, 0.1}, {2, (loom_tensor *[]){q, result}, 0}},
+        "groups[1].params[1] is a result of this step");
+    int32_t iv[N] = {1, 2, 3, 4};
+    loom_tensor *ip = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 1, (int64_t[]){N}, iv);
+    expect_groups_rejected(ctx, &o, 2, (loom_optim_group[]){{1, &p, 0.1}, {1, &ip, 0.0}},
+                           "groups[1].params[0] is i32; parameters must be floating point");
+    o.weight_decay = -0.5; /* the default is checked even when every group has its own */
+    expect_groups_rejected(ctx, &o, 1, (loom_optim_group[]){{1, &p, 0.1}},
+                           "AdamW: weight_decay must be finite and >= 0, got -0.5");
+    loom_optim *opt = NULL;
+    assert_int_equal(
+        loom_optim_create_groups(NULL, &o, 1, (loom_optim_group[]){{1, &p, 0.1}}, &opt),
+        LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK); /* nothing recorded for a NULL ctx */
+    /* the same parameters in two groups of their own are fine, in either order */
+    o.weight_decay = 0;
+    assert_int_equal(loom_optim_create_groups(
+                         ctx, &o, 2, (loom_optim_group[]){{1, &qp[0], 0.1}, {1, &qp[1], 0}}, &opt),
+                     LOOM_OK);
+    loom_optim_destroy(opt);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    loom_tensor_release(ip);
+    loom_tensor_release(p);
+    loom_tensor_release(q);
+    assert_int_equal(ctx->n_live_tensors, live0); /* rejected creates left nothing behind */
+    loom_context_destroy(ctx);
+}
+
 /* ---- out of memory ---------------------------------------------------------------------- */
 
+/* create, create_groups and step, failing each allocation in turn. */
 static void test_create_and_step_fail_cleanly_out_of_memory(void **state) {
     (void)state;
     for (int64_t fail_at = 1;; fail_at++) {
         test_alloc ta = {0};
         loom_context *ctx = tu_context_alloc(true, &ta);
         loom_tensor *p = tu_f32(ctx, N, P0), *g = tu_f32(ctx, N, G[0]);
+        loom_tensor *q = tu_f32(ctx, N, Q0), *h = tu_f32(ctx, N, G[1]);
         int32_t live0 = ctx->n_live_tensors;
         ta.fail_at = ta.n_allocs + fail_at;
         loom_optim_options o;
         loom_optim_options_init(&o, LOOM_OPTIM_ADAM);
-        loom_optim *opt = NULL;
+        loom_optim *opt = NULL, *grouped = NULL;
         loom_status st = loom_optim_create(ctx, &o, 1, &p, &opt);
         if (st == LOOM_OK)
             st = loom_optim_step(opt, &g, NULL);
+        o.kind = LOOM_OPTIM_ADAMW;
+        if (st == LOOM_OK)
+            st = loom_optim_create_groups(
+                ctx, &o, 2, (loom_optim_group[]){{1, &q, 0.1}, {1, &p, 0.0}}, &grouped);
+        if (st != LOOM_OK)
+            assert_null(grouped);
+        loom_tensor *grads[2] = {h, g};
+        if (st == LOOM_OK)
+            st = loom_optim_step(grouped, grads, NULL);
         bool failed = ta.n_failed > 0;
         if (failed) {
             assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
@@ -617,8 +775,11 @@ static void test_create_and_step_fail_cleanly_out_of_memory(void **state) {
         ta.fail_at = 0;
         loom_context_clear_error(ctx);
         loom_optim_destroy(opt);
+        loom_optim_destroy(grouped);
         loom_tensor_release(p);
         loom_tensor_release(g);
+        loom_tensor_release(q);
+        loom_tensor_release(h);
         loom_context_destroy(ctx);
         assert_int_equal(ta.live_bytes, 0);
         if (!failed)
@@ -645,6 +806,8 @@ int main(void) {
         cmocka_unit_test(test_create_rejects_invalid_options_with_clear_messages),
         cmocka_unit_test(test_options_init_gives_pytorch_defaults),
         cmocka_unit_test(test_state_names_follow_pytorch_state_dict_keys),
+        cmocka_unit_test(test_groups_apply_their_own_weight_decay_for_every_kind),
+        cmocka_unit_test(test_create_groups_rejects_bad_groups_naming_the_position),
         cmocka_unit_test(test_create_and_step_fail_cleanly_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
