@@ -242,57 +242,52 @@ static double lr_at(const options *o, int64_t step) {
     return 0.1 * lr + 0.5 * (1 + cos(3.14159265358979323846 * ratio)) * (lr - 0.1 * lr);
 }
 
-/* The optimizer: weight decay on the 2-D weights only (two parameter groups, as nanoGPT's
- * configure_optimizers), one loom_optim per group. */
+/* The optimizer: weight decay on the 2-D weights only, as nanoGPT's configure_optimizers:
+ * two parameter groups of one loom_optim, whose parameter list is the matrices then the
+ * rest (order[] maps it to the model's indices). */
 typedef struct optimizer {
-    loom_optim *group[2]; /* decayed, not decayed */
-    int32_t n[2];
-    loom_tensor **params[2];
-    int32_t *index[2]; /* the model's parameter index of each */
+    loom_optim *opt;
+    int32_t n;
+    loom_tensor **params; /* the optimizer's order */
+    int32_t *order;       /* params[i] is the model's parameter order[i] */
 } optimizer;
 
 static void optimizer_destroy(optimizer *opt) {
-    for (int g = 0; g < 2; g++) {
-        loom_optim_destroy(opt->group[g]);
-        free(opt->params[g]);
-        free(opt->index[g]);
-    }
+    loom_optim_destroy(opt->opt);
+    free(opt->params);
+    free(opt->order);
     *opt = (optimizer){0};
 }
 
 static loom_status optimizer_create(loom_context *ctx, const options *o, const gpt2 *m,
                                     optimizer *opt) {
-    *opt = (optimizer){0};
-    for (int g = 0; g < 2; g++) {
-        opt->params[g] = calloc((size_t)m->n_params, sizeof **opt->params);
-        opt->index[g] = calloc((size_t)m->n_params, sizeof **opt->index);
-        if (!opt->params[g] || !opt->index[g])
-            return LOOM_STATUS_OUT_OF_MEMORY;
-    }
-    for (int32_t i = 0; i < m->n_params; i++) {
-        int g = gpt2_param_is_matrix(m, i) ? 0 : 1;
-        opt->index[g][opt->n[g]] = i;
-        opt->params[g][opt->n[g]++] = m->params[i];
-    }
-    for (int g = 0; g < 2; g++) {
-        loom_optim_options oo;
-        loom_optim_options_init(&oo, o->f.optimizer);
-        oo.lr = o->f.lr;
-        oo.weight_decay = g == 0 ? o->f.weight_decay : 0.0;
-        if (o->f.optimizer == LOOM_OPTIM_SGD)
-            oo.momentum = o->f.momentum;
-        else
-            oo.beta2 = 0.95;
-        loom_status st = loom_optim_create(ctx, &oo, opt->n[g], opt->params[g], &opt->group[g]);
-        if (st != LOOM_OK)
-            return st;
-    }
-    return LOOM_OK;
+    *opt = (optimizer){.n = m->n_params};
+    opt->params = calloc((size_t)m->n_params, sizeof *opt->params);
+    opt->order = calloc((size_t)m->n_params, sizeof *opt->order);
+    if (!opt->params || !opt->order)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    int32_t n_matrices = 0, k = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < m->n_params; i++)
+            if (gpt2_param_is_matrix(m, i) == (pass == 0)) {
+                opt->order[k] = i;
+                opt->params[k++] = m->params[i];
+                n_matrices += pass == 0;
+            }
+    loom_optim_options oo;
+    loom_optim_options_init(&oo, o->f.optimizer);
+    oo.lr = o->f.lr;
+    if (o->f.optimizer == LOOM_OPTIM_SGD)
+        oo.momentum = o->f.momentum;
+    else
+        oo.beta2 = 0.95; /* nanoGPT's and llm.c's */
+    loom_optim_group groups[2] = {{n_matrices, opt->params, o->f.weight_decay},
+                                  {m->n_params - n_matrices, opt->params + n_matrices, 0.0}};
+    return loom_optim_create_groups(ctx, &oo, 2, groups, &opt->opt);
 }
 
 static void optimizer_set_lr(optimizer *opt, double lr) {
-    for (int g = 0; g < 2; g++)
-        loom_optim_set_lr(opt->group[g], lr);
+    loom_optim_set_lr(opt->opt, lr);
 }
 
 /* PyTorch's clip_grad_norm_: the global L2 norm of the gradients, and each gradient times
@@ -316,7 +311,7 @@ static loom_tensor *clip_grad_norm(loom_context *ctx, int32_t n, loom_tensor **g
 }
 
 /* A training step after the forward's loss: backward of the scaled loss, gradient
- * all-reduce, unscale and overflow check, clipping, both groups' updates (skipped on
+ * all-reduce, unscale and overflow check, clipping, the update (skipped on
  * overflow, in the graph), scale update. The loss (mean over the ranks) and the norm are
  * retained into out_loss / out_norm (NULL when they could not be built). */
 static void train_step_record(loom_context *ctx, const options *o, const gpt2 *m, optimizer *opt,
@@ -334,13 +329,9 @@ static void train_step_record(loom_context *ctx, const options *o, const gpt2 *m
         loom_tensor *found_inf = scaling ? loom_grad_scaler_unscale(scaler, n, grads) : NULL;
         if (o->grad_clip > 0)
             norm = clip_grad_norm(ctx, n, grads, o->grad_clip);
-        bool ok = true;
-        for (int g = 0; g < 2 && ok; g++) {
-            for (int32_t i = 0; i < opt->n[g]; i++)
-                gg[i] = grads[opt->index[g][i]];
-            ok = loom_optim_step(opt->group[g], gg, found_inf) == LOOM_OK;
-        }
-        if (ok && found_inf && !amp->static_scale)
+        for (int32_t i = 0; i < n; i++)
+            gg[i] = grads[opt->order[i]];
+        if (loom_optim_step(opt->opt, gg, found_inf) == LOOM_OK && found_inf && !amp->static_scale)
             loom_grad_scaler_update(scaler, found_inf);
     }
     free(grads);
@@ -482,7 +473,7 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
         free(d);
     }
     if (loom_grad_scaler_is_enabled(amp->scaler)) {
-        int64_t clean = ex_optimizer_steps(ctx, opt->group[0]);
+        int64_t clean = ex_optimizer_steps(ctx, opt->opt);
         res->skipped = clean >= 0 ? total - clean : 0;
     }
     rc = 0;
