@@ -20,6 +20,8 @@ enum {
     MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
     MM_PACK_F32_ROWS = 256, /* f32 matmuls pack for the microkernel from these many rows */
     MM_PACK_F32_MACS = 1 << 29, /* and multiply-adds (512 x 1024 x 1024) */
+    MK_KCHUNK_FROM = 4096,      /* packed kinds: K above this is taken in chunks */
+    MK_KCHUNK = 512,            /* of this many (even: bf16 pairs never straddle two) */
 };
 
 /* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
@@ -50,6 +52,7 @@ static mm_kind mm_kind_of(loom_dtype dt, int64_t M, int64_t K, int64_t N) {
 
 typedef struct mm_plan {
     int64_t P, M, K, N, nbm, rows, nbn, cols;
+    int64_t kc;      /* packed kinds: K per chunk (K: one chunk) */
     int64_t cstride; /* elements between rows of C: N, or cols in the scratch block */
     loom_dtype dt;
     MlirType acc_t;
@@ -204,11 +207,13 @@ static void zero_fill(cg_b *b, MlirValue zero, MlirValue buf, MlirValue i_lo, Ml
 }
 
 /* The packed element kp of operand q at (i, k) / (k, j) (fixed: the position along the
- * other axis): PACK_BF16 the pair k = 2kp, 2kp + 1 (the second 0 past K), PACK_F32 k = kp. */
+ * other axis) of the K chunk starting at kb: PACK_BF16 the pair k = kb + 2kp, kb + 2kp + 1
+ * (the second 0 past the chunk), PACK_F32 k = kb + kp. */
 static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, MlirValue fixed,
-                             MlirValue kp, bool odd_tail, MlirValue *out) {
+                             MlirValue kb, MlirValue kp, bool odd_tail, MlirValue *out) {
     cg_b *b = c->b;
-    MlirValue k0 = cg_imul_c(b, kp, mp->mk.pk), k1 = cg_iadd(b, k0, cg_idx(b, 1)), lo, hi;
+    MlirValue k0 = cg_iadd(b, kb, cg_imul_c(b, kp, mp->mk.pk)), k1 = cg_iadd(b, k0, cg_idx(b, 1));
+    MlirValue lo, hi;
     loom_status st = q == 0 ? eval_operand(c, mp, 0, p, fixed, k0, &lo)
                             : eval_operand(c, mp, 1, p, k0, fixed, &lo);
     if (st != LOOM_OK || mp->mk.pk == 1) {
@@ -236,21 +241,23 @@ static bool b_transposed(const kc *c) {
 /* A's rows into ap[(i - i0) * kp + kk] (q 0: rows padded to mbp with zeros), or B's columns
  * into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l] holds element kk of column
  * j0 + 16 pn + l (columns padded to nbp with zeros); an element is a pair of bf16 along K
- * (PACK_BF16: B in the VNNI layout) or one f32. */
-static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue buf, MlirValue p,
-                               MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1) {
+ * (PACK_BF16: B in the VNNI layout) or one f32. Of K's chunk [kb, kb + klen), packed as mk
+ * (kp = its packed length). */
+static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_t q, MlirValue buf,
+                               MlirValue p, MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1,
+                               MlirValue kb, int64_t klen) {
     cg_b *b = c->b;
     loom_status st;
-    int64_t kfull = mp->K / mp->mk.pk;
+    int64_t kfull = klen / mk->pk;
     MlirValue zero = cg_idx(b, 0), v;
-    for (int pass = 0; pass < 1 + (mp->K % mp->mk.pk); pass++) { /* full pairs, an odd tail */
+    for (int pass = 0; pass < 1 + (klen % mk->pk); pass++) { /* full pairs, an odd tail */
         MlirValue klo = cg_idx(b, pass ? kfull : 0), khi = cg_idx(b, pass ? kfull + 1 : kfull);
         cg_for lo, lin;
         if (q == 0) {
             cg_for_begin(b, &lo, i0, i1, 0, NULL);
-            MlirValue arow = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mp->mk.kp);
+            MlirValue arow = cg_imul_c(b, cg_bin(b, "arith.subi", lo.iv, i0), mk->kp);
             cg_for_begin(b, &lin, klo, khi, 0, NULL);
-            if ((st = pack_pair(c, mp, 0, p, lo.iv, lin.iv, pass == 1, &v)) != LOOM_OK)
+            if ((st = pack_pair(c, mp, 0, p, lo.iv, kb, lin.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
             cg_store(b, v, buf, cg_iadd(b, arow, lin.iv));
             cg_for_end(b, &lin, 0, NULL);
@@ -274,10 +281,10 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
             cg_for_begin(b, &lin, jp, cg_imin(b, cg_iadd(b, jp, cg_idx(b, MK_PANEL)), j1), 0, NULL);
             MlirValue col = cg_bin(b, "arith.subi", lin.iv, jp);
             cg_for_begin(b, &lk, kb0, kb1, 0, NULL);
-            if ((st = pack_pair(c, mp, 1, p, lin.iv, lk.iv, pass == 1, &v)) != LOOM_OK)
+            if ((st = pack_pair(c, mp, 1, p, lin.iv, kb, lk.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
             MlirValue at = cg_iadd(
-                b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->mk.kp), lk.iv), MK_PANEL), col);
+                b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mk->kp), lk.iv), MK_PANEL), col);
             cg_store(b, v, buf, at);
             cg_for_end(b, &lk, 0, NULL);
             cg_for_end(b, &lin, 0, NULL);
@@ -293,11 +300,11 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
             cg_for_begin(b, &lo, klo, khi, 0, NULL);
             cg_for_begin(b, &lp, cg_idx(b, 0), npn, 0, NULL);
             MlirValue jp = cg_iadd(b, j0, cg_imul_c(b, lp.iv, MK_PANEL));
-            MlirValue at0 = cg_bin(
-                b, "arith.subi",
-                cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mp->mk.kp), lo.iv), MK_PANEL), jp);
+            MlirValue at0 =
+                cg_bin(b, "arith.subi",
+                       cg_imul_c(b, cg_iadd(b, cg_imul_c(b, lp.iv, mk->kp), lo.iv), MK_PANEL), jp);
             cg_for_begin(b, &lin, jp, cg_imin(b, cg_iadd(b, jp, cg_idx(b, MK_PANEL)), j1), 0, NULL);
-            if ((st = pack_pair(c, mp, 1, p, lin.iv, lo.iv, pass == 1, &v)) != LOOM_OK)
+            if ((st = pack_pair(c, mp, 1, p, lin.iv, kb, lo.iv, pass == 1, &v)) != LOOM_OK)
                 return st;
             cg_store(b, v, buf, cg_iadd(b, at0, lin.iv));
             cg_for_end(b, &lin, 0, NULL);
@@ -307,7 +314,7 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
     }
     if (q == 0) { /* pad rows of A */
         zero_fill(b, pack_zero(b, mp), buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp),
-                  mp->mk.kp, zero, cg_idx(b, mp->mk.kp));
+                  mk->kp, zero, cg_idx(b, mk->kp));
         return LOOM_OK;
     }
     /* pad columns of B (panel by panel, one row of 16 per pair) */
@@ -315,8 +322,8 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, int32_t q, MlirValue bu
     cg_for_begin(b, &lj, cg_bin(b, "arith.subi", j1, j0), cg_idx(b, mp->mk.nbp), 0, NULL);
     MlirValue pn = cg_bin(b, "arith.divui", lj.iv, cg_idx(b, MK_PANEL));
     MlirValue l = cg_bin(b, "arith.remui", lj.iv, cg_idx(b, MK_PANEL));
-    MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mp->mk.kp * MK_PANEL), l);
-    cg_for_begin(b, &lk, zero, cg_idx(b, mp->mk.kp), 0, NULL);
+    MlirValue base = cg_iadd(b, cg_imul_c(b, pn, mk->kp * MK_PANEL), l);
+    cg_for_begin(b, &lk, zero, cg_idx(b, mk->kp), 0, NULL);
     cg_store(b, pack_zero(b, mp), buf, cg_iadd(b, base, cg_imul_c(b, lk.iv, MK_PANEL)));
     cg_for_end(b, &lk, 0, NULL);
     cg_for_end(b, &lj, 0, NULL);
@@ -397,7 +404,10 @@ loom_status cg_lower_matmul(kc *c) {
     mp->mbp = ceil_div(mp->rows, mp->mk.mr) * mp->mk.mr;
     mp->mk.nbp = ceil_div(mp->cols, mp->mk.nv * MK_PANEL) * mp->mk.nv * MK_PANEL;
     mp->mk.pk = kind == MM_PACK_BF16 ? 2 : 1;
-    mp->mk.kp = ceil_div(mp->K, mp->mk.pk);
+    /* a long K in chunks, so that a task's packed A rows and B columns stay in the caches
+     * (packed whole, K = 50257 made GPT-2's lm_head gradient 128 x 50257 of A per task) */
+    mp->kc = kind != MM_PLAIN && mp->K > MK_KCHUNK_FROM ? MK_KCHUNK : mp->K;
+    mp->mk.kp = ceil_div(mp->kc, mp->mk.pk);
     for (int32_t q = 0; q < 2 && kind != MM_PLAIN; q++) {
         const loom_ir_node *on = &g->nodes[root->inputs[q]];
         cg_nest_init(&mp->ons[q], on->rank, on->shape);
@@ -454,7 +464,7 @@ loom_status cg_lower_matmul(kc *c) {
         packs[0] = cg_alloc_buf(b, et, mp->mbp * mp->mk.kp);
         packs[1] = cg_alloc_buf(b, et, mp->mk.kp * mp->mk.nbp);
     }
-    if (mp->kind != MM_PLAIN) {
+    if (mp->kind != MM_PLAIN && mp->kc == mp->K) {
         packs[2] = cg_alloc_buf(b, b->i64, 1);
         cg_store(b, cg_ci(b, b->i64, -1), packs[2], cg_idx(b, 0));
     }
@@ -486,10 +496,39 @@ loom_status cg_lower_matmul(kc *c) {
     /* C[i, j] is at crow(i) + j - jc: the block's columns start at 0 in scratch */
     MlirValue cbase = scratch ? cg_idx(b, 0) : cg_imul_c(b, cg_imul_c(b, p, mp->M), mp->N);
     MlirValue jc = j0;
-    if (mp->kind != MM_PLAIN) {
+    if (mp->kind != MM_PLAIN && mp->kc < mp->K) {
         A = packs[0];
         B = packs[1];
-        st = pack_panels(c, mp, 0, A, p, i0, i1, j0, j1);
+        /* K in chunks: full ones in a loop, the rest after it, each chunk's A rows and B
+         * columns packed and multiplied into C (the first chunk sets it) */
+        int64_t nfull = mp->K / mp->kc, tail = mp->K % mp->kc;
+        MlirValue mb = cg_bin(b, "arith.subi", i1, i0), nb = cg_bin(b, "arith.subi", j1, j0);
+        cg_for lk;
+        cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, nfull), 0, NULL);
+        MlirValue kb = cg_imul_c(b, lk.iv, mp->kc);
+        if ((st = pack_panels(c, mp, &mp->mk, 0, A, p, i0, i1, j0, j1, kb, mp->kc)) != LOOM_OK ||
+            (st = pack_panels(c, mp, &mp->mk, 1, B, p, i0, i1, j0, j1, kb, mp->kc)) != LOOM_OK)
+            goto done;
+        c->ns = &mp->ns;
+        cg_clear_gv(c);
+        cg_mk_tiles(c, &mp->mk, A, cg_idx(b, 0), B, C, mb, nb, true,
+                    cg_cmpi(b, CG_I_EQ, lk.iv, cg_idx(b, 0)), NULL);
+        cg_for_end(b, &lk, 0, NULL);
+        if (tail > 0) {
+            cg_mk mt = mp->mk;
+            mt.kp = ceil_div(tail, mt.pk);
+            MlirValue kt = cg_idx(b, nfull * mp->kc);
+            if ((st = pack_panels(c, mp, &mt, 0, A, p, i0, i1, j0, j1, kt, tail)) != LOOM_OK ||
+                (st = pack_panels(c, mp, &mt, 1, B, p, i0, i1, j0, j1, kt, tail)) != LOOM_OK)
+                goto done;
+            c->ns = &mp->ns;
+            cg_clear_gv(c);
+            cg_mk_tiles(c, &mt, A, cg_idx(b, 0), B, C, mb, nb, true, (MlirValue){NULL}, NULL);
+        }
+    } else if (mp->kind != MM_PLAIN) {
+        A = packs[0];
+        B = packs[1];
+        st = pack_panels(c, mp, &mp->mk, 0, A, p, i0, i1, j0, j1, cg_idx(b, 0), mp->K);
         if (st != LOOM_OK)
             goto done;
         /* B's columns once per (batch, column block) of the call's consecutive tasks */
@@ -497,15 +536,13 @@ loom_status cg_lower_matmul(kc *c) {
             cg_conv(b, "arith.index_cast", cg_iadd(b, cg_imul_c(b, p, mp->nbn), jb), b->i64);
         cg_if f;
         cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, packs[2], cg_idx(b, 0)), key));
-        st = pack_panels(c, mp, 1, B, p, i0, i1, j0, j1);
+        st = pack_panels(c, mp, &mp->mk, 1, B, p, i0, i1, j0, j1, cg_idx(b, 0), mp->K);
         if (st != LOOM_OK)
             goto done;
         cg_store(b, key, packs[2], cg_idx(b, 0));
         cg_if_end(b, &f);
         c->ns = &mp->ns;
         cg_clear_gv(c);
-    }
-    if (bf) {
         cg_mk_tiles(c, &mp->mk, A, cg_idx(b, 0), B, C, cg_bin(b, "arith.subi", i1, i0),
                     cg_bin(b, "arith.subi", j1, j0), false, (MlirValue){NULL}, NULL);
     } else if (mp->linalg) {

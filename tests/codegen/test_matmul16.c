@@ -357,6 +357,42 @@ static void test_a_transposed_b_is_packed_along_its_rows(void **state) {
     on_each_path(build_transposed_b, "x @ transpose(dy)");
 }
 
+/* K above 4096 runs in chunks of 512 (lower_matmul.c): full chunks, a short last one and,
+ * for bf16 pairs, an odd last element; batched; B transposed. */
+static void test_long_k_16_bit_matmuls_run_in_chunks(void **state) {
+    (void)state;
+    static const mm_shape shapes[] = {
+        {1, 33, 40, 5121}, /* 10 chunks and one element */
+        {2, 17, 65, 4500}, /* 8 chunks and 404 */
+        {1, 70, 129, 4097},
+    };
+    int ran = 0;
+    for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
+        if (!use_path(&paths[p]))
+            continue;
+        check_shapes(LOOM_DTYPE_BF16, shapes, 3, 1, paths[p].name);
+        check_shapes(LOOM_DTYPE_F16, shapes, 1, 1, paths[p].name);
+        ran++;
+    }
+    unsetenv("LOOM_MATMUL_ISA");
+    assert_true(ran >= 1);
+}
+
+/* GPT-2's tied lm_head in backward: dy [R, V] @ wte [V, C] with K = V long, and x @ dy^T */
+static int64_t build_transposed_b_long_k(loom_ir_graph *g, loom_dtype dt) {
+    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+    int32_t x = tu_input(g, dt, 2, S(37, 4609));
+    int32_t dy = tu_input(g, dt, 2, S(29, 4609));
+    int32_t dyt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &dy, 0, 0, NULL, perm);
+    tu_output(g, tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, dyt}, 0, 0, NULL, none), -1);
+    return 4609;
+}
+
+static void test_a_transposed_b_with_a_long_k_is_packed_chunk_by_chunk(void **state) {
+    (void)state;
+    on_each_path(build_transposed_b_long_k, "x @ transpose(dy), K 4609");
+}
+
 /* ---- large f32 matmuls --------------------------------------------------------------------- */
 
 /* Whether the kernel compile_and_run dumped to dir/k.mlir holds needle. */
@@ -380,7 +416,9 @@ static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
     char dir[] = "/tmp/loom_mm16_XXXXXX";
     assert_non_null(mkdtemp(dir));
     dump_dir = dir;
-    const mm_shape big = {1, 513, 1025, 1024}, fewer = {1, 511, 1025, 1024};
+    /* long: K = 8193 in 16 chunks of 512 and one element, on the microkernel */
+    const mm_shape big = {1, 513, 1025, 1024}, fewer = {1, 511, 1025, 1024},
+                   long_k = {1, 256, 256, 8193};
     struct {
         const char *isa; /* LOOM_MATMUL_ISA, NULL: unset */
         const mm_shape *sh;
@@ -389,6 +427,7 @@ static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
         {NULL, &big, true},
         {"avx2", &big, false},
         {NULL, &fewer, false},
+        {NULL, &long_k, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].microkernel && !host_has("avx512f")) {
@@ -428,6 +467,8 @@ int main(void) {
         cmocka_unit_test(test_16_bit_matmuls_fuse_bias_and_relu_epilogues),
         cmocka_unit_test(test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel),
         cmocka_unit_test(test_a_transposed_b_is_packed_along_its_rows),
+        cmocka_unit_test(test_long_k_16_bit_matmuls_run_in_chunks),
+        cmocka_unit_test(test_a_transposed_b_with_a_long_k_is_packed_chunk_by_chunk),
         cmocka_unit_test(test_large_f32_matmuls_run_on_the_fma_microkernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
