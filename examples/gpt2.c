@@ -771,10 +771,14 @@ int main(int argc, char **argv) {
                "steps; %.0f overall), first step %.0f ms (compile %.0f ms)\n",
                tr.steps, tr.losses[0], tr.losses[tr.steps - 1], tr.tokens_per_sec_median,
                WARMUP_STEPS, tr.tokens_per_sec, tr.first_step_ms, tr.compile_ms);
-        printf("MFU %.2f%%: %.3g FLOPs/token x %.0f tokens/s over a measured f32 GEMM peak of "
-               "%.1f GFLOP/s\n",
-               peak > 0 ? 100.0 * flops_tok * tr.tokens_per_sec_median / peak : 0.0, flops_tok,
-               tr.tokens_per_sec_median, peak / 1e9);
+        if (peak > 0)
+            printf("MFU %.2f%%: %.3g FLOPs/token x %.0f tokens/s over a measured f32 GEMM peak "
+                   "of %.1f GFLOP/s\n",
+                   100.0 * flops_tok * tr.tokens_per_sec_median / peak, flops_tok,
+                   tr.tokens_per_sec_median, peak / 1e9);
+        else
+            printf("MFU not measured (%s)\n",
+                   eager ? "the reference interpreter" : "the peak GEMM failed");
         if (sr.n)
             printf("sampled %" PRId64 " tokens in %.2f s (%.1f tokens/s), %" PRId64
                    " compile(s) for them\n",
