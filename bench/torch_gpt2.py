@@ -159,8 +159,9 @@ def main():
     ap.add_argument('--threads', type=int, default=0, help='torch threads (default: all cores)')
     ap.add_argument('--dtypes', default='float32,float64')
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # Debian's torch starts with one OpenMP thread here (omp_get_max_threads() 1): use the
+    # cores Loom's device uses.
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     data = ['--text', args.text] if args.text else ['--data', args.data]
     common = data + ['--n-head', str(args.n_head), '--seq-len', str(args.seq_len),
                      '--batch-size', str(args.batch_size)]
@@ -185,8 +186,9 @@ def main():
     res = json.loads([l for l in run.stdout.splitlines() if l.startswith('{')][-1])
     loom = res['losses']
     print('model: %d layers, %d heads, n_embd %d, vocab %d, %d parameters; batch %d x %d, '
-          '%d steps' % (res['n_layer'], res['n_head'], res['n_embd'], res['vocab_size'],
-                        res['n_params'], args.batch_size, args.seq_len, args.steps))
+          '%d steps; torch threads %d' % (res['n_layer'], res['n_head'], res['n_embd'],
+                                          res['vocab_size'], res['n_params'], args.batch_size,
+                                          args.seq_len, args.steps, torch.get_num_threads()))
     rates = {'loom': res['tokens_per_sec_median']}
     cols = {}
     for name in args.dtypes.split(','):
