@@ -291,9 +291,15 @@ static void optimizer_set_lr(optimizer *opt, double lr) {
 }
 
 /* PyTorch's clip_grad_norm_: the global L2 norm of the gradients, and each gradient times
- * min(1, max_norm / (norm + 1e-6)), all in the graph. The norm, or NULL. */
+ * min(1, max_norm / (norm + 1e-6)), all in the graph. The norm, or NULL. optim.h's
+ * loom_clip_grad_norm where the header has it, else the same composed here. */
 static loom_tensor *clip_grad_norm(loom_context *ctx, int32_t n, loom_tensor **grads,
                                    double max_norm) {
+#ifdef loom_clip_grad_norm
+    loom_tensor *norm = NULL;
+    loom_clip_grad_norm(ctx, n, grads, max_norm, &norm);
+    return norm;
+#else
     loom_tensor *sq = NULL;
     for (int32_t i = 0; i < n; i++) {
         loom_tensor *s = loom_sum(ctx, loom_mul(ctx, grads[i], grads[i]), 0, NULL, false);
@@ -308,6 +314,7 @@ static loom_tensor *clip_grad_norm(loom_context *ctx, int32_t n, loom_tensor **g
     for (int32_t i = 0; i < n; i++)
         grads[i] = loom_mul(ctx, grads[i], coef);
     return norm;
+#endif
 }
 
 /* A training step after the forward's loss: backward of the scaled loss, gradient
