@@ -1,5 +1,5 @@
 /* Loom optimizers: SGD, Adam and AdamW as graph ops with PyTorch's exact update rules;
- * parameter groups with their own weight decay.
+ * parameter groups with their own weight decay; gradient clipping by global norm.
  *
  * Tutorial
  * --------
@@ -42,7 +42,8 @@
  *
  * Parameter groups: loom_optim_create_groups gives each group of parameters its own
  * weight_decay (PyTorch's param_groups), e.g. decay on the 2-D weights only, as nanoGPT and
- * llm.c do.
+ * llm.c do. Gradient clipping: loom_clip_grad_norm, PyTorch's clip_grad_norm_, also as graph
+ * ops, so it combines with the GradScaler's sync-free skip (see its documentation).
  *
  * Thread-safety: as the context the optimizer belongs to.
  */
@@ -152,6 +153,54 @@ LOOM_API loom_status loom_optim_set_lr(loom_optim *opt, double lr);
  * have room for 4. */
 LOOM_API int32_t loom_optim_state(const loom_optim *opt, int32_t i, const char **names,
                                   loom_tensor **tensors);
+
+/* ---- gradient clipping ------------------------------------------------------------------- *
+ * PyTorch 1.13's torch.nn.utils.clip_grad_norm_(params, max_norm) (norm_type 2) as graph ops.
+ * With the GradScaler, clip the unscaled gradients (PyTorch's recipe calls scaler.unscale_
+ * before clip_grad_norm_):
+ *
+ *   loom_tensor *grads[N] = {0}, *norm = NULL;
+ *   loom_backward(ctx, loom_grad_scaler_scale(scaler, loss), N, params, grads);
+ *   loom_tensor *found_inf = loom_grad_scaler_unscale(scaler, N, grads);
+ *   loom_clip_grad_norm(ctx, N, grads, 1.0, &norm);  // *= min(1, 1.0 / (norm + 1e-6))
+ *   loom_optim_step(opt, grads, found_inf);          // skipped on inf/NaN, inside the graph
+ *   loom_grad_scaler_update(scaler, found_inf);
+ *   loom_tensor_retain(norm);                        // to read (log) it after the step
+ *   loom_mark_step(ctx);
+ *
+ * total_norm is the 2-norm of the vector of the non-NULL gradients' 2-norms, each computed in
+ * f32 (bf16 and f16 gradients cast to f32 first; f64 ones in f64, rounded to f32: PyTorch
+ * keeps a 16-bit gradient's norm 16-bit). clip_coef = max_norm / (total_norm + 1e-6),
+ * computed as PyTorch does (reciprocal, then times max_norm, in f32), clamped to at most 1
+ * (a NaN stays NaN). Each non-NULL grads[i] is replaced in the array by the step-scoped
+ * grads[i] * clip_coef, the coefficient cast to the gradient's dtype first (PyTorch's
+ * g.mul_(clip_coef_clamped)); when the coefficient is clamped to 1 the values stay bit for
+ * bit. The slots are overwritten without releasing the tensors they held (a caller owning
+ * one keeps its own handle); NULL entries are skipped and stay NULL. *out_total_norm (when
+ * out_total_norm is not NULL) is the step-scoped f32 scalar total_norm; with no gradient
+ * (n == 0, all NULL or empty) it is 0 and grads is left as given. grads may be NULL when n
+ * is 0.
+ *
+ * Sync-free: nothing is read back; the norm and the coefficient are device values. An inf or
+ * NaN gradient makes total_norm inf or NaN and the clipped gradients NaN, but found_inf was
+ * taken from the gradients before the clip, so loom_optim_step leaves the parameters and the
+ * optimizer state untouched and the scaler backs off, as PyTorch's scaler.step skips
+ * optimizer.step. Under loom_dist, clip the averaged gradients (after
+ * loom_allreduce_gradients): every rank then computes the same coefficient.
+ *
+ * max_norm must be finite and > 0, also once rounded to f32. PyTorch accepts 0 (every
+ * gradient zeroed), a negative value (every gradient's sign flipped) and inf; Loom rejects
+ * them as mistakes. To measure the norm without clipping, pass FLT_MAX: the coefficient is
+ * then 1 for every total norm below 1e38.
+ *
+ * Errors (recorded in ctx with the caller's line; grads left as given and *out_total_norm
+ * NULL): INVALID_ARGUMENT (NULL ctx, returned only; n < 0; NULL grads with n > 0; max_norm
+ * as above; a gradient that is not floating point), STALE_HANDLE, OUT_OF_MEMORY.
+ * Thread-safety: as the context. */
+LOOM_API loom_status loom_clip_grad_norm_at(loom_context *ctx, int32_t n, loom_tensor **grads,
+                                            double max_norm, loom_tensor **out_total_norm,
+                                            const char *file, int line);
+#define loom_clip_grad_norm(...) loom_clip_grad_norm_at(__VA_ARGS__, __FILE__, __LINE__)
 
 #ifdef __cplusplus
 }

@@ -114,6 +114,9 @@ static void test_null_operand_and_null_context(void **state) {
     assert_null(loom_scaled_dot_product_attention(NULL, f->m23, f->m23, f->m23, NULL, true, 0));
     assert_null(loom_scaled_dot_product_attention_ex(NULL, f->m23, f->m23, f->m23, NULL));
     loom_attention_options_init(NULL); /* accepted, does nothing */
+    loom_tensor *norm = f->v2;
+    assert_int_equal(loom_clip_grad_norm(NULL, 2, parts, 1.0, &norm), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_true(parts[0] == f->v2 && parts[1] == f->v2 && norm == f->v2); /* untouched */
     loom_optim_options oo;
     loom_optim_options_init(&oo, LOOM_OPTIM_ADAMW);
     loom_optim *opt = (loom_optim *)&opt;
@@ -125,6 +128,22 @@ static void test_null_operand_and_null_context(void **state) {
     assert_null(loom_add(f->ctx, NULL, f->v2));
     expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
                  AT(line, "add: operand 0 is NULL (from an earlier failed op?)"));
+}
+
+static void test_clip_grad_norm_names_the_callers_line(void **state) {
+    fixture *f = *state;
+    loom_tensor *grads[2] = {f->v2, f->i2};
+    int line = __LINE__ + 1;
+    assert_int_equal(loom_clip_grad_norm(f->ctx, 1, grads, 0.0, NULL),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
+                 AT(line, "clip_grad_norm: max_norm must be finite and > 0 (in f32), got 0"));
+    line = __LINE__ + 1;
+    assert_int_equal(loom_clip_grad_norm(f->ctx, 2, grads, 1.0, NULL),
+                     LOOM_STATUS_INVALID_ARGUMENT);
+    expect_error(f, LOOM_STATUS_INVALID_ARGUMENT,
+                 AT(line, "clip_grad_norm: grads[1] is i32[2], not floating point"));
+    assert_true(grads[0] == f->v2 && grads[1] == f->i2);
 }
 
 static void test_a_failed_op_feeding_the_next_keeps_the_first_error(void **state) {
@@ -612,6 +631,7 @@ int main(void) {
         cmocka_unit_test(test_shapes_that_do_not_broadcast_are_rejected),
         cmocka_unit_test(test_float_only_op_on_integers_is_rejected),
         cmocka_unit_test(test_null_operand_and_null_context),
+        cmocka_unit_test(test_clip_grad_norm_names_the_callers_line),
         cmocka_unit_test(test_a_failed_op_feeding_the_next_keeps_the_first_error),
         cmocka_unit_test(test_step_scoped_tensor_used_after_its_step_is_a_stale_handle),
         cmocka_unit_test(test_released_tensor_and_over_release),

@@ -119,11 +119,11 @@ static void test_profiling_survives_every_failed_allocation(void **state) {
     close(null);
 }
 
-/* One training step: linear + cross-entropy, backward, an Adam update of both parameters;
- * with amp, the forward under bf16 autocast (so the autocast and matmul-casts passes run)
- * and through a GradScaler (scale, unscale, the update skipped on found_inf, the scale's
- * update), and the optimizer made of two parameter groups (the weight decayed, the bias
- * not), so that both create entry points are swept. */
+/* One training step: linear + cross-entropy, backward, gradient clipping, an Adam update of
+ * both parameters; with amp, the forward under bf16 autocast (so the autocast and
+ * matmul-casts passes run) and through a GradScaler (scale, unscale, the update skipped on
+ * found_inf, the scale's update), and the optimizer made of two parameter groups (the
+ * weight decayed, the bias not), so that both create entry points are swept. */
 static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
     const float xs[6] = {1, 2, 3, -4, -5, -6}, ws[6] = {0.1f, 0.2f, -0.3f, 0.4f, 0.5f, -0.6f};
     const float bs[2] = {0.5f, -0.5f};
@@ -159,6 +159,8 @@ static loom_status train_step(loom_context *ctx, bool amp, float *out_w) {
             found = loom_grad_scaler_unscale(scaler, 2, g);
             st = loom_context_error(ctx);
         }
+        if (st == LOOM_OK) /* the loss's gradient has a norm above 0.5: a real clip */
+            st = loom_clip_grad_norm(ctx, 2, g, 0.5, NULL);
         if (st == LOOM_OK)
             st = loom_optim_step(opt, g, found);
         if (st == LOOM_OK)

@@ -1,6 +1,7 @@
 /* GradScaler: scale, unscale with the inf/NaN check and PyTorch's scale update, against
- * values computed here, on the interpreter and the JIT; skipped optimizer steps, the
- * disabled scaler, checkpoints, bad input, no host sync, f16 underflow, out of memory. */
+ * values computed here, on the interpreter and the JIT; skipped optimizer steps (also with
+ * gradient clipping between unscale and step), the disabled scaler, checkpoints, bad input,
+ * no host sync, f16 underflow, out of memory. */
 #include <dirent.h>
 #include <float.h>
 #include <math.h>
@@ -357,11 +358,13 @@ static size_t snapshot(loom_context *ctx, loom_optim *opt, loom_tensor *p, float
     return n;
 }
 
-/* One AMP step on loss = sum(p * x) * c: backward from the scaled loss, unscale, optimizer
- * step on found_inf, update. With poison, the gradient gets `poison` at index 1 (added to
- * the scaled gradient in the graph, as an overflow in backward would). */
-static void amp_step(loom_context *ctx, loom_grad_scaler *s, loom_optim *opt, loom_tensor *p,
-                     loom_tensor *x, float poison) {
+/* One AMP step on loss = sum(p * x) * c: backward from the scaled loss, unscale, clip to
+ * max_norm (when > 0; the total norm, retained, in *out_norm when out_norm is not NULL),
+ * optimizer step on found_inf, update. With poison, the gradient gets `poison` at index 1
+ * (added to the scaled gradient in the graph, as an overflow in backward would). */
+static void amp_step_clipped(loom_context *ctx, loom_grad_scaler *s, loom_optim *opt,
+                             loom_tensor *p, loom_tensor *x, float poison, double max_norm,
+                             loom_tensor **out_norm) {
     loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, p, x), 0, NULL, false);
     loom_tensor *grads[1] = {NULL};
     assert_int_equal(loom_backward(ctx, loom_grad_scaler_scale(s, loss), 1, &p, grads), LOOM_OK);
@@ -374,9 +377,22 @@ static void amp_step(loom_context *ctx, loom_grad_scaler *s, loom_optim *opt, lo
     }
     loom_tensor *found = loom_grad_scaler_unscale(s, 1, grads);
     assert_non_null(found);
+    if (max_norm > 0) {
+        loom_tensor *norm = NULL;
+        assert_int_equal(loom_clip_grad_norm(ctx, 1, grads, max_norm, &norm), LOOM_OK);
+        if (out_norm) {
+            loom_tensor_retain(norm);
+            *out_norm = norm;
+        }
+    }
     assert_int_equal(loom_optim_step(opt, grads, found), LOOM_OK);
     assert_int_equal(loom_grad_scaler_update(s, found), LOOM_OK);
     assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+}
+
+static void amp_step(loom_context *ctx, loom_grad_scaler *s, loom_optim *opt, loom_tensor *p,
+                     loom_tensor *x, float poison) {
+    amp_step_clipped(ctx, s, opt, p, x, poison, 0, NULL);
 }
 
 static void run_skip(loom_optim_kind kind, bool eager) {
@@ -426,8 +442,81 @@ static void test_inf_or_nan_gradients_skip_sgd_and_adamw_steps_bit_identically(v
     run_skip(LOOM_OPTIM_ADAMW, false);
 }
 
-static void test_amp_training_steps_never_read_back_from_the_device(void **state) {
+/* SGD with momentum behind unscale and clip_grad_norm(max_norm 1): the clean steps scale the
+ * gradient (x, norm ||x|| > 1) by 1 / (||x|| + 1e-6); an inf or NaN gradient gives an inf or
+ * NaN norm, and the step leaves the parameter, the buffer and the counter bit-identical while
+ * the scale halves. */
+static void run_clip_skip(bool eager) {
+    loom_context *ctx = tu_context(eager);
+    loom_tensor *p = tu_f32(ctx, N, P0), *x = tu_f32(ctx, N, G0);
+    loom_optim_options o;
+    loom_optim_options_init(&o, LOOM_OPTIM_SGD);
+    o.lr = 0.1;
+    o.momentum = 0.9;
+    loom_optim *opt = NULL;
+    assert_int_equal(loom_optim_create(ctx, &o, 1, &p, &opt), LOOM_OK);
+    loom_grad_scaler *s = make_scaler(ctx, 65536.0, 2000);
+    double sq = 0;
+    for (int i = 0; i < N; i++)
+        sq += (double)G0[i] * G0[i];
+    const double norm = sqrt(sq), coef = 1.0 / (norm + 1e-6);
+    assert_true(coef < 0.5); /* a real clip */
+    double want_p[N], buf[N];
+    for (int i = 0; i < N; i++) { /* PyTorch's first SGD step: the buffer is the gradient */
+        buf[i] = G0[i] * coef;
+        want_p[i] = P0[i] - o.lr * buf[i];
+    }
+    loom_tensor *got_norm = NULL;
+    amp_step_clipped(ctx, s, opt, p, x, 0, 1.0, &got_norm);
+    assert_true(fabs(read_f32(ctx, got_norm) - norm) < 1e-6 * norm);
+    loom_tensor_release(got_norm);
+    float before[4 * N], after[4 * N];
+    size_t n = snapshot(ctx, opt, p, before);
+    assert_int_equal(n, 2 * N + 1); /* param, momentum_buffer, step */
+    for (int i = 0; i < N; i++) {
+        assert_true(fabs(before[i] - want_p[i]) < 1e-6);
+        assert_true(fabs(before[N + i] - buf[i]) < 1e-6);
+    }
+    const float poisons[3] = {INFINITY, NAN, -INFINITY};
+    float want_scale = 65536.0f;
+    for (int k = 0; k < 3; k++) {
+        amp_step_clipped(ctx, s, opt, p, x, poisons[k], 1.0, &got_norm);
+        float nv = read_f32(ctx, got_norm);
+        assert_true(isnan(poisons[k]) ? isnan(nv) : nv == INFINITY);
+        loom_tensor_release(got_norm);
+        assert_int_equal(snapshot(ctx, opt, p, after), n);
+        assert_memory_equal(before, after, n * sizeof *after); /* bit-identical */
+        want_scale *= 0.5f;
+        expect_scaler(ctx, s, want_scale, 0);
+    }
+    amp_step_clipped(ctx, s, opt, p, x, 0, 1.0, NULL); /* and it proceeds from there */
+    for (int i = 0; i < N; i++) {
+        buf[i] = o.momentum * buf[i] + G0[i] * coef;
+        want_p[i] -= o.lr * buf[i];
+    }
+    snapshot(ctx, opt, p, after);
+    for (int i = 0; i < N; i++) {
+        assert_true(fabs(after[i] - want_p[i]) < 1e-6);
+        assert_true(fabs(after[N + i] - buf[i]) < 1e-6);
+    }
+    assert_true(after[n - 1] == 2.0f);
+    expect_scaler(ctx, s, want_scale, 1);
+    loom_grad_scaler_destroy(s);
+    loom_optim_destroy(opt);
+    loom_tensor_release(p);
+    loom_tensor_release(x);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_clipping_after_unscale_skips_inf_and_nan_steps_with_the_optimizer(void **state) {
     (void)state;
+    run_clip_skip(true);
+    run_clip_skip(false);
+}
+
+/* Six AMP steps (one poisoned), clipped or not, without a single read from the device. */
+static void run_never_read_back(double max_norm) {
     loom_context *ctx = tu_context(false);
     loom_tensor *p = tu_f32(ctx, N, P0), *x = tu_f32(ctx, N, G0);
     loom_optim_options o;
@@ -439,7 +528,7 @@ static void test_amp_training_steps_never_read_back_from_the_device(void **state
     int64_t reads0 = loom_metric_value(ctx, "ForcedReads");
     assert_true(from0 >= 0);
     for (int step = 0; step < 6; step++)
-        amp_step(ctx, s, opt, p, x, step == 3 ? INFINITY : 0);
+        amp_step_clipped(ctx, s, opt, p, x, step == 3 ? INFINITY : 0, max_norm, NULL);
     assert_int_equal(loom_context_sync(ctx), LOOM_OK);
     assert_int_equal(loom_metric_total(ctx, "TransferFromDeviceBytes"), from0);
     assert_int_equal(loom_metric_value(ctx, "ForcedReads"), reads0);
@@ -454,6 +543,12 @@ static void test_amp_training_steps_never_read_back_from_the_device(void **state
     loom_tensor_release(p);
     loom_tensor_release(x);
     loom_context_destroy(ctx);
+}
+
+static void test_amp_training_steps_never_read_back_from_the_device(void **state) {
+    (void)state;
+    run_never_read_back(0);
+    run_never_read_back(1.0); /* clip_grad_norm adds no sync either */
 }
 
 /* ---- f16 underflow --------------------------------------------------------------------- */
@@ -882,6 +977,7 @@ int main(void) {
         cmocka_unit_test(test_scale_grows_after_growth_interval_clean_steps_and_backs_off),
         cmocka_unit_test(test_scale_never_grows_past_the_largest_f32),
         cmocka_unit_test(test_inf_or_nan_gradients_skip_sgd_and_adamw_steps_bit_identically),
+        cmocka_unit_test(test_clipping_after_unscale_skips_inf_and_nan_steps_with_the_optimizer),
         cmocka_unit_test(test_amp_training_steps_never_read_back_from_the_device),
         cmocka_unit_test(test_f16_gradients_that_underflow_survive_with_the_scaler),
         cmocka_unit_test(test_a_disabled_scaler_changes_nothing),

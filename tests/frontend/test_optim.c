@@ -1,7 +1,8 @@
 /* Optimizers: SGD, Adam and AdamW against PyTorch 1.13's update rules computed here in
  * double, on the interpreter and the JIT; sync-free skips, learning-rate changes without
  * recompiles, NULL gradients, option checks and the state accessor; parameter groups with
- * their own weight decay. */
+ * their own weight decay; gradient clipping by global norm. */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -737,9 +738,287 @@ static void test_create_groups_rejects_bad_groups_naming_the_position(void **sta
     loom_context_destroy(ctx);
 }
 
+/* ---- gradient clipping ------------------------------------------------------------------ */
+
+/* PyTorch's coefficient in f32: reciprocal(total + 1e-6) * max_norm, clamped to 1. */
+static float torch_clip_coef(float total, double max_norm) {
+    float r = 1.0f / (total + (float)1e-6);
+    float c = r * (float)max_norm;
+    return c > 1.0f ? 1.0f : c;
+}
+
+static float read_f32_scalar(loom_context *ctx, loom_tensor *t) {
+    float v = -1;
+    tu_read_f32(ctx, t, &v, 1);
+    return v;
+}
+
+static void run_clip_values(bool eager) {
+    loom_context *ctx = tu_context(eager);
+    loom_tensor *a = tu_f32(ctx, 2, (float[]){3, 4});
+    loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F64, 1, (int64_t[]){1}, (double[]){12});
+    loom_tensor *grads[3] = {a, NULL, b}, *norm = NULL;
+    /* norms 5 and 12 (this one in f64), total sqrt(5^2 + 12^2) = 13 */
+    assert_int_equal(loom_clip_grad_norm(ctx, 3, grads, 6.5, &norm), LOOM_OK);
+    assert_true(grads[0] != a && grads[2] != b);
+    assert_null(grads[1]);
+    float c = torch_clip_coef(13.0f, 6.5);
+    assert_true(fabs(c - 6.5 / (13 + 1e-6)) < 1e-7); /* the formula, to f32's precision */
+    float ga[2];
+    double gb = 0;
+    tu_read_f32(ctx, grads[0], ga, 2);
+    assert_int_equal(loom_tensor_read(ctx, grads[2], &gb, sizeof gb), LOOM_OK);
+    assert_true(ga[0] == 3.0f * c && ga[1] == 4.0f * c && gb == 12.0 * (double)c);
+    loom_dtype dt;
+    int32_t rank = -1;
+    assert_int_equal(loom_tensor_dtype(norm, &dt), LOOM_OK);
+    assert_int_equal(loom_tensor_rank(norm, &rank), LOOM_OK);
+    assert_true(dt == LOOM_DTYPE_F32 && rank == 0);
+    assert_true(read_f32_scalar(ctx, norm) == 13.0f);
+    tu_read_f32(ctx, a, ga, 2); /* the original gradients are untouched */
+    assert_true(ga[0] == 3.0f && ga[1] == 4.0f);
+    loom_tensor_release(a);
+    loom_tensor_release(b);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_clip_grad_norm_scales_by_max_norm_over_the_total_norm(void **state) {
+    (void)state;
+    run_clip_values(true);
+    run_clip_values(false);
+}
+
+static void run_no_clip(bool eager) {
+    loom_context *ctx = tu_context(eager);
+    loom_tensor *orig[2] = {tu_f32(ctx, N, G[0]), tu_f32(ctx, N, G[1])};
+    loom_tensor *grads[2] = {orig[0], orig[1]}, *norm = NULL;
+    assert_int_equal(loom_clip_grad_norm(ctx, 2, grads, 100.0, &norm), LOOM_OK);
+    float got[N];
+    for (int j = 0; j < 2; j++) { /* coefficient clamped to 1: the same bits */
+        assert_true(grads[j] != orig[j]);
+        read_vec(ctx, grads[j], got);
+        assert_memory_equal(got, G[j], sizeof got);
+    }
+    double sq = 0;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < N; i++)
+            sq += (double)G[j][i] * G[j][i];
+    assert_true(fabs(read_f32_scalar(ctx, norm) - sqrt(sq)) < 1e-6 * sqrt(sq));
+    loom_tensor_release(orig[0]);
+    loom_tensor_release(orig[1]);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_clip_grad_norm_below_max_norm_keeps_gradients_bit_identical(void **state) {
+    (void)state;
+    run_no_clip(true);
+    run_no_clip(false);
+}
+
+/* A bf16 [15,20] of ones (300 squares: a bf16 sum would stall at 256), an f16 [5,12] and an
+ * f32 [12]: the norms in f32; the coefficient cast to the gradient's dtype, then multiplied
+ * (12 * c rounds to another f16 than 12 * f16(c) does). */
+static void run_clip_16_bit(bool eager) {
+    loom_context *ctx = tu_context(eager);
+    uint16_t ones[300], h[2] = {loom_ir_f32_to_f16(5.0f), loom_ir_f32_to_f16(12.0f)};
+    for (int i = 0; i < 300; i++)
+        ones[i] = loom_ir_f32_to_bf16(1.0f);
+    loom_tensor *orig[3] = {
+        loom_tensor_from_host(ctx, LOOM_DTYPE_BF16, 2, (int64_t[]){15, 20}, ones),
+        loom_tensor_from_host(ctx, LOOM_DTYPE_F16, 1, (int64_t[]){2}, h),
+        tu_f32(ctx, 1, (float[]){12}),
+    };
+    loom_tensor *grads[3] = {orig[0], orig[1], orig[2]}, *norm = NULL;
+    assert_int_equal(loom_clip_grad_norm(ctx, 3, grads, 2.0, &norm), LOOM_OK);
+    float n0 = sqrtf(300.0f), total = sqrtf(n0 * n0 + 169.0f + 144.0f);
+    float c = torch_clip_coef(total, 2.0);
+    assert_true(read_f32_scalar(ctx, norm) == total);
+    loom_dtype dt;
+    uint16_t got[300];
+    assert_int_equal(loom_tensor_dtype(grads[0], &dt), LOOM_OK);
+    assert_int_equal(dt, LOOM_DTYPE_BF16);
+    assert_int_equal(loom_tensor_read(ctx, grads[0], got, sizeof got), LOOM_OK);
+    uint16_t want_bf = loom_ir_f32_to_bf16(loom_ir_bf16_to_f32(loom_ir_f32_to_bf16(c)));
+    for (int i = 0; i < 300; i++)
+        assert_int_equal(got[i], want_bf);
+    assert_int_equal(loom_tensor_read(ctx, grads[1], got, 2 * sizeof *got), LOOM_OK);
+    float c16 = loom_ir_f16_to_f32(loom_ir_f32_to_f16(c)); /* the coefficient in f16 */
+    assert_int_equal(got[0], loom_ir_f32_to_f16(5.0f * c16));
+    assert_int_equal(got[1], loom_ir_f32_to_f16(12.0f * c16));
+    assert_int_not_equal(got[1], loom_ir_f32_to_f16(12.0f * c)); /* the case tells them apart */
+    float g32 = 0;
+    tu_read_f32(ctx, grads[2], &g32, 1);
+    assert_true(g32 == 12.0f * c);
+    for (int i = 0; i < 3; i++)
+        loom_tensor_release(orig[i]);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_clip_grad_norm_of_16_bit_gradients_sums_in_f32(void **state) {
+    (void)state;
+    run_clip_16_bit(true);
+    run_clip_16_bit(false);
+}
+
+static void test_clip_grad_norm_without_gradients_gives_a_zero_norm(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(false);
+    loom_tensor *norm = NULL;
+    assert_int_equal(loom_clip_grad_norm(ctx, 0, NULL, 1.0, &norm), LOOM_OK);
+    assert_non_null(norm);
+    assert_true(read_f32_scalar(ctx, norm) == 0.0f);
+    float unused = 0;
+    loom_tensor *empty = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){0, 3}, &unused);
+    loom_tensor *grads[3] = {NULL, empty, NULL};
+    norm = NULL;
+    assert_int_equal(loom_clip_grad_norm(ctx, 3, grads, 1.0, &norm), LOOM_OK);
+    assert_true(grads[0] == NULL && grads[1] == empty && grads[2] == NULL); /* left as given */
+    assert_true(read_f32_scalar(ctx, norm) == 0.0f);
+    assert_int_equal(loom_clip_grad_norm(ctx, 3, grads, 1.0, NULL), LOOM_OK); /* no norm wanted */
+    /* an empty gradient beside a real one: scaled (to nothing), and adds 0 to the norm */
+    loom_tensor *g = tu_f32(ctx, 2, (float[]){3, 4});
+    grads[0] = g;
+    assert_int_equal(loom_clip_grad_norm(ctx, 3, grads, 1.0, &norm), LOOM_OK);
+    assert_true(read_f32_scalar(ctx, norm) == 5.0f);
+    float got[2];
+    tu_read_f32(ctx, grads[0], got, 2);
+    float c = torch_clip_coef(5.0f, 1.0);
+    assert_true(got[0] == 3.0f * c && got[1] == 4.0f * c);
+    int64_t numel = -1;
+    assert_int_equal(loom_tensor_numel(grads[1], &numel), LOOM_OK);
+    assert_int_equal(numel, 0);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    loom_tensor_release(g);
+    loom_tensor_release(empty);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+/* Clipping then AdamW over two parameters for three steps (clipped, not clipped, clipped)
+ * against the reference in double, with the norm read back each step. */
+static void run_clip_then_step(bool eager) {
+    loom_context *ctx = tu_context(eager);
+    loom_tensor *ps[2] = {tu_f32(ctx, N, P0), tu_f32(ctx, N, Q0)};
+    loom_optim_options o;
+    loom_optim_options_init(&o, LOOM_OPTIM_ADAMW);
+    o.lr = 0.05;
+    loom_optim *opt = NULL;
+    assert_int_equal(loom_optim_create(ctx, &o, 2, ps, &opt), LOOM_OK);
+    ref_state r[2];
+    ref_init(&r[0]);
+    ref_init(&r[1]);
+    memcpy(r[1].p, (double[]){Q0[0], Q0[1], Q0[2], Q0[3]}, sizeof r[1].p);
+    const double max_norm = 2.5;
+    bool clipped[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+        const float *gs[2] = {G[s], G[(s + 1) % STEPS]};
+        loom_tensor *g[2] = {tu_f32(ctx, N, gs[0]), tu_f32(ctx, N, gs[1])};
+        loom_tensor *grads[2] = {g[0], g[1]}, *norm = NULL;
+        assert_int_equal(loom_clip_grad_norm(ctx, 2, grads, max_norm, &norm), LOOM_OK);
+        loom_tensor_retain(norm);
+        assert_int_equal(loom_optim_step(opt, grads, NULL), LOOM_OK);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        double sq = 0, want[2][N];
+        for (int j = 0; j < 2; j++)
+            for (int i = 0; i < N; i++)
+                sq += (double)gs[j][i] * gs[j][i];
+        double total = sqrt(sq), coef = fmin(1.0, max_norm / (total + 1e-6));
+        clipped[s] = coef < 1;
+        float got = read_f32_scalar(ctx, norm);
+        assert_true(fabs(got - total) < 1e-6 * total);
+        for (int j = 0; j < 2; j++) {
+            for (int i = 0; i < N; i++)
+                want[j][i] = gs[j][i] * coef;
+            ref_step_d(&o, &r[j], want[j]);
+            expect_state_of(ctx, opt, j, ps[j], &r[j]);
+        }
+        loom_tensor_release(norm);
+        loom_tensor_release(g[0]);
+        loom_tensor_release(g[1]);
+    }
+    assert_true(clipped[0] && !clipped[1] && clipped[2]); /* both cases were run */
+    if (!eager) {
+        assert_int_equal(loom_metric_value(ctx, "Fallbacks"), 0);
+        assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+    }
+    loom_optim_destroy(opt);
+    loom_tensor_release(ps[0]);
+    loom_tensor_release(ps[1]);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
+static void test_clip_then_step_matches_the_reference_on_the_interpreter_and_the_jit(void **state) {
+    (void)state;
+    run_clip_then_step(true);
+    run_clip_then_step(false);
+}
+
+/* A rejected clip: code and message, grads as given, *out_total_norm NULL. */
+static void expect_clip_rejected(loom_context *ctx, int32_t n, loom_tensor **grads, double max_norm,
+                                 loom_status code, const char *message) {
+    loom_tensor *before[4] = {0};
+    if (grads && n > 0)
+        memcpy(before, grads, (size_t)n * sizeof *grads);
+    loom_tensor *norm = (loom_tensor *)&norm;
+    assert_int_equal(loom_clip_grad_norm(ctx, n, grads, max_norm, &norm), code);
+    assert_null(norm);
+    if (grads && n > 0)
+        assert_memory_equal(before, grads, (size_t)n * sizeof *grads);
+    if (!strstr(loom_context_error_message(ctx), message)) {
+        print_error("message '%s' lacks '%s'\n", loom_context_error_message(ctx), message);
+        fail();
+    }
+    loom_context_clear_error(ctx);
+}
+
+static void test_clip_grad_norm_rejects_bad_arguments_before_recording(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(true);
+    loom_tensor *g = tu_f32(ctx, N, G[0]);
+    int32_t iv[N] = {1, 2, 3, 4};
+    loom_tensor *ig = loom_tensor_from_host(ctx, LOOM_DTYPE_I32, 1, (int64_t[]){N}, iv);
+    loom_tensor *grads[2] = {g, NULL};
+    const loom_status bad = LOOM_STATUS_INVALID_ARGUMENT;
+    expect_clip_rejected(ctx, -1, grads, 1.0, bad, "clip_grad_norm: n is negative (-1)");
+    expect_clip_rejected(ctx, 2, NULL, 1.0, bad, "clip_grad_norm: grads is NULL for n = 2");
+    expect_clip_rejected(ctx, 2, grads, 0.0, bad, "test_optim.c:" /* the caller's file */);
+    expect_clip_rejected(ctx, 2, grads, 0.0, bad,
+                         "clip_grad_norm: max_norm must be finite and > 0 (in f32), got 0");
+    expect_clip_rejected(ctx, 2, grads, -1.0, bad,
+                         "max_norm must be finite and > 0 (in f32), got -1");
+    expect_clip_rejected(ctx, 2, grads, INFINITY, bad, "got inf");
+    expect_clip_rejected(ctx, 2, grads, NAN, bad, "got nan");
+    expect_clip_rejected(ctx, 2, grads, 1e39, bad, "got 1e+39");  /* inf in f32 */
+    expect_clip_rejected(ctx, 2, grads, 1e-50, bad, "got 1e-50"); /* 0 in f32 */
+    loom_tensor *with_int[2] = {g, ig};
+    expect_clip_rejected(ctx, 2, with_int, 1.0, bad,
+                         "clip_grad_norm: grads[1] is i32[4], not floating point");
+    loom_tensor *tmp = loom_neg(ctx, g);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    loom_tensor *with_stale[2] = {g, tmp};
+    expect_clip_rejected(ctx, 2, with_stale, 1.0, LOOM_STATUS_STALE_HANDLE, "stale");
+    assert_int_equal(loom_clip_grad_norm(NULL, 2, grads, 1.0, NULL), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    /* FLT_MAX, the largest max_norm, measures without clipping */
+    loom_tensor *norm = NULL;
+    assert_int_equal(loom_clip_grad_norm(ctx, 2, grads, FLT_MAX, &norm), LOOM_OK);
+    float got[N];
+    read_vec(ctx, grads[0], got);
+    assert_memory_equal(got, G[0], sizeof got);
+    loom_tensor_release(g);
+    loom_tensor_release(ig);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_context_error(ctx), LOOM_OK);
+    loom_context_destroy(ctx);
+}
+
 /* ---- out of memory ---------------------------------------------------------------------- */
 
-/* create, create_groups and step, failing each allocation in turn. */
+/* create, create_groups, clip_grad_norm and step, failing each allocation in turn. */
 static void test_create_and_step_fail_cleanly_out_of_memory(void **state) {
     (void)state;
     for (int64_t fail_at = 1;; fail_at++) {
@@ -761,7 +1040,12 @@ static void test_create_and_step_fail_cleanly_out_of_memory(void **state) {
                 ctx, &o, 2, (loom_optim_group[]){{1, &q, 0.1}, {1, &p, 0.0}}, &grouped);
         if (st != LOOM_OK)
             assert_null(grouped);
-        loom_tensor *grads[2] = {h, g};
+        loom_tensor *grads[2] = {h, g}, *norm = NULL;
+        if (st == LOOM_OK) {
+            st = loom_clip_grad_norm(ctx, 2, grads, 1.0, &norm);
+            if (st != LOOM_OK) /* left as given */
+                assert_true(grads[0] == h && grads[1] == g && !norm);
+        }
         if (st == LOOM_OK)
             st = loom_optim_step(grouped, grads, NULL);
         bool failed = ta.n_failed > 0;
@@ -808,6 +1092,12 @@ int main(void) {
         cmocka_unit_test(test_state_names_follow_pytorch_state_dict_keys),
         cmocka_unit_test(test_groups_apply_their_own_weight_decay_for_every_kind),
         cmocka_unit_test(test_create_groups_rejects_bad_groups_naming_the_position),
+        cmocka_unit_test(test_clip_grad_norm_scales_by_max_norm_over_the_total_norm),
+        cmocka_unit_test(test_clip_grad_norm_below_max_norm_keeps_gradients_bit_identical),
+        cmocka_unit_test(test_clip_grad_norm_of_16_bit_gradients_sums_in_f32),
+        cmocka_unit_test(test_clip_grad_norm_without_gradients_gives_a_zero_norm),
+        cmocka_unit_test(test_clip_then_step_matches_the_reference_on_the_interpreter_and_the_jit),
+        cmocka_unit_test(test_clip_grad_norm_rejects_bad_arguments_before_recording),
         cmocka_unit_test(test_create_and_step_fail_cleanly_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
