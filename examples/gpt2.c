@@ -290,31 +290,13 @@ static void optimizer_set_lr(optimizer *opt, double lr) {
     loom_optim_set_lr(opt->opt, lr);
 }
 
-/* PyTorch's clip_grad_norm_: the global L2 norm of the gradients, and each gradient times
- * min(1, max_norm / (norm + 1e-6)), all in the graph. The norm, or NULL. optim.h's
- * loom_clip_grad_norm where the header has it, else the same composed here. */
+/* PyTorch's clip_grad_norm_ (optim.h's loom_clip_grad_norm): each gradient times
+ * min(1, max_norm / (norm + 1e-6)) in the graph. The global L2 norm, or NULL. */
 static loom_tensor *clip_grad_norm(loom_context *ctx, int32_t n, loom_tensor **grads,
                                    double max_norm) {
-#ifdef loom_clip_grad_norm
     loom_tensor *norm = NULL;
     loom_clip_grad_norm(ctx, n, grads, max_norm, &norm);
     return norm;
-#else
-    loom_tensor *sq = NULL;
-    for (int32_t i = 0; i < n; i++) {
-        loom_tensor *s = loom_sum(ctx, loom_mul(ctx, grads[i], grads[i]), 0, NULL, false);
-        sq = sq ? loom_add(ctx, sq, s) : s;
-    }
-    loom_tensor *norm = loom_sqrt(ctx, sq);
-    loom_tensor *coef =
-        loom_minimum(ctx,
-                     loom_div(ctx, loom_scalar(ctx, LOOM_DTYPE_F32, max_norm),
-                              loom_add(ctx, norm, loom_scalar(ctx, LOOM_DTYPE_F32, 1e-6))),
-                     loom_scalar(ctx, LOOM_DTYPE_F32, 1.0));
-    for (int32_t i = 0; i < n; i++)
-        grads[i] = loom_mul(ctx, grads[i], coef);
-    return norm;
-#endif
 }
 
 /* A training step after the forward's loss: backward of the scaled loss, gradient
