@@ -339,6 +339,17 @@ loom_status cg_lower_matmul(kc *c) {
     const loom_ir_node *an = &g->nodes[root->inputs[0]];
     int32_t r = root->rank;
     mm_kind kind = mm_kind_of(root->dtype, an->shape[r - 2], an->shape[r - 1], root->shape[r - 1]);
+    /* an f32 operand computed here (a transpose the plan let join: loom_ir_matmul_operand_
+     * fuses) is evaluated while packing it, on any host's microkernel tiles */
+    bool fused_t = false, other = false;
+    for (int32_t i = 0; i < 2; i++)
+        if (c->s->buf_of[root->inputs[i]] < 0) {
+            bool ok = loom_ir_matmul_operand_fuses(g, root_id, root->inputs[i]);
+            fused_t |= ok;
+            other |= !ok;
+        }
+    if (kind == MM_PLAIN && root->dtype == LOOM_DTYPE_F32 && fused_t && !other)
+        kind = MM_PACK_F32;
     for (int32_t i = 0; i < 2; i++)
         if (c->s->buf_of[root->inputs[i]] < 0 && kind == MM_PLAIN)
             return cg_unsupported(c, root->inputs[i],

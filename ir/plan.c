@@ -318,8 +318,8 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
             if (inside && loom_ir_kind_table[kind].roots && !loom_ir_matmul_operand_fuses(g, n, o))
                 return fail(d, n,
                             "kernel %d (%s): %s %%%d computes its operand %%%d; the operands "
-                            "of a kernel's root are args (but casts and transposes into a "
-                            "16-bit matmul)",
+                            "of a kernel's root are args (but casts and transposes a matmul "
+                            "packs: loom_ir_matmul_operand_fuses)",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n, (int)o);
             if (!inside && s->arg_of[o] != k)
                 return fail(d, n,
@@ -582,11 +582,19 @@ static loom_status check_arena_overlap(const loom_ir_plan *p, const loom_ir_grap
 bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t operand) {
     if (mm < 0 || mm >= g->n_nodes || operand < 0 || operand >= g->n_nodes)
         return false;
-    loom_dtype dt = g->nodes[mm].dtype;
-    loom_ir_op op = g->nodes[operand].op;
-    return loom_ir_op_traits(g->nodes[mm].op)->packs_operands &&
-           (dt == LOOM_DTYPE_BF16 || dt == LOOM_DTYPE_F16) &&
-           (op == LOOM_IR_OP_CAST || op == LOOM_IR_OP_TRANSPOSE);
+    const loom_ir_node *m = &g->nodes[mm], *x = &g->nodes[operand];
+    if (!loom_ir_op_traits(m->op)->packs_operands)
+        return false;
+    if (m->dtype == LOOM_DTYPE_BF16 || m->dtype == LOOM_DTYPE_F16)
+        return x->op == LOOM_IR_OP_CAST || x->op == LOOM_IR_OP_TRANSPOSE;
+    /* f32: a transpose of the last two axes of an operand of LOOM_IR_MM_FUSE_T_ELEMS or more
+     * elements (a weight's W^T), when the product has LOOM_IR_MM_FUSE_T_ROWS rows or more;
+     * codegen then packs that matmul (on any host) */
+    int32_t r = x->rank;
+    return m->dtype == LOOM_DTYPE_F32 && x->op == LOOM_IR_OP_TRANSPOSE && r >= 2 && r == m->rank &&
+           x->attrs.perm[r - 1] == r - 2 && x->attrs.perm[r - 2] == r - 1 &&
+           loom_ir_numel(r, x->shape) >= LOOM_IR_MM_FUSE_T_ELEMS &&
+           m->shape[r - 2] >= LOOM_IR_MM_FUSE_T_ROWS;
 }
 
 loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d) {

@@ -12,7 +12,8 @@
  *  - A kernel's `nodes` are in graph order and include its root and any constants it uses.
  *    Its `args` are the values it reads from buffers: INPUT nodes, results of earlier
  *    kernels, or RESHAPEs of those (a matmul's operands are args, except casts and
- *    transposes feeding a 16-bit matmul: loom_ir_matmul_operand_fuses). Its `results` are
+ *    transposes feeding a 16-bit matmul, large transposes feeding an f32 one:
+ *    loom_ir_matmul_operand_fuses). Its `results` are
  *    the nodes it computes whose values are used outside it (by later kernels, or as graph
  *    outputs). Kernels are in an order where every arg is available before its reader runs.
  *  - Every materialized value (kernel results, INPUT nodes; RESHAPEs through their
@@ -126,7 +127,14 @@ loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
 /* Whether `operand` (an operand of matmul node `mm`) may be computed inside mm's kernel:
  * 16-bit (bf16, f16) matmuls evaluate their operands while packing them, so a CAST (the
  * autocast of an f32 weight) or a TRANSPOSE feeding one joins it instead of costing a
- * pass over memory of its own. Every other matmul operand is an arg. */
+ * pass over memory of its own. So does a transpose of the last two axes of a large operand
+ * of an f32 matmul of many rows (GPT-2's tied lm_head x wte^T: wte^T is 51 MB, transposed
+ * at a few GB/s every step); codegen packs every f32 matmul with such an operand. Every
+ * other matmul operand is an arg. */
+enum {
+    LOOM_IR_MM_FUSE_T_ELEMS = 1 << 20, /* f32: the transposed operand's elements, at least */
+    LOOM_IR_MM_FUSE_T_ROWS = 64,       /* and the product's rows */
+};
 bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t operand);
 /* Whether output `output` of g, which aliases a graph input, may be written by its kernel
  * straight into the donated input's buffer: the output is a result of an ELEMENTWISE

@@ -25,11 +25,12 @@
  *     joins the kernel of its users when all of them are in that one kernel, they all see it
  *     in the same space through the same map, and
  *       - no user is a matmul (a matmul's operands are materialized), except that a CAST
- *         or TRANSPOSE whose only user is a 16-bit matmul joins it in that operand's own
- *         space (SPACE_OPERAND + q): codegen evaluates it while packing the operand, so
- *         the autocast's cast(W f32 -> bf16), transposed or not, costs no pass over memory
- *         of its own. Only casts and transposes join such a space (codegen recomputes
- *         what joins it for each block it packs), and
+ *         or TRANSPOSE whose only user is a 16-bit matmul (or a large transpose whose
+ *         only user is an f32 matmul: loom_ir_matmul_operand_fuses) joins it in that
+ *         operand's own space (SPACE_OPERAND + q): codegen evaluates it while packing the
+ *         operand, so the autocast's cast(W f32 -> bf16), transposed or not, and an f32
+ *         W^T cost no pass over memory of their own. Only casts and transposes join such a space
+ * (codegen recomputes what joins it for each block it packs), and
  *       - it is not a graph output when it joins a space other than its kernel's output
  *         space, and
  *       - if it is a graph output (then it is also written: a result), it has as many
@@ -75,7 +76,7 @@
 
 #include "passes.h"
 
-/* SPACE_OPERAND + q: operand q of a 16-bit matmul, in that operand's shape (packing). */
+/* SPACE_OPERAND + q: operand q of a packing matmul, in that operand's shape. */
 enum { SPACE_OUT = 0, SPACE_IN = 1, SPACE_OPERAND = 2 };
 
 /* Axis i of a node is read at off[i] + scale[i] * (space axis dim[i]) (just off[i] when

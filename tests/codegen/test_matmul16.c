@@ -458,6 +458,53 @@ static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* x @ transpose(W) in f32 for a W of 2^20 elements or more and 64 rows or more: the
+ * transpose joins the matmul's kernel (loom_ir_matmul_operand_fuses) and is packed along
+ * W's rows, on the AVX-512 tiles and on the AVX2 ones; with 63 rows, or a W of 2^20 - 1
+ * elements, it stays an operand read from a buffer. */
+static void test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel(void **state) {
+    (void)state;
+    static const struct {
+        int64_t rows;
+        int32_t kernels;
+        const char *isa;
+    } cases[] = {{70, 1, NULL}, {70, 1, "avx2"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (!cases[i].isa && !host_has("avx512f")) {
+            print_message("running the AVX-512 case on this CPU's own tiles (no AVX-512)\n");
+        }
+        if (cases[i].isa)
+            setenv("LOOM_MATMUL_ISA", cases[i].isa, 1);
+        else
+            unsetenv("LOOM_MATMUL_ISA");
+        loom_ir_graph g;
+        loom_ir_graph_init(&g, &sys);
+        loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+        int32_t x = tu_input(&g, LOOM_DTYPE_F32, 2, S(cases[i].rows, 256));
+        int32_t w = tu_input(&g, LOOM_DTYPE_F32, 2, S(4099, 256)); /* 1049344 elements */
+        int32_t wt = tu_add(&g, LOOM_IR_OP_TRANSPOSE, 1, &w, 0, 0, NULL, perm);
+        tu_output(&g, tu_add(&g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, wt}, 0, 0, NULL, none), -1);
+        char what[96];
+        snprintf(what, sizeof what, "f32 x [%lld, 256] @ W^T [256, 4099], LOOM_MATMUL_ISA=%s",
+                 (long long)cases[i].rows, cases[i].isa ? cases[i].isa : "(unset)");
+        check_against_interpreter(&g, LOOM_DTYPE_F32, 256, cases[i].kernels, what);
+        loom_ir_graph_deinit(&g);
+    }
+    unsetenv("LOOM_MATMUL_ISA");
+    const int64_t small[2][3] = {{63, 4099, 256}, {70, 4095, 256}}; /* rows, W's shape */
+    for (int i = 0; i < 2; i++) {
+        loom_ir_graph g;
+        loom_ir_graph_init(&g, &sys);
+        loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+        int32_t x = tu_input(&g, LOOM_DTYPE_F32, 2, S(small[i][0], small[i][2]));
+        int32_t w = tu_input(&g, LOOM_DTYPE_F32, 2, S(small[i][1], small[i][2]));
+        int32_t wt = tu_add(&g, LOOM_IR_OP_TRANSPOSE, 1, &w, 0, 0, NULL, perm);
+        int32_t m = tu_add(&g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, wt}, 0, 0, NULL, none);
+        assert_false(loom_ir_matmul_operand_fuses(&g, m, wt));
+        loom_ir_graph_deinit(&g);
+    }
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -470,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_long_k_16_bit_matmuls_run_in_chunks),
         cmocka_unit_test(test_a_transposed_b_with_a_long_k_is_packed_chunk_by_chunk),
         cmocka_unit_test(test_large_f32_matmuls_run_on_the_fma_microkernel),
+        cmocka_unit_test(test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
