@@ -2,13 +2,19 @@
  * idx, src) are read from buffers, with the root's fused elementwise epilogue. (A gather is a
  * loop op, evaluated in its reader's kernel: lower_eval.c.)
  *
- * A task is one index `o` of the axes before the scatter's axis: its part of the result,
- * [o, :, :], is written by no other task. Its sums start from base, src's elements are added
- * in order at their clamped indices, and then the epilogue runs on each element. The sums
+ * A task is one index `o` of the axes before the scatter's axis and a block of columns of
+ * the axes after it: its part of the result, [o, :, block], is written by no other task. Its
+ * sums start from base, src's elements are added in order at their clamped indices, and then
+ * the epilogue runs on each element. The sums
  * are kept in the compute type (f32 for 16-bit dtypes, rounded once at the end): in the root's
  * own result buffer where the root is stored in a dtype that is its compute type, else in
  * scratch of the kernel's size. */
 #include "lower_internal.h"
+
+enum {
+    SC_TASKS_MIN = 16, /* tasks wanted at least, splitting the inner columns when needed */
+    SC_COLS_MIN = 64,  /* columns per task at least */
+};
 
 typedef struct sc_plan {
     loom_dtype dt;
@@ -57,23 +63,26 @@ static loom_status epilogue_at(kc *c, const sc_plan *sp, MlirValue v, MlirValue 
     return cg_emit_sinks(c, sp->n_epi, sp->epi);
 }
 
-/* Task o: base's part into the sums, src's elements added, the epilogue on each sum. */
-static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, const MlirValue *args,
-                             MlirValue acc) {
+/* Task (o, columns [i0, i1) of the inner axes): base's part into the sums, src's elements
+ * added, the epilogue on each sum. */
+static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue i0, MlirValue i1,
+                             const MlirValue *args, MlirValue acc) {
     cg_b *b = c->b;
     const loom_ir_node *root = &c->g->nodes[c->k->root];
     const loom_ir_node *idx = &c->g->nodes[root->inputs[1]];
     bool fl = loom_ir_dtype_is_float(sp->dt);
-    int64_t part = sp->len * sp->inner;
-    MlirValue p0 = cg_imul_c(b, o, part), s0 = cg_imul_c(b, o, sp->J * sp->inner);
-    cg_for le, lj, li;
-    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, part), 0, NULL);
-    MlirValue at = cg_iadd(b, p0, le.iv);
+    MlirValue p0 = cg_imul_c(b, o, sp->len * sp->inner), s0 = cg_imul_c(b, o, sp->J * sp->inner);
+    cg_for ll, lj, li;
+    cg_for_begin(b, &ll, cg_idx(b, 0), cg_idx(b, sp->len), 0, NULL);
+    MlirValue row = cg_iadd(b, p0, cg_imul_c(b, ll.iv, sp->inner));
+    cg_for_begin(b, &li, i0, i1, 0, NULL);
+    MlirValue at = cg_iadd(b, row, li.iv);
     cg_store(b, cg_load_val(b, sp->dt, args[0], at), acc, at);
-    cg_for_end(b, &le, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+    cg_for_end(b, &ll, 0, NULL);
     cg_for_begin(b, &lj, cg_idx(b, 0), cg_idx(b, sp->J), 0, NULL);
     MlirValue srow = cg_iadd(b, s0, cg_imul_c(b, lj.iv, sp->inner));
-    cg_for_begin(b, &li, cg_idx(b, 0), cg_idx(b, sp->inner), 0, NULL);
+    cg_for_begin(b, &li, i0, i1, 0, NULL);
     MlirValue e = cg_iadd(b, srow, li.iv);
     MlirValue t = index_clamped(b, cg_load_val(b, idx->dtype, args[1], e), sp->len);
     MlirValue to = cg_iadd(b, p0, cg_iadd(b, cg_imul_c(b, t, sp->inner), li.iv));
@@ -85,10 +94,13 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, const MlirVa
     loom_status st = LOOM_OK;
     if (sp->in_place && sp->n_epi == 1 && sp->epi[0].node == c->k->root)
         return st; /* the sums are the result, nothing else to compute */
-    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, part), 0, NULL);
-    at = cg_iadd(b, p0, le.iv);
+    cg_for_begin(b, &ll, cg_idx(b, 0), cg_idx(b, sp->len), 0, NULL);
+    row = cg_iadd(b, p0, cg_imul_c(b, ll.iv, sp->inner));
+    cg_for_begin(b, &li, i0, i1, 0, NULL);
+    at = cg_iadd(b, row, li.iv);
     st = epilogue_at(c, sp, cg_load(b, acc, at), at);
-    cg_for_end(b, &le, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+    cg_for_end(b, &ll, 0, NULL);
     return st;
 }
 
@@ -100,8 +112,16 @@ loom_status cg_lower_scatter(kc *c) {
     loom_status st = plan_scatter(c, sp);
     if (st != LOOM_OK)
         goto done;
-    c->extent = sp->outer > 0 ? sp->outer : 1;
-    c->grain = cg_grain_for(sp->len * sp->inner + sp->J * sp->inner);
+    /* few outer indices (an embedding's gradient has one): the inner columns split too,
+     * each block written by its task alone */
+    int64_t nib = 1;
+    if (sp->outer < SC_TASKS_MIN && sp->inner >= 2 * SC_COLS_MIN) {
+        nib = (SC_TASKS_MIN + sp->outer - 1) / (sp->outer > 0 ? sp->outer : 1);
+        nib = nib > sp->inner / SC_COLS_MIN ? sp->inner / SC_COLS_MIN : nib;
+    }
+    int64_t cols = (sp->inner + nib - 1) / nib;
+    c->extent = sp->outer > 0 ? sp->outer * nib : 1;
+    c->grain = cg_grain_for(sp->len * cols + sp->J * cols);
     if (!c->emit || sp->outer * sp->len * sp->inner == 0)
         goto done;
     cg_b *b = c->b;
@@ -114,7 +134,11 @@ loom_status cg_lower_scatter(kc *c) {
                      : cg_alloc_buf(b, cg_compute_type(b, sp->dt), sp->outer * sp->len * sp->inner);
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
-    st = emit_task(c, sp, lo.iv, args, acc);
+    MlirValue o = nib > 1 ? cg_bin(b, "arith.divui", lo.iv, cg_idx(b, nib)) : lo.iv;
+    MlirValue i0 = nib > 1 ? cg_imul_c(b, cg_bin(b, "arith.remui", lo.iv, cg_idx(b, nib)), cols)
+                           : cg_idx(b, 0);
+    MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cols)), cg_idx(b, sp->inner));
+    st = emit_task(c, sp, o, i0, i1, args, acc);
     cg_for_end(b, &lo, 0, NULL);
     if (!sp->in_place)
         cg_op(b, "memref.dealloc", 1, &acc, 0, NULL, 0, NULL);

@@ -550,6 +550,73 @@ static void test_split_and_chunk_cut_an_axis_as_pytorch_does(void **state) {
     expect_f32(y, (const float[]){11, 9, 10, 7, 8, 5, 6, 0, 1, 2, 3, 4}, 12);
 }
 
+/* scatter_add with few outer indices and wide rows (an embedding's gradient): the kernel
+ * splits the columns into tasks of their own. Repeated (and clamped) indices sum in order,
+ * in f32 where the interpreter sums in f64 and rounds once: f32 within a few ulps of its
+ * sums, bf16 (summed in f32 scratch, rounded once) within one bf16 ulp. A fused epilogue. */
+typedef struct scatter_case {
+    loom_dtype dt;
+    int32_t rank, axis;
+    int64_t base[3], index[3];
+} scatter_case;
+
+static loom_tensor *build_wide_scatter(loom_context *ctx, const scatter_case *sc) {
+    int64_t nb = 1, ni = 1;
+    for (int32_t d = 0; d < sc->rank; d++) {
+        nb *= sc->base[d];
+        ni *= sc->index[d];
+    }
+    float *b = malloc((size_t)nb * 4), *src = malloc((size_t)ni * 4);
+    int64_t *idx = malloc((size_t)ni * 8);
+    for (int64_t e = 0; e < nb; e++)
+        b[e] = (float)((e * 37) % 23) / 8 - 1.4f;
+    for (int64_t e = 0; e < ni; e++) {
+        src[e] = (float)((e * 11) % 19) / 16 - 0.5f;
+        idx[e] = (e * 7 + e / 5) % (sc->base[sc->axis] + 2); /* repeats; two out of range */
+    }
+    loom_tensor *tb = loom_cast(ctx, host_f32(ctx, sc->rank, sc->base, b), sc->dt);
+    loom_tensor *ts = loom_cast(ctx, host_f32(ctx, sc->rank, sc->index, src), sc->dt);
+    loom_tensor *ti = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, sc->rank, sc->index, idx);
+    free(b);
+    free(src);
+    free(idx);
+    loom_tensor *y = loom_relu(ctx, loom_scatter_add(ctx, tb, sc->axis, ti, ts));
+    return loom_cast(ctx, y, LOOM_DTYPE_F32);
+}
+
+static void test_scatter_add_splits_wide_rows_into_tasks(void **state) {
+    (void)state;
+    static const scatter_case cases[] = {
+        {LOOM_DTYPE_F32, 3, 1, {3, 40, 300}, {3, 25, 300}},
+        {LOOM_DTYPE_BF16, 2, 0, {50, 300}, {20, 300}},
+        {LOOM_DTYPE_F32, 2, 0, {50, 130}, {64, 130}},
+    };
+    for (size_t i = 0; i < LEN(cases); i++) {
+        const scatter_case *sc = &cases[i];
+        int64_t n = 1;
+        for (int32_t d = 0; d < sc->rank; d++)
+            n *= sc->base[d];
+        float *got[2];
+        for (int mode = 0; mode < 2; mode++) {
+            loom_context *ctx = new_ctx(mode == 0);
+            got[mode] = malloc((size_t)n * 4);
+            loom_tensor *y = build_wide_scatter(ctx, sc);
+            if (!y || loom_tensor_read(ctx, y, got[mode], (size_t)n * 4) != LOOM_OK)
+                fail_msg("%s", loom_context_error_message(ctx));
+            if (mode == 1)
+                assert_int_equal(loom_metric_value(ctx, "CacheMiss"), 1);
+            loom_context_destroy(ctx);
+        }
+        double rel = sc->dt == LOOM_DTYPE_BF16 ? 0x1p-8 : 0x1p-21;
+        for (int64_t e = 0; e < n; e++)
+            if (!(fabsf(got[1][e] - got[0][e]) <= rel * (fabsf(got[0][e]) + 1)))
+                fail_msg("case %zu: element %lld: JIT %.9g, interpreter %.9g", i, (long long)e,
+                         (double)got[1][e], (double)got[0][e]);
+        free(got[0]);
+        free(got[1]);
+    }
+}
+
 static void test_compositions_reject_bad_arguments(void **state) {
     (void)state;
     loom_context *ctx = new_ctx(true);
@@ -638,6 +705,7 @@ int main(void) {
         cmocka_unit_test(test_tril_and_triu_keep_the_diagonals_asked),
         cmocka_unit_test(test_masked_fill_broadcasts_its_mask),
         cmocka_unit_test(test_split_and_chunk_cut_an_axis_as_pytorch_does),
+        cmocka_unit_test(test_scatter_add_splits_wide_rows_into_tasks),
         cmocka_unit_test(test_compositions_reject_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
