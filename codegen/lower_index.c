@@ -18,6 +18,7 @@ enum {
 
 typedef struct sc_plan {
     loom_dtype dt;
+    int32_t axis;
     int64_t outer, len, inner, J;
     bool in_place; /* the sums in the root's result buffer */
     sink epi[CG_EPI_MAX];
@@ -37,6 +38,7 @@ static loom_status plan_scatter(kc *c, sc_plan *sp) {
                                   "a scatter_add operand computed inside its kernel (its "
                                   "operands are read from buffers)");
     sp->dt = root->dtype;
+    sp->axis = a;
     sp->outer = loom_ir_numel(a, root->shape);
     sp->len = root->shape[a];
     sp->inner = loom_ir_numel(root->rank - a - 1, root->shape + a + 1);
@@ -45,20 +47,28 @@ static loom_status plan_scatter(kc *c, sc_plan *sp) {
     return cg_plan_epilogue(c, &sp->ns, sp->epi, &sp->n_epi, -1);
 }
 
-/* The epilogue at flat element e of the root (its row-major index split over the nest). */
-static loom_status epilogue_at(kc *c, const sc_plan *sp, MlirValue v, MlirValue e) {
-    const loom_ir_node *root = &c->g->nodes[c->k->root];
-    const nest *ns = &sp->ns;
-    c->ns = ns;
-    cg_clear_gv(c);
-    MlirValue q = e;
-    for (int32_t d = root->rank - 1; d >= 0; d--) {
-        MlirValue at = d == 0 ? q : irem(c->b, q, root->shape[d]);
-        if (d > 0)
+/* Sets the nest's index of root dims [lo, hi) from their row-major flat index q. */
+static void set_dims(kc *c, const loom_ir_node *root, int32_t lo, int32_t hi, MlirValue q) {
+    for (int32_t d = hi - 1; d >= lo; d--) {
+        MlirValue at = d == lo ? q : irem(c->b, q, root->shape[d]);
+        if (d > lo)
             q = idiv(c->b, q, root->shape[d]);
-        if (ns->dim_group[d] >= 0)
-            c->gv[ns->dim_group[d]] = at;
+        if (c->ns->dim_group[d] >= 0)
+            c->gv[c->ns->dim_group[d]] = at;
     }
+}
+
+/* The epilogue at the root's element (outer index o, index l along the scatter's axis,
+ * inner index i): no division where o and i are one axis each (an embedding's gradient),
+ * where splitting a flat index cost two per element. */
+static loom_status epilogue_at(kc *c, const sc_plan *sp, MlirValue v, MlirValue o, MlirValue l,
+                               MlirValue i) {
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    c->ns = &sp->ns;
+    cg_clear_gv(c);
+    set_dims(c, root, 0, sp->axis, o);
+    set_dims(c, root, sp->axis, sp->axis + 1, l);
+    set_dims(c, root, sp->axis + 1, root->rank, i);
     c->bound_v = is_16(sp->dt) ? cg_round16(c->b, sp->dt, v) : v;
     return cg_emit_sinks(c, sp->n_epi, sp->epi);
 }
@@ -98,7 +108,7 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue i0
     row = cg_iadd(b, p0, cg_imul_c(b, ll.iv, sp->inner));
     cg_for_begin(b, &li, i0, i1, 0, NULL);
     at = cg_iadd(b, row, li.iv);
-    st = epilogue_at(c, sp, cg_load(b, acc, at), at);
+    st = epilogue_at(c, sp, cg_load(b, acc, at), o, ll.iv, li.iv);
     cg_for_end(b, &li, 0, NULL);
     cg_for_end(b, &ll, 0, NULL);
     return st;

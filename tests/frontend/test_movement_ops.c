@@ -557,7 +557,7 @@ static void test_split_and_chunk_cut_an_axis_as_pytorch_does(void **state) {
 typedef struct scatter_case {
     loom_dtype dt;
     int32_t rank, axis;
-    int64_t base[3], index[3];
+    int64_t base[4], index[4];
 } scatter_case;
 
 static loom_tensor *build_wide_scatter(loom_context *ctx, const scatter_case *sc) {
@@ -590,6 +590,8 @@ static void test_scatter_add_splits_wide_rows_into_tasks(void **state) {
         {LOOM_DTYPE_F32, 3, 1, {3, 40, 300}, {3, 25, 300}},
         {LOOM_DTYPE_BF16, 2, 0, {50, 300}, {20, 300}},
         {LOOM_DTYPE_F32, 2, 0, {50, 130}, {64, 130}},
+        {LOOM_DTYPE_F32, 4, 1, {2, 9, 10, 20}, {2, 6, 10, 20}}, /* two inner axes, one outer */
+        {LOOM_DTYPE_F32, 4, 2, {3, 2, 9, 70}, {3, 2, 5, 70}},   /* two outer axes */
     };
     for (size_t i = 0; i < LEN(cases); i++) {
         const scatter_case *sc = &cases[i];
