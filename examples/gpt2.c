@@ -132,25 +132,17 @@ static int on_option(void *ud, const char *name, const char *val) {
             *paths[i] = val;
             return 0;
         }
-    static const struct {
-        const char *name;
-        int64_t lo;
-        size_t offset;
-    } ints[] = {{"--n-layer", 1, offsetof(options, cfg.n_layer)},
-                {"--n-head", 1, offsetof(options, cfg.n_head)},
-                {"--n-embd", 1, offsetof(options, cfg.n_embd)},
-                {"--vocab-size", 1, offsetof(options, cfg.vocab_size)},
-                {"--block-size", 1, offsetof(options, cfg.block_size)},
-                {"--seq-len", 1, offsetof(options, seq_len)},
-                {"--warmup-steps", 0, offsetof(options, warmup_steps)},
-                {"--sample", 0, offsetof(options, sample_n)},
-                {"--top-k", 0, offsetof(options, top_k)}};
-    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
-        if (!strcmp(name, ints[i].name) &&
-            !ex_parse_int(val, ints[i].lo, (int64_t *)((char *)o + ints[i].offset)))
-            return ex_usage_error("%s needs an integer >= %lld, not '%s'", name,
-                                  (long long)ints[i].lo, val);
-    return 0;
+    static const ex_int_option ints[] = {{"--n-layer", 1, offsetof(options, cfg.n_layer)},
+                                         {"--n-head", 1, offsetof(options, cfg.n_head)},
+                                         {"--n-embd", 1, offsetof(options, cfg.n_embd)},
+                                         {"--vocab-size", 1, offsetof(options, cfg.vocab_size)},
+                                         {"--block-size", 1, offsetof(options, cfg.block_size)},
+                                         {"--seq-len", 1, offsetof(options, seq_len)},
+                                         {"--warmup-steps", 0, offsetof(options, warmup_steps)},
+                                         {"--sample", 0, offsetof(options, sample_n)},
+                                         {"--top-k", 0, offsetof(options, top_k)}};
+    int st = ex_parse_int_option(ints, sizeof ints / sizeof *ints, name, val, o);
+    return st < 0 ? 0 : st;
 }
 
 static int parse_args(int argc, char **argv, options *o) {

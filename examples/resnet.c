@@ -96,21 +96,13 @@ static int on_option(void *ud, const char *name, const char *val) {
         o->data_path = val;
         return 0;
     }
-    static const struct {
-        const char *name;
-        int64_t lo;
-        size_t offset;
-    } ints[] = {{"--num-classes", 1, offsetof(options, num_classes)},
-                {"--image-size", 1, offsetof(options, image_size)},
-                {"--train-images", 1, offsetof(options, train_images)},
-                {"--eval-images", 0, offsetof(options, eval_images)},
-                {"--log-interval", 1, offsetof(options, log_interval)}};
-    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
-        if (!strcmp(name, ints[i].name) &&
-            !ex_parse_int(val, ints[i].lo, (int64_t *)((char *)o + ints[i].offset)))
-            return ex_usage_error("%s needs an integer >= %lld, not '%s'", name,
-                                  (long long)ints[i].lo, val);
-    return 0;
+    static const ex_int_option ints[] = {{"--num-classes", 1, offsetof(options, num_classes)},
+                                         {"--image-size", 1, offsetof(options, image_size)},
+                                         {"--train-images", 1, offsetof(options, train_images)},
+                                         {"--eval-images", 0, offsetof(options, eval_images)},
+                                         {"--log-interval", 1, offsetof(options, log_interval)}};
+    int st = ex_parse_int_option(ints, sizeof ints / sizeof *ints, name, val, o);
+    return st < 0 ? 0 : st;
 }
 
 static int parse_args(int argc, char **argv, options *o) {

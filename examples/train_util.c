@@ -39,6 +39,18 @@ bool ex_parse_int(const char *s, int64_t lo, int64_t *out) {
     return true;
 }
 
+int ex_parse_int_option(const ex_int_option *t, size_t n, const char *name, const char *val,
+                        void *base) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(name, t[i].name)) {
+            if (!ex_parse_int(val, t[i].lo, (int64_t *)((char *)base + t[i].offset)))
+                return ex_usage_error("%s needs an integer >= %lld, not '%s'", name,
+                                      (long long)t[i].lo, val);
+            return 0;
+        }
+    return -1;
+}
+
 bool ex_parse_real(const char *s, double *out) {
     char *end;
     errno = 0;

@@ -6,6 +6,7 @@
 #define LOOM_EXAMPLES_TRAIN_UTIL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -84,6 +85,17 @@ void ex_scale_text(loom_context *ctx, const loom_grad_scaler *scaler, char *buf,
 /* Reports a usage error on rank 0 ("<prog>: <message>\nTry '<prog> --help'."): EXIT_USAGE. */
 int ex_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 bool ex_parse_int(const char *s, int64_t lo, int64_t *out);
+/* A program's integer option: its name, least value and where it goes (an int64_t at
+ * `offset` in the program's options struct). */
+typedef struct ex_int_option {
+    const char *name;
+    int64_t lo;
+    size_t offset;
+} ex_int_option;
+/* If name is one of the n options in t, parses val into base + its offset: 0, or
+ * EXIT_USAGE after ex_usage_error; -1 when name is none of them. */
+int ex_parse_int_option(const ex_int_option *t, size_t n, const char *name, const char *val,
+                        void *base);
 /* A finite number >= 0. */
 bool ex_parse_real(const char *s, double *out);
 
