@@ -9,7 +9,9 @@ loss with PyTorch's in float32 and float64, then the tokens/s of each.
   OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_gpt2.py --text README.md \\
       --n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --seq-len 64 --batch-size 8
 
-Needs python3-torch and python3-numpy (Debian). A benchmark, not a test: CI does not run it.
+Needs python3-torch and python3-numpy (Debian), and OpenBLAS (libopenblas-dev, as
+`scripts/setup.sh --bench` installs): without it Debian's torch multiplies on the reference
+BLAS, ~30x slower. A benchmark, not a test: CI does not run it.
 Without --init, Loom writes the initial weights first (`--max-steps 1 --lr 0 --save`).
 """
 import argparse
