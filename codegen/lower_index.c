@@ -8,7 +8,7 @@
  * the epilogue runs on each element. The sums
  * are kept in the compute type (f32 for 16-bit dtypes, rounded once at the end): in the root's
  * own result buffer where the root is stored in a dtype that is its compute type, else in
- * scratch of the kernel's size. */
+ * scratch of one task's part. */
 #include "lower_internal.h"
 
 enum {
@@ -73,10 +73,19 @@ static loom_status epilogue_at(kc *c, const sc_plan *sp, MlirValue v, MlirValue 
     return cg_emit_sinks(c, sp->n_epi, sp->epi);
 }
 
-/* Task (o, columns [i0, i1) of the inner axes): base's part into the sums, src's elements
- * added, the epilogue on each sum. */
+/* Where the sum of the root's element (o's part at p0, l along the axis, inner index i) is:
+ * in the root's buffer in place, else in the task's scratch of len x cols. */
+static MlirValue acc_at(cg_b *b, const sc_plan *sp, MlirValue p0, MlirValue l, MlirValue i,
+                        MlirValue i0, int64_t cols) {
+    if (sp->in_place)
+        return cg_iadd(b, p0, cg_iadd(b, cg_imul_c(b, l, sp->inner), i));
+    return cg_iadd(b, cg_imul_c(b, l, cols), cg_bin(b, "arith.subi", i, i0));
+}
+
+/* Task (o, columns [i0, i1) of the inner axes, at most cols): base's part into the sums,
+ * src's elements added, the epilogue on each sum. */
 static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue i0, MlirValue i1,
-                             const MlirValue *args, MlirValue acc) {
+                             int64_t cols, const MlirValue *args, MlirValue acc) {
     cg_b *b = c->b;
     const loom_ir_node *root = &c->g->nodes[c->k->root];
     const loom_ir_node *idx = &c->g->nodes[root->inputs[1]];
@@ -86,8 +95,8 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue i0
     cg_for_begin(b, &ll, cg_idx(b, 0), cg_idx(b, sp->len), 0, NULL);
     MlirValue row = cg_iadd(b, p0, cg_imul_c(b, ll.iv, sp->inner));
     cg_for_begin(b, &li, i0, i1, 0, NULL);
-    MlirValue at = cg_iadd(b, row, li.iv);
-    cg_store(b, cg_load_val(b, sp->dt, args[0], at), acc, at);
+    cg_store(b, cg_load_val(b, sp->dt, args[0], cg_iadd(b, row, li.iv)), acc,
+             acc_at(b, sp, p0, ll.iv, li.iv, i0, cols));
     cg_for_end(b, &li, 0, NULL);
     cg_for_end(b, &ll, 0, NULL);
     cg_for_begin(b, &lj, cg_idx(b, 0), cg_idx(b, sp->J), 0, NULL);
@@ -95,7 +104,7 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue i0
     cg_for_begin(b, &li, i0, i1, 0, NULL);
     MlirValue e = cg_iadd(b, srow, li.iv);
     MlirValue t = index_clamped(b, cg_load_val(b, idx->dtype, args[1], e), sp->len);
-    MlirValue to = cg_iadd(b, p0, cg_iadd(b, cg_imul_c(b, t, sp->inner), li.iv));
+    MlirValue to = acc_at(b, sp, p0, t, li.iv, i0, cols);
     MlirValue sum = cg_bin(b, fl ? "arith.addf" : "arith.addi", cg_load(b, acc, to),
                            cg_load_val(b, sp->dt, args[2], e));
     cg_store(b, sum, acc, to);
@@ -105,10 +114,9 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue i0
     if (sp->in_place && sp->n_epi == 1 && sp->epi[0].node == c->k->root)
         return st; /* the sums are the result, nothing else to compute */
     cg_for_begin(b, &ll, cg_idx(b, 0), cg_idx(b, sp->len), 0, NULL);
-    row = cg_iadd(b, p0, cg_imul_c(b, ll.iv, sp->inner));
     cg_for_begin(b, &li, i0, i1, 0, NULL);
-    at = cg_iadd(b, row, li.iv);
-    st = epilogue_at(c, sp, cg_load(b, acc, at), o, ll.iv, li.iv);
+    MlirValue v = cg_load(b, acc, acc_at(b, sp, p0, ll.iv, li.iv, i0, cols));
+    st = epilogue_at(c, sp, v, o, ll.iv, li.iv);
     cg_for_end(b, &li, 0, NULL);
     cg_for_end(b, &ll, 0, NULL);
     return st;
@@ -139,16 +147,17 @@ loom_status cg_lower_scatter(kc *c) {
     MlirValue args[3];
     for (int32_t q = 0; q < 3; q++)
         args[q] = c->bufs[c->s->buf_of[root->inputs[q]]];
-    MlirValue acc =
-        sp->in_place ? c->bufs[c->s->res_of[c->k->root]]
-                     : cg_alloc_buf(b, cg_compute_type(b, sp->dt), sp->outer * sp->len * sp->inner);
+    /* scratch for one task's part, reused by the call's tasks (a whole-kernel buffer was
+     * zero-filled by the OS page by page in every call: 154 MB for GPT-2's wte gradient) */
+    MlirValue acc = sp->in_place ? c->bufs[c->s->res_of[c->k->root]]
+                                 : cg_alloc_buf(b, cg_compute_type(b, sp->dt), sp->len * cols);
     cg_for lo;
     cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
     MlirValue o = nib > 1 ? cg_bin(b, "arith.divui", lo.iv, cg_idx(b, nib)) : lo.iv;
     MlirValue i0 = nib > 1 ? cg_imul_c(b, cg_bin(b, "arith.remui", lo.iv, cg_idx(b, nib)), cols)
                            : cg_idx(b, 0);
     MlirValue i1 = cg_imin(b, cg_iadd(b, i0, cg_idx(b, cols)), cg_idx(b, sp->inner));
-    st = emit_task(c, sp, o, i0, i1, args, acc);
+    st = emit_task(c, sp, o, i0, i1, cols, args, acc);
     cg_for_end(b, &lo, 0, NULL);
     if (!sp->in_place)
         cg_op(b, "memref.dealloc", 1, &acc, 0, NULL, 0, NULL);
