@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "frontend.h"
+#include "ir/plan.h"
 #include "loom/nn.h"
 
 typedef struct ag {
@@ -151,6 +152,16 @@ static bool is_swap_last(const loom_ir_node *n) {
 
 static int64_t numel_of(const ag *a, int32_t x) {
     return loom_ir_numel(nd(a, x)->rank, nd(a, x)->shape);
+}
+
+/* Whether q^T as the first operand of an f32 matmul would be packed inside that matmul's
+ * kernel rather than materialized (loom_ir_matmul_operand_fuses' rule for f32): q has
+ * 2^20 elements or more and the product as many rows as q has columns, 64 or more. */
+static bool packs_transposed(const ag *a, int32_t q) {
+    const loom_ir_node *qn = nd(a, q);
+    return qn->dtype == LOOM_DTYPE_F32 && qn->rank == 2 &&
+           numel_of(a, q) >= LOOM_IR_MM_FUSE_T_ELEMS &&
+           qn->shape[1] >= LOOM_IR_MM_FUSE_T_ROWS;
 }
 
 /* A slice or pad (op) of x with attrs start/step, giving node `like`'s shape. */
@@ -406,7 +417,11 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
             int32_t p = gn->inputs[0], q = gn->inputs[1];
             int64_t out = loom_ir_numel(gn->rank, gn->shape);
             bool pt = is_swap_last(nd(a, p)), qt = is_swap_last(nd(a, q));
-            if ((pt && (qt || numel_of(a, q) <= out)) || (qt && numel_of(a, p) <= out))
+            /* q^T as the new A costs nothing where the matmul packs it: GPT-2's tied
+             * lm_head, whose wte gradient dy^T x then comes out [V, C] as wte is, instead of
+             * [C, V] transposed by its readers */
+            if ((pt && (qt || numel_of(a, q) <= out || packs_transposed(a, q))) ||
+                (qt && numel_of(a, p) <= out))
                 return bin(a, LOOM_IR_OP_MATMUL, mT(a, q), mT(a, p));
         }
         int32_t inv[LOOM_MAX_RANK] = {0};

@@ -667,6 +667,50 @@ static void mlp_grads(bool eager, float *out_w1, float *out_b2) {
     loom_context_destroy(ctx);
 }
 
+/* The gradient of W in y = x W^T for a wide W (a tied lm_head): with dy [R, V] large enough
+ * to be packed transposed, it is dy^T x, [V, C] as W is, not (x^T dy)^T. Values against the
+ * sum they must be (loss = sum(y): dW[v, c] = sum over rows of x[r, c]). */
+static void test_a_wide_weights_gradient_is_computed_in_its_own_layout(void **state) {
+    (void)state;
+    enum { R = 64, C = 8, V = 16384 };
+    float *x = malloc(R * C * 4), *w = malloc((size_t)V * C * 4), *gw = malloc((size_t)V * C * 4);
+    for (int i = 0; i < R * C; i++)
+        x[i] = (float)((i * 13) % 11) / 4 - 1;
+    for (int i = 0; i < V * C; i++)
+        w[i] = (float)((i * 7) % 5) / 8;
+    for (int eager = 0; eager < 2; eager++) {
+        loom_context *ctx = tu_context(eager);
+        loom_tensor *tx = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){R, C}, x);
+        loom_tensor *tw = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){V, C}, w);
+        loom_tensor *loss =
+            loom_sum(ctx, loom_matmul(ctx, tx, loom_transpose(ctx, tw)), 0, NULL, false);
+        loom_tensor *g[1] = {0};
+        assert_int_equal(loom_backward(ctx, loss, 1, &tw, g), LOOM_OK);
+        bool direct = false;
+        for (int32_t i = 0; i < ctx->trace.n_nodes; i++) {
+            const loom_ir_node *n = &ctx->trace.nodes[i];
+            direct =
+                direct || (n->op == LOOM_IR_OP_MATMUL && n->shape[0] == V && n->shape[1] == C &&
+                           ctx->trace.nodes[n->inputs[0]].op == LOOM_IR_OP_TRANSPOSE);
+        }
+        assert_true(direct);
+        tu_read_f32(ctx, g[0], gw, (size_t)V * C);
+        for (int c = 0; c < C; c++) {
+            double want = 0;
+            for (int r = 0; r < R; r++)
+                want += x[r * C + c];
+            for (int v = 0; v < V; v += 997)
+                assert_float_equal(gw[v * C + c], want, 1e-5);
+        }
+        loom_tensor_release(tx);
+        loom_tensor_release(tw);
+        loom_context_destroy(ctx);
+    }
+    free(x);
+    free(w);
+    free(gw);
+}
+
 static void test_jit_gradients_match_the_interpreter(void **state) {
     (void)state;
     float w1_i[30], b2_i[3], w1_j[30], b2_j[3];
@@ -726,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_backward_twice_accumulates_and_unrelated_inputs_get_zeros),
         cmocka_unit_test(test_detach_stops_the_gradient),
         cmocka_unit_test(test_matmul_with_a_2d_weight_folds_rows_and_never_copies_the_weight),
+        cmocka_unit_test(test_a_wide_weights_gradient_is_computed_in_its_own_layout),
         cmocka_unit_test(test_jit_gradients_match_the_interpreter),
         cmocka_unit_test(test_backward_rejects_bad_arguments_and_stays_usable),
     };
