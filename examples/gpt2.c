@@ -330,7 +330,15 @@ typedef struct train_result {
     int64_t steps, skipped;
     double *losses;
     double tokens_per_sec_median, tokens_per_sec, first_step_ms, compile_ms;
+    double planned_peak_mb, device_peak_mb; /* the training step's plan; the device's peak */
 } train_result;
+
+/* The planned peak of the last compiled step, from loom_memory_report ("planned peak N
+ * bytes ..."), in MiB; 0 when there is none (the interpreter). */
+static double planned_peak_mb(const loom_context *ctx) {
+    const char *r = strstr(loom_memory_report(ctx), "planned peak ");
+    return r ? strtod(r + strlen("planned peak "), NULL) / (1024.0 * 1024.0) : 0.0;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -642,12 +650,13 @@ static void print_json(const options *o, const gpt2 *m, const train_result *tr, 
         printf("%s%.8g", i ? "," : "", tr->losses[i]);
     printf("],\"tokens_per_sec\":%.1f,\"tokens_per_sec_median\":%.1f,\"flops_per_token\":%.0f,"
            "\"peak_flops\":%.4g,\"mfu\":%.4f,\"first_step_ms\":%.1f,\"compile_time_ms\":%.1f,"
+           "\"planned_peak_mb\":%.1f,\"device_peak_mb\":%.1f,"
            "\"recompiles\":%lld,\"sample_tokens\":%" PRId64 ",\"sample_compiles\":%" PRId64
            ",\"world_size\":%d,\"collective_bytes\":%lld}\n",
            tr->tokens_per_sec, tr->tokens_per_sec_median, flops_tok, peak,
-           peak > 0 ? achieved / peak : 0.0, tr->first_step_ms, tr->compile_ms,
-           (long long)loom_metric_value(ctx, "Recompiles"), sr->n, sr->compiles, (int)o->f.world,
-           (long long)loom_metric_value(ctx, "CollectiveBytes"));
+           peak > 0 ? achieved / peak : 0.0, tr->first_step_ms, tr->compile_ms, tr->planned_peak_mb,
+           tr->device_peak_mb, (long long)loom_metric_value(ctx, "Recompiles"), sr->n, sr->compiles,
+           (int)o->f.world, (long long)loom_metric_value(ctx, "CollectiveBytes"));
 }
 
 int main(int argc, char **argv) {
@@ -723,6 +732,11 @@ int main(int argc, char **argv) {
     }
     if (train(ctx, &o, &m, &opt, &amp, &tok, &tr) != 0)
         goto out;
+    /* before sampling and the GEMM timing add steps of their own */
+    size_t dev_now = 0, dev_peak = 0;
+    loom_device_memory(ctx, &dev_now, &dev_peak);
+    tr.planned_peak_mb = planned_peak_mb(ctx);
+    tr.device_peak_mb = (double)dev_peak / (1024.0 * 1024.0);
     rc = 0;
     if (f->rank != 0)
         goto out;
@@ -752,6 +766,9 @@ int main(int argc, char **argv) {
                "steps; %.0f overall), first step %.0f ms (compile %.0f ms)\n",
                tr.steps, tr.losses[0], tr.losses[tr.steps - 1], tr.tokens_per_sec_median,
                WARMUP_STEPS, tr.tokens_per_sec, tr.first_step_ms, tr.compile_ms);
+        if (tr.planned_peak_mb > 0)
+            printf("memory: planned peak %.1f MiB for the training step, device peak %.1f MiB\n",
+                   tr.planned_peak_mb, tr.device_peak_mb);
         if (peak > 0)
             printf("MFU %.2f%%: %.3g FLOPs/token x %.0f tokens/s over a measured f32 GEMM peak "
                    "of %.1f GFLOP/s\n",
