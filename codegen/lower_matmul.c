@@ -330,6 +330,24 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_
     return LOOM_OK;
 }
 
+/* One chunk of K, [kb, kb + klen) packed as mk: the block's A rows and B columns packed,
+ * then multiplied into C (set by it where first holds, else accumulated). */
+static loom_status chunk_product(kc *c, const mm_plan *mp, const cg_mk *mk, MlirValue A,
+                                 MlirValue B, MlirValue C, MlirValue p, MlirValue i0, MlirValue i1,
+                                 MlirValue j0, MlirValue j1, MlirValue kb, int64_t klen,
+                                 MlirValue first) {
+    cg_b *b = c->b;
+    loom_status st;
+    if ((st = pack_panels(c, mp, mk, 0, A, p, i0, i1, j0, j1, kb, klen)) != LOOM_OK ||
+        (st = pack_panels(c, mp, mk, 1, B, p, i0, i1, j0, j1, kb, klen)) != LOOM_OK)
+        return st;
+    c->ns = &mp->ns;
+    cg_clear_gv(c);
+    cg_mk_tiles(c, mk, A, cg_idx(b, 0), B, C, cg_bin(b, "arith.subi", i1, i0),
+                cg_bin(b, "arith.subi", j1, j0), true, first, NULL);
+    return LOOM_OK;
+}
+
 loom_status cg_lower_matmul(kc *c) {
     const loom_ir_graph *g = c->g;
     int32_t root_id = c->k->root;
@@ -513,29 +531,19 @@ loom_status cg_lower_matmul(kc *c) {
         /* K in chunks: full ones in a loop, the rest after it, each chunk's A rows and B
          * columns packed and multiplied into C (the first chunk sets it) */
         int64_t nfull = mp->K / mp->kc, tail = mp->K % mp->kc;
-        MlirValue mb = cg_bin(b, "arith.subi", i1, i0), nb = cg_bin(b, "arith.subi", j1, j0);
         cg_for lk;
         cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, nfull), 0, NULL);
-        MlirValue kb = cg_imul_c(b, lk.iv, mp->kc);
-        if ((st = pack_panels(c, mp, &mp->mk, 0, A, p, i0, i1, j0, j1, kb, mp->kc)) != LOOM_OK ||
-            (st = pack_panels(c, mp, &mp->mk, 1, B, p, i0, i1, j0, j1, kb, mp->kc)) != LOOM_OK)
-            goto done;
-        c->ns = &mp->ns;
-        cg_clear_gv(c);
-        cg_mk_tiles(c, &mp->mk, A, cg_idx(b, 0), B, C, mb, nb, true,
-                    cg_cmpi(b, CG_I_EQ, lk.iv, cg_idx(b, 0)), NULL);
+        st = chunk_product(c, mp, &mp->mk, A, B, C, p, i0, i1, j0, j1, cg_imul_c(b, lk.iv, mp->kc),
+                           mp->kc, cg_cmpi(b, CG_I_EQ, lk.iv, cg_idx(b, 0)));
         cg_for_end(b, &lk, 0, NULL);
-        if (tail > 0) {
+        if (st == LOOM_OK && tail > 0) {
             cg_mk mt = mp->mk;
             mt.kp = ceil_div(tail, mt.pk);
-            MlirValue kt = cg_idx(b, nfull * mp->kc);
-            if ((st = pack_panels(c, mp, &mt, 0, A, p, i0, i1, j0, j1, kt, tail)) != LOOM_OK ||
-                (st = pack_panels(c, mp, &mt, 1, B, p, i0, i1, j0, j1, kt, tail)) != LOOM_OK)
-                goto done;
-            c->ns = &mp->ns;
-            cg_clear_gv(c);
-            cg_mk_tiles(c, &mt, A, cg_idx(b, 0), B, C, mb, nb, true, (MlirValue){NULL}, NULL);
+            st = chunk_product(c, mp, &mt, A, B, C, p, i0, i1, j0, j1, cg_idx(b, nfull * mp->kc),
+                               tail, (MlirValue){NULL});
         }
+        if (st != LOOM_OK)
+            goto done;
     } else if (mp->kind != MM_PLAIN) {
         A = packs[0];
         B = packs[1];

@@ -112,10 +112,11 @@ LOOM_API loom_tensor *loom_scaled_dot_product_attention_ex_at(loom_context *ctx,
             return NULL;
         }
         /* check in the canonical layout, so messages and rules are the same for both */
-        for (operand *p = &oq; p; p = p == &oq ? &ok : p == &ok ? &ov : NULL) {
-            int64_t t = p->shape[1];
-            p->shape[1] = p->shape[2];
-            p->shape[2] = t;
+        operand *all[3] = {&oq, &ok, &ov};
+        for (int i = 0; i < 3; i++) {
+            int64_t t = all[i]->shape[1];
+            all[i]->shape[1] = all[i]->shape[2];
+            all[i]->shape[2] = t;
         }
     }
     if (!check_qkv(ctx, &oq, &ok, &ov, file, line))

@@ -341,14 +341,23 @@ static void test_casts_into_a_16_bit_matmul_are_packed_in_its_kernel(void **stat
     on_each_path(build_cast_linear, "cast-in-matmul");
 }
 
+/* x [m, k] @ transpose(y [n, k]) into g; returns the matmul's node and, in *out_yt, the
+ * transpose's. */
+static int32_t add_x_yt(loom_ir_graph *g, loom_dtype dt, int64_t m, int64_t n, int64_t k,
+                        int32_t *out_yt) {
+    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+    int32_t x = tu_input(g, dt, 2, S(m, k));
+    int32_t y = tu_input(g, dt, 2, S(n, k));
+    int32_t yt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &y, 0, 0, NULL, perm);
+    if (out_yt)
+        *out_yt = yt;
+    return tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, yt}, 0, 0, NULL, none);
+}
+
 /* a weight gradient's x @ transpose(dy): B packed along the rows of dy, K in several blocks
  * with a short last one and an odd tail, columns in two panels, the second partial */
 static int64_t build_transposed_b(loom_ir_graph *g, loom_dtype dt) {
-    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
-    int32_t x = tu_input(g, dt, 2, S(37, 301));
-    int32_t dy = tu_input(g, dt, 2, S(29, 301));
-    int32_t dyt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &dy, 0, 0, NULL, perm);
-    tu_output(g, tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, dyt}, 0, 0, NULL, none), -1);
+    tu_output(g, add_x_yt(g, dt, 37, 29, 301, NULL), -1);
     return 301;
 }
 
@@ -380,11 +389,7 @@ static void test_long_k_16_bit_matmuls_run_in_chunks(void **state) {
 
 /* GPT-2's tied lm_head in backward: dy [R, V] @ wte [V, C] with K = V long, and x @ dy^T */
 static int64_t build_transposed_b_long_k(loom_ir_graph *g, loom_dtype dt) {
-    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
-    int32_t x = tu_input(g, dt, 2, S(37, 4609));
-    int32_t dy = tu_input(g, dt, 2, S(29, 4609));
-    int32_t dyt = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &dy, 0, 0, NULL, perm);
-    tu_output(g, tu_add(g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, dyt}, 0, 0, NULL, none), -1);
+    tu_output(g, add_x_yt(g, dt, 37, 29, 4609, NULL), -1);
     return 4609;
 }
 
@@ -479,11 +484,8 @@ static void test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel(voi
             unsetenv("LOOM_MATMUL_ISA");
         loom_ir_graph g;
         loom_ir_graph_init(&g, &sys);
-        loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
-        int32_t x = tu_input(&g, LOOM_DTYPE_F32, 2, S(cases[i].rows, 256));
-        int32_t w = tu_input(&g, LOOM_DTYPE_F32, 2, S(4099, 256)); /* 1049344 elements */
-        int32_t wt = tu_add(&g, LOOM_IR_OP_TRANSPOSE, 1, &w, 0, 0, NULL, perm);
-        tu_output(&g, tu_add(&g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, wt}, 0, 0, NULL, none), -1);
+        /* W [4099, 256]: 1049344 elements */
+        tu_output(&g, add_x_yt(&g, LOOM_DTYPE_F32, cases[i].rows, 4099, 256, NULL), -1);
         char what[96];
         snprintf(what, sizeof what, "f32 x [%lld, 256] @ W^T [256, 4099], LOOM_MATMUL_ISA=%s",
                  (long long)cases[i].rows, cases[i].isa ? cases[i].isa : "(unset)");
@@ -495,11 +497,8 @@ static void test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel(voi
     for (int i = 0; i < 2; i++) {
         loom_ir_graph g;
         loom_ir_graph_init(&g, &sys);
-        loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
-        int32_t x = tu_input(&g, LOOM_DTYPE_F32, 2, S(small[i][0], small[i][2]));
-        int32_t w = tu_input(&g, LOOM_DTYPE_F32, 2, S(small[i][1], small[i][2]));
-        int32_t wt = tu_add(&g, LOOM_IR_OP_TRANSPOSE, 1, &w, 0, 0, NULL, perm);
-        int32_t m = tu_add(&g, LOOM_IR_OP_MATMUL, 2, (int32_t[]){x, wt}, 0, 0, NULL, none);
+        int32_t wt;
+        int32_t m = add_x_yt(&g, LOOM_DTYPE_F32, small[i][0], small[i][1], small[i][2], &wt);
         assert_false(loom_ir_matmul_operand_fuses(&g, m, wt));
         loom_ir_graph_deinit(&g);
     }
