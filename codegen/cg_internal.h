@@ -158,6 +158,8 @@ MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_
 MlirValue cg_vfence(cg_b *b, MlirValue v);
 /* Lane `lane` of vector v, a scalar. */
 MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane);
+/* The lanes of float vector v combined by kind ("add", "maximumf", ...; reassociable). */
+MlirValue cg_vreduce(cg_b *b, const char *kind, MlirValue v);
 /* acc + pairwise bf16 dot products (llvm.x86.avx512bf16.dpbf16ps.512, vdpbf16ps): acc is
  * vector<16xf32>, a and bv vector<16xi32> each holding 16 pairs of bf16 (low half first).
  * Only for hosts with AVX512-BF16. */
@@ -174,7 +176,7 @@ MlirValue cg_cvt_bf16x32(cg_b *b, MlirValue lo, MlirValue hi, bool interleave);
  * widens them. Accuracy against double-precision libm over the f32 range: exp, log within
  * 1 ulp, tanh 1.3 ulp, sigmoid 2.6 ulp, gelu 6.2 ulp (5e-7 relative); NaN and infinities
  * as libm. */
-MlirValue cg_exp_f32(cg_b *b, MlirValue x);
+MlirValue cg_exp_f32(cg_b *b, MlirValue x); /* x: f32 or a vector of f32 */
 MlirValue cg_log_f32(cg_b *b, MlirValue x);
 MlirValue cg_tanh_f32(cg_b *b, MlirValue x);
 MlirValue cg_sigmoid_f32(cg_b *b, MlirValue x);

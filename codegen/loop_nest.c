@@ -192,6 +192,16 @@ loom_status cg_plan_epilogue(kc *c, nest *ns, sink *epi, int32_t *n_epi, int32_t
     return st != LOOM_OK ? st : cg_plan_nest(c, ns, *n_epi, epi);
 }
 
+void cg_set_dims(kc *c, const loom_ir_node *root, int32_t lo, int32_t hi, MlirValue q) {
+    for (int32_t d = hi - 1; d >= lo; d--) {
+        MlirValue at = d == lo ? q : irem(c->b, q, root->shape[d]);
+        if (d > lo)
+            q = idiv(c->b, q, root->shape[d]);
+        if (c->ns->dim_group[d] >= 0)
+            c->gv[c->ns->dim_group[d]] = at;
+    }
+}
+
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);

@@ -705,6 +705,12 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
         return cg_unsupported(c, id, "a convolution (no conv kernel yet: decomposed first)");
     case LOOM_IR_OP_SCATTER_ADD: /* fusion makes it a root */
         return cg_unsupported(c, id, "a scatter_add that is not its kernel's root");
+    case LOOM_IR_OP_ATTENTION: /* likewise */
+    case LOOM_IR_OP_ATTENTION_LSE:
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V:
+        return cg_unsupported(c, id, "an attention op that is not its kernel's root");
     case LOOM_IR_OP_MAX_POOL2D: /* fusion makes them roots */
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
         return cg_unsupported(c, id, "a max pool that is not its kernel's root");
@@ -894,6 +900,11 @@ static loom_status apply(kc *c, int32_t id, const MlirValue *x, MlirValue *out) 
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
     case LOOM_IR_OP_GATHER:
     case LOOM_IR_OP_SCATTER_ADD:
+    case LOOM_IR_OP_ATTENTION:
+    case LOOM_IR_OP_ATTENTION_LSE:
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V:
     case LOOM_IR_OP_COUNT_: return cg_bad_plan(c, id, "unreachable op");
     }
     *out = round ? cg_round16(b, dt, v) : v;

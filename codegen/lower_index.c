@@ -47,17 +47,6 @@ static loom_status plan_scatter(kc *c, sc_plan *sp) {
     return cg_plan_epilogue(c, &sp->ns, sp->epi, &sp->n_epi, -1);
 }
 
-/* Sets the nest's index of root dims [lo, hi) from their row-major flat index q. */
-static void set_dims(kc *c, const loom_ir_node *root, int32_t lo, int32_t hi, MlirValue q) {
-    for (int32_t d = hi - 1; d >= lo; d--) {
-        MlirValue at = d == lo ? q : irem(c->b, q, root->shape[d]);
-        if (d > lo)
-            q = idiv(c->b, q, root->shape[d]);
-        if (c->ns->dim_group[d] >= 0)
-            c->gv[c->ns->dim_group[d]] = at;
-    }
-}
-
 /* The epilogue at the root's element (outer index o, index l along the scatter's axis,
  * inner index i): no division where o and i are one axis each (an embedding's gradient),
  * where splitting a flat index cost two per element. */
@@ -66,9 +55,9 @@ static loom_status epilogue_at(kc *c, const sc_plan *sp, MlirValue v, MlirValue 
     const loom_ir_node *root = &c->g->nodes[c->k->root];
     c->ns = &sp->ns;
     cg_clear_gv(c);
-    set_dims(c, root, 0, sp->axis, o);
-    set_dims(c, root, sp->axis, sp->axis + 1, l);
-    set_dims(c, root, sp->axis + 1, root->rank, i);
+    cg_set_dims(c, root, 0, sp->axis, o);
+    cg_set_dims(c, root, sp->axis, sp->axis + 1, l);
+    cg_set_dims(c, root, sp->axis + 1, root->rank, i);
     c->bound_v = is_16(sp->dt) ? cg_round16(c->b, sp->dt, v) : v;
     return cg_emit_sinks(c, sp->n_epi, sp->epi);
 }

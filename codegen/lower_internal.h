@@ -159,6 +159,18 @@ static inline MlirValue and_i1(cg_b *b, MlirValue x, MlirValue y) {
     return cg_bin(b, "arith.andi", x, y);
 }
 
+/* Index x as a vector of n i32 lanes, and the 16 lanes 0, step, 2 step, ... */
+static inline MlirValue cg_splat_i32(cg_b *b, MlirValue x, int64_t n) {
+    return cg_vbroadcast(b, cg_conv(b, "arith.index_cast", x, b->i32), cg_vec_t(n, b->i32));
+}
+
+static inline MlirValue cg_lanes_i32(cg_b *b, int64_t step) {
+    int32_t l[16];
+    for (int32_t i = 0; i < 16; i++)
+        l[i] = (int32_t)(i * step);
+    return cg_vconst_i32(b, 16, l);
+}
+
 /* ---- errors (lower_errors.c) ---- */
 loom_status cg_unsupported(kc *c, int32_t id, const char *why);
 loom_status cg_bad_plan(kc *c, int32_t id, const char *why);
@@ -182,6 +194,9 @@ enum { CG_EPI_MAX = 64 }; /* epilogue results of a matmul or convolution kernel 
  * but `skip` (-1: none), the side nests of the others, then the plan of the nest (planned
  * last: on return c->s->leaves holds its leaves, which lower_conv.c's merge_pixels reads). */
 loom_status cg_plan_epilogue(kc *c, nest *ns, sink *epi, int32_t *n_epi, int32_t skip);
+/* Sets the epilogue nest's (c->ns) index of root dims [lo, hi) from their row-major flat
+ * index q. */
+void cg_set_dims(kc *c, const loom_ir_node *root, int32_t lo, int32_t hi, MlirValue q);
 
 /* ---- memo, dtypes, evaluation of fused nodes (lower_eval.c) ---- */
 void cg_map_none(imap *m);
@@ -255,5 +270,6 @@ loom_status cg_lower_matmul(kc *c);
 loom_status cg_lower_conv(kc *c);
 loom_status cg_lower_pool(kc *c);
 loom_status cg_lower_scatter(kc *c);
+loom_status cg_lower_attention(kc *c);
 
 #endif

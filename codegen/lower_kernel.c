@@ -194,6 +194,7 @@ static loom_status lower_rooted(kc *c, const loom_ir_node *root) {
     case LOOM_IR_KIND_CONV: return cg_lower_conv(c);
     case LOOM_IR_KIND_POOL: return cg_lower_pool(c);
     case LOOM_IR_KIND_SCATTER: return cg_lower_scatter(c);
+    case LOOM_IR_KIND_ATTENTION: return cg_lower_attention(c);
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_UNARY:
     case LOOM_IR_KIND_PREDICATE:

@@ -39,17 +39,6 @@ typedef struct pl_row {
     MlirValue pad, oh, ow0, scratch;
 } pl_row;
 
-static MlirValue splat_i32(cg_b *b, MlirValue x, int64_t n) {
-    return cg_vbroadcast(b, cg_conv(b, "arith.index_cast", x, b->i32), cg_vec_t(n, b->i32));
-}
-
-static MlirValue lanes_i32(cg_b *b, int64_t step) {
-    int32_t l[PL_LANES];
-    for (int32_t i = 0; i < PL_LANES; i++)
-        l[i] = (int32_t)(i * step);
-    return cg_vconst_i32(b, PL_LANES, l);
-}
-
 /* -inf in dt's storage type (bf16 as its i16 bits). */
 static MlirValue neg_inf(cg_b *b, loom_dtype dt) {
     if (dt == LOOM_DTYPE_BF16)
@@ -125,7 +114,8 @@ static void scan_windows(kc *c, const pl_plan *pp, const pl_row *r, MlirValue *v
     MlirType vi = cg_vec_t(PL_LANES, b->i32);
     MlirValue h0 = isub(b, cg_imul_c(b, r->oh, pp->st[0]), cg_idx(b, pp->pd[0]));
     MlirValue w0 = isub(b, cg_imul_c(b, r->ow0, pp->st[1]), cg_idx(b, pp->pd[1]));
-    MlirValue w0v = cg_bin(b, "arith.addi", splat_i32(b, w0, PL_LANES), lanes_i32(b, pp->st[1]));
+    MlirValue w0v =
+        cg_bin(b, "arith.addi", cg_splat_i32(b, w0, PL_LANES), cg_lanes_i32(b, pp->st[1]));
     /* the padded plane's row oh s0 + kh dl0 and column ow0 s1 + kw dl1 */
     MlirValue base = cg_iadd(b, cg_imul_c(b, cg_imul_c(b, r->oh, pp->st[0]), pp->PW),
                              cg_imul_c(b, r->ow0, pp->st[1]));
@@ -136,7 +126,8 @@ static void scan_windows(kc *c, const pl_plan *pp, const pl_row *r, MlirValue *v
         MlirValue rowpix = {NULL};
         if (pp->grad) {
             MlirValue ih = cg_iadd(b, h0, cg_idx(b, kh * pp->dl[0]));
-            rowpix = cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), w0v);
+            rowpix =
+                cg_bin(b, "arith.addi", cg_splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), w0v);
         }
         for (int64_t kw = 0; kw < pp->KW; kw++, k++) {
             v[k] = tap_lanes(c, pp, r, cg_iadd(b, row, cg_idx(b, kw * pp->dl[1])));
@@ -150,7 +141,7 @@ static void scan_windows(kc *c, const pl_plan *pp, const pl_row *r, MlirValue *v
         MlirValue ih = first_on_grid(b, h0, cg_idx(b, 0), pp->dl[0]);
         MlirValue iw = first_on_grid(b, w0v, cg_vbroadcast(b, cg_ci(b, b->i32, 0), vi), pp->dl[1]);
         MlirValue first =
-            cg_bin(b, "arith.addi", splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), iw);
+            cg_bin(b, "arith.addi", cg_splat_i32(b, cg_imul_c(b, ih, pp->W), PL_LANES), iw);
         MlirType ct = cg_compute_type(b, pp->dt);
         MlirValue ninf = cg_vbroadcast(b, cg_cf(b, ct, -INFINITY), cg_vec_t(PL_LANES, ct));
         *pix = cg_select(b, cg_vcmpf(b, CG_F_OEQ, *val, ninf), first, *pix);
@@ -315,7 +306,8 @@ static loom_status emit_plane(kc *c, const pl_plan *pp, MlirValue p, MlirValue *
     } else { /* dy's lanes, then each window's dy to its pixel */
         MlirValue at =
             cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, pp->OH), lh.iv), pp->OW), ow0);
-        MlirValue lane_ok = cg_vcmpi(b, CG_I_SLT, lanes_i32(b, 1), splat_i32(b, nl, PL_LANES));
+        MlirValue lane_ok =
+            cg_vcmpi(b, CG_I_SLT, cg_lanes_i32(b, 1), cg_splat_i32(b, nl, PL_LANES));
         /* two rows ahead */
         cg_prefetch(b, args[1], cg_iadd(b, at, cg_idx(b, 2 * pp->OW)), false, true);
         MlirValue dy = cg_widen16(

@@ -21,12 +21,31 @@
 #define DIV(x, y) cg_bin(b, "arith.divf", (x), (y))
 #define K(v) cg_cf(b, b->f32, (v))
 
+/* A constant of type t (f32 or i32, or a vector of them: splat), and the type of t's shape
+ * with elements e. */
+static MlirValue const_like(cg_b *b, MlirType t, double v) {
+    if (!mlirTypeIsAVector(t))
+        return mlirTypeIsAFloat(t) ? cg_cf(b, t, v) : cg_ci(b, t, (int64_t)v);
+    MlirType e = mlirShapedTypeGetElementType(t);
+    return cg_vbroadcast(b, mlirTypeIsAFloat(e) ? cg_cf(b, e, v) : cg_ci(b, e, (int64_t)v), t);
+}
+
+static MlirType shaped_like(MlirType t, MlirType e) {
+    return mlirTypeIsAVector(t) ? cg_vec_t(mlirShapedTypeGetDimSize(t, 0), e) : e;
+}
+
+static MlirValue cmpf_like(cg_b *b, cg_fpred p, MlirValue x, MlirValue y) {
+    return mlirTypeIsAVector(mlirValueGetType(x)) ? cg_vcmpf(b, p, x, y) : cg_cmpf(b, p, x, y);
+}
+
 /* Polynomials by Horner's rule, each step one fma where the host has it (fewer
- * instructions, and at least as accurate as a rounded product and sum). */
+ * instructions, and at least as accurate as a rounded product and sum); x a scalar or a
+ * vector. */
 static MlirValue horner(cg_b *b, MlirValue x, int n, const double *c) {
-    MlirValue p = K(c[0]);
+    MlirType t = mlirValueGetType(x);
+    MlirValue p = const_like(b, t, c[0]);
     for (int i = 1; i < n; i++)
-        p = cg_muladd(b, p, x, K(c[i]));
+        p = cg_muladd(b, p, x, const_like(b, t, c[i]));
     return p;
 }
 
@@ -44,15 +63,16 @@ static MlirValue square_lo(cg_b *b, MlirValue x, MlirValue hi) {
     return ADD(lo, MUL(xl, xl));
 }
 
-/* 2^n for an i32 n in [-126, 127], as a float. */
+/* 2^n for an i32 n in [-126, 127] (or a vector of them), as a float. */
 static MlirValue pow2i(cg_b *b, MlirValue n) {
-    MlirValue e = cg_bin(b, "arith.addi", n, cg_ci(b, b->i32, 127));
-    e = cg_bin(b, "arith.shli", e, cg_ci(b, b->i32, 23));
-    return cg_conv(b, "arith.bitcast", e, b->f32);
+    MlirType t = mlirValueGetType(n);
+    MlirValue e = cg_bin(b, "arith.addi", n, const_like(b, t, 127));
+    e = cg_bin(b, "arith.shli", e, const_like(b, t, 23));
+    return cg_conv(b, "arith.bitcast", e, shaped_like(t, b->f32));
 }
 
 static MlirValue pass_nan(cg_b *b, MlirValue x, MlirValue res) {
-    return cg_select(b, cg_cmpf(b, CG_F_UNO, x, x), x, res);
+    return cg_select(b, cmpf_like(b, CG_F_UNO, x, x), x, res);
 }
 
 MlirValue cg_exp_f32(cg_b *b, MlirValue x) {
@@ -60,19 +80,23 @@ MlirValue cg_exp_f32(cg_b *b, MlirValue x) {
                                4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
     /* Clamped so that n = round(x / ln 2) stays in [-150, 128]: beyond, the result is inf
      * or 0 anyway, and 2^n below splits into two normal factors (subnormal results). */
-    MlirValue xc = cg_select(b, cg_cmpf(b, CG_F_OGT, x, K(89.0)), K(89.0), x);
-    xc = cg_select(b, cg_cmpf(b, CG_F_OLT, xc, K(-104.0)), K(-104.0), xc);
+    MlirType t = mlirValueGetType(x); /* f32, or a vector of f32 */
+#define KT(v) const_like(b, t, (v))
+    MlirValue xc = cg_select(b, cmpf_like(b, CG_F_OGT, x, KT(89.0)), KT(89.0), x);
+    xc = cg_select(b, cmpf_like(b, CG_F_OLT, xc, KT(-104.0)), KT(-104.0), xc);
     /* round to nearest even by adding and removing 1.5 * 2^23 (exact for |t| < 2^22) */
-    MlirValue magic = K(12582912.0);
-    MlirValue nf = SUB(ADD(MUL(xc, K(1.44269504088896341)), magic), magic);
+    MlirValue magic = KT(12582912.0);
+    MlirValue nf = SUB(ADD(MUL(xc, KT(1.44269504088896341)), magic), magic);
     /* r = x - n ln2 in two steps; n * 0.693359375 is exact (the constant has 9 bits) */
-    MlirValue r = cg_muladd(b, nf, K(-0.693359375), xc);
-    r = cg_muladd(b, nf, K(2.12194440e-4), r);
+    MlirValue r = cg_muladd(b, nf, KT(-0.693359375), xc);
+    r = cg_muladd(b, nf, KT(2.12194440e-4), r);
     MlirValue z = MUL(r, r);
     MlirValue p = horner(b, r, 6, P);
-    p = ADD(cg_muladd(b, p, z, r), K(1.0));
-    MlirValue n = cg_conv(b, "arith.fptosi", nf, b->i32);
-    MlirValue n1 = cg_bin(b, "arith.shrsi", n, cg_ci(b, b->i32, 1));
+    p = ADD(cg_muladd(b, p, z, r), KT(1.0));
+#undef KT
+    MlirType it = shaped_like(t, b->i32);
+    MlirValue n = cg_conv(b, "arith.fptosi", nf, it);
+    MlirValue n1 = cg_bin(b, "arith.shrsi", n, const_like(b, it, 1));
     MlirValue n2 = cg_bin(b, "arith.subi", n, n1);
     MlirValue res = MUL(MUL(p, pow2i(b, n1)), pow2i(b, n2));
     return pass_nan(b, x, res);

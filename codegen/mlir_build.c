@@ -413,6 +413,19 @@ MlirValue cg_vfence(cg_b *b, MlirValue v) {
     return same ? x : cg_vbitcast(b, x, vt);
 }
 
+MlirValue cg_vreduce(cg_b *b, const char *kind, MlirValue v) {
+    char k[64];
+    snprintf(k, sizeof k, "#vector.kind<%s>", kind);
+    MlirNamedAttribute a[2] = {
+        cg_named(b, "kind", mlirAttributeParseGet(b->ctx, mlirStringRefCreateFromCString(k))),
+        cg_named(b, "fastmath",
+                 mlirAttributeParseGet(b->ctx,
+                                       mlirStringRefCreateFromCString("#arith.fastmath<reassoc>"))),
+    };
+    MlirType t = mlirShapedTypeGetElementType(mlirValueGetType(v));
+    return mlirOperationGetResult(cg_op(b, "vector.reduction", 1, &v, 1, &t, 2, a), 0);
+}
+
 MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane) {
     MlirNamedAttribute a =
         cg_named(b, "static_position", mlirDenseI64ArrayGet(b->ctx, 1, (int64_t[]){lane}));

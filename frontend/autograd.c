@@ -250,6 +250,38 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
     return -1;
 }
 
+/* Attention's gradient for operand k (q, k, v) from its output gradient g: the weights are
+ * recomputed by tiles from each row's logsumexp (attention_lse, one per node after CSE) and
+ * delta = rowsum(g o) in f32 (FlashAttention's backward). */
+static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k, int32_t g) {
+    if (g < 0)
+        return -1;
+    int32_t q = n->inputs[0], kk = n->inputs[1], v = n->inputs[2], r = n->rank;
+    int32_t qk[2] = {q, kk};
+    int32_t lse = emit(
+        a, &(loom_ir_node_desc){
+               .op = LOOM_IR_OP_ATTENTION_LSE, .n_inputs = 2, .inputs = qk, .attrs = n->attrs});
+    if (k == 2) {
+        int32_t in[4] = {q, kk, g, lse};
+        return lse < 0 ? -1
+                       : emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_ATTENTION_GRAD_V,
+                                                      .n_inputs = 4,
+                                                      .inputs = in,
+                                                      .attrs = n->attrs});
+    }
+    int32_t go =
+        bin(a, LOOM_IR_OP_MUL, cast_to(a, g, LOOM_DTYPE_F32), cast_to(a, id, LOOM_DTYPE_F32));
+    int32_t delta = reduce(a, LOOM_IR_OP_REDUCE_SUM, go, 1u << (r - 1), false);
+    int32_t in[6] = {q, kk, v, g, lse, delta};
+    if (lse < 0 || delta < 0)
+        return -1;
+    return emit(a, &(loom_ir_node_desc){.op = k == 0 ? LOOM_IR_OP_ATTENTION_GRAD_Q
+                                                     : LOOM_IR_OP_ATTENTION_GRAD_K,
+                                        .n_inputs = 6,
+                                        .inputs = in,
+                                        .attrs = n->attrs});
+}
+
 /* d(out)/d(input k) * g for node `id` (whose gradient is g); -1 on failure. */
 static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
     loom_ir_node n = *nd(a, id); /* by value: emitting may move the node array */
@@ -277,7 +309,12 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
     case LOOM_IR_OP_ALL_GATHER:
     case LOOM_IR_OP_CONV2D_GRAD_INPUT: /* conv2d's second derivative: not supported */
     case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
-    case LOOM_IR_OP_MAX_POOL2D_GRAD: return no_vjp(a, &n);
+    case LOOM_IR_OP_MAX_POOL2D_GRAD:
+    case LOOM_IR_OP_ATTENTION_LSE:    /* only attention's VJP reads it (as a statistic) */
+    case LOOM_IR_OP_ATTENTION_GRAD_Q: /* attention's second derivative: not supported */
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V: return no_vjp(a, &n);
+    case LOOM_IR_OP_ATTENTION: return attention_vjp(a, id, &n, k, g);
     case LOOM_IR_OP_MAX_POOL2D: { /* g to the pixel each window selected */
         int32_t in[2] = {x, g};
         return g < 0 ? -1

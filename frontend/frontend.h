@@ -197,6 +197,12 @@ loom_tensor *loom_fe_handle(const loom_context *ctx, int32_t slot);
  * tensor; -1 after recording an error. */
 int32_t loom_fe_tensor_node(loom_context *ctx, int32_t slot, const char *file, int line,
                             const char *op);
+/* Records op opc on n tensors (at most LOOM_FE_RECORD_MAX) with attrs, as the public ops do
+ * (autocast tag, inference errors reported as op's at file:line): its result, or NULL. */
+enum { LOOM_FE_RECORD_MAX = 8 };
+loom_tensor *loom_fe_record_op(loom_context *ctx, loom_ir_op opc, int32_t n,
+                               loom_tensor *const *operand, loom_ir_attrs attrs, const char *file,
+                               int line, const char *op);
 /* Makes a step-owned op result for trace node `node`; NULL after recording an error. */
 loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
                             const char *op);

@@ -49,6 +49,22 @@ static loom_tensor *finish(loom_context *ctx, const loom_ir_node_desc *desc, con
     return id < 0 ? NULL : loom_fe_result(ctx, id, desc->loc.file, desc->loc.line, op);
 }
 
+loom_tensor *loom_fe_record_op(loom_context *ctx, loom_ir_op opc, int32_t n,
+                               loom_tensor *const *operand, loom_ir_attrs attrs, const char *file,
+                               int line, const char *op) {
+    int32_t nodes[LOOM_FE_RECORD_MAX];
+    if (n > LOOM_FE_RECORD_MAX) {
+        loom_fe_error(ctx, LOOM_STATUS_INTERNAL, file, line, op, "%d operands (at most %d)", (int)n,
+                      (int)LOOM_FE_RECORD_MAX);
+        return NULL;
+    }
+    if (!operands(ctx, n, operand, nodes, file, line, op))
+        return NULL;
+    loom_ir_node_desc desc = {
+        .op = opc, .n_inputs = n, .inputs = nodes, .attrs = attrs, .loc = {file, line}};
+    return finish(ctx, &desc, op);
+}
+
 static const loom_ir_node *node_of(const loom_context *ctx, int32_t id) {
     return &ctx->trace.nodes[id];
 }

@@ -223,6 +223,28 @@ double loom_ir_node_flops(const loom_ir_graph *g, const loom_ir_node *n) {
         const loom_ir_node *src = &g->nodes[n->inputs[2]];
         return (double)loom_ir_numel(src->rank, src->shape);
     }
+    case LOOM_IR_KIND_ATTENTION: { /* 2 E or 2 Ev per attended (query, key) pair and product */
+        const loom_ir_node *q = &g->nodes[n->inputs[0]], *k = &g->nodes[n->inputs[1]];
+        int32_t r = q->rank;
+        double L = (double)q->shape[r - 2], S = (double)k->shape[r - 2];
+        /* Ev: the output's last extent, or do's (grad_q, grad_k: operand 3) */
+        const loom_ir_node *o =
+            n->op == LOOM_IR_OP_ATTENTION || n->op == LOOM_IR_OP_ATTENTION_GRAD_V
+                ? n
+                : &g->nodes[n->inputs[n->op == LOOM_IR_OP_ATTENTION_LSE ? 0 : 3]];
+        double E = (double)q->shape[r - 1], Ev = (double)o->shape[o->rank - 1];
+        /* causal (top-left): query i attends min(i + 1, S) keys */
+        double pairs = !n->attrs.index ? L * S
+                       : L <= S        ? L * (L + 1) / 2
+                                       : S * (S + 1) / 2 + (L - S) * S;
+        pairs *= (double)loom_ir_numel(r - 2, q->shape);
+        /* the products each computes: the scores, then its own */
+        if (n->op == LOOM_IR_OP_ATTENTION_LSE)
+            return 2 * pairs * E;
+        if (n->op == LOOM_IR_OP_ATTENTION_GRAD_Q || n->op == LOOM_IR_OP_ATTENTION_GRAD_K)
+            return 2 * pairs * (2 * E + Ev);
+        return 2 * pairs * (E + Ev); /* attention, grad_v */
+    }
     case LOOM_IR_KIND_SOURCE:
     case LOOM_IR_KIND_BROADCAST:
     case LOOM_IR_KIND_RESHAPE:

@@ -51,6 +51,7 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
         }
         break;
     case LOOM_IR_ATTRS_AXIS: mix(s, (uint64_t)n->attrs.index); break;
+    case LOOM_IR_ATTRS_ATTENTION: /* causal and the scale */
     case LOOM_IR_ATTRS_REDUCE: { /* the op and the scale; never the rank */
         uint64_t bits;
         memcpy(&bits, &n->attrs.value, sizeof bits);
@@ -125,6 +126,7 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
                memcmp(a->attrs.step, b->attrs.step, (size_t)a->rank * sizeof(int64_t)) == 0;
     case LOOM_IR_ATTRS_AXIS: return a->attrs.index == b->attrs.index;
     case LOOM_IR_ATTRS_REDUCE:
+    case LOOM_IR_ATTRS_ATTENTION:
         return a->attrs.index == b->attrs.index &&
                memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
     case LOOM_IR_ATTRS_ROOT:

@@ -204,6 +204,83 @@ static loom_status infer_index(const loom_ir_node_desc *desc, const loom_ir_node
     return LOOM_OK;
 }
 
+/* The attention ops (ops.def): q [..., L, E], k [..., S, E], v [..., S, Ev] of one float dtype
+ * and equal leading axes; do [..., L, Ev] in q's dtype, lse and delta f32 [..., L]. */
+static loom_status infer_attention(const loom_ir_node_desc *desc, const loom_ir_node *const *in,
+                                   loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
+                                   loom_ir_diag *d) {
+    const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
+    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+    loom_ir_op op = desc->op;
+    const loom_ir_node *q = in[0], *k = in[1];
+    bool grad_v = op == LOOM_IR_OP_ATTENTION_GRAD_V;
+    bool grad = op == LOOM_IR_OP_ATTENTION_GRAD_Q || op == LOOM_IR_OP_ATTENTION_GRAD_K || grad_v;
+    /* v, do, lse, delta where the op has them */
+    const loom_ir_node *v = op == LOOM_IR_OP_ATTENTION_LSE || grad_v ? NULL : in[2];
+    const loom_ir_node *dout = !grad ? NULL : grad_v ? in[2] : in[3];
+    const loom_ir_node *lse = !grad ? NULL : grad_v ? in[3] : in[4];
+    const loom_ir_node *delta = grad && !grad_v ? in[5] : NULL;
+    if (desc->attrs.index != 0 && desc->attrs.index != 1)
+        return loom_ir_diag_set(d, BAD, "causal must be 0 or 1, got %lld",
+                                (long long)desc->attrs.index);
+    if (!isfinite(desc->attrs.value) || desc->attrs.value < 0)
+        return loom_ir_diag_set(d, BAD, "scale must be finite and >= 0, got %g", desc->attrs.value);
+    int32_t r = q->rank;
+    TYPE(ta, q);
+    TYPE(tb, k);
+    if (!loom_ir_dtype_is_float(q->dtype) || k->dtype != q->dtype)
+        return loom_ir_diag_set(d, BAD, "q %s and k %s need one float dtype", ta, tb);
+    if (r < 2 || k->rank != r || memcmp(q->shape, k->shape, (size_t)(r - 2) * sizeof(int64_t)))
+        return loom_ir_diag_set(d, BAD, "q %s and k %s need one rank >= 2 and equal leading axes",
+                                ta, tb);
+    if (k->shape[r - 1] != q->shape[r - 1])
+        return loom_ir_diag_set(d, BAD, "q %s and k %s need one head size", ta, tb);
+    int64_t S = k->shape[r - 2], Ev = 0;
+    if (v) {
+        TYPE(tb, v);
+        if (v->dtype != q->dtype || v->rank != r ||
+            memcmp(q->shape, v->shape, (size_t)(r - 2) * sizeof(int64_t)) || v->shape[r - 2] != S)
+            return loom_ir_diag_set(d, BAD, "v %s must be [..., S, Ev] in q's dtype beside q %s",
+                                    tb, ta);
+        Ev = v->shape[r - 1];
+    }
+    if (dout) {
+        TYPE(tb, dout);
+        if (dout->dtype != q->dtype || dout->rank != r ||
+            memcmp(q->shape, dout->shape, (size_t)(r - 1) * sizeof(int64_t)) ||
+            (v && dout->shape[r - 1] != Ev))
+            return loom_ir_diag_set(d, BAD,
+                                    "the output gradient %s must have the output's type ([..., "
+                                    "L, Ev] in q's dtype) beside q %s",
+                                    tb, ta);
+        Ev = dout->shape[r - 1];
+    }
+    const loom_ir_node *stats[2] = {lse, delta};
+    for (int i = 0; i < 2; i++) {
+        if (!stats[i])
+            continue;
+        TYPE(tb, stats[i]);
+        if (stats[i]->dtype != LOOM_DTYPE_F32 || stats[i]->rank != r - 1 ||
+            memcmp(q->shape, stats[i]->shape, (size_t)(r - 1) * sizeof(int64_t)))
+            return loom_ir_diag_set(d, BAD, "%s %s must be f32 [..., L] beside q %s",
+                                    i ? "delta" : "lse", tb, ta);
+    }
+    *out_rank = r;
+    memcpy(out_shape, q->shape, (size_t)r * sizeof(int64_t));
+    *out_dtype = q->dtype;
+    if (op == LOOM_IR_OP_ATTENTION) {
+        out_shape[r - 1] = Ev;
+    } else if (op == LOOM_IR_OP_ATTENTION_LSE) {
+        *out_rank = r - 1;
+        *out_dtype = LOOM_DTYPE_F32;
+    } else if (op == LOOM_IR_OP_ATTENTION_GRAD_K || grad_v) {
+        out_shape[r - 2] = S;
+        if (grad_v)
+            out_shape[r - 1] = Ev;
+    }
+    return LOOM_OK;
+}
+
 /* max_pool2d and its gradient: x [N,C,H,W] and the window; the gradient's dy must have the
  * pooled shape. Padding at most half the kernel keeps every window on a pixel of x. */
 static loom_status infer_pool(const loom_ir_node_desc *desc, const loom_ir_node *const *in,
@@ -273,18 +350,19 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
                                 info->arity == 1 ? "" : "s", (int)desc->n_inputs);
     if (desc->n_inputs > 0 && !desc->inputs)
         return loom_ir_diag_set(d, BAD, "operand list is NULL");
-    const loom_ir_node *in[3] = {NULL, NULL, NULL};
+    enum { IN_MAX = 6 }; /* operands with fixed roles (the attention gradients' 6) */
+    const loom_ir_node *in[IN_MAX] = {NULL};
     for (int32_t k = 0; k < desc->n_inputs; k++) {
         int32_t id = desc->inputs[k];
         if (id < 0 || id >= g->n_nodes)
             return loom_ir_diag_set(d, BAD, "operand %d refers to %%%d, which does not exist",
                                     (int)k, (int)id);
-        if (k < 3)
+        if (k < IN_MAX)
             in[k] = &g->nodes[id];
     }
     /* operand dtype class (select's condition is checked below) */
-    for (int32_t k = loom_ir_kind_table[info->kind].cond_first ? 1 : 0; k < desc->n_inputs && k < 3;
-         k++) {
+    for (int32_t k = loom_ir_kind_table[info->kind].cond_first ? 1 : 0;
+         k < desc->n_inputs && k < IN_MAX; k++) {
         if (!loom_ir_dtype_in_class(in[k]->dtype, info->dtypes)) {
             char t[LOOM_IR_TYPE_STR_MAX];
             return loom_ir_diag_set(d, BAD, "operand %d has dtype %s; %s needs %s", (int)k,
@@ -569,6 +647,8 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
     case LOOM_IR_KIND_POOL: return infer_pool(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_GATHER:
     case LOOM_IR_KIND_SCATTER: return infer_index(desc, in, out_dtype, out_rank, out_shape, d);
+    case LOOM_IR_KIND_ATTENTION:
+        return infer_attention(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_COUNT_:
         break;
     }

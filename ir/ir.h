@@ -52,18 +52,19 @@ enum {
 
 typedef enum loom_ir_attrs_kind {
     LOOM_IR_ATTRS_NONE,
-    LOOM_IR_ATTRS_INDEX,  /* attrs.index: which graph input */
-    LOOM_IR_ATTRS_VALUE,  /* attrs.value: the fill value */
-    LOOM_IR_ATTRS_PERM,   /* attrs.perm[rank] */
-    LOOM_IR_ATTRS_AXES,   /* attrs.axes bitmask over the operand's axes, attrs.keepdim */
-    LOOM_IR_ATTRS_SLICE,  /* attrs.start[rank] (start), attrs.step[rank] (stride >= 1) */
-    LOOM_IR_ATTRS_PAD,    /* attrs.start[rank] (low), attrs.step[rank] (interior), attrs.value */
-    LOOM_IR_ATTRS_AXIS,   /* attrs.index: one axis (concat, iota) */
-    LOOM_IR_ATTRS_REDUCE, /* attrs.index: loom_reduce_op, attrs.value: scale (all_reduce) */
-    LOOM_IR_ATTRS_ROOT,   /* attrs.index: the root rank (broadcast_from) */
-    LOOM_IR_ATTRS_WORLD,  /* attrs.index: the world size (all_gather) */
-    LOOM_IR_ATTRS_CONV,   /* attrs.conv: stride, padding, dilation, groups */
-    LOOM_IR_ATTRS_POOL,   /* attrs.conv: kernel, stride, padding, dilation (groups 0) */
+    LOOM_IR_ATTRS_INDEX,     /* attrs.index: which graph input */
+    LOOM_IR_ATTRS_VALUE,     /* attrs.value: the fill value */
+    LOOM_IR_ATTRS_PERM,      /* attrs.perm[rank] */
+    LOOM_IR_ATTRS_AXES,      /* attrs.axes bitmask over the operand's axes, attrs.keepdim */
+    LOOM_IR_ATTRS_SLICE,     /* attrs.start[rank] (start), attrs.step[rank] (stride >= 1) */
+    LOOM_IR_ATTRS_PAD,       /* attrs.start[rank] (low), attrs.step[rank] (interior), attrs.value */
+    LOOM_IR_ATTRS_AXIS,      /* attrs.index: one axis (concat, iota) */
+    LOOM_IR_ATTRS_REDUCE,    /* attrs.index: loom_reduce_op, attrs.value: scale (all_reduce) */
+    LOOM_IR_ATTRS_ROOT,      /* attrs.index: the root rank (broadcast_from) */
+    LOOM_IR_ATTRS_WORLD,     /* attrs.index: the world size (all_gather) */
+    LOOM_IR_ATTRS_CONV,      /* attrs.conv: stride, padding, dilation, groups */
+    LOOM_IR_ATTRS_POOL,      /* attrs.conv: kernel, stride, padding, dilation (groups 0) */
+    LOOM_IR_ATTRS_ATTENTION, /* attrs.index: causal (0, 1), attrs.value: the scale */
     LOOM_IR_ATTRS_COUNT_
 } loom_ir_attrs_kind;
 
@@ -284,8 +285,8 @@ typedef struct loom_ir_conv {
 enum { LOOM_IR_POOL_TAPS_MAX = 256 };
 
 typedef struct loom_ir_attrs {
-    int64_t index;                /* INDEX, AXIS, REDUCE (the op), ROOT, WORLD */
-    double value;                 /* VALUE, PAD (the fill value), REDUCE (the scale) */
+    int64_t index; /* INDEX, AXIS, REDUCE (the op), ROOT, WORLD, ATTENTION */
+    double value;  /* VALUE, PAD (the fill value), REDUCE and ATTENTION (the scale) */
     int32_t perm[LOOM_MAX_RANK];  /* PERM */
     uint32_t axes;                /* AXES: bit i set = axis i of the operand is reduced */
     bool keepdim;                 /* AXES */

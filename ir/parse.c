@@ -455,12 +455,13 @@ typedef enum attr_id {
     ATTR_DILATION, /* conv */
     ATTR_GROUPS,   /* conv */
     ATTR_KERNEL,   /* max_pool2d */
+    ATTR_CAUSAL,   /* attention */
     ATTR_COUNT_
 } attr_id;
 static const char *const attr_names[ATTR_COUNT_] = {
-    "index", "value",    "perm",    "axes",     "keepdim", "start", "stride",
-    "low",   "interior", "axis",    "autocast", "reduce",  "scale", "root",
-    "world", "stride",   "padding", "dilation", "groups",  "kernel"};
+    "index", "value",    "perm",    "axes",     "keepdim", "start",  "stride",
+    "low",   "interior", "axis",    "autocast", "reduce",  "scale",  "root",
+    "world", "stride",   "padding", "dilation", "groups",  "kernel", "causal"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
@@ -499,6 +500,10 @@ static int attr_set(loom_ir_attrs_kind k, attr_id *ids) {
     case LOOM_IR_ATTRS_AXIS: ids[0] = ATTR_AXIS; return 1;
     case LOOM_IR_ATTRS_REDUCE:
         ids[0] = ATTR_REDUCE;
+        ids[1] = ATTR_SCALE;
+        return 2;
+    case LOOM_IR_ATTRS_ATTENTION:
+        ids[0] = ATTR_CAUSAL;
         ids[1] = ATTR_SCALE;
         return 2;
     case LOOM_IR_ATTRS_ROOT: ids[0] = ATTR_ROOT; return 1;
@@ -577,11 +582,14 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
             break;
         }
         case ATTR_KEEPDIM:
-            if (tok_is(&p->tok, "true"))
-                pa->attrs.keepdim = true;
-            else if (tok_is(&p->tok, "false"))
-                pa->attrs.keepdim = false;
-            else
+        case ATTR_CAUSAL:
+            if (tok_is(&p->tok, "true") || tok_is(&p->tok, "false")) {
+                bool on = tok_is(&p->tok, "true");
+                if (id == ATTR_KEEPDIM)
+                    pa->attrs.keepdim = on;
+                else
+                    pa->attrs.index = on;
+            } else
                 return fail_tok(p, &p->tok, "expected true or false, got %s",
                                 describe(&p->tok, b, sizeof b));
             lex(p);

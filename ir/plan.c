@@ -294,10 +294,11 @@ static loom_status check_kernel(const loom_ir_plan *p, const loom_ir_graph *g, i
         case LOOM_IR_KIND_CONV:
         case LOOM_IR_KIND_POOL:
         case LOOM_IR_KIND_SCATTER:
+        case LOOM_IR_KIND_ATTENTION:
             if (kn->kind != LOOM_IR_KERNEL_ROOTED || kn->root != n)
                 return fail(d, n,
                             "kernel %d (%s): %s %%%d is not the root of a rooted kernel, which "
-                            "alone computes convolutions, pools and scatters",
+                            "alone computes convolutions, pools, scatters and attention",
                             (int)k, kname, loom_ir_op_name(nd->op), (int)n);
             break;
         case LOOM_IR_KIND_COUNT_:

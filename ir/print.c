@@ -106,6 +106,10 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortes
         loom_ir_writer_printf(p, "reduce = %s, scale = ", loom_ir_reduce_op_name(n->attrs.index));
         put_double(p, n->attrs.value, shortest);
         return true;
+    case LOOM_IR_ATTRS_ATTENTION:
+        loom_ir_writer_printf(p, "causal = %s, scale = ", n->attrs.index ? "true" : "false");
+        put_double(p, n->attrs.value, shortest);
+        return true;
     case LOOM_IR_ATTRS_ROOT:
         loom_ir_writer_printf(p, "root = %lld", (long long)n->attrs.index);
         return true;

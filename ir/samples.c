@@ -3,6 +3,7 @@
  * new kind does not compile until it has a case. */
 #include "ir/samples.h"
 
+#include <math.h>
 #include <string.h>
 
 const loom_dtype loom_ir_sample_dtypes[LOOM_IR_SAMPLE_N_DTYPES] = {
@@ -44,6 +45,7 @@ bool loom_ir_op_accepts(loom_ir_op op, loom_dtype dt) {
     case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_GATHER:
     case LOOM_IR_KIND_SCATTER:
+    case LOOM_IR_KIND_ATTENTION:
     case LOOM_IR_KIND_COUNT_: break;
     }
     return loom_ir_dtype_in_class(dt, info->dtypes);
@@ -364,6 +366,45 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         s = *res = add(b, op, in[2] >= 0 ? 3 : 2, in, dt, 0, NULL, (loom_ir_attrs){.index = axis});
         break;
     }
+    case LOOM_IR_KIND_ATTENTION: { /* [..., L, E] by [..., S, E] and [..., S, Ev], 1..3
+                                    * leading extents; L and S across the kernels' tiles */
+        rank = (int32_t)rnd_int(b, 2, 4);
+        for (int32_t i = 0; i < rank - 2; i++)
+            shape[i] = rnd_int(b, 1, 3);
+        int64_t L = rnd_extent(b), S = rnd_extent(b), E = rnd_int(b, 1, 20), Ev = rnd_int(b, 1, 20);
+        loom_ir_attrs at = {.index = (int64_t)(rnd(b) % 2), .value = 1.0 / sqrt((double)E)};
+        int64_t qs[LOOM_MAX_RANK], ks[LOOM_MAX_RANK], vs[LOOM_MAX_RANK], os[LOOM_MAX_RANK];
+        memcpy(qs, shape, sizeof qs);
+        qs[rank - 2] = L;
+        qs[rank - 1] = E;
+        memcpy(ks, qs, sizeof ks);
+        ks[rank - 2] = S;
+        memcpy(vs, ks, sizeof vs);
+        vs[rank - 1] = Ev;
+        memcpy(os, qs, sizeof os);
+        os[rank - 1] = Ev;
+        int32_t q = input(b, dt, rank, qs), k = input(b, dt, rank, ks);
+        if (op == LOOM_IR_OP_ATTENTION_LSE) {
+            s = *res = add(b, op, 2, (int32_t[]){q, k}, LOOM_DTYPE_F32, 0, NULL, at);
+            break;
+        }
+        int32_t v = op == LOOM_IR_OP_ATTENTION_GRAD_V ? -1 : input(b, dt, rank, vs);
+        if (op == LOOM_IR_OP_ATTENTION) {
+            s = *res = add(b, op, 3, (int32_t[]){q, k, v}, dt, 0, NULL, at);
+            break;
+        }
+        /* the gradients: the true lse (from its op), any output gradient and delta */
+        int32_t dout = input(b, dt, rank, os);
+        int32_t lse =
+            add(b, LOOM_IR_OP_ATTENTION_LSE, 2, (int32_t[]){q, k}, LOOM_DTYPE_F32, 0, NULL, at);
+        if (op == LOOM_IR_OP_ATTENTION_GRAD_V) {
+            s = *res = add(b, op, 4, (int32_t[]){q, k, dout, lse}, dt, 0, NULL, at);
+            break;
+        }
+        int32_t delta = input(b, LOOM_DTYPE_F32, rank - 1, qs);
+        s = *res = add(b, op, 6, (int32_t[]){q, k, v, dout, lse, delta}, dt, 0, NULL, at);
+        break;
+    }
     case LOOM_IR_KIND_COUNT_: break;
     }
     return s;
@@ -407,6 +448,16 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
     case LOOM_IR_OP_SCATTER_ADD: /* likewise; sums where indices repeat */
         lo = -1;
         hi = 6;
+        rel = 1e-5;
+        abs = 1e-4;
+        break;
+    case LOOM_IR_OP_ATTENTION: /* sums over S keys in f32 (the interpreter's in f64) */
+    case LOOM_IR_OP_ATTENTION_LSE:
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V:
+        lo = -1;
+        hi = 1;
         rel = 1e-5;
         abs = 1e-4;
         break;

@@ -208,6 +208,11 @@ loom_ir_scalar_f64_fn loom_ir_scalar_rule_f64(loom_ir_op op) {
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
     case LOOM_IR_OP_GATHER: /* reads at indices from a tensor */
     case LOOM_IR_OP_SCATTER_ADD:
+    case LOOM_IR_OP_ATTENTION: /* contractions with a softmax */
+    case LOOM_IR_OP_ATTENTION_LSE:
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;
@@ -266,6 +271,11 @@ loom_ir_scalar_i64_fn loom_ir_scalar_rule_i64(loom_ir_op op) {
     case LOOM_IR_OP_MAX_POOL2D_GRAD:
     case LOOM_IR_OP_GATHER: /* reads at indices from a tensor */
     case LOOM_IR_OP_SCATTER_ADD:
+    case LOOM_IR_OP_ATTENTION: /* contractions with a softmax */
+    case LOOM_IR_OP_ATTENTION_LSE:
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V:
     case LOOM_IR_OP_COUNT_: break;
     }
     return NULL;

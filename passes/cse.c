@@ -51,6 +51,7 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
             h = mix(mix(h, (uint64_t)n->attrs.start[i]), (uint64_t)n->attrs.step[i]);
         break;
     case LOOM_IR_ATTRS_AXIS: h = (uint64_t)n->attrs.index; break;
+    case LOOM_IR_ATTRS_ATTENTION:
     case LOOM_IR_ATTRS_REDUCE: /* never merged (side effect); hashed for completeness */
         memcpy(&h, &n->attrs.value, sizeof h);
         h = mix(h, (uint64_t)n->attrs.index);

@@ -91,6 +91,7 @@ static bool eval_elementwise(const loom_ir_node *n, const loom_ir_node *const *x
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_GATHER:
     case LOOM_IR_KIND_SCATTER:
+    case LOOM_IR_KIND_ATTENTION:
     case LOOM_IR_KIND_COLLECTIVE: /* other ranks' values: never folded */
     case LOOM_IR_KIND_COUNT_: break;
     }
@@ -330,6 +331,7 @@ static void simplify(const loom_ir_graph *g, const loom_ir_node *n, const int32_
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_GATHER:
     case LOOM_IR_KIND_SCATTER:
+    case LOOM_IR_KIND_ATTENTION:
     case LOOM_IR_KIND_COLLECTIVE:
     case LOOM_IR_KIND_COUNT_: return;
     }

@@ -174,6 +174,7 @@ static bool operand_map(const loom_ir_graph *g, int32_t u, const fmap *um, int32
     case LOOM_IR_KIND_PAD:
     case LOOM_IR_KIND_GATHER: return false;
     case LOOM_IR_KIND_SCATTER:
+    case LOOM_IR_KIND_ATTENTION:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND:
     case LOOM_IR_KIND_UNARY:
@@ -274,6 +275,7 @@ static int32_t join_target(const fuse_state *s, int32_t i, int8_t *out_space, fm
             case LOOM_IR_KIND_PAD: /* reads its operand from a buffer */
             case LOOM_IR_KIND_GATHER: /* likewise both of its */
             case LOOM_IR_KIND_SCATTER:
+            case LOOM_IR_KIND_ATTENTION:
             case LOOM_IR_KIND_IOTA:
             case LOOM_IR_KIND_SOURCE:
             case LOOM_IR_KIND_RESHAPE:
@@ -388,6 +390,7 @@ static void group_producers(fuse_state *s) {
         case LOOM_IR_KIND_CONV: /* a contraction of its own kind: operands from buffers */
         case LOOM_IR_KIND_POOL: /* likewise a window's */
         case LOOM_IR_KIND_SCATTER: /* and a scatter's (codegen/lower_index.c) */
+        case LOOM_IR_KIND_ATTENTION: /* and attention's (codegen/lower_attention.c) */
             f->kernel = new_kernel(s, LOOM_IR_KERNEL_ROOTED, i);
             break;
         case LOOM_IR_KIND_COUNT_: break;

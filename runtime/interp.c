@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "collective.h"
+#include "interp_attention.h"
 #include "runtime.h"
 
 /* ---- index helpers ------------------------------------------------------------------------ */
@@ -593,9 +594,10 @@ static void release_slot(const loom_allocator *a, slot *s) {
 static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots,
                             const loom_allocator *a, loom_ir_diag *d) {
     const loom_ir_node *n = &g->nodes[i];
-    const loom_ir_node *x[3] = {NULL, NULL, NULL};
-    const void *src[3] = {NULL, NULL, NULL};
-    for (int32_t k = 0; k < n->n_inputs && k < 3; k++) {
+    enum { IN_MAX = 6 }; /* operands with fixed roles (the attention gradients' 6) */
+    const loom_ir_node *x[IN_MAX] = {NULL};
+    const void *src[IN_MAX] = {NULL};
+    for (int32_t k = 0; k < n->n_inputs && k < IN_MAX; k++) {
         x[k] = &g->nodes[n->inputs[k]];
         src[k] = slots[n->inputs[k]].data;
     }
@@ -657,6 +659,11 @@ static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots
         return LOOM_OK;
     case LOOM_IR_OP_GATHER: run_gather(n, x[0], x[1], src[0], src[1], dst); return LOOM_OK;
     case LOOM_IR_OP_SCATTER_ADD: return run_scatter_add(n, x, src, dst, a, d);
+    case LOOM_IR_OP_ATTENTION:
+    case LOOM_IR_OP_ATTENTION_LSE:
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V: return loom_rt_interp_attention(n, x, src, dst, a, d);
     case LOOM_IR_OP_COUNT_: break;
     }
     return internal_error(n, d);

@@ -164,6 +164,7 @@ static void sixteen_text(char *buf, size_t n, loom_ir_op op, const op_row *r) {
     case LOOM_IR_KIND_REDUCTION:
     case LOOM_IR_KIND_POOL:
     case LOOM_IR_KIND_SCATTER:
+    case LOOM_IR_KIND_ATTENTION:
     case LOOM_IR_KIND_IOTA:
     case LOOM_IR_KIND_RAND: how = "f32 math"; break;
     case LOOM_IR_KIND_SOURCE:

@@ -229,6 +229,29 @@ static void check_op_f32(loom_ir_op op) {
         rtol = op == LOOM_IR_OP_GATHER ? 0.0 : 1e-5; /* f32 sums of 10 per element, in order */
         break;
     }
+    case LOOM_IR_OP_ATTENTION:     /* [2,1] heads of 70 queries (two blocks) against 67 keys, */
+    case LOOM_IR_OP_ATTENTION_LSE: /* E 20, Ev 17, causal; test_attention has the rest */
+    case LOOM_IR_OP_ATTENTION_GRAD_Q:
+    case LOOM_IR_OP_ATTENTION_GRAD_K:
+    case LOOM_IR_OP_ATTENTION_GRAD_V: {
+        const loom_ir_attrs at = {.index = 1, .value = 0.25};
+        int32_t q = input(&f, F, 4, S(2, 1, 70, 20)), k = input(&f, F, 4, S(2, 1, 67, 20));
+        int32_t v = input(&f, F, 4, S(2, 1, 67, 17)), dout = input(&f, F, 4, S(2, 1, 70, 17));
+        int32_t lse = input(&f, F, 3, S(2, 1, 70)), delta = input(&f, F, 3, S(2, 1, 70));
+        int32_t all[6] = {q, k, v, dout, lse, delta}, gv[4] = {q, k, dout, lse};
+        r = add(&f, (loom_ir_node_desc){.op = op,
+                                        .n_inputs = loom_ir_op_table[op].arity,
+                                        .inputs = op == LOOM_IR_OP_ATTENTION_GRAD_V ? gv : all,
+                                        .attrs = at});
+        output(&f, r);
+        kernel(&f, LOOM_IR_KERNEL_ROOTED, r, 1, &r);
+        rtol = 1e-5; /* f32 sums over 67 keys against the interpreter's f64 */
+        atol = 1e-5;
+        specials = false; /* NaN orders differ between a max and a running max */
+        lo = -1.0;
+        hi = 1.0;
+        break;
+    }
     case LOOM_IR_OP_COUNT_: fail();
     }
     fill_all(&f, lo, hi, specials);

@@ -217,6 +217,10 @@ static loom_tensor *b_scatter_add(loom_context *ctx, loom_tensor *const *in) {
     loom_tensor_release(ix);
     return y;
 }
+/* the fused attention op (no mask, no dropout), causal: L 3 against S 5 keys */
+static loom_tensor *b_attention(loom_context *ctx, loom_tensor *const *in) {
+    return loom_scaled_dot_product_attention(ctx, in[0], in[1], in[2], NULL, true, 0.0);
+}
 static loom_tensor *b_conv(loom_context *ctx, loom_tensor *const *in);
 static loom_tensor *b_max_pool(loom_context *ctx, loom_tensor *const *in);
 
@@ -290,6 +294,12 @@ static const vjp_case vjp_cases[] = {
     VJP(GATHER, b_gather, 1, {S2(3, 4), -1, 1}),
     VJP(SCATTER_ADD, b_scatter_add, 2, {S2(3, 4), -1, 1}, {S2(2, 4), -1, 1}),
     VJP(GELU_TANH, b_gelu_tanh, 1, {S2(3, 4), -4, 4}),
+    VJP(ATTENTION, b_attention, 3, {S4(1, 2, 3, 4), -1, 1}, {S4(1, 2, 5, 4), -1, 1},
+        {S4(1, 2, 5, 3), -1, 1}),
+    NO_VJP(ATTENTION_LSE, "a statistic only attention's VJP reads"),
+    NO_VJP(ATTENTION_GRAD_Q, "attention's second derivative is not supported"),
+    NO_VJP(ATTENTION_GRAD_K, "attention's second derivative is not supported"),
+    NO_VJP(ATTENTION_GRAD_V, "attention's second derivative is not supported"),
 };
 _Static_assert(sizeof vjp_cases / sizeof vjp_cases[0] == LOOM_IR_OP_COUNT_,
                "a VJP case (or the reason for none) per op of ops.def");

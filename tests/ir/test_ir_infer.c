@@ -32,6 +32,12 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
     int32_t gi = add_input(&g, 10, LOOM_DTYPE_I32, SHAPE(2, 5));
     int32_t gs = add_input(&g, 11, LOOM_DTYPE_F32, SHAPE(2, 5));
     int32_t gat[2] = {f, gi}, sca[3] = {f, gi, gs};
+    /* attention: q f32[2,3] (f) against k [4,3], v [4,5]; do [2,5], lse and delta f32[2] */
+    int32_t ak = add_input(&g, 12, LOOM_DTYPE_F32, SHAPE(4, 3));
+    int32_t av = add_input(&g, 13, LOOM_DTYPE_F32, SHAPE(4, 5));
+    int32_t ad = add_input(&g, 14, LOOM_DTYPE_F32, SHAPE(2, 5));
+    int32_t as = add_input(&g, 15, LOOM_DTYPE_F32, SHAPE(2));
+    int32_t att[6] = {f, ak, av, ad, as, as}, attv[4] = {f, ak, ad, as};
     const int64_t sh45[2] = {4, 5}, sh23[2] = {2, 3}, sh312[3] = {3, 1, 2}, sh12[2] = {1, 2};
     int n_checked = 0;
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
@@ -188,6 +194,16 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
             desc.attrs.index = 1;
             want = "f32[2,3]";
             break;
+        case LOOM_IR_KIND_ATTENTION: /* [L, Ev], lse f32[L], dq [L, E], dk [S, E], dv [S, Ev] */
+            desc.n_inputs = info->arity;
+            desc.inputs = op == LOOM_IR_OP_ATTENTION_GRAD_V ? attv : att;
+            desc.attrs.value = 0.5;
+            want = op == LOOM_IR_OP_ATTENTION          ? "f32[2,5]"
+                   : op == LOOM_IR_OP_ATTENTION_LSE    ? "f32[2]"
+                   : op == LOOM_IR_OP_ATTENTION_GRAD_Q ? "f32[2,3]"
+                   : op == LOOM_IR_OP_ATTENTION_GRAD_K ? "f32[4,3]"
+                                                       : "f32[4,5]";
+            break;
         case LOOM_IR_KIND_COUNT_: break;
         }
         assert_non_null(want);
@@ -207,13 +223,13 @@ static void test_infer_rejects_a_wrong_operand_count_for_every_op(void **state) 
     loom_ir_graph g;
     loom_ir_graph_init(&g, &sys);
     int32_t f = add_input(&g, 0, LOOM_DTYPE_F32, SHAPE(2, 3));
-    int32_t ins[4] = {f, f, f, f};
+    int32_t ins[7] = {f, f, f, f, f, f, f};
     char want[128];
     for (int op = 0; op < LOOM_IR_OP_COUNT_; op++) {
         int32_t arity = loom_ir_op_table[op].arity;
         if (arity < 0) /* variadic (concat): checked below */
             continue;
-        assert_true(arity <= 3);
+        assert_true(arity <= 6);
         loom_ir_node_desc desc = {.op = (loom_ir_op)op,
                                   .n_inputs = arity + 1,
                                   .inputs = ins,
@@ -251,8 +267,9 @@ static void test_infer_rejects_operands_outside_the_ops_dtype_class(void **state
             continue;
         bool is_float = info->dtypes == LOOM_IR_DT_FLOAT;
         int32_t bad = is_float ? i : b;
-        loom_ir_node_desc desc = {
-            .op = (loom_ir_op)op, .n_inputs = info->arity, .inputs = (int32_t[]){bad, bad, bad}};
+        loom_ir_node_desc desc = {.op = (loom_ir_op)op,
+                                  .n_inputs = info->arity,
+                                  .inputs = (int32_t[]){bad, bad, bad, bad, bad, bad}};
         snprintf(want, sizeof want, "operand 0 has dtype %s[2,3]; %s needs %s",
                  is_float ? "i32" : "bool", info->name,
                  is_float ? "a float dtype" : "a numeric dtype");
@@ -263,8 +280,8 @@ static void test_infer_rejects_operands_outside_the_ops_dtype_class(void **state
         n_num += !is_float;
     }
     /* exp, log, sqrt, rsqrt, tanh, sigmoid, gelu, gelu_tanh, isfinite, pow, reduce_mean,
-     * conv2d with its two gradients, and max_pool2d with its gradient */
-    assert_int_equal(n_float, 16);
+     * conv2d with its two gradients, max_pool2d with its gradient, the 5 attention ops */
+    assert_int_equal(n_float, 21);
     assert_true(n_num >= 10);
     int32_t small = add_input(&g, 2, LOOM_DTYPE_I32, SHAPE(2));
     assert_string_equal(infer_error(&g, (loom_ir_node_desc){.op = LOOM_IR_OP_EXP,

@@ -583,6 +583,67 @@ static void test_scatter_add_sums_repeated_indices(void **state) {
     tg_deinit(&t);
 }
 
+/* The attention ops on one head by hand: E = 1, scale 1, q = [0, 1], k = [0, ln 3], v = [1, 5],
+ * so row 0's weights are [1/2, 1/2] (o = 3, lse = ln 2) and row 1's [1/4, 3/4] (o = 4,
+ * lse = ln 4); causal, row 0 sees key 0 alone (o = 1, lse = 0). With do = [1, 2] and
+ * delta = do o = [3, 8]: dP = do v^T, dS = P (dP - delta) = [[-1, 1], [-1.5, 1.5]], so
+ * dq = dS k = ln 3 [1, 1.5], dk = dS^T q = [-1.5, 1.5], dv = P^T do = [1, 2]. */
+static void attention_by_hand(loom_ir_op op, bool causal, const float *want) {
+    tg t;
+    tg_init(&t);
+    loom_ir_attrs at = {.index = causal, .value = 1.0};
+    int32_t q = input(&t, LOOM_DTYPE_F32, 2, S(2, 1)), k = input(&t, LOOM_DTYPE_F32, 2, S(2, 1));
+    int32_t v = input(&t, LOOM_DTYPE_F32, 2, S(2, 1)), dout = input(&t, LOOM_DTYPE_F32, 2, S(2, 1));
+    int32_t delta = input(&t, LOOM_DTYPE_F32, 1, S(2));
+    int32_t lse = movement(&t, LOOM_IR_OP_ATTENTION_LSE, 2, (int32_t[]){q, k}, 0, NULL, at);
+    int32_t y = op == LOOM_IR_OP_ATTENTION_LSE ? lse
+                : op == LOOM_IR_OP_ATTENTION
+                    ? movement(&t, op, 3, (int32_t[]){q, k, v}, 0, NULL, at)
+                : op == LOOM_IR_OP_ATTENTION_GRAD_V
+                    ? movement(&t, op, 4, (int32_t[]){q, k, dout, lse}, 0, NULL, at)
+                    : movement(&t, op, 6, (int32_t[]){q, k, v, dout, lse, delta}, 0, NULL, at);
+    if (op == LOOM_IR_OP_ATTENTION_LSE)
+        expect_type(&t, y, LOOM_DTYPE_F32, 1, S(2));
+    else
+        expect_type(&t, y, LOOM_DTYPE_F32, 2, S(2, 1));
+    output(&t, y, -1);
+    float qd[2] = {0, 1}, kd[2] = {0, (float)log(3.0)}, vd[2] = {1, 5}, dd[2] = {1, 2};
+    float del[2] = {3, 8}, out[2];
+    run_graph(&t, (const void *[]){qd, kd, vd, dd, del}, (void *[]){out});
+    for (int i = 0; i < 2; i++)
+        assert_float_equal(out[i], want[i], 1e-6);
+    tg_deinit(&t);
+}
+
+static void test_attention_weights_values_by_their_softmax(void **state) {
+    (void)state;
+    attention_by_hand(LOOM_IR_OP_ATTENTION, false, (const float[]){3, 4});
+    attention_by_hand(LOOM_IR_OP_ATTENTION, true, (const float[]){1, 4});
+}
+
+static void test_attention_lse_is_each_rows_logsumexp(void **state) {
+    (void)state;
+    attention_by_hand(LOOM_IR_OP_ATTENTION_LSE, false,
+                      (const float[]){(float)log(2.0), (float)log(4.0)});
+    attention_by_hand(LOOM_IR_OP_ATTENTION_LSE, true, (const float[]){0, (float)log(4.0)});
+}
+
+static void test_attention_grad_q_is_ds_times_k(void **state) {
+    (void)state;
+    float l3 = (float)log(3.0);
+    attention_by_hand(LOOM_IR_OP_ATTENTION_GRAD_Q, false, (const float[]){l3, 1.5f * l3});
+}
+
+static void test_attention_grad_k_is_ds_transposed_times_q(void **state) {
+    (void)state;
+    attention_by_hand(LOOM_IR_OP_ATTENTION_GRAD_K, false, (const float[]){-1.5f, 1.5f});
+}
+
+static void test_attention_grad_v_is_the_weights_transposed_times_do(void **state) {
+    (void)state;
+    attention_by_hand(LOOM_IR_OP_ATTENTION_GRAD_V, false, (const float[]){1, 2});
+}
+
 static void test_iota_counts_along_its_axis(void **state) {
     (void)state;
     tg t;
@@ -1146,6 +1207,11 @@ static const struct op_case {
     OP_CASE(GATHER, test_gather_reads_along_its_axis_and_clamps),
     OP_CASE(SCATTER_ADD, test_scatter_add_sums_repeated_indices),
     OP_CASE(GELU_TANH, test_gelu_tanh_is_the_tanh_approximation),
+    OP_CASE(ATTENTION, test_attention_weights_values_by_their_softmax),
+    OP_CASE(ATTENTION_LSE, test_attention_lse_is_each_rows_logsumexp),
+    OP_CASE(ATTENTION_GRAD_Q, test_attention_grad_q_is_ds_times_k),
+    OP_CASE(ATTENTION_GRAD_K, test_attention_grad_k_is_ds_transposed_times_q),
+    OP_CASE(ATTENTION_GRAD_V, test_attention_grad_v_is_the_weights_transposed_times_do),
 };
 _Static_assert(LEN(op_cases) == LOOM_IR_OP_COUNT_,
                "every op in ops.def needs a test case in op_cases");

@@ -1,0 +1,494 @@
+/* Lowering of the fused attention ops (ops.def: attention, attention_lse, attention_grad_q,
+ * _k, _v): the root of a kernel of its own whose operands are read from buffers, with the
+ * root's fused elementwise epilogue (a cast) as a pool's. No L x S matrix is ever in memory:
+ * a task holds one block of AT_BM rows and, in turn, the blocks of AT_BN columns of its
+ * scores (the FlashAttention recurrence, in scratch a task reuses).
+ *
+ * Query side (attention, attention_lse, grad_q): a task is a block of query rows i of one
+ * (batch, head). Its q rows are packed once, scaled (s = (scale q) k^T: the scale costs no
+ * pass over the scores). For each block of keys (causal: only those at or left of the
+ * block's last row, the diagonal block masked per element): S = Qs K^T on the packed
+ * microkernel (K^T packed in 16-key panels); then per row, in 16-lane vectors,
+ *  - attention, lse: the online softmax: the running max m and sum l, the weights
+ *    p = exp(s - m) in place of the scores, the accumulated output rescaled by
+ *    exp(m_old - m_new), then O += P V (V packed in panels);
+ *  - grad_q: p = exp(s - lse) from the forward's statistic, dP = dO V^T, and
+ *    dS = p (dP - delta) in place of the scores, then dQ += dS K.
+ * At the end: o = O / l, lse = m + log l, dq = scale dQ.
+ * Key side (grad_k, grad_v): a task is a block of key rows j; the blocks of queries (causal:
+ * from row j0 on) give S^T = K Qs^T and P^T = exp(S^T - lse) by columns, then dV += P^T dO,
+ * or dP^T = V dO^T, dS^T = P^T (dP^T - delta) and dK += dS^T Qs.
+ * f32, bf16 and f16 (16-bit operands widened to f32 while packing; scores, softmax and sums in
+ * f32) multiply on the f32 FMA microkernel (microkernel.c); f64 by plain loops over the same
+ * packed blocks, in f64. */
+#include <math.h>
+
+#include "lower_internal.h"
+
+enum {
+    AT_BM = 64, /* rows of a task's block (queries, or keys on the key side) */
+    AT_BN = 64, /* columns of a block of scores (keys, or queries on the key side) */
+    AT_LANES = 16,
+};
+
+typedef struct at_plan {
+    loom_ir_op op;
+    loom_dtype dt; /* the operands' (lse and delta are f32) */
+    bool key_side; /* grad_k, grad_v: tasks over blocks of keys */
+    bool causal;
+    double scale;
+    int32_t r;
+    int64_t B, L, S, E, Ev;
+    int64_t rows;  /* L or S: the task side's length */
+    int64_t cols;  /* the result's columns: Ev, E, or 1 for lse */
+    int64_t nbo;   /* the accumulator's columns, padded to whole microkernel tiles */
+    int32_t in[6]; /* operand buffers: q, k, v, do, lse, delta (-1: none) */
+    sink epi[CG_EPI_MAX];
+    int32_t n_epi;
+    nest ns;
+} at_plan;
+
+enum { IN_Q, IN_K, IN_V, IN_DO, IN_LSE, IN_DELTA };
+
+/* Columns padded to whole tiles of the microkernel (16, or multiples of 32). */
+static int64_t pad_cols(int64_t n) {
+    return n <= MK_PANEL ? MK_PANEL : ceil_div(n, 2 * MK_PANEL) * 2 * MK_PANEL;
+}
+
+static loom_status plan_attention(kc *c, at_plan *ap) {
+    const loom_ir_graph *g = c->g;
+    const loom_ir_node *root = &g->nodes[c->k->root];
+    ap->op = root->op;
+    for (int32_t q = 0; q < root->n_inputs; q++)
+        if (c->s->buf_of[root->inputs[q]] < 0)
+            return cg_unsupported(c, root->inputs[q],
+                                  "an attention operand computed inside its kernel (its operands "
+                                  "are read from buffers)");
+    const loom_ir_node *q = &g->nodes[root->inputs[0]], *k = &g->nodes[root->inputs[1]];
+    bool gv = ap->op == LOOM_IR_OP_ATTENTION_GRAD_V, gq = ap->op == LOOM_IR_OP_ATTENTION_GRAD_Q;
+    bool gk = ap->op == LOOM_IR_OP_ATTENTION_GRAD_K, lse = ap->op == LOOM_IR_OP_ATTENTION_LSE;
+    for (int i = 0; i < 6; i++)
+        ap->in[i] = -1;
+    ap->in[IN_Q] = root->inputs[0];
+    ap->in[IN_K] = root->inputs[1];
+    if (!lse && !gv)
+        ap->in[IN_V] = root->inputs[2];
+    if (gv) {
+        ap->in[IN_DO] = root->inputs[2];
+        ap->in[IN_LSE] = root->inputs[3];
+    } else if (gq || gk) {
+        ap->in[IN_DO] = root->inputs[3];
+        ap->in[IN_LSE] = root->inputs[4];
+        ap->in[IN_DELTA] = root->inputs[5];
+    }
+    ap->dt = q->dtype;
+    ap->key_side = gk || gv;
+    ap->causal = root->attrs.index != 0;
+    ap->scale = root->attrs.value;
+    ap->r = q->rank;
+    int32_t r = ap->r;
+    if (r < 2 || !loom_ir_dtype_is_float(ap->dt))
+        return cg_bad_plan(c, c->k->root,
+                           "an attention op whose operands are not float [..., T, D]");
+    ap->B = loom_ir_numel(r - 2, q->shape);
+    ap->L = q->shape[r - 2];
+    ap->S = k->shape[r - 2];
+    ap->E = q->shape[r - 1];
+    ap->Ev = lse ? 1 : g->nodes[root->inputs[2]].shape[r - 1]; /* v's, or do's for grad_v */
+    ap->rows = ap->key_side ? ap->S : ap->L;
+    ap->cols = lse ? 1 : gq || gk ? ap->E : ap->Ev;
+    ap->nbo = pad_cols(ap->cols);
+    if (ap->L * ap->S >= INT32_MAX || ap->E * AT_BN >= INT32_MAX || ap->Ev * AT_BN >= INT32_MAX)
+        return cg_unsupported(c, c->k->root, "attention over 2^31 (query, key) pairs or more");
+    return cg_plan_epilogue(c, &ap->ns, ap->epi, &ap->n_epi, -1);
+}
+
+/* ---- packing (scalar loops: a block's packing is 1/AT_BM of its products' work) ---------- */
+
+typedef struct at_kern {
+    kc *c;
+    const at_plan *ap;
+    MlirType T; /* the compute type: f32, or f64 */
+    bool f64;   /* T is f64 */
+    MlirValue buf[6];
+    MlirValue bh; /* the (batch, head) index */
+} at_kern;
+
+/* Operand `which` ([..., rows, n] of (batch, head) bh) element (row, col), times scale. */
+static MlirValue operand_at(at_kern *K, int which, int64_t n, MlirValue row, MlirValue col,
+                            double scale) {
+    cg_b *b = K->c->b;
+    int64_t rows = which == IN_K || which == IN_V ? K->ap->S : K->ap->L;
+    MlirValue off = cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, K->bh, rows), row), n), col);
+    MlirValue v = cg_load_val(b, K->ap->dt, K->buf[which], off);
+    return scale == 1.0 ? v : cg_bin(b, "arith.mulf", v, cg_cf(b, K->T, scale));
+}
+
+/* A = rows [r0, r0 + m) of operand `which` (n columns) row-major, AT_BM rows (zeros past m). */
+static void pack_rows(at_kern *K, MlirValue A, int which, int64_t n, MlirValue r0, MlirValue m,
+                      double scale) {
+    cg_b *b = K->c->b;
+    cg_for li, le;
+    cg_for_begin(b, &li, cg_idx(b, 0), m, 0, NULL);
+    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, n), 0, NULL);
+    cg_store(b, operand_at(K, which, n, cg_iadd(b, r0, li.iv), le.iv, scale), A,
+             cg_iadd(b, cg_imul_c(b, li.iv, n), le.iv));
+    cg_for_end(b, &le, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+    cg_zero_range(b, A, cg_imul_c(b, m, n), isub(b, cg_idx(b, AT_BM * n), cg_imul_c(b, m, n)),
+                  cg_cf(b, K->T, 0.0));
+}
+
+/* Bt = rows [r0, r0 + m) of operand `which` (n columns) as the columns of a B operand: panels
+ * of 16 of its rows, Bt[(p n + e) 16 + l] = x[r0 + 16 p + l, e]; AT_BN columns (zeros past m). */
+static void pack_panels_t(at_kern *K, MlirValue Bt, int which, int64_t n, MlirValue r0, MlirValue m,
+                          double scale) {
+    cg_b *b = K->c->b;
+    cg_zero_range(b, Bt, cg_idx(b, 0), cg_idx(b, AT_BN * n), cg_cf(b, K->T, 0.0));
+    cg_for lj, le;
+    cg_for_begin(b, &lj, cg_idx(b, 0), m, 0, NULL);
+    MlirValue p = idiv(b, lj.iv, AT_LANES), l = irem(b, lj.iv, AT_LANES);
+    MlirValue at0 = cg_iadd(b, cg_imul_c(b, cg_imul_c(b, p, n), AT_LANES), l);
+    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, n), 0, NULL);
+    cg_store(b, operand_at(K, which, n, cg_iadd(b, r0, lj.iv), le.iv, scale), Bt,
+             cg_iadd(b, at0, cg_imul_c(b, le.iv, AT_LANES)));
+    cg_for_end(b, &le, 0, NULL);
+    cg_for_end(b, &lj, 0, NULL);
+}
+
+/* Bp = rows [r0, r0 + m) of operand `which` (n columns) as a B operand of AT_BN rows (its
+ * K): panels of 16 columns, Bp[(p AT_BN + kk) 16 + l] = x[r0 + kk, 16 p + l], nbo columns;
+ * zeros past m rows and n columns. */
+static void pack_panels(at_kern *K, MlirValue Bp, int which, int64_t n, MlirValue r0, MlirValue m,
+                        double scale) {
+    cg_b *b = K->c->b;
+    cg_zero_range(b, Bp, cg_idx(b, 0), cg_idx(b, AT_BN * K->ap->nbo), cg_cf(b, K->T, 0.0));
+    cg_for lk, le;
+    cg_for_begin(b, &lk, cg_idx(b, 0), m, 0, NULL);
+    cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, n), 0, NULL);
+    MlirValue p = idiv(b, le.iv, AT_LANES), l = irem(b, le.iv, AT_LANES);
+    MlirValue at = cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, AT_BN), lk.iv), AT_LANES), l);
+    cg_store(b, operand_at(K, which, n, cg_iadd(b, r0, lk.iv), le.iv, scale), Bp, at);
+    cg_for_end(b, &le, 0, NULL);
+    cg_for_end(b, &lk, 0, NULL);
+}
+
+/* C[i nbp + j] (+)= sum_kk A[i kp + kk] B(kk, j) for i < mb, j < nb (B in 16-column panels
+ * of kp rows): the f32 microkernel, or f64 loops. */
+static void product(at_kern *K, MlirValue A, MlirValue Bp, MlirValue C, MlirValue mb, MlirValue nb,
+                    int64_t kp, int64_t nbp, bool accumulate) {
+    kc *c = K->c;
+    cg_b *b = c->b;
+    if (K->ap->dt != LOOM_DTYPE_F64) {
+        cg_mk mk = {.nv = nbp >= 2 * MK_PANEL ? 2 : 1, .pk = 1, .kp = kp, .nbp = nbp};
+        mk.mr = MK_ACC / mk.nv;
+        cg_mk_tiles(c, &mk, A, cg_idx(b, 0), Bp, C, mb, nb, accumulate, (MlirValue){NULL}, NULL);
+        return;
+    }
+    cg_for li, lj, lk;
+    cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
+    cg_for_begin(b, &lj, cg_idx(b, 0), nb, 0, NULL);
+    MlirValue at = cg_iadd(b, cg_imul_c(b, li.iv, nbp), lj.iv);
+    MlirValue init = accumulate ? cg_load(b, C, at) : cg_cf(b, K->T, 0.0);
+    MlirValue bcol =
+        cg_iadd(b, cg_imul_c(b, idiv(b, lj.iv, AT_LANES), kp * AT_LANES), irem(b, lj.iv, AT_LANES));
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, kp), 1, &init);
+    MlirValue x = cg_load(b, A, cg_iadd(b, cg_imul_c(b, li.iv, kp), lk.iv));
+    MlirValue y = cg_load(b, Bp, cg_iadd(b, bcol, cg_imul_c(b, lk.iv, AT_LANES)));
+    MlirValue s = cg_fma(b, x, y, lk.iter[0]);
+    cg_for_end(b, &lk, 1, &s);
+    cg_store(b, cg_for_result(&lk, 0), C, at);
+    cg_for_end(b, &lj, 0, NULL);
+    cg_for_end(b, &li, 0, NULL);
+}
+
+/* ---- per-row steps on a block of scores, 16 columns a vector -------------------------------- */
+
+static MlirValue vsplat(at_kern *K, MlirValue x) {
+    return cg_vbroadcast(K->c->b, x, cg_vec_t(AT_LANES, K->T));
+}
+
+static MlirValue vexp(at_kern *K, MlirValue x) {
+    return K->f64 ? cg_un(K->c->b, "math.exp", x) : cg_exp_f32(K->c->b, x);
+}
+
+/* An f32 statistic (lse, delta) of rows [at, at + 16) as a vector of T, 0 where not valid. */
+static MlirValue stat_lanes(at_kern *K, int which, MlirValue at, MlirValue valid) {
+    cg_b *b = K->c->b;
+    MlirValue v = cg_vmaskload(b, cg_vec_t(AT_LANES, b->f32), K->buf[which], at, valid);
+    return !K->f64 ? v : cg_conv(b, "arith.extf", v, cg_vec_t(AT_LANES, K->T));
+}
+
+/* Query side, the online softmax of row i (block rows i0 + i) over the keys [j0, j0 + nb):
+ * the weights in place of the scores, m and l updated, the accumulator's row rescaled. */
+static void softmax_row(at_kern *K, MlirValue Sc, MlirValue O, MlirValue m, MlirValue l,
+                        MlirValue i, MlirValue j0, MlirValue jlim) {
+    cg_b *b = K->c->b;
+    MlirType vt = cg_vec_t(AT_LANES, K->T);
+    /* keys j < jlim (the block's end, or causal: the row's diagonal + 1) */
+    MlirValue lim = cg_splat_i32(b, jlim, AT_LANES), ninf = vsplat(K, cg_cf(b, K->T, -INFINITY));
+    MlirValue s[AT_BN / AT_LANES], ok[AT_BN / AT_LANES], mx = ninf;
+    MlirValue base = cg_imul_c(b, i, AT_BN);
+    for (int t = 0; t < AT_BN / AT_LANES; t++) {
+        MlirValue jv = cg_bin(b, "arith.addi",
+                              cg_splat_i32(b, cg_iadd(b, j0, cg_idx(b, t * AT_LANES)), AT_LANES),
+                              cg_lanes_i32(b, 1));
+        ok[t] = cg_vcmpi(b, CG_I_SLT, jv, lim);
+        s[t] = cg_select(b, ok[t], cg_vload(b, vt, Sc, cg_iadd(b, base, cg_idx(b, t * AT_LANES))),
+                         ninf);
+        mx = cg_bin(b, "arith.maximumf", mx, s[t]);
+    }
+    MlirValue mold = cg_load(b, m, i);
+    MlirValue mnew = cg_bin(b, "arith.maximumf", mold, cg_vreduce(b, "maximumf", mx));
+    /* a row with no key yet keeps exp(-inf - 0) = 0 instead of NaN */
+    MlirValue zero = cg_cf(b, K->T, 0.0);
+    MlirValue msafe =
+        cg_select(b, cg_cmpf(b, CG_F_OEQ, mnew, cg_cf(b, K->T, -INFINITY)), zero, mnew);
+    MlirValue sum = vsplat(K, zero);
+    for (int t = 0; t < AT_BN / AT_LANES; t++) {
+        MlirValue p = vexp(K, cg_bin(b, "arith.subf", s[t], vsplat(K, msafe)));
+        p = cg_select(b, ok[t], p, vsplat(K, zero));
+        cg_vstore(b, p, Sc, cg_iadd(b, base, cg_idx(b, t * AT_LANES)));
+        sum = cg_bin(b, "arith.addf", sum, p);
+    }
+    MlirValue a1 = vexp(K, cg_bin(b, "arith.subf", mold, msafe)), alpha = vsplat(K, a1);
+    cg_store(b, cg_fma(b, cg_load(b, l, i), a1, cg_vreduce(b, "add", sum)), l, i);
+    cg_store(b, mnew, m, i);
+    if (mlirValueIsNull(O))
+        return;
+    MlirValue ob = cg_imul_c(b, i, K->ap->nbo);
+    for (int64_t t = 0; t < K->ap->nbo / AT_LANES; t++) {
+        MlirValue at = cg_iadd(b, ob, cg_idx(b, t * AT_LANES));
+        cg_vstore(b, cg_bin(b, "arith.mulf", cg_vload(b, vt, O, at), alpha), O, at);
+    }
+}
+
+/* The weights exp(s - lse) of a row of scores and, with dP, dS = p (dP - delta), in place of
+ * the scores. Query side: row i is query `qrow`, lse and delta scalars, keys j0 + column
+ * valid below jlim. Key side: row i is a key, columns the queries i0 + column, valid from
+ * jlim (causal: the key's index; else 0) to qend, their lse and delta as vectors. */
+static void weights_row(at_kern *K, MlirValue Sc, MlirValue Dp, MlirValue i, MlirValue c0,
+                        MlirValue lo, MlirValue hi, MlirValue lse_s, MlirValue delta_s) {
+    cg_b *b = K->c->b;
+    const at_plan *ap = K->ap;
+    MlirType vt = cg_vec_t(AT_LANES, K->T);
+    MlirValue base = cg_imul_c(b, i, AT_BN), zero = vsplat(K, cg_cf(b, K->T, 0.0));
+    MlirValue vlo = cg_splat_i32(b, lo, AT_LANES), vhi = cg_splat_i32(b, hi, AT_LANES);
+    for (int t = 0; t < AT_BN / AT_LANES; t++) {
+        MlirValue col = cg_iadd(b, c0, cg_idx(b, t * AT_LANES));
+        MlirValue cv = cg_bin(b, "arith.addi", cg_splat_i32(b, col, AT_LANES), cg_lanes_i32(b, 1));
+        MlirValue ok = and_i1(b, cg_vcmpi(b, CG_I_SGE, cv, vlo), cg_vcmpi(b, CG_I_SLT, cv, vhi));
+        MlirValue at = cg_iadd(b, base, cg_idx(b, t * AT_LANES));
+        MlirValue lse = lse_s, delta = delta_s;
+        if (ap->key_side) { /* the queries' statistics, rows bh L + col of lse and delta */
+            MlirValue srow = cg_iadd(b, cg_imul_c(b, K->bh, ap->L), col);
+            lse = stat_lanes(K, IN_LSE, srow, ok);
+            if (!mlirValueIsNull(Dp))
+                delta = stat_lanes(K, IN_DELTA, srow, ok);
+        } else {
+            lse = vsplat(K, lse_s);
+            if (!mlirValueIsNull(Dp))
+                delta = vsplat(K, delta_s);
+        }
+        MlirValue p = vexp(K, cg_bin(b, "arith.subf", cg_vload(b, vt, Sc, at), lse));
+        if (!mlirValueIsNull(Dp))
+            p = cg_bin(b, "arith.mulf", p, cg_bin(b, "arith.subf", cg_vload(b, vt, Dp, at), delta));
+        cg_vstore(b, cg_select(b, ok, p, zero), Sc, at);
+    }
+}
+
+/* ---- the epilogue ---------------------------------------------------------------------------- */
+
+/* The root's element (bh, row, col) of value v through the epilogue. */
+static loom_status epilogue_at(at_kern *K, MlirValue v, MlirValue row, MlirValue col) {
+    kc *c = K->c;
+    const at_plan *ap = K->ap;
+    const loom_ir_node *root = &c->g->nodes[c->k->root];
+    c->ns = &ap->ns;
+    cg_clear_gv(c);
+    cg_set_dims(c, root, 0, ap->r - 2, K->bh);
+    cg_set_dims(c, root, ap->r - 2, ap->r - 1, row);
+    if (ap->op != LOOM_IR_OP_ATTENTION_LSE)
+        cg_set_dims(c, root, ap->r - 1, ap->r, col);
+    c->bound_v = is_16(root->dtype) ? cg_round16(c->b, root->dtype, v) : v;
+    return cg_emit_sinks(c, ap->n_epi, ap->epi);
+}
+
+/* ---- one task ----------------------------------------------------------------------------------
+ */
+
+typedef struct at_bufs {
+    MlirValue A, A2;   /* the task's rows packed: q (scaled) or k; do or v */
+    MlirValue Bt, Bt2; /* a block's columns: k^T or q^T; v^T or do^T */
+    MlirValue Bp;      /* a block's rows for the second product: v, k, do or q */
+    MlirValue Sc, Dp;  /* the block's scores (then weights), dP */
+    MlirValue acc, m, l;
+} at_bufs;
+
+static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue task) {
+    kc *c = K->c;
+    cg_b *b = c->b;
+    const at_plan *ap = K->ap;
+    loom_ir_op op = ap->op;
+    int64_t nblk = ceil_div(ap->rows, AT_BM);
+    K->bh = idiv(b, task, nblk);
+    MlirValue r0 = cg_imul_c(b, irem(b, task, nblk), AT_BM);
+    MlirValue mb = cg_imin(b, cg_idx(b, AT_BM), isub(b, cg_idx(b, ap->rows), r0));
+    MlirValue zero = cg_cf(b, K->T, 0.0);
+    bool lse_op = op == LOOM_IR_OP_ATTENTION_LSE, fwd = op == LOOM_IR_OP_ATTENTION || lse_op;
+    bool gq = op == LOOM_IR_OP_ATTENTION_GRAD_Q, gk = op == LOOM_IR_OP_ATTENTION_GRAD_K;
+    bool gv = op == LOOM_IR_OP_ATTENTION_GRAD_V;
+    int64_t E = ap->E, Ev = ap->Ev;
+
+    if (!ap->key_side) {
+        pack_rows(K, w->A, IN_Q, E, r0, mb, ap->scale);
+        if (gq)
+            pack_rows(K, w->A2, IN_DO, Ev, r0, mb, 1.0);
+    } else {
+        pack_rows(K, w->A, IN_K, E, r0, mb, 1.0);
+        if (gk)
+            pack_rows(K, w->A2, IN_V, Ev, r0, mb, 1.0);
+    }
+    if (!lse_op)
+        cg_zero_range(b, w->acc, cg_idx(b, 0), cg_idx(b, AT_BM * ap->nbo), zero);
+    if (fwd) {
+        cg_zero_range(b, w->l, cg_idx(b, 0), cg_idx(b, AT_BM), zero);
+        cg_for lz;
+        cg_for_begin(b, &lz, cg_idx(b, 0), cg_idx(b, AT_BM), 0, NULL);
+        cg_store(b, cg_cf(b, K->T, -INFINITY), w->m, lz.iv);
+        cg_for_end(b, &lz, 0, NULL);
+    }
+    /* the blocks of columns: keys [0, cend) on the query side (causal: to the last row's
+     * diagonal), queries [cbeg, L) on the key side (causal: from the first key's row) */
+    MlirValue cbeg = cg_idx(b, 0), cend = cg_idx(b, ap->key_side ? ap->L : ap->S);
+    if (ap->causal && !ap->key_side)
+        cend = cg_imin(b, cend, cg_iadd(b, r0, mb));
+    if (ap->causal && ap->key_side)
+        cbeg = cg_imin(b, r0, cend);
+    MlirValue nb_blocks = cg_bin(
+        b, "arith.divui", cg_iadd(b, isub(b, cend, cbeg), cg_idx(b, AT_BN - 1)), cg_idx(b, AT_BN));
+    cg_for lb;
+    cg_for_begin(b, &lb, cg_idx(b, 0), nb_blocks, 0, NULL);
+    MlirValue c0 = cg_iadd(b, cbeg, cg_imul_c(b, lb.iv, AT_BN));
+    MlirValue nb = cg_imin(b, cg_idx(b, AT_BN), isub(b, cend, c0));
+    /* the scores of the block (S, or S^T on the key side), and dP where needed */
+    if (!ap->key_side) {
+        pack_panels_t(K, w->Bt, IN_K, E, c0, nb, 1.0);
+        product(K, w->A, w->Bt, w->Sc, mb, nb, E, AT_BN, false);
+        if (gq) {
+            pack_panels_t(K, w->Bt2, IN_V, Ev, c0, nb, 1.0);
+            product(K, w->A2, w->Bt2, w->Dp, mb, nb, Ev, AT_BN, false);
+        }
+    } else {
+        pack_panels_t(K, w->Bt, IN_Q, E, c0, nb, ap->scale);
+        product(K, w->A, w->Bt, w->Sc, mb, nb, E, AT_BN, false);
+        if (gk) {
+            pack_panels_t(K, w->Bt2, IN_DO, Ev, c0, nb, 1.0);
+            product(K, w->A2, w->Bt2, w->Dp, mb, nb, Ev, AT_BN, false);
+        }
+    }
+    /* per row: the weights (or dS) in place of the scores */
+    cg_for li;
+    cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
+    MlirValue row = cg_iadd(b, r0, li.iv);
+    if (fwd) {
+        MlirValue jlim = cg_iadd(b, c0, nb);
+        if (ap->causal)
+            jlim = cg_imin(b, jlim, cg_iadd(b, row, cg_idx(b, 1)));
+        softmax_row(K, w->Sc, lse_op ? (MlirValue){NULL} : w->acc, w->m, w->l, li.iv, c0, jlim);
+    } else if (!ap->key_side) { /* grad_q */
+        MlirValue srow = cg_iadd(b, cg_imul_c(b, K->bh, ap->L), row);
+        MlirValue lse = cg_load(b, K->buf[IN_LSE], srow), dl = cg_load(b, K->buf[IN_DELTA], srow);
+        if (K->f64) {
+            lse = cg_conv(b, "arith.extf", lse, K->T);
+            dl = cg_conv(b, "arith.extf", dl, K->T);
+        }
+        MlirValue jlim = cg_iadd(b, c0, nb);
+        if (ap->causal)
+            jlim = cg_imin(b, jlim, cg_iadd(b, row, cg_idx(b, 1)));
+        weights_row(K, w->Sc, w->Dp, li.iv, c0, c0, jlim, lse, dl);
+    } else { /* grad_k, grad_v: queries from the key's row (causal) to the block's end */
+        MlirValue lo = ap->causal ? row : cg_idx(b, 0);
+        weights_row(K, w->Sc, gk ? w->Dp : (MlirValue){NULL}, li.iv, c0, lo, cg_iadd(b, c0, nb),
+                    (MlirValue){NULL}, (MlirValue){NULL});
+    }
+    cg_for_end(b, &li, 0, NULL);
+    /* the second product, accumulated: P V, dS K, P^T dO or dS^T Qs */
+    if (!lse_op) {
+        int which = op == LOOM_IR_OP_ATTENTION ? IN_V : gq ? IN_K : gv ? IN_DO : IN_Q;
+        double s = gk ? ap->scale : 1.0;
+        pack_panels(K, w->Bp, which, ap->cols, c0, nb, s);
+        product(K, w->Sc, w->Bp, w->acc, mb, cg_idx(b, ap->cols), AT_BN, ap->nbo, true);
+    }
+    cg_for_end(b, &lb, 0, NULL);
+
+    /* the results: o = O / l, lse = m + log l, dq = scale dQ, dk, dv */
+    loom_status st = LOOM_OK;
+    cg_for lr, lc;
+    cg_for_begin(b, &lr, cg_idx(b, 0), mb, 0, NULL);
+    MlirValue out_row = cg_iadd(b, r0, lr.iv);
+    if (lse_op) {
+        MlirValue lv = cg_load(b, w->l, lr.iv);
+        MlirValue lg = K->f64 ? cg_un(b, "math.log", lv) : cg_log_f32(b, lv);
+        MlirValue v = cg_bin(b, "arith.addf", cg_load(b, w->m, lr.iv), lg);
+        if (K->f64)
+            v = cg_conv(b, "arith.truncf", v, b->f32);
+        st = epilogue_at(K, v, out_row, cg_idx(b, 0));
+    } else {
+        MlirValue f = op == LOOM_IR_OP_ATTENTION
+                          ? cg_bin(b, "arith.divf", cg_cf(b, K->T, 1.0), cg_load(b, w->l, lr.iv))
+                      : gq ? cg_cf(b, K->T, ap->scale)
+                           : cg_cf(b, K->T, 1.0);
+        cg_for_begin(b, &lc, cg_idx(b, 0), cg_idx(b, ap->cols), 0, NULL);
+        MlirValue v = cg_load(b, w->acc, cg_iadd(b, cg_imul_c(b, lr.iv, ap->nbo), lc.iv));
+        st = epilogue_at(K, cg_bin(b, "arith.mulf", v, f), out_row, lc.iv);
+        cg_for_end(b, &lc, 0, NULL);
+    }
+    cg_for_end(b, &lr, 0, NULL);
+    return st;
+}
+
+loom_status cg_lower_attention(kc *c) {
+    at_plan *ap = loom_ir_alloc(&c->s->alloc, sizeof *ap);
+    if (!ap)
+        return cg_oom(c);
+    memset(ap, 0, sizeof *ap);
+    loom_status st = plan_attention(c, ap);
+    if (st != LOOM_OK)
+        goto done;
+    int64_t nblk = ceil_div(ap->rows, AT_BM);
+    c->extent = ap->B * nblk > 0 ? ap->B * nblk : 1;
+    c->grain = cg_grain_for(AT_BM * (ap->key_side ? ap->L : ap->S) * (ap->E + ap->Ev));
+    if (!c->emit || ap->B * nblk == 0)
+        goto done;
+    cg_b *b = c->b;
+    at_kern K = {.c = c, .ap = ap};
+    K.f64 = ap->dt == LOOM_DTYPE_F64;
+    K.T = K.f64 ? b->f64 : b->f32;
+    for (int i = 0; i < 6; i++)
+        if (ap->in[i] >= 0)
+            K.buf[i] = c->bufs[c->s->buf_of[ap->in[i]]];
+    int64_t E = ap->E, Ev = ap->Ev, W = E > Ev ? E : Ev;
+    at_bufs w = {
+        .A = cg_alloc_buf(b, K.T, AT_BM * W),
+        .A2 = cg_alloc_buf(b, K.T, AT_BM * W),
+        .Bt = cg_alloc_buf(b, K.T, AT_BN * W),
+        .Bt2 = cg_alloc_buf(b, K.T, AT_BN * W),
+        .Bp = cg_alloc_buf(b, K.T, AT_BN * ap->nbo),
+        .Sc = cg_alloc_buf(b, K.T, AT_BM * AT_BN),
+        .Dp = cg_alloc_buf(b, K.T, AT_BM * AT_BN),
+        .acc = cg_alloc_buf(b, K.T, AT_BM * ap->nbo),
+        .m = cg_alloc_buf(b, K.T, AT_BM),
+        .l = cg_alloc_buf(b, K.T, AT_BM),
+    };
+    cg_for lt;
+    cg_for_begin(b, &lt, c->lo, c->hi, 0, NULL);
+    st = emit_task(&K, &w, lt.iv);
+    cg_for_end(b, &lt, 0, NULL);
+    MlirValue all[] = {w.A, w.A2, w.Bt, w.Bt2, w.Bp, w.Sc, w.Dp, w.acc, w.m, w.l};
+    for (size_t q = 0; q < sizeof all / sizeof all[0]; q++)
+        cg_op(b, "memref.dealloc", 1, &all[q], 0, NULL, 0, NULL);
+done:
+    loom_ir_free(&c->s->alloc, ap, sizeof *ap);
+    return st;
+}

@@ -1,0 +1,109 @@
+/* The reference interpreter's attention ops (ir/ops.def: attention, attention_lse and the
+ * three gradients), in f64 with plain loops over each (query, key) pair: the oracle of
+ * codegen/lower_attention.c's tiled kernels. */
+#include <math.h>
+#include <string.h>
+
+#include "interp_attention.h"
+
+/* Row i's scores s[j] = scale q_i . k_j (-inf above the diagonal when causal). */
+static void scores_row(const loom_ir_node *n, const void *q, const void *k, loom_dtype dt,
+                       int64_t qb, int64_t kb, int64_t i, int64_t S, int64_t E, double *s) {
+    for (int64_t j = 0; j < S; j++) {
+        if (n->attrs.index && j > i) {
+            s[j] = -INFINITY;
+            continue;
+        }
+        double acc = 0;
+        for (int64_t e = 0; e < E; e++)
+            acc +=
+                loom_ir_load_f64(q, dt, qb + i * E + e) * loom_ir_load_f64(k, dt, kb + j * E + e);
+        s[j] = n->attrs.value * acc;
+    }
+}
+
+static double logsumexp(const double *s, int64_t S) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < S; j++)
+        m = s[j] > m ? s[j] : m;
+    for (int64_t j = 0; j < S; j++)
+        sum += exp(s[j] - m);
+    return m + log(sum);
+}
+
+loom_status loom_rt_interp_attention(const loom_ir_node *n, const loom_ir_node *const *x,
+                                     const void *const *src, void *dst, const loom_allocator *a,
+                                     loom_ir_diag *d) {
+    loom_ir_op op = n->op;
+    const loom_ir_node *q = x[0], *k = x[1];
+    loom_dtype dt = q->dtype;
+    int32_t r = q->rank;
+    int64_t B = loom_ir_numel(r - 2, q->shape), L = q->shape[r - 2], S = k->shape[r - 2];
+    int64_t E = q->shape[r - 1];
+    bool gv = op == LOOM_IR_OP_ATTENTION_GRAD_V;
+    /* v, do, lse, delta (ops.def's operand order) */
+    const void *v = op == LOOM_IR_OP_ATTENTION_LSE || gv ? NULL : src[2];
+    const void *dout = op == LOOM_IR_OP_ATTENTION || op == LOOM_IR_OP_ATTENTION_LSE ? NULL
+                       : gv                                                         ? src[2]
+                                                                                    : src[3];
+    const void *lse = !dout ? NULL : gv ? src[3] : src[4];
+    const void *delta = dout && !gv ? src[5] : NULL;
+    /* Ev: v's last extent, or do's (grad_v's operand 2) */
+    int64_t Ev = op == LOOM_IR_OP_ATTENTION_LSE ? 0 : x[2]->shape[r - 1];
+    /* the result's rows and columns, summed into in f64 */
+    int64_t rows = op == LOOM_IR_OP_ATTENTION_GRAD_K || gv ? S : L;
+    int64_t cols = op == LOOM_IR_OP_ATTENTION_LSE ? 1 : op == LOOM_IR_OP_ATTENTION || gv ? Ev : E;
+    size_t sb = (size_t)(S > 0 ? S : 1) * sizeof(double);
+    size_t ab = (size_t)(rows * cols > 0 ? rows * cols : 1) * sizeof(double);
+    double *s = loom_ir_alloc(a, sb), *acc = loom_ir_alloc(a, ab);
+    if (!s || !acc) {
+        loom_ir_free(a, s, sb);
+        loom_ir_free(a, acc, ab);
+        char t[LOOM_IR_TYPE_STR_MAX];
+        return loom_ir_diag_set(d, LOOM_STATUS_OUT_OF_MEMORY, "interp: out of memory for %s : %s",
+                                loom_ir_op_name(op),
+                                loom_ir_format_type(t, sizeof t, n->dtype, n->rank, n->shape));
+    }
+    for (int64_t b = 0; b < B; b++) {
+        int64_t qb = b * L * E, kb = b * S * E, vb = b * S * Ev, ob = b * L * Ev;
+        memset(acc, 0, ab);
+        for (int64_t i = 0; i < L; i++) {
+            scores_row(n, src[0], src[1], dt, qb, kb, i, S, E, s);
+            double l = lse ? loom_ir_load_f64(lse, LOOM_DTYPE_F32, b * L + i) : logsumexp(s, S);
+            if (op == LOOM_IR_OP_ATTENTION_LSE) {
+                acc[i] = l;
+                continue;
+            }
+            for (int64_t j = 0; j < S; j++) {
+                double p = exp(s[j] - l);
+                if (op == LOOM_IR_OP_ATTENTION) {
+                    for (int64_t c = 0; c < Ev; c++)
+                        acc[i * Ev + c] += p * loom_ir_load_f64(v, dt, vb + j * Ev + c);
+                    continue;
+                }
+                if (gv) {
+                    for (int64_t c = 0; c < Ev; c++)
+                        acc[j * Ev + c] += p * loom_ir_load_f64(dout, dt, ob + i * Ev + c);
+                    continue;
+                }
+                double dp = 0;
+                for (int64_t c = 0; c < Ev; c++)
+                    dp += loom_ir_load_f64(dout, dt, ob + i * Ev + c) *
+                          loom_ir_load_f64(v, dt, vb + j * Ev + c);
+                double ds =
+                    n->attrs.value * p * (dp - loom_ir_load_f64(delta, LOOM_DTYPE_F32, b * L + i));
+                for (int64_t e = 0; e < E; e++) {
+                    if (op == LOOM_IR_OP_ATTENTION_GRAD_Q)
+                        acc[i * E + e] += ds * loom_ir_load_f64(src[1], dt, kb + j * E + e);
+                    else
+                        acc[j * E + e] += ds * loom_ir_load_f64(src[0], dt, qb + i * E + e);
+                }
+            }
+        }
+        for (int64_t e = 0; e < rows * cols; e++)
+            loom_ir_store_f64(dst, n->dtype, b * rows * cols + e, acc[e]);
+    }
+    loom_ir_free(a, s, sb);
+    loom_ir_free(a, acc, ab);
+    return LOOM_OK;
+}
