@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "frontend/frontend.h"
 #include "loom/nn.h"
 
 static void fill(float *p, int64_t n, uint64_t seed) {
@@ -707,6 +708,81 @@ static void test_attention_dropout_is_loom_dropout_on_the_weights(void **state) 
     }
 }
 
+/* Causal attention of [1, 2, T, D] q, k, v in dt through the JIT, fused (causal, no mask) or
+ * as its composition (the same tril as a bool mask): the output and dq, dk, dv (of a
+ * weighted sum of the output, in f32) into res (4 T D each). The fused graph has no value of
+ * [..., T, T] anywhere, forward or backward. */
+static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, float *res) {
+    int64_t n = 2 * T * D, s[4] = {1, 2, T, D};
+    float *h = malloc((size_t)(4 * n) * sizeof *h);
+    uint8_t *tril = malloc((size_t)(T * T));
+    for (int i = 0; i < 4; i++)
+        fill(h + i * n, n, 11 + (uint64_t)i + (uint64_t)T);
+    for (int64_t i = 0; i < T * T; i++)
+        tril[i] = i % T <= i / T;
+    loom_context *ctx = tu_context(false);
+    loom_tensor *in[3], *x[3], *g[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        in[i] = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, s, h + i * n);
+        x[i] = dt == LOOM_DTYPE_F32 ? in[i] : loom_cast(ctx, in[i], dt);
+    }
+    loom_tensor *mask =
+        fused ? NULL : loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 2, (int64_t[]){T, T}, tril);
+    loom_tensor *y = loom_scaled_dot_product_attention(ctx, x[0], x[1], x[2], mask, fused, 0.0);
+    if (!y)
+        fail_msg("%s", loom_context_error_message(ctx));
+    loom_tensor *yf = loom_cast(ctx, y, LOOM_DTYPE_F32);
+    loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, s, h + 3 * n);
+    loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, yf, w), 0, NULL, false);
+    assert_int_equal(loom_backward(ctx, loss, 3, in, g), LOOM_OK);
+    for (int32_t i = 0; fused && T > 1 && i < ctx->trace.n_nodes; i++) {
+        const loom_ir_node *nd = &ctx->trace.nodes[i];
+        if (nd->rank >= 2 && nd->shape[nd->rank - 2] == T && nd->shape[nd->rank - 1] == T)
+            fail_msg("fused attention T %lld: %%%d (%s) holds a T x T value", (long long)T, (int)i,
+                     loom_ir_op_name(nd->op));
+    }
+    tu_read_f32(ctx, yf, res, (size_t)n);
+    for (int i = 0; i < 3; i++)
+        tu_read_f32(ctx, g[i], res + (i + 1) * n, (size_t)n);
+    for (int i = 0; i < 3; i++)
+        loom_tensor_release(in[i]);
+    loom_tensor_release(mask);
+    loom_tensor_release(w);
+    loom_context_destroy(ctx);
+    free(h);
+    free(tril);
+}
+
+/* The fused kernels against the composition they replace, on odd lengths and head sizes, in
+ * f32 and bf16 (the fused op keeps its scores and softmax in f32 where the composition rounds
+ * them to bf16: the two agree within bf16's rounding). */
+static void test_fused_attention_matches_its_composition(void **state) {
+    (void)state;
+    static const int64_t Ts[] = {1, 7, 63, 65, 257}, Ds[] = {8, 64, 80};
+    static const char *const what[4] = {"out", "dq", "dk", "dv"};
+    for (int di = 0; di < 2; di++) {
+        loom_dtype dt = di ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+        double tol = di ? 4e-2 : 1e-4;
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
+            for (size_t ei = 0; ei < sizeof Ds / sizeof Ds[0]; ei++) {
+                int64_t T = Ts[ti], D = Ds[ei], n = 2 * T * D;
+                if (di && T == 257 && D != 64)
+                    continue; /* bf16: one long case is enough */
+                float *a = malloc((size_t)(4 * n) * sizeof *a);
+                float *c = malloc((size_t)(4 * n) * sizeof *c);
+                causal_attention(T, D, dt, true, a);
+                causal_attention(T, D, dt, false, c);
+                for (int64_t i = 0; i < 4 * n; i++)
+                    if (!(fabs(a[i] - c[i]) <= tol * (1 + fabs(c[i]))))
+                        fail_msg("%s T %lld D %lld: fused %s[%lld] = %.8g, composition %.8g",
+                                 loom_dtype_name(dt), (long long)T, (long long)D, what[i / n],
+                                 (long long)(i % n), a[i], c[i]);
+                free(a);
+                free(c);
+            }
+    }
+}
+
 static void test_attention_rejects_bad_arguments_with_clear_messages(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
@@ -817,6 +893,7 @@ int main(void) {
         cmocka_unit_test(test_dropout_is_deterministic_per_seed_and_scales_survivors),
         cmocka_unit_test(test_embedding_picks_rows),
         cmocka_unit_test(test_attention_matches_the_definition_on_odd_lengths_and_head_sizes),
+        cmocka_unit_test(test_fused_attention_matches_its_composition),
         cmocka_unit_test(test_attention_dropout_is_loom_dropout_on_the_weights),
         cmocka_unit_test(test_attention_rejects_bad_arguments_with_clear_messages),
         cmocka_unit_test(test_nn_ops_reject_bad_arguments_with_clear_messages),
