@@ -1,21 +1,23 @@
 /* Lowering of the fused attention ops (ops.def: attention, attention_lse, attention_grad_q,
  * _k, _v): the root of a kernel of its own whose operands are read from buffers, with the
  * root's fused elementwise epilogue (a cast) as a pool's. No L x S matrix is ever in memory:
- * a task holds one block of AT_BM rows and, in turn, the blocks of AT_BN columns of its
- * scores (the FlashAttention recurrence, in scratch a task reuses).
+ * a block of AT_BM rows meets the blocks of AT_BN columns of its scores in turn (the
+ * FlashAttention recurrence), in scratch a task reuses.
  *
- * Query side (attention, attention_lse, grad_q): a task is a block of query rows i of one
- * (batch, head). Its q rows are packed once, scaled (s = (scale q) k^T: the scale costs no
- * pass over the scores). For each block of keys (causal: only those at or left of the
- * block's last row, the diagonal block masked per element): S = Qs K^T on the packed
- * microkernel (K^T packed in 16-key panels); then per row, in 16-lane vectors,
+ * A task is one (batch, head): it packs the panels of every block of columns once (k^T and
+ * v, say), then runs its blocks of rows in turn.
+ * Query side (attention, attention_lse, grad_q): a block of query rows i. Its q rows are
+ * packed, scaled (s = (scale q) k^T: the scale costs no pass over the scores). For each
+ * block of keys (causal: only those at or left of the block's last row, the diagonal block
+ * masked per element): S = Qs K^T on the packed microkernel (K^T in 16-key panels); then
+ * per row, in 16-lane vectors,
  *  - attention, lse: the online softmax: the running max m and sum l, the weights
  *    p = exp(s - m) in place of the scores, the accumulated output rescaled by
  *    exp(m_old - m_new), then O += P V (V packed in panels);
  *  - grad_q: p = exp(s - lse) from the forward's statistic, dP = dO V^T, and
  *    dS = p (dP - delta) in place of the scores, then dQ += dS K.
  * At the end: o = O / l, lse = m + log l, dq = scale dQ.
- * Key side (grad_k, grad_v): a task is a block of key rows j; the blocks of queries (causal:
+ * Key side (grad_k, grad_v): a block of key rows j; the blocks of queries (causal:
  * from row j0 on) give S^T = K Qs^T and P^T = exp(S^T - lse) by columns, then dV += P^T dO,
  * or dP^T = V dO^T, dS^T = P^T (dP^T - delta) and dK += dS^T Qs.
  * f32, bf16 and f16 (16-bit operands widened to f32 while packing; scores, softmax and sums in
@@ -27,7 +29,9 @@
 
 enum {
     AT_BM = 64, /* rows of a task's block (queries, or keys on the key side) */
-    AT_BN = 64, /* columns of a block of scores (keys, or queries on the key side) */
+    AT_BN = 64, /* columns of a block of scores (keys, or queries on the key side); equal to
+                 * AT_BM, so the key side's causal start (a row block's first key) begins a
+                 * column block */
     AT_LANES = 16,
 };
 
@@ -139,16 +143,17 @@ static void pack_rows(at_kern *K, MlirValue A, int which, int64_t n, MlirValue r
                   cg_cf(b, K->T, 0.0));
 }
 
-/* Bt = rows [r0, r0 + m) of operand `which` (n columns) as the columns of a B operand: panels
- * of 16 of its rows, Bt[(p n + e) 16 + l] = x[r0 + 16 p + l, e]; AT_BN columns (zeros past m). */
-static void pack_panels_t(at_kern *K, MlirValue Bt, int which, int64_t n, MlirValue r0, MlirValue m,
-                          double scale) {
+/* Bt[b0..] = rows [r0, r0 + m) of operand `which` (n columns) as the columns of a B operand:
+ * panels of 16 of its rows, Bt[b0 + (p n + e) 16 + l] = x[r0 + 16 p + l, e]; AT_BN columns
+ * (zeros past m). */
+static void pack_panels_t(at_kern *K, MlirValue Bt, MlirValue b0, int which, int64_t n,
+                          MlirValue r0, MlirValue m, double scale) {
     cg_b *b = K->c->b;
-    cg_zero_range(b, Bt, cg_idx(b, 0), cg_idx(b, AT_BN * n), cg_cf(b, K->T, 0.0));
+    cg_zero_range(b, Bt, b0, cg_idx(b, AT_BN * n), cg_cf(b, K->T, 0.0));
     cg_for lj, le;
     cg_for_begin(b, &lj, cg_idx(b, 0), m, 0, NULL);
     MlirValue p = idiv(b, lj.iv, AT_LANES), l = irem(b, lj.iv, AT_LANES);
-    MlirValue at0 = cg_iadd(b, cg_imul_c(b, cg_imul_c(b, p, n), AT_LANES), l);
+    MlirValue at0 = cg_iadd(b, b0, cg_iadd(b, cg_imul_c(b, cg_imul_c(b, p, n), AT_LANES), l));
     cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, n), 0, NULL);
     cg_store(b, operand_at(K, which, n, cg_iadd(b, r0, lj.iv), le.iv, scale), Bt,
              cg_iadd(b, at0, cg_imul_c(b, le.iv, AT_LANES)));
@@ -156,33 +161,52 @@ static void pack_panels_t(at_kern *K, MlirValue Bt, int which, int64_t n, MlirVa
     cg_for_end(b, &lj, 0, NULL);
 }
 
-/* Bp = rows [r0, r0 + m) of operand `which` (n columns) as a B operand of AT_BN rows (its
- * K): panels of 16 columns, Bp[(p AT_BN + kk) 16 + l] = x[r0 + kk, 16 p + l], nbo columns;
- * zeros past m rows and n columns. */
-static void pack_panels(at_kern *K, MlirValue Bp, int which, int64_t n, MlirValue r0, MlirValue m,
-                        double scale) {
+/* Bp[b0..] = rows [r0, r0 + m) of operand `which` (n columns) as a B operand of AT_BN rows
+ * (its K): panels of 16 columns, Bp[b0 + (p AT_BN + kk) 16 + l] = x[r0 + kk, 16 p + l], nbo
+ * columns; zeros past m rows and n columns. A row's 16 columns of a panel are one vector
+ * when n is a multiple of 16 (and the operand f32 or f64). */
+static void pack_panels(at_kern *K, MlirValue Bp, MlirValue b0, int which, int64_t n, MlirValue r0,
+                        MlirValue m, double scale) {
     cg_b *b = K->c->b;
-    cg_zero_range(b, Bp, cg_idx(b, 0), cg_idx(b, AT_BN * K->ap->nbo), cg_cf(b, K->T, 0.0));
+    cg_zero_range(b, Bp, b0, cg_idx(b, AT_BN * K->ap->nbo), cg_cf(b, K->T, 0.0));
     cg_for lk, le;
     cg_for_begin(b, &lk, cg_idx(b, 0), m, 0, NULL);
+    if (n % AT_LANES == 0 && !is_16(K->ap->dt)) {
+        int64_t rows = which == IN_K || which == IN_V ? K->ap->S : K->ap->L;
+        MlirValue row = cg_iadd(b, cg_imul_c(b, K->bh, rows), cg_iadd(b, r0, lk.iv));
+        MlirType vt = cg_vec_t(AT_LANES, K->T);
+        for (int64_t p = 0; p < n / AT_LANES; p++) {
+            MlirValue v = cg_vload(b, vt, K->buf[which],
+                                   cg_iadd(b, cg_imul_c(b, row, n), cg_idx(b, p * AT_LANES)));
+            if (scale != 1.0)
+                v = cg_bin(b, "arith.mulf", v, cg_vbroadcast(b, cg_cf(b, K->T, scale), vt));
+            cg_vstore(
+                b, v, Bp,
+                cg_iadd(b, b0, cg_imul_c(b, cg_iadd(b, lk.iv, cg_idx(b, p * AT_BN)), AT_LANES)));
+        }
+        cg_for_end(b, &lk, 0, NULL);
+        return;
+    }
     cg_for_begin(b, &le, cg_idx(b, 0), cg_idx(b, n), 0, NULL);
     MlirValue p = idiv(b, le.iv, AT_LANES), l = irem(b, le.iv, AT_LANES);
-    MlirValue at = cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, AT_BN), lk.iv), AT_LANES), l);
+    MlirValue at = cg_iadd(
+        b, b0, cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, p, AT_BN), lk.iv), AT_LANES), l));
     cg_store(b, operand_at(K, which, n, cg_iadd(b, r0, lk.iv), le.iv, scale), Bp, at);
     cg_for_end(b, &le, 0, NULL);
     cg_for_end(b, &lk, 0, NULL);
 }
 
-/* C[i nbp + j] (+)= sum_kk A[i kp + kk] B(kk, j) for i < mb, j < nb (B in 16-column panels
- * of kp rows): the f32 microkernel, or f64 loops. */
-static void product(at_kern *K, MlirValue A, MlirValue Bp, MlirValue C, MlirValue mb, MlirValue nb,
-                    int64_t kp, int64_t nbp, bool accumulate) {
+/* C[i nbp + j] (+)= sum_kk A[i kp + kk] B(kk, j) for i < mb, j < nb (B at Bp[b0..] in
+ * 16-column panels of kp rows): the f32 microkernel, or f64 loops. */
+static void product(at_kern *K, MlirValue A, MlirValue Bp, MlirValue b0, MlirValue C, MlirValue mb,
+                    MlirValue nb, int64_t kp, int64_t nbp, bool accumulate) {
     kc *c = K->c;
     cg_b *b = c->b;
-    if (K->ap->dt != LOOM_DTYPE_F64) {
+    if (!K->f64) {
         cg_mk mk = {.nv = nbp >= 2 * MK_PANEL ? 2 : 1, .pk = 1, .kp = kp, .nbp = nbp};
         mk.mr = MK_ACC / mk.nv;
-        cg_mk_tiles(c, &mk, A, cg_idx(b, 0), Bp, C, mb, nb, accumulate, (MlirValue){NULL}, NULL);
+        MlirValue z = cg_idx(b, 0);
+        cg_mk_tiles_at(c, &mk, A, z, Bp, b0, C, z, mb, nb, accumulate, (MlirValue){NULL}, NULL);
         return;
     }
     cg_for li, lj, lk;
@@ -190,8 +214,9 @@ static void product(at_kern *K, MlirValue A, MlirValue Bp, MlirValue C, MlirValu
     cg_for_begin(b, &lj, cg_idx(b, 0), nb, 0, NULL);
     MlirValue at = cg_iadd(b, cg_imul_c(b, li.iv, nbp), lj.iv);
     MlirValue init = accumulate ? cg_load(b, C, at) : cg_cf(b, K->T, 0.0);
-    MlirValue bcol =
-        cg_iadd(b, cg_imul_c(b, idiv(b, lj.iv, AT_LANES), kp * AT_LANES), irem(b, lj.iv, AT_LANES));
+    MlirValue bcol = cg_iadd(b, b0,
+                             cg_iadd(b, cg_imul_c(b, idiv(b, lj.iv, AT_LANES), kp * AT_LANES),
+                                     irem(b, lj.iv, AT_LANES)));
     cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, kp), 1, &init);
     MlirValue x = cg_load(b, A, cg_iadd(b, cg_imul_c(b, li.iv, kp), lk.iv));
     MlirValue y = cg_load(b, Bp, cg_iadd(b, bcol, cg_imul_c(b, lk.iv, AT_LANES)));
@@ -325,19 +350,32 @@ typedef struct at_bufs {
     MlirValue acc, m, l;
 } at_bufs;
 
-static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue task) {
+/* The operand a block's product reads as B: the first (k^T, or qs^T), the second with dP
+ * (v^T, or do^T) and the accumulated one (v, k, do or qs), with its scale. */
+static int first_b(const at_plan *ap) {
+    return ap->key_side ? IN_Q : IN_K;
+}
+static int dp_b(const at_plan *ap) {
+    return ap->key_side ? IN_DO : IN_V;
+}
+static int acc_b(const at_plan *ap, double *scale) {
+    *scale = ap->op == LOOM_IR_OP_ATTENTION_GRAD_K ? ap->scale : 1.0;
+    return ap->op == LOOM_IR_OP_ATTENTION          ? IN_V
+           : ap->op == LOOM_IR_OP_ATTENTION_GRAD_Q ? IN_K
+           : ap->op == LOOM_IR_OP_ATTENTION_GRAD_V ? IN_DO
+                                                   : IN_Q;
+}
+
+/* A block of task rows [r0, r0 + mb) of (batch, head) K->bh, its columns' blocks packed. */
+static loom_status emit_rows(at_kern *K, const at_bufs *w, MlirValue r0) {
     kc *c = K->c;
     cg_b *b = c->b;
     const at_plan *ap = K->ap;
     loom_ir_op op = ap->op;
-    int64_t nblk = ceil_div(ap->rows, AT_BM);
-    K->bh = idiv(b, task, nblk);
-    MlirValue r0 = cg_imul_c(b, irem(b, task, nblk), AT_BM);
     MlirValue mb = cg_imin(b, cg_idx(b, AT_BM), isub(b, cg_idx(b, ap->rows), r0));
     MlirValue zero = cg_cf(b, K->T, 0.0);
     bool lse_op = op == LOOM_IR_OP_ATTENTION_LSE, fwd = op == LOOM_IR_OP_ATTENTION || lse_op;
     bool gq = op == LOOM_IR_OP_ATTENTION_GRAD_Q, gk = op == LOOM_IR_OP_ATTENTION_GRAD_K;
-    bool gv = op == LOOM_IR_OP_ATTENTION_GRAD_V;
     int64_t E = ap->E, Ev = ap->Ev;
 
     if (!ap->key_side) {
@@ -371,22 +409,11 @@ static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue task) {
     cg_for_begin(b, &lb, cg_idx(b, 0), nb_blocks, 0, NULL);
     MlirValue c0 = cg_iadd(b, cbeg, cg_imul_c(b, lb.iv, AT_BN));
     MlirValue nb = cg_imin(b, cg_idx(b, AT_BN), isub(b, cend, c0));
-    /* the scores of the block (S, or S^T on the key side), and dP where needed */
-    if (!ap->key_side) {
-        pack_panels_t(K, w->Bt, IN_K, E, c0, nb, 1.0);
-        product(K, w->A, w->Bt, w->Sc, mb, nb, E, AT_BN, false);
-        if (gq) {
-            pack_panels_t(K, w->Bt2, IN_V, Ev, c0, nb, 1.0);
-            product(K, w->A2, w->Bt2, w->Dp, mb, nb, Ev, AT_BN, false);
-        }
-    } else {
-        pack_panels_t(K, w->Bt, IN_Q, E, c0, nb, ap->scale);
-        product(K, w->A, w->Bt, w->Sc, mb, nb, E, AT_BN, false);
-        if (gk) {
-            pack_panels_t(K, w->Bt2, IN_DO, Ev, c0, nb, 1.0);
-            product(K, w->A2, w->Bt2, w->Dp, mb, nb, Ev, AT_BN, false);
-        }
-    }
+    /* the scores of the block (S, or S^T on the key side), and dP where needed: the column
+     * blocks' panels are packed once per (batch, head), block c0 / AT_BN at c0 n */
+    product(K, w->A, w->Bt, cg_imul_c(b, c0, E), w->Sc, mb, nb, E, AT_BN, false);
+    if (gq || gk)
+        product(K, w->A2, w->Bt2, cg_imul_c(b, c0, Ev), w->Dp, mb, nb, Ev, AT_BN, false);
     /* per row: the weights (or dS) in place of the scores */
     cg_for li;
     cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
@@ -414,12 +441,9 @@ static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue task) {
     }
     cg_for_end(b, &li, 0, NULL);
     /* the second product, accumulated: P V, dS K, P^T dO or dS^T Qs */
-    if (!lse_op) {
-        int which = op == LOOM_IR_OP_ATTENTION ? IN_V : gq ? IN_K : gv ? IN_DO : IN_Q;
-        double s = gk ? ap->scale : 1.0;
-        pack_panels(K, w->Bp, which, ap->cols, c0, nb, s);
-        product(K, w->Sc, w->Bp, w->acc, mb, cg_idx(b, ap->cols), AT_BN, ap->nbo, true);
-    }
+    if (!lse_op)
+        product(K, w->Sc, w->Bp, cg_imul_c(b, c0, ap->nbo), w->acc, mb, cg_idx(b, ap->cols), AT_BN,
+                ap->nbo, true);
     cg_for_end(b, &lb, 0, NULL);
 
     /* the results: o = O / l, lse = m + log l, dq = scale dQ, dk, dv */
@@ -448,6 +472,32 @@ static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue task) {
     return st;
 }
 
+/* Task bh: its column blocks' panels, then its blocks of rows. */
+static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue bh) {
+    cg_b *b = K->c->b;
+    const at_plan *ap = K->ap;
+    K->bh = bh;
+    int64_t ncols = ap->key_side ? ap->L : ap->S;
+    bool dp = ap->op == LOOM_IR_OP_ATTENTION_GRAD_Q || ap->op == LOOM_IR_OP_ATTENTION_GRAD_K;
+    double s2;
+    int acc = acc_b(ap, &s2);
+    cg_for lc, lr;
+    cg_for_begin(b, &lc, cg_idx(b, 0), cg_idx(b, ceil_div(ncols, AT_BN)), 0, NULL);
+    MlirValue c0 = cg_imul_c(b, lc.iv, AT_BN);
+    MlirValue nb = cg_imin(b, cg_idx(b, AT_BN), isub(b, cg_idx(b, ncols), c0));
+    pack_panels_t(K, w->Bt, cg_imul_c(b, c0, ap->E), first_b(ap), ap->E, c0, nb,
+                  ap->key_side ? ap->scale : 1.0);
+    if (dp)
+        pack_panels_t(K, w->Bt2, cg_imul_c(b, c0, ap->Ev), dp_b(ap), ap->Ev, c0, nb, 1.0);
+    if (ap->op != LOOM_IR_OP_ATTENTION_LSE)
+        pack_panels(K, w->Bp, cg_imul_c(b, c0, ap->nbo), acc, ap->cols, c0, nb, s2);
+    cg_for_end(b, &lc, 0, NULL);
+    cg_for_begin(b, &lr, cg_idx(b, 0), cg_idx(b, ceil_div(ap->rows, AT_BM)), 0, NULL);
+    loom_status st = emit_rows(K, w, cg_imul_c(b, lr.iv, AT_BM));
+    cg_for_end(b, &lr, 0, NULL);
+    return st;
+}
+
 loom_status cg_lower_attention(kc *c) {
     at_plan *ap = loom_ir_alloc(&c->s->alloc, sizeof *ap);
     if (!ap)
@@ -456,10 +506,11 @@ loom_status cg_lower_attention(kc *c) {
     loom_status st = plan_attention(c, ap);
     if (st != LOOM_OK)
         goto done;
-    int64_t nblk = ceil_div(ap->rows, AT_BM);
-    c->extent = ap->B * nblk > 0 ? ap->B * nblk : 1;
-    c->grain = cg_grain_for(AT_BM * (ap->key_side ? ap->L : ap->S) * (ap->E + ap->Ev));
-    if (!c->emit || ap->B * nblk == 0)
+    /* a task per (batch, head): its columns' panels packed once for all its row blocks */
+    int64_t ncols = ap->key_side ? ap->L : ap->S, ncb = ceil_div(ncols, AT_BN);
+    c->extent = ap->B > 0 ? ap->B : 1;
+    c->grain = cg_grain_for(ap->rows * ncols * (ap->E + ap->Ev));
+    if (!c->emit || ap->B == 0 || ap->rows == 0)
         goto done;
     cg_b *b = c->b;
     at_kern K = {.c = c, .ap = ap};
@@ -472,9 +523,9 @@ loom_status cg_lower_attention(kc *c) {
     at_bufs w = {
         .A = cg_alloc_buf(b, K.T, AT_BM * W),
         .A2 = cg_alloc_buf(b, K.T, AT_BM * W),
-        .Bt = cg_alloc_buf(b, K.T, AT_BN * W),
-        .Bt2 = cg_alloc_buf(b, K.T, AT_BN * W),
-        .Bp = cg_alloc_buf(b, K.T, AT_BN * ap->nbo),
+        .Bt = cg_alloc_buf(b, K.T, (ncb > 0 ? ncb : 1) * AT_BN * E),
+        .Bt2 = cg_alloc_buf(b, K.T, (ncb > 0 ? ncb : 1) * AT_BN * Ev),
+        .Bp = cg_alloc_buf(b, K.T, (ncb > 0 ? ncb : 1) * AT_BN * ap->nbo),
         .Sc = cg_alloc_buf(b, K.T, AT_BM * AT_BN),
         .Dp = cg_alloc_buf(b, K.T, AT_BM * AT_BN),
         .acc = cg_alloc_buf(b, K.T, AT_BM * ap->nbo),
