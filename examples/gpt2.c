@@ -330,6 +330,7 @@ typedef struct train_result {
     int64_t steps, skipped;
     double *losses;
     double tokens_per_sec_median, tokens_per_sec, first_step_ms, compile_ms;
+    double first_loss_ms; /* step 0's start until its loss was read (its run, step 1's trace) */
     double planned_peak_mb, device_peak_mb; /* the training step's plan; the device's peak */
 } train_result;
 
@@ -391,7 +392,7 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
     }
     bool fixed_lr = o->warmup_steps == 0 && f->lr_schedule == EX_LR_CONSTANT;
     int64_t compile_ns = 0;
-    double t_first = 0;
+    double t_first = 0, t_start = 0;
     for (int64_t step = 0; step < total; step++) {
         lrs[step] = lr_at(o, step);
         if (!fixed_lr) /* a device scalar: never recompiles */
@@ -421,6 +422,7 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
         launch[step] = now;
         if (step == 0) {
             res->first_step_ms = (now - t0) * 1e3;
+            t_start = t0;
             compile_ns = loom_metric_total(ctx, "CompileTime");
             res->compile_ms = (double)compile_ns / 1e6;
             t_first = now;
@@ -430,6 +432,8 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
             take_loss(ctx, o, step - 1, &pending, &pending_norm, lrs[step - 1],
                       step >= 2 ? (now - launch[step - 1]) * 1e3 : res->first_step_ms, res))
             goto out;
+        if (step == 1)
+            res->first_loss_ms = (ex_now_s() - t_start) * 1e3;
         pending = step_loss;
         pending_norm = step_norm;
         res->steps = step + 1;
@@ -444,6 +448,8 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
         take_loss(ctx, o, total - 1, &pending, &pending_norm, lrs[total - 1],
                   total >= 2 ? (end - launch[total - 1]) * 1e3 : res->first_step_ms, res))
         goto out;
+    if (total == 1)
+        res->first_loss_ms = (ex_now_s() - t_start) * 1e3;
     double elapsed =
         end - t_first - (double)(loom_metric_total(ctx, "CompileTime") - compile_ns) * 1e-9;
     res->tokens_per_sec = total > 1 && elapsed > 0 ? (double)((total - 1) * B * T) / elapsed : 0;
@@ -650,13 +656,15 @@ static void print_json(const options *o, const gpt2 *m, const train_result *tr, 
         printf("%s%.8g", i ? "," : "", tr->losses[i]);
     printf("],\"tokens_per_sec\":%.1f,\"tokens_per_sec_median\":%.1f,\"flops_per_token\":%.0f,"
            "\"peak_flops\":%.4g,\"mfu\":%.4f,\"first_step_ms\":%.1f,\"compile_time_ms\":%.1f,"
+           "\"first_loss_ms\":%.1f,"
            "\"planned_peak_mb\":%.1f,\"device_peak_mb\":%.1f,"
            "\"recompiles\":%lld,\"sample_tokens\":%" PRId64 ",\"sample_compiles\":%" PRId64
            ",\"world_size\":%d,\"collective_bytes\":%lld}\n",
            tr->tokens_per_sec, tr->tokens_per_sec_median, flops_tok, peak,
-           peak > 0 ? achieved / peak : 0.0, tr->first_step_ms, tr->compile_ms, tr->planned_peak_mb,
-           tr->device_peak_mb, (long long)loom_metric_value(ctx, "Recompiles"), sr->n, sr->compiles,
-           (int)o->f.world, (long long)loom_metric_value(ctx, "CollectiveBytes"));
+           peak > 0 ? achieved / peak : 0.0, tr->first_step_ms, tr->compile_ms, tr->first_loss_ms,
+           tr->planned_peak_mb, tr->device_peak_mb, (long long)loom_metric_value(ctx, "Recompiles"),
+           sr->n, sr->compiles, (int)o->f.world,
+           (long long)loom_metric_value(ctx, "CollectiveBytes"));
 }
 
 int main(int argc, char **argv) {
