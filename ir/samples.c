@@ -451,19 +451,14 @@ static void domain(loom_ir_op op, loom_dtype dt, loom_ir_sample *out) {
         rel = 1e-5;
         abs = 1e-4;
         break;
+    case LOOM_IR_OP_CONV2D: /* [-1, 1]: col2im's 16-bit window terms round each */
+    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
+    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
     case LOOM_IR_OP_ATTENTION: /* sums over S keys in f32 (the interpreter's in f64) */
     case LOOM_IR_OP_ATTENTION_LSE:
     case LOOM_IR_OP_ATTENTION_GRAD_Q:
     case LOOM_IR_OP_ATTENTION_GRAD_K:
     case LOOM_IR_OP_ATTENTION_GRAD_V:
-        lo = -1;
-        hi = 1;
-        rel = 1e-5;
-        abs = 1e-4;
-        break;
-    case LOOM_IR_OP_CONV2D: /* [-1, 1]: col2im's 16-bit window terms round each */
-    case LOOM_IR_OP_CONV2D_GRAD_INPUT:
-    case LOOM_IR_OP_CONV2D_GRAD_WEIGHT:
         lo = -1;
         hi = 1;
         rel = 1e-5;
