@@ -51,8 +51,8 @@ static uint64_t attrs_hash(const loom_ir_node *n) {
             h = mix(mix(h, (uint64_t)n->attrs.start[i]), (uint64_t)n->attrs.step[i]);
         break;
     case LOOM_IR_ATTRS_AXIS: h = (uint64_t)n->attrs.index; break;
-    case LOOM_IR_ATTRS_ATTENTION:
-    case LOOM_IR_ATTRS_REDUCE: /* never merged (side effect); hashed for completeness */
+    case LOOM_IR_ATTRS_ATTENTION: /* causal and the scale (attention_lse's copies merge) */
+    case LOOM_IR_ATTRS_REDUCE: /* all_reduce: never merged (side effect), hashed for completeness */
         memcpy(&h, &n->attrs.value, sizeof h);
         h = mix(h, (uint64_t)n->attrs.index);
         break;
