@@ -118,12 +118,18 @@ typedef struct at_kern {
     MlirValue bh; /* the (batch, head) index */
 } at_kern;
 
-/* Operand `which` ([..., rows, n] of (batch, head) bh) element (row, col), times scale. */
+/* Where row `row` of (batch, head) bh of operand `which` ([..., S or L, n]) starts. */
+static MlirValue operand_row(at_kern *K, int which, int64_t n, MlirValue row) {
+    cg_b *b = K->c->b;
+    int64_t rows = which == IN_K || which == IN_V ? K->ap->S : K->ap->L;
+    return cg_imul_c(b, cg_iadd(b, cg_imul_c(b, K->bh, rows), row), n);
+}
+
+/* Operand `which` element (row, col) of (batch, head) bh, times scale. */
 static MlirValue operand_at(at_kern *K, int which, int64_t n, MlirValue row, MlirValue col,
                             double scale) {
     cg_b *b = K->c->b;
-    int64_t rows = which == IN_K || which == IN_V ? K->ap->S : K->ap->L;
-    MlirValue off = cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, K->bh, rows), row), n), col);
+    MlirValue off = cg_iadd(b, operand_row(K, which, n, row), col);
     MlirValue v = cg_load_val(b, K->ap->dt, K->buf[which], off);
     return scale == 1.0 ? v : cg_bin(b, "arith.mulf", v, cg_cf(b, K->T, scale));
 }
@@ -172,12 +178,10 @@ static void pack_panels(at_kern *K, MlirValue Bp, MlirValue b0, int which, int64
     cg_for lk, le;
     cg_for_begin(b, &lk, cg_idx(b, 0), m, 0, NULL);
     if (n % AT_LANES == 0 && !is_16(K->ap->dt)) {
-        int64_t rows = which == IN_K || which == IN_V ? K->ap->S : K->ap->L;
-        MlirValue row = cg_iadd(b, cg_imul_c(b, K->bh, rows), cg_iadd(b, r0, lk.iv));
+        MlirValue row = operand_row(K, which, n, cg_iadd(b, r0, lk.iv));
         MlirType vt = cg_vec_t(AT_LANES, K->T);
         for (int64_t p = 0; p < n / AT_LANES; p++) {
-            MlirValue v = cg_vload(b, vt, K->buf[which],
-                                   cg_iadd(b, cg_imul_c(b, row, n), cg_idx(b, p * AT_LANES)));
+            MlirValue v = cg_vload(b, vt, K->buf[which], cg_iadd(b, row, cg_idx(b, p * AT_LANES)));
             if (scale != 1.0)
                 v = cg_bin(b, "arith.mulf", v, cg_vbroadcast(b, cg_cf(b, K->T, scale), vt));
             cg_vstore(
@@ -417,11 +421,12 @@ static loom_status emit_rows(at_kern *K, const at_bufs *w, MlirValue r0) {
     /* per row: the weights (or dS) in place of the scores */
     cg_for li;
     cg_for_begin(b, &li, cg_idx(b, 0), mb, 0, NULL);
-    MlirValue row = cg_iadd(b, r0, li.iv);
+    MlirValue row = cg_iadd(b, r0, li.iv), cend_blk = cg_iadd(b, c0, nb);
+    /* query side: the row's keys end at the block's end (causal: at its diagonal + 1) */
+    MlirValue jlim = ap->causal && !ap->key_side
+                         ? cg_imin(b, cend_blk, cg_iadd(b, row, cg_idx(b, 1)))
+                         : cend_blk;
     if (fwd) {
-        MlirValue jlim = cg_iadd(b, c0, nb);
-        if (ap->causal)
-            jlim = cg_imin(b, jlim, cg_iadd(b, row, cg_idx(b, 1)));
         softmax_row(K, w->Sc, lse_op ? (MlirValue){NULL} : w->acc, w->m, w->l, li.iv, c0, jlim);
     } else if (!ap->key_side) { /* grad_q */
         MlirValue srow = cg_iadd(b, cg_imul_c(b, K->bh, ap->L), row);
@@ -430,13 +435,10 @@ static loom_status emit_rows(at_kern *K, const at_bufs *w, MlirValue r0) {
             lse = cg_conv(b, "arith.extf", lse, K->T);
             dl = cg_conv(b, "arith.extf", dl, K->T);
         }
-        MlirValue jlim = cg_iadd(b, c0, nb);
-        if (ap->causal)
-            jlim = cg_imin(b, jlim, cg_iadd(b, row, cg_idx(b, 1)));
         weights_row(K, w->Sc, w->Dp, li.iv, c0, c0, jlim, lse, dl);
     } else { /* grad_k, grad_v: queries from the key's row (causal) to the block's end */
         MlirValue lo = ap->causal ? row : cg_idx(b, 0);
-        weights_row(K, w->Sc, gk ? w->Dp : (MlirValue){NULL}, li.iv, c0, lo, cg_iadd(b, c0, nb),
+        weights_row(K, w->Sc, gk ? w->Dp : (MlirValue){NULL}, li.iv, c0, lo, cend_blk,
                     (MlirValue){NULL}, (MlirValue){NULL});
     }
     cg_for_end(b, &li, 0, NULL);

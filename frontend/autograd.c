@@ -25,6 +25,9 @@ typedef struct ag {
     loom_ir_loc loc;     /* of the node being differentiated */
     loom_dtype autocast; /* and its autocast tag: its VJP runs at its precision */
     bool failed;
+    /* the attention node whose statistics (lse, delta: -1 until made) its operands' VJPs,
+     * made one after the other, share */
+    int32_t att, att_lse, att_delta;
 } ag;
 
 static const loom_ir_node *nd(const ag *a, int32_t id) {
@@ -251,16 +254,22 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
 }
 
 /* Attention's gradient for operand k (q, k, v) from its output gradient g: the weights are
- * recomputed by tiles from each row's logsumexp (attention_lse, one per node after CSE) and
- * delta = rowsum(g o) in f32 (FlashAttention's backward). */
+ * recomputed by tiles from each row's logsumexp (attention_lse) and delta = rowsum(g o) in
+ * f32 (FlashAttention's backward), made once per attention node. */
 static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k, int32_t g) {
     if (g < 0)
         return -1;
     int32_t q = n->inputs[0], kk = n->inputs[1], v = n->inputs[2], r = n->rank;
     int32_t qk[2] = {q, kk};
-    int32_t lse = emit(
-        a, &(loom_ir_node_desc){
-               .op = LOOM_IR_OP_ATTENTION_LSE, .n_inputs = 2, .inputs = qk, .attrs = n->attrs});
+    if (a->att != id) {
+        a->att = id;
+        a->att_lse = a->att_delta = -1;
+    }
+    if (a->att_lse < 0)
+        a->att_lse = emit(
+            a, &(loom_ir_node_desc){
+                   .op = LOOM_IR_OP_ATTENTION_LSE, .n_inputs = 2, .inputs = qk, .attrs = n->attrs});
+    int32_t lse = a->att_lse;
     if (k == 2) {
         int32_t in[4] = {q, kk, g, lse};
         return lse < 0 ? -1
@@ -269,9 +278,12 @@ static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k
                                                       .inputs = in,
                                                       .attrs = n->attrs});
     }
-    int32_t go =
-        bin(a, LOOM_IR_OP_MUL, cast_to(a, g, LOOM_DTYPE_F32), cast_to(a, id, LOOM_DTYPE_F32));
-    int32_t delta = reduce(a, LOOM_IR_OP_REDUCE_SUM, go, 1u << (r - 1), false);
+    if (a->att_delta < 0) {
+        int32_t go =
+            bin(a, LOOM_IR_OP_MUL, cast_to(a, g, LOOM_DTYPE_F32), cast_to(a, id, LOOM_DTYPE_F32));
+        a->att_delta = reduce(a, LOOM_IR_OP_REDUCE_SUM, go, 1u << (r - 1), false);
+    }
+    int32_t delta = a->att_delta;
     int32_t in[6] = {q, kk, v, g, lse, delta};
     if (lse < 0 || delta < 0)
         return -1;
@@ -672,7 +684,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             st = loom_fe_error(ctx, LOOM_STATUS_OUT_OF_MEMORY, file, line, op, "out of memory");
     }
     if (st == LOOM_OK) {
-        ag a = {.ctx = ctx, .loc = {file, line}, .autocast = LOOM_DTYPE_F32};
+        ag a = {.ctx = ctx, .loc = {file, line}, .autocast = LOOM_DTYPE_F32, .att = -1};
         memset(needs, 0, nbytes);
         for (int32_t i = 0; i < total; i++)
             grad[i] = -1;
