@@ -232,9 +232,14 @@ bool loom_cg_host_has(const char *feature);
 typedef enum cg_mm16 { CG_MM16_F32, CG_MM16_AVX512BF16, CG_MM16_COUNT_ } cg_mm16;
 cg_mm16 loom_cg_mm16_path(void);
 /* Whether large f32 matmuls run on that FMA microkernel (microkernel.c) rather than the
- * matmul schedule: on AVX-512 hosts (its 16 accumulators of 16 lanes are 16 zmm registers),
- * unless LOOM_MATMUL_ISA forces another ISA's register tiles. */
+ * matmul schedule: on AVX-512 and AVX2+FMA hosts, unless LOOM_MATMUL_ISA forces the generic
+ * tiles or a 16-bit path. */
 bool loom_cg_f32_microkernel(void);
+/* The accumulators (vectors of 16 f32) of the microkernel's C tile: 16 on AVX-512 hosts (16
+ * of the 32 zmm registers), 6 elsewhere (a vector is a pair of AVX2's 16 ymm registers: the
+ * 6 x 16 tile of AVX2 GEMMs, 12 ymm, leaves B's pair and A's broadcast unspilled);
+ * LOOM_MATMUL_ISA=avx512 | avx2 forces one. */
+int64_t loom_cg_mk_acc(void);
 /* How convolutions compile, from LOOM_CONV (read at each compile; loom_cg_target_key includes
  * it): AUTO, the kernels with Winograd where it applies (conv_winograd.c); DIRECT, without
  * Winograd nor border classes; IM2COL, decomposed by passes/conv_decompose.c (which reads the

@@ -114,8 +114,7 @@ static void plan_gw(kc *c, cv_plan *cp) {
     cp->kc = divisor16(cp->N, TP_GW_IMAGES);
     cp->nbk = cp->N / cp->kc;
     cg_mk *m = &cp->mk;
-    m->nv = co <= MK_PANEL ? 1 : 2;
-    m->mr = MK_ACC / m->nv;
+    cg_mk_shape(m, co);
     m->kp = cp->kc / m->pk;
     m->nbp = cv_row_ld(ceil_div(co, m->nv * MK_PANEL) * m->nv * MK_PANEL); /* dw^T's rows */
     m->b_ld = m->nbp;
@@ -142,7 +141,7 @@ void cv_taps_plan(kc *c, cv_plan *cp) {
     cp->nbk = cp->wch / cp->kc;
     cg_mk *m = &cp->mk;
     m->nv = nb / MK_PANEL;
-    m->mr = MK_ACC / m->nv;
+    m->mr = cg_mk_rows(m->nv);
     m->kp = cp->kc / m->pk;
     m->nbp = cv_row_ld(cp->cols); /* C's rows, pixel-major and in the destination's layout */
     m->b_ld = cv_row_ld(cp->sH * cp->sW * nb);

@@ -416,8 +416,7 @@ static void plan_gw(cv_plan *cp, cv_wino *wn) {
     nbn = ceil_div(cp->Og, cols);
     m->pk = cp->mk.pk;
     m->kp = wn->kc / m->pk;
-    m->nv = cols <= MK_PANEL ? 1 : 2;
-    m->mr = MK_ACC / m->nv;
+    cg_mk_shape(m, cols);
     m->nbp = ceil_div(cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;
     m->b_ld = cv_row_ld(m->nbp);
     /* A staged in f32, [rows up to mbp, kc tiles] per GEMM */
@@ -472,9 +471,11 @@ static wn_blocks row_blocks(const cv_plan *cp, const cv_wino *wn, int64_t most_r
         int64_t t = ceil_div(nth, n);
         if (ceil_div(nth, t) != n)
             continue;
-        int64_t tiles = t * wn->TW, nv = tiles <= MK_PANEL ? 1 : 2;
-        int64_t np = ceil_div(tiles, nv * MK_PANEL) * nv * MK_PANEL;
-        int64_t mbp = ceil_div(bl.rows, MK_ACC / nv) * (MK_ACC / nv);
+        int64_t tiles = t * wn->TW;
+        cg_mk tile;
+        cg_mk_shape(&tile, tiles);
+        int64_t np = ceil_div(tiles, tile.nv * MK_PANEL) * tile.nv * MK_PANEL;
+        int64_t mbp = ceil_div(bl.rows, tile.mr) * tile.mr;
         if ((t > 1 && wn->nx * mbp * np * 4 > WN_C_BYTES) || (n * bl.nbm < WN_TASKS_MIN && n < nth))
             continue;
         double fill = (double)(nth * wn->TW) / (double)(n * np);
@@ -508,8 +509,7 @@ void cv_wino_plan(cv_plan *cp, cv_wino *wn) {
         bl = small;
     wn->tr = bl.tr;
     int64_t tiles = bl.tr * wn->TW;
-    m->nv = tiles <= MK_PANEL ? 1 : 2;
-    m->mr = MK_ACC / m->nv;
+    cg_mk_shape(m, tiles);
     m->nbp = ceil_div(tiles, m->nv * MK_PANEL) * m->nv * MK_PANEL;
     m->b_ld = cv_row_ld(m->nbp);
     plan_window(cp, wn);

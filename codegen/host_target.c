@@ -148,11 +148,29 @@ cg_mm16 loom_cg_mm16_path(void) {
     return CG_MM16_F32;
 }
 
-bool loom_cg_f32_microkernel(void) {
+/* The f32 register tiles LOOM_MATMUL_ISA forces: 512 (avx512), 256 (avx2), 0 (another
+ * value: generic, or a 16-bit path's name), -1 (unset: by the host). */
+static int forced_tile_bits(void) {
     const char *forced = getenv("LOOM_MATMUL_ISA");
-    if (forced && forced[0] && strcmp(forced, "avx512") != 0)
+    if (!forced || !forced[0])
+        return -1;
+    return strcmp(forced, "avx512") == 0 ? 512 : strcmp(forced, "avx2") == 0 ? 256 : 0;
+}
+
+int64_t loom_cg_mk_acc(void) {
+    int bits = forced_tile_bits();
+    if (bits == 512 || (bits != 256 && loom_cg_host_has("avx512f")))
+        return 16;
+    return 6;
+}
+
+bool loom_cg_f32_microkernel(void) {
+    int bits = forced_tile_bits();
+    if (bits == 0)
         return false;
-    return loom_cg_host_has("avx512f");
+    if (loom_cg_host_has("avx512f"))
+        return true;
+    return loom_cg_host_has("avx2") && loom_cg_host_has("fma");
 }
 
 const char *loom_cg_matmul16_path(loom_dtype dt) {

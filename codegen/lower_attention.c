@@ -207,8 +207,8 @@ static void product(at_kern *K, MlirValue A, MlirValue Bp, MlirValue b0, MlirVal
     kc *c = K->c;
     cg_b *b = c->b;
     if (!K->f64) {
-        cg_mk mk = {.nv = nbp >= 2 * MK_PANEL ? 2 : 1, .pk = 1, .kp = kp, .nbp = nbp};
-        mk.mr = MK_ACC / mk.nv;
+        cg_mk mk = {.pk = 1, .kp = kp, .nbp = nbp};
+        cg_mk_shape(&mk, nbp);
         MlirValue z = cg_idx(b, 0);
         cg_mk_tiles_at(c, &mk, A, z, Bp, b0, C, z, mb, nb, accumulate, (MlirValue){NULL}, NULL);
         return;
@@ -521,16 +521,18 @@ loom_status cg_lower_attention(kc *c) {
     for (int i = 0; i < 6; i++)
         if (ap->in[i] >= 0)
             K.buf[i] = c->bufs[c->s->buf_of[ap->in[i]]];
-    int64_t E = ap->E, Ev = ap->Ev, W = E > Ev ? E : Ev;
+    /* the blocks' rows rounded up to whole C tiles (6 rows on AVX2: tiles past AT_BM read
+     * and write rows no one uses) */
+    int64_t E = ap->E, Ev = ap->Ev, W = E > Ev ? E : Ev, BM = AT_BM + MK_ACC;
     at_bufs w = {
-        .A = cg_alloc_buf(b, K.T, AT_BM * W),
-        .A2 = cg_alloc_buf(b, K.T, AT_BM * W),
+        .A = cg_alloc_buf(b, K.T, BM * W),
+        .A2 = cg_alloc_buf(b, K.T, BM * W),
         .Bt = cg_alloc_buf(b, K.T, (ncb > 0 ? ncb : 1) * AT_BN * E),
         .Bt2 = cg_alloc_buf(b, K.T, (ncb > 0 ? ncb : 1) * AT_BN * Ev),
         .Bp = cg_alloc_buf(b, K.T, (ncb > 0 ? ncb : 1) * AT_BN * ap->nbo),
-        .Sc = cg_alloc_buf(b, K.T, AT_BM * AT_BN),
-        .Dp = cg_alloc_buf(b, K.T, AT_BM * AT_BN),
-        .acc = cg_alloc_buf(b, K.T, AT_BM * ap->nbo),
+        .Sc = cg_alloc_buf(b, K.T, BM * AT_BN),
+        .Dp = cg_alloc_buf(b, K.T, BM * AT_BN),
+        .acc = cg_alloc_buf(b, K.T, BM * ap->nbo),
         .m = cg_alloc_buf(b, K.T, AT_BM),
         .l = cg_alloc_buf(b, K.T, AT_BM),
     };

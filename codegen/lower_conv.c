@@ -274,8 +274,7 @@ static void plan_blocks(const kc *c, cv_plan *cp) {
         cp->rows = 1;
     cp->nbm = ceil_div(cp->M, cp->rows);
     cg_mk *m = &cp->mk;
-    m->nv = cp->cols <= MK_PANEL ? 1 : 2;
-    m->mr = MK_ACC / m->nv;
+    cg_mk_shape(m, cp->cols);
     m->pk = is_16(cp->dt) && cg_mk_pairs(cp->dt) ? 2 : 1;
     m->kp = ceil_div(cp->kc, m->pk);
     m->nbp = ceil_div(cp->cols, m->nv * MK_PANEL) * m->nv * MK_PANEL;

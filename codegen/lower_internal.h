@@ -223,8 +223,7 @@ loom_status cg_eval(kc *c, int32_t id, const imap *map, MlirValue *out);
  * an element is a pair of bf16 along K (pk 2, for vdpbf16ps: B in the VNNI layout) or one
  * f32 (pk 1, for FMAs). C is f32, cs[i * nbp + j]. */
 enum {
-    MK_ACC = 16,   /* accumulators (vectors of 16 f32) of a C tile: 8 rows x 32 columns, or
-                    * 16 x 16 for at most 16 columns (a classifier's N = 10 would waste 22) */
+    MK_ACC = 16,   /* most accumulators (vectors of 16 f32) of a C tile (cg_mk_shape) */
     MK_PANEL = 16, /* columns of a packed B panel (one vector of 16 f32 / bf16 pairs) */
 };
 
@@ -235,6 +234,20 @@ typedef struct cg_mk {
     int64_t nbp;    /* columns of a block padded to whole tiles: C's row stride */
     int64_t b_ld;   /* B row-major with rows b_ld apart (>= nbp) instead of in panels: 0 */
 } cg_mk;
+
+/* The C tile of a block of cols columns: on AVX-512 (loom_cg_mk_acc 16) 8 rows x 32
+ * columns, or 16 x 16 for at most 16 columns (a classifier's N = 10 would waste 22); on AVX2
+ * (6) always 6 x 16, its loads of B fewest per FMA. */
+static inline void cg_mk_shape(cg_mk *m, int64_t cols) {
+    int64_t acc = loom_cg_mk_acc();
+    m->nv = cols <= MK_PANEL || acc < MK_ACC ? 1 : 2;
+    m->mr = acc / m->nv;
+}
+/* The rows of a C tile of nv panels, where nv is set by the layout (at least one). */
+static inline int64_t cg_mk_rows(int64_t nv) {
+    int64_t r = loom_cg_mk_acc() / nv;
+    return r > 0 ? r : 1;
+}
 
 /* Whether 16-bit dtype dt packs bf16 pairs for vdpbf16ps (else its values convert to f32). */
 static inline bool cg_mk_pairs(loom_dtype dt) {

@@ -27,7 +27,7 @@ enum {
 /* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
  * integers); 16-bit matmuls pack each task's operands first, evaluating them (so a cast
  * into the matmul costs no pass of its own), for the packed microkernel (cg_mk_tiles).
- * So do large f32 matmuls on AVX-512 hosts (loom_cg_f32_microkernel), where B streams from
+ * So do large f32 matmuls on AVX-512 and AVX2 hosts (loom_cg_f32_microkernel), where B streams from
  * memory (K x N >= MM_B_STREAMS) and M x K x N >= MM_PACK_F32_MACS with M >= 256. Measured
  * on a Zen 4 (bench_gemm --dtype bf16, its "Loom f32" column; GFLOP/s on 1 and 2 threads,
  * microkernel against the matmul schedule's cache tiles): 1024^3 107-109 / 207-208 against
@@ -428,8 +428,7 @@ loom_status cg_lower_matmul(kc *c) {
     mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
     mp->kind = kind;
-    mp->mk.nv = mp->cols <= MK_PANEL ? 1 : 2;
-    mp->mk.mr = MK_ACC / mp->mk.nv;
+    cg_mk_shape(&mp->mk, mp->cols);
     mp->mbp = ceil_div(mp->rows, mp->mk.mr) * mp->mk.mr;
     mp->mk.nbp = ceil_div(mp->cols, mp->mk.nv * MK_PANEL) * mp->mk.nv * MK_PANEL;
     mp->mk.pk = kind == MM_PACK_BF16 ? 2 : 1;

@@ -63,7 +63,7 @@ void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue
     /* B's element (kk, column 16 pn + l) at kk * ks + pn * ps + l */
     int64_t ks = m->b_ld ? m->b_ld : MK_PANEL, ps = m->b_ld ? MK_PANEL : m->kp * MK_PANEL;
     MlirValue bpan0 = cg_iadd(b, b0, cg_imul_c(b, ljt.iv, NV * ps));
-    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), NACC, init);
+    cg_for_begin(b, &lk, cg_idx(b, 0), cg_idx(b, m->kp), (int)(MR * NV), init);
     MlirValue bv[2], acc[NACC];
     MlirValue brow = cg_iadd(b, bpan0, cg_imul_c(b, lk.iv, ks));
     for (int v = 0; v < NV; v++)
@@ -75,7 +75,7 @@ void cg_mk_tiles_at(kc *c, const cg_mk *m, MlirValue ap, MlirValue a0, MlirValue
             acc[i * NV + v] = m->pk == 2 ? cg_dpbf16(b, lk.iter[i * NV + v], av, bv[v])
                                          : cg_fma(b, av, bv[v], lk.iter[i * NV + v]);
     }
-    cg_for_end(b, &lk, NACC, acc);
+    cg_for_end(b, &lk, (int)(MR * NV), acc);
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++)
             cg_vstore(b, cg_for_result(&lk, i * NV + v), cs,

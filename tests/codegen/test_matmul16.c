@@ -37,6 +37,8 @@ typedef struct isa_path {
 static const isa_path paths[] = {
     {"avx512bf16", "avx512bf16"}, /* bf16 through vdpbf16ps; f16 converted to f32 */
     {"f32", NULL},                /* every machine: operands converted to f32 */
+    {"avx2", NULL},               /* the same in AVX2's 6 x 16 C tiles (any host runs them) */
+    {"avx512", NULL},             /* and in AVX-512's 8 x 32 or 16 x 16 */
 };
 
 /* Forces path p for the compiles that follow; false (after cmocka's skip message) when
@@ -412,10 +414,12 @@ static bool dump_holds(const char *dir, const char *needle) {
 }
 
 /* A large f32 matmul (K x N >= 2^20, M x K x N >= 2^29, M >= 256) runs on the packed FMA
- * microkernel on AVX-512 hosts (lower_matmul.c; its MLIR multiplies with math.fma and has no
- * linalg.matmul), and on the matmul schedule when LOOM_MATMUL_ISA forces the AVX2 tiles; both
- * against f64, with a partial last panel of columns (N = 1025) and one more row than the tiles
- * hold (M = 513). One with 511 rows stays on the schedule. */
+ * microkernel on AVX-512 and AVX2 hosts (lower_matmul.c; its MLIR multiplies with math.fma
+ * and has no linalg.matmul), in the host's C tiles or those LOOM_MATMUL_ISA=avx512 (8 x 32)
+ * or avx2 (6 x 16) forces, and on the matmul schedule when LOOM_MATMUL_ISA forces the generic
+ * tiles; all against f64, with a partial last panel of columns (N = 1025) and one more row
+ * than the tiles hold (M = 513, not a multiple of 6 either). One with 511 rows stays on the
+ * schedule. */
 static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
     (void)state;
     char dir[] = "/tmp/loom_mm16_XXXXXX";
@@ -429,14 +433,13 @@ static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
         const mm_shape *sh;
         bool microkernel;
     } cases[] = {
-        {NULL, &big, true},
-        {"avx2", &big, false},
-        {NULL, &fewer, false},
+        {NULL, &big, true},      {"avx512", &big, true},   {"avx2", &big, true},
+        {"avx2", &long_k, true}, {"generic", &big, false}, {NULL, &fewer, false},
         {NULL, &long_k, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (cases[i].microkernel && !host_has("avx512f")) {
-            print_message("skipping the microkernel case: this CPU has no AVX-512\n");
+        if (cases[i].microkernel && !host_has("avx512f") && !host_has("avx2")) {
+            print_message("skipping the microkernel case: this CPU has neither AVX-512 nor AVX2\n");
             continue;
         }
         if (cases[i].isa)

@@ -346,6 +346,15 @@ static void test_compiled_step_matches_the_interpreter_in_f32(void **state) {
     setenv("LOOM_CONV", "im2col", 1); /* the decomposition, compiled */
     compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_F32, 1e-5);
     unsetenv("LOOM_CONV");
+    /* the microkernel's C tiles of the other ISA than this host's (AVX2's 6 x 16 on AVX-512
+     * hosts, AVX-512's 8 x 32 elsewhere; any x86-64 host runs both) */
+    static const char *const tiles[] = {"avx2", "avx512"};
+    for (size_t i = 0; i < 2; i++) {
+        setenv("LOOM_MATMUL_ISA", tiles[i], 1);
+        compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_F32, 1e-5);
+        compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_F32, 1e-5);
+    }
+    unsetenv("LOOM_MATMUL_ISA");
 }
 
 /* Under bf16 autocast both run the convolutions in bf16, accumulating in f32 and rounding
