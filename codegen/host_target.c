@@ -179,7 +179,10 @@ const char *loom_cg_matmul16_path(loom_dtype dt) {
     loom_cg_init_once();
     if (dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16)
         return "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation";
-    return "f32: operands converted to f32 while packed, f32 FMA";
+    return loom_cg_mk_acc() == 16
+               ? "f32: operands converted to f32 while packed, f32 FMA, 8 x 32 or 16 x 16 C tiles "
+                 "(AVX-512)"
+               : "f32: operands converted to f32 while packed, f32 FMA, 6 x 16 C tiles (AVX2)";
 }
 
 cg_conv_mode loom_cg_conv_mode(void) {

@@ -46,6 +46,10 @@ fi
 check "LOOM_MATMUL_ISA=f32 forces the f32 path" \
     sh -c 'LOOM_MATMUL_ISA=f32 "$1" ops --op matmul | grep -q "^  bf16: f32: "' sh "$LOOM_IR"
 check "f16 matmuls convert to f32" grep -q "^  f16:  f32: " "$TMP/table"
+check "LOOM_MATMUL_ISA=avx2 names the AVX2 C tiles" \
+    sh -c 'LOOM_MATMUL_ISA=avx2 "$1" ops --op matmul | grep -q "^  f16:  f32: .*, 6 x 16 C tiles (AVX2)$"' sh "$LOOM_IR"
+check "LOOM_MATMUL_ISA=avx512 names the AVX-512 C tiles" \
+    sh -c 'LOOM_MATMUL_ISA=avx512 "$1" ops --op matmul | grep -q "^  f16:  f32: .*, 8 x 32 or 16 x 16 C tiles (AVX-512)$"' sh "$LOOM_IR"
 check "the AMX line says why it does not run" grep -qE "^  amx-bf16: (this CPU has no AMX-BF16|the AMX-BF16 kernel is not implemented yet)$" "$TMP/table"
 
 check "ops --op matmul exits 0" exit_is 0 "$LOOM_IR" ops --op matmul
