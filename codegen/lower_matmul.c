@@ -18,7 +18,12 @@ enum {
     MK_B_STREAM_BLOCKS = 2, /* (packed kinds whose columns split into tasks) */
     MK_COLS_MIN = 64,       /* packed kinds: columns per task at least */
     MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
-    MM_PACK_F32_ROWS = 256, /* f32 matmuls pack for the microkernel from these many rows */
+    /* into this many tasks where K is long (K > MK_KCHUNK_FROM), as each column block packs
+     * all of A's long rows: GPT-2's lm_head input gradient [256, 50257] x [50257, 256] on a
+     * Zen 3 (AVX2 tiles, 2 threads, LOOM_PROFILE) ran at 62-71 GFLOP/s in 8 tasks of 128 x
+     * 64, 92-105 in 4, 133-135 in 2 of 128 x 256 */
+    MK_LONG_K_TASKS = 2,
+    MM_PACK_F32_ROWS = 256,     /* f32 matmuls pack for the microkernel from these many rows */
     MM_PACK_F32_MACS = 1 << 29, /* and multiply-adds (512 x 1024 x 1024) */
     MK_KCHUNK_FROM = 4096,      /* packed kinds: K above this is taken in chunks */
     MK_KCHUNK = 512,            /* of this many (even: bf16 pairs never straddle two) */
@@ -420,8 +425,10 @@ loom_status cg_lower_matmul(kc *c) {
     if (mk_cols_split(kind, mp->N) && mp->P * mp->nbm < MK_SPLIT_BELOW) {
         /* few row blocks: tasks of column blocks too, so that each thread packs only the
          * columns of B it multiplies (64x512x512 spent as long packing B as using it); not
-         * with more row blocks, as each column block packs A's rows again */
-        int64_t nbn = ceil_div(2 * MK_SPLIT_BELOW, mp->P * mp->nbm);
+         * with more row blocks, as each column block packs A's rows again: with a long K
+         * (all of its chunks) up to MK_LONG_K_TASKS tasks only */
+        int64_t nbn = ceil_div(mp->K > MK_KCHUNK_FROM ? MK_LONG_K_TASKS : 2 * MK_SPLIT_BELOW,
+                               mp->P * mp->nbm);
         nbn = nbn > mp->N / MK_COLS_MIN ? mp->N / MK_COLS_MIN : nbn;
         mp->cols = ceil_div(ceil_div(mp->N, nbn), MK_COLS_MIN) * MK_COLS_MIN;
     }
