@@ -20,7 +20,7 @@ enum {
     MK_SPLIT_BELOW = 4,     /* packed kinds: columns split into tasks below this many row blocks */
     /* into this many tasks where K is long (K > MK_KCHUNK_FROM), as each column block packs
      * all of A's long rows: GPT-2's lm_head input gradient [256, 50257] x [50257, 256] on a
-     * Zen 3 (AVX2 tiles, 2 threads, LOOM_PROFILE) ran at 62-71 GFLOP/s in 8 tasks of 128 x
+     * Zen 3 (AVX2 tiles, 2 threads, LOOM_PROFILE) ran at 62-75 GFLOP/s in 8 tasks of 128 x
      * 64, 92-105 in 4, 133-135 in 2 of 128 x 256 */
     MK_LONG_K_TASKS = 2,
     MM_PACK_F32_ROWS = 256,     /* f32 matmuls pack for the microkernel from these many rows */
