@@ -272,10 +272,10 @@ static void test_parallel_for_idle_counts_the_threads_time_outside_chunks(void *
     loom_rt_pool_destroy(pool);
 }
 
-/* Sleeps 5 ms per index of [lo, hi), 20 ms more at index 0. */
+/* Sleeps 5 ms per index of [lo, hi), 40 ms more at index 0. */
 static void uneven_fn(void *ud, int64_t lo, int64_t hi) {
     (void)ud;
-    usleep((useconds_t)((hi - lo) * 5000 + (lo == 0 ? 20000 : 0)));
+    usleep((useconds_t)((hi - lo) * 5000 + (lo == 0 ? 40000 : 0)));
 }
 
 static void test_parallel_for_ex_deals_several_chunks_a_thread(void **state) {
@@ -296,13 +296,15 @@ static void test_parallel_for_ex_deals_several_chunks_a_thread(void **state) {
         free(r);
     }
     loom_rt_pool_destroy(pool);
-    /* 2 threads over 8 indices, the first 20 ms longer: in one chunk each, the second
-     * thread waits 20 ms for the first; in chunks of one index it takes the others' share */
+    /* 2 threads over 16 indices, the first 40 ms longer: in one chunk each (80 and 40 ms),
+     * the second thread waits 40 ms for the first; in chunks of two indices it takes the
+     * others' share (50 ms against 7 chunks of 10) and waits about none. The bounds leave
+     * 15 ms for a VM's oversleeping (a usleep of 20 ms took 29 here) */
     assert_int_equal(loom_rt_pool_create(2, &sys, &pool), LOOM_OK);
     int64_t idle_one = -1, idle_split = -1;
-    loom_rt_pool_parallel_for_ex(pool, 8, 1, 1, uneven_fn, NULL, &idle_one);
-    loom_rt_pool_parallel_for_ex(pool, 8, 1, 4, uneven_fn, NULL, &idle_split);
-    if (!(idle_one >= 15000000 && 2 * idle_split < idle_one))
+    loom_rt_pool_parallel_for_ex(pool, 16, 1, 1, uneven_fn, NULL, &idle_one);
+    loom_rt_pool_parallel_for_ex(pool, 16, 1, 4, uneven_fn, NULL, &idle_split);
+    if (!(idle_one >= 25000000 && 2 * idle_split < idle_one))
         fail_msg("idle %lld ns in one chunk a thread, %lld in four", (long long)idle_one,
                  (long long)idle_split);
     loom_rt_pool_destroy(pool);
