@@ -123,6 +123,13 @@ extern const loom_pass loom_pass_cse;
  * A folded value that a constant cannot hold exactly (an i64 beyond 2^53) is not folded. */
 extern const loom_pass loom_pass_fold;
 
+/* Scatter-fold: a scatter_add into zeros (a gather's gradient) folded into its readers: a
+ * reduce_sum over its axis sums its src instead; an add of it to another value, when nothing
+ * else reads it, becomes a scatter_add into that value. Rules at the top of
+ * passes/scatter_fold.c. Runs after fold, then DCE. Errors: OUT_OF_MEMORY (the graph is
+ * unchanged). */
+extern const loom_pass loom_pass_scatter_fold;
+
 /* ---- planning ----------------------------------------------------------------------------- */
 
 /* Fusion: partitions g into kernels (plan->kernels, plan->node_kernel; the plan is reset
@@ -148,12 +155,12 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
 /* The default JIT pipeline in one call: autocast, conv-decompose, dce, reduce-factor, cse, moments,
- * fold, matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its dumps and
- * verify_each apply), then fusion, all-reduce bucketing (opts->allreduce_bucket_mb), memory
- * planning and loom_ir_plan_verify. g is rewritten in place; plan (initialized by the caller)
- * describes the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0, out1 = in0
- * into in1), a cast of one input to its own dtype is appended so that a kernel copies it aside
- * first. Errors: those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
+ * fold, scatter-fold, matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its
+ * dumps and verify_each apply), then fusion, all-reduce bucketing (opts->allreduce_bucket_mb),
+ * memory planning and loom_ir_plan_verify. g is rewritten in place; plan (initialized by the
+ * caller) describes the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0,
+ * out1 = in0 into in1), a cast of one input to its own dtype is appended so that a kernel copies it
+ * aside first. Errors: those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
 loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
                                  loom_ir_plan *plan, loom_ir_diag *d);
 

@@ -1,7 +1,7 @@
 /* Tests of common-subexpression elimination and constant folding: the exact graphs they
  * produce, and that folded values are bit-identical to what the reference interpreter
  * computes from the original graph; and of the moments pass's values (its graphs are a
- * golden test). */
+ * golden test), and of scatter-fold's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -868,6 +868,59 @@ static void test_moments_keep_the_mean_and_the_variance_within_rounding(void **s
     }
 }
 
+/* Scatter-fold gives the values the unfolded graph gives, within float rounding (it adds in
+ * another order): cross-entropy's backward and a tied embedding table's gradient, whose
+ * indices (the seeded inputs, -8..7) repeat and fall out of range, clamped. */
+static void test_scatter_fold_keeps_the_values(void **state) {
+    (void)state;
+    static const char text[] = "loom.graph {\n"
+                               "  %x = input {index = 0} : f32[4,3,9]\n"
+                               "  %i = input {index = 1} : i64[4,3,2]\n"
+                               "  %u = input {index = 2} : f32[4,3,2]\n"
+                               "  %z = constant {value = 0} : f32[4,3,9]\n"
+                               "  %s = scatter_add %z, %i, %u {axis = 2} : f32[4,3,9]\n"
+                               "  %r = reduce_sum %s {axes = [0, 2], keepdim = true} : f32[1,3,1]\n"
+                               "  %b = broadcast %r : f32[4,3,9]\n"
+                               "  %e = mul %b, %x : f32[4,3,9]\n"
+                               "  %g = add %s, %e : f32[4,3,9]\n"
+                               "  %t = input {index = 3} : f32[7,5]\n"
+                               "  %ti = input {index = 4} : i32[16,5]\n"
+                               "  %tu = input {index = 5} : f32[16,5]\n"
+                               "  %tz = constant {value = 0} : f32[7,5]\n"
+                               "  %ts = scatter_add %tz, %ti, %tu {axis = 0} : f32[7,5]\n"
+                               "  %tg = add %t, %ts : f32[7,5]\n"
+                               "  return %g, %tg\n"
+                               "}\n";
+    loom_ir_graph before, after;
+    parse(&before, text);
+    parse(&after, text);
+    assert_true(run_pass(&loom_pass_scatter_fold, &after));
+    int32_t scatters = 0, adds = 0, zeros = 0;
+    for (int32_t i = 0; i < after.n_nodes; i++) {
+        scatters += after.nodes[i].op == LOOM_IR_OP_SCATTER_ADD;
+        adds += after.nodes[i].op == LOOM_IR_OP_ADD;
+        zeros += after.nodes[i].op == LOOM_IR_OP_CONSTANT;
+    }
+    assert_int_equal(scatters, 2);
+    assert_int_equal(adds, 0);
+    assert_int_equal(zeros, 0);
+    for (uint64_t seed = 1; seed <= 4; seed++) {
+        size_t na, nb;
+        float *x = (float *)run_graph(&before, seed, &na);
+        float *y = (float *)run_graph(&after, seed, &nb);
+        assert_int_equal(na, nb);
+        for (size_t k = 0; k < na / sizeof(float); k++)
+            if (!(fabsf(x[k] - y[k]) <= 1e-5f * (1.0f + fabsf(x[k]))))
+                fail_msg("seed %llu: element %zu: unfolded %.9g, folded %.9g",
+                         (unsigned long long)seed, k, x[k], y[k]);
+        free(x);
+        free(y);
+    }
+    loom_ir_graph_deinit(&before);
+    loom_ir_graph_deinit(&after);
+    oom_sweep(&loom_pass_scatter_fold, text, 4); /* uses, map, nodes, outputs, dce's rebuild */
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -891,6 +944,7 @@ int main(void) {
         cmocka_unit_test(test_cse_compares_slice_pad_and_concat_attributes),
         cmocka_unit_test(test_fold_drops_identity_slices_pads_and_single_concats),
         cmocka_unit_test(test_moments_keep_the_mean_and_the_variance_within_rounding),
+        cmocka_unit_test(test_scatter_fold_keeps_the_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
