@@ -126,9 +126,9 @@ extern const loom_pass loom_pass_fold;
 /* Scatter-fold: a scatter_add into zeros (a gather's gradient) folded into its readers: a
  * reduce_sum over its axis sums its src instead; an add of it to another value, when nothing
  * else reads it, becomes a scatter_add into that value. Rules at the top of
- * passes/scatter_fold.c. Runs after fold, then DCE. Errors: OUT_OF_MEMORY (the graph is
+ * passes/index_fold.c. Runs after fold, then DCE. Errors: OUT_OF_MEMORY (the graph is
  * unchanged). */
-extern const loom_pass loom_pass_scatter_fold;
+extern const loom_pass loom_pass_index_fold;
 
 /* ---- planning ----------------------------------------------------------------------------- */
 
@@ -155,7 +155,7 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
 /* The default JIT pipeline in one call: autocast, conv-decompose, dce, reduce-factor, cse, moments,
- * fold, scatter-fold, matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its
+ * fold, index-fold, matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its
  * dumps and verify_each apply), then fusion, all-reduce bucketing (opts->allreduce_bucket_mb),
  * memory planning and loom_ir_plan_verify. g is rewritten in place; plan (initialized by the
  * caller) describes the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0,
