@@ -6,10 +6,12 @@
 #include "passes.h"
 
 /* The registered passes, in the default JIT pipeline's order (loom_pass_build_plan). */
-static const loom_pass *const all_passes[] = {
-    &loom_pass_autocast,     &loom_pass_conv_decompose, &loom_pass_dce,  &loom_pass_reduce_factor,
-    &loom_pass_cse,          &loom_pass_moments,        &loom_pass_fold, &loom_pass_index_fold,
-    &loom_pass_matmul_casts, &loom_pass_recompute};
+static const loom_pass *const all_passes[] = {&loom_pass_autocast,     &loom_pass_conv_decompose,
+                                              &loom_pass_dce,          &loom_pass_reduce_factor,
+                                              &loom_pass_cse,          &loom_pass_moments,
+                                              &loom_pass_fold,         &loom_pass_index_fold,
+                                              &loom_pass_reduce_split, &loom_pass_matmul_casts,
+                                              &loom_pass_recompute};
 
 const loom_pass *loom_pass_find(const char *name) {
     for (size_t i = 0; i < sizeof all_passes / sizeof all_passes[0]; i++)

@@ -130,6 +130,12 @@ extern const loom_pass loom_pass_fold;
  * unchanged). */
 extern const loom_pass loom_pass_index_fold;
 
+/* Reduce-split: an f32 sum of a million elements or more per output into fewer than 16
+ * outputs (which would run on as many threads) becomes a sum in f64 keeping one of the summed
+ * axes, then the sum of those partial sums, rounded to f32 once as before. Rules at the top
+ * of passes/reduce_split.c. Errors: OUT_OF_MEMORY (the graph is unchanged). */
+extern const loom_pass loom_pass_reduce_split;
+
 /* ---- planning ----------------------------------------------------------------------------- */
 
 /* Fusion: partitions g into kernels (plan->kernels, plan->node_kernel; the plan is reset
@@ -155,12 +161,13 @@ loom_status loom_pass_bucket_allreduces(const loom_ir_graph *g, loom_ir_plan *pl
 loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *plan, loom_ir_diag *d);
 
 /* The default JIT pipeline in one call: autocast, conv-decompose, dce, reduce-factor, cse, moments,
- * fold, index-fold, matmul-casts, recompute through loom_pass_run_pipeline (opts may be NULL; its
- * dumps and verify_each apply), then fusion, all-reduce bucketing (opts->allreduce_bucket_mb),
- * memory planning and loom_ir_plan_verify. g is rewritten in place; plan (initialized by the
- * caller) describes the rewritten g. When outputs exchange donated inputs (out0 = in1 into in0,
- * out1 = in0 into in1), a cast of one input to its own dtype is appended so that a kernel copies it
- * aside first. Errors: those of the passes, VERIFY_FAILED (a bug), OUT_OF_MEMORY. */
+ * fold, index-fold, reduce-split, matmul-casts, recompute through loom_pass_run_pipeline (opts may
+ * be NULL; its dumps and verify_each apply), then fusion, all-reduce bucketing
+ * (opts->allreduce_bucket_mb), memory planning and loom_ir_plan_verify. g is rewritten in place;
+ * plan (initialized by the caller) describes the rewritten g. When outputs exchange donated inputs
+ * (out0 = in1 into in0, out1 = in0 into in1), a cast of one input to its own dtype is appended so
+ * that a kernel copies it aside first. Errors: those of the passes, VERIFY_FAILED (a bug),
+ * OUT_OF_MEMORY. */
 loom_status loom_pass_build_plan(loom_ir_graph *g, const loom_pass_options *opts,
                                  loom_ir_plan *plan, loom_ir_diag *d);
 

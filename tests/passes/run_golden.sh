@@ -72,7 +72,7 @@ n=$((n + 1))
 printf 'loom.graph {\n  return\n}\n' >"$TMP/empty.loom"
 "$LOOM_IR" opt --passes=dce,nope "$TMP/empty.loom" >"$TMP/unknown.out" 2>"$TMP/unknown.err"
 rc=$?
-if [ $rc -eq 2 ] && grep -q "unknown pass 'nope'; known passes: autocast, conv-decompose, dce, reduce-factor, cse, moments, fold, index-fold, matmul-casts, recompute" "$TMP/unknown.err" &&
+if [ $rc -eq 2 ] && grep -q "unknown pass 'nope'; known passes: autocast, conv-decompose, dce, reduce-factor, cse, moments, fold, index-fold, reduce-split, matmul-casts, recompute" "$TMP/unknown.err" &&
     [ ! -s "$TMP/unknown.out" ]; then
     echo "ok $n - opt rejects an unknown pass and lists the known ones"
 else

@@ -1,7 +1,7 @@
 /* Tests of common-subexpression elimination and constant folding: the exact graphs they
  * produce, and that folded values are bit-identical to what the reference interpreter
  * computes from the original graph; and of the moments pass's values (its graphs are a
- * golden test), and of index-fold's. */
+ * golden test), and of index-fold's and reduce-split's. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -937,6 +937,46 @@ static void test_index_fold_keeps_the_values(void **state) {
     oom_sweep(&loom_pass_index_fold, text, 4); /* uses, map, nodes, outputs, dce's rebuild */
 }
 
+/* Reduce-split's two f64 sums give the single f64 sum's f32 result within one rounding: a
+ * gradient's sum of squares over [128, 8192] and a keepdim sum over [1024, 2, 1024]. */
+static void test_reduce_split_keeps_the_sums(void **state) {
+    (void)state;
+    static const char text[] =
+        "loom.graph {\n"
+        "  %g = input {index = 0} : f32[128,8192]\n"
+        "  %g2 = mul %g, %g : f32[128,8192]\n"
+        "  %n = reduce_sum %g2 {axes = [0, 1], keepdim = false} : f32[]\n"
+        "  %x = input {index = 1} : f32[1024,2,1024]\n"
+        "  %k = reduce_sum %x {axes = [0, 2], keepdim = true} : f32[1,2,1]\n"
+        "  return %n, %k\n"
+        "}\n";
+    loom_ir_graph before, after;
+    parse(&before, text);
+    parse(&after, text);
+    assert_true(run_pass(&loom_pass_reduce_split, &after));
+    int32_t f64_sums = 0;
+    for (int32_t i = 0; i < after.n_nodes; i++)
+        f64_sums += after.nodes[i].op == LOOM_IR_OP_REDUCE_SUM &&
+                    after.nodes[i].dtype == LOOM_DTYPE_F64;
+    assert_int_equal(f64_sums, 4);
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+        size_t na, nb;
+        float *x = (float *)run_graph(&before, seed, &na);
+        float *y = (float *)run_graph(&after, seed, &nb);
+        assert_int_equal(na, 3 * sizeof(float));
+        assert_int_equal(nb, na);
+        for (int k = 0; k < 3; k++)
+            if (!(fabsf(x[k] - y[k]) <= 0x1p-23f * fabsf(x[k])) || x[k] == 0.0f)
+                fail_msg("seed %llu: sum %d: one sum %.9g, split %.9g", (unsigned long long)seed,
+                         k, x[k], y[k]);
+        free(x);
+        free(y);
+    }
+    loom_ir_graph_deinit(&before);
+    loom_ir_graph_deinit(&after);
+    oom_sweep(&loom_pass_reduce_split, text, 3); /* map, nodes, outputs */
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -961,6 +1001,7 @@ int main(void) {
         cmocka_unit_test(test_fold_drops_identity_slices_pads_and_single_concats),
         cmocka_unit_test(test_moments_keep_the_mean_and_the_variance_within_rounding),
         cmocka_unit_test(test_index_fold_keeps_the_values),
+        cmocka_unit_test(test_reduce_split_keeps_the_sums),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
