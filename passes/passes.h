@@ -123,11 +123,12 @@ extern const loom_pass loom_pass_cse;
  * A folded value that a constant cannot hold exactly (an i64 beyond 2^53) is not folded. */
 extern const loom_pass loom_pass_fold;
 
-/* Scatter-fold: a scatter_add into zeros (a gather's gradient) folded into its readers: a
- * reduce_sum over its axis sums its src instead; an add of it to another value, when nothing
- * else reads it, becomes a scatter_add into that value. Rules at the top of
- * passes/index_fold.c. Runs after fold, then DCE. Errors: OUT_OF_MEMORY (the graph is
- * unchanged). */
+/* Index-fold: a gather of a chain of elementwise ops (taking at most half of its axis) moves
+ * to the chain's leaves, so the ops run at the gathered elements only (bit for bit the same);
+ * a scatter_add into zeros (a gather's gradient) is folded into its readers: a reduce_sum over
+ * its axis sums its src instead; an add of it to another value, when nothing else reads it,
+ * becomes a scatter_add into that value. Rules at the top of passes/index_fold.c. Runs after
+ * fold, then DCE. Errors: OUT_OF_MEMORY (the graph is unchanged). */
 extern const loom_pass loom_pass_index_fold;
 
 /* Reduce-split: an f32 sum of a million elements or more per output into fewer than 16

@@ -44,6 +44,22 @@ static int32_t split_axis(const loom_ir_graph *g, int32_t i) {
     return axes >= 2 && summed >= SPLIT_MIN_ELEMS ? a0 : -1;
 }
 
+/* A node of one operand into out. */
+static int32_t add1(loom_ir_graph *out, loom_ir_op op, int32_t in, loom_dtype dt, int32_t rank,
+                    const int64_t *shape, loom_ir_attrs attrs, loom_ir_loc loc, loom_status *st,
+                    loom_ir_diag *d) {
+    return loom_pass_add_node(out,
+                              &(loom_ir_node_desc){.op = op,
+                                                   .n_inputs = 1,
+                                                   .inputs = &in,
+                                                   .dtype = dt,
+                                                   .rank = rank,
+                                                   .shape = shape,
+                                                   .attrs = attrs,
+                                                   .loc = loc},
+                              st, d);
+}
+
 static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
     *out_changed = false;
     bool any = false;
@@ -73,45 +89,14 @@ static loom_status run(loom_ir_graph *g, bool *out_changed, loom_ir_diag *d) {
         loom_ir_attrs first = n->attrs;
         first.axes &= ~(1u << a0);
         first.keepdim = true;
-        int32_t in = map[n->inputs[0]];
-        in = loom_pass_add_node(&out,
-                                &(loom_ir_node_desc){.op = LOOM_IR_OP_CAST,
-                                                     .n_inputs = 1,
-                                                     .inputs = &in,
-                                                     .dtype = LOOM_DTYPE_F64,
-                                                     .rank = x->rank,
-                                                     .shape = x->shape,
-                                                     .loc = n->loc},
-                                &st, d);
-        in = loom_pass_add_node(&out,
-                                &(loom_ir_node_desc){.op = LOOM_IR_OP_REDUCE_SUM,
-                                                     .n_inputs = 1,
-                                                     .inputs = &in,
-                                                     .dtype = LOOM_DTYPE_F64,
-                                                     .rank = x->rank,
-                                                     .shape = shape,
-                                                     .attrs = first,
-                                                     .loc = n->loc},
-                                &st, d);
-        in = loom_pass_add_node(&out,
-                                &(loom_ir_node_desc){.op = LOOM_IR_OP_REDUCE_SUM,
-                                                     .n_inputs = 1,
-                                                     .inputs = &in,
-                                                     .dtype = LOOM_DTYPE_F64,
-                                                     .rank = n->rank,
-                                                     .shape = n->shape,
-                                                     .attrs = n->attrs,
-                                                     .loc = n->loc},
-                                &st, d);
-        map[i] = loom_pass_add_node(&out,
-                                    &(loom_ir_node_desc){.op = LOOM_IR_OP_CAST,
-                                                         .n_inputs = 1,
-                                                         .inputs = &in,
-                                                         .dtype = LOOM_DTYPE_F32,
-                                                         .rank = n->rank,
-                                                         .shape = n->shape,
-                                                         .loc = n->loc},
-                                    &st, d);
+        int32_t in = add1(&out, LOOM_IR_OP_CAST, map[n->inputs[0]], LOOM_DTYPE_F64, x->rank,
+                          x->shape, (loom_ir_attrs){0}, n->loc, &st, d);
+        in = add1(&out, LOOM_IR_OP_REDUCE_SUM, in, LOOM_DTYPE_F64, x->rank, shape, first, n->loc,
+                  &st, d);
+        in = add1(&out, LOOM_IR_OP_REDUCE_SUM, in, LOOM_DTYPE_F64, n->rank, n->shape, n->attrs,
+                  n->loc, &st, d);
+        map[i] = add1(&out, LOOM_IR_OP_CAST, in, LOOM_DTYPE_F32, n->rank, n->shape,
+                      (loom_ir_attrs){0}, n->loc, &st, d);
     }
     if (st == LOOM_OK)
         loom_pass_add_outputs(&out, g, map, &st, d);

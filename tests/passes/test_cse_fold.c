@@ -868,9 +868,30 @@ static void test_moments_keep_the_mean_and_the_variance_within_rounding(void **s
     }
 }
 
-/* Scatter-fold gives the values the unfolded graph gives, within float rounding (it adds in
- * another order): cross-entropy's backward and a tied embedding table's gradient, whose
- * indices (the seeded inputs, -8..7) repeat and fall out of range, clamped. */
+/* Runs both graphs on the interpreter over seeds 1..n_seeds: their f32 outputs are equal
+ * bit for bit in the first `exact` bytes, then within tol * (floor + |before's|). */
+static void expect_f32_results(const loom_ir_graph *before, const loom_ir_graph *after,
+                               int n_seeds, size_t exact, float tol, float floor) {
+    for (uint64_t seed = 1; seed <= (uint64_t)n_seeds; seed++) {
+        size_t na, nb;
+        float *x = (float *)run_graph(before, seed, &na);
+        float *y = (float *)run_graph(after, seed, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(x, y, exact);
+        for (size_t k = exact / sizeof(float); k < na / sizeof(float); k++)
+            if (!(fabsf(x[k] - y[k]) <= tol * (floor + fabsf(x[k]))))
+                fail_msg("seed %llu: element %zu: before %.9g, after %.9g",
+                         (unsigned long long)seed, k, x[k], y[k]);
+        free(x);
+        free(y);
+    }
+}
+
+/* Index-fold gives the values the unfolded graph gives: bit for bit where a gather moves to
+ * the leaves of its chain (cross-entropy's forward: a log-softmax read at the label), within
+ * float rounding where a scatter into zeros folds into its add (it adds in another order):
+ * cross-entropy's backward and a tied embedding table's gradient. The indices (the seeded
+ * inputs, -8..7) repeat and fall out of range, clamped. */
 static void test_index_fold_keeps_the_values(void **state) {
     (void)state;
     static const char text[] = "loom.graph {\n"
@@ -918,20 +939,7 @@ static void test_index_fold_keeps_the_values(void **state) {
     assert_int_equal(adds, 0);
     assert_int_equal(zeros, 0);
     assert_int_equal(wide_subs, 1); /* x - max, for the sum; the log-softmax died */
-    const size_t picked = 4 * 3 * 2 * sizeof(float);
-    for (uint64_t seed = 1; seed <= 4; seed++) {
-        size_t na, nb;
-        float *x = (float *)run_graph(&before, seed, &na);
-        float *y = (float *)run_graph(&after, seed, &nb);
-        assert_int_equal(na, nb);
-        assert_memory_equal(x, y, picked);
-        for (size_t k = picked / sizeof(float); k < na / sizeof(float); k++)
-            if (!(fabsf(x[k] - y[k]) <= 1e-5f * (1.0f + fabsf(x[k]))))
-                fail_msg("seed %llu: element %zu: unfolded %.9g, folded %.9g",
-                         (unsigned long long)seed, k, x[k], y[k]);
-        free(x);
-        free(y);
-    }
+    expect_f32_results(&before, &after, 4, 4 * 3 * 2 * sizeof(float), 1e-5f, 1.0f);
     loom_ir_graph_deinit(&before);
     loom_ir_graph_deinit(&after);
     oom_sweep(&loom_pass_index_fold, text, 4); /* uses, map, nodes, outputs, dce's rebuild */
@@ -941,37 +949,24 @@ static void test_index_fold_keeps_the_values(void **state) {
  * gradient's sum of squares over [128, 8192] and a keepdim sum over [1024, 2, 1024]. */
 static void test_reduce_split_keeps_the_sums(void **state) {
     (void)state;
-    static const char text[] =
-        "loom.graph {\n"
-        "  %g = input {index = 0} : f32[128,8192]\n"
-        "  %g2 = mul %g, %g : f32[128,8192]\n"
-        "  %n = reduce_sum %g2 {axes = [0, 1], keepdim = false} : f32[]\n"
-        "  %x = input {index = 1} : f32[1024,2,1024]\n"
-        "  %k = reduce_sum %x {axes = [0, 2], keepdim = true} : f32[1,2,1]\n"
-        "  return %n, %k\n"
-        "}\n";
+    static const char text[] = "loom.graph {\n"
+                               "  %g = input {index = 0} : f32[128,8192]\n"
+                               "  %g2 = mul %g, %g : f32[128,8192]\n"
+                               "  %n = reduce_sum %g2 {axes = [0, 1], keepdim = false} : f32[]\n"
+                               "  %x = input {index = 1} : f32[1024,2,1024]\n"
+                               "  %k = reduce_sum %x {axes = [0, 2], keepdim = true} : f32[1,2,1]\n"
+                               "  return %n, %k\n"
+                               "}\n";
     loom_ir_graph before, after;
     parse(&before, text);
     parse(&after, text);
     assert_true(run_pass(&loom_pass_reduce_split, &after));
     int32_t f64_sums = 0;
     for (int32_t i = 0; i < after.n_nodes; i++)
-        f64_sums += after.nodes[i].op == LOOM_IR_OP_REDUCE_SUM &&
-                    after.nodes[i].dtype == LOOM_DTYPE_F64;
+        f64_sums +=
+            after.nodes[i].op == LOOM_IR_OP_REDUCE_SUM && after.nodes[i].dtype == LOOM_DTYPE_F64;
     assert_int_equal(f64_sums, 4);
-    for (uint64_t seed = 1; seed <= 2; seed++) {
-        size_t na, nb;
-        float *x = (float *)run_graph(&before, seed, &na);
-        float *y = (float *)run_graph(&after, seed, &nb);
-        assert_int_equal(na, 3 * sizeof(float));
-        assert_int_equal(nb, na);
-        for (int k = 0; k < 3; k++)
-            if (!(fabsf(x[k] - y[k]) <= 0x1p-23f * fabsf(x[k])) || x[k] == 0.0f)
-                fail_msg("seed %llu: sum %d: one sum %.9g, split %.9g", (unsigned long long)seed,
-                         k, x[k], y[k]);
-        free(x);
-        free(y);
-    }
+    expect_f32_results(&before, &after, 2, 0, 0x1p-23f, 0.0f);
     loom_ir_graph_deinit(&before);
     loom_ir_graph_deinit(&after);
     oom_sweep(&loom_pass_reduce_split, text, 3); /* map, nodes, outputs */
