@@ -20,6 +20,10 @@ import statistics
 import sys
 import time
 
+import openblas_core  # before numpy and torch load OpenBLAS
+
+OPENBLAS_CORE = openblas_core.pin()
+
 import torch
 import torch.nn.functional as F
 

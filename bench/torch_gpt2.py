@@ -51,6 +51,10 @@ import sys
 import tempfile
 import time
 
+import openblas_core  # before numpy and torch load OpenBLAS
+
+OPENBLAS_CORE = openblas_core.pin()
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -380,7 +384,8 @@ def compare(args, tmp):
             if c and c['rss_growth_mb'] > 0 else '-',
             vs('float32', cold), vs('float64', cold),
             vs(ref, c) if c and ref and ln != ref else '-'])
-    print('\nover %d steps, PyTorch on %d threads:' % (args.steps, torch.get_num_threads()))
+    print('\nover %d steps, PyTorch on %d threads (OpenBLAS core %s):' %
+          (args.steps, torch.get_num_threads(), OPENBLAS_CORE or 'unknown'))
     print_table(header, rows, args.markdown)
 
 

@@ -30,6 +30,10 @@ import sys
 import tempfile
 import time
 
+import openblas_core  # before numpy and torch load OpenBLAS
+
+OPENBLAS_CORE = openblas_core.pin()
+
 import numpy as np
 import torch
 import torch.distributed as dist
