@@ -90,6 +90,13 @@ static void cols_end(cg_b *b, const sc_plan *sp, cg_for *l) {
         cg_for_end(b, l, 0, NULL);
 }
 
+/* The address of buffer m's data. */
+static MlirValue buf_addr(cg_b *b, MlirValue m) {
+    MlirType t = b->index;
+    return mlirOperationGetResult(
+        cg_op(b, "memref.extract_aligned_pointer_as_index", 1, &m, 1, &t, 0, NULL), 0);
+}
+
 /* Task (o, rows [l0, l1) along the axis, columns [i0, i1) of the inner axes, at most cols):
  * base's part into the sums, src's elements added (those of the task's rows where it takes
  * a block of them), the epilogue on each sum. */
@@ -102,6 +109,11 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue l0
     bool fl = loom_ir_dtype_is_float(sp->dt);
     MlirValue p0 = cg_imul_c(b, o, sp->len * sp->inner), s0 = cg_imul_c(b, o, sp->J * sp->inner);
     cg_for ll, lj, li;
+    /* the sums in the base's own buffer (memory planning gave the result the block of a base
+     * that dies here: loom_ir_plan_scatter_base) start there as they are */
+    cg_if copy;
+    if (sp->in_place)
+        cg_if_begin(b, &copy, cg_cmpi(b, CG_I_NE, buf_addr(b, args[0]), buf_addr(b, acc)));
     cg_for_begin(b, &ll, l0, l1, 0, NULL);
     MlirValue row = cg_iadd(b, p0, cg_imul_c(b, ll.iv, sp->inner));
     MlirValue i = cols_begin(b, sp, &li, i0, i1);
@@ -109,6 +121,8 @@ static loom_status emit_task(kc *c, const sc_plan *sp, MlirValue o, MlirValue l0
              acc_at(b, sp, p0, ll.iv, i, i0, cols));
     cols_end(b, sp, &li);
     cg_for_end(b, &ll, 0, NULL);
+    if (sp->in_place)
+        cg_if_end(b, &copy);
     cg_for_begin(b, &lj, cg_idx(b, 0), cg_idx(b, sp->J), 0, NULL);
     MlirValue srow = cg_iadd(b, s0, cg_imul_c(b, lj.iv, sp->inner));
     i = cols_begin(b, sp, &li, i0, i1);

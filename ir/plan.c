@@ -533,7 +533,23 @@ static loom_status check_placements(const loom_ir_plan *p, const loom_ir_graph *
     return LOOM_OK;
 }
 
-/* Arena values alive at the same time never share bytes. A value lives from the kernel that
+/* Items x and y share bytes as a scatter's result and the base it was summed onto
+ * (loom_ir_plan_scatter_base): the same block, the base last read by the kernel that writes
+ * the result. */
+static bool scatter_reuse(const loom_ir_plan *p, const loom_ir_graph *g, const arena_item *x,
+                          const arena_item *y) {
+    for (int pass = 0; pass < 2; pass++) {
+        const arena_item *b = pass ? y : x, *r = pass ? x : y;
+        if (b->offset == r->offset && b->end == r->end && b->last == r->first &&
+            loom_ir_plan_scatter_base(p, g, r->first) == b->node &&
+            p->kernels[r->first].root == r->node)
+            return true;
+    }
+    return false;
+}
+
+/* Arena values alive at the same time never share bytes (but a scatter's result and its
+ * base: scatter_reuse). A value lives from the kernel that
  * writes it to the last kernel that reads it (past all of them when a copy reads it). Two
  * values alive together are both alive when the later of them is written, so it is enough
  * to check, at each kernel that writes arena values, the values alive then: sorted by
@@ -569,7 +585,8 @@ static loom_status check_arena_overlap(const loom_ir_plan *p, const loom_ir_grap
             alive[n_alive++] = items[at++];
         qsort(alive, (size_t)n_alive, sizeof *alive, cmp_by_offset);
         for (int32_t a = 0; a + 1 < n_alive; a++)
-            if (alive[a + 1].offset < alive[a].end)
+            if (alive[a + 1].offset < alive[a].end &&
+                !scatter_reuse(p, g, &alive[a], &alive[a + 1]))
                 return fail(d, alive[a + 1].node,
                             "%%%d and %%%d are alive together (kernels %d..%d and %d..%d) and "
                             "share arena bytes from offset %zu",
@@ -827,6 +844,36 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
 static bool same_type_shape(const loom_ir_node *a, const loom_ir_node *b) {
     return a->rank == b->rank &&
            memcmp(a->shape, b->shape, (size_t)a->rank * sizeof a->shape[0]) == 0;
+}
+
+int32_t loom_ir_plan_scatter_base(const loom_ir_plan *p, const loom_ir_graph *g, int32_t k) {
+    if (k < 0 || k >= p->n_kernels || p->n_nodes != g->n_nodes)
+        return -1;
+    const loom_ir_kernel *kn = &p->kernels[k];
+    if (kn->kind != LOOM_IR_KERNEL_ROOTED || kn->root < 0 || kn->root >= g->n_nodes)
+        return -1;
+    const loom_ir_node *root = &g->nodes[kn->root];
+    if (root->op != LOOM_IR_OP_SCATTER_ADD || root->n_inputs != 3)
+        return -1;
+    bool stored = false;
+    for (int32_t r = 0; r < kn->n_results; r++)
+        stored = stored || kn->results[r] == kn->root;
+    int32_t base = loom_ir_view_base(g, root->inputs[0]);
+    const loom_ir_node *bn = &g->nodes[base];
+    if (!stored || bn->op == LOOM_IR_OP_INPUT || bn->op == LOOM_IR_OP_CONSTANT ||
+        loom_ir_node_bytes(bn) != loom_ir_node_bytes(root) ||
+        loom_ir_view_base(g, root->inputs[1]) == base ||
+        loom_ir_view_base(g, root->inputs[2]) == base)
+        return -1;
+    for (int32_t i = 0; i < kn->n_nodes; i++) {
+        const loom_ir_node *n = &g->nodes[kn->nodes[i]];
+        if (kn->nodes[i] == kn->root)
+            continue;
+        for (int32_t q = 0; q < n->n_inputs; q++)
+            if (loom_ir_view_base(g, n->inputs[q]) == base)
+                return -1;
+    }
+    return base;
 }
 
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,

@@ -147,6 +147,14 @@ bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t op
  * Needs the kernels (fusion's part) only. */
 bool loom_ir_plan_can_update_in_place(const loom_ir_plan *p, const loom_ir_graph *g,
                                       int32_t output);
+/* The value whose arena block kernel k's scatter_add may take for its result, or -1: k roots a
+ * scatter_add stored as its result, whose base (through reshapes) is a kernel's value of the
+ * result's bytes that nothing else in k reads (not its indices, src or epilogue). The kernel
+ * reads each base element before it writes that element's sum, in the task that owns it
+ * (codegen/lower_index.c), so the sums may start in the base's own bytes. Whether the base
+ * dies at k (no later kernel or copy reads it) is the caller's to check: memory planning
+ * takes the block then, and the plan verifier lets the two share it. */
+int32_t loom_ir_plan_scatter_base(const loom_ir_plan *p, const loom_ir_graph *g, int32_t k);
 /* What kernel kn of a plan for g costs per run, as the plan's printout says: the estimated
  * arithmetic of its nodes (loom_ir_node_flops) and the bytes of its args and results, each
  * read or written once. */

@@ -25,14 +25,16 @@
  * alive over [s, s]. Two values whose intervals intersect must not share bytes; in
  * particular a kernel's results never overlap its args (no in-place reuse: a fused kernel
  * may read an arg at another index than the one it writes, through a transpose or a
- * broadcast). The allocator is a linear scan over kernels in order: before kernel k, free
- * every value whose interval ended before k; then place each of k's results in the
- * smallest free gap between live blocks that fits (best fit; lowest offset on ties), or,
- * when none fits, right after the last live block, which grows the arena. Blocks are
- * rounded to 64 bytes and start 64-byte aligned (cache lines, vector loads). Live blocks
- * are kept sorted by offset, so the gaps are read off one walk over them: O(values x live)
- * in all. arena_bytes is the highest block end; peak_bytes adds the output buffers that do
- * not alias inputs (the caller allocates those; donated ones exist anyway).
+ * broadcast), but for a scatter_add's result, which takes the block of the base it sums onto
+ * where that base dies at the scatter (loom_ir_plan_scatter_base: GPT-2's wte gradient and
+ * cross-entropy's, 51 MB each, no longer held twice). The allocator is a linear scan over kernels
+ * in order: before kernel k, free every value whose interval ended before k; then place each of k's
+ * results in the smallest free gap between live blocks that fits (best fit; lowest offset on ties),
+ * or, when none fits, right after the last live block, which grows the arena. Blocks are rounded to
+ * 64 bytes and start 64-byte aligned (cache lines, vector loads). Live blocks are kept sorted by
+ * offset, so the gaps are read off one walk over them: O(values x live) in all. arena_bytes is the
+ * highest block end; peak_bytes adds the output buffers that do not alias inputs (the caller
+ * allocates those; donated ones exist anyway).
  *
  * Copies. Copies run in plan order, one after the other, so a copy that writes a donated
  * input's buffer must come after every copy that reads that input (an output that is the
@@ -255,6 +257,20 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
                 continue; /* in its output buffer */
             size_t vb = loom_ir_node_bytes(&g->nodes[x]);
             size_t size = aligned(vb);
+            int32_t base = x == kn->root && !bucket ? loom_ir_plan_scatter_base(p, g, k) : -1;
+            if (base >= 0 && last[base] == k && p->has_placement[base] &&
+                p->placement[base].kind == LOOM_IR_BUFFER_ARENA && size > 0) {
+                /* the sums start in the base's block, which dies here: its block lives on */
+                size_t at = p->placement[base].offset;
+                p->placement[x] =
+                    (loom_ir_placement){.kind = LOOM_IR_BUFFER_ARENA, .offset = at, .bytes = vb};
+                p->has_placement[x] = true;
+                int32_t end = last[x] > k ? last[x] : k;
+                for (int32_t b = 0; b < n_live; b++)
+                    if (live[b].offset == at && live[b].end < end)
+                        live[b].end = end;
+                continue;
+            }
             size_t at = bucket ? bucket_at : size > 0 ? place(live, n_live, size, top) : 0;
             p->placement[x] =
                 (loom_ir_placement){.kind = LOOM_IR_BUFFER_ARENA, .offset = at, .bytes = vb};

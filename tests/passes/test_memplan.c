@@ -279,6 +279,42 @@ static void test_memplan_orders_copies_before_donated_inputs_are_overwritten(voi
     tu_deinit_both(&g, &p);
 }
 
+/* A scatter_add's sums take the arena block of the base they start from where the base dies
+ * at the scatter (an embedding's gradient onto the tied lm_head's), not where a later kernel
+ * reads the base, nor where the scatter's own epilogue does. */
+static void test_memplan_sums_a_scatter_in_its_dying_base(void **state) {
+    (void)state;
+    loom_ir_graph g;
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,4]\n"
+                 "  %1 = input {index = 1} : f32[4,4]\n"
+                 "  %2 = input {index = 2} : i64[2,4]\n"
+                 "  %3 = input {index = 3} : f32[2,4]\n"
+                 "  %4 = matmul %0, %1 : f32[8,4]\n"                     /* dies at %5 */
+                 "  %5 = scatter_add %4, %2, %3 {axis = 0} : f32[8,4]\n" /* in %4's block */
+                 "  %6 = matmul %0, %1 : f32[8,4]\n"                     /* read by %12 */
+                 "  %7 = scatter_add %6, %2, %3 {axis = 0} : f32[8,4]\n"
+                 "  %8 = matmul %0, %1 : f32[8,4]\n" /* read by %9's epilogue %10 */
+                 "  %9 = scatter_add %8, %2, %3 {axis = 0} : f32[8,4]\n"
+                 "  %10 = add %9, %8 : f32[8,4]\n"
+                 "  %11 = matmul %5, %1 : f32[8,4]\n"
+                 "  %12 = matmul %6, %1 : f32[8,4]\n"
+                 "  %13 = matmul %7, %1 : f32[8,4]\n"
+                 "  %14 = matmul %10, %1 : f32[8,4]\n"
+                 "  return %11, %12, %13, %14\n}\n");
+    loom_ir_plan p;
+    tu_fuse_ok(&g, &p);
+    int32_t k5 = p.node_kernel[5], k7 = p.node_kernel[7], k9 = p.node_kernel[9];
+    assert_int_equal(loom_ir_plan_scatter_base(&p, &g, k5), 4);
+    assert_int_equal(loom_ir_plan_scatter_base(&p, &g, k7), 6); /* may, but %6 lives on */
+    assert_int_equal(loom_ir_plan_scatter_base(&p, &g, k9), -1);
+    assert_int_equal(p.placement[5].kind, LOOM_IR_BUFFER_ARENA);
+    assert_int_equal(p.placement[5].offset, p.placement[4].offset);
+    assert_true(p.placement[7].offset != p.placement[6].offset);
+    assert_true(p.placement[10].offset != p.placement[8].offset);
+    tu_deinit_both(&g, &p);
+}
+
 int main(void) {
     sys = loom_allocator_system();
     const struct CMUnitTest tests[] = {
@@ -288,6 +324,7 @@ int main(void) {
         cmocka_unit_test(test_memplan_copies_aliased_and_duplicate_outputs),
         cmocka_unit_test(test_memplan_updates_in_place_beside_the_root_and_in_a_matmul_epilogue),
         cmocka_unit_test(test_memplan_orders_copies_before_donated_inputs_are_overwritten),
+        cmocka_unit_test(test_memplan_sums_a_scatter_in_its_dying_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
