@@ -257,18 +257,21 @@ loom_status loom_pass_plan_memory(const loom_ir_graph *g, loom_ir_plan *p, loom_
                 continue; /* in its output buffer */
             size_t vb = loom_ir_node_bytes(&g->nodes[x]);
             size_t size = aligned(vb);
+            /* a scatter's sums in the block of the base that dies here (its own block: not a
+             * bucket's), which then lives on */
             int32_t base = x == kn->root && !bucket ? loom_ir_plan_scatter_base(p, g, k) : -1;
+            int32_t reuse = -1;
             if (base >= 0 && last[base] == k && p->has_placement[base] &&
-                p->placement[base].kind == LOOM_IR_BUFFER_ARENA && size > 0) {
-                /* the sums start in the base's block, which dies here: its block lives on */
-                size_t at = p->placement[base].offset;
-                p->placement[x] =
-                    (loom_ir_placement){.kind = LOOM_IR_BUFFER_ARENA, .offset = at, .bytes = vb};
+                p->placement[base].kind == LOOM_IR_BUFFER_ARENA)
+                for (int32_t b = 0; b < n_live; b++)
+                    if (live[b].offset == p->placement[base].offset && live[b].size == size)
+                        reuse = b;
+            if (reuse >= 0) {
+                p->placement[x] = (loom_ir_placement){
+                    .kind = LOOM_IR_BUFFER_ARENA, .offset = live[reuse].offset, .bytes = vb};
                 p->has_placement[x] = true;
                 int32_t end = last[x] > k ? last[x] : k;
-                for (int32_t b = 0; b < n_live; b++)
-                    if (live[b].offset == at && live[b].end < end)
-                        live[b].end = end;
+                live[reuse].end = end > live[reuse].end ? end : live[reuse].end;
                 continue;
             }
             size_t at = bucket ? bucket_at : size > 0 ? place(live, n_live, size, top) : 0;
