@@ -124,7 +124,7 @@ static inline int64_t ceil_div(int64_t a, int64_t b) {
 }
 
 static inline bool same_shape(const loom_ir_node *a, const loom_ir_node *b) {
-    return a->rank == b->rank && memcmp(a->shape, b->shape, (size_t)a->rank * sizeof(int64_t)) == 0;
+    return loom_ir_same_shape(a, b);
 }
 
 /* Index arithmetic on values known non-negative (div, rem), and on i1 (and). */

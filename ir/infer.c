@@ -5,16 +5,8 @@
 
 #include "ir.h"
 
-#define TYPE(buf, node) loom_ir_format_type(buf, sizeof buf, (node)->dtype, (node)->rank, (node)->shape)
-
-static bool same_shape(const loom_ir_node *a, const loom_ir_node *b) {
-    if (a->rank != b->rank)
-        return false;
-    for (int32_t i = 0; i < a->rank; i++)
-        if (a->shape[i] != b->shape[i])
-            return false;
-    return true;
-}
+#define TYPE(buf, node)                                                                            \
+    loom_ir_format_type(buf, sizeof buf, (node)->dtype, (node)->rank, (node)->shape)
 
 static void copy_type(const loom_ir_node *src, loom_dtype *dt, int32_t *rank, int64_t *shape) {
     *dt = src->dtype;
@@ -25,8 +17,8 @@ static void copy_type(const loom_ir_node *src, loom_dtype *dt, int32_t *rank, in
 
 static loom_status check_shape(const loom_ir_node_desc *desc, loom_ir_diag *d) {
     if (desc->rank < 0 || desc->rank > LOOM_MAX_RANK)
-        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
-                                "rank %d is out of range (0..%d)", (int)desc->rank, LOOM_MAX_RANK);
+        return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "rank %d is out of range (0..%d)",
+                                (int)desc->rank, LOOM_MAX_RANK);
     if (desc->rank > 0 && !desc->shape)
         return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "shape is NULL for rank %d",
                                 (int)desc->rank);
@@ -34,11 +26,10 @@ static loom_status check_shape(const loom_ir_node_desc *desc, loom_ir_diag *d) {
     for (int32_t i = 0; i < desc->rank; i++) {
         if (desc->shape[i] < 0)
             return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
-                                    "extent %lld of axis %d is negative",
-                                    (long long)desc->shape[i], (int)i);
+                                    "extent %lld of axis %d is negative", (long long)desc->shape[i],
+                                    (int)i);
         if (desc->shape[i] > 0 && numel > INT64_MAX / 16 / desc->shape[i])
-            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT,
-                                    "shape has too many elements");
+            return loom_ir_diag_set(d, LOOM_STATUS_INVALID_ARGUMENT, "shape has too many elements");
         numel *= desc->shape[i];
     }
     return LOOM_OK;
@@ -194,7 +185,7 @@ static loom_status infer_index(const loom_ir_node_desc *desc, const loom_ir_node
         TYPE(ts, src);
         if (src->dtype != x->dtype)
             return loom_ir_diag_set(d, BAD, "dtypes differ: base %s, src %s", tx, ts);
-        if (!same_shape(src, idx))
+        if (!loom_ir_same_shape(src, idx))
             return loom_ir_diag_set(d, BAD, "src %s must have the indices' shape %s", ts, ti);
         copy_type(x, out_dtype, out_rank, out_shape);
         return LOOM_OK;
@@ -365,10 +356,9 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
          k < desc->n_inputs && k < IN_MAX; k++) {
         if (!loom_ir_dtype_in_class(in[k]->dtype, info->dtypes)) {
             char t[LOOM_IR_TYPE_STR_MAX];
-            return loom_ir_diag_set(d, BAD, "operand %d has dtype %s; %s needs %s", (int)k,
-                                    TYPE(t, in[k]), info->name,
-                                    info->dtypes == LOOM_IR_DT_FLOAT ? "a float dtype"
-                                                                     : "a numeric dtype");
+            return loom_ir_diag_set(
+                d, BAD, "operand %d has dtype %s; %s needs %s", (int)k, TYPE(t, in[k]), info->name,
+                info->dtypes == LOOM_IR_DT_FLOAT ? "a float dtype" : "a numeric dtype");
         }
     }
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX], tc[LOOM_IR_TYPE_STR_MAX];
@@ -383,14 +373,13 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
             return loom_ir_diag_set(d, BAD, "dtype %d is not a valid dtype", (int)desc->dtype);
         if ((st = check_shape(desc, d)) != LOOM_OK)
             return st;
-        if (info->attrs == LOOM_IR_ATTRS_INDEX && (desc->attrs.index < 0 || desc->attrs.index >= INT32_MAX))
+        if (info->attrs == LOOM_IR_ATTRS_INDEX &&
+            (desc->attrs.index < 0 || desc->attrs.index >= INT32_MAX))
             return loom_ir_diag_set(d, BAD, "input index %lld is out of range",
                                     (long long)desc->attrs.index);
         set_desc_type(desc, desc->dtype, out_rank, out_shape, out_dtype);
         return LOOM_OK;
-    case LOOM_IR_KIND_UNARY:
-        copy_type(in[0], out_dtype, out_rank, out_shape);
-        return LOOM_OK;
+    case LOOM_IR_KIND_UNARY: copy_type(in[0], out_dtype, out_rank, out_shape); return LOOM_OK;
     case LOOM_IR_KIND_PREDICATE:
         copy_type(in[0], out_dtype, out_rank, out_shape);
         *out_dtype = LOOM_DTYPE_BOOL;
@@ -400,7 +389,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         if (in[0]->dtype != in[1]->dtype)
             return loom_ir_diag_set(d, BAD, "dtypes differ: %s vs %s", TYPE(ta, in[0]),
                                     TYPE(tb, in[1]));
-        if (!same_shape(in[0], in[1]))
+        if (!loom_ir_same_shape(in[0], in[1]))
             return loom_ir_diag_set(d, BAD, "shapes differ: %s vs %s", TYPE(ta, in[0]),
                                     TYPE(tb, in[1]));
         copy_type(in[0], out_dtype, out_rank, out_shape);
@@ -413,14 +402,15 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         if (in[1]->dtype != in[2]->dtype)
             return loom_ir_diag_set(d, BAD, "dtypes differ: %s vs %s", TYPE(tb, in[1]),
                                     TYPE(tc, in[2]));
-        if (!same_shape(in[0], in[1]) || !same_shape(in[1], in[2]))
+        if (!loom_ir_same_shape(in[0], in[1]) || !loom_ir_same_shape(in[1], in[2]))
             return loom_ir_diag_set(d, BAD, "shapes differ: %s, %s, %s", TYPE(ta, in[0]),
                                     TYPE(tb, in[1]), TYPE(tc, in[2]));
         copy_type(in[1], out_dtype, out_rank, out_shape);
         return LOOM_OK;
     case LOOM_IR_KIND_CAST:
         if (!loom_ir_dtype_valid(desc->dtype))
-            return loom_ir_diag_set(d, BAD, "target dtype %d is not a valid dtype", (int)desc->dtype);
+            return loom_ir_diag_set(d, BAD, "target dtype %d is not a valid dtype",
+                                    (int)desc->dtype);
         copy_type(in[0], out_dtype, out_rank, out_shape);
         *out_dtype = desc->dtype;
         return LOOM_OK;
@@ -436,18 +426,17 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         set_desc_type(desc, in[0]->dtype, out_rank, out_shape, out_dtype);
         return LOOM_OK;
     bad_broadcast:
-        return loom_ir_diag_set(d, BAD, "cannot broadcast %s to %s", TYPE(ta, in[0]),
-                                loom_ir_format_type(tb, sizeof tb, in[0]->dtype, desc->rank,
-                                                    desc->shape));
+        return loom_ir_diag_set(
+            d, BAD, "cannot broadcast %s to %s", TYPE(ta, in[0]),
+            loom_ir_format_type(tb, sizeof tb, in[0]->dtype, desc->rank, desc->shape));
     }
     case LOOM_IR_KIND_RESHAPE:
         if ((st = check_shape(desc, d)) != LOOM_OK)
             return st;
         if (loom_ir_numel(desc->rank, desc->shape) != loom_ir_numel(in[0]->rank, in[0]->shape))
-            return loom_ir_diag_set(d, BAD, "cannot reshape %s to %s: element counts differ",
-                                    TYPE(ta, in[0]),
-                                    loom_ir_format_type(tb, sizeof tb, in[0]->dtype,
-                                                        desc->rank, desc->shape));
+            return loom_ir_diag_set(
+                d, BAD, "cannot reshape %s to %s: element counts differ", TYPE(ta, in[0]),
+                loom_ir_format_type(tb, sizeof tb, in[0]->dtype, desc->rank, desc->shape));
         set_desc_type(desc, in[0]->dtype, out_rank, out_shape, out_dtype);
         return LOOM_OK;
     case LOOM_IR_KIND_TRANSPOSE: {
@@ -488,8 +477,8 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         if (a->dtype != b->dtype)
             return loom_ir_diag_set(d, BAD, "dtypes differ: %s x %s", TYPE(ta, a), TYPE(tb, b));
         if (a->rank < 2 || a->rank != b->rank)
-            return loom_ir_diag_set(d, BAD, "operands need equal ranks >= 2: %s x %s",
-                                    TYPE(ta, a), TYPE(tb, b));
+            return loom_ir_diag_set(d, BAD, "operands need equal ranks >= 2: %s x %s", TYPE(ta, a),
+                                    TYPE(tb, b));
         int32_t r = a->rank;
         for (int32_t i = 0; i < r - 2; i++)
             if (a->shape[i] != b->shape[i])
@@ -649,8 +638,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
     case LOOM_IR_KIND_SCATTER: return infer_index(desc, in, out_dtype, out_rank, out_shape, d);
     case LOOM_IR_KIND_ATTENTION:
         return infer_attention(desc, in, out_dtype, out_rank, out_shape, d);
-    case LOOM_IR_KIND_COUNT_:
-        break;
+    case LOOM_IR_KIND_COUNT_: break;
     }
     return loom_ir_diag_set(d, LOOM_STATUS_INTERNAL, "op %s has no inference rule", info->name);
 }

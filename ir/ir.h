@@ -458,6 +458,15 @@ int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t p
 
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
+/* Whether nodes a and b have the same rank and extents (dtypes aside). */
+static inline bool loom_ir_same_shape(const loom_ir_node *a, const loom_ir_node *b) {
+    if (a->rank != b->rank)
+        return false;
+    for (int32_t i = 0; i < a->rank; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
 
 /* The one file writer (ir/file.c). A regular file (or none) at path is replaced atomically:
  * the data goes to a temp file "<path>.tmp.<pid>.<random>" in the same folder, created with

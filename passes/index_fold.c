@@ -30,8 +30,6 @@
  * an add finds s with no other reader (cross-entropy's backward sums s, then adds it). Runs
  * after fold (which turns a broadcast zero into a constant), then DCE of what died. Errors:
  * OUT_OF_MEMORY (the graph is unchanged). */
-#include <string.h>
-
 #include "passes.h"
 
 enum { PUSH_MAX = 32 }; /* elementwise nodes a gather moves through, at most */
@@ -47,11 +45,6 @@ typedef struct push_state {
     loom_status st;
     loom_ir_diag *d;
 } push_state;
-
-static bool same_shape(const loom_ir_node *a, const loom_ir_node *b) {
-    return a->rank == b->rank &&
-           memcmp(a->shape, b->shape, (size_t)a->rank * sizeof a->shape[0]) == 0;
-}
 
 /* Node i's value at the gathered elements needs no gather of its own: a constant, or a
  * broadcast of a value of extent 1 along the axis (a = the gather's axis, in i's dims). */
@@ -72,7 +65,7 @@ static bool movable(const loom_ir_graph *g, int32_t i) {
     if (!loom_ir_op_traits(n->op)->loop)
         return false;
     for (int32_t k = 0; k < n->n_inputs; k++)
-        if (!same_shape(&g->nodes[n->inputs[k]], n))
+        if (!loom_ir_same_shape(&g->nodes[n->inputs[k]], n))
             return false;
     return true;
 }
@@ -122,7 +115,7 @@ static int32_t push(push_state *s, int32_t i) {
     } else if (gather_free(g, i, a)) { /* the broadcast's operand to the indices' shape */
         in[0] = s->map[n->inputs[0]];
         desc.n_inputs = 1;
-        if (same_shape(&g->nodes[n->inputs[0]], idx))
+        if (loom_ir_same_shape(&g->nodes[n->inputs[0]], idx))
             return in[0];
     } else if (!movable(g, i)) { /* a leaf: gathered */
         in[0] = s->map[i];
@@ -178,7 +171,7 @@ static int32_t added_scatter(const loom_ir_graph *g, int32_t i, const int32_t *u
     for (int32_t k = 0; k < 2; k++) {
         int32_t s = n->inputs[k];
         const loom_ir_node *a = &g->nodes[n->inputs[1 - k]];
-        if (zero_scatter(g, s) && uses[s] == 1 && a->dtype == n->dtype && same_shape(a, n))
+        if (zero_scatter(g, s) && uses[s] == 1 && a->dtype == n->dtype && loom_ir_same_shape(a, n))
             return k;
     }
     return -1;
