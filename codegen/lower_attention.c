@@ -20,6 +20,9 @@
  * Key side (grad_k, grad_v): a block of key rows j; the blocks of queries (causal:
  * from row j0 on) give S^T = K Qs^T and P^T = exp(S^T - lse) by columns, then dV += P^T dO,
  * or dP^T = V dO^T, dS^T = P^T (dP^T - delta) and dK += dS^T Qs.
+ * Dropout (ops.def): each weight's draw is made from its (query, key) index where the weight
+ * is made, 16 lanes at once, and the weight (forward, grad_v) or dP (grad_q, grad_k) scaled
+ * by its keep factor; the forward's running sum l takes the undropped weights.
  * f32, bf16 and f16 (16-bit operands widened to f32 while packing; scores, softmax and sums in
  * f32) multiply on the f32 FMA microkernel (microkernel.c); f64 by plain loops over the same
  * packed blocks, in f64. */
@@ -41,18 +44,19 @@ typedef struct at_plan {
     bool key_side; /* grad_k, grad_v: tasks over blocks of keys */
     bool causal;
     double scale;
+    double dropout; /* the weights' dropout probability (0: none) */
     int32_t r;
     int64_t B, L, S, E, Ev;
     int64_t rows;  /* L or S: the task side's length */
     int64_t cols;  /* the result's columns: Ev, E, or 1 for lse */
     int64_t nbo;   /* the accumulator's columns, padded to whole microkernel tiles */
-    int32_t in[6]; /* operand buffers: q, k, v, do, lse, delta (-1: none) */
+    int32_t in[7]; /* operand buffers: q, k, v, do, lse, delta, seed (-1: none) */
     sink epi[CG_EPI_MAX];
     int32_t n_epi;
     nest ns;
 } at_plan;
 
-enum { IN_Q, IN_K, IN_V, IN_DO, IN_LSE, IN_DELTA };
+enum { IN_Q, IN_K, IN_V, IN_DO, IN_LSE, IN_DELTA, IN_SEED, IN_COUNT };
 
 /* Columns padded to whole tiles of the microkernel (16, or multiples of 32). */
 static int64_t pad_cols(int64_t n) {
@@ -71,7 +75,7 @@ static loom_status plan_attention(kc *c, at_plan *ap) {
     const loom_ir_node *q = &g->nodes[root->inputs[0]], *k = &g->nodes[root->inputs[1]];
     bool gv = ap->op == LOOM_IR_OP_ATTENTION_GRAD_V, gq = ap->op == LOOM_IR_OP_ATTENTION_GRAD_Q;
     bool gk = ap->op == LOOM_IR_OP_ATTENTION_GRAD_K, lse = ap->op == LOOM_IR_OP_ATTENTION_LSE;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < IN_COUNT; i++)
         ap->in[i] = -1;
     ap->in[IN_Q] = root->inputs[0];
     ap->in[IN_K] = root->inputs[1];
@@ -89,6 +93,9 @@ static loom_status plan_attention(kc *c, at_plan *ap) {
     ap->key_side = gk || gv;
     ap->causal = root->attrs.index != 0;
     ap->scale = root->attrs.value;
+    ap->dropout = root->attrs.dropout;
+    if (ap->dropout > 0)
+        ap->in[IN_SEED] = root->inputs[loom_ir_attention_operands(ap->op)];
     ap->r = q->rank;
     int32_t r = ap->r;
     if (r < 2 || !loom_ir_dtype_is_float(ap->dt))
@@ -114,8 +121,9 @@ typedef struct at_kern {
     const at_plan *ap;
     MlirType T; /* the compute type: f32, or f64 */
     bool f64;   /* T is f64 */
-    MlirValue buf[6];
-    MlirValue bh; /* the (batch, head) index */
+    MlirValue buf[IN_COUNT];
+    MlirValue bh;    /* the (batch, head) index */
+    MlirValue seedv; /* dropout: the seed in 16 i64 lanes */
 } at_kern;
 
 /* Where row `row` of (batch, head) bh of operand `which` ([..., S or L, n]) starts. */
@@ -248,10 +256,30 @@ static MlirValue stat_lanes(at_kern *K, int which, MlirValue at, MlirValue valid
     return !K->f64 ? v : cg_conv(b, "arith.extf", v, cg_vec_t(AT_LANES, K->T));
 }
 
+/* Dropout's factors (ops.def) for the 16 weights of rows (query side) or columns (key side)
+ * of block t of a row: 1 / (1 - p) where the weight's draw is >= p, else 0. The weight
+ * (query i, key j) is element (bh L + i) S + j of the [..., L, S] weights. */
+static MlirValue keep_lanes(at_kern *K, MlirValue row, MlirValue col0) {
+    cg_b *b = K->c->b;
+    const at_plan *ap = K->ap;
+    MlirValue query = ap->key_side ? col0 : row, key = ap->key_side ? row : col0;
+    MlirValue e0 =
+        cg_iadd(b, cg_imul_c(b, cg_iadd(b, cg_imul_c(b, K->bh, ap->L), query), ap->S), key);
+    MlirType vi = cg_vec_t(AT_LANES, b->i64);
+    MlirValue lanes = cg_conv(b, "arith.extsi", cg_lanes_i32(b, ap->key_side ? ap->S : 1), vi);
+    MlirValue e = cg_bin(b, "arith.addi",
+                         cg_vbroadcast(b, cg_conv(b, "arith.index_cast", e0, b->i64), vi), lanes);
+    MlirValue u = cg_rand_draw(b, K->seedv, e, K->T);
+    MlirValue keep = cg_vcmpf(b, CG_F_OGE, u, vsplat(K, cg_cf(b, K->T, ap->dropout)));
+    return cg_select(b, keep, vsplat(K, cg_cf(b, K->T, 1.0 / (1.0 - ap->dropout))),
+                     vsplat(K, cg_cf(b, K->T, 0.0)));
+}
+
 /* Query side, the online softmax of row i (block rows i0 + i) over the keys [j0, j0 + nb):
- * the weights in place of the scores, m and l updated, the accumulator's row rescaled. */
+ * the weights in place of the scores (dropped: row is query i0 + i), m and l updated, the
+ * accumulator's row rescaled. */
 static void softmax_row(at_kern *K, MlirValue Sc, MlirValue O, MlirValue m, MlirValue l,
-                        MlirValue i, MlirValue j0, MlirValue jlim) {
+                        MlirValue i, MlirValue row, MlirValue j0, MlirValue jlim) {
     cg_b *b = K->c->b;
     MlirType vt = cg_vec_t(AT_LANES, K->T);
     /* keys j < jlim (the block's end, or causal: the row's diagonal + 1) */
@@ -277,8 +305,11 @@ static void softmax_row(at_kern *K, MlirValue Sc, MlirValue O, MlirValue m, Mlir
     for (int t = 0; t < AT_BN / AT_LANES; t++) {
         MlirValue p = vexp(K, cg_bin(b, "arith.subf", s[t], vsplat(K, msafe)));
         p = cg_select(b, ok[t], p, vsplat(K, zero));
-        cg_vstore(b, p, Sc, cg_iadd(b, base, cg_idx(b, t * AT_LANES)));
         sum = cg_bin(b, "arith.addf", sum, p);
+        if (K->ap->dropout > 0)
+            p = cg_bin(b, "arith.mulf", p,
+                       keep_lanes(K, row, cg_iadd(b, j0, cg_idx(b, t * AT_LANES))));
+        cg_vstore(b, p, Sc, cg_iadd(b, base, cg_idx(b, t * AT_LANES)));
     }
     MlirValue a1 = vexp(K, cg_bin(b, "arith.subf", mold, msafe)), alpha = vsplat(K, a1);
     cg_store(b, cg_fma(b, cg_load(b, l, i), a1, cg_vreduce(b, "add", sum)), l, i);
@@ -293,11 +324,13 @@ static void softmax_row(at_kern *K, MlirValue Sc, MlirValue O, MlirValue m, Mlir
 }
 
 /* The weights exp(s - lse) of a row of scores and, with dP, dS = p (dP - delta), in place of
- * the scores. Query side: row i is query `qrow`, lse and delta scalars, keys j0 + column
- * valid below jlim. Key side: row i is a key, columns the queries i0 + column, valid from
- * jlim (causal: the key's index; else 0) to qend, their lse and delta as vectors. */
-static void weights_row(at_kern *K, MlirValue Sc, MlirValue Dp, MlirValue i, MlirValue c0,
-                        MlirValue lo, MlirValue hi, MlirValue lse_s, MlirValue delta_s) {
+ * the scores. Query side: row i is query `row`, lse and delta scalars, keys c0 + column
+ * valid in [lo, hi). Key side: row i is key `row`, columns the queries c0 + column, valid in
+ * [lo, hi) (lo causal: the key's index; else 0), their lse and delta as vectors. Dropout
+ * scales the weight (no dP: grad_v) or dP by its keep factor. */
+static void weights_row(at_kern *K, MlirValue Sc, MlirValue Dp, MlirValue i, MlirValue row,
+                        MlirValue c0, MlirValue lo, MlirValue hi, MlirValue lse_s,
+                        MlirValue delta_s) {
     cg_b *b = K->c->b;
     const at_plan *ap = K->ap;
     MlirType vt = cg_vec_t(AT_LANES, K->T);
@@ -320,8 +353,15 @@ static void weights_row(at_kern *K, MlirValue Sc, MlirValue Dp, MlirValue i, Mli
                 delta = vsplat(K, delta_s);
         }
         MlirValue p = vexp(K, cg_bin(b, "arith.subf", cg_vload(b, vt, Sc, at), lse));
-        if (!mlirValueIsNull(Dp))
-            p = cg_bin(b, "arith.mulf", p, cg_bin(b, "arith.subf", cg_vload(b, vt, Dp, at), delta));
+        MlirValue keep = ap->dropout > 0 ? keep_lanes(K, row, col) : (MlirValue){NULL};
+        if (!mlirValueIsNull(Dp)) {
+            MlirValue dp = cg_vload(b, vt, Dp, at);
+            if (ap->dropout > 0)
+                dp = cg_bin(b, "arith.mulf", dp, keep);
+            p = cg_bin(b, "arith.mulf", p, cg_bin(b, "arith.subf", dp, delta));
+        } else if (ap->dropout > 0) {
+            p = cg_bin(b, "arith.mulf", p, keep);
+        }
         cg_vstore(b, cg_select(b, ok, p, zero), Sc, at);
     }
 }
@@ -427,7 +467,8 @@ static loom_status emit_rows(at_kern *K, const at_bufs *w, MlirValue r0) {
                          ? cg_imin(b, cend_blk, cg_iadd(b, row, cg_idx(b, 1)))
                          : cend_blk;
     if (fwd) {
-        softmax_row(K, w->Sc, lse_op ? (MlirValue){NULL} : w->acc, w->m, w->l, li.iv, c0, jlim);
+        softmax_row(K, w->Sc, lse_op ? (MlirValue){NULL} : w->acc, w->m, w->l, li.iv, row, c0,
+                    jlim);
     } else if (!ap->key_side) { /* grad_q */
         MlirValue srow = cg_iadd(b, cg_imul_c(b, K->bh, ap->L), row);
         MlirValue lse = cg_load(b, K->buf[IN_LSE], srow), dl = cg_load(b, K->buf[IN_DELTA], srow);
@@ -435,10 +476,10 @@ static loom_status emit_rows(at_kern *K, const at_bufs *w, MlirValue r0) {
             lse = cg_conv(b, "arith.extf", lse, K->T);
             dl = cg_conv(b, "arith.extf", dl, K->T);
         }
-        weights_row(K, w->Sc, w->Dp, li.iv, c0, c0, jlim, lse, dl);
+        weights_row(K, w->Sc, w->Dp, li.iv, row, c0, c0, jlim, lse, dl);
     } else { /* grad_k, grad_v: queries from the key's row (causal) to the block's end */
         MlirValue lo = ap->causal ? row : cg_idx(b, 0);
-        weights_row(K, w->Sc, gk ? w->Dp : (MlirValue){NULL}, li.iv, c0, lo, cend_blk,
+        weights_row(K, w->Sc, gk ? w->Dp : (MlirValue){NULL}, li.iv, row, c0, lo, cend_blk,
                     (MlirValue){NULL}, (MlirValue){NULL});
     }
     cg_for_end(b, &li, 0, NULL);
@@ -518,9 +559,12 @@ loom_status cg_lower_attention(kc *c) {
     at_kern K = {.c = c, .ap = ap};
     K.f64 = ap->dt == LOOM_DTYPE_F64;
     K.T = K.f64 ? b->f64 : b->f32;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < IN_COUNT; i++)
         if (ap->in[i] >= 0)
             K.buf[i] = c->bufs[c->s->buf_of[ap->in[i]]];
+    if (ap->dropout > 0)
+        K.seedv =
+            cg_vbroadcast(b, cg_load(b, K.buf[IN_SEED], cg_idx(b, 0)), cg_vec_t(AT_LANES, b->i64));
     /* the blocks' rows rounded up to whole C tiles (6 rows on AVX2: tiles past AT_BM read
      * and write rows no one uses) */
     int64_t E = ap->E, Ev = ap->Ev, W = E > Ev ? E : Ev, BM = AT_BM + MK_ACC;

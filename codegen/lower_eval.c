@@ -383,6 +383,33 @@ static loom_status eval_iota(kc *c, int32_t id, const imap *map, MlirValue *out)
 
 /* rand_uniform: SplitMix64 of seed + (i + 1) * golden gamma at the row-major index i, top 24
  * bits times 2^-24 (loom_ir_rand_uniform), exact in f32, rounded to 16-bit floats after. */
+/* An i64 constant of v's shape (a scalar, or a vector of v's lanes). */
+static MlirValue i64_like(cg_b *b, MlirValue v, int64_t x) {
+    MlirType t = mlirValueGetType(v);
+    MlirValue s = cg_ci(b, b->i64, x);
+    return mlirTypeIsAVector(t)
+               ? cg_vbroadcast(b, s, cg_vec_t(mlirShapedTypeGetDimSize(t, 0), b->i64))
+               : s;
+}
+
+MlirValue cg_rand_draw(cg_b *b, MlirValue seed, MlirValue i, MlirType ft) {
+    MlirValue z = cg_bin(b, "arith.muli", cg_bin(b, "arith.addi", i, i64_like(b, i, 1)),
+                         i64_like(b, i, (int64_t)LOOM_IR_RAND_GAMMA));
+    z = cg_bin(b, "arith.addi", seed, z);
+    static const uint64_t mul[2] = {LOOM_IR_RAND_M1, LOOM_IR_RAND_M2};
+    static const int64_t shift[3] = {LOOM_IR_RAND_S1, LOOM_IR_RAND_S2, LOOM_IR_RAND_S3};
+    for (int r = 0; r < 3; r++) {
+        z = cg_bin(b, "arith.xori", z, cg_bin(b, "arith.shrui", z, i64_like(b, i, shift[r])));
+        if (r < 2)
+            z = cg_bin(b, "arith.muli", z, i64_like(b, i, (int64_t)mul[r]));
+    }
+    z = cg_bin(b, "arith.shrui", z, i64_like(b, i, 64 - LOOM_IR_RAND_BITS));
+    MlirType vt = like(b, i, ft);
+    MlirValue v = cg_conv(b, "arith.uitofp", z, vt),
+              s = cg_cf(b, ft, ldexp(1.0, -LOOM_IR_RAND_BITS));
+    return cg_bin(b, "arith.mulf", v, mlirTypeIsAVector(vt) ? cg_vbroadcast(b, s, vt) : s);
+}
+
 static loom_status eval_rand(kc *c, int32_t id, const imap *map, MlirValue *out) {
     const loom_ir_node *n = &c->g->nodes[id];
     imap sm;
@@ -400,21 +427,7 @@ static loom_status eval_rand(kc *c, int32_t id, const imap *map, MlirValue *out)
     if ((st = cg_offset_of(c, id, map, &i)) != LOOM_OK)
         return st;
     i = cg_conv(b, "arith.index_cast", i, b->i64);
-    MlirValue z = cg_bin(b, "arith.muli", cg_bin(b, "arith.addi", i, cg_ci(b, b->i64, 1)),
-                         cg_ci(b, b->i64, (int64_t)LOOM_IR_RAND_GAMMA));
-    z = cg_bin(b, "arith.addi", seed, z);
-    static const uint64_t mul[2] = {LOOM_IR_RAND_M1, LOOM_IR_RAND_M2};
-    static const int64_t shift[3] = {LOOM_IR_RAND_S1, LOOM_IR_RAND_S2, LOOM_IR_RAND_S3};
-    for (int r = 0; r < 3; r++) {
-        z = cg_bin(b, "arith.xori", z, cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, shift[r])));
-        if (r < 2)
-            z = cg_bin(b, "arith.muli", z, cg_ci(b, b->i64, (int64_t)mul[r]));
-    }
-    z = cg_bin(b, "arith.shrui", z, cg_ci(b, b->i64, 64 - LOOM_IR_RAND_BITS));
-    bool f64 = n->dtype == LOOM_DTYPE_F64;
-    MlirType ft = f64 ? b->f64 : b->f32;
-    MlirValue v = cg_conv(b, "arith.uitofp", z, ft);
-    v = cg_bin(b, "arith.mulf", v, cg_cf(b, ft, ldexp(1.0, -LOOM_IR_RAND_BITS)));
+    MlirValue v = cg_rand_draw(b, seed, i, n->dtype == LOOM_DTYPE_F64 ? b->f64 : b->f32);
     *out = is_16(n->dtype) ? cg_round16(b, n->dtype, v) : v;
     return LOOM_OK;
 }

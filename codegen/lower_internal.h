@@ -171,6 +171,10 @@ static inline MlirValue cg_lanes_i32(cg_b *b, int64_t step) {
     return cg_vconst_i32(b, 16, l);
 }
 
+/* rand_uniform's draw (ir.h) at i64 index i with i64 seed (scalars, or both vectors of i64),
+ * as ft (f32 or f64; a vector of it for vector i) (lower_eval.c). */
+MlirValue cg_rand_draw(cg_b *b, MlirValue seed, MlirValue i, MlirType ft);
+
 /* ---- errors (lower_errors.c) ---- */
 loom_status cg_unsupported(kc *c, int32_t id, const char *why);
 loom_status cg_bad_plan(kc *c, int32_t id, const char *why);

@@ -1,10 +1,11 @@
 /* Scaled dot-product attention (nn.h): PyTorch's F.scaled_dot_product_attention semantics
  * (bool or additive mask, causal, scale, dropout on the weights, [B, H, T, D] or
- * [B, T, H, D]). Without a mask or dropout it is the fused attention op (ops.def; its
- * gradients recompute the weights by tiles: no L x S matrix in memory), in q's dtype (not
- * autocast: its scores and softmax are f32 whatever the operands). With a mask or dropout it
- * is recorded as its composition: scores = q k^T * scale, masked, softmax in f32, dropout,
- * then @ v, differentiable through its parts. */
+ * [B, T, H, D]). Without a mask it is the fused attention op (ops.def; dropout drawn inside
+ * it from the key loom_dropout would use; its gradients recompute the weights and their
+ * draws by tiles: no L x S matrix in memory), in q's dtype (not autocast: its scores and
+ * softmax are f32 whatever the operands). With a mask it is recorded as its composition:
+ * scores = q k^T * scale, masked, softmax in f32, dropout, then @ v, differentiable through
+ * its parts. */
 #include <math.h>
 #include <string.h>
 
@@ -156,11 +157,15 @@ LOOM_API loom_tensor *loom_scaled_dot_product_attention_ex_at(loom_context *ctx,
         v = swap_tokens_heads(ctx, v, file, line);
     }
     double scale = o->scale != 0 ? o->scale : 1.0 / sqrt((double)E);
-    if (!o->mask && o->dropout_p == 0) { /* the fused op (codegen/lower_attention.c) */
-        loom_tensor *qkv[3] = {q, k, v};
+    if (!o->mask) { /* the fused op (codegen/lower_attention.c) */
+        loom_tensor *in[4] = {q, k, v, NULL};
+        if (o->dropout_p > 0 &&
+            !(in[3] = loom_fe_dropout_key(ctx, o->seed, o->stream, file, line, op)))
+            return NULL;
         loom_tensor *out = loom_fe_record_op(
-            ctx, LOOM_IR_OP_ATTENTION, 3, qkv,
-            (loom_ir_attrs){.index = o->causal ? 1 : 0, .value = scale}, file, line, op);
+            ctx, LOOM_IR_OP_ATTENTION, o->dropout_p > 0 ? 4 : 3, in,
+            (loom_ir_attrs){.index = o->causal ? 1 : 0, .value = scale, .dropout = o->dropout_p},
+            file, line, op);
         return bthd && out ? swap_tokens_heads(ctx, out, file, line) : out;
     }
     /* the scale on q ([L, E]) rather than on the scores ([L, S]): fewer multiplies when S > E,

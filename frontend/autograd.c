@@ -254,27 +254,33 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
 }
 
 /* Attention's gradient for operand k (q, k, v) from its output gradient g: the weights are
- * recomputed by tiles from each row's logsumexp (attention_lse) and delta = rowsum(g o) in
- * f32 (FlashAttention's backward), made once per attention node. */
+ * recomputed by tiles from each row's logsumexp (attention_lse, of the undropped scores) and
+ * delta = rowsum(g o) in f32 (FlashAttention's backward), made once per attention node; with
+ * dropout the gradients take its seed and draw the same keeps. The seed has no gradient. */
 static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k, int32_t g) {
-    if (g < 0)
+    if (g < 0 || k > 2)
         return -1;
     int32_t q = n->inputs[0], kk = n->inputs[1], v = n->inputs[2], r = n->rank;
+    bool drop = n->attrs.dropout > 0;
+    int32_t seed = drop ? n->inputs[3] : -1;
     int32_t qk[2] = {q, kk};
     if (a->att != id) {
         a->att = id;
         a->att_lse = a->att_delta = -1;
     }
+    loom_ir_attrs lse_attrs = n->attrs;
+    lse_attrs.dropout = 0;
     if (a->att_lse < 0)
-        a->att_lse = emit(
-            a, &(loom_ir_node_desc){
-                   .op = LOOM_IR_OP_ATTENTION_LSE, .n_inputs = 2, .inputs = qk, .attrs = n->attrs});
+        a->att_lse = emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_ATTENTION_LSE,
+                                                  .n_inputs = 2,
+                                                  .inputs = qk,
+                                                  .attrs = lse_attrs});
     int32_t lse = a->att_lse;
     if (k == 2) {
-        int32_t in[4] = {q, kk, g, lse};
+        int32_t in[5] = {q, kk, g, lse, seed};
         return lse < 0 ? -1
                        : emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_ATTENTION_GRAD_V,
-                                                      .n_inputs = 4,
+                                                      .n_inputs = 4 + drop,
                                                       .inputs = in,
                                                       .attrs = n->attrs});
     }
@@ -284,12 +290,12 @@ static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k
         a->att_delta = reduce(a, LOOM_IR_OP_REDUCE_SUM, go, 1u << (r - 1), false);
     }
     int32_t delta = a->att_delta;
-    int32_t in[6] = {q, kk, v, g, lse, delta};
+    int32_t in[7] = {q, kk, v, g, lse, delta, seed};
     if (lse < 0 || delta < 0)
         return -1;
     return emit(a, &(loom_ir_node_desc){.op = k == 0 ? LOOM_IR_OP_ATTENTION_GRAD_Q
                                                      : LOOM_IR_OP_ATTENTION_GRAD_K,
-                                        .n_inputs = 6,
+                                        .n_inputs = 6 + drop,
                                         .inputs = in,
                                         .attrs = n->attrs});
 }

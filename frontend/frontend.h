@@ -207,6 +207,12 @@ loom_tensor *loom_fe_record_op(loom_context *ctx, loom_ir_op opc, int32_t n,
 loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, int line,
                             const char *op);
 
+/* ---- nn.c ---- */
+/* Dropout's generator key for an i64 scalar seed and a stream (loom_dropout's, which the
+ * fused attention's dropout shares): NULL after recording the error, as op's. */
+loom_tensor *loom_fe_dropout_key(loom_context *ctx, loom_tensor *seed, int64_t stream,
+                                 const char *file, int line, const char *op);
+
 /* ---- ops.c ---- */
 /* x [..., K] times w [N, K] transposed -> [..., N], as loom_matmul(x, loom_transpose(w))
  * computes it (rows folded, (w x^T)^T for a large w) without recording the transpose

@@ -563,14 +563,34 @@ LOOM_API loom_tensor *loom_layer_norm_at(loom_context *ctx, loom_tensor *x, int3
 
 /* ---- dropout and embedding -------------------------------------------------------------- */
 
+loom_tensor *loom_fe_dropout_key(loom_context *ctx, loom_tensor *seed, int64_t stream,
+                                 const char *file, int line, const char *op) {
+    loom_dtype ds;
+    int32_t rs;
+    int64_t ss[LOOM_MAX_RANK];
+    if (!loom_fe_type_of(ctx, seed, "seed", file, line, op, &ds, &rs, ss))
+        return NULL;
+    if (ds != LOOM_DTYPE_I64 || rs != 0) {
+        char t[LOOM_IR_TYPE_STR_MAX];
+        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
+                      "seed must be an i64 scalar, got %s", fmt_type(t, sizeof t, ds, rs, ss));
+        return NULL;
+    }
+    /* Streams are spread far apart in the counter space of loom_rand_uniform's generator. */
+    return loom_add_at(ctx, seed,
+                       loom_full_at(ctx, LOOM_DTYPE_I64, 0, NULL,
+                                    (double)(stream * (INT64_C(1) << 40)), file, line),
+                       file, line);
+}
+
 LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double p, bool training,
                                       loom_tensor *seed, int64_t stream, const char *file,
                                       int line) {
     LOOM_FE_USE(ctx, "dropout", NULL);
     static const char op[] = "dropout";
-    loom_dtype dt, ds;
-    int32_t r, rs;
-    int64_t s[LOOM_MAX_RANK], ss[LOOM_MAX_RANK];
+    loom_dtype dt;
+    int32_t r;
+    int64_t s[LOOM_MAX_RANK];
     if (!ctx || !loom_fe_type_of(ctx, x, "x", file, line, op, &dt, &r, s))
         return NULL;
     if (!(p >= 0 && p <= 1) || !loom_ir_dtype_is_float(dt)) {
@@ -582,22 +602,12 @@ LOOM_API loom_tensor *loom_dropout_at(loom_context *ctx, loom_tensor *x, double 
     }
     if (!training || p == 0)
         return x;
-    if (!loom_fe_type_of(ctx, seed, "seed", file, line, op, &ds, &rs, ss))
+    loom_tensor *key = loom_fe_dropout_key(ctx, seed, stream, file, line, op);
+    if (!key)
         return NULL;
-    if (ds != LOOM_DTYPE_I64 || rs != 0) {
-        char t[LOOM_IR_TYPE_STR_MAX];
-        loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
-                      "seed must be an i64 scalar, got %s", fmt_type(t, sizeof t, ds, rs, ss));
-        return NULL;
-    }
     loom_tensor *zero = loom_full_at(ctx, dt, 0, NULL, 0.0, file, line);
     if (p == 1)
         return loom_mul_at(ctx, x, zero, file, line);
-    /* Streams are spread far apart in the counter space of loom_rand_uniform's generator. */
-    loom_tensor *key = loom_add_at(ctx, seed,
-                                   loom_full_at(ctx, LOOM_DTYPE_I64, 0, NULL,
-                                                (double)(stream * (INT64_C(1) << 40)), file, line),
-                                   file, line);
     loom_tensor *u = loom_rand_uniform_at(ctx, key, dt, r, s, file, line);
     loom_tensor *keep =
         loom_ge_at(ctx, u, loom_full_at(ctx, dt, 0, NULL, p, file, line), file, line);

@@ -51,12 +51,16 @@ static void hash_node(hasher *s, const loom_ir_node *n) {
         }
         break;
     case LOOM_IR_ATTRS_AXIS: mix(s, (uint64_t)n->attrs.index); break;
-    case LOOM_IR_ATTRS_ATTENTION: /* causal and the scale */
+    case LOOM_IR_ATTRS_ATTENTION: /* causal, the scale and (where any) the dropout */
     case LOOM_IR_ATTRS_REDUCE: { /* the op and the scale; never the rank */
         uint64_t bits;
         memcpy(&bits, &n->attrs.value, sizeof bits);
         mix(s, (uint64_t)n->attrs.index);
         mix(s, bits);
+        if (n->attrs.dropout != 0) { /* graphs without dropout keep their hashes */
+            memcpy(&bits, &n->attrs.dropout, sizeof bits);
+            mix(s, 0xd70u ^ bits);
+        }
         break;
     }
     case LOOM_IR_ATTRS_ROOT:
@@ -128,7 +132,8 @@ bool loom_ir_attrs_equal(const loom_ir_node *a, const loom_ir_node *b) {
     case LOOM_IR_ATTRS_REDUCE:
     case LOOM_IR_ATTRS_ATTENTION:
         return a->attrs.index == b->attrs.index &&
-               memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0;
+               memcmp(&a->attrs.value, &b->attrs.value, sizeof(double)) == 0 &&
+               memcmp(&a->attrs.dropout, &b->attrs.dropout, sizeof(double)) == 0;
     case LOOM_IR_ATTRS_ROOT:
     case LOOM_IR_ATTRS_WORLD: return a->attrs.index == b->attrs.index;
     case LOOM_IR_ATTRS_CONV:

@@ -203,19 +203,36 @@ static loom_status infer_attention(const loom_ir_node_desc *desc, const loom_ir_
     const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
     char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
     loom_ir_op op = desc->op;
-    const loom_ir_node *q = in[0], *k = in[1];
     bool grad_v = op == LOOM_IR_OP_ATTENTION_GRAD_V;
     bool grad = op == LOOM_IR_OP_ATTENTION_GRAD_Q || op == LOOM_IR_OP_ATTENTION_GRAD_K || grad_v;
-    /* v, do, lse, delta where the op has them */
-    const loom_ir_node *v = op == LOOM_IR_OP_ATTENTION_LSE || grad_v ? NULL : in[2];
-    const loom_ir_node *dout = !grad ? NULL : grad_v ? in[2] : in[3];
-    const loom_ir_node *lse = !grad ? NULL : grad_v ? in[3] : in[4];
-    const loom_ir_node *delta = grad && !grad_v ? in[5] : NULL;
     if (desc->attrs.index != 0 && desc->attrs.index != 1)
         return loom_ir_diag_set(d, BAD, "causal must be 0 or 1, got %lld",
                                 (long long)desc->attrs.index);
     if (!isfinite(desc->attrs.value) || desc->attrs.value < 0)
         return loom_ir_diag_set(d, BAD, "scale must be finite and >= 0, got %g", desc->attrs.value);
+    double p = desc->attrs.dropout;
+    if (!(p >= 0 && p < 1) || (p != 0 && op == LOOM_IR_OP_ATTENTION_LSE))
+        return loom_ir_diag_set(
+            d, BAD, "%s needs a dropout in [0, 1)%s, got %g", loom_ir_op_name(op),
+            op == LOOM_IR_OP_ATTENTION_LSE ? " of 0 (its scores are not dropped)" : "", p);
+    /* the op's own operands, then the seed where there is dropout (ops.def) */
+    int32_t own = loom_ir_attention_operands(op);
+    if (desc->n_inputs != own + (p > 0))
+        return loom_ir_diag_set(d, BAD, "expects %d operands%s, got %d", (int)(own + (p > 0)),
+                                p > 0 ? " (the last the dropout's i64 seed)" : "",
+                                (int)desc->n_inputs);
+    if (p > 0) {
+        const loom_ir_node *seed = in[own];
+        TYPE(ta, seed);
+        if (seed->dtype != LOOM_DTYPE_I64 || seed->rank != 0)
+            return loom_ir_diag_set(d, BAD, "the dropout's seed must be an i64 scalar, got %s", ta);
+    }
+    /* v, do, lse, delta where the op has them */
+    const loom_ir_node *v = op == LOOM_IR_OP_ATTENTION_LSE || grad_v ? NULL : in[2];
+    const loom_ir_node *dout = !grad ? NULL : grad_v ? in[2] : in[3];
+    const loom_ir_node *lse = !grad ? NULL : grad_v ? in[3] : in[4];
+    const loom_ir_node *delta = grad && !grad_v ? in[5] : NULL;
+    const loom_ir_node *q = in[0], *k = in[1];
     int32_t r = q->rank;
     TYPE(ta, q);
     TYPE(tb, k);
@@ -341,7 +358,7 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
                                 info->arity == 1 ? "" : "s", (int)desc->n_inputs);
     if (desc->n_inputs > 0 && !desc->inputs)
         return loom_ir_diag_set(d, BAD, "operand list is NULL");
-    enum { IN_MAX = 6 }; /* operands with fixed roles (the attention gradients' 6) */
+    enum { IN_MAX = LOOM_IR_ROLE_OPERANDS_MAX };
     const loom_ir_node *in[IN_MAX] = {NULL};
     for (int32_t k = 0; k < desc->n_inputs; k++) {
         int32_t id = desc->inputs[k];
@@ -351,9 +368,11 @@ loom_status loom_ir_infer(const loom_ir_graph *g, const loom_ir_node_desc *desc,
         if (k < IN_MAX)
             in[k] = &g->nodes[id];
     }
-    /* operand dtype class (select's condition is checked below) */
+    /* operand dtype class (select's condition is checked below, attention's seed by its rule) */
+    int32_t n_classed = info->kind == LOOM_IR_KIND_ATTENTION ? loom_ir_attention_operands(desc->op)
+                                                             : desc->n_inputs;
     for (int32_t k = loom_ir_kind_table[info->kind].cond_first ? 1 : 0;
-         k < desc->n_inputs && k < IN_MAX; k++) {
+         k < desc->n_inputs && k < n_classed && k < IN_MAX; k++) {
         if (!loom_ir_dtype_in_class(in[k]->dtype, info->dtypes)) {
             char t[LOOM_IR_TYPE_STR_MAX];
             return loom_ir_diag_set(

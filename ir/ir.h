@@ -64,7 +64,8 @@ typedef enum loom_ir_attrs_kind {
     LOOM_IR_ATTRS_WORLD,     /* attrs.index: the world size (all_gather) */
     LOOM_IR_ATTRS_CONV,      /* attrs.conv: stride, padding, dilation, groups */
     LOOM_IR_ATTRS_POOL,      /* attrs.conv: kernel, stride, padding, dilation (groups 0) */
-    LOOM_IR_ATTRS_ATTENTION, /* attrs.index: causal (0, 1), attrs.value: the scale */
+    LOOM_IR_ATTRS_ATTENTION, /* attrs.index: causal (0, 1), attrs.value: the scale,
+                              * attrs.dropout: the weights' dropout probability */
     LOOM_IR_ATTRS_COUNT_
 } loom_ir_attrs_kind;
 
@@ -293,6 +294,7 @@ typedef struct loom_ir_attrs {
     int64_t start[LOOM_MAX_RANK]; /* SLICE: start; PAD: low */
     int64_t step[LOOM_MAX_RANK];  /* SLICE: stride (>= 1); PAD: interior (>= 0) */
     loom_ir_conv conv;            /* CONV */
+    double dropout; /* ATTENTION: the weights' dropout probability, in [0, 1) (ops.def) */
     /* Every op: the autocast scope it was recorded in (bf16 or f16; f32 = none). Printed as
      * `autocast = bf16`, hashed and compared like the op's own attributes; the autocast pass
      * turns it into casts and clears it (passes.h). */
@@ -459,6 +461,19 @@ int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t p
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
 /* Whether nodes a and b have the same rank and extents (dtypes aside). */
+/* The most operands with fixed roles an op has (an attention gradient's 6 and its seed):
+ * every layer that names operands by role holds this many. */
+enum { LOOM_IR_ROLE_OPERANDS_MAX = 7 };
+
+/* The operands an attention op (ops.def) has before its dropout seed: q, k, v; q, k; q, k, v,
+ * do, lse, delta; or q, k, do, lse. */
+static inline int32_t loom_ir_attention_operands(loom_ir_op op) {
+    return op == LOOM_IR_OP_ATTENTION_LSE      ? 2
+           : op == LOOM_IR_OP_ATTENTION        ? 3
+           : op == LOOM_IR_OP_ATTENTION_GRAD_V ? 4
+                                               : 6;
+}
+
 static inline bool loom_ir_same_shape(const loom_ir_node *a, const loom_ir_node *b) {
     if (a->rank != b->rank)
         return false;

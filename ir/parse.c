@@ -456,12 +456,13 @@ typedef enum attr_id {
     ATTR_GROUPS,   /* conv */
     ATTR_KERNEL,   /* max_pool2d */
     ATTR_CAUSAL,   /* attention */
+    ATTR_DROPOUT,  /* attention, optional */
     ATTR_COUNT_
 } attr_id;
 static const char *const attr_names[ATTR_COUNT_] = {
-    "index", "value",    "perm",    "axes",     "keepdim", "start",  "stride",
-    "low",   "interior", "axis",    "autocast", "reduce",  "scale",  "root",
-    "world", "stride",   "padding", "dilation", "groups",  "kernel", "causal"};
+    "index",    "value",    "perm",     "axes",   "keepdim", "start",  "stride", "low",
+    "interior", "axis",     "autocast", "reduce", "scale",   "root",   "world",  "stride",
+    "padding",  "dilation", "groups",   "kernel", "causal",  "dropout"};
 
 typedef struct parsed_attrs {
     loom_ir_attrs attrs;
@@ -532,6 +533,8 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
     int n_ids = attr_set(loom_ir_op_table[op].attrs, ids);
     char b[DESC_MAX];
     ids[n_ids++] = ATTR_AUTOCAST; /* any op may carry an autocast tag */
+    if (loom_ir_op_table[op].attrs == LOOM_IR_ATTRS_ATTENTION)
+        ids[n_ids++] = ATTR_DROPOUT; /* 0 where absent */
     lex(p); /* '{' */
     for (;;) {
         token t = p->tok;
@@ -625,6 +628,10 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
         }
         case ATTR_SCALE:
             if (!parse_double(p, &pa->attrs.value))
+                return false;
+            break;
+        case ATTR_DROPOUT:
+            if (!parse_double(p, &pa->attrs.dropout))
                 return false;
             break;
         case ATTR_ROOT:

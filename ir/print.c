@@ -109,6 +109,10 @@ static bool put_attr_body(loom_ir_writer *p, const loom_ir_node *n, bool shortes
     case LOOM_IR_ATTRS_ATTENTION:
         loom_ir_writer_printf(p, "causal = %s, scale = ", n->attrs.index ? "true" : "false");
         put_double(p, n->attrs.value, shortest);
+        if (n->attrs.dropout != 0) { /* optional: printed only where there is one */
+            loom_ir_writer_printf(p, ", dropout = ");
+            put_double(p, n->attrs.dropout, shortest);
+        }
         return true;
     case LOOM_IR_ATTRS_ROOT:
         loom_ir_writer_printf(p, "root = %lld", (long long)n->attrs.index);

@@ -389,8 +389,17 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
             break;
         }
         int32_t v = op == LOOM_IR_OP_ATTENTION_GRAD_V ? -1 : input(b, dt, rank, vs);
+        /* every other sample drops weights, from a constant seed */
+        loom_ir_attrs atd = at;
+        int32_t seed = -1;
+        if (rnd(b) % 2) {
+            atd.dropout = 0.3;
+            seed = add(b, LOOM_IR_OP_CONSTANT, 0, NULL, LOOM_DTYPE_I64, 0, NULL,
+                       (loom_ir_attrs){.value = (double)rnd_int(b, 0, 1 << 20)});
+        }
+        int32_t drop = seed >= 0;
         if (op == LOOM_IR_OP_ATTENTION) {
-            s = *res = add(b, op, 3, (int32_t[]){q, k, v}, dt, 0, NULL, at);
+            s = *res = add(b, op, 3 + drop, (int32_t[]){q, k, v, seed}, dt, 0, NULL, atd);
             break;
         }
         /* the gradients: the true lse (from its op), any output gradient and delta */
@@ -398,11 +407,12 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         int32_t lse =
             add(b, LOOM_IR_OP_ATTENTION_LSE, 2, (int32_t[]){q, k}, LOOM_DTYPE_F32, 0, NULL, at);
         if (op == LOOM_IR_OP_ATTENTION_GRAD_V) {
-            s = *res = add(b, op, 4, (int32_t[]){q, k, dout, lse}, dt, 0, NULL, at);
+            s = *res = add(b, op, 4 + drop, (int32_t[]){q, k, dout, lse, seed}, dt, 0, NULL, atd);
             break;
         }
         int32_t delta = input(b, LOOM_DTYPE_F32, rank - 1, qs);
-        s = *res = add(b, op, 6, (int32_t[]){q, k, v, dout, lse, delta}, dt, 0, NULL, at);
+        s = *res =
+            add(b, op, 6 + drop, (int32_t[]){q, k, v, dout, lse, delta, seed}, dt, 0, NULL, atd);
         break;
     }
     case LOOM_IR_KIND_COUNT_: break;

@@ -594,7 +594,7 @@ static void release_slot(const loom_allocator *a, slot *s) {
 static loom_status run_node(const loom_ir_graph *g, int32_t i, const slot *slots,
                             const loom_allocator *a, loom_ir_diag *d) {
     const loom_ir_node *n = &g->nodes[i];
-    enum { IN_MAX = 6 }; /* operands with fixed roles (the attention gradients' 6) */
+    enum { IN_MAX = LOOM_IR_ROLE_OPERANDS_MAX };
     const loom_ir_node *x[IN_MAX] = {NULL};
     const void *src[IN_MAX] = {NULL};
     for (int32_t k = 0; k < n->n_inputs && k < IN_MAX; k++) {

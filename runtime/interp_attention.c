@@ -1,6 +1,6 @@
 /* The reference interpreter's attention ops (ir/ops.def: attention, attention_lse and the
- * three gradients), in f64 with plain loops over each (query, key) pair: the oracle of
- * codegen/lower_attention.c's tiled kernels. */
+ * three gradients, with dropout on the weights), in f64 with plain loops over each (query,
+ * key) pair: the oracle of codegen/lower_attention.c's tiled kernels. */
 #include <math.h>
 #include <string.h>
 
@@ -20,6 +20,18 @@ static void scores_row(const loom_ir_node *n, const void *q, const void *k, loom
                 loom_ir_load_f64(q, dt, qb + i * E + e) * loom_ir_load_f64(k, dt, kb + j * E + e);
         s[j] = n->attrs.value * acc;
     }
+}
+
+/* Dropout's factor for weight (query i, key j) of batch b (ops.def): 1 / (1 - p) where its
+ * draw, in f32 (f64 for f64 operands) like the composition's weights, is >= p; else 0. */
+static double keep_factor(const loom_ir_node *n, loom_dtype dt, int64_t seed, int64_t b, int64_t i,
+                          int64_t j, int64_t L, int64_t S) {
+    double p = n->attrs.dropout;
+    if (p == 0)
+        return 1.0;
+    double u = loom_ir_rand_uniform(seed, (b * L + i) * S + j);
+    bool keep = dt == LOOM_DTYPE_F64 ? u >= p : (float)u >= (float)p;
+    return keep ? 1.0 / (1.0 - p) : 0.0;
 }
 
 static double logsumexp(const double *s, int64_t S) {
@@ -48,6 +60,9 @@ loom_status loom_rt_interp_attention(const loom_ir_node *n, const loom_ir_node *
                                                                                     : src[3];
     const void *lse = !dout ? NULL : gv ? src[3] : src[4];
     const void *delta = dout && !gv ? src[5] : NULL;
+    int64_t seed = n->attrs.dropout > 0
+                       ? loom_ir_load_i64(src[loom_ir_attention_operands(op)], LOOM_DTYPE_I64, 0)
+                       : 0;
     /* Ev: v's last extent, or do's (grad_v's operand 2) */
     int64_t Ev = op == LOOM_IR_OP_ATTENTION_LSE ? 0 : x[2]->shape[r - 1];
     /* the result's rows and columns, summed into in f64 */
@@ -75,21 +90,22 @@ loom_status loom_rt_interp_attention(const loom_ir_node *n, const loom_ir_node *
                 continue;
             }
             for (int64_t j = 0; j < S; j++) {
-                double p = exp(s[j] - l);
+                double p = exp(s[j] - l), keep = keep_factor(n, dt, seed, b, i, j, L, S);
                 if (op == LOOM_IR_OP_ATTENTION) {
                     for (int64_t c = 0; c < Ev; c++)
-                        acc[i * Ev + c] += p * loom_ir_load_f64(v, dt, vb + j * Ev + c);
+                        acc[i * Ev + c] += keep * p * loom_ir_load_f64(v, dt, vb + j * Ev + c);
                     continue;
                 }
                 if (gv) {
                     for (int64_t c = 0; c < Ev; c++)
-                        acc[j * Ev + c] += p * loom_ir_load_f64(dout, dt, ob + i * Ev + c);
+                        acc[j * Ev + c] += keep * p * loom_ir_load_f64(dout, dt, ob + i * Ev + c);
                     continue;
                 }
-                double dp = 0;
+                double dp = 0; /* of the dropped weight: d(keep p) = keep dp */
                 for (int64_t c = 0; c < Ev; c++)
                     dp += loom_ir_load_f64(dout, dt, ob + i * Ev + c) *
                           loom_ir_load_f64(v, dt, vb + j * Ev + c);
+                dp *= keep;
                 double ds =
                     n->attrs.value * p * (dp - loom_ir_load_f64(delta, LOOM_DTYPE_F32, b * L + i));
                 for (int64_t e = 0; e < E; e++) {

@@ -196,12 +196,14 @@ LOOM_API void loom_attention_options_init(loom_attention_options *o);
 
 /* torch.nn.functional.scaled_dot_product_attention: softmax(q k^T * scale + mask) v for
  * q [..., L, E], k [..., S, E], v [..., S, Ev] -> [..., L, Ev] (or all four [B, T, H, *] with
- * the BTHD layout), of one float dtype with equal leading axes. Without a mask or dropout
- * it is one fused op (tiles of queries and keys with an online softmax, causal tiles
- * skipped; the backward recomputes the weights by tiles from each row's logsumexp: the
- * scores [..., L, S] are never in memory), run in q's dtype with its scores, softmax and
- * sums in f32 (bf16/f16 operands widened as they are read), autocast or not. With a mask or
- * dropout it is recorded as its composition (the scores materialized): the softmax in f32
+ * the BTHD layout), of one float dtype with equal leading axes. Without a mask it is one
+ * fused op (tiles of queries and keys with an online softmax, causal tiles skipped, dropout
+ * drawn per weight inside the kernel; the backward recomputes the weights and their draws by
+ * tiles from each row's logsumexp: the scores [..., L, S] are never in memory), run in q's
+ * dtype with its scores, softmax and sums in f32 (bf16/f16 operands widened as they are
+ * read), autocast or not. Its dropout keeps the weights loom_dropout(weights, dropout_p,
+ * true, seed, stream) of the f32 weights [..., L, S] would keep. With a mask it is recorded
+ * as its composition (the scores materialized): the softmax in f32
  * under autocast, the two products in the autocast dtype. A query whose keys are all masked
  * gets NaN, as PyTorch's. Differentiable in q, k and v (and an additive mask). Returns a
  * step-scoped tensor, or NULL with the error recorded (INVALID_ARGUMENT naming the shapes:

@@ -240,7 +240,7 @@ static void check_op_f32(loom_ir_op op) {
         int32_t lse = input(&f, F, 3, S(2, 1, 70)), delta = input(&f, F, 3, S(2, 1, 70));
         int32_t all[6] = {q, k, v, dout, lse, delta}, gv[4] = {q, k, dout, lse};
         r = add(&f, (loom_ir_node_desc){.op = op,
-                                        .n_inputs = loom_ir_op_table[op].arity,
+                                        .n_inputs = loom_ir_attention_operands(op),
                                         .inputs = op == LOOM_IR_OP_ATTENTION_GRAD_V ? gv : all,
                                         .attrs = at});
         output(&f, r);

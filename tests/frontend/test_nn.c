@@ -709,10 +709,11 @@ static void test_attention_dropout_is_loom_dropout_on_the_weights(void **state) 
 }
 
 /* Causal attention of [1, 2, T, D] q, k, v in dt through the JIT, fused (causal, no mask) or
- * as its composition (the same tril as a bool mask): the output and dq, dk, dv (of a
- * weighted sum of the output, in f32) into res (4 T D each). The fused graph has no value of
- * [..., T, T] anywhere, forward or backward. */
-static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, float *res) {
+ * as its composition (the same tril as a bool mask), with dropout p of the weights (seed 5,
+ * stream 2): the output and dq, dk, dv (of a weighted sum of the output, in f32) into res
+ * (4 T D each). The fused graph has no value of [..., T, T] anywhere, forward or backward. */
+static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, double p,
+                             float *res) {
     int64_t n = 2 * T * D, s[4] = {1, 2, T, D};
     float *h = malloc((size_t)(4 * n) * sizeof *h);
     uint8_t *tril = malloc((size_t)(T * T));
@@ -728,7 +729,16 @@ static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, fl
     }
     loom_tensor *mask =
         fused ? NULL : loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 2, (int64_t[]){T, T}, tril);
-    loom_tensor *y = loom_scaled_dot_product_attention(ctx, x[0], x[1], x[2], mask, fused, 0.0);
+    int64_t sd = 5;
+    loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &sd);
+    loom_attention_options o;
+    loom_attention_options_init(&o);
+    o.mask = mask;
+    o.causal = fused;
+    o.dropout_p = p;
+    o.seed = p > 0 ? seed : NULL;
+    o.stream = 2;
+    loom_tensor *y = loom_scaled_dot_product_attention_ex(ctx, x[0], x[1], x[2], &o);
     if (!y)
         fail_msg("%s", loom_context_error_message(ctx));
     loom_tensor *yf = loom_cast(ctx, y, LOOM_DTYPE_F32);
@@ -747,6 +757,7 @@ static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, fl
     for (int i = 0; i < 3; i++)
         loom_tensor_release(in[i]);
     loom_tensor_release(mask);
+    loom_tensor_release(seed);
     loom_tensor_release(w);
     loom_context_destroy(ctx);
     free(h);
@@ -755,37 +766,55 @@ static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, fl
 
 /* The fused kernels against the composition they replace, on odd lengths and head sizes, in
  * f32 and bf16 (the fused op keeps its scores and softmax in f32 where the composition rounds
- * them to bf16: the two agree within bf16's rounding). */
+ * them to bf16: the two agree within bf16's rounding), and in f32 with dropout (the fused
+ * kernels draw each weight's keep where they make the weight, forward and backward; the
+ * composition drops the materialized weights with loom_dropout: the same draws). */
 static void test_fused_attention_matches_its_composition(void **state) {
     (void)state;
     static const int64_t Ts[] = {1, 7, 63, 65, 257}, Ds[] = {8, 64, 80};
     static const char *const what[4] = {"out", "dq", "dk", "dv"};
     /* in this host's C tiles, then (f32, T 65) in AVX2's 6 x 16 and AVX-512's 8 x 32 */
     static const char *const tiles[] = {"avx2", "avx512"};
-    for (int run = 0; run < 4; run++) {
+    for (int run = 0; run < 5; run++) {
         int di = run == 1;
         loom_dtype dt = di ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
-        double tol = di ? 4e-2 : 1e-4;
-        if (run >= 2)
+        double tol = di ? 4e-2 : 1e-4, p = run == 4 ? 0.2 : 0.0;
+        if (run == 2 || run == 3)
             setenv("LOOM_MATMUL_ISA", tiles[run - 2], 1);
+        else
+            unsetenv("LOOM_MATMUL_ISA");
         for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++)
             for (size_t ei = 0; ei < sizeof Ds / sizeof Ds[0]; ei++) {
                 int64_t T = Ts[ti], D = Ds[ei], n = 2 * T * D;
-                if ((di && T == 257 && D != 64) || (run >= 2 && T != 65))
-                    continue; /* bf16: one long case; other tiles: one odd T */
+                if ((di && T == 257 && D != 64) || ((run == 2 || run == 3) && T != 65) ||
+                    (run == 4 && T == 257 && D != 64))
+                    continue; /* bf16, dropout: one long case; other tiles: one odd T */
                 float *a = malloc((size_t)(4 * n) * sizeof *a);
                 float *c = malloc((size_t)(4 * n) * sizeof *c);
-                causal_attention(T, D, dt, true, a);
-                causal_attention(T, D, dt, false, c);
+                float *z = malloc((size_t)(4 * n) * sizeof *z);
+                causal_attention(T, D, dt, true, p, a);
+                causal_attention(T, D, dt, false, p, c);
                 for (int64_t i = 0; i < 4 * n; i++)
                     if (!(fabs(a[i] - c[i]) <= tol * (1 + fabs(c[i]))))
-                        fail_msg("%s T %lld D %lld, tiles %s: fused %s[%lld] = %.8g, "
+                        fail_msg("%s T %lld D %lld, tiles %s%s: fused %s[%lld] = %.8g, "
                                  "composition %.8g",
                                  loom_dtype_name(dt), (long long)T, (long long)D,
-                                 run >= 2 ? tiles[run - 2] : "of the host", what[i / n],
-                                 (long long)(i % n), a[i], c[i]);
+                                 run == 2 || run == 3 ? tiles[run - 2] : "of the host",
+                                 p > 0 ? ", dropout 0.2" : "", what[i / n], (long long)(i % n),
+                                 a[i], c[i]);
+                if (p > 0 && T > 7) { /* and the draws matter: most values move without them */
+                    causal_attention(T, D, dt, true, 0.0, z);
+                    int64_t moved = 0;
+                    for (int64_t i = 0; i < 4 * n; i++)
+                        moved += fabsf(a[i] - z[i]) > 1e-3f * (1 + fabsf(z[i]));
+                    if (moved < 2 * n)
+                        fail_msg("dropout T %lld D %lld: only %lld of %lld values differ from "
+                                 "no dropout",
+                                 (long long)T, (long long)D, (long long)moved, (long long)(4 * n));
+                }
                 free(a);
                 free(c);
+                free(z);
             }
     }
     unsetenv("LOOM_MATMUL_ISA");

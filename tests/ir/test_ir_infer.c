@@ -195,7 +195,7 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
             want = "f32[2,3]";
             break;
         case LOOM_IR_KIND_ATTENTION: /* [L, Ev], lse f32[L], dq [L, E], dk [S, E], dv [S, Ev] */
-            desc.n_inputs = info->arity;
+            desc.n_inputs = loom_ir_attention_operands(op); /* no dropout */
             desc.inputs = op == LOOM_IR_OP_ATTENTION_GRAD_V ? attv : att;
             desc.attrs.value = 0.5;
             want = op == LOOM_IR_OP_ATTENTION          ? "f32[2,5]"
@@ -207,7 +207,8 @@ static void test_infer_types_every_op_by_its_kind(void **state) {
         case LOOM_IR_KIND_COUNT_: break;
         }
         assert_non_null(want);
-        assert_int_equal(desc.n_inputs, info->arity < 0 ? 2 : info->arity);
+        if (info->kind != LOOM_IR_KIND_ATTENTION) /* its operands: by dropout, below */
+            assert_int_equal(desc.n_inputs, info->arity < 0 ? 2 : info->arity);
         const char *got = infer_type(&g, desc);
         if (strcmp(got, want) != 0)
             fail_msg("%s: inferred %s, expected %s", info->name, got, want);
@@ -249,6 +250,27 @@ static void test_infer_rejects_a_wrong_operand_count_for_every_op(void **state) 
                         "expects 1 operand, got 0");
     assert_string_equal(infer_error(&g, (loom_ir_node_desc){.op = LOOM_IR_OP_CONCAT}),
                         "expects at least 1 operand, got 0");
+    /* attention's: its own, then an i64 seed exactly where it drops weights */
+    int32_t q = add_input(&g, 1, LOOM_DTYPE_F32, SHAPE(2, 3));
+    int32_t seed = add_input(&g, 2, LOOM_DTYPE_I64, 0, NULL);
+    int32_t att[4] = {q, q, q, seed}, bad_seed[4] = {q, q, q, q};
+    loom_ir_node_desc at = {.op = LOOM_IR_OP_ATTENTION, .n_inputs = 4, .inputs = att};
+    assert_string_equal(infer_error(&g, at), "expects 3 operands, got 4");
+    at.attrs.dropout = 0.5;
+    at.n_inputs = 3;
+    assert_string_equal(infer_error(&g, at),
+                        "expects 4 operands (the last the dropout's i64 seed), got 3");
+    at.n_inputs = 4;
+    at.inputs = bad_seed;
+    assert_string_equal(infer_error(&g, at),
+                        "the dropout's seed must be an i64 scalar, got f32[2,3]");
+    at.attrs.dropout = 1;
+    assert_string_equal(infer_error(&g, at), "attention needs a dropout in [0, 1), got 1");
+    at.op = LOOM_IR_OP_ATTENTION_LSE;
+    at.attrs.dropout = 0.5;
+    at.n_inputs = 2;
+    assert_string_equal(infer_error(&g, at), "attention_lse needs a dropout in [0, 1) of 0 (its "
+                                             "scores are not dropped), got 0.5");
     loom_ir_graph_deinit(&g);
 }
 
@@ -268,7 +290,9 @@ static void test_infer_rejects_operands_outside_the_ops_dtype_class(void **state
         bool is_float = info->dtypes == LOOM_IR_DT_FLOAT;
         int32_t bad = is_float ? i : b;
         loom_ir_node_desc desc = {.op = (loom_ir_op)op,
-                                  .n_inputs = info->arity,
+                                  .n_inputs = info->kind == LOOM_IR_KIND_ATTENTION
+                                                  ? loom_ir_attention_operands((loom_ir_op)op)
+                                                  : info->arity,
                                   .inputs = (int32_t[]){bad, bad, bad, bad, bad, bad}};
         snprintf(want, sizeof want, "operand 0 has dtype %s[2,3]; %s needs %s",
                  is_float ? "i32" : "bool", info->name,

@@ -192,19 +192,24 @@ static void build_op_graph(loom_ir_graph *g, loom_ir_op op) {
                 "model.c", 34);
         break;
     }
-    case LOOM_IR_KIND_ATTENTION: { /* q [2,3] against 4 keys, Ev 5; causal, scale 0.375 */
-        loom_ir_attrs at = {.index = 1, .value = 0.375};
+    case LOOM_IR_KIND_ATTENTION: { /* q [2,3] against 4 keys, Ev 5; causal, scale 0.375;
+                                    * dropout 0.125 but in attention_lse */
+        bool drop = op != LOOM_IR_OP_ATTENTION_LSE;
+        loom_ir_attrs at = {.index = 1, .value = 0.375, .dropout = drop ? 0.125 : 0};
         int32_t k = input(g, 1, dt, 2, (const int64_t[]){4, 3});
         int32_t v = input(g, 2, dt, 2, (const int64_t[]){4, 5});
         int32_t dout = input(g, 3, dt, 2, (const int64_t[]){2, 5});
         int32_t lse = input(g, 4, LOOM_DTYPE_F32, 1, (const int64_t[]){2});
         int32_t delta = input(g, 5, LOOM_DTYPE_F32, 1, (const int64_t[]){2});
-        int32_t ins[6] = {x, k, v, dout, lse, delta};
+        int32_t ins[7] = {x, k, v, dout, lse, delta};
         if (op == LOOM_IR_OP_ATTENTION_GRAD_V) {
             ins[2] = dout;
             ins[3] = lse;
         }
-        r = add(g, op, loom_ir_op_table[op].arity, ins, dt, 0, NULL, at, "model.c", 35);
+        int32_t own = loom_ir_attention_operands(op);
+        if (drop)
+            ins[own] = input(g, 6, LOOM_DTYPE_I64, 0, NULL);
+        r = add(g, op, own + drop, ins, dt, 0, NULL, at, "model.c", 35);
         break;
     }
     case LOOM_IR_KIND_COUNT_:
