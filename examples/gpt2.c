@@ -77,6 +77,11 @@ static void usage(FILE *f) {
         "  --lr-schedule constant|cosine   after warm-up: constant, or cosine decay to lr/10 at\n"
         "                         the last step (nanoGPT's min_lr)\n"
         "  --grad-clip X          clip the gradients' global L2 norm to X (0: off; default 1.0)\n"
+        "  --dropout P            nanoGPT's dropout while training, on the embeddings, the\n"
+        "                         attention weights (inside the fused attention) and both\n"
+        "                         residual branches (default 0, nanoGPT's for pretraining;\n"
+        "                         Hugging Face GPT-2 trained with 0.1). Drawn from --seed, the\n"
+        "                         rank and the step; sampling runs without it\n"
         "  --amp none|bf16|f16    autocast the forward (matmuls in 16-bit; default none)\n"
         "  --loss-scale dynamic|off|X   GradScaler (default dynamic for f16, off otherwise)\n"
         "  --seed N               initialisation and --shuffle (default 0)\n"
@@ -125,6 +130,11 @@ static int on_option(void *ud, const char *name, const char *val) {
             return ex_usage_error("--grad-clip needs a finite number >= 0, not '%s'", val);
         return 0;
     }
+    if (!strcmp(name, "--dropout")) {
+        if (!ex_parse_real(val, &o->cfg.dropout) || !(o->cfg.dropout < 1))
+            return ex_usage_error("--dropout needs a probability in [0, 1), not '%s'", val);
+        return 0;
+    }
     const char **paths[] = {&o->llmc_path, &o->data_path, &o->text_path, &o->prompt};
     static const char *const path_names[] = {"--init-llmc", "--data", "--text", "--prompt"};
     for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
@@ -148,10 +158,10 @@ static int on_option(void *ud, const char *name, const char *val) {
 static int parse_args(int argc, char **argv, options *o) {
     *o = (options){.grad_clip = 1.0};
     static const char *const valued[] = {
-        "--n-layer",    "--n-head",      "--n-embd",       "--vocab-size",
-        "--block-size", "--init-layout", "--init-llmc",    "--data",
-        "--text",       "--seq-len",     "--warmup-steps", "--grad-clip",
-        "--sample",     "--prompt",      "--top-k",        NULL};
+        "--n-layer",      "--n-head",    "--n-embd", "--vocab-size", "--block-size",
+        "--init-layout",  "--init-llmc", "--data",   "--text",       "--seq-len",
+        "--warmup-steps", "--grad-clip", "--sample", "--prompt",     "--top-k",
+        "--dropout",      NULL};
     static const char *const switches[] = {"--shuffle", NULL};
     ex_cli cli = {.valued = valued,
                   .switches = switches,
@@ -375,6 +385,12 @@ static int take_loss(loom_context *ctx, const options *o, int64_t step, loom_ten
     return 0;
 }
 
+/* Step `step`'s dropout seed on this rank: every (seed, rank, step) its own draws. */
+static uint64_t dropout_seed(uint64_t seed, int64_t rank, int64_t step) {
+    uint64_t s = seed ^ (uint64_t)rank << 48 ^ (uint64_t)step * 0xD1B54A32D192ED03ull;
+    return ex_splitmix64(&s);
+}
+
 static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *opt,
                  const model_amp *amp, const gpt2_tokens *tok, train_result *res) {
     const ex_flags *f = &o->f;
@@ -401,10 +417,15 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
         double t0 = ex_now_s();
         loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 2, (int64_t[]){b, T}, in);
         loom_tensor *y = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 2, (int64_t[]){b, T}, out);
+        /* the step's dropout seed: a graph input, so a new one each step never recompiles */
+        int64_t seed_v = (int64_t)dropout_seed(f->seed, f->rank, step);
+        loom_tensor *seed = m->cfg.dropout > 0
+                                ? loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &seed_v)
+                                : NULL;
         if (amp->dtype != LOOM_DTYPE_F32)
             loom_autocast_begin(ctx, amp->dtype);
         loom_tensor *loss =
-            loom_cross_entropy(ctx, gpt2_forward(ctx, m, x), y, LOOM_REDUCTION_MEAN);
+            loom_cross_entropy(ctx, gpt2_forward(ctx, m, x, seed), y, LOOM_REDUCTION_MEAN);
         if (amp->dtype != LOOM_DTYPE_F32)
             loom_autocast_end(ctx);
         loom_tensor *step_loss = NULL, *step_norm = NULL;
@@ -412,6 +433,7 @@ static int train(loom_context *ctx, const options *o, const gpt2 *m, optimizer *
         loom_status st = loom_mark_step(ctx);
         loom_tensor_release(x);
         loom_tensor_release(y);
+        loom_tensor_release(seed);
         if (st != LOOM_OK || !step_loss) {
             loom_tensor_release(step_loss);
             loom_tensor_release(step_norm);
@@ -528,13 +550,6 @@ typedef struct sample_result {
     double seconds;
 } sample_result;
 
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* The next token from logits [V]: argmax (top_k 0), else a draw among the top k by softmax. */
 static int64_t pick(const float *logits, int64_t V, int64_t top_k, uint64_t *rng, int64_t *idx) {
     int64_t best = 0;
@@ -559,7 +574,7 @@ static int64_t pick(const float *logits, int64_t V, int64_t top_k, uint64_t *rng
     int64_t kk = k < 256 ? k : 256;
     for (int64_t i = 0; i < kk; i++)
         sum += (w[i] = exp((double)logits[idx[i]] - (double)logits[best]));
-    double u = (double)(next_u64(rng) >> 11) * 0x1.0p-53 * sum;
+    double u = (double)(ex_splitmix64(rng) >> 11) * 0x1.0p-53 * sum;
     for (int64_t i = 0; i < kk; i++)
         if ((u -= w[i]) <= 0)
             return idx[i];
@@ -598,7 +613,7 @@ static int sample(loom_context *ctx, const options *o, const gpt2 *m, const mode
         loom_tensor *p = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 1, (int64_t[]){1}, &pos);
         if (amp->dtype != LOOM_DTYPE_F32)
             loom_autocast_begin(ctx, amp->dtype);
-        loom_tensor *logits = loom_index_select(ctx, gpt2_forward(ctx, m, x), 1, p);
+        loom_tensor *logits = loom_index_select(ctx, gpt2_forward(ctx, m, x, NULL), 1, p);
         if (amp->dtype != LOOM_DTYPE_F32)
             loom_autocast_end(ctx);
         loom_tensor *last = loom_cast(ctx, logits, LOOM_DTYPE_F32);

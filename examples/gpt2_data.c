@@ -112,10 +112,7 @@ out:
 }
 
 static uint64_t mix(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ex_splitmix64(&z);
 }
 
 void gpt2_batch(const gpt2_tokens *t, int64_t k, int64_t B, int64_t T, int64_t row0, int64_t rows,

@@ -460,9 +460,16 @@ bool gpt2_param_is_matrix(const gpt2 *m, int32_t i) {
     return rank >= 2;
 }
 
-/* Causal self-attention of x [B, T, C] with the block's c_attn and c_proj. */
+/* Dropout p (0: none) of x from seed (NULL: none) in stream s. */
+static loom_tensor *drop(loom_context *ctx, loom_tensor *x, double p, loom_tensor *seed,
+                         int64_t s) {
+    return p > 0 && seed ? loom_dropout(ctx, x, p, true, seed, s) : x;
+}
+
+/* Causal self-attention of x [B, T, C] with layer l's c_attn and c_proj, dropout as
+ * gpt2_forward says. */
 static loom_tensor *attention(loom_context *ctx, const gpt2 *m, loom_tensor *const *p,
-                              loom_tensor *x, int64_t B, int64_t T) {
+                              loom_tensor *x, int64_t B, int64_t T, int64_t l, loom_tensor *seed) {
     int64_t C = m->cfg.n_embd, H = m->cfg.n_head, D = C / H;
     loom_tensor *qkv[3] = {0};
     loom_split(ctx, loom_linear(ctx, x, p[S_ATTN_W], p[S_ATTN_B]), 3, (int64_t[]){C, C, C}, -1,
@@ -470,35 +477,38 @@ static loom_tensor *attention(loom_context *ctx, const gpt2 *m, loom_tensor *con
     const int32_t to_heads[4] = {0, 2, 1, 3}; /* [B, T, H, D] -> [B, H, T, D] and back */
     for (int i = 0; i < 3; i++)
         qkv[i] = loom_permute(ctx, loom_reshape(ctx, qkv[i], 4, (int64_t[]){B, T, H, D}), to_heads);
-#ifdef loom_scaled_dot_product_attention
-    loom_tensor *y =
-        loom_scaled_dot_product_attention(ctx, qkv[0], qkv[1], qkv[2], NULL, true, 0.0);
-#else
-    loom_tensor *att = loom_mul(ctx, loom_matmul(ctx, qkv[0], loom_transpose(ctx, qkv[1])),
-                                loom_scalar(ctx, LOOM_DTYPE_F32, 1.0 / sqrt((double)D)));
-    loom_tensor *future = loom_gt(ctx, loom_iota(ctx, LOOM_DTYPE_I32, 2, (int64_t[]){T, T}, 1),
-                                  loom_iota(ctx, LOOM_DTYPE_I32, 2, (int64_t[]){T, T}, 0));
-    att = loom_softmax(ctx, loom_masked_fill(ctx, att, future, -INFINITY), -1);
-    loom_tensor *y = loom_matmul(ctx, att, qkv[2]);
-#endif
+    loom_attention_options o;
+    loom_attention_options_init(&o);
+    o.causal = true;
+    if (m->cfg.dropout > 0 && seed) {
+        o.dropout_p = m->cfg.dropout;
+        o.seed = seed;
+        o.stream = 1 + 3 * l;
+    }
+    loom_tensor *y = loom_scaled_dot_product_attention_ex(ctx, qkv[0], qkv[1], qkv[2], &o);
     y = loom_reshape(ctx, loom_permute(ctx, y, to_heads), 3, (int64_t[]){B, T, C});
-    return loom_linear(ctx, y, p[S_APROJ_W], p[S_APROJ_B]);
+    return drop(ctx, loom_linear(ctx, y, p[S_APROJ_W], p[S_APROJ_B]), m->cfg.dropout, seed,
+                2 + 3 * l);
 }
 
-loom_tensor *gpt2_forward(loom_context *ctx, const gpt2 *m, loom_tensor *idx) {
+loom_tensor *gpt2_forward(loom_context *ctx, const gpt2 *m, loom_tensor *idx, loom_tensor *seed) {
     int64_t shape[LOOM_MAX_RANK];
     if (loom_tensor_shape(idx, shape) != LOOM_OK)
         return NULL;
     int64_t B = shape[0], T = shape[1], C = m->cfg.n_embd;
     loom_tensor *pos = loom_slice(ctx, m->params[1], (int64_t[]){0, 0}, (int64_t[]){T, C}, NULL);
-    loom_tensor *x = loom_add(ctx, loom_embedding(ctx, idx, m->params[0]), pos);
+    double pd = m->cfg.dropout;
+    loom_tensor *x =
+        drop(ctx, loom_add(ctx, loom_embedding(ctx, idx, m->params[0]), pos), pd, seed, 0);
     for (int64_t l = 0; l < m->cfg.n_layer; l++) {
         loom_tensor *const *p = m->params + slot(l, 0);
         loom_tensor *h = loom_layer_norm(ctx, x, 1, p[S_LN1_W], p[S_LN1_B], 1e-5);
-        x = loom_add(ctx, x, attention(ctx, m, p, h, B, T));
+        x = loom_add(ctx, x, attention(ctx, m, p, h, B, T, l, seed));
         h = loom_layer_norm(ctx, x, 1, p[S_LN2_W], p[S_LN2_B], 1e-5);
         h = loom_gelu_tanh(ctx, loom_linear(ctx, h, p[S_FC_W], p[S_FC_B]));
-        x = loom_add(ctx, x, loom_linear(ctx, h, p[S_MPROJ_W], p[S_MPROJ_B]));
+        x = loom_add(
+            ctx, x,
+            drop(ctx, loom_linear(ctx, h, p[S_MPROJ_W], p[S_MPROJ_B]), pd, seed, 3 + 3 * l));
     }
     x = loom_layer_norm(ctx, x, 1, m->params[m->n_params - 2], m->params[m->n_params - 1], 1e-5);
     return loom_linear(ctx, x, m->params[0], NULL); /* lm_head tied to wte */

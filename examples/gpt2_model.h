@@ -13,6 +13,8 @@
 
 typedef struct gpt2_config {
     int64_t n_layer, n_head, n_embd, vocab_size, block_size;
+    double dropout; /* nanoGPT's: on the embeddings, the attention weights and both residual
+                       branches while training (0: none; not read from files) */
 } gpt2_config;
 
 /* Tensors per block (ln_1 w/b, c_attn w/b, attn c_proj w/b, ln_2 w/b, c_fc w/b, mlp c_proj
@@ -70,7 +72,10 @@ int64_t gpt2_num_params(const gpt2_config *cfg, bool non_embedding);
 /* Whether parameter i is a 2-D weight (matmuls and embeddings: weight-decayed). */
 bool gpt2_param_is_matrix(const gpt2 *m, int32_t i);
 
-/* Logits [B, T, vocab] of tokens idx [B, T] (i64, T <= block_size). NULL on error. */
-loom_tensor *gpt2_forward(loom_context *ctx, const gpt2 *m, loom_tensor *idx);
+/* Logits [B, T, vocab] of tokens idx [B, T] (i64, T <= block_size), with cfg.dropout drawn
+ * from the i64 scalar seed (NULL: none, as in evaluation; a new seed each step). Streams:
+ * 0 the embeddings, then per layer l 1 + 3 l the attention weights (inside the fused
+ * attention), 2 + 3 l its projection, 3 + 3 l the MLP's. NULL on error. */
+loom_tensor *gpt2_forward(loom_context *ctx, const gpt2 *m, loom_tensor *idx, loom_tensor *seed);
 
 #endif

@@ -143,13 +143,6 @@ typedef struct dataset {
     int64_t *labels;
 } dataset;
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Image idx (any index: synthetic indices past n are the held-out ones) into x, its label. */
 static void dataset_get(const dataset *ds, int64_t idx, float *x, int64_t *y) {
     size_t numel = (size_t)(3 * ds->h * ds->w);
@@ -159,8 +152,8 @@ static void dataset_get(const dataset *ds, int64_t idx, float *x, int64_t *y) {
         return;
     }
     uint64_t s = ds->seed * 0x2545F4914F6CDD1Dull + (uint64_t)idx;
-    *y = (int64_t)(splitmix64(&s) % (uint64_t)ds->classes);
-    uint64_t r = splitmix64(&s) | 1;
+    *y = (int64_t)(ex_splitmix64(&s) % (uint64_t)ds->classes);
+    uint64_t r = ex_splitmix64(&s) | 1;
     for (size_t i = 0; i < numel; i++) { /* xorshift64: cheap enough at 224x224 */
         r ^= r << 13;
         r ^= r >> 7;
@@ -229,7 +222,7 @@ static int64_t epoch_order(const dataset *ds, const ex_flags *f, int64_t epoch, 
     if (f->shuffle) {
         uint64_t s = f->seed + (uint64_t)epoch;
         for (int64_t i = ds->n - 1; i > 0; i--) {
-            int64_t j = (int64_t)(splitmix64(&s) % (uint64_t)(i + 1));
+            int64_t j = (int64_t)(ex_splitmix64(&s) % (uint64_t)(i + 1));
             int64_t t = order[i];
             order[i] = order[j];
             order[j] = t;

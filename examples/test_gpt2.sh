@@ -1,6 +1,7 @@
 #!/bin/sh
 # The GPT-2 example end to end, as TAP, on a tiny model (2 layers, 2 heads, n_embd 32, block
-# 32) trained on a source file's bytes: usage errors, the loss finite and decreasing, --save
+# 32) trained on a source file's bytes: usage errors, the loss finite and decreasing (also
+# with --dropout), --save
 # then --init giving the same first loss, the same weights in Hugging Face's layout and in
 # llm.c's .bin (written by python3 when there is one) giving it too, clear errors for bad
 # files, sampling from one compiled graph, two ranks under mpiexec.
@@ -17,7 +18,7 @@ HAVE_MPI=${3:-0}
 TEXT=$(dirname "$0")/gpt2_model.c
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-gpt2-test.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT INT TERM
-echo "1..9"
+echo "1..10"
 
 n=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
@@ -47,7 +48,8 @@ if usage_case "give one of --data" --max-steps 1 &&
     usage_case "init-layout must be auto, nanogpt or hf" $SMALL --init-layout tf &&
     usage_case "seq-len 64 exceeds the block size 32" $SMALL --seq-len 64 &&
     usage_case "n-head 3 must divide --n-embd 32" $SMALL --n-head 3 &&
-    usage_case "prompt needs --text" --data x.bin --prompt hi; then
+    usage_case "prompt needs --text" --data x.bin --prompt hi &&
+    usage_case "dropout needs a probability in \[0, 1)" $SMALL --dropout 1; then
     ok "usage errors exit 2 naming the problem"
 else
     not_ok "usage errors exit 2 naming the problem" "$TMP/err"
@@ -65,7 +67,19 @@ else
     not_ok "the loss is finite and decreases ($L0 -> $L4)" "$TMP/train" "$TMP/train.err"
 fi
 
-# 3: --save the initial weights (lr 0), --init them under another seed: the same first loss
+# 3: --dropout 0.1 (inside the fused attention too): other losses, finite and decreasing
+"$EX" $SMALL --max-steps 5 --lr 2e-3 --dropout 0.1 >"$TMP/drop" 2>"$TMP/drop.err"
+rc=$?
+D0=$(first_loss "$TMP/drop")
+D4=$(sed -n 's/^step=4 loss=\([^ ]*\).*/\1/p' "$TMP/drop")
+if [ $rc -eq 0 ] && [ "$(grep -c '^step=[0-9]* loss=[0-9.]* ' "$TMP/drop")" -eq 5 ] &&
+    awk -v a="$D0" -v b="$D4" -v z="$L0" 'BEGIN { exit !(a > 5 && a < 6 && b < a - 0.01 && a != z) }'; then
+    ok "--dropout 0.1 trains ($D0 -> $D4; without: $L0)"
+else
+    not_ok "--dropout 0.1 trains ($D0 -> $D4; without: $L0)" "$TMP/drop" "$TMP/drop.err"
+fi
+
+# 4: --save the initial weights (lr 0), --init them under another seed: the same first loss
 "$EX" $SMALL --max-steps 1 --lr 0 --save "$TMP/w.safetensors" >"$TMP/save" 2>&1
 "$EX" $SMALL --max-steps 2 --seed 7 --init "$TMP/w.safetensors" >"$TMP/init" 2>&1
 rc=$?
@@ -80,7 +94,7 @@ else
         "$TMP/save" "$TMP/init"
 fi
 
-# 4: the same weights as Hugging Face's model.safetensors and as llm.c's gpt2_124M.bin
+# 5: the same weights as Hugging Face's model.safetensors and as llm.c's gpt2_124M.bin
 if command -v python3 >/dev/null 2>&1; then
     python3 - "$TMP/w.safetensors" "$TMP/hf.safetensors" "$TMP/llmc.bin" <<'EOF'
 import array, json, struct, sys
@@ -144,7 +158,7 @@ else
     skip "Hugging Face and llm.c files give the same first loss" "no python3"
 fi
 
-# 5: bad files are errors (exit 1) that say what is wrong
+# 6: bad files are errors (exit 1) that say what is wrong
 bad_case() {
     pattern=$1
     shift
@@ -174,7 +188,7 @@ else
     skip "a truncated llm.c file is an error" "no python3"
 fi
 
-# 6: a shape that does not fit is named with both shapes, as are given sizes the file lacks
+# 7: a shape that does not fit is named with both shapes, as are given sizes the file lacks
 if command -v python3 >/dev/null 2>&1; then
     python3 - "$TMP/w.safetensors" "$TMP/shape.safetensors" "$TMP/other.safetensors" <<'EOF'
 import json, struct, sys
@@ -205,7 +219,7 @@ else
     skip "a shape mismatch names the tensor and both shapes" "no python3"
 fi
 
-# 7: sampling: 20 tokens from one compiled graph
+# 8: sampling: 20 tokens from one compiled graph
 "$EX" $SMALL --max-steps 3 --sample 20 --prompt "int " --top-k 5 --json >"$TMP/sample" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && [ "$(field "$TMP/sample" sample_tokens)" = 20 ] &&
@@ -216,7 +230,7 @@ else
     not_ok "--sample 20 compiles one graph for all the tokens" "$TMP/sample"
 fi
 
-# 8: two ranks sharing the global batch log the losses of one process
+# 9: two ranks sharing the global batch log the losses of one process
 if [ "$HAVE_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
     "$EX" $SMALL --batch-size 4 --max-steps 3 >"$TMP/one" 2>&1
     "$MPIEXEC" -n 2 "$EX" $SMALL --batch-size 4 --max-steps 3 >"$TMP/two" 2>&1

@@ -51,6 +51,13 @@ int ex_parse_int_option(const ex_int_option *t, size_t n, const char *name, cons
     return -1;
 }
 
+uint64_t ex_splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 bool ex_parse_real(const char *s, double *out) {
     char *end;
     errno = 0;

@@ -98,6 +98,8 @@ int ex_parse_int_option(const ex_int_option *t, size_t n, const char *name, cons
                         void *base);
 /* A finite number >= 0. */
 bool ex_parse_real(const char *s, double *out);
+/* SplitMix64: advances *s and returns its next 64 random bits (data order, sampling, seeds). */
+uint64_t ex_splitmix64(uint64_t *s);
 
 /* "<prog>: " or, on several ranks, "<prog> (rank 1 of 2): ". Borrowed, static. */
 const char *ex_who(void);

@@ -59,6 +59,7 @@ typedef struct config {
     bool synced;           /* the interpreter starts each step from the compiled state */
     int64_t batch, image;  /* image: the ResNets' H = W (the Fashion models take 28x28) */
     const struct tolerance *tol;
+    double dropout; /* GPT-2's (gpt2_config), a new seed each step */
 } config;
 
 /* What a configuration's steps may differ by: the loss (relative), and any state tensor
@@ -119,7 +120,9 @@ static void run_init(run *r, const config *c, bool eager) {
         n_state = r->rn.n_state;
     } else if (c->arch == ARCH_GPT2) {
         gpt2_weights w;
-        assert_int_equal(gpt2_weights_alloc(&w, &GPT2_TINY), 0);
+        gpt2_config cfg = GPT2_TINY;
+        cfg.dropout = c->dropout;
+        assert_int_equal(gpt2_weights_alloc(&w, &cfg), 0);
         gpt2_weights_init_random(&w, 7);
         assert_int_equal(gpt2_init(r->ctx, &r->gpt, &w), LOOM_OK);
         gpt2_weights_free(&w);
@@ -195,15 +198,18 @@ static loom_status gpt2_train_step(run *r, const config *c, int64_t step, loom_t
     make_tokens(c, step, x, y);
     loom_tensor *xt = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 2, shape, x);
     loom_tensor *yt = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 2, shape, y);
+    int64_t seed_v = 1000 + 7 * step; /* both runs draw the same dropout, new each step */
+    loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &seed_v);
     if (c->amp != LOOM_DTYPE_F32)
         loom_autocast_begin(ctx, c->amp);
     loom_tensor *l =
-        loom_cross_entropy(ctx, gpt2_forward(ctx, &r->gpt, xt), yt, LOOM_REDUCTION_MEAN);
+        loom_cross_entropy(ctx, gpt2_forward(ctx, &r->gpt, xt, seed), yt, LOOM_REDUCTION_MEAN);
     if (c->amp != LOOM_DTYPE_F32)
         loom_autocast_end(ctx);
     loom_status st = ex_train_step_finish(ctx, l, r->n_params, r->params, r->opt, &r->amp, loss);
     loom_tensor_release(xt);
     loom_tensor_release(yt);
+    loom_tensor_release(seed);
     free(x);
     free(y);
     return st;
@@ -349,12 +355,12 @@ static void compare(const snapshot *got, const snapshot *want, const snapshot *b
 static void check_config(const config *c) {
     const char *amp = c->amp == LOOM_DTYPE_F32 ? "f32" : loom_dtype_name(c->amp);
     char name[160];
-    snprintf(name, sizeof name, "%s batch %lld%s, %s, %s%s, LOOM_CONV=%s, interpreter %s%s",
+    snprintf(name, sizeof name, "%s batch %lld%s, %s, %s%s%s, LOOM_CONV=%s, interpreter %s%s",
              arch_names[c->arch], (long long)c->batch,
              is_resnet(c)           ? " at 32x32"
              : c->arch == ARCH_GPT2 ? " of 16 tokens"
                                     : "",
-             amp, c->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw",
+             amp, c->optim == LOOM_OPTIM_SGD ? "sgd" : "adamw", c->dropout > 0 ? " + dropout" : "",
              c->loss_scale ? " + GradScaler" : "", c->conv ? c->conv : "default",
              c->synced ? "synced" : "free", poison ? ", LOOM_POISON" : "");
     const char *only = getenv("MULTISTEP_ONLY"); /* a development aid: configurations named so */
@@ -460,10 +466,10 @@ static const tolerance TOL_GPT2_16 = {1e-4, 0.2, 5e-2};
 static void test_the_mlp_trains_as_the_interpreter_does(void **state) {
     (void)state;
     static const config cs[] = {
-        {ARCH_MLP, F32, SGD, NULL, false, false, 32, 0, &TIGHT},
-        {ARCH_MLP, F32, ADAMW, NULL, false, false, 32, 0, &TIGHT},
-        {ARCH_MLP, BF16, SGD, NULL, false, false, 32, 0, &HALF},
-        {ARCH_MLP, F16, ADAMW, NULL, true, false, 32, 0, &HALF},
+        {ARCH_MLP, F32, SGD, NULL, false, false, 32, 0, &TIGHT, 0},
+        {ARCH_MLP, F32, ADAMW, NULL, false, false, 32, 0, &TIGHT, 0},
+        {ARCH_MLP, BF16, SGD, NULL, false, false, 32, 0, &HALF, 0},
+        {ARCH_MLP, F16, ADAMW, NULL, true, false, 32, 0, &HALF, 0},
     };
     check_all(cs, sizeof cs / sizeof *cs);
 }
@@ -471,16 +477,16 @@ static void test_the_mlp_trains_as_the_interpreter_does(void **state) {
 static void test_the_cnn_trains_as_the_interpreter_does_in_every_conv_mode(void **state) {
     (void)state;
     static const config cs[] = {
-        {ARCH_CNN, F32, SGD, NULL, false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, F32, SGD, "im2col", false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, F32, SGD, "border", false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, F32, SGD, "direct", false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, F32, SGD, "winograd2", false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, F32, ADAMW, "winograd4", false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, BF16, SGD, "direct", false, false, 8, 0, &HALF},
-        {ARCH_CNN, BF16, ADAMW, "direct", false, false, 8, 0, &HALF},
-        {ARCH_CNN, F16, ADAMW, NULL, true, false, 8, 0, &HALF},
-        {ARCH_CNN, BF16, SGD, NULL, false, true, 8, 0, &CHAOTIC},
+        {ARCH_CNN, F32, SGD, NULL, false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, F32, SGD, "im2col", false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, F32, SGD, "border", false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, F32, SGD, "direct", false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, F32, SGD, "winograd2", false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, F32, ADAMW, "winograd4", false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, BF16, SGD, "direct", false, false, 8, 0, &HALF, 0},
+        {ARCH_CNN, BF16, ADAMW, "direct", false, false, 8, 0, &HALF, 0},
+        {ARCH_CNN, F16, ADAMW, NULL, true, false, 8, 0, &HALF, 0},
+        {ARCH_CNN, BF16, SGD, NULL, false, true, 8, 0, &CHAOTIC, 0},
     };
     check_all(cs, sizeof cs / sizeof *cs);
 }
@@ -492,11 +498,11 @@ static void test_the_cnn_trains_as_the_interpreter_does_in_every_conv_mode(void 
 static void test_the_models_train_alike_on_poisoned_memory(void **state) {
     (void)state;
     static const config cs[] = {
-        {ARCH_MLP, F32, SGD, NULL, false, false, 32, 0, &TIGHT},
-        {ARCH_MLP, F16, ADAMW, NULL, true, false, 32, 0, &HALF},
-        {ARCH_CNN, F32, SGD, NULL, false, false, 8, 0, &TIGHT},
-        {ARCH_CNN, BF16, ADAMW, "direct", false, false, 8, 0, &HALF},
-        {ARCH_GPT2, F32, ADAMW, NULL, false, false, 4, 16, &TIGHT},
+        {ARCH_MLP, F32, SGD, NULL, false, false, 32, 0, &TIGHT, 0},
+        {ARCH_MLP, F16, ADAMW, NULL, true, false, 32, 0, &HALF, 0},
+        {ARCH_CNN, F32, SGD, NULL, false, false, 8, 0, &TIGHT, 0},
+        {ARCH_CNN, BF16, ADAMW, "direct", false, false, 8, 0, &HALF, 0},
+        {ARCH_GPT2, F32, ADAMW, NULL, false, false, 4, 16, &TIGHT, 0},
     };
     poison = true;
     check_all(cs, sizeof cs / sizeof *cs);
@@ -506,15 +512,15 @@ static void test_the_models_train_alike_on_poisoned_memory(void **state) {
 static void test_resnet18_trains_as_the_interpreter_does_in_every_conv_mode(void **state) {
     (void)state;
     static const config cs[] = {
-        {ARCH_RESNET18, F32, SGD, NULL, false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F32, SGD, "im2col", false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F32, SGD, "border", false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F32, SGD, "direct", false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F32, SGD, "winograd2", false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F32, SGD, "winograd4", false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F32, ADAMW, NULL, false, true, 8, 32, &TOL_RESNET18},
-        {ARCH_RESNET18, F16, SGD, "direct", true, true, 8, 32, &HALF},
-        {ARCH_RESNET18, BF16, SGD, NULL, false, true, 8, 32, &CHAOTIC},
+        {ARCH_RESNET18, F32, SGD, NULL, false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F32, SGD, "im2col", false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F32, SGD, "border", false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F32, SGD, "direct", false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F32, SGD, "winograd2", false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F32, SGD, "winograd4", false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F32, ADAMW, NULL, false, true, 8, 32, &TOL_RESNET18, 0},
+        {ARCH_RESNET18, F16, SGD, "direct", true, true, 8, 32, &HALF, 0},
+        {ARCH_RESNET18, BF16, SGD, NULL, false, true, 8, 32, &CHAOTIC, 0},
     };
     check_all(cs, sizeof cs / sizeof *cs);
 }
@@ -522,21 +528,23 @@ static void test_resnet18_trains_as_the_interpreter_does_in_every_conv_mode(void
 static void test_resnet50_trains_as_the_interpreter_does(void **state) {
     (void)state;
     static const config cs[] = {
-        {ARCH_RESNET50, F32, SGD, NULL, false, true, 8, 32, &TOL_RESNET50},
-        {ARCH_RESNET50, BF16, ADAMW, NULL, false, true, 8, 32, &SMOKE},
+        {ARCH_RESNET50, F32, SGD, NULL, false, true, 8, 32, &TOL_RESNET50, 0},
+        {ARCH_RESNET50, BF16, ADAMW, NULL, false, true, 8, 32, &SMOKE, 0},
     };
     check_all(cs, sizeof cs / sizeof *cs);
 }
 
 /* GPT-2 (examples/gpt2's model: embedding gather, causal attention, tanh GELU, layer norms,
- * the tied lm_head) in fp32 and 16-bit autocast, SGD and AdamW, with a GradScaler. */
+ * the tied lm_head) in fp32 and 16-bit autocast, SGD and AdamW, with a GradScaler, and with
+ * nanoGPT's dropout (the fused attention's inside its kernels, forward and backward). */
 static void test_gpt2_trains_as_the_interpreter_does(void **state) {
     (void)state;
     static const config cs[] = {
-        {ARCH_GPT2, F32, SGD, NULL, false, false, 4, 16, &TIGHT},
-        {ARCH_GPT2, F32, ADAMW, NULL, false, false, 4, 16, &TIGHT},
-        {ARCH_GPT2, BF16, ADAMW, NULL, false, false, 4, 16, &TOL_GPT2_16},
-        {ARCH_GPT2, F16, ADAMW, NULL, true, false, 4, 16, &TOL_GPT2_16},
+        {ARCH_GPT2, F32, SGD, NULL, false, false, 4, 16, &TIGHT, 0},
+        {ARCH_GPT2, F32, ADAMW, NULL, false, false, 4, 16, &TIGHT, 0},
+        {ARCH_GPT2, BF16, ADAMW, NULL, false, false, 4, 16, &TOL_GPT2_16, 0},
+        {ARCH_GPT2, F16, ADAMW, NULL, true, false, 4, 16, &TOL_GPT2_16, 0},
+        {ARCH_GPT2, F32, ADAMW, NULL, false, false, 4, 16, &TIGHT, 0.1},
     };
     check_all(cs, sizeof cs / sizeof *cs);
 }
