@@ -787,8 +787,9 @@ static void test_fused_attention_matches_its_composition(void **state) {
             for (size_t ei = 0; ei < sizeof Ds / sizeof Ds[0]; ei++) {
                 int64_t T = Ts[ti], D = Ds[ei], n = 2 * T * D;
                 if ((di && T == 257 && D != 64) || ((run == 2 || run == 3) && T != 65) ||
-                    (run == 4 && T == 257 && D != 64))
-                    continue; /* bf16, dropout: one long case; other tiles: one odd T */
+                    (run == 4 && (T == 63 || T == 257 || D == 64)))
+                    continue; /* bf16: one long case; other tiles: one odd T; dropout: T 1, 7
+                               * and 65 (two key blocks) by D 8 and 80 */
                 float *a = malloc((size_t)(4 * n) * sizeof *a);
                 float *c = malloc((size_t)(4 * n) * sizeof *c);
                 float *z = malloc((size_t)(4 * n) * sizeof *z);
