@@ -144,6 +144,8 @@ MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirVal
 MlirValue cg_vmaskload_or(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirValue mask,
                           MlirValue pass);
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask);
+/* vector.gather: mem[idx[l]] (idx a vector of i32) where mask[l], else 0. */
+MlirValue cg_vgather(cg_b *b, MlirType vt, MlirValue mem, MlirValue idx, MlirValue mask);
 /* mem[at + i] = zero (a scalar) for i in [0, n) (an index; nothing where n <= 0): vectors
  * of 16 and one masked store for the rest. */
 void cg_zero_range(cg_b *b, MlirValue mem, MlirValue at, MlirValue n, MlirValue zero);

@@ -20,6 +20,9 @@
  * Key side (grad_k, grad_v): a block of key rows j; the blocks of queries (causal:
  * from row j0 on) give S^T = K Qs^T and P^T = exp(S^T - lse) by columns, then dV += P^T dO,
  * or dP^T = V dO^T, dS^T = P^T (dP^T - delta) and dK += dS^T Qs.
+ * A mask (ops.def) is read 16 lanes at a time where its scores are, each time (forward and
+ * recomputed backward; one element, a masked load of a run, or a gather, by its stride
+ * along the lanes): added to them, or -inf where a bool mask is false. It skips no tile.
  * Dropout (ops.def): each weight's draw is made from its (query, key) index where the weight
  * is made, 16 lanes at once, and the weight (forward, grad_v) or dP (grad_q, grad_k) scaled
  * by its keep factor; the forward's running sum l takes the undropped weights.
@@ -45,18 +48,20 @@ typedef struct at_plan {
     bool causal;
     double scale;
     double dropout; /* the weights' dropout probability (0: none) */
+    loom_dtype mdt; /* the mask's dtype */
+    int64_t mstride[LOOM_MAX_RANK]; /* its element strides along the scores' [..., L, S] */
     int32_t r;
     int64_t B, L, S, E, Ev;
     int64_t rows;  /* L or S: the task side's length */
     int64_t cols;  /* the result's columns: Ev, E, or 1 for lse */
     int64_t nbo;   /* the accumulator's columns, padded to whole microkernel tiles */
-    int32_t in[7]; /* operand buffers: q, k, v, do, lse, delta, seed (-1: none) */
+    int32_t in[8]; /* operand buffers: q, k, v, do, lse, delta, seed, mask (-1: none) */
     sink epi[CG_EPI_MAX];
     int32_t n_epi;
     nest ns;
 } at_plan;
 
-enum { IN_Q, IN_K, IN_V, IN_DO, IN_LSE, IN_DELTA, IN_SEED, IN_COUNT };
+enum { IN_Q, IN_K, IN_V, IN_DO, IN_LSE, IN_DELTA, IN_SEED, IN_MASK, IN_COUNT };
 
 /* Columns padded to whole tiles of the microkernel (16, or multiples of 32). */
 static int64_t pad_cols(int64_t n) {
@@ -96,6 +101,20 @@ static loom_status plan_attention(kc *c, at_plan *ap) {
     ap->dropout = root->attrs.dropout;
     if (ap->dropout > 0)
         ap->in[IN_SEED] = root->inputs[loom_ir_attention_operands(ap->op)];
+    int32_t mi = loom_ir_attention_mask(root);
+    if (mi >= 0) {
+        const loom_ir_node *m = &g->nodes[root->inputs[mi]];
+        ap->in[IN_MASK] = root->inputs[mi];
+        ap->mdt = m->dtype;
+        int64_t st = 1;
+        for (int32_t i = m->rank - 1; i >= 0; i--) {
+            ap->mstride[q->rank - m->rank + i] = m->shape[i] == 1 ? 0 : st;
+            st *= m->shape[i];
+        }
+        if (st >= INT32_MAX)
+            return cg_unsupported(c, root->inputs[mi],
+                                  "an attention mask of 2^31 elements or more");
+    }
     ap->r = q->rank;
     int32_t r = ap->r;
     if (r < 2 || !loom_ir_dtype_is_float(ap->dt))
@@ -124,6 +143,7 @@ typedef struct at_kern {
     MlirValue buf[IN_COUNT];
     MlirValue bh;    /* the (batch, head) index */
     MlirValue seedv; /* dropout: the seed in 16 i64 lanes */
+    MlirValue mbase; /* the mask's offset for (batch, head) bh */
 } at_kern;
 
 /* Where row `row` of (batch, head) bh of operand `which` ([..., S or L, n]) starts. */
@@ -275,6 +295,35 @@ static MlirValue keep_lanes(at_kern *K, MlirValue row, MlirValue col0) {
                      vsplat(K, cg_cf(b, K->T, 0.0)));
 }
 
+/* Scores s of 16 lanes of a row (query side: query `row`, keys col0 + lane; key side: key
+ * `row`, queries col0 + lane) with the mask applied: + its value, or -inf where a bool mask
+ * is false; lanes not `ok` are not read. */
+static MlirValue masked(at_kern *K, MlirValue s, MlirValue row, MlirValue col0, MlirValue ok) {
+    const at_plan *ap = K->ap;
+    if (ap->in[IN_MASK] < 0)
+        return s;
+    cg_b *b = K->c->b;
+    int32_t r = ap->r;
+    int64_t s_row = ap->key_side ? ap->mstride[r - 1] : ap->mstride[r - 2];
+    int64_t s_col = ap->key_side ? ap->mstride[r - 2] : ap->mstride[r - 1];
+    MlirValue at =
+        cg_iadd(b, K->mbase, cg_iadd(b, cg_imul_c(b, row, s_row), cg_imul_c(b, col0, s_col)));
+    MlirType et = cg_storage_type(b, ap->mdt), vt = cg_vec_t(AT_LANES, et);
+    MlirValue m; /* the lanes' mask: one element, a run of 16 (a masked load), or a gather */
+    if (s_col == 0)
+        m = cg_vbroadcast(b, cg_load(b, K->buf[IN_MASK], at), vt);
+    else if (s_col == 1)
+        m = cg_vmaskload(b, vt, K->buf[IN_MASK], at, ok);
+    else
+        m = cg_vgather(
+            b, vt, K->buf[IN_MASK],
+            cg_bin(b, "arith.addi", cg_splat_i32(b, at, AT_LANES), cg_lanes_i32(b, s_col)), ok);
+    if (ap->mdt == LOOM_DTYPE_BOOL)
+        return cg_select(b, cg_vcmpi(b, CG_I_NE, m, cg_vbroadcast(b, cg_ci(b, b->i8, 0), vt)), s,
+                         vsplat(K, cg_cf(b, K->T, -INFINITY)));
+    return cg_bin(b, "arith.addf", s, cg_widen16(b, ap->mdt, m));
+}
+
 /* Query side, the online softmax of row i (block rows i0 + i) over the keys [j0, j0 + nb):
  * the weights in place of the scores (dropped: row is query i0 + i), m and l updated, the
  * accumulator's row rescaled. */
@@ -291,8 +340,9 @@ static void softmax_row(at_kern *K, MlirValue Sc, MlirValue O, MlirValue m, Mlir
                               cg_splat_i32(b, cg_iadd(b, j0, cg_idx(b, t * AT_LANES)), AT_LANES),
                               cg_lanes_i32(b, 1));
         ok[t] = cg_vcmpi(b, CG_I_SLT, jv, lim);
-        s[t] = cg_select(b, ok[t], cg_vload(b, vt, Sc, cg_iadd(b, base, cg_idx(b, t * AT_LANES))),
-                         ninf);
+        MlirValue sc = cg_vload(b, vt, Sc, cg_iadd(b, base, cg_idx(b, t * AT_LANES)));
+        sc = masked(K, sc, row, cg_iadd(b, j0, cg_idx(b, t * AT_LANES)), ok[t]);
+        s[t] = cg_select(b, ok[t], sc, ninf);
         mx = cg_bin(b, "arith.maximumf", mx, s[t]);
     }
     MlirValue mold = cg_load(b, m, i);
@@ -352,7 +402,8 @@ static void weights_row(at_kern *K, MlirValue Sc, MlirValue Dp, MlirValue i, Mli
             if (!mlirValueIsNull(Dp))
                 delta = vsplat(K, delta_s);
         }
-        MlirValue p = vexp(K, cg_bin(b, "arith.subf", cg_vload(b, vt, Sc, at), lse));
+        MlirValue p =
+            vexp(K, cg_bin(b, "arith.subf", masked(K, cg_vload(b, vt, Sc, at), row, col, ok), lse));
         MlirValue keep = ap->dropout > 0 ? keep_lanes(K, row, col) : (MlirValue){NULL};
         if (!mlirValueIsNull(Dp)) {
             MlirValue dp = cg_vload(b, vt, Dp, at);
@@ -520,6 +571,16 @@ static loom_status emit_task(at_kern *K, const at_bufs *w, MlirValue bh) {
     cg_b *b = K->c->b;
     const at_plan *ap = K->ap;
     K->bh = bh;
+    if (ap->in[IN_MASK] >= 0) { /* the mask's offset for bh: its leading axes' strides */
+        const int64_t *lead = K->c->g->nodes[ap->in[IN_Q]].shape;
+        MlirValue rest = bh, off = cg_idx(b, 0);
+        for (int32_t d = ap->r - 3; d >= 0; d--) {
+            if (ap->mstride[d])
+                off = cg_iadd(b, off, cg_imul_c(b, irem(b, rest, lead[d]), ap->mstride[d]));
+            rest = idiv(b, rest, lead[d]);
+        }
+        K->mbase = off;
+    }
     int64_t ncols = ap->key_side ? ap->L : ap->S;
     bool dp = ap->op == LOOM_IR_OP_ATTENTION_GRAD_Q || ap->op == LOOM_IR_OP_ATTENTION_GRAD_K;
     double s2;

@@ -352,6 +352,14 @@ MlirValue cg_vmaskload(cg_b *b, MlirType vt, MlirValue mem, MlirValue i, MlirVal
                            mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0));
 }
 
+MlirValue cg_vgather(cg_b *b, MlirType vt, MlirValue mem, MlirValue idx, MlirValue mask) {
+    MlirType et = mlirShapedTypeGetElementType(vt);
+    MlirValue pass =
+        cg_vbroadcast(b, mlirTypeIsAFloat(et) ? cg_cf(b, et, 0.0) : cg_ci(b, et, 0), vt);
+    MlirValue ops[5] = {mem, cg_idx(b, 0), idx, mask, pass};
+    return cg_v(b, "vector.gather", 5, ops, vt);
+}
+
 void cg_vmaskstore(cg_b *b, MlirValue v, MlirValue mem, MlirValue i, MlirValue mask) {
     MlirValue ops[4] = {mem, i, mask, v};
     cg_op(b, "vector.maskedstore", 4, ops, 0, NULL, 0, NULL);

@@ -1,11 +1,11 @@
 /* Scaled dot-product attention (nn.h): PyTorch's F.scaled_dot_product_attention semantics
  * (bool or additive mask, causal, scale, dropout on the weights, [B, H, T, D] or
- * [B, T, H, D]). Without a mask it is the fused attention op (ops.def; dropout drawn inside
- * it from the key loom_dropout would use; its gradients recompute the weights and their
- * draws by tiles: no L x S matrix in memory), in q's dtype (not autocast: its scores and
- * softmax are f32 whatever the operands). With a mask it is recorded as its composition:
- * scores = q k^T * scale, masked, softmax in f32, dropout, then @ v, differentiable through
- * its parts. */
+ * [B, T, H, D]) as the fused attention op (ops.def: the mask read by its kernels where they
+ * read the scores, dropout drawn inside them from the key loom_dropout would use; its
+ * gradients recompute the weights and their draws by tiles: no L x S matrix in memory), in
+ * q's dtype (not autocast: its scores and softmax are f32 whatever the operands). An
+ * additive mask's gradient, where asked for, is the one thing that materializes the scores
+ * (frontend/autograd.c). */
 #include <math.h>
 #include <string.h>
 
@@ -126,7 +126,7 @@ LOOM_API loom_tensor *loom_scaled_dot_product_attention_ex_at(loom_context *ctx,
     if (!check_qkv(ctx, &oq, &ok, &ov, file, line))
         return NULL;
     int32_t r = oq.rank;
-    int64_t L = oq.shape[r - 2], S = ok.shape[r - 2], E = oq.shape[r - 1];
+    int64_t S = ok.shape[r - 2], E = oq.shape[r - 1];
     if (o->mask && o->causal) {
         /* as PyTorch: which of the two would win is not obvious, so neither does */
         loom_fe_error(ctx, LOOM_STATUS_INVALID_ARGUMENT, file, line, op,
@@ -157,44 +157,19 @@ LOOM_API loom_tensor *loom_scaled_dot_product_attention_ex_at(loom_context *ctx,
         v = swap_tokens_heads(ctx, v, file, line);
     }
     double scale = o->scale != 0 ? o->scale : 1.0 / sqrt((double)E);
-    if (!o->mask) { /* the fused op (codegen/lower_attention.c) */
-        loom_tensor *in[4] = {q, k, v, NULL};
-        if (o->dropout_p > 0 &&
-            !(in[3] = loom_fe_dropout_key(ctx, o->seed, o->stream, file, line, op)))
-            return NULL;
-        loom_tensor *out = loom_fe_record_op(
-            ctx, LOOM_IR_OP_ATTENTION, o->dropout_p > 0 ? 4 : 3, in,
-            (loom_ir_attrs){.index = o->causal ? 1 : 0, .value = scale, .dropout = o->dropout_p},
-            file, line, op);
-        return bthd && out ? swap_tokens_heads(ctx, out, file, line) : out;
-    }
-    /* the scale on q ([L, E]) rather than on the scores ([L, S]): fewer multiplies when S > E,
-     * and the product a matmul's operand can absorb */
-    loom_tensor *qs =
-        loom_mul_at(ctx, q, loom_full_at(ctx, oq.dt, 0, NULL, scale, file, line), file, line);
-    loom_tensor *scores =
-        loom_matmul_at(ctx, qs, loom_transpose_at(ctx, k, file, line), file, line);
-    if (o->causal) {
-        /* PyTorch's is_causal: tril(ones(L, S)), aligned top-left; above it -inf */
-        int64_t ls[2] = {L, S};
-        loom_tensor *above =
-            loom_gt_at(ctx, loom_iota_at(ctx, LOOM_DTYPE_I64, 2, ls, 1, file, line),
-                       loom_iota_at(ctx, LOOM_DTYPE_I64, 2, ls, 0, file, line), file, line);
-        scores = loom_masked_fill_at(ctx, scores, above, -INFINITY, file, line);
-    } else if (o->mask) {
-        loom_dtype md = LOOM_DTYPE_BOOL;
-        loom_tensor_dtype(o->mask, &md);
-        scores = md == LOOM_DTYPE_BOOL
-                     ? loom_select_at(ctx, o->mask, scores,
-                                      loom_full_at(ctx, oq.dt, 0, NULL, -INFINITY, file, line),
-                                      file, line)
-                     : loom_add_at(ctx, scores, o->mask, file, line);
-    }
-    loom_tensor *w = loom_softmax_at(ctx, scores, -1, file, line);
-    if (o->dropout_p > 0)
-        w = loom_dropout_at(ctx, w, o->dropout_p, true, o->seed, o->stream, file, line);
-    loom_tensor *out = loom_matmul_at(ctx, w, v, file, line);
-    return bthd ? swap_tokens_heads(ctx, out, file, line) : out;
+    /* the fused op (codegen/lower_attention.c): q, k, v, the dropout's key, the mask */
+    loom_tensor *in[5] = {q, k, v};
+    int32_t n = 3;
+    if (o->dropout_p > 0 &&
+        !(in[n++] = loom_fe_dropout_key(ctx, o->seed, o->stream, file, line, op)))
+        return NULL;
+    if (o->mask)
+        in[n++] = o->mask;
+    loom_tensor *out = loom_fe_record_op(
+        ctx, LOOM_IR_OP_ATTENTION, n, in,
+        (loom_ir_attrs){.index = o->causal ? 1 : 0, .value = scale, .dropout = o->dropout_p}, file,
+        line, op);
+    return bthd && out ? swap_tokens_heads(ctx, out, file, line) : out;
 }
 
 LOOM_API loom_tensor *loom_scaled_dot_product_attention_at(loom_context *ctx, loom_tensor *q,

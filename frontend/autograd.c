@@ -253,34 +253,85 @@ static int32_t no_vjp(ag *a, const loom_ir_node *n) {
     return -1;
 }
 
-/* Attention's gradient for operand k (q, k, v) from its output gradient g: the weights are
- * recomputed by tiles from each row's logsumexp (attention_lse, of the undropped scores) and
- * delta = rowsum(g o) in f32 (FlashAttention's backward), made once per attention node; with
- * dropout the gradients take its seed and draw the same keeps. The seed has no gradient. */
+/* x [..., L] as [..., L, 1] broadcast to node `like`'s [..., L, S]. */
+static int32_t rows_like(ag *a, int32_t x, int32_t like) {
+    if (x < 0 || like < 0)
+        return -1;
+    const loom_ir_node *xn = nd(a, x);
+    int64_t s[LOOM_MAX_RANK];
+    memcpy(s, xn->shape, (size_t)xn->rank * sizeof *s);
+    s[xn->rank] = 1;
+    return broadcast_like(a, shaped(a, LOOM_IR_OP_RESHAPE, x, xn->rank + 1, s), like);
+}
+
+/* An additive mask's gradient (operand mi of attention node n, whose gradient is g): dS =
+ * P (dP - delta) over the scores [..., L, S], P = exp(scale q k^T + mask - lse) and dP = g
+ * v^T, dropped as the forward dropped the weights, in f32, summed to the mask's shape. The
+ * one place the scores are materialized, and only where the mask's gradient is asked for. */
+static int32_t attention_mask_vjp(ag *a, const loom_ir_node *n, int32_t mi, int32_t lse,
+                                  int32_t delta, int32_t g) {
+    const loom_dtype F = LOOM_DTYPE_F32;
+    int32_t mask = n->inputs[mi];
+    int32_t s =
+        bin(a, LOOM_IR_OP_MATMUL, cast_to(a, n->inputs[0], F), mT(a, cast_to(a, n->inputs[1], F)));
+    s = bin(a, LOOM_IR_OP_MUL, s, full_like(a, s, n->attrs.value));
+    s = bin(a, LOOM_IR_OP_ADD, s, broadcast_like(a, cast_to(a, mask, F), s));
+    int32_t p = un(a, LOOM_IR_OP_EXP, bin(a, LOOM_IR_OP_SUB, s, rows_like(a, lse, s)));
+    int32_t dp = bin(a, LOOM_IR_OP_MATMUL, cast_to(a, g, F), mT(a, cast_to(a, n->inputs[2], F)));
+    if (n->attrs.dropout > 0 && dp >= 0) { /* the forward's draws (ops.def) */
+        const loom_ir_node *dn = nd(a, dp);
+        int64_t shape[LOOM_MAX_RANK];
+        memcpy(shape, dn->shape, sizeof shape);
+        int32_t seed = n->inputs[loom_ir_attention_operands(n->op)];
+        int32_t u = emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_RAND_UNIFORM,
+                                                 .n_inputs = 1,
+                                                 .inputs = &seed,
+                                                 .dtype = F,
+                                                 .rank = dn->rank,
+                                                 .shape = shape});
+        int32_t keep = bin(a, LOOM_IR_OP_GE, u, full_like(a, dp, n->attrs.dropout));
+        dp = sel(a, keep,
+                 bin(a, LOOM_IR_OP_MUL, dp, full_like(a, dp, 1.0 / (1.0 - n->attrs.dropout))),
+                 full_like(a, dp, 0.0));
+    }
+    int32_t ds = bin(a, LOOM_IR_OP_MUL, p, bin(a, LOOM_IR_OP_SUB, dp, rows_like(a, delta, dp)));
+    return ds < 0 ? -1 : cast_to(a, unbroadcast(a, ds, mask), nd(a, mask)->dtype);
+}
+
+/* Attention's gradient for operand k (q, k, v, or an additive mask) from its output gradient
+ * g: the weights are recomputed by tiles from each row's logsumexp (attention_lse, of the
+ * undropped masked scores) and delta = rowsum(g o) in f32 (FlashAttention's backward), made
+ * once per attention node; the gradients take the seed (drawing the forward's keeps) and the
+ * mask. The seed has no gradient. */
 static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k, int32_t g) {
-    if (g < 0 || k > 2)
+    int32_t mi = loom_ir_attention_mask(n), own = loom_ir_attention_operands(n->op);
+    if (g < 0 || (k > 2 && k != mi))
         return -1;
     int32_t q = n->inputs[0], kk = n->inputs[1], v = n->inputs[2], r = n->rank;
-    bool drop = n->attrs.dropout > 0;
-    int32_t seed = drop ? n->inputs[3] : -1;
-    int32_t qk[2] = {q, kk};
+    /* the operands after each op's own: the seed (not attention_lse's), the mask */
+    int32_t extra[2], n_extra = 0;
+    for (int32_t e = own; e < n->n_inputs; e++)
+        extra[n_extra++] = n->inputs[e];
     if (a->att != id) {
         a->att = id;
         a->att_lse = a->att_delta = -1;
     }
     loom_ir_attrs lse_attrs = n->attrs;
     lse_attrs.dropout = 0;
-    if (a->att_lse < 0)
+    if (a->att_lse < 0) {
+        int32_t in[3] = {q, kk, mi >= 0 ? n->inputs[mi] : -1};
         a->att_lse = emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_ATTENTION_LSE,
-                                                  .n_inputs = 2,
-                                                  .inputs = qk,
+                                                  .n_inputs = 2 + (mi >= 0),
+                                                  .inputs = in,
                                                   .attrs = lse_attrs});
+    }
     int32_t lse = a->att_lse;
     if (k == 2) {
-        int32_t in[5] = {q, kk, g, lse, seed};
+        int32_t in[6] = {q, kk, g, lse};
+        memcpy(in + 4, extra, (size_t)n_extra * sizeof *extra);
         return lse < 0 ? -1
                        : emit(a, &(loom_ir_node_desc){.op = LOOM_IR_OP_ATTENTION_GRAD_V,
-                                                      .n_inputs = 4 + drop,
+                                                      .n_inputs = 4 + n_extra,
                                                       .inputs = in,
                                                       .attrs = n->attrs});
     }
@@ -290,12 +341,15 @@ static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k
         a->att_delta = reduce(a, LOOM_IR_OP_REDUCE_SUM, go, 1u << (r - 1), false);
     }
     int32_t delta = a->att_delta;
-    int32_t in[7] = {q, kk, v, g, lse, delta, seed};
     if (lse < 0 || delta < 0)
         return -1;
+    if (k == mi)
+        return attention_mask_vjp(a, n, mi, lse, delta, g);
+    int32_t in[8] = {q, kk, v, g, lse, delta};
+    memcpy(in + 6, extra, (size_t)n_extra * sizeof *extra);
     return emit(a, &(loom_ir_node_desc){.op = k == 0 ? LOOM_IR_OP_ATTENTION_GRAD_Q
                                                      : LOOM_IR_OP_ATTENTION_GRAD_K,
-                                        .n_inputs = 6 + drop,
+                                        .n_inputs = 6 + n_extra,
                                         .inputs = in,
                                         .attrs = n->attrs});
 }

@@ -201,7 +201,7 @@ static loom_status infer_attention(const loom_ir_node_desc *desc, const loom_ir_
                                    loom_dtype *out_dtype, int32_t *out_rank, int64_t *out_shape,
                                    loom_ir_diag *d) {
     const loom_status BAD = LOOM_STATUS_INVALID_ARGUMENT;
-    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX];
+    char ta[LOOM_IR_TYPE_STR_MAX], tb[LOOM_IR_TYPE_STR_MAX], tc[LOOM_IR_TYPE_STR_MAX];
     loom_ir_op op = desc->op;
     bool grad_v = op == LOOM_IR_OP_ATTENTION_GRAD_V;
     bool grad = op == LOOM_IR_OP_ATTENTION_GRAD_Q || op == LOOM_IR_OP_ATTENTION_GRAD_K || grad_v;
@@ -215,11 +215,11 @@ static loom_status infer_attention(const loom_ir_node_desc *desc, const loom_ir_
         return loom_ir_diag_set(
             d, BAD, "%s needs a dropout in [0, 1)%s, got %g", loom_ir_op_name(op),
             op == LOOM_IR_OP_ATTENTION_LSE ? " of 0 (its scores are not dropped)" : "", p);
-    /* the op's own operands, then the seed where there is dropout (ops.def) */
-    int32_t own = loom_ir_attention_operands(op);
-    if (desc->n_inputs != own + (p > 0))
-        return loom_ir_diag_set(d, BAD, "expects %d operands%s, got %d", (int)(own + (p > 0)),
-                                p > 0 ? " (the last the dropout's i64 seed)" : "",
+    /* the op's own operands, then the seed where there is dropout, then any mask (ops.def) */
+    int32_t own = loom_ir_attention_operands(op), at_mask = own + (p > 0);
+    if (desc->n_inputs != at_mask && desc->n_inputs != at_mask + 1)
+        return loom_ir_diag_set(d, BAD, "expects %d operands%s (or a mask after them), got %d",
+                                (int)at_mask, p > 0 ? ", the last the dropout's i64 seed" : "",
                                 (int)desc->n_inputs);
     if (p > 0) {
         const loom_ir_node *seed = in[own];
@@ -272,6 +272,25 @@ static loom_status infer_attention(const loom_ir_node_desc *desc, const loom_ir_
             memcmp(q->shape, stats[i]->shape, (size_t)(r - 1) * sizeof(int64_t)))
             return loom_ir_diag_set(d, BAD, "%s %s must be f32 [..., L] beside q %s",
                                     i ? "delta" : "lse", tb, ta);
+    }
+    if (desc->n_inputs > at_mask) { /* the mask: bool or q's dtype, to [..., L, S] */
+        const loom_ir_node *m = in[at_mask];
+        TYPE(tb, m);
+        if (desc->attrs.index)
+            return loom_ir_diag_set(d, BAD, "a mask %s and causal exclude each other", tb);
+        bool fits = (m->dtype == LOOM_DTYPE_BOOL || m->dtype == q->dtype) && m->rank <= r;
+        for (int32_t i = 0; fits && i < m->rank; i++) {
+            int64_t want = i == m->rank - 1   ? S
+                           : i == m->rank - 2 ? q->shape[r - 2]
+                                              : q->shape[r - m->rank + i];
+            fits = m->shape[i] == 1 || m->shape[i] == want;
+        }
+        if (!fits)
+            return loom_ir_diag_set(d, BAD,
+                                    "the mask %s must be bool or q's dtype and broadcast to the "
+                                    "scores [..., L, S] of q %s and k %s",
+                                    tb, ta,
+                                    loom_ir_format_type(tc, sizeof tc, k->dtype, r, k->shape));
     }
     *out_rank = r;
     memcpy(out_shape, q->shape, (size_t)r * sizeof(int64_t));

@@ -461,9 +461,9 @@ int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t p
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
 /* Whether nodes a and b have the same rank and extents (dtypes aside). */
-/* The most operands with fixed roles an op has (an attention gradient's 6 and its seed):
- * every layer that names operands by role holds this many. */
-enum { LOOM_IR_ROLE_OPERANDS_MAX = 7 };
+/* The most operands with fixed roles an op has (an attention gradient's 6, its seed and its
+ * mask): every layer that names operands by role holds this many. */
+enum { LOOM_IR_ROLE_OPERANDS_MAX = 8 };
 
 /* The operands an attention op (ops.def) has before its dropout seed: q, k, v; q, k; q, k, v,
  * do, lse, delta; or q, k, do, lse. */
@@ -472,6 +472,12 @@ static inline int32_t loom_ir_attention_operands(loom_ir_op op) {
            : op == LOOM_IR_OP_ATTENTION        ? 3
            : op == LOOM_IR_OP_ATTENTION_GRAD_V ? 4
                                                : 6;
+}
+
+/* The operand index of attention node n's mask (ops.def: last, after any seed), or -1. */
+static inline int32_t loom_ir_attention_mask(const loom_ir_node *n) {
+    int32_t m = loom_ir_attention_operands(n->op) + (n->attrs.dropout > 0);
+    return n->n_inputs > m ? m : -1;
 }
 
 static inline bool loom_ir_same_shape(const loom_ir_node *a, const loom_ir_node *b) {

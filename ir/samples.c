@@ -384,8 +384,23 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
         memcpy(os, qs, sizeof os);
         os[rank - 1] = Ev;
         int32_t q = input(b, dt, rank, qs), k = input(b, dt, rank, ks);
+        /* half the samples without causal add a mask: additive (a bool one could mask a row
+         * entirely, whose NaN and -inf the executors need not agree on), of a shape that
+         * broadcasts to the scores [..., L, S] */
+        int32_t mask = -1;
+        if (!at.index && rnd(b) % 2) {
+            int32_t mr = (int32_t)rnd_int(b, 1, rank);
+            int64_t ms[LOOM_MAX_RANK];
+            for (int32_t i = 0; i < mr; i++) {
+                int64_t full = i == mr - 1 ? S : i == mr - 2 ? L : shape[rank - mr + i];
+                ms[i] = rnd(b) % 3 ? full : 1;
+            }
+            mask = input(b, dt, mr, ms);
+        }
+        int32_t has_mask = mask >= 0;
         if (op == LOOM_IR_OP_ATTENTION_LSE) {
-            s = *res = add(b, op, 2, (int32_t[]){q, k}, LOOM_DTYPE_F32, 0, NULL, at);
+            s = *res =
+                add(b, op, 2 + has_mask, (int32_t[]){q, k, mask}, LOOM_DTYPE_F32, 0, NULL, at);
             break;
         }
         int32_t v = op == LOOM_IR_OP_ATTENTION_GRAD_V ? -1 : input(b, dt, rank, vs);
@@ -398,21 +413,26 @@ static int32_t build(sb *b, loom_ir_op op, loom_dtype dt, int32_t *res) {
                        (loom_ir_attrs){.value = (double)rnd_int(b, 0, 1 << 20)});
         }
         int32_t drop = seed >= 0;
+        /* the operands after each op's own: the seed, the mask */
+        int32_t extra[2] = {drop ? seed : mask, mask}, n_extra = drop + has_mask;
         if (op == LOOM_IR_OP_ATTENTION) {
-            s = *res = add(b, op, 3 + drop, (int32_t[]){q, k, v, seed}, dt, 0, NULL, atd);
+            s = *res =
+                add(b, op, 3 + n_extra, (int32_t[]){q, k, v, extra[0], extra[1]}, dt, 0, NULL, atd);
             break;
         }
         /* the gradients: the true lse (from its op), any output gradient and delta */
         int32_t dout = input(b, dt, rank, os);
-        int32_t lse =
-            add(b, LOOM_IR_OP_ATTENTION_LSE, 2, (int32_t[]){q, k}, LOOM_DTYPE_F32, 0, NULL, at);
+        int32_t lse = add(b, LOOM_IR_OP_ATTENTION_LSE, 2 + has_mask, (int32_t[]){q, k, mask},
+                          LOOM_DTYPE_F32, 0, NULL, at);
         if (op == LOOM_IR_OP_ATTENTION_GRAD_V) {
-            s = *res = add(b, op, 4 + drop, (int32_t[]){q, k, dout, lse, seed}, dt, 0, NULL, atd);
+            s = *res = add(b, op, 4 + n_extra, (int32_t[]){q, k, dout, lse, extra[0], extra[1]}, dt,
+                           0, NULL, atd);
             break;
         }
         int32_t delta = input(b, LOOM_DTYPE_F32, rank - 1, qs);
         s = *res =
-            add(b, op, 6 + drop, (int32_t[]){q, k, v, dout, lse, delta, seed}, dt, 0, NULL, atd);
+            add(b, op, 6 + n_extra, (int32_t[]){q, k, v, dout, lse, delta, extra[0], extra[1]}, dt,
+                0, NULL, atd);
         break;
     }
     case LOOM_IR_KIND_COUNT_: break;

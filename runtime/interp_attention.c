@@ -6,9 +6,42 @@
 
 #include "interp_attention.h"
 
-/* Row i's scores s[j] = scale q_i . k_j (-inf above the diagonal when causal). */
+/* The mask (ops.def), broadcast to the scores [..., L, S]: its element strides along the
+ * scores' axes (0 where it broadcasts). */
+typedef struct mask_view {
+    const loom_ir_node *node; /* NULL: none */
+    const void *data;
+    int64_t stride[LOOM_MAX_RANK];
+} mask_view;
+
+static void mask_init(mask_view *mv, const loom_ir_node *m, const void *data, int32_t r) {
+    memset(mv, 0, sizeof *mv);
+    if (!m)
+        return;
+    mv->node = m;
+    mv->data = data;
+    int64_t st = 1;
+    for (int32_t i = m->rank - 1; i >= 0; i--) {
+        mv->stride[r - m->rank + i] = m->shape[i] == 1 ? 0 : st;
+        st *= m->shape[i];
+    }
+}
+
+/* The mask's element for (batch b of the leading shape lead[0..r-2), query i, key j). */
+static int64_t mask_at(const mask_view *mv, int32_t r, const int64_t *lead, int64_t b, int64_t i,
+                       int64_t j) {
+    int64_t off = i * mv->stride[r - 2] + j * mv->stride[r - 1];
+    for (int32_t d = r - 3; d >= 0; d--) {
+        off += (b % lead[d]) * mv->stride[d];
+        b /= lead[d];
+    }
+    return off;
+}
+
+/* Row i's scores s[j] = scale q_i . k_j (-inf above the diagonal when causal), masked. */
 static void scores_row(const loom_ir_node *n, const void *q, const void *k, loom_dtype dt,
-                       int64_t qb, int64_t kb, int64_t i, int64_t S, int64_t E, double *s) {
+                       const mask_view *mv, int32_t r, const int64_t *lead, int64_t b, int64_t qb,
+                       int64_t kb, int64_t i, int64_t S, int64_t E, double *s) {
     for (int64_t j = 0; j < S; j++) {
         if (n->attrs.index && j > i) {
             s[j] = -INFINITY;
@@ -19,6 +52,13 @@ static void scores_row(const loom_ir_node *n, const void *q, const void *k, loom
             acc +=
                 loom_ir_load_f64(q, dt, qb + i * E + e) * loom_ir_load_f64(k, dt, kb + j * E + e);
         s[j] = n->attrs.value * acc;
+        if (mv->node) {
+            int64_t at = mask_at(mv, r, lead, b, i, j);
+            if (mv->node->dtype == LOOM_DTYPE_BOOL)
+                s[j] = loom_ir_load_i64(mv->data, LOOM_DTYPE_BOOL, at) ? s[j] : -INFINITY;
+            else
+                s[j] += loom_ir_load_f64(mv->data, mv->node->dtype, at);
+        }
     }
 }
 
@@ -63,6 +103,9 @@ loom_status loom_rt_interp_attention(const loom_ir_node *n, const loom_ir_node *
     int64_t seed = n->attrs.dropout > 0
                        ? loom_ir_load_i64(src[loom_ir_attention_operands(op)], LOOM_DTYPE_I64, 0)
                        : 0;
+    int32_t mi = loom_ir_attention_mask(n);
+    mask_view mv;
+    mask_init(&mv, mi >= 0 ? x[mi] : NULL, mi >= 0 ? src[mi] : NULL, r);
     /* Ev: v's last extent, or do's (grad_v's operand 2) */
     int64_t Ev = op == LOOM_IR_OP_ATTENTION_LSE ? 0 : x[2]->shape[r - 1];
     /* the result's rows and columns, summed into in f64 */
@@ -83,7 +126,7 @@ loom_status loom_rt_interp_attention(const loom_ir_node *n, const loom_ir_node *
         int64_t qb = b * L * E, kb = b * S * E, vb = b * S * Ev, ob = b * L * Ev;
         memset(acc, 0, ab);
         for (int64_t i = 0; i < L; i++) {
-            scores_row(n, src[0], src[1], dt, qb, kb, i, S, E, s);
+            scores_row(n, src[0], src[1], dt, &mv, r, q->shape, b, qb, kb, i, S, E, s);
             double l = lse ? loom_ir_load_f64(lse, LOOM_DTYPE_F32, b * L + i) : logsumexp(s, S);
             if (op == LOOM_IR_OP_ATTENTION_LSE) {
                 acc[i] = l;

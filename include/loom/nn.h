@@ -196,16 +196,16 @@ LOOM_API void loom_attention_options_init(loom_attention_options *o);
 
 /* torch.nn.functional.scaled_dot_product_attention: softmax(q k^T * scale + mask) v for
  * q [..., L, E], k [..., S, E], v [..., S, Ev] -> [..., L, Ev] (or all four [B, T, H, *] with
- * the BTHD layout), of one float dtype with equal leading axes. Without a mask it is one
- * fused op (tiles of queries and keys with an online softmax, causal tiles skipped, dropout
- * drawn per weight inside the kernel; the backward recomputes the weights and their draws by
- * tiles from each row's logsumexp: the scores [..., L, S] are never in memory), run in q's
- * dtype with its scores, softmax and sums in f32 (bf16/f16 operands widened as they are
- * read), autocast or not. Its dropout keeps the weights loom_dropout(weights, dropout_p,
- * true, seed, stream) of the f32 weights [..., L, S] would keep. With a mask it is recorded
- * as its composition (the scores materialized): the softmax in f32
- * under autocast, the two products in the autocast dtype. A query whose keys are all masked
- * gets NaN, as PyTorch's. Differentiable in q, k and v (and an additive mask). Returns a
+ * the BTHD layout), of one float dtype with equal leading axes. One fused op (tiles of
+ * queries and keys with an online softmax; causal tiles skipped, a mask read where the
+ * kernels read the scores, every tile computed; dropout drawn per weight inside the kernel;
+ * the backward recomputes the weights and their draws by tiles from each row's logsumexp:
+ * the scores [..., L, S] are never in memory), run in q's dtype with its scores, softmax
+ * and sums in f32 (bf16/f16 operands widened as they are read), autocast or not. Its dropout
+ * keeps the weights loom_dropout(weights, dropout_p, true, seed, stream) of the f32 weights
+ * [..., L, S] would keep. A query whose keys are all masked gets NaN, as PyTorch's.
+ * Differentiable in q, k and v, and in an additive mask: its gradient, where asked for, is
+ * the one value that puts the scores [..., L, S] in memory. Returns a
  * step-scoped tensor, or NULL with the error recorded (INVALID_ARGUMENT naming the shapes:
  * mismatched E or S, dtypes, a mask that does not broadcast, a mask together with causal,
  * scale < 0, dropout_p outside [0, 1) or without a seed; STALE_HANDLE; OUT_OF_MEMORY). */

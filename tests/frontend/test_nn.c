@@ -708,11 +708,27 @@ static void test_attention_dropout_is_loom_dropout_on_the_weights(void **state) 
     }
 }
 
-/* Causal attention of [1, 2, T, D] q, k, v in dt through the JIT, fused (causal, no mask) or
- * as its composition (the same tril as a bool mask), with dropout p of the weights (seed 5,
- * stream 2): the output and dq, dk, dv (of a weighted sum of the output, in f32) into res
- * (4 T D each). The fused graph has no value of [..., T, T] anywhere, forward or backward. */
-static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, double p,
+/* How causal_attention computes: the fused op with causal, the fused op with the causal
+ * tril as a bool mask, or the composition written out with public ops (scores, masked_fill,
+ * softmax, loom_dropout on the weights, @ v). */
+typedef enum att_path { PATH_CAUSAL, PATH_MASK, PATH_COMPOSED } att_path;
+
+static loom_tensor *composed_attention(loom_context *ctx, loom_tensor *const *x, loom_dtype dt,
+                                       int64_t D, loom_tensor *tril, double p, loom_tensor *seed) {
+    loom_tensor *qs = loom_mul(ctx, x[0], loom_scalar(ctx, dt, 1 / sqrt((double)D)));
+    loom_tensor *scores = loom_matmul(ctx, qs, loom_transpose(ctx, x[1]));
+    scores = loom_select(ctx, tril, scores, loom_scalar(ctx, dt, -INFINITY));
+    loom_tensor *w = loom_softmax(ctx, scores, -1);
+    if (p > 0)
+        w = loom_dropout(ctx, w, p, true, seed, 2);
+    return loom_matmul(ctx, w, x[2]);
+}
+
+/* Causal attention of [1, 2, T, D] q, k, v in dt through the JIT by `path`, with dropout p
+ * of the weights (seed 5, stream 2): the output and dq, dk, dv (of a weighted sum of the
+ * output, in f32) into res (4 T D each). The fused graphs compute no value of [..., T, T]
+ * anywhere, forward or backward. */
+static void causal_attention(int64_t T, int64_t D, loom_dtype dt, att_path path, double p,
                              float *res) {
     int64_t n = 2 * T * D, s[4] = {1, 2, T, D};
     float *h = malloc((size_t)(4 * n) * sizeof *h);
@@ -727,27 +743,29 @@ static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, do
         in[i] = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, s, h + i * n);
         x[i] = dt == LOOM_DTYPE_F32 ? in[i] : loom_cast(ctx, in[i], dt);
     }
-    loom_tensor *mask =
-        fused ? NULL : loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 2, (int64_t[]){T, T}, tril);
+    loom_tensor *mask = loom_tensor_from_host(ctx, LOOM_DTYPE_BOOL, 2, (int64_t[]){T, T}, tril);
     int64_t sd = 5;
     loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &sd);
     loom_attention_options o;
     loom_attention_options_init(&o);
-    o.mask = mask;
-    o.causal = fused;
+    o.mask = path == PATH_MASK ? mask : NULL;
+    o.causal = path == PATH_CAUSAL;
     o.dropout_p = p;
     o.seed = p > 0 ? seed : NULL;
     o.stream = 2;
-    loom_tensor *y = loom_scaled_dot_product_attention_ex(ctx, x[0], x[1], x[2], &o);
+    loom_tensor *y = path == PATH_COMPOSED
+                         ? composed_attention(ctx, x, dt, D, mask, p, seed)
+                         : loom_scaled_dot_product_attention_ex(ctx, x[0], x[1], x[2], &o);
     if (!y)
         fail_msg("%s", loom_context_error_message(ctx));
     loom_tensor *yf = loom_cast(ctx, y, LOOM_DTYPE_F32);
     loom_tensor *w = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, s, h + 3 * n);
     loom_tensor *loss = loom_sum(ctx, loom_mul(ctx, yf, w), 0, NULL, false);
     assert_int_equal(loom_backward(ctx, loss, 3, in, g), LOOM_OK);
-    for (int32_t i = 0; fused && T > 1 && i < ctx->trace.n_nodes; i++) {
-        const loom_ir_node *nd = &ctx->trace.nodes[i];
-        if (nd->rank >= 2 && nd->shape[nd->rank - 2] == T && nd->shape[nd->rank - 1] == T)
+    for (int32_t i = 0; path != PATH_COMPOSED && T > 1 && i < ctx->trace.n_nodes; i++) {
+        const loom_ir_node *nd = &ctx->trace.nodes[i]; /* the mask itself aside */
+        if (nd->op != LOOM_IR_OP_INPUT && nd->rank >= 2 && nd->shape[nd->rank - 2] == T &&
+            nd->shape[nd->rank - 1] == T)
             fail_msg("fused attention T %lld: %%%d (%s) holds a T x T value", (long long)T, (int)i,
                      loom_ir_op_name(nd->op));
     }
@@ -764,11 +782,12 @@ static void causal_attention(int64_t T, int64_t D, loom_dtype dt, bool fused, do
     free(tril);
 }
 
-/* The fused kernels against the composition they replace, on odd lengths and head sizes, in
- * f32 and bf16 (the fused op keeps its scores and softmax in f32 where the composition rounds
- * them to bf16: the two agree within bf16's rounding), and in f32 with dropout (the fused
- * kernels draw each weight's keep where they make the weight, forward and backward; the
- * composition drops the materialized weights with loom_dropout: the same draws). */
+/* The fused kernels, causal and with the tril as a bool mask, against the composition they
+ * replace, on odd lengths and head sizes, in f32 and bf16 (the fused op keeps its scores and
+ * softmax in f32 where the composition rounds them to bf16: the two agree within bf16's
+ * rounding), and in f32 with dropout (the fused kernels draw each weight's keep where they
+ * make the weight, forward and backward; the composition drops the materialized weights with
+ * loom_dropout: the same draws). */
 static void test_fused_attention_matches_its_composition(void **state) {
     (void)state;
     static const int64_t Ts[] = {1, 7, 63, 65, 257}, Ds[] = {8, 64, 80};
@@ -793,18 +812,23 @@ static void test_fused_attention_matches_its_composition(void **state) {
                 float *a = malloc((size_t)(4 * n) * sizeof *a);
                 float *c = malloc((size_t)(4 * n) * sizeof *c);
                 float *z = malloc((size_t)(4 * n) * sizeof *z);
-                causal_attention(T, D, dt, true, p, a);
-                causal_attention(T, D, dt, false, p, c);
-                for (int64_t i = 0; i < 4 * n; i++)
-                    if (!(fabs(a[i] - c[i]) <= tol * (1 + fabs(c[i]))))
-                        fail_msg("%s T %lld D %lld, tiles %s%s: fused %s[%lld] = %.8g, "
-                                 "composition %.8g",
-                                 loom_dtype_name(dt), (long long)T, (long long)D,
-                                 run == 2 || run == 3 ? tiles[run - 2] : "of the host",
-                                 p > 0 ? ", dropout 0.2" : "", what[i / n], (long long)(i % n),
-                                 a[i], c[i]);
+                causal_attention(T, D, dt, PATH_COMPOSED, p, c);
+                /* the mask path too: f32 in this host's tiles at D 64, and with dropout (the
+                 * definition's test has masks of both kinds on other shapes) */
+                bool mask_too = (run == 0 && D == 64) || run == 4;
+                for (int mp = 0; mp < 1 + mask_too; mp++) {
+                    causal_attention(T, D, dt, mp ? PATH_MASK : PATH_CAUSAL, p, a);
+                    for (int64_t i = 0; i < 4 * n; i++)
+                        if (!(fabs(a[i] - c[i]) <= tol * (1 + fabs(c[i]))))
+                            fail_msg("%s T %lld D %lld, tiles %s%s: fused (%s) %s[%lld] = "
+                                     "%.8g, composition %.8g",
+                                     loom_dtype_name(dt), (long long)T, (long long)D,
+                                     run == 2 || run == 3 ? tiles[run - 2] : "of the host",
+                                     p > 0 ? ", dropout 0.2" : "", mp ? "bool mask" : "causal",
+                                     what[i / n], (long long)(i % n), a[i], c[i]);
+                }
                 if (p > 0 && T > 7) { /* and the draws matter: most values move without them */
-                    causal_attention(T, D, dt, true, 0.0, z);
+                    causal_attention(T, D, dt, PATH_CAUSAL, 0.0, z);
                     int64_t moved = 0;
                     for (int64_t i = 0; i < 4 * n; i++)
                         moved += fabsf(a[i] - z[i]) > 1e-3f * (1 + fabsf(z[i]));

@@ -250,16 +250,28 @@ static void test_infer_rejects_a_wrong_operand_count_for_every_op(void **state) 
                         "expects 1 operand, got 0");
     assert_string_equal(infer_error(&g, (loom_ir_node_desc){.op = LOOM_IR_OP_CONCAT}),
                         "expects at least 1 operand, got 0");
-    /* attention's: its own, then an i64 seed exactly where it drops weights */
+    /* attention's: its own, then an i64 seed exactly where it drops weights, then any mask
+     * (bool or q's dtype, to the scores [..., L, S], not with causal) */
     int32_t q = add_input(&g, 1, LOOM_DTYPE_F32, SHAPE(2, 3));
     int32_t seed = add_input(&g, 2, LOOM_DTYPE_I64, 0, NULL);
-    int32_t att[4] = {q, q, q, seed}, bad_seed[4] = {q, q, q, q};
-    loom_ir_node_desc at = {.op = LOOM_IR_OP_ATTENTION, .n_inputs = 4, .inputs = att};
-    assert_string_equal(infer_error(&g, at), "expects 3 operands, got 4");
+    int32_t m = add_input(&g, 3, LOOM_DTYPE_BOOL, SHAPE(1, 2));
+    int32_t att[5] = {q, q, q, seed, m}, bad_seed[4] = {q, q, q, q};
+    loom_ir_node_desc at = {.op = LOOM_IR_OP_ATTENTION, .n_inputs = 5, .inputs = att};
+    assert_string_equal(infer_error(&g, at), "expects 3 operands (or a mask after them), got 5");
+    at.n_inputs = 4;
+    assert_string_equal(infer_error(&g, at),
+                        "the mask i64[] must be bool or q's dtype and broadcast to the scores "
+                        "[..., L, S] of q f32[2,3] and k f32[2,3]");
+    att[3] = m;
+    assert_string_equal(infer_type(&g, at), "f32[2,3]"); /* a [1, S] bool mask */
+    at.attrs.index = 1;
+    assert_string_equal(infer_error(&g, at), "a mask bool[1,2] and causal exclude each other");
+    at.attrs.index = 0;
+    att[3] = seed;
     at.attrs.dropout = 0.5;
     at.n_inputs = 3;
-    assert_string_equal(infer_error(&g, at),
-                        "expects 4 operands (the last the dropout's i64 seed), got 3");
+    assert_string_equal(infer_error(&g, at), "expects 4 operands, the last the dropout's i64 "
+                                             "seed (or a mask after them), got 3");
     at.n_inputs = 4;
     at.inputs = bad_seed;
     assert_string_equal(infer_error(&g, at),
