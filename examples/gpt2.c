@@ -64,7 +64,10 @@ static void usage(FILE *f) {
         "  --seq-len N            tokens per sequence (default min(64, block size))\n"
         "  --shuffle              each sequence at a random offset (seeded); else batch k is\n"
         "                         tokens[k*B*T : (k+1)*B*T + 1], wrapping around the file\n"
-        "\n"
+        "\n");
+    /* two strings: one would pass the 4095 characters C17 promises to support */
+    fprintf(
+        f,
         "Training:\n"
         "  --max-steps N          steps (default 50)\n"
         "  --optimizer adamw|adam|sgd   (default adamw, betas 0.9/0.95 and eps 1e-8 as nanoGPT)\n"
