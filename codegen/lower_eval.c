@@ -95,13 +95,16 @@ MlirType cg_compute_type(cg_b *b, loom_dtype dt) {
     return b->i1;
 }
 
-/* An i32 constant of v's shape (a scalar, or a vector of v's lanes). */
-static MlirValue i32_like(cg_b *b, MlirValue v, int64_t x) {
+/* An integer constant of type it in v's shape (a scalar, or a vector of v's lanes). */
+static MlirValue int_like(cg_b *b, MlirValue v, MlirType it, int64_t x) {
     MlirType t = mlirValueGetType(v);
-    MlirValue s = cg_ci(b, b->i32, x);
-    return mlirTypeIsAVector(t)
-               ? cg_vbroadcast(b, s, cg_vec_t(mlirShapedTypeGetDimSize(t, 0), b->i32))
-               : s;
+    MlirValue s = cg_ci(b, it, x);
+    return mlirTypeIsAVector(t) ? cg_vbroadcast(b, s, cg_vec_t(mlirShapedTypeGetDimSize(t, 0), it))
+                                : s;
+}
+
+static MlirValue i32_like(cg_b *b, MlirValue v, int64_t x) {
+    return int_like(b, v, b->i32, x);
 }
 
 static MlirType like(cg_b *b, MlirValue v, MlirType elem) {
@@ -381,15 +384,8 @@ static loom_status eval_iota(kc *c, int32_t id, const imap *map, MlirValue *out)
     return st;
 }
 
-/* rand_uniform: SplitMix64 of seed + (i + 1) * golden gamma at the row-major index i, top 24
- * bits times 2^-24 (loom_ir_rand_uniform), exact in f32, rounded to 16-bit floats after. */
-/* An i64 constant of v's shape (a scalar, or a vector of v's lanes). */
 static MlirValue i64_like(cg_b *b, MlirValue v, int64_t x) {
-    MlirType t = mlirValueGetType(v);
-    MlirValue s = cg_ci(b, b->i64, x);
-    return mlirTypeIsAVector(t)
-               ? cg_vbroadcast(b, s, cg_vec_t(mlirShapedTypeGetDimSize(t, 0), b->i64))
-               : s;
+    return int_like(b, v, b->i64, x);
 }
 
 MlirValue cg_rand_draw(cg_b *b, MlirValue seed, MlirValue i, MlirType ft) {
@@ -410,6 +406,8 @@ MlirValue cg_rand_draw(cg_b *b, MlirValue seed, MlirValue i, MlirType ft) {
     return cg_bin(b, "arith.mulf", v, mlirTypeIsAVector(vt) ? cg_vbroadcast(b, s, vt) : s);
 }
 
+/* rand_uniform: SplitMix64 of seed + (i + 1) * golden gamma at the row-major index i, top 24
+ * bits times 2^-24 (loom_ir_rand_uniform), exact in f32, rounded to 16-bit floats after. */
 static loom_status eval_rand(kc *c, int32_t id, const imap *map, MlirValue *out) {
     const loom_ir_node *n = &c->g->nodes[id];
     imap sm;

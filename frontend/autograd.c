@@ -266,17 +266,20 @@ static int32_t rows_like(ag *a, int32_t x, int32_t like) {
 
 /* An additive mask's gradient (operand mi of attention node n, whose gradient is g): dS =
  * P (dP - delta) over the scores [..., L, S], P = exp(scale q k^T + mask - lse) and dP = g
- * v^T, dropped as the forward dropped the weights, in f32, summed to the mask's shape. The
- * one place the scores are materialized, and only where the mask's gradient is asked for. */
+ * v^T, dropped as the forward dropped the weights, in f32 (f64 for f64 operands, as the
+ * kernels compute), summed to the mask's shape. The one place the scores are materialized,
+ * and only where the mask's gradient is asked for. */
 static int32_t attention_mask_vjp(ag *a, const loom_ir_node *n, int32_t mi, int32_t lse,
                                   int32_t delta, int32_t g) {
-    const loom_dtype F = LOOM_DTYPE_F32;
+    const loom_dtype F =
+        nd(a, n->inputs[0])->dtype == LOOM_DTYPE_F64 ? LOOM_DTYPE_F64 : LOOM_DTYPE_F32;
     int32_t mask = n->inputs[mi];
     int32_t s =
         bin(a, LOOM_IR_OP_MATMUL, cast_to(a, n->inputs[0], F), mT(a, cast_to(a, n->inputs[1], F)));
     s = bin(a, LOOM_IR_OP_MUL, s, full_like(a, s, n->attrs.value));
     s = bin(a, LOOM_IR_OP_ADD, s, broadcast_like(a, cast_to(a, mask, F), s));
-    int32_t p = un(a, LOOM_IR_OP_EXP, bin(a, LOOM_IR_OP_SUB, s, rows_like(a, lse, s)));
+    int32_t p =
+        un(a, LOOM_IR_OP_EXP, bin(a, LOOM_IR_OP_SUB, s, rows_like(a, cast_to(a, lse, F), s)));
     int32_t dp = bin(a, LOOM_IR_OP_MATMUL, cast_to(a, g, F), mT(a, cast_to(a, n->inputs[2], F)));
     if (n->attrs.dropout > 0 && dp >= 0) { /* the forward's draws (ops.def) */
         const loom_ir_node *dn = nd(a, dp);
@@ -294,7 +297,8 @@ static int32_t attention_mask_vjp(ag *a, const loom_ir_node *n, int32_t mi, int3
                  bin(a, LOOM_IR_OP_MUL, dp, full_like(a, dp, 1.0 / (1.0 - n->attrs.dropout))),
                  full_like(a, dp, 0.0));
     }
-    int32_t ds = bin(a, LOOM_IR_OP_MUL, p, bin(a, LOOM_IR_OP_SUB, dp, rows_like(a, delta, dp)));
+    int32_t ds = bin(a, LOOM_IR_OP_MUL, p,
+                     bin(a, LOOM_IR_OP_SUB, dp, rows_like(a, cast_to(a, delta, F), dp)));
     return ds < 0 ? -1 : cast_to(a, unbroadcast(a, ds, mask), nd(a, mask)->dtype);
 }
 

@@ -724,6 +724,79 @@ static loom_tensor *composed_attention(loom_context *ctx, loom_tensor *const *x,
     return loom_matmul(ctx, w, x[2]);
 }
 
+/* An additive mask [L, L] with dropout: the fused op's gradients (q's and the mask's, whose
+ * VJP composes the scores with the forward's draws) equal the composition's, written out
+ * with loom_dropout, through the interpreter and the JIT, in f32 and f64. */
+static void test_attention_mask_gradient_with_dropout_is_the_compositions(void **state) {
+    (void)state;
+    enum { L = 11, E = 8, N = 2 * L * E };
+    float q[N], k[N], v[N], w[N], m[L * L];
+    fill(q, N, 31);
+    fill(k, N, 32);
+    fill(v, N, 33);
+    fill(w, N, 34);
+    fill(m, L * L, 35);
+    for (int run = 0; run < 4; run++) {
+        bool eager = run % 2;
+        loom_dtype dt = run < 2 ? LOOM_DTYPE_F32 : LOOM_DTYPE_F64;
+        loom_context *ctx = tu_context(eager);
+        int64_t sh[4] = {1, 2, L, E}, sm[2] = {L, L}, sd = 91;
+        loom_tensor *in[5] = {loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, q),
+                              loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, k),
+                              loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, v),
+                              loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, sm, m),
+                              loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 4, sh, w)};
+        loom_tensor *seed = loom_tensor_from_host(ctx, LOOM_DTYPE_I64, 0, NULL, &sd);
+        loom_tensor *x[4];
+        for (int i = 0; i < 4; i++)
+            x[i] = loom_cast(ctx, in[i], dt);
+        double got[2][N];
+        for (int fused = 0; fused < 2; fused++) {
+            loom_tensor *y;
+            if (fused) {
+                loom_attention_options o;
+                loom_attention_options_init(&o);
+                o.mask = x[3];
+                o.dropout_p = 0.3;
+                o.seed = seed;
+                o.stream = 4;
+                y = loom_scaled_dot_product_attention_ex(ctx, x[0], x[1], x[2], &o);
+            } else {
+                loom_tensor *s =
+                    loom_matmul(ctx, loom_mul(ctx, x[0], loom_scalar(ctx, dt, 1 / sqrt((double)E))),
+                                loom_transpose(ctx, x[1]));
+                loom_tensor *p = loom_softmax(ctx, loom_add(ctx, s, x[3]), -1);
+                /* the fused op draws in f32 for f32 operands, in f64 for f64 ones */
+                y = loom_matmul(ctx, loom_dropout(ctx, p, 0.3, true, seed, 4), x[2]);
+            }
+            loom_tensor *loss = loom_sum(
+                ctx, loom_mul(ctx, loom_cast(ctx, y, LOOM_DTYPE_F32), in[4]), 0, NULL, false);
+            loom_tensor *g[4] = {0};
+            assert_int_equal(loom_backward(ctx, loss, 4, in, g), LOOM_OK);
+            float buf[N];
+            tu_read_f32(ctx, g[0], buf, N);
+            for (int i = 0; i < N; i++)
+                got[fused][i] = buf[i];
+            tu_read_f32(ctx, g[3], buf, L * L);
+            for (int i = 0; i < L * L; i++)
+                got[fused][N - L * L + i] = buf[i]; /* dq's tail gives way to the mask's */
+        }
+        int nonzero = 0;
+        for (int i = 0; i < N; i++) {
+            if (fabs(got[1][i] - got[0][i]) > 1e-5 * (1 + fabs(got[0][i])))
+                fail_msg("%s %s: fused %s[%d] = %.8g, composition %.8g", loom_dtype_name(dt),
+                         eager ? "interpreter" : "JIT", i < N - L * L ? "dq" : "dmask",
+                         i < N - L * L ? i : i - (N - L * L), got[1][i], got[0][i]);
+            nonzero += i >= N - L * L && got[0][i] != 0;
+        }
+        assert_true(nonzero > L * L / 2);
+        for (int i = 0; i < 5; i++)
+            loom_tensor_release(in[i]);
+        loom_tensor_release(seed);
+        loom_context_destroy(ctx);
+    }
+}
+
 /* Causal attention of [1, 2, T, D] q, k, v in dt through the JIT by `path`, with dropout p
  * of the weights (seed 5, stream 2): the output and dq, dk, dv (of a weighted sum of the
  * output, in f32) into res (4 T D each). The fused graphs compute no value of [..., T, T]
@@ -957,6 +1030,7 @@ int main(void) {
         cmocka_unit_test(test_attention_matches_the_definition_on_odd_lengths_and_head_sizes),
         cmocka_unit_test(test_fused_attention_matches_its_composition),
         cmocka_unit_test(test_attention_dropout_is_loom_dropout_on_the_weights),
+        cmocka_unit_test(test_attention_mask_gradient_with_dropout_is_the_compositions),
         cmocka_unit_test(test_attention_rejects_bad_arguments_with_clear_messages),
         cmocka_unit_test(test_nn_ops_reject_bad_arguments_with_clear_messages),
     };
