@@ -460,7 +460,7 @@ int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t p
 
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
-/* Whether nodes a and b have the same rank and extents (dtypes aside). */
+
 /* The most operands with fixed roles an op has (an attention gradient's 6, its seed and its
  * mask): every layer that names operands by role holds this many. */
 enum { LOOM_IR_ROLE_OPERANDS_MAX = 8 };
@@ -480,6 +480,7 @@ static inline int32_t loom_ir_attention_mask(const loom_ir_node *n) {
     return n->n_inputs > m ? m : -1;
 }
 
+/* Whether nodes a and b have the same rank and extents (dtypes aside). */
 static inline bool loom_ir_same_shape(const loom_ir_node *a, const loom_ir_node *b) {
     if (a->rank != b->rank)
         return false;
