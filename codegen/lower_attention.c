@@ -106,12 +106,7 @@ static loom_status plan_attention(kc *c, at_plan *ap) {
         const loom_ir_node *m = &g->nodes[root->inputs[mi]];
         ap->in[IN_MASK] = root->inputs[mi];
         ap->mdt = m->dtype;
-        int64_t st = 1;
-        for (int32_t i = m->rank - 1; i >= 0; i--) {
-            ap->mstride[q->rank - m->rank + i] = m->shape[i] == 1 ? 0 : st;
-            st *= m->shape[i];
-        }
-        if (st >= INT32_MAX)
+        if (loom_ir_broadcast_strides(m->rank, m->shape, q->rank, ap->mstride) >= INT32_MAX)
             return cg_unsupported(c, root->inputs[mi],
                                   "an attention mask of 2^31 elements or more");
     }

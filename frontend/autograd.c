@@ -310,7 +310,7 @@ static int32_t attention_mask_vjp(ag *a, const loom_ir_node *n, int32_t mi, int3
 static int32_t attention_vjp(ag *a, int32_t id, const loom_ir_node *n, int32_t k, int32_t g) {
     int32_t mi = loom_ir_attention_mask(n), own = loom_ir_attention_operands(n->op);
     if (g < 0 || (k > 2 && k != mi))
-        return -1;
+        return -1; /* the seed: an integer operand, never asked for (as compare's) */
     int32_t q = n->inputs[0], kk = n->inputs[1], v = n->inputs[2], r = n->rank;
     /* the operands after each op's own: the seed (not attention_lse's), the mask */
     int32_t extra[2], n_extra = 0;

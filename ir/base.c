@@ -284,6 +284,17 @@ int64_t loom_ir_numel(int32_t rank, const int64_t *shape) {
     return n;
 }
 
+int64_t loom_ir_broadcast_strides(int32_t rank, const int64_t *shape, int32_t r, int64_t *stride) {
+    int64_t st = 1;
+    for (int32_t i = 0; i < r - rank; i++)
+        stride[i] = 0;
+    for (int32_t i = rank - 1; i >= 0; i--) {
+        stride[r - rank + i] = shape[i] == 1 ? 0 : st;
+        st *= shape[i];
+    }
+    return st;
+}
+
 int loom_ir_cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);

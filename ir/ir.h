@@ -461,6 +461,11 @@ int64_t loom_ir_conv_out_extent(int64_t in, int64_t k, int64_t stride, int64_t p
 /* Number of elements of a shape (1 for rank 0). */
 int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
 
+/* The element strides of a row-major shape [rank] broadcast (numpy's rule, right-aligned)
+ * to a result of rank r >= rank: stride[r - rank + i] for its axis i, 0 where it has extent
+ * 1, and 0 for the r - rank leading axes it lacks. Returns its number of elements. */
+int64_t loom_ir_broadcast_strides(int32_t rank, const int64_t *shape, int32_t r, int64_t *stride);
+
 /* The most operands with fixed roles an op has (an attention gradient's 6, its seed and its
  * mask): every layer that names operands by role holds this many. */
 enum { LOOM_IR_ROLE_OPERANDS_MAX = 8 };

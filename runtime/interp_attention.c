@@ -20,11 +20,7 @@ static void mask_init(mask_view *mv, const loom_ir_node *m, const void *data, in
         return;
     mv->node = m;
     mv->data = data;
-    int64_t st = 1;
-    for (int32_t i = m->rank - 1; i >= 0; i--) {
-        mv->stride[r - m->rank + i] = m->shape[i] == 1 ? 0 : st;
-        st *= m->shape[i];
-    }
+    loom_ir_broadcast_strides(m->rank, m->shape, r, mv->stride);
 }
 
 /* The mask's element for (batch b of the leading shape lead[0..r-2), query i, key j). */

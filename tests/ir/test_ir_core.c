@@ -260,6 +260,15 @@ static void test_format_type_prints_dtype_and_extents(void **state) {
     assert_int_equal(loom_ir_numel(0, NULL), 1);
     assert_int_equal(loom_ir_numel(3, S(2, 3, 4)), 24);
     assert_int_equal(loom_ir_numel(2, S(5, 0)), 0);
+    /* a [3, 1, 5] mask broadcast to [2, 3, 4, 5] scores: 0 on the axes it lacks or spans 1 */
+    int64_t st[4] = {-1, -1, -1, -1};
+    assert_int_equal(loom_ir_broadcast_strides(3, S(3, 1, 5), 4, st), 15);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], 5);
+    assert_int_equal(st[2], 0);
+    assert_int_equal(st[3], 1);
+    assert_int_equal(loom_ir_broadcast_strides(0, NULL, 2, st), 1);
+    assert_int_equal(st[0] | st[1], 0);
 }
 
 static void test_bf16_rounds_to_nearest_even(void **state) {
