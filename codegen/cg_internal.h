@@ -158,6 +158,8 @@ MlirValue cg_vshuffle(cg_b *b, MlirValue x, MlirValue y, int64_t n, const int64_
  * as good (a ResNet step: 64 of its 6,025 shuffles fewer), the step's second DAG combine
  * 1.0 -> 0.33 s. */
 MlirValue cg_vfence(cg_b *b, MlirValue v);
+/* Transposes the 16 x 16 matrix of rows r[0..15] (vectors of 16) in place. */
+void cg_vtranspose16(cg_b *b, MlirValue *r);
 /* Lane `lane` of vector v, a scalar. */
 MlirValue cg_vextract(cg_b *b, MlirValue v, int64_t lane);
 /* The lanes of float vector v combined by kind ("add", "maximumf", ...; reassociable). */

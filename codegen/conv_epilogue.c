@@ -39,7 +39,7 @@ static void store_dw(kc *c, const cv_plan *cp, MlirValue cs, MlirValue g, MlirVa
     MlirValue from = cg_iadd(b, cg_imul_c(b, r16, cp->mk.nbp), o16);
     for (int t = 0; t < 16; t++)
         v[t] = cg_vload(b, vf, cs, cg_iadd(b, from, cg_idx(b, t * cp->mk.nbp)));
-    cv_transpose16(b, v);
+    cg_vtranspose16(b, v);
     MlirValue to = cg_iadd(b, drow, cg_iadd(b, i0, r16));
     for (int t = 0; t < 16; t++) {
         MlirValue x = is_16(cp->dt) ? cg_narrow16(b, cp->dt, cg_round16(b, cp->dt, v[t])) : v[t];

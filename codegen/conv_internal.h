@@ -164,8 +164,6 @@ void cv_store_lanes(cg_b *b, MlirValue v, MlirValue mem, MlirValue at, int64_t n
  * case 0 and test_conv2d_wino on a Zen 2). */
 MlirValue cv_maskload_if(cg_b *b, MlirType vt, MlirValue mem, MlirValue at, MlirValue mask,
                          MlirValue ok);
-/* Transposes the 16 x 16 matrix of rows r[0..15] (vectors of 16) in place. */
-void cv_transpose16(cg_b *b, MlirValue *r);
 /* Zeros rows [from, to) of a row-major buffer of ld columns (at buf[base]). */
 void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld, MlirValue zero);
 /* Whether a border class's weights pair straight from w (cv_pack_weight_pairs): bf16 pairs

@@ -751,7 +751,7 @@ void cv_stage_dy_t_kpairs(kc *c, const cv_plan *cp, MlirValue bp, MlirValue g, M
                                : cg_vbroadcast(b, cg_ci(b, b->i16, 0), cg_vec_t(16, b->i16));
             v[i] = pair16(b, va, vb);
         }
-        cv_transpose16(b, v);
+        cg_vtranspose16(b, v);
         for (int64_t t = 0; t < h; t++)
             cg_vstore(
                 b, v[t], bp,
@@ -916,29 +916,6 @@ void cv_zero_rows(cg_b *b, MlirValue buf, MlirValue from, int64_t to, int64_t ld
     cv_zero_rows_at(b, buf, cg_idx(b, 0), from, to, ld, zero); /* + 0 folds away */
 }
 
-/* Transposes the 16 x 16 matrix of rows r[0..15] in place: for block sizes 8, 4, 2, 1,
- * rows i and i + s (bit s of i clear) swap their off-diagonal s x s blocks (64 shuffles),
- * levels 2 and 3 each fenced off from the level before (cg_vfence): as good machine code,
- * with a third of the time in LLVM's shuffle combining (cg_vfence's comment). */
-void cv_transpose16(cg_b *b, MlirValue *r) {
-    for (int s = 8; s >= 1; s /= 2) {
-        if (s == 4 || s == 2)
-            for (int i = 0; i < 16; i++)
-                r[i] = cg_vfence(b, r[i]);
-        int64_t mi[16], mj[16];
-        for (int l = 0; l < 16; l++) {
-            mi[l] = (l & s) ? 16 + l - s : l;
-            mj[l] = (l & s) ? 16 + l : l + s;
-        }
-        for (int i = 0; i < 16; i++)
-            if (!(i & s)) {
-                MlirValue x = r[i], y = r[i + s];
-                r[i] = cg_vshuffle(b, x, y, 16, mi);
-                r[i + s] = cg_vshuffle(b, x, y, 16, mj);
-            }
-    }
-}
-
 /* Where w[o, c, 0, 0] starts for row `row` of A and channel `ch` of K: o the row and c the
  * channel for conv2d, the other way round for the input gradient (whose A is w^T). */
 static MlirValue weight_window(cg_b *b, const cv_plan *cp, MlirValue g, MlirValue row,
@@ -975,7 +952,7 @@ void cv_stage_weights(kc *c, const cv_plan *cp, MlirValue stg, MlirValue base, i
         MlirValue src = cg_iadd(b, wrow, cg_imul_c(b, lob.iv, 16 * cp->Cg)), v[16];
         for (int t = 0; t < 16; t++)
             v[t] = vload_f32(b, wdt, wbuf, cg_iadd(b, src, cg_idx(b, t * cp->Cg)));
-        cv_transpose16(b, v);
+        cg_vtranspose16(b, v);
         MlirValue dst = cg_iadd(b, row0, cg_imul_c(b, lob.iv, 16));
         for (int t = 0; t < 16; t++)
             cg_vstore(b, v[t], stg, cg_iadd(b, dst, cg_idx(b, t * ld)));
@@ -1110,7 +1087,7 @@ void cv_stage_dy_t(kc *c, const cv_plan *cp, MlirValue stg, MlirValue g, MlirVal
     MlirValue p = cg_iadd(b, l0, cg_imul_c(b, lpb.iv, 16)), v[16];
     for (int i = 0; i < 16; i++)
         v[i] = vload_f32(b, ddt, dy, cg_iadd(b, orow, cg_iadd(b, p, cg_idx(b, i * L))));
-    cv_transpose16(b, v);
+    cg_vtranspose16(b, v);
     MlirValue k0 = cg_iadd(b, kb, cg_imul_c(b, lpb.iv, 16));
     for (int t = 0; t < 16; t++)
         cg_vstore(b, v[t], stg,

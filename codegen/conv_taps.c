@@ -187,7 +187,7 @@ static void stage_source(kc *c, const cv_plan *cp, MlirValue bw, MlirValue n0, M
         else
             r[l] = shw == 16 ? v : cg_vshuffle(b, v, zrow, 16, lanes);
     }
-    cv_transpose16(b, r);
+    cg_vtranspose16(b, r);
     MlirValue at = cg_iadd(b, cg_imul_c(b, lk.iv, m->b_ld), cg_imul_c(b, lg.iv, 16));
     for (int64_t s = 0; s < shw; s++)
         cg_vstore(b, r[s], bw, cg_iadd(b, at, cg_idx(b, s * nb)));
@@ -255,7 +255,7 @@ static void to_destination(kc *c, const cv_plan *cp, MlirValue cw, MlirValue cs,
     MlirValue from = cg_iadd(b, row, cg_imul_c(b, lg.iv, 16));
     for (int64_t p = 0; p < 16; p++)
         r[p] = p < hw ? cg_vload(b, vf, cw, cg_iadd(b, from, cg_idx(b, p * nb))) : zero;
-    cv_transpose16(b, r);
+    cg_vtranspose16(b, r);
     MlirValue to = cg_iadd(b, row, cg_imul_c(b, lg.iv, 16 * hw));
     for (int64_t l = 0; l < 16; l++)
         cv_store_lanes(b, r[l], cs, cg_iadd(b, to, cg_idx(b, l * hw)), hw);
@@ -277,7 +277,7 @@ static void load_turned(cg_b *b, MlirValue mem, MlirType et, int64_t hw, MlirVal
         MlirValue v = cg_vload(b, rt, mem, cg_iadd(b, row0, cg_idx(b, l * rs)));
         r[l] = hw == 16 ? v : cg_vshuffle(b, v, zrow, 16, lanes);
     }
-    cv_transpose16(b, r);
+    cg_vtranspose16(b, r);
 }
 
 /* The weight gradient's A for x's channels [c0, c1) and images [n0, n0 + kc): per source

@@ -597,7 +597,7 @@ static void pack_taps_by_rows(kc *c, const cv_plan *cp, const cg_mk *m, int64_t 
         MlirValue base = cg_imul_c(b, cg_iadd(b, cg_imul_c(b, o, cp->C), c0), 9);
         h[q] = taps16(b, wbuf, cg_storage_type(b, wdt), base, lt.iv);
     }
-    cv_transpose16(b, h);
+    cg_vtranspose16(b, h);
     for (int64_t r = 0; r < 16; r++) {
         MlirValue row = cg_iadd(b, cg_imul_c(b, lr.iv, 16), cg_idx(b, r));
         MlirValue u = cg_widen16(b, wdt, h[r]);

@@ -2,7 +2,7 @@
  * (codegen/mlir_build.c, conv_stage.c), built into small functions, JIT'd through MLIR's
  * execution engine and run on buffers whose every element is checked: cg_zero_range zeros
  * exactly its range, for run-time and compile-time lengths around the vector's 16 lanes;
- * cv_transpose16, its shuffles fenced by cg_vfence, transposes f32, i32 and i16 rows. */
+ * cg_vtranspose16, its shuffles fenced by cg_vfence, transposes f32, i32 and i16 rows. */
 #include <mlir-c/ExecutionEngine.h>
 #include <mlir-c/Pass.h>
 
@@ -13,7 +13,6 @@
 #include "test_util.h"
 
 #include "codegen/cg_internal.h"
-#include "codegen/conv_internal.h"
 
 enum { BUF = 80, FILL = 7 };
 
@@ -67,7 +66,7 @@ static void add_zero_fn(MlirContext ctx, MlirModule module, const char *name, Ml
 }
 
 /* func.func @name(%src: memref<256 x et>, %dst: memref<256 x et>) {llvm.emit_c_interface}:
- * src's 16 rows of 16 loaded as vectors, cv_transpose16, stored to dst. One builder for all
+ * src's 16 rows of 16 loaded as vectors, cg_vtranspose16, stored to dst. One builder for all
  * the module's functions, as codegen's (each declares the intrinsics it calls once). */
 static void add_transpose_fn(cg_b *b, const char *name, MlirType et) {
     int64_t size = 256;
@@ -78,7 +77,7 @@ static void add_transpose_fn(cg_b *b, const char *name, MlirType et) {
     MlirValue r[16];
     for (int i = 0; i < 16; i++)
         r[i] = cg_vload(b, cg_vec_t(16, et), src, cg_idx(b, 16 * i));
-    cv_transpose16(b, r);
+    cg_vtranspose16(b, r);
     for (int i = 0; i < 16; i++)
         cg_vstore(b, r[i], dst, cg_idx(b, 16 * i));
     end_fn(b, name, 2, args, body);
