@@ -243,6 +243,157 @@ static bool b_transposed(const kc *c) {
            bn->attrs.perm[r - 2] == r - 1;
 }
 
+/* An operand that packing reads straight from a buffer, 16 elements at a time: the buffer
+ * of node `node` (f32, bf16 or f16, the root's batch axes), read as it is or as its
+ * transpose of the last two axes (`tr`), converted to f32 and, where a cast to the
+ * matmul's 16-bit dtype sits between (autocast's), rounded to it (`round`). */
+typedef struct direct_src {
+    int32_t node;
+    loom_dtype dt;   /* the buffer's */
+    loom_dtype round; /* the cast's 16-bit dtype, or LOOM_DTYPE_COUNT_: none */
+    bool tr;
+    int64_t ld, mat; /* the buffer's last extent, and elements per batch */
+} direct_src;
+
+static bool is_swap_last2(const loom_ir_node *n) {
+    int32_t r = n->rank;
+    if (n->op != LOOM_IR_OP_TRANSPOSE || r < 2 || n->attrs.perm[r - 1] != r - 2 ||
+        n->attrs.perm[r - 2] != r - 1)
+        return false;
+    for (int32_t d = 0; d < r - 2; d++)
+        if (n->attrs.perm[d] != d)
+            return false;
+    return true;
+}
+
+/* Whether operand q of the matmul is a direct_src: a buffer, its transpose (a linear
+ * layer's W^T, a weight gradient's dy^T), or either of a 16-bit cast of an f32 buffer. */
+static bool direct_operand(const kc *c, const mm_plan *mp, int32_t q, direct_src *ds) {
+    const loom_ir_graph *g = c->g;
+    const loom_ir_node *root = &g->nodes[c->k->root];
+    int32_t x = root->inputs[q], r = root->rank;
+    ds->tr = false;
+    ds->round = LOOM_DTYPE_COUNT_;
+    if (c->s->buf_of[x] < 0 && is_swap_last2(&g->nodes[x])) {
+        ds->tr = true;
+        x = g->nodes[x].inputs[0];
+    }
+    const loom_ir_node *n = &g->nodes[x];
+    if (c->s->buf_of[x] < 0 && n->op == LOOM_IR_OP_CAST && n->dtype == mp->dt && is_16(mp->dt) &&
+        g->nodes[n->inputs[0]].dtype == LOOM_DTYPE_F32) {
+        ds->round = mp->dt;
+        x = n->inputs[0];
+        n = &g->nodes[x];
+    }
+    if (c->s->buf_of[x] < 0 || n->rank != r || (n->dtype != mp->dt && n->dtype != LOOM_DTYPE_F32))
+        return false;
+    if (n->dtype == LOOM_DTYPE_F32 && mp->dt != LOOM_DTYPE_F32 && ds->round == LOOM_DTYPE_COUNT_)
+        return false;
+    for (int32_t d = 0; d < r - 2; d++)
+        if (n->shape[d] != root->shape[d])
+            return false;
+    ds->node = x;
+    ds->dt = n->dtype;
+    ds->ld = n->shape[r - 1];
+    ds->mat = n->shape[r - 2] * n->shape[r - 1];
+    return true;
+}
+
+/* 16 elements of ds's buffer from `at`, as f32 (rounded as ds says). */
+static MlirValue direct_load16(kc *c, const direct_src *ds, MlirValue at) {
+    cg_b *b = c->b;
+    MlirValue v = cg_widen16(b, ds->dt, cg_vload(b, cg_vec_t(16, cg_storage_type(b, ds->dt)),
+                                                 c->bufs[c->s->buf_of[ds->node]], at));
+    return ds->round != LOOM_DTYPE_COUNT_ ? cg_round16(b, ds->round, v) : v;
+}
+
+/* 16 packed elements from ds's buffer at `at`: along the buffer's row (`along_row`: 16 f32,
+ * or 16 pairs from 32) or, lanes along the row but one packed element down K each, two rows
+ * apart by ds->ld for the pairs. */
+static MlirValue direct_packed16(kc *c, const mm_plan *mp, const direct_src *ds, MlirValue at,
+                                 bool along_row) {
+    cg_b *b = c->b;
+    MlirValue lo = direct_load16(c, ds, at);
+    if (mp->mk.pk == 1)
+        return lo;
+    MlirValue hi = direct_load16(c, ds, cg_iadd(b, at, cg_idx(b, along_row ? 16 : ds->ld)));
+    return cg_cvt_bf16x32(b, lo, hi, !along_row);
+}
+
+/* The direct operand's full blocks of 16 x 16 packed elements (pass 0: whole packed
+ * elements of the K chunk [kb, kb + klen)): A's rows [i0, i0 + 16 *out_n) or B's columns
+ * [j0, j0 + 16 *out_n) (the full panels), packed K [0, 16 *out_kb). A row of the packed
+ * block is 16 loads along the buffer's rows when they run along the packed block's rows
+ * (B = S with S [K, N], A = S [M, K]), else 16 loads along the other axis transposed in
+ * registers (B = S^T, A = S^T): a cache line read per 16 elements, never one per element. */
+static void pack_direct(kc *c, const mm_plan *mp, const cg_mk *mk, int32_t q, const direct_src *ds,
+                        MlirValue buf, MlirValue p, MlirValue a0, MlirValue a1, MlirValue kb,
+                        int64_t klen, MlirValue *out_n, int64_t *out_kb) {
+    cg_b *b = c->b;
+    int64_t nkb = klen / mk->pk / 16;
+    MlirValue n = idiv(b, isub(b, a1, a0), 16);
+    *out_n = n;
+    *out_kb = nkb;
+    if (nkb == 0)
+        return;
+    /* the loads run along K where the buffer's rows are K: A = S, B = S^T; the outer loop
+     * walks the buffer's rows (16 at a time) and the inner one along them, so that the 16
+     * rows stream (down K first, B = S [K, N] at N = 50257 ran at half the speed) */
+    bool along_k = (q == 1) == ds->tr;
+    cg_for la, lk, *lo = along_k ? &la : &lk, *li = along_k ? &lk : &la;
+    MlirValue hi_o = along_k ? n : cg_idx(b, nkb), hi_i = along_k ? cg_idx(b, nkb) : n;
+    cg_for_begin(b, lo, cg_idx(b, 0), hi_o, 0, NULL);
+    cg_for_begin(b, li, cg_idx(b, 0), hi_i, 0, NULL);
+    MlirValue kk0 = cg_imul_c(b, lk.iv, 16), a = cg_iadd(b, a0, cg_imul_c(b, la.iv, 16));
+    MlirValue k = cg_iadd(b, kb, cg_imul_c(b, kk0, mk->pk)); /* K's first element */
+    MlirValue base = cg_imul_c(b, p, ds->mat), v[16];
+    for (int t = 0; t < 16; t++) {
+        MlirValue row, col;
+        if (along_k) { /* row a + t, K from k */
+            row = cg_iadd(b, a, cg_idx(b, t));
+            col = k;
+        } else { /* K row k + t pk, from a */
+            row = cg_iadd(b, k, cg_idx(b, t * mk->pk));
+            col = a;
+        }
+        v[t] = direct_packed16(c, mp, ds, cg_iadd(b, base, cg_iadd(b, cg_imul_c(b, row, ds->ld), col)),
+                               along_k);
+    }
+    if (ds->tr)
+        cg_vtranspose16(b, v);
+    /* v[t]: packed row t of the block (A: row a + t along K; B: K's kk0 + t along a) */
+    MlirValue dst = q == 0 ? cg_iadd(b, cg_imul_c(b, cg_imul_c(b, la.iv, 16), mk->kp), kk0)
+                           : cg_imul_c(b, cg_iadd(b, cg_imul_c(b, la.iv, mk->kp), kk0), MK_PANEL);
+    for (int t = 0; t < 16; t++)
+        cg_vstore(b, v[t], buf, cg_iadd(b, dst, cg_idx(b, t * (q == 0 ? mk->kp : MK_PANEL))));
+    cg_for_end(b, li, 0, NULL);
+    cg_for_end(b, lo, 0, NULL);
+}
+
+/* Packed elements [k_lo, k_hi) of A's rows / B's columns [a_lo, a_hi) (of a block from a0),
+ * one by one: what pack_direct leaves. */
+static loom_status pack_rest(kc *c, const mm_plan *mp, const cg_mk *mk, int32_t q, MlirValue buf,
+                             MlirValue p, MlirValue a0, MlirValue a_lo, MlirValue a_hi,
+                             MlirValue kb, MlirValue k_lo, MlirValue k_hi, bool odd_tail) {
+    cg_b *b = c->b;
+    cg_for la, lk;
+    MlirValue v;
+    loom_status st;
+    cg_for_begin(b, &la, a_lo, a_hi, 0, NULL);
+    MlirValue off = isub(b, la.iv, a0), at0;
+    if (q == 0)
+        at0 = cg_imul_c(b, off, mk->kp);
+    else
+        at0 = cg_iadd(b, cg_imul_c(b, idiv(b, off, MK_PANEL), mk->kp * MK_PANEL), irem(b, off, MK_PANEL));
+    cg_for_begin(b, &lk, k_lo, k_hi, 0, NULL);
+    if ((st = pack_pair(c, mp, q, p, la.iv, kb, lk.iv, odd_tail, &v)) != LOOM_OK)
+        return st;
+    cg_store(b, v, buf, cg_iadd(b, at0, q == 0 ? lk.iv : cg_imul_c(b, lk.iv, MK_PANEL)));
+    cg_for_end(b, &lk, 0, NULL);
+    cg_for_end(b, &la, 0, NULL);
+    return LOOM_OK;
+}
+
 /* A's rows into ap[(i - i0) * kp + kk] (q 0: rows padded to mbp with zeros), or B's columns
  * into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l] holds element kk of column
  * j0 + 16 pn + l (columns padded to nbp with zeros); an element is a pair of bf16 along K
@@ -255,6 +406,22 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_
     loom_status st;
     int64_t kfull = klen / mk->pk;
     MlirValue zero = cg_idx(b, 0), v;
+    direct_src ds;
+    if (direct_operand(c, mp, q, &ds)) {
+        MlirValue a0 = q == 0 ? i0 : j0, a1 = q == 0 ? i1 : j1, nb;
+        int64_t nkb;
+        pack_direct(c, mp, mk, q, &ds, buf, p, a0, a1, kb, klen, &nb, &nkb);
+        MlirValue a_mid = cg_iadd(b, a0, cg_imul_c(b, nb, 16)), kfv = cg_idx(b, kfull);
+        if ((st = pack_rest(c, mp, mk, q, buf, p, a0, a0, a_mid, kb, cg_idx(b, 16 * nkb), kfv,
+                            false)) != LOOM_OK ||
+            (st = pack_rest(c, mp, mk, q, buf, p, a0, a_mid, a1, kb, zero, kfv, false)) !=
+                LOOM_OK ||
+            (klen % mk->pk &&
+             (st = pack_rest(c, mp, mk, q, buf, p, a0, a0, a1, kb, kfv, cg_idx(b, kfull + 1),
+                             true)) != LOOM_OK))
+            return st;
+        goto pad;
+    }
     for (int pass = 0; pass < 1 + (klen % mk->pk); pass++) { /* full pairs, an odd tail */
         MlirValue klo = cg_idx(b, pass ? kfull : 0), khi = cg_idx(b, pass ? kfull + 1 : kfull);
         cg_for lo, lin;
@@ -317,6 +484,7 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_
             cg_for_end(b, &lo, 0, NULL);
         }
     }
+pad:
     if (q == 0) { /* pad rows of A */
         zero_fill(b, pack_zero(b, mp), buf, cg_bin(b, "arith.subi", i1, i0), cg_idx(b, mp->mbp),
                   mk->kp, zero, cg_idx(b, mk->kp));

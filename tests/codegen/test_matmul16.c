@@ -400,6 +400,53 @@ static void test_a_transposed_b_with_a_long_k_is_packed_chunk_by_chunk(void **st
     on_each_path(build_transposed_b_long_k, "x @ transpose(dy), K 4609");
 }
 
+/* Operands packed straight from their buffers (lower_matmul.c's pack_direct) in each
+ * orientation: A and B each as stored or transposed (a weight gradient's dy^T @ x, the
+ * lm_head's x @ wte^T), cast from f32 or not, batched; the shapes leave partial 16 x 16
+ * blocks on every side and an odd K (a bf16 pair's tail). tr: bit 0 A, bit 1 B; bit 2:
+ * operands f32, cast in the kernel; bit 3: a batch of 2. */
+static int64_t build_orientation(loom_ir_graph *g, loom_dtype dt, int tr) {
+    loom_ir_attrs none = {0}, perm2 = {.perm = {1, 0}}, perm3 = {.perm = {0, 2, 1}};
+    const int64_t M = 37, N = 45, K = 301, P = 2;
+    bool batched = tr & 8, cast = tr & 4;
+    int32_t r = batched ? 3 : 2, ops[2];
+    for (int q = 0; q < 2; q++) {
+        bool t = tr & (1 << q);
+        int64_t rows = q == 0 ? (t ? K : M) : (t ? N : K), cols = q == 0 ? (t ? M : K) : (t ? K : N);
+        int32_t x = tu_input(g, cast ? LOOM_DTYPE_F32 : dt, r,
+                             batched ? S(P, rows, cols) : S(rows, cols));
+        if (cast)
+            x = tu_add(g, LOOM_IR_OP_CAST, 1, &x, dt, 0, NULL, none);
+        if (t)
+            x = tu_add(g, LOOM_IR_OP_TRANSPOSE, 1, &x, 0, 0, NULL, batched ? perm3 : perm2);
+        ops[q] = x;
+    }
+    tu_output(g, tu_add(g, LOOM_IR_OP_MATMUL, 2, ops, 0, 0, NULL, none), -1);
+    return K;
+}
+
+#define ORIENTATION(tr)                                                                            \
+    static int64_t build_orientation_##tr(loom_ir_graph *g, loom_dtype dt) {                       \
+        return build_orientation(g, dt, tr);                                                       \
+    }
+ORIENTATION(1)
+ORIENTATION(3)
+ORIENTATION(5)
+ORIENTATION(6)
+ORIENTATION(11)
+ORIENTATION(12)
+#undef ORIENTATION
+
+static void test_operands_pack_from_their_buffers_in_every_orientation(void **state) {
+    (void)state;
+    on_each_path(build_orientation_1, "transpose(a) @ b");
+    on_each_path(build_orientation_3, "transpose(a) @ transpose(b)");
+    on_each_path(build_orientation_5, "transpose(cast(a)) @ cast(b)");
+    on_each_path(build_orientation_6, "cast(a) @ transpose(cast(b))");
+    on_each_path(build_orientation_11, "batched transpose(a) @ transpose(b)");
+    on_each_path(build_orientation_12, "batched cast(a) @ cast(b)");
+}
+
 /* ---- large f32 matmuls --------------------------------------------------------------------- */
 
 /* Whether the kernel compile_and_run dumped to dir/k.mlir holds needle. */
@@ -496,6 +543,16 @@ static void test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel(voi
         loom_ir_graph_deinit(&g);
     }
     unsetenv("LOOM_MATMUL_ISA");
+    /* a weight gradient's dy^T @ x with dy [256, 4099]: A transposed, packed from dy's rows */
+    loom_ir_graph ga;
+    loom_ir_graph_init(&ga, &sys);
+    loom_ir_attrs none = {0}, perm = {.perm = {1, 0}};
+    int32_t dy = tu_input(&ga, LOOM_DTYPE_F32, 2, S(256, 4099));
+    int32_t x = tu_input(&ga, LOOM_DTYPE_F32, 2, S(256, 70));
+    int32_t dyt = tu_add(&ga, LOOM_IR_OP_TRANSPOSE, 1, &dy, 0, 0, NULL, perm);
+    tu_output(&ga, tu_add(&ga, LOOM_IR_OP_MATMUL, 2, (int32_t[]){dyt, x}, 0, 0, NULL, none), -1);
+    check_against_interpreter(&ga, LOOM_DTYPE_F32, 256, 1, "f32 dy^T [4099, 256] @ x [256, 70]");
+    loom_ir_graph_deinit(&ga);
     const int64_t small[2][3] = {{63, 4099, 256}, {70, 4095, 256}}; /* rows, W's shape */
     for (int i = 0; i < 2; i++) {
         loom_ir_graph g;
@@ -518,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_a_transposed_b_is_packed_along_its_rows),
         cmocka_unit_test(test_long_k_16_bit_matmuls_run_in_chunks),
         cmocka_unit_test(test_a_transposed_b_with_a_long_k_is_packed_chunk_by_chunk),
+        cmocka_unit_test(test_operands_pack_from_their_buffers_in_every_orientation),
         cmocka_unit_test(test_large_f32_matmuls_run_on_the_fma_microkernel),
         cmocka_unit_test(test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel),
     };
