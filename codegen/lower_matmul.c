@@ -27,6 +27,13 @@ enum {
     MM_PACK_F32_MACS = 1 << 29, /* and multiply-adds (512 x 1024 x 1024) */
     MK_KCHUNK_FROM = 4096,      /* packed kinds: K above this is taken in chunks */
     MK_KCHUNK = 512,            /* of this many (even: bf16 pairs never straddle two) */
+    /* packed kinds with N >= MM_WIDE_N: a task's C block at most this many bytes. Its f32
+     * scratch is written by the microkernel and read back by the epilogue; in 8 tasks of
+     * 6336 columns (6.5 MB for 256 rows) both went to memory. On a Zen 4 (2 threads,
+     * bench_gemm --dtype bf16; f32 / bf16 GFLOP/s): 256 x 50257 x 256 158 -> 187 /
+     * 287 -> 322, 2048 x 4096 x 512 106 -> 172 / 204 -> 274; loom-ir run of GPT-2's
+     * lm_head x @ wte^T 45.5 -> 36.3 ms. 512 KB and 1 MB blocks were slower. */
+    MK_C_BYTES = 256 << 10,
 };
 
 /* How the product is computed: PLAIN reads the operands from their buffers (f32, f64,
@@ -599,6 +606,13 @@ loom_status cg_lower_matmul(kc *c) {
                                mp->P * mp->nbm);
         nbn = nbn > mp->N / MK_COLS_MIN ? mp->N / MK_COLS_MIN : nbn;
         mp->cols = ceil_div(ceil_div(mp->N, nbn), MK_COLS_MIN) * MK_COLS_MIN;
+    }
+    if (kind != MM_PLAIN && mp->N >= MM_WIDE_N) {
+        /* wide packed products: a task's C block (f32 scratch) small enough to stay in L2
+         * until the epilogue reads it back (MK_C_BYTES) */
+        int64_t cmax = MK_C_BYTES / (mp->rows * 4) / MK_COLS_MIN * MK_COLS_MIN;
+        cmax = cmax < MK_COLS_MIN ? MK_COLS_MIN : cmax;
+        mp->cols = mp->cols > cmax ? cmax : mp->cols;
     }
     mp->nbn = ceil_div(mp->N, mp->cols);
     mp->linalg = c->use_linalg && mm_linalg_ok(root, mp->M, mp->K, mp->N);
