@@ -431,6 +431,10 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_
         int64_t nkb;
         pack_direct(c, mp, mk, q, &ds, buf, p, a0, a1, kb, klen, &nb, &nkb);
         MlirValue a_mid = cg_iadd(b, a0, cg_imul_c(b, nb, 16)), kfv = cg_idx(b, kfull);
+        /* nothing left where every block's rows (columns) and K are whole blocks of 16 */
+        int64_t ext = q == 0 ? mp->M : mp->N, per = q == 0 ? mp->rows : mp->cols;
+        if (ext % per == 0 && per % 16 == 0 && klen % (16 * mk->pk) == 0)
+            goto pad;
         if ((st = pack_rest(c, mp, mk, q, buf, p, a0, a1, a_mid, cg_idx(b, 16 * nkb), kb, kfv,
                             false)) != LOOM_OK ||
             (klen % mk->pk && (st = pack_rest(c, mp, mk, q, buf, p, a0, a1, a1, kfv, kb,

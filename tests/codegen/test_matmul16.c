@@ -403,11 +403,12 @@ static void test_a_transposed_b_with_a_long_k_is_packed_chunk_by_chunk(void **st
 /* Operands packed straight from their buffers (lower_matmul.c's pack_direct) in each
  * orientation: A and B each as stored or transposed (a weight gradient's dy^T @ x, the
  * lm_head's x @ wte^T), cast from f32 or not, batched; the shapes leave partial 16 x 16
- * blocks on every side and an odd K (a bf16 pair's tail). tr: bit 0 A, bit 1 B; bit 2:
- * operands f32, cast in the kernel; bit 3: a batch of 2. */
+ * blocks on every side and an odd K (a bf16 pair's tail), or (bit 4) none at all. tr: bit 0
+ * A, bit 1 B; bit 2: operands f32, cast in the kernel; bit 3: a batch of 2. */
 static int64_t build_orientation(loom_ir_graph *g, loom_dtype dt, int tr) {
     loom_ir_attrs none = {0}, perm2 = {.perm = {1, 0}}, perm3 = {.perm = {0, 2, 1}};
-    const int64_t M = 37, N = 45, K = 301, P = 2;
+    const bool whole = tr & 16;
+    const int64_t M = whole ? 64 : 37, N = whole ? 48 : 45, K = whole ? 96 : 301, P = 2;
     bool batched = tr & 8, cast = tr & 4;
     int32_t r = batched ? 3 : 2, ops[2];
     for (int q = 0; q < 2; q++) {
@@ -435,6 +436,8 @@ ORIENTATION(5)
 ORIENTATION(6)
 ORIENTATION(11)
 ORIENTATION(12)
+ORIENTATION(19)
+ORIENTATION(22)
 #undef ORIENTATION
 
 static void test_operands_pack_from_their_buffers_in_every_orientation(void **state) {
@@ -445,6 +448,8 @@ static void test_operands_pack_from_their_buffers_in_every_orientation(void **st
     on_each_path(build_orientation_6, "cast(a) @ transpose(cast(b))");
     on_each_path(build_orientation_11, "batched transpose(a) @ transpose(b)");
     on_each_path(build_orientation_12, "batched cast(a) @ cast(b)");
+    on_each_path(build_orientation_19, "transpose(a) @ transpose(b), whole blocks");
+    on_each_path(build_orientation_22, "cast(a) @ transpose(cast(b)), whole blocks");
 }
 
 /* ---- large f32 matmuls --------------------------------------------------------------------- */
