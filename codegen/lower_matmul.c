@@ -687,7 +687,8 @@ loom_status cg_lower_matmul(kc *c) {
     MlirValue C;
     bool scratch = mp->acc_res < 0, bf = mp->kind != MM_PLAIN;
     mp->cstride = bf ? mp->mk.nbp : scratch ? mp->cols : mp->N;
-    /* packed A and B, and which (batch, column block) B holds (-1: none yet) */
+    /* packed A and B, and which (batch, column block) B holds and which (batch, row block)
+     * A holds (-1: none yet) */
     MlirValue packs[3] = {{NULL}, {NULL}, {NULL}};
     if (bf) {
         MlirType et = mp->mk.pk == 2 ? b->i32 : b->f32;
@@ -695,8 +696,9 @@ loom_status cg_lower_matmul(kc *c) {
         packs[1] = cg_alloc_buf(b, et, mp->mk.kp * mp->mk.nbp);
     }
     if (mp->kind != MM_PLAIN && mp->kc == mp->K) {
-        packs[2] = cg_alloc_buf(b, b->i64, 1);
+        packs[2] = cg_alloc_buf(b, b->i64, 2);
         cg_store(b, cg_ci(b, b->i64, -1), packs[2], cg_idx(b, 0));
+        cg_store(b, cg_ci(b, b->i64, -1), packs[2], cg_idx(b, 1));
     }
     if (scratch) { /* one malloc'd block of rows x cols per call, freed at the end */
         C = cg_alloc_buf(b, mp->acc_t, bf ? mp->mbp * mp->mk.nbp : mp->rows * mp->cols);
@@ -748,13 +750,20 @@ loom_status cg_lower_matmul(kc *c) {
     } else if (mp->kind != MM_PLAIN) {
         A = packs[0];
         B = packs[1];
+        /* A's rows once per (batch, row block) of the call's consecutive tasks: all of them
+         * where the rows are one block (GPT-2's lm_head x @ wte^T: 197 column blocks) */
+        MlirValue akey =
+            cg_conv(b, "arith.index_cast", cg_iadd(b, cg_imul_c(b, p, mp->nbm), ib), b->i64);
+        cg_if f;
+        cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, packs[2], cg_idx(b, 1)), akey));
         st = pack_panels(c, mp, &mp->mk, 0, A, p, i0, i1, j0, j1, cg_idx(b, 0), mp->K);
         if (st != LOOM_OK)
             goto done;
+        cg_store(b, akey, packs[2], cg_idx(b, 1));
+        cg_if_end(b, &f);
         /* B's columns once per (batch, column block) of the call's consecutive tasks */
         MlirValue key =
             cg_conv(b, "arith.index_cast", cg_iadd(b, cg_imul_c(b, p, mp->nbn), jb), b->i64);
-        cg_if f;
         cg_if_begin(b, &f, cg_cmpi(b, CG_I_NE, cg_load(b, packs[2], cg_idx(b, 0)), key));
         st = pack_panels(c, mp, &mp->mk, 1, B, p, i0, i1, j0, j1, cg_idx(b, 0), mp->K);
         if (st != LOOM_OK)
