@@ -241,15 +241,6 @@ static loom_status pack_pair(kc *c, const mm_plan *mp, int32_t q, MlirValue p, M
     return LOOM_OK;
 }
 
-/* Whether the matmul's B is a transpose of its last two axes (a weight gradient's dy^T, a
- * linear layer's W^T): its K runs along the rows of what the transpose reads. */
-static bool b_transposed(const kc *c) {
-    const loom_ir_node *bn = &c->g->nodes[c->g->nodes[c->k->root].inputs[1]];
-    int32_t r = bn->rank;
-    return bn->op == LOOM_IR_OP_TRANSPOSE && r >= 2 && bn->attrs.perm[r - 1] == r - 2 &&
-           bn->attrs.perm[r - 2] == r - 1;
-}
-
 /* An operand that packing reads straight from a buffer, 16 elements at a time: the buffer
  * of node `node` (f32, bf16 or f16, the root's batch axes), read as it is or as its
  * transpose of the last two axes (`tr`), converted to f32 and, where a cast to the
@@ -262,6 +253,7 @@ typedef struct direct_src {
     int64_t ld, mat; /* the buffer's last extent, and elements per batch */
 } direct_src;
 
+/* Whether n transposes the last two axes of its operand and nothing else. */
 static bool is_swap_last2(const loom_ir_node *n) {
     int32_t r = n->rank;
     if (n->op != LOOM_IR_OP_TRANSPOSE || r < 2 || n->attrs.perm[r - 1] != r - 2 ||
@@ -271,6 +263,12 @@ static bool is_swap_last2(const loom_ir_node *n) {
         if (n->attrs.perm[d] != d)
             return false;
     return true;
+}
+
+/* Whether the matmul's B is such a transpose (a weight gradient's dy^T, a linear layer's
+ * W^T): its K runs along the rows of what the transpose reads. */
+static bool b_transposed(const kc *c) {
+    return is_swap_last2(&c->g->nodes[c->g->nodes[c->k->root].inputs[1]]);
 }
 
 /* Whether operand q of the matmul is a direct_src: a buffer, its transpose (a linear
@@ -417,7 +415,9 @@ static loom_status pack_rest(kc *c, const mm_plan *mp, const cg_mk *mk, int32_t 
  * into panels of 16 (q 1): bp[(pn * kp + kk) * 16 + l] holds element kk of column
  * j0 + 16 pn + l (columns padded to nbp with zeros); an element is a pair of bf16 along K
  * (PACK_BF16: B in the VNNI layout) or one f32. Of K's chunk [kb, kb + klen), packed as mk
- * (kp = its packed length). */
+ * (kp = its packed length).
+ * A direct_src operand is packed by pack_direct and pack_rest; any other is evaluated
+ * element by element, in an order that reads along its source's rows. */
 static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_t q, MlirValue buf,
                                MlirValue p, MlirValue i0, MlirValue i1, MlirValue j0, MlirValue j1,
                                MlirValue kb, int64_t klen) {
