@@ -2,11 +2,13 @@
  * each): against an f64 reference of the 16-bit inputs on odd and batched shapes, with
  * fused epilogues, and with the casts of f32 operands fused into the matmul's packing
  * against the unfused interpreter. Paths the CPU lacks are skipped, saying why. Also the
- * large f32 matmuls that share the 16-bit kinds' FMA microkernel on AVX-512 hosts. */
+ * large f32 matmuls that share the 16-bit kinds' FMA microkernel on AVX-512 hosts. Every
+ * input ends at a page with no access, so a kernel reading past an operand faults. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -57,7 +59,21 @@ static bool use_path(const isa_path *p) {
 typedef struct case_io {
     void *in[64];
     void *out[64];
+    void *in_map[64]; /* the inputs' mappings (guarded) and their lengths */
+    size_t in_len[64];
 } case_io;
+
+/* A zeroed buffer of `bytes` that ends where a page with no access begins: a kernel that
+ * reads past an input's end (JIT code, which ASan does not see) faults in the test. */
+static void *guarded_alloc(size_t bytes, void **out_map, size_t *out_len) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), span = (bytes + page - 1) / page * page;
+    *out_len = span + page;
+    char *m = mmap(NULL, *out_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    assert_int_equal(mprotect(m + span, page, PROT_NONE), 0);
+    *out_map = m;
+    return m + span - bytes;
+}
 
 /* Random values in [-1, 1] for every graph input, stored in its dtype. */
 static void fill_inputs(const loom_ir_graph *g, case_io *io, uint64_t seed) {
@@ -65,8 +81,8 @@ static void fill_inputs(const loom_ir_graph *g, case_io *io, uint64_t seed) {
         const loom_ir_node *n = &g->nodes[i];
         if (n->op != LOOM_IR_OP_INPUT)
             continue;
-        int64_t count = loom_ir_numel(n->rank, n->shape);
-        void *buf = calloc(tu_node_bytes(n) + 1, 1);
+        int64_t count = loom_ir_numel(n->rank, n->shape), x = n->attrs.index;
+        void *buf = guarded_alloc(tu_node_bytes(n), &io->in_map[x], &io->in_len[x]);
         for (int64_t e = 0; e < count; e++) {
             seed = seed * 6364136223846793005ull + 1442695040888963407ull;
             loom_ir_store_f64(buf, n->dtype, e, (double)(seed >> 11) / 4503599627370496.0 - 1.0);
@@ -79,7 +95,7 @@ static void fill_inputs(const loom_ir_graph *g, case_io *io, uint64_t seed) {
 
 static void free_io(const loom_ir_graph *g, case_io *io) {
     for (int32_t i = 0; i < g->n_graph_inputs; i++)
-        free(io->in[i]);
+        munmap(io->in_map[i], io->in_len[i]);
     for (int32_t o = 0; o < g->n_outputs; o++)
         free(io->out[o]);
 }
