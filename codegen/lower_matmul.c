@@ -253,22 +253,10 @@ typedef struct direct_src {
     int64_t ld, mat; /* the buffer's last extent, and elements per batch */
 } direct_src;
 
-/* Whether n transposes the last two axes of its operand and nothing else. */
-static bool is_swap_last2(const loom_ir_node *n) {
-    int32_t r = n->rank;
-    if (n->op != LOOM_IR_OP_TRANSPOSE || r < 2 || n->attrs.perm[r - 1] != r - 2 ||
-        n->attrs.perm[r - 2] != r - 1)
-        return false;
-    for (int32_t d = 0; d < r - 2; d++)
-        if (n->attrs.perm[d] != d)
-            return false;
-    return true;
-}
-
-/* Whether the matmul's B is such a transpose (a weight gradient's dy^T, a linear layer's
- * W^T): its K runs along the rows of what the transpose reads. */
+/* Whether the matmul's B is a transpose of its last two axes (a weight gradient's dy^T, a
+ * linear layer's W^T): its K runs along the rows of what the transpose reads. */
 static bool b_transposed(const kc *c) {
-    return is_swap_last2(&c->g->nodes[c->g->nodes[c->k->root].inputs[1]]);
+    return loom_ir_swaps_last2(&c->g->nodes[c->g->nodes[c->k->root].inputs[1]]);
 }
 
 /* Whether operand q of the matmul is a direct_src: a buffer, its transpose (a linear
@@ -279,7 +267,7 @@ static bool direct_operand(const kc *c, const mm_plan *mp, int32_t q, direct_src
     int32_t x = root->inputs[q], r = root->rank;
     ds->tr = false;
     ds->round = LOOM_DTYPE_COUNT_;
-    if (c->s->buf_of[x] < 0 && is_swap_last2(&g->nodes[x])) {
+    if (c->s->buf_of[x] < 0 && loom_ir_swaps_last2(&g->nodes[x])) {
         ds->tr = true;
         x = g->nodes[x].inputs[0];
     }
@@ -430,11 +418,11 @@ static loom_status pack_panels(kc *c, const mm_plan *mp, const cg_mk *mk, int32_
         MlirValue a0 = q == 0 ? i0 : j0, a1 = q == 0 ? i1 : j1, nb;
         int64_t nkb;
         pack_direct(c, mp, mk, q, &ds, buf, p, a0, a1, kb, klen, &nb, &nkb);
-        MlirValue a_mid = cg_iadd(b, a0, cg_imul_c(b, nb, 16)), kfv = cg_idx(b, kfull);
         /* nothing left where every block's rows (columns) and K are whole blocks of 16 */
         int64_t ext = q == 0 ? mp->M : mp->N, per = q == 0 ? mp->rows : mp->cols;
         if (ext % per == 0 && per % 16 == 0 && klen % (16 * mk->pk) == 0)
             goto pad;
+        MlirValue a_mid = cg_iadd(b, a0, cg_imul_c(b, nb, 16)), kfv = cg_idx(b, kfull);
         if ((st = pack_rest(c, mp, mk, q, buf, p, a0, a1, a_mid, cg_idx(b, 16 * nkb), kb, kfv,
                             false)) != LOOM_OK ||
             (klen % mk->pk && (st = pack_rest(c, mp, mk, q, buf, p, a0, a1, a1, kfv, kb,

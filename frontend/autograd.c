@@ -143,16 +143,6 @@ static int32_t transpose(ag *a, int32_t x, const int32_t *perm) {
     return emit(a, &d);
 }
 
-/* Whether n is a TRANSPOSE swapping exactly its last two axes. */
-static bool is_swap_last(const loom_ir_node *n) {
-    if (n->op != LOOM_IR_OP_TRANSPOSE || n->rank < 2)
-        return false;
-    for (int32_t i = 0; i < n->rank - 2; i++)
-        if (n->attrs.perm[i] != i)
-            return false;
-    return n->attrs.perm[n->rank - 2] == n->rank - 1 && n->attrs.perm[n->rank - 1] == n->rank - 2;
-}
-
 static int64_t numel_of(const ag *a, int32_t x) {
     return loom_ir_numel(nd(a, x)->rank, nd(a, x)->shape);
 }
@@ -183,14 +173,14 @@ static int32_t moved_like(ag *a, loom_ir_op op, int32_t x, int32_t like, const i
 
 /* Elements a transpose of x would move: none when x is itself a transpose (it cancels). */
 static int64_t cost_mT(const ag *a, int32_t x) {
-    return is_swap_last(nd(a, x)) ? 0 : numel_of(a, x);
+    return loom_ir_swaps_last2(nd(a, x)) ? 0 : numel_of(a, x);
 }
 
 /* Swaps the last two axes (undoing such a swap instead of stacking a second one). */
 static int32_t mT(ag *a, int32_t x) {
     if (x < 0)
         return -1;
-    if (is_swap_last(nd(a, x)))
+    if (loom_ir_swaps_last2(nd(a, x)))
         return nd(a, x)->inputs[0];
     int32_t r = nd(a, x)->rank, perm[LOOM_MAX_RANK] = {0};
     for (int32_t i = 0; i < r; i++)
@@ -526,10 +516,10 @@ static int32_t vjp(ag *a, int32_t id, int32_t k, int32_t g) {
          * a matmul P Q; its transpose is Q^T P^T, and where P or Q is itself a transpose
          * that costs a transpose of the small factor instead of one of the (large) result. */
         const loom_ir_node *gn = nd(a, g);
-        if (is_swap_last(&n) && gn->op == LOOM_IR_OP_MATMUL) {
+        if (loom_ir_swaps_last2(&n) && gn->op == LOOM_IR_OP_MATMUL) {
             int32_t p = gn->inputs[0], q = gn->inputs[1];
             int64_t out = loom_ir_numel(gn->rank, gn->shape);
-            bool pt = is_swap_last(nd(a, p)), qt = is_swap_last(nd(a, q));
+            bool pt = loom_ir_swaps_last2(nd(a, p)), qt = loom_ir_swaps_last2(nd(a, q));
             /* q^T as the new A costs nothing where the matmul packs it: GPT-2's tied
              * lm_head, whose wte gradient dy^T x then comes out [V, C] as wte is, instead of
              * [C, V] transposed by its readers */

@@ -466,6 +466,16 @@ int64_t loom_ir_numel(int32_t rank, const int64_t *shape);
  * 1, and 0 for the r - rank leading axes it lacks. Returns its number of elements. */
 int64_t loom_ir_broadcast_strides(int32_t rank, const int64_t *shape, int32_t r, int64_t *stride);
 
+/* Whether n is a TRANSPOSE swapping exactly its last two axes (a linear layer's W^T). */
+static inline bool loom_ir_swaps_last2(const loom_ir_node *n) {
+    if (n->op != LOOM_IR_OP_TRANSPOSE || n->rank < 2)
+        return false;
+    for (int32_t i = 0; i < n->rank - 2; i++)
+        if (n->attrs.perm[i] != i)
+            return false;
+    return n->attrs.perm[n->rank - 2] == n->rank - 1 && n->attrs.perm[n->rank - 1] == n->rank - 2;
+}
+
 /* The most operands with fixed roles an op has (an attention gradient's 6, its seed and its
  * mask): every layer that names operands by role holds this many. */
 enum { LOOM_IR_ROLE_OPERANDS_MAX = 8 };
