@@ -61,17 +61,23 @@ static MlirValue red_finish(cg_b *b, const red_ops *r, MlirValue acc, int64_t n_
 
 /* A REDUCTION kernel's reductions (its root first, then, in a multi-output kernel, the
  * others of its nodes, each over an operand of the root's operand's shape along the same
- * axes): one loop nest, an accumulator each. */
+ * axes): one loop nest, an accumulator each. In a staged kernel (fusion's rows rule) a
+ * reduction whose operand reads the reduced value of another is of a later stage: per
+ * output, the reduced loops run once per stage, a stage's values bound before the next. */
 typedef struct red_plan {
     int32_t n;                      /* reductions */
     int32_t root[CG_RED_ROOTS_MAX]; /* the reduction nodes */
     red_ops ops[CG_RED_ROOTS_MAX];
     int32_t x[CG_RED_ROOTS_MAX]; /* their reduced operands */
-    int64_t n_red;               /* reduced elements per output */
-    sink pro[64]; /* prologue: the operands (pro[i] is x[i]) and results of their shape */
+    int8_t stage[CG_RED_ROOTS_MAX];
+    int64_t n_red; /* reduced elements per output */
+    sink pro[64];  /* prologue: the operands (pro[i] is x[i]) and results of their shape */
+    int8_t pro_stage[64];
     int32_t n_pro;
     sink epi[64]; /* epilogue results (maps into the nest's kept dims) */
     int32_t n_epi;
+    int8_t n_stages; /* 1 unless staged */
+    int8_t cur;      /* the stage being emitted, or -1: all of them */
 } red_plan;
 
 static void red_init_all(cg_b *b, const red_plan *rp, MlirValue *acc) {
@@ -84,16 +90,30 @@ static loom_status emit_red_loops(kc *c, red_plan *rp, const int32_t *rgroups, i
 
 /* Inner body: evaluates the operands and the prologue sinks at the current index (storing
  * those that are results), folds each operand into its accumulator (acc, updated). */
+static bool in_stage(const red_plan *rp, int32_t stage) {
+    return rp->cur < 0 || stage == rp->cur;
+}
+
 static loom_status emit_red_body(kc *c, red_plan *rp, MlirValue *acc) {
     int32_t mark = cg_memo_mark(c);
     MlirValue v[CG_RED_ROOTS_MAX];
     loom_status st = LOOM_OK;
     for (int32_t i = 0; i < rp->n && st == LOOM_OK; i++)
-        st = cg_eval(c, rp->x[i], &rp->pro[i].map, &v[i]);
-    if (st == LOOM_OK)
+        if (in_stage(rp, rp->stage[i]))
+            st = cg_eval(c, rp->x[i], &rp->pro[i].map, &v[i]);
+    if (st == LOOM_OK && rp->cur < 0) {
         st = cg_emit_sinks(c, rp->n_pro, rp->pro); /* the operands are memo hits */
+    } else if (st == LOOM_OK) {                    /* the stage's sinks */
+        sink sk[64];
+        int32_t n = 0;
+        for (int32_t i = 0; i < rp->n_pro; i++)
+            if (rp->pro_stage[i] == rp->cur)
+                sk[n++] = rp->pro[i];
+        st = cg_emit_sinks(c, n, sk);
+    }
     for (int32_t i = 0; i < rp->n && st == LOOM_OK; i++)
-        acc[i] = red_combine(c->b, &rp->ops[i], acc[i], v[i]);
+        if (in_stage(rp, rp->stage[i]))
+            acc[i] = red_combine(c->b, &rp->ops[i], acc[i], v[i]);
     cg_memo_pop(c, mark);
     return st;
 }
@@ -156,12 +176,39 @@ static loom_status emit_red_cols(kc *c, red_plan *rp, const int32_t *rgroups, in
     return st;
 }
 
+/* Binds the reduced values of stage `stage` (-1: all) at the current output index. */
+static void red_bind(kc *c, const red_plan *rp, const MlirValue *acc, int32_t stage) {
+    for (int32_t i = 0; i < rp->n; i++) {
+        if (stage >= 0 && rp->stage[i] != stage)
+            continue;
+        MlirValue v = red_finish(c->b, &rp->ops[i], acc[i], rp->n_red);
+        if (i == 0)
+            c->bound_v = v;
+        else
+            c->more_v[i - 1] = v;
+    }
+}
+
 /* Epilogue at the current output index: binds the reduced values, evaluates and stores. */
 static loom_status emit_red_epilogue(kc *c, red_plan *rp, const MlirValue *acc) {
-    c->bound_v = red_finish(c->b, &rp->ops[0], acc[0], rp->n_red);
-    for (int32_t i = 1; i < rp->n; i++)
-        c->more_v[i - 1] = red_finish(c->b, &rp->ops[i], acc[i], rp->n_red);
+    red_bind(c, rp, acc, -1);
     return cg_emit_sinks(c, rp->n_epi, rp->epi);
+}
+
+/* The form of a task per output, staged: per stage, the reduced loops (the row, from the
+ * caches after the first) and that stage's values bound; then the epilogue. */
+static loom_status emit_red_staged(kc *c, red_plan *rp, const int32_t *rgroups, int32_t nr) {
+    MlirValue acc[CG_RED_ROOTS_MAX];
+    red_init_all(c->b, rp, acc);
+    loom_status st = LOOM_OK;
+    for (int32_t s = 0; s < rp->n_stages && st == LOOM_OK; s++) {
+        rp->cur = (int8_t)s;
+        st = emit_red_loops(c, rp, rgroups, nr, 0, acc);
+        if (st == LOOM_OK)
+            red_bind(c, rp, acc, s);
+    }
+    rp->cur = -1;
+    return st == LOOM_OK ? cg_emit_sinks(c, rp->n_epi, rp->epi) : st;
 }
 
 /* The small-reduction form: task = the kept groups but the innermost kept one, which is
@@ -220,19 +267,38 @@ loom_status cg_lower_reduction(kc *c) {
     loom_status st = LOOM_OK;
     const loom_ir_node *x = &g->nodes[root->inputs[0]];
     /* the root, then the kernel's other reductions, which must reduce an operand of x's
-     * shape along the same axes and not read another's value */
+     * shape along the same axes; each node's stage: 1 + the latest stage of the reduced
+     * values it reads (in graph order, which is topological) */
+    int8_t *stage = loom_ir_alloc(&c->s->alloc, (size_t)g->n_nodes);
+    if (!stage) {
+        loom_ir_free(&c->s->alloc, rp, sizeof *rp);
+        return cg_oom(c);
+    }
     rp->root[rp->n++] = root_id;
+    rp->n_stages = 1;
+    rp->cur = -1;
     for (int32_t i = 0; i < c->k->n_nodes; i++) {
         int32_t id = c->k->nodes[i];
         const loom_ir_node *n = &g->nodes[id];
-        if (id == root_id || !loom_ir_op_traits(n->op)->reduces)
+        bool reduces = loom_ir_op_traits(n->op)->reduces;
+        stage[id] = 0;
+        for (int32_t q = 0; q < n->n_inputs; q++) {
+            int32_t o = n->inputs[q];
+            if (!c->s->in_kernel[o] || g->nodes[o].op == LOOM_IR_OP_CONSTANT)
+                continue;
+            int32_t so = stage[o] + (loom_ir_op_traits(g->nodes[o].op)->reduces ? 1 : 0);
+            stage[id] = (int8_t)(so > stage[id] ? so : stage[id]);
+        }
+        if (!reduces)
             continue;
-        if (rp->n == CG_RED_ROOTS_MAX || !loom_ir_reductions_share_loops(g, root_id, id) ||
-            c->s->dep_root[n->inputs[0]]) {
+        if (stage[id] + 1 > rp->n_stages)
+            rp->n_stages = (int8_t)(stage[id] + 1);
+        if (id == root_id)
+            continue;
+        if (rp->n == CG_RED_ROOTS_MAX || !loom_ir_reductions_share_loops(g, root_id, id)) {
             st = cg_unsupported(c, id,
                                 "a second reduction in a kernel, unless over an operand of the "
-                                "first's shape, along its axes, not reading its value "
-                                "(at most 4)");
+                                "first's shape, along its axes (at most 4)");
             goto done;
         }
         rp->root[rp->n++] = id;
@@ -240,6 +306,7 @@ loom_status cg_lower_reduction(kc *c) {
     for (int32_t i = 0; i < rp->n; i++) {
         const loom_ir_node *ri = &g->nodes[rp->root[i]];
         rp->x[i] = ri->inputs[0];
+        rp->stage[i] = stage[rp->root[i]];
         rp->ops[i].op = ri->op;
         rp->ops[i].dt = ri->dtype;
         if (ri->op == LOOM_IR_OP_REDUCE_MEAN && !loom_ir_dtype_is_float(ri->dtype)) {
@@ -276,13 +343,15 @@ loom_status cg_lower_reduction(kc *c) {
 
     for (int32_t i = 0; i < rp->n; i++) {
         rp->pro[i] = (sink){.node = rp->x[i], .store = c->s->res_of[rp->x[i]] >= 0};
+        rp->pro_stage[i] = rp->stage[i];
         cg_identity_map(&ns, &rp->pro[i].map);
     }
     rp->n_pro = rp->n;
     for (int32_t r = 0; r < c->k->n_results; r++) {
         int32_t id = c->k->results[r];
         const loom_ir_node *n = &g->nodes[id];
-        if (c->s->dep_root[id]) {
+        /* (a staged kernel's later stages depend on reductions too, over x's shape) */
+        if (c->s->dep_root[id] && (rp->n_stages == 1 || same_shape(n, root))) {
             if (!same_shape(n, root)) {
                 st = cg_unsupported(c, id,
                                     "an epilogue result whose shape is not the reduced "
@@ -295,13 +364,27 @@ loom_status cg_lower_reduction(kc *c) {
             }
             rp->epi[rp->n_epi] = (sink){.node = id, .store = true};
             rp->epi[rp->n_epi++].map = rmap;
-        } else if (same_shape(n, x) && !is_operand(rp, id)) {
+        } else if (same_shape(n, x)) {
+            if (is_operand(rp, id))
+                continue; /* a prologue sink already */
             if (rp->n_pro == 64) {
                 st = cg_unsupported(c, id, "more than 64 prologue results");
                 goto done;
             }
+            if (stage[id] >= rp->n_stages) {
+                st = cg_unsupported(c, id,
+                                    "a result of the reduced operand's shape that reads the "
+                                    "last stage's reduced values");
+                goto done;
+            }
+            rp->pro_stage[rp->n_pro] = stage[id];
             rp->pro[rp->n_pro] = (sink){.node = id, .store = true};
             cg_identity_map(&ns, &rp->pro[rp->n_pro++].map);
+        } else if (c->s->dep_root[id]) {
+            st = cg_unsupported(c, id,
+                                "a result that reads the reduced values but has neither their "
+                                "shape nor the reduced operand's");
+            goto done;
         }
     }
     if ((st = cg_side_nests(c, x, SIDE_REDUCTION)) != LOOM_OK)
@@ -354,6 +437,12 @@ loom_status cg_lower_reduction(kc *c) {
     bool cols = blocked && run <= RED_COLS_RUN_MAX;
     for (int32_t i = 0; i + 1 < nk; i++)
         outer *= ns.g_ext[kgroups[i]];
+    if (rp->n_stages > 1 && (small || inner_kept || blocked)) {
+        st = cg_bad_plan(c, root_id,
+                         "a staged reduction (one reading another's value) that does not "
+                         "reduce rows");
+        goto done;
+    }
     if (small) {
         c->extent = n_out > 0 ? outer : 1;
         c->grain = cg_grain_for(rp->n_red * ns.g_ext[kgroups[nk - 1]]);
@@ -390,11 +479,7 @@ loom_status cg_lower_reduction(kc *c) {
         cg_for lo;
         cg_for_begin(b, &lo, c->lo, c->hi, 0, NULL);
         cg_delinearize(c, lo.iv, nk, kgroups);
-        MlirValue acc[CG_RED_ROOTS_MAX];
-        red_init_all(b, rp, acc);
-        st = emit_red_loops(c, rp, rgroups, nr, 0, acc);
-        if (st == LOOM_OK)
-            st = emit_red_epilogue(c, rp, acc);
+        st = emit_red_staged(c, rp, rgroups, nr);
         cg_for_end(b, &lo, 0, NULL);
         goto done;
     }
@@ -494,6 +579,7 @@ loom_status cg_lower_reduction(kc *c) {
     cg_for_end(b, &lo, 0, NULL);
 done:
     c->n_more = 0;
+    loom_ir_free(&c->s->alloc, stage, (size_t)g->n_nodes);
     loom_ir_free(&c->s->alloc, rp, sizeof *rp);
     return st;
 }

@@ -63,7 +63,10 @@
  *     And a REDUCTION kernel (a float sum or mean) joins the REDUCTION kernel just before it
  *     when both reduce operands of one shape along the same axes and it reads nothing that
  *     kernel computes, up to LOOM_IR_KERNEL_REDUCTIONS_MAX reductions: batch norm's
- *     backward sums over dy in one pass (try_reduction_sibling).
+ *     backward sums over dy in one pass (try_reduction_sibling). Where both reduce rows
+ *     (the innermost axes), a float reduction joins also when it reads that kernel's reduced
+ *     values broadcast over the rows: softmax's max(x) and sum(exp(x - max)), computed
+ *     row by row one stage after the other, the row read from memory once.
  *  3. Constants are recomputed inside every kernel that uses them (a fill is free), except
  *     where a buffer is needed: a constant that is a graph output, a matmul or collective
  *     operand or a reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
@@ -423,13 +426,57 @@ static bool sibling_ok(const fuse_state *s, int32_t t, int32_t e) {
     return true;
 }
 
-/* Rule 2 for REDUCTION kernel e (a float sum or mean with its prologue): merges it into
- * the REDUCTION kernel t just before it (no kernel's root between theirs) when t's first
- * reduction is a float sum or mean over an operand of the shape e's reduces, along the
- * same axes, the two hold at most LOOM_IR_KERNEL_REDUCTIONS_MAX reductions together, and
- * e reads nothing t computes, directly or through a reshape. e then runs at t's place: every value
- * it reads is made before t (no root between), and its readers come after e's old place. Batch
- * norm's backward: sum(dy) and sum(dy * (x - mean)), one pass over dy instead of two. */
+/* Whether reduction r reduces rows: every reduced axis (of extent > 1) of its operand lies
+ * after every kept one, so codegen's task is one output and all of its reduced elements
+ * (the form a staged kernel needs), and more than one element is reduced per output. */
+static bool reduces_rows(const loom_ir_graph *g, int32_t r) {
+    const loom_ir_node *rn = &g->nodes[r], *x = &g->nodes[rn->inputs[0]];
+    bool seen_red = false;
+    int64_t n_red = 1;
+    for (int32_t d = 0; d < x->rank; d++) {
+        bool red = (rn->attrs.axes >> d) & 1u;
+        if (x->shape[d] == 1)
+            continue;
+        if (!red && seen_red)
+            return false;
+        seen_red = seen_red || red;
+        n_red *= red ? x->shape[d] : 1;
+    }
+    return n_red > 1;
+}
+
+/* Whether member u of REDUCTION kernel e, reading its operand q from kernel t, reads a
+ * reduced value of t at its own output's index: u broadcasts one of t's reductions (kept
+ * dims) back over the reduced axes, as softmax's x - max(x) does. */
+static bool reads_reduced_value(const fuse_state *s, int32_t u, int32_t q) {
+    const loom_ir_graph *g = s->g;
+    const loom_ir_node *un = &g->nodes[u];
+    int32_t o = un->inputs[q];
+    const loom_ir_node *on = &g->nodes[o];
+    if (un->op != LOOM_IR_OP_BROADCAST || !loom_ir_op_traits(on->op)->reduces ||
+        !on->attrs.keepdim || on->rank != un->rank)
+        return false;
+    fmap om, own;
+    if (!operand_map(g, u, &s->fn[u].map, q, &om))
+        return false;
+    identity_map(on, &own);
+    return map_equal(&om, &own);
+}
+
+/* Rule 2 for REDUCTION kernel e (a float reduction with its prologue): merges it into the
+ * REDUCTION kernel t just before it (no kernel's root between theirs) when both reduce
+ * operands of one shape along the same axes, the two hold at most
+ * LOOM_IR_KERNEL_REDUCTIONS_MAX reductions together, and either
+ *  - (siblings) both are float sums or means and e reads nothing t computes, directly or
+ *    through a reshape: batch norm's backward, sum(dy) and sum(dy * (x - mean)), one pass
+ *    over dy instead of two; or
+ *  - (stages) both reduce rows (reduces_rows) and e reads of t only t's reduced values,
+ *    broadcast back over the rows (reads_reduced_value): softmax's sum(exp(x - max(x))).
+ *    Codegen then runs, per row, the reduction loops one stage after the other (a stage
+ *    reads the reduced values of the stages before it), so the second pass over the row
+ *    reads it from the caches: one pass over memory instead of two.
+ * e then runs at t's place: every value it reads is made before t (no root between), and
+ * its readers come after e's old place. */
 static void try_reduction_sibling(fuse_state *s, int32_t e) {
     const loom_ir_graph *g = s->g;
     const fkernel *ke = &s->kernels[e];
@@ -441,22 +488,31 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
     if (t < 0 || s->kernels[t].kind != LOOM_IR_KERNEL_REDUCTION)
         return;
     const loom_ir_node *tr = &g->nodes[s->kernels[t].root], *er = &g->nodes[ke->root];
-    bool sums = (tr->op == LOOM_IR_OP_REDUCE_SUM || tr->op == LOOM_IR_OP_REDUCE_MEAN) &&
-                (er->op == LOOM_IR_OP_REDUCE_SUM || er->op == LOOM_IR_OP_REDUCE_MEAN) &&
-                loom_ir_dtype_is_float(tr->dtype) && loom_ir_dtype_is_float(er->dtype);
-    if (!sums || !loom_ir_reductions_share_loops(g, s->kernels[t].root, ke->root))
+    if (!loom_ir_dtype_is_float(tr->dtype) || !loom_ir_dtype_is_float(er->dtype) ||
+        !loom_ir_reductions_share_loops(g, s->kernels[t].root, ke->root))
         return;
+    bool sums = (tr->op == LOOM_IR_OP_REDUCE_SUM || tr->op == LOOM_IR_OP_REDUCE_MEAN) &&
+                (er->op == LOOM_IR_OP_REDUCE_SUM || er->op == LOOM_IR_OP_REDUCE_MEAN);
+    bool rows = reduces_rows(g, ke->root);
     if (s->kernels[t].n_red + ke->n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX ||
         s->kernels[t].n_fused + ke->n_fused > LOOM_IR_KERNEL_NODES_MAX)
         return;
+    bool staged = false; /* e reads a reduced value of t */
     for (int32_t m = 0; m < ke->n_members; m++) {
-        const loom_ir_node *un = &g->nodes[s->members[ke->first_member + m]];
-        if (s->fn[s->members[ke->first_member + m]].pad_view)
+        int32_t u = s->members[ke->first_member + m];
+        const loom_ir_node *un = &g->nodes[u];
+        if (s->fn[u].pad_view)
             return;
-        for (int32_t q = 0; q < un->n_inputs; q++) /* directly or through a reshape */
-            if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel == t)
+        for (int32_t q = 0; q < un->n_inputs; q++) { /* directly or through a reshape */
+            if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel != t)
+                continue;
+            if (!rows || !reads_reduced_value(s, u, q))
                 return;
+            staged = true;
+        }
     }
+    if (!staged && !sums)
+        return;
     for (int32_t m = 0; m < ke->n_members; m++)
         s->fn[s->members[ke->first_member + m]].kernel = t;
     s->kernels[t].n_red += ke->n_red;

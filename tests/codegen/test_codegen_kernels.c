@@ -717,6 +717,60 @@ static void test_reductions_sharing_one_pass(void **state) {
     fx_deinit(&f);
 }
 
+/* A staged REDUCTION kernel (fusion's rows rule): softmax's max(x), then sum(exp(x - max)),
+ * then a third stage reading both, sum(y * exp(x - max) / s) (softmax's backward), one row at
+ * a time: a stored prologue result of stage 1 (exp(x - max)), an epilogue reading all three
+ * (log-sum-exp and the backward's dot), rows of one and of two reduced axes, odd lengths,
+ * specials (a row holding inf and NaN) and 1 and 2 threads, against the interpreter. A
+ * staged kernel whose reductions do not reduce rows is refused by codegen with its reason. */
+static void test_staged_reductions_run_row_by_row(void **state) {
+    (void)state;
+    const uint32_t axis_sets[] = {1u << 2, (1u << 1) | (1u << 2)};
+    for (size_t a = 0; a < LEN(axis_sets); a++)
+        for (int32_t threads = 1; threads <= 2; threads++) {
+            fx f;
+            fx_init(&f);
+            const int64_t *sh = S(3, 7, 301);
+            int32_t x = input(&f, LOOM_DTYPE_F32, 3, sh), y = input(&f, LOOM_DTYPE_F32, 3, sh);
+            int32_t m = reduce(&f, LOOM_IR_OP_REDUCE_MAX, x, axis_sets[a], true);
+            int32_t e = op1(&f, LOOM_IR_OP_EXP,
+                            op2(&f, LOOM_IR_OP_SUB, x, shaped(&f, LOOM_IR_OP_BROADCAST, m, 3, sh)));
+            int32_t sm = reduce(&f, LOOM_IR_OP_REDUCE_SUM, e, axis_sets[a], true);
+            int32_t p = op2(&f, LOOM_IR_OP_DIV, e, shaped(&f, LOOM_IR_OP_BROADCAST, sm, 3, sh));
+            int32_t d = reduce(&f, LOOM_IR_OP_REDUCE_MEAN, op2(&f, LOOM_IR_OP_MUL, y, p),
+                               axis_sets[a], true);
+            int32_t lse = op2(&f, LOOM_IR_OP_ADD, op1(&f, LOOM_IR_OP_LOG, sm), m);
+            int32_t r = op2(&f, LOOM_IR_OP_SUB, lse, d);
+            output(&f, r);
+            output(&f, e);
+            output(&f, m);
+            kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, m, r);
+            f.plan.kernels[0].root = m;
+            fill_all(&f, -3, 3, true);
+            char what[96];
+            snprintf(what, sizeof what, "max, sum, mean in 3 stages over axes %#x, %d threads",
+                     axis_sets[a], (int)threads);
+            check_with(&f, threads, 1e-5, 1e-6, what);
+            fx_deinit(&f);
+        }
+    fx f;
+    fx_init(&f);
+    int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(64, 9));
+    int32_t m = reduce(&f, LOOM_IR_OP_REDUCE_MAX, x, 1u << 0, true);
+    int32_t e = op1(&f, LOOM_IR_OP_EXP,
+                    op2(&f, LOOM_IR_OP_SUB, x, shaped(&f, LOOM_IR_OP_BROADCAST, m, 2, S(64, 9))));
+    int32_t sm = reduce(&f, LOOM_IR_OP_REDUCE_SUM, e, 1u << 0, true);
+    output(&f, sm);
+    kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, m, sm);
+    f.plan.kernels[0].root = m;
+    loom_rt_kernel k[2];
+    loom_cg_code *code = NULL;
+    assert_int_not_equal(compile(&f, 1, &code, k), LOOM_OK);
+    assert_null(code);
+    assert_non_null(strstr(f.d.msg, "does not reduce rows"));
+    fx_deinit(&f);
+}
+
 /* A float sum over its innermost dims (batch norm's, over batch and pixels) runs in vector
  * lanes of f64 partial sums (compile.c mark_reductions lets its adds reassociate): the LLVM
  * IR holds a vector fadd marked reassoc, and the sums, bf16 operands widened, agree with the
@@ -1187,6 +1241,7 @@ int main(void) {
         cmocka_unit_test(test_conv_epilogue_operands_are_prefetched),
         cmocka_unit_test(test_blocked_reductions_over_batch_and_pixels),
         cmocka_unit_test(test_reductions_sharing_one_pass),
+        cmocka_unit_test(test_staged_reductions_run_row_by_row),
         cmocka_unit_test(test_float_sums_add_in_vector_lanes_of_f64),
         cmocka_unit_test(test_max_over_small_windows_is_unrolled),
         cmocka_unit_test(test_reductions_read_transposed_and_broadcast_operands),

@@ -231,7 +231,8 @@ static void test_fusion_materializes_a_node_used_by_two_kernels(void **state) {
 
 /* Rule 2 for reductions: a float sum or mean joins the reduction kernel just before it
  * when it reduces an operand of the same shape along the same axes and reads nothing that
- * kernel computes (batch norm's backward sums over dy, one pass); up to 4 in a kernel. */
+ * kernel computes (batch norm's backward sums over dy, one pass); up to 4 in a kernel.
+ * Over rows, one that reads the kernel's reduced values joins as a later stage. */
 static void test_fusion_runs_reductions_over_one_shape_in_one_pass(void **state) {
     (void)state;
     loom_ir_graph g;
@@ -283,6 +284,35 @@ static void test_fusion_runs_reductions_over_one_shape_in_one_pass(void **state)
                  "  return %5\n}\n");
     tu_fuse_ok(&g, &p);
     assert_string_equal(tu_plan_str(&p), "R{1}<-{0}->{1} | R{3 4 5}<-{0 2}->{5}");
+    tu_deinit_both(&g, &p);
+
+    /* over rows (the innermost axes) a reduction reading the first's reduced value joins it
+     * as a later stage: softmax's max and sum(exp(x - max)), then a variance after its mean;
+     * the same over the outer axis stays apart; a value both stages read (neg) is
+     * materialized by rule 1, and the stages read it from its buffer */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,16]\n"
+                 "  %1 = reduce_max %0 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %2 = broadcast %1 : f32[8,16]\n"
+                 "  %3 = sub %0, %2 : f32[8,16]\n"
+                 "  %4 = exp %3 : f32[8,16]\n"
+                 "  %5 = reduce_sum %4 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %6 = log %5 : f32[8,1]\n"
+                 "  %7 = reduce_mean %0 {axes = [0], keepdim = true} : f32[1,16]\n"
+                 "  %8 = broadcast %7 : f32[8,16]\n"
+                 "  %9 = sub %0, %8 : f32[8,16]\n"
+                 "  %10 = mul %9, %9 : f32[8,16]\n"
+                 "  %11 = reduce_mean %10 {axes = [0], keepdim = true} : f32[1,16]\n"
+                 "  %12 = neg %0 : f32[8,16]\n"
+                 "  %13 = reduce_sum %12 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %14 = broadcast %13 : f32[8,16]\n"
+                 "  %15 = mul %12, %14 : f32[8,16]\n"
+                 "  %16 = reduce_sum %15 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  return %6, %11, %16\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{1 2 3 4 5 6}<-{0}->{6} | R{7}<-{0}->{7} | "
+                                         "R{8 9 10 11}<-{0 7}->{11} | E{12}<-{0}->{12} | "
+                                         "R{13 14 15 16}<-{12}->{16}");
     tu_deinit_both(&g, &p);
 
     /* five sums of one shape: four share a kernel, the fifth starts the next */
