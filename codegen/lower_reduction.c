@@ -63,7 +63,9 @@ static MlirValue red_finish(cg_b *b, const red_ops *r, MlirValue acc, int64_t n_
  * others of its nodes, each over an operand of the root's operand's shape along the same
  * axes): one loop nest, an accumulator each. In a staged kernel (fusion's rows rule) a
  * reduction whose operand reads the reduced value of another is of a later stage: per
- * output, the reduced loops run once per stage, a stage's values bound before the next. */
+ * output, the reduced loops run once per stage, a stage's values bound before the next;
+ * results of x's shape that read the last stage's values (softmax's output) are a final
+ * stage of their own, a loop over the row with no accumulator. */
 typedef struct red_plan {
     int32_t n;                      /* reductions */
     int32_t root[CG_RED_ROOTS_MAX]; /* the reduction nodes */
@@ -77,6 +79,7 @@ typedef struct red_plan {
     sink epi[64]; /* epilogue results (maps into the nest's kept dims) */
     int32_t n_epi;
     int8_t n_stages; /* 1 unless staged */
+    bool final;      /* results of x's shape read the last stage's values: a stage n_stages */
     int8_t cur;      /* the stage being emitted, or -1: all of them */
 } red_plan;
 
@@ -196,12 +199,13 @@ static loom_status emit_red_epilogue(kc *c, red_plan *rp, const MlirValue *acc) 
 }
 
 /* The form of a task per output, staged: per stage, the reduced loops (the row, from the
- * caches after the first) and that stage's values bound; then the epilogue. */
+ * caches after the first) and that stage's values bound; the final stage's loop; then the
+ * epilogue. */
 static loom_status emit_red_staged(kc *c, red_plan *rp, const int32_t *rgroups, int32_t nr) {
     MlirValue acc[CG_RED_ROOTS_MAX];
     red_init_all(c->b, rp, acc);
     loom_status st = LOOM_OK;
-    for (int32_t s = 0; s < rp->n_stages && st == LOOM_OK; s++) {
+    for (int32_t s = 0; s < rp->n_stages + rp->final && st == LOOM_OK; s++) {
         rp->cur = (int8_t)s;
         st = emit_red_loops(c, rp, rgroups, nr, 0, acc);
         if (st == LOOM_OK)
@@ -350,14 +354,9 @@ loom_status cg_lower_reduction(kc *c) {
     for (int32_t r = 0; r < c->k->n_results; r++) {
         int32_t id = c->k->results[r];
         const loom_ir_node *n = &g->nodes[id];
-        /* (a staged kernel's later stages depend on reductions too, over x's shape) */
-        if (c->s->dep_root[id] && (rp->n_stages == 1 || same_shape(n, root))) {
-            if (!same_shape(n, root)) {
-                st = cg_unsupported(c, id,
-                                    "an epilogue result whose shape is not the reduced "
-                                    "value's");
-                goto done;
-            }
+        /* (later stages and the last, elementwise, depend on reductions too, over x's
+         * shape) */
+        if (c->s->dep_root[id] && same_shape(n, root)) {
             if (rp->n_epi == 64) {
                 st = cg_unsupported(c, id, "more than 64 epilogue results");
                 goto done;
@@ -371,19 +370,14 @@ loom_status cg_lower_reduction(kc *c) {
                 st = cg_unsupported(c, id, "more than 64 prologue results");
                 goto done;
             }
-            if (stage[id] >= rp->n_stages) {
-                st = cg_unsupported(c, id,
-                                    "a result of the reduced operand's shape that reads the "
-                                    "last stage's reduced values");
-                goto done;
-            }
+            rp->final = rp->final || stage[id] == rp->n_stages;
             rp->pro_stage[rp->n_pro] = stage[id];
             rp->pro[rp->n_pro] = (sink){.node = id, .store = true};
             cg_identity_map(&ns, &rp->pro[rp->n_pro++].map);
         } else if (c->s->dep_root[id]) {
             st = cg_unsupported(c, id,
-                                "a result that reads the reduced values but has neither their "
-                                "shape nor the reduced operand's");
+                                "an epilogue result whose shape is neither the reduced value's "
+                                "nor the reduced operand's");
             goto done;
         }
     }
@@ -417,8 +411,9 @@ loom_status cg_lower_reduction(kc *c) {
      * (small_reduction). Not for sums: their loop per output is cheap, and vectorized
      * across outputs they read through gathers (the 2x2 pool's tie counts: 400 us as loops,
      * 650 us as gathers; the max pool itself: 1200 us as loops, 540 us as gathers). */
-    bool small = !inner_kept && nk > 0 && rp->n == 1 && root->op == LOOM_IR_OP_REDUCE_MAX &&
-                 rp->n_red <= RED_UNROLL_MAX && ns.g_ext[kgroups[nk - 1]] >= RED_UNROLL_MIN_INNER;
+    bool small = !inner_kept && nk > 0 && rp->n == 1 && !rp->final &&
+                 root->op == LOOM_IR_OP_REDUCE_MAX && rp->n_red <= RED_UNROLL_MAX &&
+                 ns.g_ext[kgroups[nk - 1]] >= RED_UNROLL_MIN_INNER;
     /* Blocked: the innermost kept dim has reduced dims both outside and inside it (batch
      * norm's sums over batch and pixels of NCHW): a task takes a tile of it, and per
      * element of the outer reduced dims sums its tile's inner runs, one contiguous run
@@ -437,10 +432,10 @@ loom_status cg_lower_reduction(kc *c) {
     bool cols = blocked && run <= RED_COLS_RUN_MAX;
     for (int32_t i = 0; i + 1 < nk; i++)
         outer *= ns.g_ext[kgroups[i]];
-    if (rp->n_stages > 1 && (small || inner_kept || blocked)) {
+    if ((rp->n_stages > 1 || rp->final) && (small || inner_kept || blocked)) {
         st = cg_bad_plan(c, root_id,
-                         "a staged reduction (one reading another's value) that does not "
-                         "reduce rows");
+                         "a staged reduction (one reading another's value, or an elementwise "
+                         "stage over the operand) that does not reduce rows");
         goto done;
     }
     if (small) {

@@ -43,7 +43,8 @@ typedef enum loom_ir_kernel_kind {
      * LOOM_IR_KERNEL_REDUCTIONS_MAX reductions over operands of one shape along the same
      * axes share the kernel (one pass over their operands), the root the first; where they
      * reduce rows, one may read another's reduced value broadcast over its row (a later
-     * stage: codegen reduces each row stage by stage, softmax's max then sum) */
+     * stage: codegen reduces each row stage by stage, softmax's max then sum), and results
+     * of the operand's shape may read them too (a last, elementwise stage over the row) */
     LOOM_IR_KERNEL_REDUCTION,
     /* rooted at an op that owns its loops (ir/kinds.def's roots: a matmul, a convolution or a
      * max pool), with an elementwise epilogue (bias, activation, cast); its operands are read

@@ -66,7 +66,9 @@
  *     backward sums over dy in one pass (try_reduction_sibling). Where both reduce rows
  *     (the innermost axes), a float reduction joins also when it reads that kernel's reduced
  *     values broadcast over the rows: softmax's max(x) and sum(exp(x - max)), computed
- *     row by row one stage after the other, the row read from memory once.
+ *     row by row one stage after the other, the row read from memory once. An ELEMENTWISE
+ *     kernel over such a kernel's reduced operand that reads of it only those values
+ *     joins it as its last stage (try_row_stage): layer norm's normalize, softmax's output.
  *  3. Constants are recomputed inside every kernel that uses them (a fill is free), except
  *     where a buffer is needed: a constant that is a graph output, a matmul or collective
  *     operand or a reshape's operand also gets an ELEMENTWISE kernel of its own that writes it.
@@ -81,6 +83,8 @@
 
 /* SPACE_OPERAND + q: operand q of a packing matmul, in that operand's shape. */
 enum { SPACE_OUT = 0, SPACE_IN = 1, SPACE_OPERAND = 2 };
+
+enum { FUSE_ROW_MIN = 16 }; /* reduced elements per output of a staged kernel, at least */
 
 /* Axis i of a node is read at off[i] + scale[i] * (space axis dim[i]) (just off[i] when
  * dim[i] is -1; then scale[i] is 0). */
@@ -428,7 +432,8 @@ static bool sibling_ok(const fuse_state *s, int32_t t, int32_t e) {
 
 /* Whether reduction r reduces rows: every reduced axis (of extent > 1) of its operand lies
  * after every kept one, so codegen's task is one output and all of its reduced elements
- * (the form a staged kernel needs), and more than one element is reduced per output. */
+ * (the form a staged kernel needs), and a row is at least FUSE_ROW_MIN elements (a
+ * vector: shorter rows loop better across rows, in kernels of their own). */
 static bool reduces_rows(const loom_ir_graph *g, int32_t r) {
     const loom_ir_node *rn = &g->nodes[r], *x = &g->nodes[rn->inputs[0]];
     bool seen_red = false;
@@ -442,19 +447,19 @@ static bool reduces_rows(const loom_ir_graph *g, int32_t r) {
         seen_red = seen_red || red;
         n_red *= red ? x->shape[d] : 1;
     }
-    return n_red > 1;
+    return n_red >= FUSE_ROW_MIN;
 }
 
-/* Whether member u of REDUCTION kernel e, reading its operand q from kernel t, reads a
- * reduced value of t at its own output's index: u broadcasts one of t's reductions (kept
- * dims) back over the reduced axes, as softmax's x - max(x) does. */
-static bool reads_reduced_value(const fuse_state *s, int32_t u, int32_t q) {
+/* Whether member u, reading its operand q from REDUCTION kernel t, reads a value of t's
+ * reduced shape (a reduction or its epilogue) at u's own row: u broadcasts it (keepdim)
+ * back over the reduced axes, as softmax's x - max(x) does. */
+static bool reads_reduced_value(const fuse_state *s, int32_t t, int32_t u, int32_t q) {
     const loom_ir_graph *g = s->g;
-    const loom_ir_node *un = &g->nodes[u];
+    const loom_ir_node *un = &g->nodes[u], *tr = &g->nodes[s->kernels[t].root];
     int32_t o = un->inputs[q];
     const loom_ir_node *on = &g->nodes[o];
-    if (un->op != LOOM_IR_OP_BROADCAST || !loom_ir_op_traits(on->op)->reduces ||
-        !on->attrs.keepdim || on->rank != un->rank)
+    if (un->op != LOOM_IR_OP_BROADCAST || !tr->attrs.keepdim || !loom_ir_same_shape(on, tr) ||
+        on->rank != un->rank)
         return false;
     fmap om, own;
     if (!operand_map(g, u, &s->fn[u].map, q, &om))
@@ -470,8 +475,9 @@ static bool reads_reduced_value(const fuse_state *s, int32_t u, int32_t q) {
  *  - (siblings) both are float sums or means and e reads nothing t computes, directly or
  *    through a reshape: batch norm's backward, sum(dy) and sum(dy * (x - mean)), one pass
  *    over dy instead of two; or
- *  - (stages) both reduce rows (reduces_rows) and e reads of t only t's reduced values,
- *    broadcast back over the rows (reads_reduced_value): softmax's sum(exp(x - max(x))).
+ *  - (stages) both reduce rows (reduces_rows) and e reads of t only values of t's reduced
+ *    shape, broadcast back over the rows (reads_reduced_value): softmax's
+ *    sum(exp(x - max(x))), a variance after its mean.
  *    Codegen then runs, per row, the reduction loops one stage after the other (a stage
  *    reads the reduced values of the stages before it), so the second pass over the row
  *    reads it from the caches: one pass over memory instead of two.
@@ -506,7 +512,7 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
         for (int32_t q = 0; q < un->n_inputs; q++) { /* directly or through a reshape */
             if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel != t)
                 continue;
-            if (!rows || !reads_reduced_value(s, u, q))
+            if (!rows || !reads_reduced_value(s, t, u, q))
                 return;
             staged = true;
         }
@@ -516,6 +522,36 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
     for (int32_t m = 0; m < ke->n_members; m++)
         s->fn[s->members[ke->first_member + m]].kernel = t;
     s->kernels[t].n_red += ke->n_red;
+    s->kernels[t].n_fused += ke->n_fused;
+    s->kernels[e].n_members = 0;
+    s->kernels[e].final = -2; /* merged */
+}
+
+/* Rule 2 for ELEMENTWISE kernel e over the rows of REDUCTION kernel t (t reduces rows, e
+ * loops over t's operand shape, t is the latest kernel e reads): e joins t as its last
+ * stage when it reads of t only values of t's reduced shape broadcast over the rows (and
+ * writes no graph output of another shape, which it cannot: its space is its root's).
+ * Codegen runs it over each row after the row's reductions: softmax's output
+ * exp(x - max) / sum, layer norm's (x - mean) * rstd, softmax's backward y * (dy - sum),
+ * the row read from memory once. */
+static void try_row_stage(fuse_state *s, int32_t t, int32_t e) {
+    const loom_ir_graph *g = s->g;
+    const fkernel *ke = &s->kernels[e];
+    for (int32_t m = 0; m < ke->n_members; m++) {
+        int32_t u = s->members[ke->first_member + m];
+        const loom_ir_node *un = &g->nodes[u];
+        if (s->fn[u].pad_view)
+            return;
+        for (int32_t q = 0; q < un->n_inputs; q++)
+            if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel == t &&
+                !reads_reduced_value(s, t, u, q))
+                return;
+    }
+    for (int32_t m = 0; m < ke->n_members; m++) {
+        fnode *f = &s->fn[s->members[ke->first_member + m]];
+        f->kernel = t;
+        f->space = SPACE_IN; /* the reduced operand's shape: e's own */
+    }
     s->kernels[t].n_fused += ke->n_fused;
     s->kernels[e].n_members = 0;
     s->kernels[e].final = -2; /* merged */
@@ -558,6 +594,11 @@ static void try_epilogue(fuse_state *s, int32_t e) {
         !(sibling && sibling_ok(s, target, e)))
         return;
     const loom_ir_node *troot = &g->nodes[kt->root], *eroot = &g->nodes[ke->root];
+    if (kt->kind == LOOM_IR_KERNEL_REDUCTION && reduces_rows(g, kt->root) &&
+        loom_ir_same_shape(&g->nodes[troot->inputs[0]], eroot)) {
+        try_row_stage(s, target, e);
+        return;
+    }
     if (troot->rank != eroot->rank ||
         memcmp(troot->shape, eroot->shape, (size_t)troot->rank * sizeof troot->shape[0]) != 0)
         return;

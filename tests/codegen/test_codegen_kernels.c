@@ -717,12 +717,14 @@ static void test_reductions_sharing_one_pass(void **state) {
     fx_deinit(&f);
 }
 
-/* A staged REDUCTION kernel (fusion's rows rule): softmax's max(x), then sum(exp(x - max)),
- * then a third stage reading both, sum(y * exp(x - max) / s) (softmax's backward), one row at
- * a time: a stored prologue result of stage 1 (exp(x - max)), an epilogue reading all three
- * (log-sum-exp and the backward's dot), rows of one and of two reduced axes, odd lengths,
- * specials (a row holding inf and NaN) and 1 and 2 threads, against the interpreter. A
- * staged kernel whose reductions do not reduce rows is refused by codegen with its reason. */
+/* A staged REDUCTION kernel (fusion's rows rules): softmax's max(x), then sum(exp(x - max)),
+ * then a third stage reading both, mean(y * exp(x - max) / s) (softmax's backward), then a
+ * final elementwise stage over the row reading the last, p * (y - mean) (the backward's
+ * input gradient), one row at a time: a stored prologue result of stage 1 (exp(x - max)),
+ * an epilogue reading all three (log-sum-exp and the backward's dot), rows of one and of two
+ * reduced axes, odd lengths, specials (a row holding inf and NaN) and 1 and 2 threads,
+ * against the interpreter. A staged kernel whose reductions do not reduce rows is refused
+ * by codegen with its reason. */
 static void test_staged_reductions_run_row_by_row(void **state) {
     (void)state;
     const uint32_t axis_sets[] = {1u << 2, (1u << 1) | (1u << 2)};
@@ -741,18 +743,36 @@ static void test_staged_reductions_run_row_by_row(void **state) {
                                axis_sets[a], true);
             int32_t lse = op2(&f, LOOM_IR_OP_ADD, op1(&f, LOOM_IR_OP_LOG, sm), m);
             int32_t r = op2(&f, LOOM_IR_OP_SUB, lse, d);
+            int32_t dx =
+                op2(&f, LOOM_IR_OP_MUL, p,
+                    op2(&f, LOOM_IR_OP_SUB, y, shaped(&f, LOOM_IR_OP_BROADCAST, d, 3, sh)));
             output(&f, r);
             output(&f, e);
             output(&f, m);
-            kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, m, r);
+            output(&f, dx);
+            kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, m, dx);
             f.plan.kernels[0].root = m;
             fill_all(&f, -3, 3, true);
             char what[96];
-            snprintf(what, sizeof what, "max, sum, mean in 3 stages over axes %#x, %d threads",
+            snprintf(what, sizeof what, "max, sum, mean, row in 4 stages over axes %#x, %d threads",
                      axis_sets[a], (int)threads);
             check_with(&f, threads, 1e-5, 1e-6, what);
             fx_deinit(&f);
         }
+    { /* a max over rows of 16, which alone would be unrolled (small_reduction), with a
+       * last stage x - max(x) */
+        fx f;
+        fx_init(&f);
+        int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(37, 16));
+        int32_t m = reduce(&f, LOOM_IR_OP_REDUCE_MAX, x, 1u << 1, true);
+        int32_t d = op2(&f, LOOM_IR_OP_SUB, x, shaped(&f, LOOM_IR_OP_BROADCAST, m, 2, S(37, 16)));
+        output(&f, d);
+        kernel_range(&f, LOOM_IR_KERNEL_REDUCTION, m, d);
+        f.plan.kernels[0].root = m;
+        fill_all(&f, -3, 3, true);
+        check_with(&f, 2, 0, 0, "x - max(x) over rows of 16");
+        fx_deinit(&f);
+    }
     fx f;
     fx_init(&f);
     int32_t x = input(&f, LOOM_DTYPE_F32, 2, S(64, 9));

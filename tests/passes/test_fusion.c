@@ -179,13 +179,24 @@ static void test_fusion_does_not_fuse_a_broadcast_of_a_reduction_as_epilogue(voi
     loom_ir_graph g; /* x - mean(x): the subtraction loops over x's shape, not the mean's */
     tu_parse(&g, "loom.graph {\n"
                  "  %0 = input {index = 0} : f32[8,32]\n"
-                 "  %1 = reduce_mean %0 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %1 = reduce_mean %0 {axes = [0], keepdim = true} : f32[1,32]\n"
                  "  %2 = broadcast %1 : f32[8,32]\n"
                  "  %3 = sub %0, %2 : f32[8,32]\n"
                  "  return %3\n}\n");
     loom_ir_plan p;
     tu_fuse_ok(&g, &p);
     assert_string_equal(tu_plan_str(&p), "R{1}<-{0}->{1} | E{2 3}<-{0 1}->{3}");
+    tu_deinit_both(&g, &p);
+    /* over rows it joins as the reduction's last stage (a loop over each row after its
+     * reduction: test_fusion_runs_reductions_over_one_shape_in_one_pass) */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,32]\n"
+                 "  %1 = reduce_mean %0 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %2 = broadcast %1 : f32[8,32]\n"
+                 "  %3 = sub %0, %2 : f32[8,32]\n"
+                 "  return %3\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{1 2 3}<-{0}->{3}");
     tu_deinit_both(&g, &p);
 }
 
@@ -313,6 +324,36 @@ static void test_fusion_runs_reductions_over_one_shape_in_one_pass(void **state)
     assert_string_equal(tu_plan_str(&p), "R{1 2 3 4 5 6}<-{0}->{6} | R{7}<-{0}->{7} | "
                                          "R{8 9 10 11}<-{0 7}->{11} | E{12}<-{0}->{12} | "
                                          "R{13 14 15 16}<-{12}->{16}");
+    tu_deinit_both(&g, &p);
+
+    /* an elementwise kernel over the rows reading only their reduced values (layer norm's
+     * normalize, softmax's output) joins as the last stage; over the outer axis it stays
+     * apart, and so does one reading a reduced value through a reshape */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,16]\n"
+                 "  %1 = reduce_mean %0 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %2 = mul %0, %0 : f32[8,16]\n"
+                 "  %3 = reduce_mean %2 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %4 = mul %1, %1 : f32[8,1]\n"
+                 "  %5 = sub %3, %4 : f32[8,1]\n"
+                 "  %6 = rsqrt %5 : f32[8,1]\n"
+                 "  %7 = broadcast %1 : f32[8,16]\n"
+                 "  %8 = sub %0, %7 : f32[8,16]\n"
+                 "  %9 = broadcast %6 : f32[8,16]\n"
+                 "  %10 = mul %8, %9 : f32[8,16]\n"
+                 "  %11 = reduce_sum %0 {axes = [0], keepdim = true} : f32[1,16]\n"
+                 "  %12 = broadcast %11 : f32[8,16]\n"
+                 "  %13 = div %0, %12 : f32[8,16]\n"
+                 "  %14 = reduce_sum %13 {axes = [1], keepdim = false} : f32[8]\n"
+                 "  %15 = reshape %14 : f32[8,1]\n"
+                 "  %16 = broadcast %15 : f32[8,16]\n"
+                 "  %17 = mul %13, %16 : f32[8,16]\n"
+                 "  return %6, %10, %17\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p),
+                        "R{1 2 3 4 5 6 7 8 9 10}<-{0}->{6 10} | R{11}<-{0}->{11} | "
+                        "E{12 13}<-{0 11}->{13} | R{14}<-{13}->{14} | "
+                        "E{16 17}<-{13 15}->{17}");
     tu_deinit_both(&g, &p);
 
     /* five sums of one shape: four share a kernel, the fifth starts the next */
