@@ -204,7 +204,10 @@ static int32_t unreduce(ag *a, int32_t g, const loom_ir_node *n, int32_t x) {
 
 /* Sums g (of a broadcast's result shape) down to operand x's shape. Axes of extent 1 in g
  * need no sum, only the reshape: a reduction over them is a copy (when conv2d's im2col gave
- * its windows a leading unit axis, those copies cost 3 ms of a CNN step). */
+ * its windows a leading unit axis, those copies cost 3 ms of a CNN step). Of the same rank
+ * as g, x is the sum with keepdim, no reshape: a reshape is read from a buffer, so the
+ * readers of the sum (layer norm's and softmax's backward, over rows) could not join its
+ * kernel as its later stages (passes/fusion.c). */
 static int32_t unbroadcast(ag *a, int32_t g, int32_t x) {
     const loom_ir_node *xn = nd(a, x), *gn = nd(a, g);
     int32_t off = gn->rank - xn->rank;
@@ -213,7 +216,7 @@ static int32_t unbroadcast(ag *a, int32_t g, int32_t x) {
         if (gn->shape[i] != 1 && (i < off || xn->shape[i - off] == 1))
             mask |= 1u << i;
     if (mask)
-        g = reduce(a, LOOM_IR_OP_REDUCE_SUM, g, mask, false);
+        g = reduce(a, LOOM_IR_OP_REDUCE_SUM, g, mask, off == 0);
     return reshape_like(a, g, x);
 }
 

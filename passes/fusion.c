@@ -450,19 +450,28 @@ static bool reduces_rows(const loom_ir_graph *g, int32_t r) {
     return n_red >= FUSE_ROW_MIN;
 }
 
-/* Whether member u, reading its operand q from REDUCTION kernel t, reads a value of t's
- * reduced shape (a reduction or its epilogue) at u's own row: u broadcasts it (keepdim)
- * back over the reduced axes, as softmax's x - max(x) does. */
-static bool reads_reduced_value(const fuse_state *s, int32_t t, int32_t u, int32_t q) {
+/* Whether member u, reading its operand q from REDUCTION kernel t (which reduces rows),
+ * reads it at u's own row: a value of t's reduced shape (a reduction or its epilogue,
+ * keepdim) at the row's index, u broadcasting it back over the reduced axes as softmax's
+ * x - max(x) does, or being itself of the reduced shape (layer norm's backward scales its
+ * row sum before broadcasting it); or a value over t's reduced operand (its prologue or an
+ * elementwise stage) at the same element (layer norm's backward sums a stage's values).
+ * Codegen evaluates either at any stage after the reductions it reads. */
+static bool reads_row_value(const fuse_state *s, int32_t t, int32_t u, int32_t q) {
     const loom_ir_graph *g = s->g;
     const loom_ir_node *un = &g->nodes[u], *tr = &g->nodes[s->kernels[t].root];
     int32_t o = un->inputs[q];
     const loom_ir_node *on = &g->nodes[o];
-    if (un->op != LOOM_IR_OP_BROADCAST || !tr->attrs.keepdim || !loom_ir_same_shape(on, tr) ||
-        on->rank != un->rank)
-        return false;
     fmap om, own;
-    if (!operand_map(g, u, &s->fn[u].map, q, &om))
+    if (!tr->attrs.keepdim)
+        return false;
+    if (loom_ir_op_traits(un->op)->reduces) /* a reduction reads its operand at its index */
+        identity_map(on, &om);
+    else if (!operand_map(g, u, &s->fn[u].map, q, &om))
+        return false;
+    if (loom_ir_same_shape(on, &g->nodes[tr->inputs[0]]))
+        return s->fn[o].space == SPACE_IN && map_equal(&om, &s->fn[o].map);
+    if (!loom_ir_same_shape(on, tr))
         return false;
     identity_map(on, &own);
     return map_equal(&om, &own);
@@ -475,9 +484,9 @@ static bool reads_reduced_value(const fuse_state *s, int32_t t, int32_t u, int32
  *  - (siblings) both are float sums or means and e reads nothing t computes, directly or
  *    through a reshape: batch norm's backward, sum(dy) and sum(dy * (x - mean)), one pass
  *    over dy instead of two; or
- *  - (stages) both reduce rows (reduces_rows) and e reads of t only values of t's reduced
- *    shape, broadcast back over the rows (reads_reduced_value): softmax's
- *    sum(exp(x - max(x))), a variance after its mean.
+ *  - (stages) both reduce rows (reduces_rows) and e reads t's values only at their rows
+ *    (reads_row_value): softmax's sum(exp(x - max(x))), a variance after its mean, the
+ *    second row sum of layer norm's backward.
  *    Codegen then runs, per row, the reduction loops one stage after the other (a stage
  *    reads the reduced values of the stages before it), so the second pass over the row
  *    reads it from the caches: one pass over memory instead of two.
@@ -512,7 +521,7 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
         for (int32_t q = 0; q < un->n_inputs; q++) { /* directly or through a reshape */
             if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel != t)
                 continue;
-            if (!rows || !reads_reduced_value(s, t, u, q))
+            if (!rows || !reads_row_value(s, t, u, q))
                 return;
             staged = true;
         }
@@ -529,8 +538,8 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
 
 /* Rule 2 for ELEMENTWISE kernel e over the rows of REDUCTION kernel t (t reduces rows, e
  * loops over t's operand shape, t is the latest kernel e reads): e joins t as its last
- * stage when it reads of t only values of t's reduced shape broadcast over the rows (and
- * writes no graph output of another shape, which it cannot: its space is its root's).
+ * stage when it reads t's values only at their rows (reads_row_value; e writes no graph
+ * output of another shape, which it cannot: its space is its root's).
  * Codegen runs it over each row after the row's reductions: softmax's output
  * exp(x - max) / sum, layer norm's (x - mean) * rstd, softmax's backward y * (dy - sum),
  * the row read from memory once. */
@@ -544,7 +553,7 @@ static void try_row_stage(fuse_state *s, int32_t t, int32_t e) {
             return;
         for (int32_t q = 0; q < un->n_inputs; q++)
             if (s->fn[loom_ir_view_base(g, un->inputs[q])].kernel == t &&
-                !reads_reduced_value(s, t, u, q))
+                !reads_row_value(s, t, u, q))
                 return;
     }
     for (int32_t m = 0; m < ke->n_members; m++) {

@@ -587,6 +587,59 @@ static void test_relu_gradient_reads_the_output_not_the_input(void **state) {
     loom_context_destroy(ctx);
 }
 
+/* The gradient of a broadcast along axes of extent 1 of the same rank ([4, 1] -> [4, 32]) is
+ * the sum with keepdim, no reshape (a reshape is read from a buffer, so its readers could
+ * not join the sum's kernel as row stages: layer norm's backward); from a lower rank it is
+ * the sum reshaped. Values by hand: d/db sum(x * b) is x's row sum, d/dc its column sum. */
+static void test_a_broadcasts_gradient_keeps_the_reduced_axes(void **state) {
+    (void)state;
+    loom_context *ctx = tu_context(false);
+    float xv[4 * 32], bv[4] = {1, 2, 3, 4}, cv[32];
+    for (int i = 0; i < 4 * 32; i++)
+        xv[i] = (float)((i * 7 % 11) - 5) / 4;
+    for (int i = 0; i < 32; i++)
+        cv[i] = (float)i / 8;
+    loom_tensor *x = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){4, 32}, xv);
+    loom_tensor *b = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){4, 1}, bv);
+    loom_tensor *c = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 1, (int64_t[]){32}, cv);
+    loom_tensor *loss =
+        loom_sum(ctx, loom_add(ctx, loom_mul(ctx, x, b), loom_mul(ctx, x, c)), 0, NULL, false);
+    loom_tensor *in[2] = {b, c}, *g[2] = {NULL, NULL};
+    int32_t first = ctx->trace.n_nodes;
+    assert_int_equal(loom_backward(ctx, loss, 2, in, g), LOOM_OK);
+    int32_t keep = 0, flat = 0;
+    for (int32_t i = first; i < ctx->trace.n_nodes; i++) {
+        const loom_ir_node *nd = &ctx->trace.nodes[i];
+        if (nd->op != LOOM_IR_OP_REDUCE_SUM)
+            continue;
+        if (nd->attrs.keepdim && nd->rank == 2 && nd->shape[0] == 4 && nd->shape[1] == 1)
+            keep++;
+        if (!nd->attrs.keepdim && nd->rank == 1 && nd->shape[0] == 32)
+            flat++;
+    }
+    assert_int_equal(keep, 1);
+    assert_int_equal(flat, 1);
+    float gb[4], gc[32];
+    tu_read_f32(ctx, g[0], gb, 4);
+    tu_read_f32(ctx, g[1], gc, 32);
+    for (int r = 0; r < 4; r++) {
+        double want = 0;
+        for (int j = 0; j < 32; j++)
+            want += xv[r * 32 + j];
+        assert_float_equal(gb[r], want, 1e-5);
+    }
+    for (int j = 0; j < 32; j++) {
+        double want = 0;
+        for (int r = 0; r < 4; r++)
+            want += xv[r * 32 + j];
+        assert_float_equal(gc[j], want, 1e-5);
+    }
+    loom_tensor_release(x);
+    loom_tensor_release(b);
+    loom_tensor_release(c);
+    loom_context_destroy(ctx);
+}
+
 static void test_backward_twice_accumulates_and_unrelated_inputs_get_zeros(void **state) {
     (void)state;
     loom_context *ctx = tu_context(true);
@@ -777,6 +830,7 @@ int main(void) {
         cmocka_unit_test(test_nn_op_gradients_match_finite_differences),
         cmocka_unit_test(test_gradients_of_a_hand_derived_expression),
         cmocka_unit_test(test_relu_gradient_reads_the_output_not_the_input),
+        cmocka_unit_test(test_a_broadcasts_gradient_keeps_the_reduced_axes),
         cmocka_unit_test(test_backward_twice_accumulates_and_unrelated_inputs_get_zeros),
         cmocka_unit_test(test_detach_stops_the_gradient),
         cmocka_unit_test(test_matmul_with_a_2d_weight_folds_rows_and_never_copies_the_weight),

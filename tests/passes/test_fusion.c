@@ -356,6 +356,25 @@ static void test_fusion_runs_reductions_over_one_shape_in_one_pass(void **state)
                         "E{16 17}<-{13 15}->{17}");
     tu_deinit_both(&g, &p);
 
+    /* layer norm's backward over rows: a row sum scaled in the reduced shape, broadcast into
+     * an elementwise stage, a second row sum of that stage's values, a last stage reading
+     * both: one kernel, the row read from memory once */
+    tu_parse(&g, "loom.graph {\n"
+                 "  %0 = input {index = 0} : f32[8,16]\n"
+                 "  %1 = input {index = 1} : f32[8,16]\n"
+                 "  %2 = reduce_sum %1 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %3 = neg %2 : f32[8,1]\n"
+                 "  %4 = broadcast %3 : f32[8,16]\n"
+                 "  %5 = add %0, %4 : f32[8,16]\n"
+                 "  %6 = mul %5, %1 : f32[8,16]\n"
+                 "  %7 = reduce_sum %6 {axes = [1], keepdim = true} : f32[8,1]\n"
+                 "  %8 = broadcast %7 : f32[8,16]\n"
+                 "  %9 = sub %6, %8 : f32[8,16]\n"
+                 "  return %9\n}\n");
+    tu_fuse_ok(&g, &p);
+    assert_string_equal(tu_plan_str(&p), "R{2 3 4 5 6 7 8 9}<-{0 1}->{9}");
+    tu_deinit_both(&g, &p);
+
     /* five sums of one shape: four share a kernel, the fifth starts the next */
     tu_parse(&g, "loom.graph {\n"
                  "  %0 = input {index = 0} : f32[8,16]\n"
