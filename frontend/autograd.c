@@ -148,13 +148,12 @@ static int64_t numel_of(const ag *a, int32_t x) {
 }
 
 /* Whether q^T as the first operand of an f32 matmul would be packed inside that matmul's
- * kernel rather than materialized (loom_ir_matmul_operand_fuses' rule for f32): q has
- * 2^20 elements or more and the product as many rows as q has columns, 64 or more. */
+ * kernel rather than materialized (loom_ir_matmul_operand_fuses' rule for f32, the
+ * product having as many rows as q has columns). */
 static bool packs_transposed(const ag *a, int32_t q) {
     const loom_ir_node *qn = nd(a, q);
     return qn->dtype == LOOM_DTYPE_F32 && qn->rank == 2 &&
-           numel_of(a, q) >= LOOM_IR_MM_FUSE_T_ELEMS &&
-           qn->shape[1] >= LOOM_IR_MM_FUSE_T_ROWS;
+           loom_ir_f32_transpose_fuses(numel_of(a, q), qn->shape[1]);
 }
 
 /* A slice or pad (op) of x with attrs start/step, giving node `like`'s shape. */

@@ -605,14 +605,13 @@ bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t op
         return false;
     if (m->dtype == LOOM_DTYPE_BF16 || m->dtype == LOOM_DTYPE_F16)
         return x->op == LOOM_IR_OP_CAST || x->op == LOOM_IR_OP_TRANSPOSE;
-    /* f32: a transpose of the last two axes of an operand of LOOM_IR_MM_FUSE_T_ELEMS or more
-     * elements (a weight's W^T), when the product has LOOM_IR_MM_FUSE_T_ROWS rows or more;
-     * codegen then packs that matmul (on any host) */
+    /* f32: a transpose of the last two axes of an operand large enough, of a product of
+     * enough rows (loom_ir_f32_transpose_fuses: a weight's W^T); codegen then packs that
+     * matmul (on any host) */
     int32_t r = x->rank;
     return m->dtype == LOOM_DTYPE_F32 && x->op == LOOM_IR_OP_TRANSPOSE && r >= 2 && r == m->rank &&
            x->attrs.perm[r - 1] == r - 2 && x->attrs.perm[r - 2] == r - 1 &&
-           loom_ir_numel(r, x->shape) >= LOOM_IR_MM_FUSE_T_ELEMS &&
-           m->shape[r - 2] >= LOOM_IR_MM_FUSE_T_ROWS;
+           loom_ir_f32_transpose_fuses(loom_ir_numel(r, x->shape), m->shape[r - 2]);
 }
 
 loom_status loom_ir_plan_verify(const loom_ir_plan *p, const loom_ir_graph *g, loom_ir_diag *d) {

@@ -131,13 +131,25 @@ loom_status loom_ir_plan_reset(loom_ir_plan *p, const loom_ir_graph *g);
  * 16-bit (bf16, f16) matmuls evaluate their operands while packing them, so a CAST (the
  * autocast of an f32 weight) or a TRANSPOSE feeding one joins it instead of costing a
  * pass over memory of its own. So does a transpose of the last two axes of a large operand
- * of an f32 matmul of many rows (GPT-2's tied lm_head x wte^T: wte^T is 51 MB, transposed
- * at a few GB/s every step); codegen packs every f32 matmul with such an operand. Every
- * other matmul operand is an arg. */
+ * of an f32 matmul of many rows (loom_ir_f32_transpose_fuses: GPT-2's tied lm_head
+ * x wte^T, wte^T 51 MB, transposed at a few GB/s every step; its layers' W^T and dy^T);
+ * codegen packs every f32 matmul with such an operand. Every other matmul operand is an
+ * arg. */
 enum {
     LOOM_IR_MM_FUSE_T_ELEMS = 1 << 20, /* f32: the transposed operand's elements, at least */
-    LOOM_IR_MM_FUSE_T_ROWS = 64,       /* and the product's rows */
+    LOOM_IR_MM_FUSE_T_ROWS = 64,       /* and the product's rows; */
+    /* or at least this many elements and rows. Packed from their buffers 16 x 16 at a time
+     * (codegen's direct packing), GPT-2's layers' W^T and dy^T (2^16 to 2^18 elements, 256
+     * rows and more) cost less in the matmul than the transposes did: on a Zen 4 (2 threads,
+     * loom-ir run) [256,256] @ [768,256]^T 0.53-0.86 -> 0.47-0.58 ms, [1024,256]^T from dy
+     * @ x 0.74 -> 0.61. The MLP's 64-row layers stay on the matmul schedule, faster there. */
+    LOOM_IR_MM_FUSE_T_SMALL_ELEMS = 1 << 16,
+    LOOM_IR_MM_FUSE_T_SMALL_ROWS = 256,
 };
+static inline bool loom_ir_f32_transpose_fuses(int64_t elems, int64_t rows) {
+    return (elems >= LOOM_IR_MM_FUSE_T_ELEMS && rows >= LOOM_IR_MM_FUSE_T_ROWS) ||
+           (elems >= LOOM_IR_MM_FUSE_T_SMALL_ELEMS && rows >= LOOM_IR_MM_FUSE_T_SMALL_ROWS);
+}
 bool loom_ir_matmul_operand_fuses(const loom_ir_graph *g, int32_t mm, int32_t operand);
 /* Whether output `output` of g, which aliases a graph input, may be written by its kernel
  * straight into the donated input's buffer: the output is a result of an ELEMENTWISE

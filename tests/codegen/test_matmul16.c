@@ -534,10 +534,12 @@ static void test_large_f32_matmuls_run_on_the_fma_microkernel(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
-/* x @ transpose(W) in f32 for a W of 2^20 elements or more and 64 rows or more: the
- * transpose joins the matmul's kernel (loom_ir_matmul_operand_fuses) and is packed along
- * W's rows, on the AVX-512 tiles and on the AVX2 ones; with 63 rows, or a W of 2^20 - 1
- * elements, it stays an operand read from a buffer. */
+/* x @ transpose(W) in f32 for a W of 2^20 elements or more and 64 rows or more, or of 2^16
+ * elements or more and 256 rows or more (a GPT-2 layer's W^T): the transpose joins the
+ * matmul's kernel (loom_ir_matmul_operand_fuses) and is packed along W's rows, on the
+ * AVX-512 tiles and on the AVX2 ones; with 63 rows, a W of 2^20 - 1 elements at 70 rows,
+ * 255 rows of a W of 2^16 elements or a W of 2^16 - 256 at 256 rows, it stays an operand
+ * read from a buffer. */
 static void test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel(void **state) {
     (void)state;
     static const struct {
@@ -574,8 +576,14 @@ static void test_an_f32_matmul_packs_a_large_transposed_weight_in_its_kernel(voi
     tu_output(&ga, tu_add(&ga, LOOM_IR_OP_MATMUL, 2, (int32_t[]){dyt, x}, 0, 0, NULL, none), -1);
     check_against_interpreter(&ga, LOOM_DTYPE_F32, 256, 1, "f32 dy^T [4099, 256] @ x [256, 70]");
     loom_ir_graph_deinit(&ga);
-    const int64_t small[2][3] = {{63, 4099, 256}, {70, 4095, 256}}; /* rows, W's shape */
-    for (int i = 0; i < 2; i++) {
+    loom_ir_graph gl; /* a layer's x [256, 256] @ W^T with W [768, 256] */
+    loom_ir_graph_init(&gl, &sys);
+    tu_output(&gl, add_x_yt(&gl, LOOM_DTYPE_F32, 256, 768, 256, NULL), -1);
+    check_against_interpreter(&gl, LOOM_DTYPE_F32, 256, 1, "f32 x [256, 256] @ W^T [256, 768]");
+    loom_ir_graph_deinit(&gl);
+    const int64_t small[4][3] = {
+        {63, 4099, 256}, {70, 4095, 256}, {255, 256, 256}, {256, 255, 256}};
+    for (int i = 0; i < 4; i++) { /* rows, W's shape */
         loom_ir_graph g;
         loom_ir_graph_init(&g, &sys);
         int32_t wt;
