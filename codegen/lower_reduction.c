@@ -91,11 +91,13 @@ static void red_init_all(cg_b *b, const red_plan *rp, MlirValue *acc) {
 static loom_status emit_red_loops(kc *c, red_plan *rp, const int32_t *rgroups, int32_t nr,
                                   int32_t i, MlirValue *acc);
 
-/* Inner body: evaluates the operands and the prologue sinks at the current index (storing
- * those that are results), folds each operand into its accumulator (acc, updated). */
 static bool in_stage(const red_plan *rp, int32_t stage) {
     return rp->cur < 0 || stage == rp->cur;
 }
+
+/* Inner body: evaluates the operands and the prologue sinks (of the stage being emitted) at
+ * the current index (storing those that are results), folds each operand into its
+ * accumulator (acc, updated). */
 
 static loom_status emit_red_body(kc *c, red_plan *rp, MlirValue *acc) {
     int32_t mark = cg_memo_mark(c);

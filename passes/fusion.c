@@ -512,7 +512,7 @@ static void try_reduction_sibling(fuse_state *s, int32_t e) {
     if (s->kernels[t].n_red + ke->n_red > LOOM_IR_KERNEL_REDUCTIONS_MAX ||
         s->kernels[t].n_fused + ke->n_fused > LOOM_IR_KERNEL_NODES_MAX)
         return;
-    bool staged = false; /* e reads a reduced value of t */
+    bool staged = false; /* e reads a value of t (at its row) */
     for (int32_t m = 0; m < ke->n_members; m++) {
         int32_t u = s->members[ke->first_member + m];
         const loom_ir_node *un = &g->nodes[u];
