@@ -393,7 +393,7 @@ static void check_config(const config *c) {
         snapshot_take(&jit, &got);
         snapshot_take(&ref, &want);
         compare(&got, &want, &before, e, at);
-        print_message("%s: step %lld: loss %.7f (interpreter %.7f); worst '%s' at %.3g of its "
+        print_message("# %s: step %lld: loss %.7f (interpreter %.7f); worst '%s' at %.3g of its "
                       "change, in 2-norm '%s' at %.3g\n",
                       name, (long long)step, loss_jit, loss_ref, jit.ck.list[at[0]].name, e[0],
                       jit.ck.list[at[1]].name, e[1]);

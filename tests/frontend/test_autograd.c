@@ -323,7 +323,7 @@ static void test_every_op_vjp_matches_finite_differences(void **state) {
     }
     expect_op = -1;
     fd_h = 1e-6;
-    print_message("%d ops' VJPs checked, %d ops without one\n", checked,
+    print_message("# %d ops' VJPs checked, %d ops without one\n", checked,
                   LOOM_IR_OP_COUNT_ - checked);
 }
 

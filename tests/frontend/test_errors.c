@@ -439,7 +439,12 @@ static void test_a_device_memory_cap_fails_cleanly(void **state) {
     if (st == LOOM_OK)
         st = loom_context_sync(ctx);
     const char *msg = loom_context_error_message(ctx);
-    print_message("%s\n", msg);
+    /* TAP: every line of the report as a comment */
+    for (const char *l = msg; *l;) {
+        size_t n = strcspn(l, "\n");
+        print_message("# %.*s\n", (int)n, l);
+        l += n + (l[n] == '\n');
+    }
     assert_int_equal(st, LOOM_STATUS_OUT_OF_MEMORY);
     if (!strstr(msg, "out of memory for output 0 of the step (2097152 bytes)") ||
         !strstr(msg, "the device is capped at 1 MB") || !strstr(msg, "planned peak"))
@@ -488,7 +493,7 @@ static double chain_seconds(int n) {
 static void test_a_long_chain_compiles_in_linear_time(void **state) {
     (void)state;
     double t1 = chain_seconds(25000), t4 = chain_seconds(100000);
-    print_message("25,000 nodes: %.2f s; 100,000 nodes: %.2f s\n", t1, t4);
+    print_message("# 25,000 nodes: %.2f s; 100,000 nodes: %.2f s\n", t1, t4);
     if (t4 > 8 * t1 + 2) /* linear: 4x; quadratic: 16x */
         fail_msg("100,000 nodes took %.2f s, 25,000 took %.2f s: not linear", t4, t1);
 }

@@ -45,7 +45,7 @@ static void test_random_stateful_programs_match_the_interpreter_at_every_step(vo
     int32_t partial = 0;
     for (uint64_t seed = 1; seed <= PROGRAMS; seed++)
         check_seed(seed, false, &partial);
-    print_message("%d programs of %d steps; %d with a read in the middle of a step\n", PROGRAMS,
+    print_message("# %d programs of %d steps; %d with a read in the middle of a step\n", PROGRAMS,
                   STEPS, (int)partial);
     assert_true(partial > 0); /* the budget exercises partial computes too */
 }
