@@ -354,8 +354,8 @@ def compare(args, tmp):
     for n, c in cols.items():
         print('torch %s training RSS growth: %.1f MiB (%.1f -> %.1f MiB, %s)' %
               (n, c['rss_growth_mb'], c['rss_base_mb'], c['rss_peak_mb'], c['rss_method']))
-    print('loom MFU %.4f of a measured f32 GEMM peak of %.1f GFLOP/s' %
-          (res['mfu'], res['peak_flops'] / 1e9))
+    print('loom MFU %.4f of a measured %s GEMM peak of %.1f GFLOP/s' %
+          (res['mfu'], res.get('peak_dtype', 'f32'), res['peak_flops'] / 1e9))
 
     model = '%d layers, C %d, V %d, T %d, B %d' % (res['n_layer'], res['n_embd'],
                                                   res['vocab_size'], args.seq_len, args.batch_size)

@@ -229,12 +229,17 @@ bool loom_cg_host_has(const char *feature);
 
 /* How 16-bit (bf16, f16) matmuls are computed. AVX512BF16: bf16 only, B packed in pairs and
  * vdpbf16ps; F32: operands converted to f32 while packed, then an FMA microkernel of
- * 16-lane vectors (every machine, though tuned for AVX-512; f16 always). Chosen by the host's
- * features; LOOM_MATMUL_ISA=avx512bf16 | f32 | amx forces one (a path this CPU cannot run, and amx,
- * which is not implemented, print one warning and use F32; the f32 tiles avx512 | avx2 | generic
- * imply F32). Read at each compile; loom_cg_target_key includes the variable. */
+ * 16-lane vectors (every machine, though tuned for AVX-512; f16 always). Chosen by cost: on
+ * AVX512-BF16 hosts where loom_cg_bf16_dot_gain is 1.5 or more (Zen 4 and 5: ~2; Intel
+ * without AMX: ~1, where the f32 path is faster); LOOM_MATMUL_ISA=avx512bf16 | f32 | amx forces one
+ * (a path this CPU cannot run, and amx, which is not implemented, print one warning and use F32;
+ * the f32 tiles avx512 | avx2 | generic imply F32). Read at each compile; loom_cg_target_key
+ * includes the variable. */
 typedef enum cg_mm16 { CG_MM16_F32, CG_MM16_AVX512BF16, CG_MM16_COUNT_ } cg_mm16;
 cg_mm16 loom_cg_mm16_path(void);
+/* vdpbf16ps's FLOP/s over vfmadd231ps's on this CPU, measured once per process (~1 ms, by
+ * the thread's CPU time, host_target.c); 0 where not measured (no AVX512-BF16, not x86-64). */
+double loom_cg_bf16_dot_gain(void);
 /* Whether large f32 matmuls run on that FMA microkernel (microkernel.c) rather than the
  * matmul schedule: on AVX-512 and AVX2+FMA hosts, unless LOOM_MATMUL_ISA forces the generic
  * tiles or a 16-bit path. */

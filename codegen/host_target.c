@@ -1,6 +1,7 @@
 /* The host target: LLVM's one-time initialisation, the LLVM version, the host's triple, CPU
  * name and features, the target machine objects are emitted for, and what codegen chooses
  * from them (the matmul and convolution paths) and keys compiled code on (loom_cg_target_key). */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -128,11 +129,91 @@ static void mm16_warn(int bit, const char *what) {
                 getenv("LOOM_MATMUL_ISA"), what);
 }
 
+/* ---- the cost of the bf16 dot product ------------------------------------------------------
+ * Whether vdpbf16ps pays is not a feature bit: Zen 4 and Zen 5 issue it at their f32 FMA's
+ * rate (twice the FLOPs: bf16 matmuls ran ~2x the f32 ones there); the Intel Xeon of family
+ * 6 model 207 (AMX hidden) at a quarter of it (this probe: 1.35 G vdpbf16ps/s against 5.5 G
+ * vfmadd231ps/s on one core, a gain of 0.50; 2026-12-04), where bf16 GEMMs on vdpbf16ps ran
+ * 0.58-0.74x the f32 path and GPT-2's bf16 step 0.70x its fp32 one, against 0.92-1.00x with
+ * bf16 matmuls on the f32 path. So it is measured, once per
+ * process and only on AVX512-BF16 hosts: the thread's CPU time of a loop of independent
+ * vfmadd231ps against one of vdpbf16ps (16 zmm accumulators each, more than either's latency
+ * times its issue rate), interleaved, the best of PROBE_ROUNDS after a warm-up (~1 ms in
+ * all). The gain is bf16 FLOPs over f32 FLOPs per second; vdpbf16ps is taken from a gain of
+ * BF16_MIN_GAIN on (the measured ones sit near 1 and 2). */
+
+#define PROBE_ITERS 20000 /* loop trips of 16 instructions: ~0.1-0.2 ms a loop */
+#define PROBE_ROUNDS 3
+#define BF16_MIN_GAIN 1.5
+
+static double bf16_gain; /* 0: not measured (no AVX512-BF16, or not x86-64) */
+static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <time.h>
+
+static double thread_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define ZMM_ZERO(r) "vpxord %%zmm" #r ", %%zmm" #r ", %%zmm" #r "\n\t"
+#define ZMM_OP(op, r) op " %%zmm16, %%zmm17, %%zmm" #r "\n\t"
+#define ZMM_16(m, x)                                                                               \
+    m(x, 0) m(x, 1) m(x, 2) m(x, 3) m(x, 4) m(x, 5) m(x, 6) m(x, 7) m(x, 8) m(x, 9) m(x, 10)       \
+        m(x, 11) m(x, 12) m(x, 13) m(x, 14) m(x, 15)
+#define ZERO_AT(x, r) ZMM_ZERO(r)
+/* The CPU time of n trips of 16 independent `op`s on zeroed zmm registers (zeros: no
+ * denormals, and neither instruction's speed depends on its values). */
+#define PROBE_HEAD ZMM_16(ZERO_AT, _) ZMM_ZERO(16) ZMM_ZERO(17) "1:\n\t"
+#define PROBE_TAIL "dec %0\n\tjnz 1b\n\t"
+#define PROBE_ASM(op) PROBE_HEAD ZMM_16(ZMM_OP, op) PROBE_TAIL
+#define PROBE_LOOP(name, op)                                                                       \
+    __attribute__((target("avx512f,avx512bf16"))) static double name(long n) {                     \
+        double t0 = thread_seconds();                                                              \
+        __asm__ volatile(PROBE_ASM(op)                                                             \
+                         : "+r"(n)                                                                 \
+                         :                                                                         \
+                         : "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",   \
+                           "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",   \
+                           "xmm16", "xmm17");                                                      \
+        return thread_seconds() - t0;                                                              \
+    }
+PROBE_LOOP(probe_fma, "vfmadd231ps")
+PROBE_LOOP(probe_dpbf16, "vdpbf16ps")
+
+static void measure_bf16_gain(void) {
+    if (!loom_cg_host_has("avx512bf16") || !loom_cg_host_has("avx512f"))
+        return;
+    double fma = INFINITY, dp = INFINITY;
+    probe_fma(PROBE_ITERS); /* warm-up: the AVX-512 frequency, the code's first trips */
+    probe_dpbf16(PROBE_ITERS);
+    for (int r = 0; r < PROBE_ROUNDS; r++) {
+        double t = probe_fma(PROBE_ITERS);
+        fma = t < fma ? t : fma;
+        t = probe_dpbf16(PROBE_ITERS);
+        dp = t < dp ? t : dp;
+    }
+    /* vdpbf16ps: 32 multiply-adds a zmm; vfmadd231ps: 16 */
+    if (fma > 0 && dp > 0 && isfinite(fma) && isfinite(dp))
+        bf16_gain = 2.0 * fma / dp;
+}
+#else
+static void measure_bf16_gain(void) {}
+#endif
+
+double loom_cg_bf16_dot_gain(void) {
+    loom_cg_init_once();
+    pthread_once(&bf16_once, measure_bf16_gain);
+    return bf16_gain;
+}
+
 cg_mm16 loom_cg_mm16_path(void) {
     bool bf16 = loom_cg_host_has("avx512bf16") && loom_cg_host_has("avx512f");
     const char *forced = getenv("LOOM_MATMUL_ISA");
     if (!forced || !forced[0])
-        return bf16 ? CG_MM16_AVX512BF16 : CG_MM16_F32;
+        return bf16 && loom_cg_bf16_dot_gain() >= BF16_MIN_GAIN ? CG_MM16_AVX512BF16 : CG_MM16_F32;
     if (strcmp(forced, "avx512bf16") == 0) {
         if (bf16)
             return CG_MM16_AVX512BF16;
@@ -177,12 +258,28 @@ const char *loom_cg_matmul16_path(loom_dtype dt) {
     if (dt != LOOM_DTYPE_BF16 && dt != LOOM_DTYPE_F16)
         return NULL;
     loom_cg_init_once();
-    if (dt == LOOM_DTYPE_BF16 && loom_cg_mm16_path() == CG_MM16_AVX512BF16)
-        return "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation";
-    return loom_cg_mk_acc() == 16
-               ? "f32: operands converted to f32 while packed, f32 FMA, 8 x 32 or 16 x 16 C tiles "
-                 "(AVX-512)"
-               : "f32: operands converted to f32 while packed, f32 FMA, 6 x 16 C tiles (AVX2)";
+    const char *f32 =
+        loom_cg_mk_acc() == 16
+            ? "f32: operands converted to f32 while packed, f32 FMA, 8 x 32 or 16 x 16 C tiles "
+              "(AVX-512)"
+            : "f32: operands converted to f32 while packed, f32 FMA, 6 x 16 C tiles (AVX2)";
+    if (dt == LOOM_DTYPE_F16)
+        return f32;
+    /* bf16: the path, and the measured gain that chose it where one was measured */
+    static _Thread_local char buf[256];
+    bool dp = loom_cg_mm16_path() == CG_MM16_AVX512BF16;
+    const char *forced = getenv("LOOM_MATMUL_ISA");
+    double gain = loom_cg_bf16_dot_gain();
+    if (forced && forced[0])
+        snprintf(buf, sizeof buf, "%s (LOOM_MATMUL_ISA=%s)",
+                 dp ? "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation" : f32, forced);
+    else if (gain > 0)
+        snprintf(buf, sizeof buf, "%s (vdpbf16ps measured at %.2fx the f32 FMA's FLOP/s: %s)",
+                 dp ? "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation" : f32, gain,
+                 dp ? "taken" : "below 1.5x, not taken");
+    else
+        snprintf(buf, sizeof buf, "%s", f32);
+    return buf;
 }
 
 cg_conv_mode loom_cg_conv_mode(void) {
@@ -224,7 +321,12 @@ const char *loom_cg_target_key(void) {
     static const char *const conv_key[] = {
         "", ";conv-direct", ";conv-im2col", ";conv-wino2", ";conv-wino4", ";conv-border"};
     const char *how = conv_key[loom_cg_conv_mode()];
-    snprintf(key, sizeof key, "%s;mm-%s%s", target_key, isa, how);
+    /* unforced, the 16-bit path is chosen by a measurement (loom_cg_mm16_path): the key
+     * says which, so code compiled for the other path never loads */
+    const char *mm16 = "";
+    if (strcmp(isa, "auto") == 0 && loom_cg_host_has("avx512bf16"))
+        mm16 = loom_cg_mm16_path() == CG_MM16_AVX512BF16 ? "-bf16dp" : "-bf16f32";
+    snprintf(key, sizeof key, "%s;mm-%s%s%s", target_key, isa, mm16, how);
     return key;
 }
 

@@ -357,18 +357,29 @@ static void test_compiled_step_matches_the_interpreter_in_f32(void **state) {
     unsetenv("LOOM_MATMUL_ISA");
 }
 
+/* Whether this CPU runs bf16 pairs (vdpbf16ps: AVX512-BF16). Where it does they are forced
+ * (LOOM_MATMUL_ISA=avx512bf16, which the caller unsets): the default takes them only where
+ * they are faster than the f32 path (codegen's measured cost), and both are tested
+ * everywhere. Where it does not, says that `what` is skipped. */
+static bool use_bf16_pairs(const char *what) {
+    if (strstr(loom_cg_target_key(), "+avx512bf16,")) {
+        setenv("LOOM_MATMUL_ISA", "avx512bf16", 1);
+        return true;
+    }
+    print_message("# skipping %s on bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n", what);
+    return false;
+}
+
 /* Under bf16 autocast both run the convolutions in bf16, accumulating in f32 and rounding
  * each output once; the sums' order differs. Each 16-bit path this CPU has, forced with
  * LOOM_MATMUL_ISA (bf16 pairs for vdpbf16ps; values converted to f32 for FMAs). */
 static void test_compiled_step_matches_the_interpreter_under_bf16_autocast(void **state) {
     (void)state;
-    static const char *const isas[] = {"avx512bf16", "f32"};
-    for (size_t i = 0; i < 2; i++) {
-        if (i == 0 && strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) != 0) {
-            print_message("skipping LOOM_MATMUL_ISA=avx512bf16: this CPU has no AVX512-BF16\n");
+    for (int i = 0; i < 2; i++) {
+        if (i == 0 && !use_bf16_pairs("the sweep and the blocks"))
             continue;
-        }
-        setenv("LOOM_MATMUL_ISA", isas[i], 1);
+        if (i == 1)
+            setenv("LOOM_MATMUL_ISA", "f32", 1);
         compiled_step_matches_the_interpreter(sweep, N_SWEEP, LOOM_DTYPE_BF16, 3e-2);
         compiled_step_matches_the_interpreter(blocks, N_BLOCKS, LOOM_DTYPE_BF16, 3e-2);
         unsetenv("LOOM_MATMUL_ISA");
@@ -450,10 +461,8 @@ static void test_winograd_convolutions_match_the_interpreter(void **state) {
     (void)state;
     compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F32, 1e-5);
     compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_F16, 4e-3);
-    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
+    if (use_bf16_pairs("the Winograd cases"))
         compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_BF16, 3e-2);
-    else
-        print_message("skipping bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n");
     setenv("LOOM_MATMUL_ISA", "f32", 1); /* bf16 values converted to f32 */
     compiled_step_matches_the_interpreter(wino, N_WINO, LOOM_DTYPE_BF16, 3e-2);
     unsetenv("LOOM_MATMUL_ISA");
@@ -467,10 +476,9 @@ static void test_winograd_convolutions_match_the_interpreter(void **state) {
      * "wino4" cases only (at most 2.7e-2 there; 3.7e-2 over all of wino[]), to keep the
      * sanitizer run's time. */
     setenv("LOOM_CONV", "winograd4", 1);
-    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
+    if (use_bf16_pairs("F(4x4, 3x3)"))
         compare_with_the_interpreter(wino + N_WINO - N_WINO4, N_WINO4, LOOM_DTYPE_BF16, 6e-2, true);
-    else
-        print_message("skipping F(4x4, 3x3) on bf16 pairs: this CPU has no AVX512-BF16\n");
+    unsetenv("LOOM_MATMUL_ISA");
     unsetenv("LOOM_CONV");
 }
 
@@ -661,15 +669,16 @@ static void test_border_classes_match_the_interpreter(void **state) {
         {"border: columns of padding only", 2, 16, 6, 1, 8, 2, 1, {1, 1}, {0, 1}, {1, 1}, 1, true},
     };
     size_t n = sizeof cases / sizeof cases[0];
-    bool pairs = strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0;
-    if (pairs) /* the default: the 2x2s as classes */
+    bool pairs = use_bf16_pairs("the border cases");
+    if (pairs) /* the default convolution path: the 2x2s as classes */
         compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
-    else
-        print_message("skipping bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n");
+    unsetenv("LOOM_MATMUL_ISA");
     setenv("LOOM_CONV", "border", 1);
     compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_F32, 1e-5);
-    if (pairs)
+    if (pairs) {
+        setenv("LOOM_MATMUL_ISA", "avx512bf16", 1);
         compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
+    }
     setenv("LOOM_MATMUL_ISA", "f32", 1); /* bf16 values converted to f32 */
     compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
     unsetenv("LOOM_MATMUL_ISA");
@@ -703,12 +712,11 @@ static void test_small_images_are_staged_whole_under_bf16_pairs(void **state) {
         {"small: 1x1 stride 2, 8x8 to 4x4", 3, 24, 8, 8, 16, 1, 1, {2, 2}, {0, 0}, {1, 1}, 1, true},
         {"small: 5x5 to 3x3, stride 2", 2, 8, 5, 5, 8, 3, 3, {2, 2}, {1, 1}, {1, 1}, 1, false},
     };
-    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) != 0) {
-        print_message("skipping: bf16 pairs (vdpbf16ps) need AVX512-BF16, which this CPU lacks\n");
+    if (!use_bf16_pairs("the small images"))
         return;
-    }
     compiled_step_matches_the_interpreter(cases, sizeof cases / sizeof cases[0], LOOM_DTYPE_BF16,
                                           3e-2);
+    unsetenv("LOOM_MATMUL_ISA");
 }
 
 /* Small images by taps (codegen/conv_taps.c): a 3x3 conv2d or gradient (stride 1 or 2) of
@@ -738,10 +746,10 @@ static void test_small_images_run_by_taps(void **state) {
     };
     size_t n = sizeof cases / sizeof cases[0];
     compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_F32, 1e-5);
-    if (strncmp(loom_cg_matmul16_path(LOOM_DTYPE_BF16), "avx512bf16", 10) == 0)
+    if (use_bf16_pairs("the taps cases")) {
         compiled_step_matches_the_interpreter(cases, n, LOOM_DTYPE_BF16, 3e-2);
-    else
-        print_message("skipping bf16 pairs (vdpbf16ps): this CPU has no AVX512-BF16\n");
+        unsetenv("LOOM_MATMUL_ISA");
+    }
     for (size_t c = 0; c < n; c++) {
         float *got[2][3];
         int64_t count[3];

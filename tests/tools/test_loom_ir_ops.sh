@@ -37,8 +37,20 @@ check "... the note" grep -q "^  \[[0-9]*\] backward: all_gather of f32\[.*\] ha
 check "all_reduce: only some samples (sum) have one" [ "$(row all_reduce | cut -d' ' -f7)" = "some" ]
 check "... the note says only sum has" grep -q "(only sum has)" "$TMP/table"
 if grep -q avx512_bf16 /proc/cpuinfo 2>/dev/null && grep -q avx512f /proc/cpuinfo; then
-    check "bf16 matmuls use vdpbf16ps on this AVX512-BF16 CPU" \
-        grep -q "^  bf16: avx512bf16: " "$TMP/table"
+    # the bf16 path is chosen by vdpbf16ps's measured FLOP/s against the f32 FMA's
+    gain=$(sed -n 's/^  bf16: .*(vdpbf16ps measured at \([0-9.]*\)x the f32 FMA.s FLOP\/s: .*)$/\1/p' "$TMP/table")
+    echo "# this AVX512-BF16 CPU: vdpbf16ps measured at ${gain:-?}x the f32 FMA's FLOP/s"
+    check "the bf16 line gives the measured gain" [ -n "$gain" ]
+    check "... a plausible one (0.2x-4x)" awk -v g="${gain:-0}" 'BEGIN { exit !(g > 0.2 && g < 4) }'
+    if awk -v g="${gain:-0}" 'BEGIN { exit !(g >= 1.5) }'; then
+        check "bf16 matmuls use vdpbf16ps where it gains 1.5x or more" \
+            grep -q "^  bf16: avx512bf16: .*: taken)$" "$TMP/table"
+    else
+        check "bf16 matmuls take the f32 path where vdpbf16ps gains less than 1.5x" \
+            grep -q "^  bf16: f32: .*: below 1.5x, not taken)$" "$TMP/table"
+    fi
+    check "LOOM_MATMUL_ISA=avx512bf16 forces vdpbf16ps" \
+        sh -c 'LOOM_MATMUL_ISA=avx512bf16 "$1" ops --op matmul | grep -q "^  bf16: avx512bf16: .*(LOOM_MATMUL_ISA=avx512bf16)$"' sh "$LOOM_IR"
 else
     echo "# this CPU has no AVX512-BF16: its bf16 matmuls take the f32 path"
     check "bf16 matmuls take the f32 path on this CPU" grep -q "^  bf16: f32: " "$TMP/table"
