@@ -105,7 +105,8 @@ static void usage(FILE *f) {
         "tokens/s is the median over the steps after the first %d (the first compiles); MFU is\n"
         "that times nanoGPT's estimate of the FLOPs per token, 6 N + 12 L C T (N the parameters\n"
         "without wpe, T the sequence length), over the peak measured at the end: the best of 4\n"
-        "timed runs of a compiled Loom f32 matmul %dx%dx%d (times the ranks under mpiexec).\n"
+        "timed runs of a compiled Loom matmul %dx%dx%d in the dtype of the forward's matmuls\n"
+        "(f32, or --amp's, on the path they take; times the ranks under mpiexec).\n"
         "LOOM_NUM_THREADS sets the device's threads. Exit status: 0 ok, 1 runtime error, 2 "
         "usage.\n",
         WARMUP_STEPS, PEAK_N, PEAK_N, PEAK_N);
@@ -507,9 +508,11 @@ out:
     return rc;
 }
 
-/* The peak f32 FLOP/s of this rank's device: the best of 4 timed runs of a compiled
- * PEAK_N^3 matmul (after one that compiles it). 0 on failure. */
-static double measure_peak(loom_context *ctx) {
+/* The peak FLOP/s of this rank's device for matmuls of dtype (f32, or autocast's 16-bit
+ * dtype, on the path its matmuls take): the best of 4 timed runs of a compiled PEAK_N^3
+ * matmul (after one that compiles it), its operands cast to dtype by a step of their own.
+ * 0 on failure. */
+static double measure_peak(loom_context *ctx, loom_dtype dtype) {
     size_t n = (size_t)PEAK_N * PEAK_N;
     float *a = malloc(n * sizeof *a), *c = malloc(n * sizeof *c);
     double best = INFINITY;
@@ -519,6 +522,20 @@ static double measure_peak(loom_context *ctx) {
             a[i] = (float)((double)(i % 7) * 0.25 - 0.75);
         ta = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){PEAK_N, PEAK_N}, a);
         tb = loom_tensor_from_host(ctx, LOOM_DTYPE_F32, 2, (int64_t[]){PEAK_N, PEAK_N}, a);
+    }
+    if (ta && tb && dtype != LOOM_DTYPE_F32) {
+        loom_tensor *ca = loom_cast(ctx, ta, dtype), *cb = loom_cast(ctx, tb, dtype);
+        loom_tensor_retain(ca);
+        loom_tensor_retain(cb);
+        loom_tensor_release(ta);
+        loom_tensor_release(tb);
+        ta = ca;
+        tb = cb;
+        if (loom_mark_step(ctx) != LOOM_OK || loom_context_sync(ctx) != LOOM_OK) {
+            loom_tensor_release(ta);
+            loom_tensor_release(tb);
+            ta = tb = NULL;
+        }
     }
     for (int r = 0; ta && tb && r < 5; r++) {
         loom_tensor *p = loom_matmul(ctx, ta, tb);
@@ -530,7 +547,7 @@ static double measure_peak(loom_context *ctx) {
         if (st == LOOM_OK)
             st = loom_context_sync(ctx);
         double dt = ex_now_s() - t0;
-        if (st == LOOM_OK)
+        if (st == LOOM_OK && dtype == LOOM_DTYPE_F32)
             st = loom_tensor_read(ctx, p, c, n * sizeof *c);
         loom_tensor_release(p);
         if (st != LOOM_OK)
@@ -673,15 +690,16 @@ static void print_json(const options *o, const gpt2 *m, const train_result *tr, 
     for (int64_t i = 0; i < tr->steps; i++)
         printf("%s%.8g", i ? "," : "", tr->losses[i]);
     printf("],\"tokens_per_sec\":%.1f,\"tokens_per_sec_median\":%.1f,\"flops_per_token\":%.0f,"
-           "\"peak_flops\":%.4g,\"mfu\":%.4f,\"first_step_ms\":%.1f,\"compile_time_ms\":%.1f,"
+           "\"peak_flops\":%.4g,\"peak_dtype\":\"%s\",\"mfu\":%.4f,\"first_step_ms\":%.1f,"
+           "\"compile_time_ms\":%.1f,"
            "\"first_loss_ms\":%.1f,"
            "\"planned_peak_mb\":%.1f,\"device_peak_mb\":%.1f,"
            "\"recompiles\":%lld,\"sample_tokens\":%" PRId64 ",\"sample_compiles\":%" PRId64
            ",\"world_size\":%d,\"collective_bytes\":%lld}\n",
            tr->tokens_per_sec, tr->tokens_per_sec_median, flops_tok, peak,
-           peak > 0 ? achieved / peak : 0.0, tr->first_step_ms, tr->compile_ms, tr->first_loss_ms,
-           tr->planned_peak_mb, tr->device_peak_mb, (long long)loom_metric_value(ctx, "Recompiles"),
-           sr->n, sr->compiles, (int)o->f.world,
+           loom_dtype_name(o->f.amp), peak > 0 ? achieved / peak : 0.0, tr->first_step_ms,
+           tr->compile_ms, tr->first_loss_ms, tr->planned_peak_mb, tr->device_peak_mb,
+           (long long)loom_metric_value(ctx, "Recompiles"), sr->n, sr->compiles, (int)o->f.world,
            (long long)loom_metric_value(ctx, "CollectiveBytes"));
 }
 
@@ -784,7 +802,7 @@ int main(int argc, char **argv) {
         goto out;
     double flops_tok = 6.0 * (double)gpt2_num_params(c, true) +
                        12.0 * (double)(c->n_layer * c->n_embd * o.seq_len);
-    double peak = eager ? 0 : measure_peak(ctx) * f->world;
+    double peak = eager ? 0 : measure_peak(ctx, amp.dtype) * f->world;
     if (f->json)
         print_json(&o, &m, &tr, flops_tok, peak, &sr, ctx);
     else {
@@ -796,10 +814,10 @@ int main(int argc, char **argv) {
             printf("memory: planned peak %.1f MiB for the training step, device peak %.1f MiB\n",
                    tr.planned_peak_mb, tr.device_peak_mb);
         if (peak > 0)
-            printf("MFU %.2f%%: %.3g FLOPs/token x %.0f tokens/s over a measured f32 GEMM peak "
+            printf("MFU %.2f%%: %.3g FLOPs/token x %.0f tokens/s over a measured %s GEMM peak "
                    "of %.1f GFLOP/s\n",
                    100.0 * flops_tok * tr.tokens_per_sec_median / peak, flops_tok,
-                   tr.tokens_per_sec_median, peak / 1e9);
+                   tr.tokens_per_sec_median, loom_dtype_name(amp.dtype), peak / 1e9);
         else
             printf("MFU not measured (%s)\n",
                    eager ? "the reference interpreter" : "the peak GEMM failed");

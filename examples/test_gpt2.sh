@@ -4,7 +4,8 @@
 # with --dropout), --save
 # then --init giving the same first loss, the same weights in Hugging Face's layout and in
 # llm.c's .bin (written by python3 when there is one) giving it too, clear errors for bad
-# files, sampling from one compiled graph, two ranks under mpiexec.
+# files, sampling from one compiled graph, two ranks under mpiexec, MFU over the peak of the
+# matmuls' dtype.
 # Usage: test_gpt2.sh /path/to/gpt2 [/path/to/mpiexec HAVE_MPI]
 set -u
 
@@ -18,7 +19,7 @@ HAVE_MPI=${3:-0}
 TEXT=$(dirname "$0")/gpt2_model.c
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/loom-gpt2-test.XXXXXX") || exit 1
 trap 'rm -rf "$TMP"' EXIT INT TERM
-echo "1..10"
+echo "1..11"
 
 n=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
@@ -230,7 +231,20 @@ else
     not_ok "--sample 20 compiles one graph for all the tokens" "$TMP/sample"
 fi
 
-# 9: two ranks sharing the global batch log the losses of one process
+# 9: MFU is taken over the measured GEMM peak of the forward's matmul dtype: f32 without
+# autocast (the run of check 2), bf16 under --amp bf16 (whichever path its matmuls take)
+"$EX" $SMALL --max-steps 3 --amp bf16 --json >"$TMP/bf16" 2>"$TMP/bf16.err"
+rc=$?
+if [ $rc -eq 0 ] && [ "$(field "$TMP/train" peak_dtype)" = '"f32"' ] &&
+    [ "$(field "$TMP/bf16" peak_dtype)" = '"bf16"' ] &&
+    awk -v a="$(field "$TMP/train" mfu)" -v b="$(field "$TMP/bf16" mfu)" \
+        -v p="$(field "$TMP/bf16" peak_flops)" 'BEGIN { exit !(a > 0 && a < 1 && b > 0 && b < 1 && p > 1e9) }'; then
+    ok "MFU over the f32 peak in fp32, over the bf16 peak under --amp bf16"
+else
+    not_ok "MFU over the f32 peak in fp32, over the bf16 peak under --amp bf16" "$TMP/bf16" "$TMP/bf16.err"
+fi
+
+# 10: two ranks sharing the global batch log the losses of one process
 if [ "$HAVE_MPI" = 1 ] && [ -n "$MPIEXEC" ]; then
     "$EX" $SMALL --batch-size 4 --max-steps 3 >"$TMP/one" 2>&1
     "$MPIEXEC" -n 2 "$EX" $SMALL --batch-size 4 --max-steps 3 >"$TMP/two" 2>&1
