@@ -83,20 +83,22 @@ static void model_deinit(model *m) {
     m->n_params = 0;
 }
 
-/* Logits [n, 10] of images x [n, rows*cols]. */
+/* Logits [n, 10] of images x [n, rows*cols], each layer under its parameters' module scope
+ * (fc1, conv1, ...; the functional relus, pooling and reshapes outside them). */
 static loom_tensor *model_forward(loom_context *ctx, const model *m, loom_tensor *x, int64_t n) {
     if (m->kind == MODEL_MLP) {
-        loom_tensor *h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], x));
-        h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[1], h));
-        return loom_nn_linear_forward(ctx, &m->fc[2], h);
+        loom_tensor *h =
+            loom_relu(ctx, EX_SCOPED(ctx, "fc1", loom_nn_linear_forward(ctx, &m->fc[0], x)));
+        h = loom_relu(ctx, EX_SCOPED(ctx, "fc2", loom_nn_linear_forward(ctx, &m->fc[1], h)));
+        return EX_SCOPED(ctx, "fc3", loom_nn_linear_forward(ctx, &m->fc[2], h));
     }
     loom_tensor *h = loom_reshape(ctx, x, 4, (int64_t[]){n, 1, m->rows, m->cols});
-    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[0], h));
-    h = loom_relu(ctx, loom_nn_conv2d_forward(ctx, &m->conv[1], h));
+    h = loom_relu(ctx, EX_SCOPED(ctx, "conv1", loom_nn_conv2d_forward(ctx, &m->conv[0], h)));
+    h = loom_relu(ctx, EX_SCOPED(ctx, "conv2", loom_nn_conv2d_forward(ctx, &m->conv[1], h)));
     h = loom_max_pool2d(ctx, h, (int64_t[]){2, 2}, NULL, NULL);
     h = loom_reshape(ctx, h, 2, (int64_t[]){n, -1}); /* flatten: channel-major, as PyTorch */
-    h = loom_relu(ctx, loom_nn_linear_forward(ctx, &m->fc[0], h));
-    return loom_nn_linear_forward(ctx, &m->fc[1], h);
+    h = loom_relu(ctx, EX_SCOPED(ctx, "fc1", loom_nn_linear_forward(ctx, &m->fc[0], h)));
+    return EX_SCOPED(ctx, "fc2", loom_nn_linear_forward(ctx, &m->fc[1], h));
 }
 
 /* One training step on a batch of n images xs [n, rows*cols] with labels ys: upload,

@@ -323,10 +323,13 @@ static void train_step_record(loom_context *ctx, const options *o, const gpt2 *m
         loom_allreduce_gradients(ctx, n, grads) == LOOM_OK) {
         loom_tensor *found_inf = scaling ? loom_grad_scaler_unscale(scaler, n, grads) : NULL;
         if (o->grad_clip > 0)
-            norm = clip_grad_norm(ctx, n, grads, o->grad_clip);
+            norm = EX_SCOPED(ctx, "clip_grad_norm", clip_grad_norm(ctx, n, grads, o->grad_clip));
         for (int32_t i = 0; i < n; i++)
             gg[i] = grads[opt->order[i]];
-        if (loom_optim_step(opt->opt, gg, found_inf) == LOOM_OK && found_inf && !amp->static_scale)
+        loom_scope_push(ctx, "optimizer"); /* the gradients keep their forward's scopes */
+        loom_status st = loom_optim_step(opt->opt, gg, found_inf);
+        loom_scope_pop(ctx);
+        if (st == LOOM_OK && found_inf && !amp->static_scale)
             loom_grad_scaler_update(scaler, found_inf);
     }
     free(grads);

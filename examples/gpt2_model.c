@@ -472,8 +472,8 @@ static loom_tensor *attention(loom_context *ctx, const gpt2 *m, loom_tensor *con
                               loom_tensor *x, int64_t B, int64_t T, int64_t l, loom_tensor *seed) {
     int64_t C = m->cfg.n_embd, H = m->cfg.n_head, D = C / H;
     loom_tensor *qkv[3] = {0};
-    loom_split(ctx, loom_linear(ctx, x, p[S_ATTN_W], p[S_ATTN_B]), 3, (int64_t[]){C, C, C}, -1,
-               qkv);
+    loom_split(ctx, EX_SCOPED(ctx, "c_attn", loom_linear(ctx, x, p[S_ATTN_W], p[S_ATTN_B])), 3,
+               (int64_t[]){C, C, C}, -1, qkv);
     const int32_t to_heads[4] = {0, 2, 1, 3}; /* [B, T, H, D] -> [B, H, T, D] and back */
     for (int i = 0; i < 3; i++)
         qkv[i] = loom_permute(ctx, loom_reshape(ctx, qkv[i], 4, (int64_t[]){B, T, H, D}), to_heads);
@@ -487,8 +487,8 @@ static loom_tensor *attention(loom_context *ctx, const gpt2 *m, loom_tensor *con
     }
     loom_tensor *y = loom_scaled_dot_product_attention_ex(ctx, qkv[0], qkv[1], qkv[2], &o);
     y = loom_reshape(ctx, loom_permute(ctx, y, to_heads), 3, (int64_t[]){B, T, C});
-    return drop(ctx, loom_linear(ctx, y, p[S_APROJ_W], p[S_APROJ_B]), m->cfg.dropout, seed,
-                2 + 3 * l);
+    return drop(ctx, EX_SCOPED(ctx, "c_proj", loom_linear(ctx, y, p[S_APROJ_W], p[S_APROJ_B])),
+                m->cfg.dropout, seed, 2 + 3 * l);
 }
 
 loom_tensor *gpt2_forward(loom_context *ctx, const gpt2 *m, loom_tensor *idx, loom_tensor *seed) {
@@ -498,18 +498,34 @@ loom_tensor *gpt2_forward(loom_context *ctx, const gpt2 *m, loom_tensor *idx, lo
     int64_t B = shape[0], T = shape[1], C = m->cfg.n_embd;
     loom_tensor *pos = loom_slice(ctx, m->params[1], (int64_t[]){0, 0}, (int64_t[]){T, C}, NULL);
     double pd = m->cfg.dropout;
-    loom_tensor *x =
-        drop(ctx, loom_add(ctx, loom_embedding(ctx, idx, m->params[0]), pos), pd, seed, 0);
+    /* module scopes as nanoGPT's module paths: transformer.wte, transformer.h.0.attn.c_attn,
+     * transformer.h.0.mlp.c_fc, ..., transformer.ln_f, lm_head */
+    loom_scope_push(ctx, "transformer");
+    pos = EX_SCOPED(ctx, "wpe", pos);
+    loom_tensor *tok = EX_SCOPED(ctx, "wte", loom_embedding(ctx, idx, m->params[0]));
+    loom_tensor *x = EX_SCOPED(ctx, "drop", drop(ctx, loom_add(ctx, tok, pos), pd, seed, 0));
     for (int64_t l = 0; l < m->cfg.n_layer; l++) {
+        char name[32];
+        snprintf(name, sizeof name, "h.%" PRId64, l);
+        loom_scope_push(ctx, name);
         loom_tensor *const *p = m->params + slot(l, 0);
-        loom_tensor *h = loom_layer_norm(ctx, x, 1, p[S_LN1_W], p[S_LN1_B], 1e-5);
-        x = loom_add(ctx, x, attention(ctx, m, p, h, B, T, l, seed));
-        h = loom_layer_norm(ctx, x, 1, p[S_LN2_W], p[S_LN2_B], 1e-5);
-        h = loom_gelu_tanh(ctx, loom_linear(ctx, h, p[S_FC_W], p[S_FC_B]));
-        x = loom_add(
-            ctx, x,
-            drop(ctx, loom_linear(ctx, h, p[S_MPROJ_W], p[S_MPROJ_B]), pd, seed, 3 + 3 * l));
+        loom_tensor *h =
+            EX_SCOPED(ctx, "ln_1", loom_layer_norm(ctx, x, 1, p[S_LN1_W], p[S_LN1_B], 1e-5));
+        x = loom_add(ctx, x, EX_SCOPED(ctx, "attn", attention(ctx, m, p, h, B, T, l, seed)));
+        h = EX_SCOPED(ctx, "ln_2", loom_layer_norm(ctx, x, 1, p[S_LN2_W], p[S_LN2_B], 1e-5));
+        loom_scope_push(ctx, "mlp");
+        h = EX_SCOPED(ctx, "c_fc", loom_linear(ctx, h, p[S_FC_W], p[S_FC_B]));
+        h = EX_SCOPED(ctx, "gelu", loom_gelu_tanh(ctx, h));
+        h = drop(ctx, EX_SCOPED(ctx, "c_proj", loom_linear(ctx, h, p[S_MPROJ_W], p[S_MPROJ_B])), pd,
+                 seed, 3 + 3 * l);
+        loom_scope_pop(ctx);
+        x = loom_add(ctx, x, h);
+        loom_scope_pop(ctx);
     }
-    x = loom_layer_norm(ctx, x, 1, m->params[m->n_params - 2], m->params[m->n_params - 1], 1e-5);
-    return loom_linear(ctx, x, m->params[0], NULL); /* lm_head tied to wte */
+    x = EX_SCOPED(
+        ctx, "ln_f",
+        loom_layer_norm(ctx, x, 1, m->params[m->n_params - 2], m->params[m->n_params - 1], 1e-5));
+    loom_scope_pop(ctx);
+    /* lm_head, tied to wte */
+    return EX_SCOPED(ctx, "lm_head", loom_linear(ctx, x, m->params[0], NULL));
 }

@@ -1,5 +1,6 @@
 /* ResNet-18/50 as torchvision.models builds them, over loom/nn.h (see resnet_model.h). */
 #include "resnet_model.h"
+#include "train_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -64,6 +65,8 @@ static void conv_bn_init(builder *b, resnet_conv_bn *c, const char *conv, const 
         return;
     c->stride = stride;
     c->padding = k / 2;
+    snprintf(c->conv_name, sizeof c->conv_name, "%s", conv);
+    snprintf(c->bn_name, sizeof c->bn_name, "%s", bn);
     /* kaiming_normal_(mode="fan_out", nonlinearity="relu"): std = sqrt(2 / (out * k * k)) */
     c->weight = loom_param_normal(b->ctx, 4, (int64_t[]){out, in, k, k}, 0.0,
                                   sqrt(2.0 / (double)(out * k * k)), &b->rng);
@@ -106,6 +109,7 @@ loom_status resnet_init(loom_context *ctx, resnet *m, resnet_arch arch, int64_t 
             int64_t stride = s > 0 && i == 0 ? 2 : 1;
             char c[64], n[64], p[32];
             snprintf(p, sizeof p, "layer%d.%d", (int)s + 1, (int)i);
+            snprintf(blk->name, sizeof blk->name, "%s", p);
 #define NAMES(k)                                                                                   \
     (snprintf(c, sizeof c, "%s.conv%d", p, k), snprintf(n, sizeof n, "%s.bn%d", p, k), c), n
             if (arch == RESNET18) {
@@ -158,17 +162,23 @@ void resnet_deinit(resnet *m) {
 static loom_tensor *conv_bn(loom_context *ctx, const resnet_conv_bn *c, loom_tensor *x,
                             bool training) {
     const int64_t stride[2] = {c->stride, c->stride}, pad[2] = {c->padding, c->padding};
-    loom_tensor *h = loom_conv2d(ctx, x, c->weight, NULL, stride, pad, NULL, 1);
+    loom_tensor *h =
+        EX_SCOPED(ctx, c->conv_name, loom_conv2d(ctx, x, c->weight, NULL, stride, pad, NULL, 1));
+    loom_scope_push(ctx, c->bn_name);
     h = loom_nn_batch_norm2d_forward(ctx, &c->bn, h, training);
     if (training && h)
         loom_assign(ctx, c->num_batches_tracked,
                     loom_add(ctx, c->num_batches_tracked, loom_scalar(ctx, LOOM_DTYPE_I64, 1)));
+    loom_scope_pop(ctx);
     return h;
 }
 
 loom_tensor *resnet_forward(loom_context *ctx, const resnet *m, loom_tensor *x, bool training) {
-    loom_tensor *h = loom_relu(ctx, conv_bn(ctx, &m->stem, x, training));
-    h = loom_max_pool2d(ctx, h, (int64_t[]){3, 3}, (int64_t[]){2, 2}, (int64_t[]){1, 1});
+    /* module scopes as torchvision's module paths: conv1, bn1, relu, maxpool, layer1.0 (its
+     * relus and the residual add) with layer1.0.conv1, ..., avgpool, fc */
+    loom_tensor *h = EX_SCOPED(ctx, "relu", loom_relu(ctx, conv_bn(ctx, &m->stem, x, training)));
+    h = EX_SCOPED(ctx, "maxpool",
+                  loom_max_pool2d(ctx, h, (int64_t[]){3, 3}, (int64_t[]){2, 2}, (int64_t[]){1, 1}));
     for (int32_t i = 0; i < m->n_blocks; i++) {
         const resnet_block *blk = &m->blocks[i];
         loom_tensor *identity =
@@ -177,13 +187,13 @@ loom_tensor *resnet_forward(loom_context *ctx, const resnet *m, loom_tensor *x, 
         for (int32_t k = 0; k < blk->n_conv; k++) {
             y = conv_bn(ctx, &blk->conv[k], y, training);
             if (k + 1 < blk->n_conv)
-                y = loom_relu(ctx, y);
+                y = EX_SCOPED(ctx, blk->name, loom_relu(ctx, y));
         }
-        h = loom_relu(ctx, loom_add(ctx, y, identity));
+        h = EX_SCOPED(ctx, blk->name, loom_relu(ctx, loom_add(ctx, y, identity)));
     }
     /* AdaptiveAvgPool2d((1, 1)) then flatten: the mean over H and W. */
-    h = loom_mean(ctx, h, 2, (int32_t[]){2, 3}, false);
-    return loom_nn_linear_forward(ctx, &m->fc, h);
+    h = EX_SCOPED(ctx, "avgpool", loom_mean(ctx, h, 2, (int32_t[]){2, 3}, false));
+    return EX_SCOPED(ctx, "fc", loom_nn_linear_forward(ctx, &m->fc, h));
 }
 
 loom_status resnet_topk_hits(loom_context *ctx, loom_tensor *logits, loom_tensor *labels,

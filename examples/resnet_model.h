@@ -22,6 +22,7 @@ typedef struct resnet_conv_bn {
     int64_t stride, padding;
     loom_nn_batch_norm2d bn;
     loom_tensor *num_batches_tracked; /* i64 scalar buffer, counts training forwards */
+    char conv_name[64], bn_name[64];  /* module paths: "layer1.0.conv1", "layer1.0.bn1" */
 } resnet_conv_bn;
 
 /* BasicBlock: conv1 3x3 (stride), conv2 3x3; Bottleneck: conv1 1x1, conv2 3x3 (stride),
@@ -31,6 +32,7 @@ typedef struct resnet_block {
     int32_t n_conv;
     bool has_downsample;
     resnet_conv_bn downsample;
+    char name[32]; /* "layer1.0" */
 } resnet_block;
 
 #define RESNET_MAX_BLOCKS 16

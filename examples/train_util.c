@@ -463,15 +463,27 @@ void ex_train_step_record(loom_context *ctx, loom_tensor *loss, int32_t n_params
                           loom_tensor **out_loss) {
     loom_grad_scaler *scaler = amp ? amp->scaler : NULL;
     loom_tensor **grads = calloc((size_t)n_params, sizeof *grads);
-    loom_tensor *scaled =
-        loom_grad_scaler_is_enabled(scaler) ? loom_grad_scaler_scale(scaler, loss) : loss;
-    if (grads && scaled && loom_backward(ctx, scaled, n_params, params, grads) == LOOM_OK &&
-        loom_allreduce_gradients(ctx, n_params, grads) == LOOM_OK) {
-        loom_tensor *found_inf = loom_grad_scaler_is_enabled(scaler)
-                                     ? loom_grad_scaler_unscale(scaler, n_params, grads)
-                                     : NULL;
-        if (loom_optim_step(opt, grads, found_inf) == LOOM_OK && found_inf && !amp->static_scale)
+    /* the gradients carry their forward nodes' scopes; the rest is named here */
+    loom_tensor *scaled = loom_grad_scaler_is_enabled(scaler)
+                              ? EX_SCOPED(ctx, "scaler", loom_grad_scaler_scale(scaler, loss))
+                              : loss;
+    if (grads && scaled && loom_backward(ctx, scaled, n_params, params, grads) == LOOM_OK) {
+        loom_scope_push(ctx, "ddp");
+        loom_status st = loom_allreduce_gradients(ctx, n_params, grads);
+        loom_scope_pop(ctx);
+        loom_tensor *found_inf =
+            st == LOOM_OK && loom_grad_scaler_is_enabled(scaler)
+                ? EX_SCOPED(ctx, "scaler", loom_grad_scaler_unscale(scaler, n_params, grads))
+                : NULL;
+        loom_scope_push(ctx, "optimizer");
+        if (st == LOOM_OK) /* a skipped step (found_inf) leaves everything as it was */
+            st = loom_optim_step(opt, grads, found_inf);
+        loom_scope_pop(ctx);
+        if (st == LOOM_OK && found_inf && !amp->static_scale) {
+            loom_scope_push(ctx, "scaler");
             loom_grad_scaler_update(scaler, found_inf);
+            loom_scope_pop(ctx);
+        }
     }
     free(grads);
     int32_t world = loom_dist_world_size();

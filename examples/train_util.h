@@ -17,6 +17,16 @@
 
 #define EXIT_USAGE 2
 
+/* Records expr (a loom_tensor *) under the module scope name (loom_scope_push), so that its
+ * nodes read "layer1.0.conv1 (resnet_model.c:161) conv2d ..." in dumps, the profile and
+ * errors: EX_SCOPED(ctx, "fc1", loom_nn_linear_forward(ctx, &fc1, x)). */
+static inline loom_tensor *ex_scope_pop_with(loom_context *ctx, loom_tensor *t) {
+    loom_scope_pop(ctx);
+    return t;
+}
+#define EX_SCOPED(ctx, name, expr)                                                                 \
+    (loom_scope_push((ctx), (name)), ex_scope_pop_with((ctx), (expr)))
+
 /* The program's name in messages ("fashion_mnist"); set once by main. */
 extern const char *ex_prog;
 

@@ -42,7 +42,8 @@ static int32_t emit(ag *a, const loom_ir_node_desc *desc) {
     loom_ir_diag_init(&d);
     int32_t id;
     loom_ir_node_desc dd = *desc;
-    dd.loc = a->loc;
+    dd.loc = a->loc; /* the forward node's line and scope */
+    dd.loc.backward = true;
     if (!loom_ir_op_traits(dd.op)->leaf)
         dd.attrs.autocast = a->autocast;
     if (loom_ir_graph_add(&a->ctx->trace, &dd, &id, &d) != LOOM_OK) {
@@ -627,7 +628,7 @@ LOOM_API loom_tensor *loom_detach_at(loom_context *ctx, loom_tensor *t, const ch
                               .inputs = &x,
                               .rank = xn->rank,
                               .shape = shape,
-                              .loc = {file, line}};
+                              .loc = {file, line, ctx->scope, false}};
     loom_ir_diag d;
     loom_ir_diag_init(&d);
     int32_t id;
@@ -783,7 +784,7 @@ LOOM_API loom_status loom_backward_at(loom_context *ctx, loom_tensor *loss, int3
             }
         }
         /* Hand out the results: zeros where the loss does not depend on wrt[i]. */
-        a.loc = (loom_ir_loc){file, line};
+        a.loc = (loom_ir_loc){.file = file, .line = line, .backward = true};
         a.autocast = LOOM_DTYPE_F32;
         int32_t *res = wnode; /* reused: per i, the gradient node */
         for (int32_t i = 0; i < n && !a.failed; i++) {

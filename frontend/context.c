@@ -279,6 +279,7 @@ LOOM_API void loom_context_destroy(loom_context *ctx) {
     loom_ir_free(a, ctx->roots, (size_t)ctx->cap_roots * sizeof *ctx->roots);
     if (ctx->memory_report)
         loom_ir_free(a, ctx->memory_report, strlen(ctx->memory_report) + 1);
+    loom_fe_scope_deinit(ctx);
     loom_ir_free(a, ctx->recompiles.causes,
                  (size_t)ctx->recompiles.cap * sizeof *ctx->recompiles.causes);
     loom_ir_free(a, ctx->root_tensors, (size_t)ctx->cap_root_tensors * sizeof *ctx->root_tensors);
@@ -306,6 +307,8 @@ loom_status loom_fe_error(loom_context *ctx, loom_status code, const char *file,
         n = (size_t)snprintf(ctx->err_msg, sizeof ctx->err_msg, "%s:%d: ", base ? base + 1 : file,
                              line);
     }
+    if (file && ctx->scope && n < sizeof ctx->err_msg) /* an op recorded in a module */
+        n += (size_t)snprintf(ctx->err_msg + n, sizeof ctx->err_msg - n, "%s: ", ctx->scope);
     if (op && n < sizeof ctx->err_msg)
         n += (size_t)snprintf(ctx->err_msg + n, sizeof ctx->err_msg - n, "%s: ", op);
     if (n < sizeof ctx->err_msg) {

@@ -115,6 +115,15 @@ struct loom_context {
     /* autocast scopes (loom_autocast_begin): each open scope's dtype, innermost last */
     loom_dtype autocast_stack[LOOM_AUTOCAST_MAX_DEPTH];
     int32_t autocast_depth;
+    /* module scopes (scope.c): the open names joined with '.', where each push began, and
+     * the joined name as pooled (what nodes record; NULL when none is open) */
+    char scope_buf[LOOM_SCOPE_MAX_LEN + 1];
+    size_t scope_len;
+    size_t scope_ends[LOOM_SCOPE_MAX_DEPTH];
+    int32_t scope_depth;
+    const char *scope;
+    char **scope_pool; /* every joined name seen, each once, freed with the context */
+    int32_t n_scope_pool, cap_scope_pool;
     uint8_t *detached; /* per trace node: 1 = gradient barrier (loom_detach); valid for
                           nodes below n_detached when detached_step == step */
     int32_t n_detached, cap_detached;
@@ -141,6 +150,9 @@ struct loom_context {
     _Atomic(const char *) refused_op;
     atomic_bool refusal_printed; /* the first refusal is printed, the rest only counted */
 };
+
+/* Frees the scopes' names (scope.c), at the context's destruction. */
+void loom_fe_scope_deinit(loom_context *ctx);
 
 /* ---- context.c ---- */
 /* Records an error unless one is recorded: "file:line: op: message". Returns the context's

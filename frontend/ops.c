@@ -35,6 +35,8 @@ static int32_t record(loom_context *ctx, const loom_ir_node_desc *desc, const ch
     if (!loom_fe_graph_room(ctx, desc->loc.file, desc->loc.line, op))
         return -1;
     loom_ir_node_desc tagged = *desc;
+    if (!tagged.loc.scope)
+        tagged.loc.scope = ctx->scope;
     if (!loom_ir_op_traits(desc->op)->leaf)
         tagged.attrs.autocast = loom_autocast_dtype(ctx);
     if (loom_ir_graph_add(&ctx->trace, &tagged, &id, &d) != LOOM_OK) {

@@ -72,7 +72,8 @@ bool loom_fe_graph_room(loom_context *ctx, const char *file, int line, const cha
     char where[160] = "";
     if (best >= 0 && counts[best].file) {
         char loc[128];
-        loom_ir_format_loc(loc, sizeof loc, (loom_ir_loc){counts[best].file, counts[best].line});
+        loom_ir_format_loc(loc, sizeof loc,
+                           (loom_ir_loc){.file = counts[best].file, .line = counts[best].line});
         snprintf(where, sizeof where, ", %lld of them recorded at %s", (long long)counts[best].n,
                  loc);
     }

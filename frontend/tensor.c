@@ -160,7 +160,7 @@ loom_tensor *loom_fe_result(loom_context *ctx, int32_t node, const char *file, i
     memcpy(t->shape, n->shape, sizeof t->shape);
     t->node = node;
     t->node_step = ctx->step;
-    t->loc = (loom_ir_loc){file, line};
+    t->loc = (loom_ir_loc){file, line, ctx->scope, false};
     ctx->step_tensors[ctx->n_step_tensors++] = slot;
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_TRACED_OPS, 1);
     return loom_fe_handle(ctx, slot);
@@ -206,7 +206,7 @@ LOOM_API loom_tensor *loom_tensor_from_host_at(loom_context *ctx, loom_dtype dty
     t->rank = rank;
     memcpy(t->shape, oshape, (size_t)rank * sizeof *oshape);
     t->buf = buf;
-    t->loc = (loom_ir_loc){file, line};
+    t->loc = (loom_ir_loc){file, line, ctx->scope, false};
     return loom_fe_handle(ctx, slot);
 }
 

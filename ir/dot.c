@@ -39,6 +39,12 @@ loom_status loom_ir_graph_dot(const loom_ir_graph *g, loom_ir_write_fn write, vo
             loom_ir_writer_put(&o, "\\n", 2);
             loom_ir_write_attrs(&o, n, true);
         }
+        if (n->loc.scope) {
+            loom_ir_writer_put(&o, "\\n", 2);
+            put_escaped(&o, n->loc.scope);
+            if (n->loc.backward)
+                loom_ir_writer_puts(&o, ".grad");
+        }
         if (n->loc.file) {
             loom_ir_writer_put(&o, "\\n", 2);
             put_escaped(&o, n->loc.file);

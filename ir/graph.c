@@ -23,24 +23,27 @@ void loom_ir_graph_reset(loom_ir_graph *g) {
     g->n_outputs = 0;
     g->n_graph_inputs = 0;
     g->last_file = g->last_file_copy = NULL;
+    g->last_scope = g->last_scope_copy = NULL;
     loom_ir_arena_reset(&g->arena);
 }
 
-/* File names repeat from node to node: intern them into the arena, remembering the last. */
-static const char *intern_file(loom_ir_graph *g, const char *file) {
-    if (!file)
+/* File names and scopes repeat from node to node: intern them into the arena, remembering
+ * the last one seen (*last) and its copy (*last_copy). */
+static const char *intern(loom_ir_graph *g, const char *s, const char **last,
+                          const char **last_copy) {
+    if (!s)
         return NULL;
-    if (file == g->last_file || file == g->last_file_copy)
-        return g->last_file_copy;
-    if (g->last_file_copy && strcmp(file, g->last_file_copy) == 0) {
-        g->last_file = file;
-        return g->last_file_copy;
+    if (s == *last || s == *last_copy)
+        return *last_copy;
+    if (*last_copy && strcmp(s, *last_copy) == 0) {
+        *last = s;
+        return *last_copy;
     }
-    char *copy = loom_ir_arena_strndup(&g->arena, file, strlen(file));
+    char *copy = loom_ir_arena_strndup(&g->arena, s, strlen(s));
     if (!copy)
         return NULL;
-    g->last_file = file;
-    g->last_file_copy = copy;
+    *last = s;
+    *last_copy = copy;
     return copy;
 }
 
@@ -59,8 +62,11 @@ static loom_status append_node(loom_ir_graph *g, const loom_ir_node *src, const 
             return LOOM_STATUS_OUT_OF_MEMORY;
         memcpy(n->inputs, inputs, (size_t)src->n_inputs * sizeof *n->inputs);
     }
-    n->loc.file = intern_file(g, src->loc.file);
+    n->loc.file = intern(g, src->loc.file, &g->last_file, &g->last_file_copy);
     if (src->loc.file && !n->loc.file)
+        return LOOM_STATUS_OUT_OF_MEMORY;
+    n->loc.scope = intern(g, src->loc.scope, &g->last_scope, &g->last_scope_copy);
+    if (src->loc.scope && !n->loc.scope)
         return LOOM_STATUS_OUT_OF_MEMORY;
     if (n->op == LOOM_IR_OP_INPUT && n->attrs.index + 1 > g->n_graph_inputs)
         g->n_graph_inputs = (int32_t)(n->attrs.index + 1);

@@ -267,9 +267,16 @@ char *loom_ir_format_type(char *buf, size_t size, loom_dtype dt, int32_t rank,
 
 /* ---- graphs ---------------------------------------------------------------------------- */
 
+/* Where a node came from: the user's source line and the scope (module) it was recorded in,
+ * "layer1.0.conv1" (loom_scope_push), with backward set on the nodes autograd made for the
+ * gradients of that scope's nodes. Carried through every pass as the source line is; never
+ * hashed or compared (a scope renames nothing that compiles). Printed as
+ * loc("train.c":88, scope = "layer1.0.conv1", backward); either half may be absent. */
 typedef struct loom_ir_loc {
     const char *file; /* NULL: unknown; otherwise owned by the graph's arena */
     int32_t line;
+    const char *scope; /* NULL: none; otherwise owned by the graph's arena */
+    bool backward;
 } loom_ir_loc;
 
 /* A convolution's window: stride >= 1, padding >= 0 (both sides), dilation >= 1 over
@@ -330,6 +337,8 @@ typedef struct loom_ir_graph {
     loom_ir_arena arena;
     const char *last_file; /* interning cache: last file string seen and its arena copy */
     const char *last_file_copy;
+    const char *last_scope; /* the same for scopes */
+    const char *last_scope_copy;
 } loom_ir_graph;
 
 void loom_ir_graph_init(loom_ir_graph *g, const loom_allocator *a);
@@ -643,8 +652,9 @@ int64_t loom_ir_graph_distance(const loom_ir_graph *a, const loom_ir_graph *b);
  * "value = 0.5, autocast = bf16"); false (nothing written) when it has none. Values print
  * with %.17g, or with `shortest` (for messages) in the fewest digits that read back as the
  * same double.
- * loom_ir_format_loc writes "train.c:88" (the file's basename) into buf, "" when the
- * location is unknown; returns buf. */
+ * loom_ir_format_loc writes "train.c:88" (the file's basename) into buf, with the scope
+ * "layer1.0.conv1 (train.c:88)" ("layer1.0.conv1.grad (train.c:88)" on backward nodes), ""
+ * when the location is unknown; returns buf. */
 bool loom_ir_write_attrs(loom_ir_writer *w, const loom_ir_node *n, bool shortest);
 char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc);
 /* Node n, numbered id, as the printer writes its line without indent and newline

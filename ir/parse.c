@@ -59,8 +59,10 @@ typedef struct parser {
     size_t names_cap, names_count;
     int32_t *operands;
     int32_t operands_cap;
-    char *scratch; /* the decoded location string */
+    char *scratch; /* the decoded location's file name */
     int32_t scratch_cap;
+    char *scope; /* and its scope */
+    int32_t scope_cap;
 } parser;
 
 static bool is_alpha(int c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
@@ -687,19 +689,16 @@ static bool parse_attrs(parser *p, loom_ir_op op, parsed_attrs *pa) {
     return expect(p, TOK_RBRACE, "',' or '}' after the attribute");
 }
 
-/* loc '(' string ':' line ')' with the string decoded into p->scratch. */
-static bool parse_loc(parser *p, int32_t *out_line) {
-    lex(p); /* loc */
-    if (!expect(p, TOK_LPAREN, "'(' after loc"))
-        return false;
+/* The quoted string at the current token (what: "file name", "scope") decoded into *buf
+ * (grown in p's allocator, capacity *cap); the token is not consumed. */
+static bool decode_string(parser *p, const char *what, char **buf, int32_t *cap) {
     token t = p->tok;
     char b[DESC_MAX];
     if (t.kind != TOK_STRING)
-        return fail_tok(p, &t, "expected a quoted file name, got %s", describe(&t, b, sizeof b));
+        return fail_tok(p, &t, "expected a quoted %s, got %s", what, describe(&t, b, sizeof b));
     if (t.len + 1 > INT32_MAX)
-        return fail_tok(p, &t, "file name is too long");
-    if (!loom_ir_grow(p->a, (void **)&p->scratch, &p->scratch_cap, (int32_t)t.len,
-                      sizeof *p->scratch))
+        return fail_tok(p, &t, "%s is too long", what);
+    if (!loom_ir_grow(p->a, (void **)buf, cap, (int32_t)t.len, sizeof **buf))
         return fail_oom(p, "a location");
     size_t n = 0;
     for (size_t i = 1; i + 1 < t.len; i++) {
@@ -708,7 +707,7 @@ static bool parse_loc(parser *p, int32_t *out_line) {
         if (c == '\\') {
             unsigned char e = (unsigned char)t.s[i + 1]; /* the lexer kept escapes whole */
             if (e == '"' || e == '\\') {
-                p->scratch[n++] = (char)e;
+                (*buf)[n++] = (char)e;
                 i++;
                 continue;
             }
@@ -726,8 +725,8 @@ static bool parse_loc(parser *p, int32_t *out_line) {
                 }
                 if (k == 4) {
                     if (v == 0)
-                        return fail_at(p, t.line, col, "file name contains a NUL byte");
-                    p->scratch[n++] = (char)v;
+                        return fail_at(p, t.line, col, "%s contains a NUL byte", what);
+                    (*buf)[n++] = (char)v;
                     i += 3;
                     continue;
                 }
@@ -740,17 +739,57 @@ static bool parse_loc(parser *p, int32_t *out_line) {
         if (c < 0x20 || c == 0x7f)
             return fail_at(p, t.line, col, "control byte 0x%02x in string (escape it as \\xHH)",
                            (unsigned)c);
-        p->scratch[n++] = (char)c;
+        (*buf)[n++] = (char)c;
     }
-    p->scratch[n] = '\0';
-    lex(p);
-    if (!expect(p, TOK_COLON, "':' and a line number"))
+    (*buf)[n] = '\0';
+    return true;
+}
+
+/* loc '(' [string ':' line] {',' (scope '=' string | backward)} ')': the file decoded into
+ * p->scratch, the scope into p->scope. */
+static bool parse_loc(parser *p, loom_ir_loc *loc) {
+    lex(p); /* loc */
+    if (!expect(p, TOK_LPAREN, "'(' after loc"))
         return false;
-    int64_t line;
-    if (!parse_int(p, INT32_MAX, "a line number", &line))
-        return false;
-    *out_line = (int32_t)line;
-    return expect(p, TOK_RPAREN, "')' after the line number");
+    bool first = true;
+    if (p->tok.kind == TOK_STRING) {
+        if (!decode_string(p, "file name", &p->scratch, &p->scratch_cap))
+            return false;
+        loc->file = p->scratch;
+        lex(p);
+        if (!expect(p, TOK_COLON, "':' and a line number"))
+            return false;
+        int64_t line;
+        if (!parse_int(p, INT32_MAX, "a line number", &line))
+            return false;
+        loc->line = (int32_t)line;
+        first = false;
+    }
+    while (p->tok.kind != TOK_RPAREN) {
+        if (!first && !expect(p, TOK_COMMA, "',' or ')' in loc"))
+            return false;
+        first = false;
+        token t = p->tok;
+        if (tok_is(&t, "scope") && !loc->scope) {
+            lex(p);
+            if (!expect(p, TOK_EQUAL, "'=' after scope"))
+                return false;
+            if (!decode_string(p, "scope", &p->scope, &p->scope_cap))
+                return false;
+            loc->scope = p->scope;
+            lex(p);
+        } else if (tok_is(&t, "backward") && !loc->backward) {
+            loc->backward = true;
+            lex(p);
+        } else {
+            char b[DESC_MAX];
+            return fail_tok(p, &t,
+                            "expected a quoted file name, scope = \"...\" or backward (each "
+                            "once) in loc, got %s",
+                            describe(&t, b, sizeof b));
+        }
+    }
+    return expect(p, TOK_RPAREN, "')' after the location");
 }
 
 /* %name '=' op [operands] [attrs] ':' type [loc] */
@@ -803,12 +842,9 @@ static bool parse_node(parser *p) {
     int64_t shape[LOOM_MAX_RANK];
     if (!parse_type(p, &dt, &rank, shape))
         return false;
-    loom_ir_loc loc = {NULL, 0};
-    if (tok_is(&p->tok, "loc")) {
-        if (!parse_loc(p, &loc.line))
-            return false;
-        loc.file = p->scratch;
-    }
+    loom_ir_loc loc = {0};
+    if (tok_is(&p->tok, "loc") && !parse_loc(p, &loc))
+        return false;
 
     /* The printer writes one perm entry per operand axis; anything else is malformed text
      * that would otherwise be silently truncated or zero-filled. */
@@ -831,6 +867,7 @@ static bool parse_node(parser *p) {
     /* The graph interns file names by pointer first; scratch is reused for every location,
      * so make it compare by content. */
     p->g->last_file = NULL;
+    p->g->last_scope = NULL;
     loom_ir_diag sub;
     loom_ir_diag_init(&sub);
     int32_t id;
@@ -957,6 +994,7 @@ loom_status loom_ir_graph_parse(loom_ir_graph *g, const char *text, size_t len,
     loom_ir_free(p.a, p.names, p.names_cap * sizeof *p.names);
     loom_ir_free(p.a, p.operands, (size_t)p.operands_cap * sizeof *p.operands);
     loom_ir_free(p.a, p.scratch, (size_t)p.scratch_cap);
+    loom_ir_free(p.a, p.scope, (size_t)p.scope_cap);
     loom_status st = p.st;
     if (st == LOOM_OK)
         st = check_input_indices(g, d);

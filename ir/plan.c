@@ -785,10 +785,14 @@ loom_status loom_ir_plan_print(const loom_ir_plan *p, const loom_ir_graph *g,
             loom_ir_writer_puts(&w, " : ");
             loom_ir_writer_puts(
                 &w, loom_ir_format_type(type, sizeof type, nd->dtype, nd->rank, nd->shape));
-            if (nd->loc.file) {
+            if (nd->loc.scope) /* "  layer1.0.conv1.grad (model.c:161)" */
+                loom_ir_writer_printf(&w, "  %s%s%s", nd->loc.scope,
+                                      nd->loc.backward ? ".grad" : "", nd->loc.file ? " (" : "");
+            else if (nd->loc.file)
                 loom_ir_writer_puts(&w, "  ");
+            if (nd->loc.file) {
                 loom_ir_writer_puts(&w, nd->loc.file);
-                loom_ir_writer_printf(&w, ":%d", (int)nd->loc.line);
+                loom_ir_writer_printf(&w, ":%d%s", (int)nd->loc.line, nd->loc.scope ? ")" : "");
             }
             loom_ir_writer_puts(&w, "\n");
         }

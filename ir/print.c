@@ -156,10 +156,15 @@ char *loom_ir_format_loc(char *buf, size_t size, loom_ir_loc loc) {
     if (size == 0)
         return buf;
     buf[0] = '\0';
-    if (loc.file) {
-        const char *base = strrchr(loc.file, '/');
-        snprintf(buf, size, "%s:%d", base ? base + 1 : loc.file, (int)loc.line);
-    }
+    const char *base = loc.file ? strrchr(loc.file, '/') : NULL;
+    base = base ? base + 1 : loc.file;
+    const char *grad = loc.backward ? ".grad" : "";
+    if (loc.scope && loc.file)
+        snprintf(buf, size, "%s%s (%s:%d)", loc.scope, grad, base, (int)loc.line);
+    else if (loc.scope)
+        snprintf(buf, size, "%s%s", loc.scope, grad);
+    else if (loc.file)
+        snprintf(buf, size, "%s:%d", base, (int)loc.line);
     return buf;
 }
 
@@ -174,10 +179,22 @@ static void put_node(loom_ir_writer *p, int32_t id, const loom_ir_node *n) {
     int32_t rank = n->rank < 0 ? 0 : n->rank > LOOM_MAX_RANK ? LOOM_MAX_RANK : n->rank;
     loom_ir_writer_puts(p, " : ");
     loom_ir_writer_puts(p, loom_ir_format_type(type, sizeof type, n->dtype, rank, n->shape));
-    if (n->loc.file) {
+    if (n->loc.file || n->loc.scope || n->loc.backward) {
         loom_ir_writer_puts(p, " loc(");
-        put_quoted(p, n->loc.file);
-        loom_ir_writer_printf(p, ":%d)", (int)n->loc.line);
+        const char *sep = "";
+        if (n->loc.file) {
+            put_quoted(p, n->loc.file);
+            loom_ir_writer_printf(p, ":%d", (int)n->loc.line);
+            sep = ", ";
+        }
+        if (n->loc.scope) {
+            loom_ir_writer_printf(p, "%sscope = ", sep);
+            put_quoted(p, n->loc.scope);
+            sep = ", ";
+        }
+        if (n->loc.backward)
+            loom_ir_writer_printf(p, "%sbackward", sep);
+        loom_ir_writer_puts(p, ")");
     }
     loom_ir_writer_puts(p, "\n");
 }

@@ -11,8 +11,9 @@ loom_status loom_rt_collective_error(const loom_ir_graph *g, int32_t i, loom_sta
     char t[LOOM_IR_TYPE_STR_MAX];
     loom_ir_format_type(t, sizeof t, x->dtype, x->rank, x->shape);
     if (n->loc.file)
-        return loom_ir_diag_set(d, st, "%s:%d: %%%d = %s of %s: %s", n->loc.file, (int)n->loc.line,
-                                (int)i, loom_ir_op_name(n->op), t, msg);
+        return loom_ir_diag_set(d, st, "%s:%d: %s%s%%%d = %s of %s: %s", n->loc.file,
+                                (int)n->loc.line, n->loc.scope ? n->loc.scope : "",
+                                n->loc.scope ? ": " : "", (int)i, loom_ir_op_name(n->op), t, msg);
     return loom_ir_diag_set(d, st, "%%%d = %s of %s: %s", (int)i, loom_ir_op_name(n->op), t, msg);
 }
 

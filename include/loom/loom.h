@@ -216,6 +216,36 @@ LOOM_API loom_status loom_compile_step(loom_context *ctx);
  * that failed while running (also recorded as the context's error), else LOOM_OK. */
 LOOM_API loom_status loom_context_sync(loom_context *ctx);
 
+/* ---- scopes ---------------------------------------------------------------------------- */
+
+/* Names the ops recorded from now on by the module they belong to, as PyTorch's module paths
+ * do: scopes nest, their names joined with '.'.
+ *
+ *   loom_scope_push(ctx, "layer1");
+ *   loom_scope_push(ctx, "0.conv1");     // the scope is now "layer1.0.conv1"
+ *   y = loom_conv2d(ctx, x, w, ...);     // its node: layer1.0.conv1 (model.c:161) conv2d ...
+ *   loom_scope_pop(ctx);
+ *   loom_scope_pop(ctx);
+ *
+ * Every node carries the scope it was recorded in beside its source line, and autograd gives
+ * the nodes of its gradient the same scope, marked backward ("layer1.0.conv1.grad"). Dumps
+ * (loc("model.c":161, scope = "layer1.0.conv1")), loom-ir, the profile, the trace, the memory
+ * report and error messages print it. A scope is not part of the graph's hash: pushing scopes
+ * or renaming them never recompiles (so, as with source lines, the profile and the memory
+ * report of a cached executable name the scopes of the graph it was compiled from).
+ * Tensors remember the scope they were made in (parameters made under "layer1.0.conv1" name
+ * their step inputs so).
+ * Errors (recorded in the context): INVALID_ARGUMENT (NULL ctx; a NULL or empty name, or one
+ * with a control byte; more than LOOM_SCOPE_MAX_DEPTH open; a joined name longer than
+ * LOOM_SCOPE_MAX_LEN bytes; a pop with none open), OUT_OF_MEMORY. */
+#define LOOM_SCOPE_MAX_DEPTH 64
+#define LOOM_SCOPE_MAX_LEN 1023
+LOOM_API loom_status loom_scope_push(loom_context *ctx, const char *name);
+LOOM_API loom_status loom_scope_pop(loom_context *ctx);
+/* The scope open now ("layer1.0.conv1"), "" when none is (or ctx is NULL). Valid until the
+ * context is destroyed. */
+LOOM_API const char *loom_scope_current(const loom_context *ctx);
+
 /* ---- tensors --------------------------------------------------------------------------- */
 
 /* A long-lived device tensor holding a copy of `data` (rank*shape elements of dtype, packed

@@ -441,7 +441,7 @@ static void test_typed_loads_and_stores_convert_and_saturate(void **state) {
  * %6 = transpose %5 perm [1,0]; %7 = reduce_sum %5 axes {1}; return %5 {alias 0}, %7, %6 */
 static void build_hash_sample(loom_ir_graph *g, const char *file) {
     loom_ir_graph_init(g, &sys);
-    loom_ir_loc loc = {file, 1};
+    loom_ir_loc loc = {.file = file, .line = 1};
     int32_t x = tu_add_desc(g, (loom_ir_node_desc){.op = LOOM_IR_OP_INPUT,
                                                    .dtype = LOOM_DTYPE_F32,
                                                    .rank = 2,
@@ -966,7 +966,7 @@ static void test_diag_keeps_the_first_error(void **state) {
 static loom_status add_chain_node(loom_ir_graph *g, int32_t k, loom_ir_diag *d) {
     static const char *const files[] = {"model.c", "layers.c", "loss.c"};
     static const int64_t shape[2] = {4, 8};
-    loom_ir_loc loc = {files[k % 3], 100 + k};
+    loom_ir_loc loc = {.file = files[k % 3], .line = 100 + k};
     loom_ir_node_desc desc = {.loc = loc};
     int32_t ins[2];
     if (k < 2) {

@@ -598,6 +598,62 @@ static void test_locations_do_not_change_the_hash(void **state) {
     loom_ir_graph_deinit(&g0);
 }
 
+/* Scopes (module names) and the backward flag ride on a node's location: printed inside
+ * loc(...), parsed back, with or without a file, and never part of the hash or of equality;
+ * loom_ir_format_loc puts the scope first, ".grad" on backward nodes. */
+static void test_scopes_round_trip_and_do_not_change_the_hash(void **state) {
+    (void)state;
+    char *a =
+        replace_all(hash_base, "%2 = sub %0, %1 : f32[2,3]",
+                    "%2 = sub %0, %1 : f32[2,3] loc(\"train.c\":88, scope = \"layer1.0.conv1\")");
+    char *b = replace_all(a, "%4 = mul %2, %3 : f32[2,3]",
+                          "%4 = mul %2, %3 : f32[2,3] loc(\"train.c\":90, scope = \"lay\\\"er\", "
+                          "backward)");
+    char *c = replace_all(b, "%3 = constant {value = 2} : f32[2,3]",
+                          "%3 = constant {value = 2} : f32[2,3] loc(scope = \"fc\")");
+    loom_ir_graph g0, g1, g2;
+    loom_ir_graph_init(&g0, &sys);
+    loom_ir_graph_init(&g1, &sys);
+    loom_ir_graph_init(&g2, &sys);
+    parse_ok(&g0, hash_base);
+    parse_ok(&g1, c);
+    assert_string_equal(g1.nodes[2].loc.scope, "layer1.0.conv1");
+    assert_false(g1.nodes[2].loc.backward);
+    assert_string_equal(g1.nodes[4].loc.scope, "lay\"er");
+    assert_true(g1.nodes[4].loc.backward);
+    assert_int_equal(g1.nodes[4].loc.line, 90);
+    assert_null(g1.nodes[0].loc.scope);
+    assert_string_equal(g1.nodes[3].loc.scope, "fc");
+    assert_null(g1.nodes[3].loc.file);
+    assert_int_equal(loom_ir_graph_hash(&g0), loom_ir_graph_hash(&g1));
+    assert_true(loom_ir_graph_equal(&g0, &g1));
+    char buf[LOOM_IR_LOC_STR_MAX];
+    assert_string_equal(loom_ir_format_loc(buf, sizeof buf, g1.nodes[2].loc),
+                        "layer1.0.conv1 (train.c:88)");
+    assert_string_equal(loom_ir_format_loc(buf, sizeof buf, g1.nodes[4].loc),
+                        "lay\"er.grad (train.c:90)");
+    /* printed back as written, and that text parses to the same locations */
+    char *text = print_to_string(&g1);
+    assert_non_null(strstr(text, "loc(\"train.c\":88, scope = \"layer1.0.conv1\")\n"));
+    assert_non_null(strstr(text, "loc(\"train.c\":90, scope = \"lay\\\"er\", backward)\n"));
+    assert_non_null(strstr(text, "f32[2,3] loc(scope = \"fc\")\n"));
+    parse_ok(&g2, text);
+    for (int32_t i = 0; i < g1.n_nodes; i++) {
+        const loom_ir_loc *x = &g1.nodes[i].loc, *y = &g2.nodes[i].loc;
+        assert_true((x->scope == NULL) == (y->scope == NULL));
+        if (x->scope)
+            assert_string_equal(x->scope, y->scope);
+        assert_int_equal(x->backward, y->backward);
+    }
+    free(text);
+    free(a);
+    free(b);
+    free(c);
+    loom_ir_graph_deinit(&g2);
+    loom_ir_graph_deinit(&g1);
+    loom_ir_graph_deinit(&g0);
+}
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 #define PRE "loom.graph {\n  %x = input {index = 0} : f32[2,3]\n"
@@ -648,6 +704,13 @@ static void test_parse_errors_name_line_and_column(void **state) {
         {PRE "  %1 = neg %x : f32[2,3] loc(\"a\\qb.c\":3)\n  return\n}\n", 3, 32,
          "bad escape '\\q' in string (use \\\", \\\\ or \\xHH)"},
         {PRE "  %1 = neg %x : f32[2,3] loc(\"ab.c:3)\n  return\n}\n", 3, 30, "unterminated string"},
+        {PRE "  %1 = neg %x : f32[2,3] loc(\"a.c\":3, scope = 4)\n  return\n}\n", 3, 47,
+         "expected a quoted scope, got '4'"},
+        {PRE "  %1 = neg %x : f32[2,3] loc(\"a.c\":3, backward, backward)\n  return\n}\n", 3, 49,
+         "expected a quoted file name, scope = \"...\" or backward (each once) in loc, got "
+         "'backward'"},
+        {PRE "  %1 = neg %x : f32[2,3] loc(\"a.c\":3 scope = \"s\")\n  return\n}\n", 3, 38,
+         "expected ',' or ')' in loc, got 'scope'"},
         {PRE "  %1 = input {index = 1} : f32[99999999999999999999]\n  return\n}\n", 3, 32,
          "integer '99999999999999999999' is too large"},
         {PRE "  %1 = input {index = 1} : f32[1,1,1,1,1,1,1,1,1]\n  return\n}\n", 3, 48,
@@ -867,6 +930,7 @@ int main(void) {
         cmocka_unit_test(test_prefix_hashes_part_at_the_first_changed_node),
         cmocka_unit_test(test_autocast_tags_round_trip_and_hash_by_dtype),
         cmocka_unit_test(test_locations_do_not_change_the_hash),
+        cmocka_unit_test(test_scopes_round_trip_and_do_not_change_the_hash),
         cmocka_unit_test(test_parse_errors_name_line_and_column),
         cmocka_unit_test(test_collectives_round_trip_and_hash_by_their_attributes),
         cmocka_unit_test(test_verify_failures_pass_through_the_parser),
