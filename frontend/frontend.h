@@ -154,6 +154,18 @@ struct loom_context {
 /* Frees the scopes' names (scope.c), at the context's destruction. */
 void loom_fe_scope_deinit(loom_context *ctx);
 
+/* LOOM_DUMP_TENSORS (dump_tensors.c): begin, before mark_step takes the step's roots, makes
+ * a retained result of each node it selects (they become roots); end, after the step ran,
+ * writes them to the step's file and releases them. */
+typedef struct loom_fe_tensor_dump {
+    const char *dir;
+    int64_t step;
+    struct loom_named_tensor *items;
+    int32_t n, cap;
+} loom_fe_tensor_dump;
+void loom_fe_tensor_dump_begin(loom_context *ctx, loom_fe_tensor_dump *td);
+void loom_fe_tensor_dump_end(loom_context *ctx, loom_fe_tensor_dump *td);
+
 /* ---- context.c ---- */
 /* Records an error unless one is recorded: "file:line: op: message". Returns the context's
  * first error (code, unless an earlier one stands), so a returned status always matches

@@ -391,10 +391,13 @@ LOOM_API loom_status loom_mark_step(loom_context *ctx) {
     if (!ctx)
         return LOOM_STATUS_INVALID_ARGUMENT;
     loom_rt_metrics_add(&ctx->metrics, LOOM_RT_METRIC_STEPS, 1);
+    loom_fe_tensor_dump td;
+    loom_fe_tensor_dump_begin(ctx, &td);
     int32_t n = 0;
     loom_status st = step_roots(ctx, &n);
     if (st == LOOM_OK && n > 0)
         st = loom_fe_compute(ctx, n, ctx->root_tensors, true);
+    loom_fe_tensor_dump_end(ctx, &td);
     loom_fe_end_step(ctx);
     /* The first error of the step wins over the execution status: it is the cause. */
     return ctx->err != LOOM_OK ? ctx->err : st;

@@ -2,15 +2,19 @@
  * every node beside its source line, carried by autograd to the backward nodes (marked
  * backward), printed by errors, the memory report and the profile, and never part of the
  * graph's hash: the same step with and without scopes compiles once and gives the same
- * values. Bad names and unbalanced pops are errors that leave the context usable. */
+ * values. Bad names and unbalanced pops are errors that leave the context usable. And
+ * LOOM_DUMP_TENSORS, whose files name each node by its scope, op and id. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
 #include "frontend/frontend.h"
 #include "loom/nn.h"
+#include "loom/safetensors.h"
 
 static loom_context *make_ctx(bool profile) {
     loom_context_options o;
@@ -223,12 +227,157 @@ static void test_bad_scopes_are_errors_and_the_context_stays_usable(void **state
     loom_context_destroy(ctx);
 }
 
+/* ---- LOOM_DUMP_TENSORS ------------------------------------------------------------------ */
+
+static char dump_dir[64];
+
+static void dump_env(const char *scopes, const char *steps, const char *pass) {
+    snprintf(dump_dir, sizeof dump_dir, "/tmp/loom-dump-test-%d", (int)getpid());
+    setenv("LOOM_DUMP_TENSORS", dump_dir, 1);
+    scopes ? setenv("LOOM_DUMP_TENSORS_SCOPES", scopes, 1) : unsetenv("LOOM_DUMP_TENSORS_SCOPES");
+    steps ? setenv("LOOM_DUMP_TENSORS_STEPS", steps, 1) : unsetenv("LOOM_DUMP_TENSORS_STEPS");
+    pass ? setenv("LOOM_DUMP_TENSORS_PASS", pass, 1) : unsetenv("LOOM_DUMP_TENSORS_PASS");
+}
+
+static void dump_clean(void) {
+    char path[128];
+    for (int s = 0; s < 4; s++) {
+        snprintf(path, sizeof path, "%s/step%d.safetensors", dump_dir, s);
+        unlink(path);
+    }
+    rmdir(dump_dir);
+    unsetenv("LOOM_DUMP_TENSORS");
+    unsetenv("LOOM_DUMP_TENSORS_SCOPES");
+    unsetenv("LOOM_DUMP_TENSORS_STEPS");
+    unsetenv("LOOM_DUMP_TENSORS_PASS");
+}
+
+/* The dumped tensor whose name starts with prefix and has op `op` (one, or fails); its
+ * float values into out (n of them). */
+static void dumped(const loom_safetensors *f, const char *prefix, float *out, size_t n) {
+    int32_t found = -1;
+    for (int32_t i = 0; i < loom_safetensors_count(f); i++) {
+        const char *name;
+        assert_int_equal(loom_safetensors_tensor(f, i, &name, NULL, NULL, NULL, NULL, NULL),
+                         LOOM_OK);
+        if (strncmp(name, prefix, strlen(prefix)) == 0) {
+            assert_int_equal(found, -1);
+            found = i;
+        }
+    }
+    if (found < 0)
+        fail_msg("no dumped tensor named %s...", prefix);
+    loom_dtype dt;
+    const void *data;
+    size_t size;
+    assert_int_equal(loom_safetensors_tensor(f, found, NULL, &dt, NULL, NULL, &data, &size),
+                     LOOM_OK);
+    assert_int_equal(dt, LOOM_DTYPE_F32);
+    assert_int_equal(size, n * sizeof(float));
+    memcpy(out, data, size);
+}
+
+static bool has_prefix(const loom_safetensors *f, const char *prefix) {
+    for (int32_t i = 0; i < loom_safetensors_count(f); i++) {
+        const char *name;
+        loom_safetensors_tensor(f, i, &name, NULL, NULL, NULL, NULL, NULL);
+        if (strncmp(name, prefix, strlen(prefix)) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Scopes by glob: model.fc1's matmul (w x, hand-computed) and its gradient (what the step
+ * returns), nothing of "model" itself; the step's own results as without the dump. */
+static void test_tensor_dumps_are_named_by_scope_and_hold_the_values(void **state) {
+    (void)state;
+    float plain[6], y[4], gw[6], got[6];
+    loom_context *ctx = make_ctx(false);
+    loom_tensor *g, *l;
+    record(ctx, true, &g, &l);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_tensor_read(ctx, g, plain, sizeof plain), LOOM_OK);
+    loom_tensor_release(g);
+    loom_tensor_release(l);
+    loom_context_destroy(ctx);
+
+    dump_env("model.fc1*", NULL, NULL);
+    ctx = make_ctx(false);
+    record(ctx, true, &g, &l);
+    assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+    assert_int_equal(loom_tensor_read(ctx, g, got, sizeof got), LOOM_OK);
+    assert_memory_equal(got, plain, sizeof got);
+    char path[128], err[256];
+    snprintf(path, sizeof path, "%s/step0.safetensors", dump_dir);
+    loom_safetensors *f = NULL;
+    assert_int_equal(loom_safetensors_open(path, &f, err, sizeof err), LOOM_OK);
+    dumped(f, "model.fc1.matmul.%", y, 4);
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            double want = 0;
+            for (int q = 0; q < 3; q++)
+                want += (double)wv[i * 3 + q] * xv[q * 2 + j];
+            assert_float_equal(y[i * 2 + j], want, 1e-6);
+        }
+    dumped(f, "model.fc1.grad.matmul.%", gw, 6);
+    assert_memory_equal(gw, got, sizeof gw);
+    assert_true(has_prefix(f, "model.fc1.input.%")); /* w and x as the step read them */
+    assert_false(has_prefix(f, "model.exp"));        /* "model" is not model.fc1* */
+    loom_safetensors_close(f);
+    loom_tensor_release(g);
+    loom_tensor_release(l);
+    loom_context_destroy(ctx);
+    dump_clean();
+}
+
+/* LOOM_DUMP_TENSORS_STEPS and _PASS select; a bad pass is an error naming it. */
+static void test_tensor_dumps_select_steps_and_passes(void **state) {
+    (void)state;
+    dump_env(NULL, "1", "forward");
+    loom_context *ctx = make_ctx(false);
+    for (int step = 0; step < 2; step++) {
+        loom_tensor *g, *l;
+        record(ctx, true, &g, &l);
+        assert_int_equal(loom_mark_step(ctx), LOOM_OK);
+        loom_tensor_release(g);
+        loom_tensor_release(l);
+    }
+    char path[128], err[256];
+    snprintf(path, sizeof path, "%s/step0.safetensors", dump_dir);
+    assert_int_equal(access(path, F_OK), -1); /* step 0 not selected */
+    snprintf(path, sizeof path, "%s/step1.safetensors", dump_dir);
+    loom_safetensors *f = NULL;
+    assert_int_equal(loom_safetensors_open(path, &f, err, sizeof err), LOOM_OK);
+    assert_true(has_prefix(f, "model.exp.%"));
+    assert_true(has_prefix(f, "model.fc1.matmul.%"));
+    for (int32_t i = 0; i < loom_safetensors_count(f); i++) {
+        const char *name;
+        loom_safetensors_tensor(f, i, &name, NULL, NULL, NULL, NULL, NULL);
+        assert_null(strstr(name, ".grad."));
+    }
+    loom_safetensors_close(f);
+    setenv("LOOM_DUMP_TENSORS_PASS", "sideways", 1);
+    setenv("LOOM_DUMP_TENSORS_STEPS", "2", 1);
+    loom_tensor *g, *l;
+    record(ctx, true, &g, &l);
+    assert_int_equal(loom_mark_step(ctx), LOOM_STATUS_INVALID_ARGUMENT);
+    assert_non_null(strstr(loom_context_error_message(ctx),
+                           "LOOM_DUMP_TENSORS_PASS=sideways: give forward, backward or all"));
+    loom_context_clear_error(ctx);
+    loom_tensor_release(g);
+    loom_tensor_release(l);
+    loom_context_destroy(ctx);
+    dump_clean();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nodes_carry_their_scope_and_backward_nodes_their_forwards),
         cmocka_unit_test(test_scopes_change_neither_the_hash_nor_the_values),
         cmocka_unit_test(test_errors_name_the_scope),
         cmocka_unit_test(test_bad_scopes_are_errors_and_the_context_stays_usable),
+        cmocka_unit_test(test_tensor_dumps_are_named_by_scope_and_hold_the_values),
+        cmocka_unit_test(test_tensor_dumps_select_steps_and_passes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
