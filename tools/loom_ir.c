@@ -544,6 +544,47 @@ static int run_ops(const command *c, int argc, char **argv) {
     return finish_output(loom_ir_cmd_ops(o.op, o.check, o.json));
 }
 
+/* loom-ir compare [--rules=R] [--json] [--html=FILE] A B */
+typedef struct compare_opts {
+    loom_ir_compare_rules rules;
+    bool json;
+    const char *html;
+} compare_opts;
+
+static int compare_option(const command *c, int argc, char **argv, int *i, void *ud) {
+    compare_opts *o = ud;
+    if (strcmp(argv[*i], "--json") == 0) {
+        o->json = true;
+        return 1;
+    }
+    bool missing;
+    const char *v = option_value("--rules", argc, argv, i, &missing);
+    if (missing)
+        return usage_error(c, "missing value for", "--rules") + 2;
+    if (v) {
+        char err[160];
+        if (!loom_ir_compare_rules_parse(v, &o->rules, err, sizeof err))
+            return usage_error(c, "--rules:", err) + 2;
+        return 1;
+    }
+    v = option_value("--html", argc, argv, i, &missing);
+    if (missing)
+        return usage_error(c, "missing value for", "--html") + 2;
+    if (!v)
+        return 0;
+    o->html = v;
+    return 1;
+}
+
+static int run_compare(const command *c, int argc, char **argv) {
+    compare_opts o = {.rules = LOOM_IR_COMPARE_RULES_DEFAULT};
+    const char *paths[2];
+    int rc = parse_args(c, argc, argv, 2, paths, compare_option, &o);
+    if (rc >= 0)
+        return rc;
+    return finish_output(loom_ir_cmd_compare(paths[0], paths[1], &o.rules, o.json, o.html));
+}
+
 static const command commands[] = {
     {"print", "print FILE", "parse, verify and print FILE in canonical form",
      "Parses and verifies FILE, then prints it in canonical form.\n", run_show},
@@ -613,6 +654,22 @@ static const command commands[] = {
      "            (slower: progress on stderr; exit 1 when one differs)\n"
      "  --json    one JSON object instead of the table\n",
      run_ops},
+    {"compare", "compare [--rules=R] [--json] [--html=FILE] A B",
+     "two tensor dumps (LOOM_DUMP_TENSORS) tensor by tensor, with msProbe's pass rules",
+     "Compares the tensors of A and B (safetensors files: LOOM_DUMP_TENSORS's, or any with\n"
+     "the same names), matched by name, in A's order (a dump's: the graph's), and prints per\n"
+     "tensor the cosine similarity, the max absolute and relative errors (relative to A),\n"
+     "the RMSE, the element count and both dtypes, marking the first failing tensor. A\n"
+     "tensor fails, by msProbe's rules, when cosine < 0.99 and max abs > 0.001, or cosine\n"
+     "< 0.9, or max abs > 1; when it is in one file only or the shapes differ; or when its\n"
+     "values are inf or NaN where the other file's are not.\n"
+     "  --rules=R     change the thresholds: cos=0.99,abs=0.001,cos_fail=0.9,abs_fail=1\n"
+     "  --json        one JSON object instead of the table\n"
+     "  --html=FILE   also write FILE, a self-contained page with the table (sortable,\n"
+     "                failing rows highlighted)\n"
+     "Exit status: 0 when every tensor passes, 1 when one fails, 2 on usage errors and\n"
+     "when a file is unreadable or invalid.\n",
+     run_compare},
 };
 
 static void print_usage(FILE *f) {
