@@ -1,12 +1,13 @@
 /* LOOM_DUMP_TENSORS=<dir>: the value of each selected node of each selected step, written by
  * loom_mark_step as <dir>/step<N>.safetensors, one tensor per node named by its scope, op and
  * node, "layer1.0.conv1.conv2d.%412" ("layer1.0.conv1.grad.conv2d_grad_input.%530" for a
- * backward node, "matmul.%7" outside every scope), with the dtype it had. Selected by
- * LOOM_DUMP_TENSORS_SCOPES (globs over the scope as printed, "layer1.*,fc*.grad"),
- * LOOM_DUMP_TENSORS_OPS ("conv2d,matmul"), LOOM_DUMP_TENSORS_STEPS ("0,3,10-12") and
- * LOOM_DUMP_TENSORS_PASS (forward, backward or all), each unset: everything; read at each
- * mark_step. The selected nodes become outputs of the step, so a dumped step compiles its own
- * program (its kernels can differ from the undumped step's: values stored between them). */
+ * backward node; outside every scope "matmul.%7", or "grad.mul.%40" for a backward one),
+ * with the dtype it had. Selected by LOOM_DUMP_TENSORS_SCOPES (globs over the scope as
+ * printed, "layer1.*,fc*.grad"), LOOM_DUMP_TENSORS_OPS ("conv2d,matmul"),
+ * LOOM_DUMP_TENSORS_STEPS ("0,3,10-12") and LOOM_DUMP_TENSORS_PASS (forward, backward or all),
+ * each unset: everything; read at each mark_step. The selected nodes become outputs of the
+ * step, so a dumped step compiles its own program (its kernels can differ from the undumped
+ * step's: values stored between them). */
 #include <errno.h>
 #include <fnmatch.h>
 #include <inttypes.h>
@@ -75,7 +76,9 @@ void loom_fe_tensor_dump_begin(loom_context *ctx, loom_fe_tensor_dump *td) {
             continue;
         char scope[LOOM_SCOPE_MAX_LEN + 8];
         snprintf(scope, sizeof scope, "%s%s", nd->loc.scope ? nd->loc.scope : "",
-                 nd->loc.scope && nd->loc.backward ? ".grad" : "");
+                 !nd->loc.backward ? ""
+                 : nd->loc.scope   ? ".grad"
+                                   : "grad"); /* a gradient node outside every scope */
         if ((scopes && !listed(scopes, scope, true)) ||
             (ops && !listed(ops, loom_ir_op_name(nd->op), false)))
             continue;
