@@ -67,12 +67,18 @@ static void conv_bn_init(builder *b, resnet_conv_bn *c, const char *conv, const 
     c->padding = k / 2;
     snprintf(c->conv_name, sizeof c->conv_name, "%s", conv);
     snprintf(c->bn_name, sizeof c->bn_name, "%s", bn);
-    /* kaiming_normal_(mode="fan_out", nonlinearity="relu"): std = sqrt(2 / (out * k * k)) */
-    c->weight = loom_param_normal(b->ctx, 4, (int64_t[]){out, in, k, k}, 0.0,
-                                  sqrt(2.0 / (double)(out * k * k)), &b->rng);
+    /* kaiming_normal_(mode="fan_out", nonlinearity="relu"): std = sqrt(2 / (out * k * k));
+     * each tensor made under its module's scope, which its step inputs then carry */
+    c->weight = EX_SCOPED(b->ctx, conv,
+                          loom_param_normal(b->ctx, 4, (int64_t[]){out, in, k, k}, 0.0,
+                                            sqrt(2.0 / (double)(out * k * k)), &b->rng));
     int64_t zero = 0;
-    if (!c->weight || loom_nn_batch_norm2d_init(b->ctx, &c->bn, out) != LOOM_OK ||
-        !(c->num_batches_tracked = loom_tensor_from_host(b->ctx, LOOM_DTYPE_I64, 0, NULL, &zero))) {
+    loom_scope_push(b->ctx, bn);
+    bool ok = c->weight && loom_nn_batch_norm2d_init(b->ctx, &c->bn, out) == LOOM_OK &&
+              (c->num_batches_tracked =
+                   loom_tensor_from_host(b->ctx, LOOM_DTYPE_I64, 0, NULL, &zero)) != NULL;
+    loom_scope_pop(b->ctx);
+    if (!ok) {
         b->st = loom_context_error(b->ctx) != LOOM_OK ? loom_context_error(b->ctx)
                                                       : LOOM_STATUS_OUT_OF_MEMORY;
         return;
@@ -133,8 +139,12 @@ loom_status resnet_init(loom_context *ctx, resnet *m, resnet_arch arch, int64_t 
         }
     }
     /* torchvision leaves fc at nn.Linear's default initialisation. */
-    if (b.st == LOOM_OK &&
-        (b.st = loom_nn_linear_init(ctx, &m->fc, in, num_classes, true, &b.rng)) == LOOM_OK) {
+    if (b.st == LOOM_OK) {
+        loom_scope_push(ctx, "fc");
+        b.st = loom_nn_linear_init(ctx, &m->fc, in, num_classes, true, &b.rng);
+        loom_scope_pop(ctx);
+    }
+    if (b.st == LOOM_OK) {
         add_state(&b, "fc.", "weight", m->fc.weight, true);
         add_state(&b, "fc.", "bias", m->fc.bias, true);
     }
