@@ -213,7 +213,8 @@ cg_mm16 loom_cg_mm16_path(void) {
     bool bf16 = loom_cg_host_has("avx512bf16") && loom_cg_host_has("avx512f");
     const char *forced = getenv("LOOM_MATMUL_ISA");
     if (!forced || !forced[0])
-        return bf16 && loom_cg_bf16_dot_gain() >= BF16_MIN_GAIN ? CG_MM16_AVX512BF16 : CG_MM16_F32;
+        return loom_cg_bf16_dot_gain() >= BF16_MIN_GAIN ? CG_MM16_AVX512BF16 /* 0 without it */
+                                                        : CG_MM16_F32;
     if (strcmp(forced, "avx512bf16") == 0) {
         if (bf16)
             return CG_MM16_AVX512BF16;
@@ -268,15 +269,14 @@ const char *loom_cg_matmul16_path(loom_dtype dt) {
     /* bf16: the path, and the measured gain that chose it where one was measured */
     static _Thread_local char buf[256];
     bool dp = loom_cg_mm16_path() == CG_MM16_AVX512BF16;
+    const char *path = dp ? "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation" : f32;
     const char *forced = getenv("LOOM_MATMUL_ISA");
     double gain = loom_cg_bf16_dot_gain();
     if (forced && forced[0])
-        snprintf(buf, sizeof buf, "%s (LOOM_MATMUL_ISA=%s)",
-                 dp ? "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation" : f32, forced);
+        snprintf(buf, sizeof buf, "%s (LOOM_MATMUL_ISA=%s)", path, forced);
     else if (gain > 0)
-        snprintf(buf, sizeof buf, "%s (vdpbf16ps measured at %.2fx the f32 FMA's FLOP/s: %s)",
-                 dp ? "avx512bf16: B packed in pairs, vdpbf16ps, f32 accumulation" : f32, gain,
-                 dp ? "taken" : "below 1.5x, not taken");
+        snprintf(buf, sizeof buf, "%s (vdpbf16ps measured at %.2fx the f32 FMA's FLOP/s: %s)", path,
+                 gain, dp ? "taken" : "below 1.5x, not taken");
     else
         snprintf(buf, sizeof buf, "%s", f32);
     return buf;
@@ -324,8 +324,9 @@ const char *loom_cg_target_key(void) {
     /* unforced, the 16-bit path is chosen by a measurement (loom_cg_mm16_path): the key
      * says which, so code compiled for the other path never loads */
     const char *mm16 = "";
-    if (strcmp(isa, "auto") == 0 && loom_cg_host_has("avx512bf16"))
-        mm16 = loom_cg_mm16_path() == CG_MM16_AVX512BF16 ? "-bf16dp" : "-bf16f32";
+    double gain = loom_cg_bf16_dot_gain(); /* measured once per process */
+    if (strcmp(isa, "auto") == 0 && gain > 0)
+        mm16 = gain >= BF16_MIN_GAIN ? "-bf16dp" : "-bf16f32";
     snprintf(key, sizeof key, "%s;mm-%s%s%s", target_key, isa, mm16, how);
     return key;
 }
